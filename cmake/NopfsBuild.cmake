@@ -1,0 +1,51 @@
+# Compiler flags shared by every target, and nopfs_test(), the one way a test is registered.
+
+set(NOPFS_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wcast-align
+    -Wunused -Woverloaded-virtual -Wnull-dereference -Wdouble-promotion -Wformat=2
+    -Wimplicit-fallthrough)
+if(NOPFS_WERROR)
+  list(APPEND NOPFS_WARNINGS -Werror)
+endif()
+
+if(NOPFS_SANITIZE)
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer
+                      -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+endif()
+
+find_package(Threads REQUIRED)
+
+# nopfs_target_defaults(target): warnings and include root for a project target.
+function(nopfs_target_defaults target)
+  target_compile_options(${target} PRIVATE ${NOPFS_WARNINGS})
+  target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
+endfunction()
+
+if(NOPFS_BUILD_TESTS)
+  find_package(GTest CONFIG REQUIRED)
+  include(GoogleTest)
+endif()
+
+# nopfs_test(NAME name SOURCES a_test.cc ... LIBS lib ... [LABELS unit|integration ...]
+#            [TIMEOUT seconds])
+# Builds one GoogleTest binary and registers each of its tests with ctest. Tests are labelled
+# "unit" by default; ctest -L unit runs those alone (the sanitizer build does at least that).
+function(nopfs_test)
+  if(NOT NOPFS_BUILD_TESTS)
+    return()
+  endif()
+  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  if(NOT T_LABELS)
+    set(T_LABELS unit)
+  endif()
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  add_executable(${T_NAME} ${T_SOURCES})
+  nopfs_target_defaults(${T_NAME})
+  target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main Threads::Threads)
+  gtest_discover_tests(${T_NAME}
+    PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT}
+    ENVIRONMENT "NOPFS_SOURCE_DIR=${PROJECT_SOURCE_DIR};NOPFS_BINARY_DIR=${PROJECT_BINARY_DIR}"
+    DISCOVERY_TIMEOUT 60)
+endfunction()

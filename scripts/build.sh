@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Configures and builds nopfs. Usage: scripts/build.sh [release|asan] [extra cmake args...]
+#   release -> build/       (RelWithDebInfo, warnings as errors)
+#   asan    -> build-asan/  (ASan + UBSan)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+flavor=${1:-release}
+shift || true
+scripts/install-deps.sh
+jobs=$(nproc)
+case "$flavor" in
+  release) dir=build; args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo) ;;
+  asan) dir=build-asan; args=(-DCMAKE_BUILD_TYPE=Debug -DNOPFS_SANITIZE=ON -DNOPFS_BUILD_BENCH=OFF) ;;
+  *) echo "nopfs: build: unknown flavor '$flavor': write 'release' or 'asan'" >&2; exit 2 ;;
+esac
+cmake -S . -B "$dir" "${args[@]}" "$@" >/dev/null
+cmake --build "$dir" -j "$jobs"

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs every Debian package nopfs needs to build, test and run the demo. Idempotent: packages
+# already present are not fetched again, and `apt-get update` runs only when something is missing.
+# Every other entry point (scripts/build.sh, scripts/test.sh, scripts/demo.sh) calls this first.
+set -euo pipefail
+
+PACKAGES=(
+  # toolchain
+  g++ cmake make pkg-config clang-format git
+  # libraries
+  librocksdb-dev libspdlog-dev libfmt-dev liblua5.4-dev libfabric-dev libfabric-bin libmunge-dev
+  libgtest-dev libgmock-dev libcli11-dev libxxhash-dev libbenchmark-dev
+  # Slurm and MUNGE for the local cluster
+  slurmctld slurmd slurm-client munge libslurm-dev
+  # the Python client
+  python3 python3-dev python3-torch python3-numpy python3-pytest pybind11-dev
+  # tools used by tests and benchmarks
+  procps psmisc iproute2 util-linux
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "nopfs: install-deps: missing packages: ${missing[*]}" >&2
+  echo "nopfs: install-deps: run this script as root (or install them with apt-get)" >&2
+  exit 1
+fi
+
+echo "nopfs: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

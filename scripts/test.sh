@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs every nopfs test on this machine: installs what is missing, builds the release and the
+# sanitizer (ASan + UBSan) trees, and runs ctest in both. Exits non-zero on any failure.
+# This is the README's test command and exactly what CI (.ci/run) runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+
+status=0
+echo "== release build"
+scripts/build.sh release
+echo "== release tests"
+(cd build && ctest --output-on-failure --timeout 600) || status=1
+
+echo "== sanitizer build (ASan + UBSan)"
+scripts/build.sh asan
+echo "== sanitizer tests"
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+(cd build-asan && ctest --output-on-failure --timeout 900 -L unit) || status=1
+
+if ((status != 0)); then
+  echo "nopfs: tests FAILED" >&2
+fi
+exit $status
