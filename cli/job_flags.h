@@ -1,0 +1,24 @@
+// The job flags shared by `nopfs stream`, `nopfs plan` and (later) `nopfs run`: one definition so
+// that every subcommand spells and validates them the same way.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "policy/job.h"
+
+namespace nopfs::cli {
+
+struct JobFlags {
+  policy::JobSpec job;
+  std::string scheme = "uniform";
+};
+
+// Adds --seed --samples --epochs --ranks --batch --scheme --drop-last --ranks-per-node to `app`.
+// `samples_required` is false where the dataset can tell F instead.
+void AddJobFlags(CLI::App* app, JobFlags* flags, bool samples_required);
+
+// Parses the scheme into flags->job and validates the whole job; the message names the flag.
+Status FinishJobFlags(JobFlags* flags);
+
+}  // namespace nopfs::cli

@@ -1,0 +1,23 @@
+// nopfs: the command-line front of the clairvoyant burst buffer.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "cli/cmd_plan.h"
+#include "cli/cmd_stream.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "nopfs: a job-scoped burst buffer for deep-learning training that replays the job's shuffle "
+      "to stage samples before they are read"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "nopfs 0.1.0");
+  int exit_code = 0;
+  nopfs::cli::RegisterStream(&app, &exit_code);
+  nopfs::cli::RegisterPlan(&app, &exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return exit_code;
+}
