@@ -54,8 +54,8 @@ struct JobSpec {
   // Number of ranks on `node` (L, or fewer on the last node).
   uint32_t ranks_on_node(uint32_t node) const;
   uint32_t node_of(uint32_t rank) const { return rank / ranks_per_node; }
-  // ceil(B/N): a rank's share of a full batch.
-  uint64_t rank_batch() const { return (batch + ranks - 1) / ranks; }
+  // ceil(B/N): a rank's share of a full batch (ranks >= 1; no overflow for any batch).
+  uint64_t rank_batch() const { return batch / ranks + (batch % ranks != 0 ? 1 : 0); }
 };
 
 }  // namespace nopfs::policy

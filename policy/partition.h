@@ -14,7 +14,14 @@
 
 namespace nopfs::policy {
 
-// T: steps per epoch (floor(F/B) with drop_last, ceil(F/B) without).
+// Every function below requires a valid job (JobSpec::Validate) and rank < N.
+
+// T: steps per epoch, the same for every rank.
+//   uniform: floor(F/B) with drop_last, ceil(F/B) without.
+//   strided: the batch count of each rank's DataLoader. With M = ceil(F/N) entries per rank and
+//   r = ceil(B/N): ceil(M/r) without drop_last, floor(floor(F/N)/r) with. This equals the uniform
+//   count when B is a multiple of N (B = N*r); otherwise each step reads N*r > B entries and an
+//   epoch can have fewer steps (F=10, N=3, B=4: r=2, M=4, 2 steps instead of 3).
 uint64_t StepsPerEpoch(const JobSpec& job);
 
 // Entries rank `rank` reads in one epoch (the same every epoch).
@@ -23,7 +30,8 @@ uint64_t RankEpochLength(const JobSpec& job, uint32_t rank);
 // Entries all ranks of `node` read in one epoch.
 uint64_t NodeEpochLength(const JobSpec& job, uint32_t node);
 
-// [begin, end): the entries of the rank's epoch list that make up step `step` (< StepsPerEpoch).
+// [begin, end): the entries of the rank's epoch list that make up step `step` (< StepsPerEpoch,
+// else throws std::out_of_range). May be empty (uniform: a rank past the end of a short batch).
 struct EntryRange {
   uint64_t begin = 0;
   uint64_t end = 0;
@@ -50,9 +58,14 @@ struct Access {
   SampleId sample = 0;
 };
 
-// Iterates one rank's stream from a StreamPoint to the end of the last epoch.
+// Iterates one rank's stream from a StreamPoint to the end of the last epoch. The accesses it
+// yields from (epoch, step) on are exactly the tail of the stream that starts at (0, 0). Holds one
+// epoch permutation (4*F bytes), computed when the stream first enters that epoch.
 class RankStream {
  public:
+  // Throws std::invalid_argument if the job does not validate and std::out_of_range if
+  // rank >= N. A start with step >= T means the start of the next epoch; a start with
+  // epoch >= E gives an empty stream (ValidateStreamPoint rejects both for user input).
   RankStream(const JobSpec& job, uint32_t rank, StreamPoint start = {});
   // The next access, or false at the end of the job.
   bool Next(Access* out);
@@ -68,6 +81,8 @@ class RankStream {
   uint64_t steps_;
   uint64_t step_;
   EntryRange step_range_;
+  bool loaded_ = false;        // perm_ holds pi_{loaded_epoch_}
+  uint32_t loaded_epoch_ = 0;
   std::vector<SampleId> perm_;
 };
 

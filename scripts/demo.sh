@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh release >/dev/null
-nopfs=build/cli/nopfs
+nopfs=build/bin/nopfs
 job=(--seed 42 --epochs 90 --ranks 64 --ranks-per-node 4 --batch 2048 --scheme uniform)
 
 echo "== the first 8 samples rank 0 reads (nopfs stream, the reference access stream)"
