@@ -1,7 +1,7 @@
 # Compiler flags shared by every target, and nopfs_test(), the one way a test is registered.
 
 set(NOPFS_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wcast-align
-    -Wunused -Woverloaded-virtual -Wnull-dereference -Wdouble-promotion -Wformat=2
+    -Wunused -Woverloaded-virtual -Wdouble-promotion -Wformat=2
     -Wimplicit-fallthrough)
 if(NOPFS_WERROR)
   list(APPEND NOPFS_WARNINGS -Werror)

@@ -37,14 +37,15 @@ std::string_view SchemeName(Scheme s);
 Result<Scheme> ParseScheme(std::string_view name);
 
 struct JobSpec {
-  uint64_t seed = 0;         // the shuffle seed; the same on every rank
-  uint64_t samples = 0;      // F, number of samples in the dataset
-  uint32_t epochs = 1;       // E
-  uint32_t ranks = 1;        // N, training processes in the job
-  uint64_t batch = 1;        // B, the global batch size (all ranks together)
+  uint64_t seed = 0;     // the shuffle seed; the same on every rank
+  uint64_t samples = 0;  // F, number of samples in the dataset
+  uint32_t epochs = 1;   // E
+  uint32_t ranks = 1;    // N, training processes in the job
+  uint64_t batch = 1;    // B, the global batch size (all ranks together)
   Scheme scheme = Scheme::kUniform;
-  bool drop_last = false;    // drop each epoch's trailing partial batch
-  uint32_t ranks_per_node = 1;  // L: ranks n*L .. n*L+L-1 run on node n (the last node may have fewer)
+  bool drop_last = false;  // drop each epoch's trailing partial batch
+  // L: ranks n*L .. n*L+L-1 run on node n (the last node may have fewer)
+  uint32_t ranks_per_node = 1;
 
   // Every field in range; the message names the flag and the accepted values.
   Status Validate() const;

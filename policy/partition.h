@@ -81,7 +81,7 @@ class RankStream {
   uint64_t steps_;
   uint64_t step_;
   EntryRange step_range_;
-  bool loaded_ = false;        // perm_ holds pi_{loaded_epoch_}
+  bool loaded_ = false;  // perm_ holds pi_{loaded_epoch_}
   uint32_t loaded_epoch_ = 0;
   std::vector<SampleId> perm_;
 };

@@ -38,11 +38,14 @@ struct NodePlan {
 };
 
 // The node's plan from its access counts. sizes.size() is F; capacities are the classes' byte
-// capacities, fastest first (at most 127 classes).
+// capacities, fastest first (at most 127 classes); otherwise throws std::invalid_argument. No
+// tier's bytes exceed its capacity. Cost: a sort of the distinct samples (16 bytes each) and
+// O(classes) per sample.
 NodePlan MakeNodePlan(const NodeAccessCounts& counts, std::span<const Bytes> sizes,
                       std::span<const Bytes> capacities);
 
-// Convenience: counts (with `threads` workers) and plans in one call.
+// Convenience: counts (with `threads` workers) and plans in one call; throws like
+// CountNodeAccesses, and std::invalid_argument if sizes.size() != F.
 NodePlan MakeNodePlan(const JobSpec& job, uint32_t node, std::span<const Bytes> sizes,
                       std::span<const Bytes> capacities, unsigned threads = 0);
 

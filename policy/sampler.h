@@ -2,9 +2,10 @@
 //
 // pi_e is a Fisher-Yates shuffle of the identity [0, F): for i = F-1 down to 1, swap positions i
 // and j = Bounded(i+1), where Bounded() is Lemire's multiply-shift with rejection over a SplitMix64
-// stream whose state starts at seed XOR (e * 0x9E3779B97F4A7C15). It never uses the standard
-// library's engines or shuffle, so every language and compiler replays it identically; the golden
-// vectors in policy/sampler_test.cc (made by tests/reference/sampler_ref.py) pin it.
+// stream whose state starts at EpochSeed(seed, e): the first output of a SplitMix64 started at
+// seed XOR (e * 0x9E3779B97F4A7C15) (see EpochSeed for why not that value itself). It never uses
+// the standard library's engines or shuffle, so every language and compiler replays it identically;
+// the golden vectors in policy/sampler_test.cc (made by tests/reference/sampler_ref.py) pin it.
 //
 // Thread safety: SplitMix64 is a value; the free functions are pure and reentrant.
 #pragma once
@@ -36,9 +37,15 @@ class SplitMix64 {
   uint64_t state_;
 };
 
-// The SplitMix64 state that epoch `epoch`'s shuffle starts from.
+// The SplitMix64 state that epoch `epoch`'s shuffle starts from: the first output of a SplitMix64
+// whose state starts at seed XOR (epoch * kGoldenGamma). The mixing step matters. SplitMix64
+// advances its state by kGoldenGamma per draw, so two epochs whose starting states differ by a
+// multiple of kGoldenGamma draw the same numbers, shifted; started at seed XOR (e * gamma) itself,
+// that holds for every pair of epochs when seed = 0, and for many pairs when the seed has few set
+// bits (seed XOR e*gamma = e*gamma + d with d taking only a few values). Such epochs shuffle
+// almost alike; docs/algorithm.md §2.1 shows what that does to access frequencies.
 inline uint64_t EpochSeed(uint64_t seed, uint32_t epoch) {
-  return seed ^ (static_cast<uint64_t>(epoch) * kGoldenGamma);
+  return SplitMix64(seed ^ (static_cast<uint64_t>(epoch) * kGoldenGamma)).Next();
 }
 
 // Writes pi_epoch into `out` (out.size() is F).
