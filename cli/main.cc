@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "cli/cmd_config.h"
 #include "cli/cmd_plan.h"
 #include "cli/cmd_stream.h"
 
@@ -14,6 +15,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   nopfs::cli::RegisterStream(&app, &exit_code);
   nopfs::cli::RegisterPlan(&app, &exit_code);
+  nopfs::cli::RegisterConfig(&app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

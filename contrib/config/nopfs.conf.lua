@@ -1,0 +1,45 @@
+-- nopfs node configuration: the documented example (docs/config.md has every field).
+--
+-- This file is Lua 5.4, run in a sandbox (no io, no os.execute, bounded memory and time). It
+-- sets globals; sizes are bytes or strings like "20GB" / "512MiB"; bandwidths are bytes/s or
+-- strings like "1.5GB/s". A bandwidth "table" is one bandwidth, or a list of {threads, bandwidth}
+-- points measured on this node, interpolated linearly between points and flat outside them.
+-- Check a config with:  nopfs config /etc/nopfs/nopfs.conf.lua
+
+-- spdlog level of nopfsd's log (in the job's run directory).
+log_level = "info"
+
+-- Where scanned dataset catalogs are kept for later jobs (one subdirectory per user, 0700).
+-- Leave it out to rescan the dataset in every job.
+catalog_cache = "/var/cache/nopfs"
+
+-- The parallel file system: aggregate read bandwidth against the number of concurrent readers
+-- across the whole job (measure it, e.g. with fio, at 1, 4, 16 and 64 readers).
+pfs = { {1, "250MB/s"}, {4, "900MB/s"}, {16, "2GB/s"}, {64, "2.4GB/s"} }
+
+-- Node-to-node bandwidth one peer read can expect (0 or absent: never read from peers).
+network = "10GB/s"
+
+-- The staging buffer: per-rank rings in shared memory that hold each rank's next samples.
+staging = { capacity = "2GB", threads = 4 }
+
+-- Cache tiers, fastest first. A job gets at most the capacity the admission policy grants it
+-- (contrib/config/policy.lua), never more than written here.
+classes = {
+  ram {
+    capacity = "25%",                          -- of this node's memory, or a size like "64GB"
+    threads = 4,                               -- prefetch threads filling this tier
+    read = { {1, "8GB/s"}, {4, "20GB/s"} },
+    write = { {1, "5GB/s"}, {4, "12GB/s"} },
+  },
+  ssd {
+    path = "/local/scratch",                   -- each job gets its own 0700 directory below
+    capacity = "800GB",
+    threads = 8,
+    read = { {1, "1.2GB/s"}, {8, "3GB/s"} },
+    write = { {1, "900MB/s"}, {8, "2GB/s"} },
+  },
+}
+
+-- Caps on every job, whatever the policy says (0 or absent: none).
+limits = { jobs_per_node = 8, ram_per_job = "50%", ssd_per_job = "800GB" }

@@ -1,0 +1,164 @@
+#include "lua/admit.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include <lua.hpp>
+
+#include "common/units.h"
+#include "lua/lua_read.h"
+
+namespace nopfs::lua {
+namespace {
+
+// size("20GB") -> 20000000000, for policies that compare sizes.
+int SizeFn(lua_State* L) {
+  Result<uint64_t> v = internal::ReadSize(L, 1, "size()");
+  if (!v.ok()) return luaL_error(L, "%s", v.status().message().c_str());
+  lua_pushinteger(L, static_cast<lua_Integer>(*v));
+  return 1;
+}
+
+int ReadOnlyError(lua_State* L) {
+  return luaL_error(L, "job and node are read-only; keep your own values in locals");
+}
+
+// Pushes a read-only proxy of the table on top of the stack (replacing it).
+void MakeReadOnly(lua_State* L) {
+  lua_newtable(L);       // proxy
+  lua_newtable(L);       // metatable
+  lua_pushvalue(L, -3);  // the data
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, ReadOnlyError);
+  lua_setfield(L, -2, "__newindex");
+  lua_pushboolean(L, 0);
+  lua_setfield(L, -2, "__metatable");
+  lua_setmetatable(L, -2);
+  lua_remove(L, -2);
+}
+
+void SetInt(lua_State* L, const char* key, uint64_t v) {
+  lua_pushinteger(L, static_cast<lua_Integer>(std::min<uint64_t>(v, INT64_MAX)));
+  lua_setfield(L, -2, key);
+}
+void SetStr(lua_State* L, const char* key, const std::string& v) {
+  lua_pushlstring(L, v.data(), v.size());
+  lua_setfield(L, -2, key);
+}
+
+policy::Bytes Free(policy::Bytes total, policy::Bytes reserved) {
+  return total > reserved ? total - reserved : 0;
+}
+
+// Clamps *v to cap (when cap is set), noting why in *reason.
+void Clamp(policy::Bytes* v, policy::Bytes cap, const char* what, const char* by,
+           std::string* reason) {
+  if (*v <= cap) return;
+  *v = cap;
+  if (!reason->empty()) *reason += "; ";
+  *reason +=
+      std::string(what) + " limited to " + FormatBytes(static_cast<double>(cap)) + " by " + by;
+}
+
+}  // namespace
+
+Result<Admission> AdmitWithPolicyText(std::string_view policy_text, std::string_view name,
+                                      const NodeConfig& config, const JobRequest& job,
+                                      const NodeState& node, const LuaLimits& limits) {
+  const Limits& caps = config.limits();
+  if (caps.jobs_per_node != 0 && node.jobs >= caps.jobs_per_node) {
+    Admission refused;
+    refused.reason = "node " + node.name + " already runs " + std::to_string(node.jobs) +
+                     " nopfs jobs, the limit is " + std::to_string(caps.jobs_per_node);
+    return refused;
+  }
+  const policy::Bytes ram_free = Free(node.ram_total, node.ram_reserved);
+  const policy::Bytes ssd_free = Free(node.ssd_total, node.ssd_reserved);
+
+  Admission a;
+  a.admitted = true;
+  a.ram = job.ram != 0 ? job.ram : node.ram_total;
+  a.ssd = job.ssd != 0 ? job.ssd : node.ssd_total;
+
+  if (!policy_text.empty()) {
+    LuaState state(limits);
+    lua_State* L = state.get();
+    lua_pushcfunction(L, SizeFn);
+    lua_setglobal(L, "size");
+    NOPFS_RETURN_IF_ERROR(state.RunString(policy_text, name));
+    if (lua_getglobal(L, "admit") == LUA_TFUNCTION) {
+      lua_newtable(L);
+      SetInt(L, "id", job.job_id);
+      SetInt(L, "uid", job.uid);
+      SetInt(L, "gid", job.gid);
+      SetStr(L, "user", job.user);
+      SetStr(L, "account", job.account);
+      SetStr(L, "partition", job.partition);
+      SetStr(L, "qos", job.qos);
+      SetStr(L, "dataset", job.dataset);
+      SetInt(L, "nodes", job.nodes);
+      SetInt(L, "ram", job.ram);
+      SetInt(L, "ssd", job.ssd);
+      MakeReadOnly(L);
+      lua_newtable(L);
+      SetStr(L, "name", node.name);
+      SetInt(L, "ram_total", node.ram_total);
+      SetInt(L, "ssd_total", node.ssd_total);
+      SetInt(L, "ram_reserved", node.ram_reserved);
+      SetInt(L, "ssd_reserved", node.ssd_reserved);
+      SetInt(L, "ram_free", ram_free);
+      SetInt(L, "ssd_free", ssd_free);
+      SetInt(L, "jobs", node.jobs);
+      MakeReadOnly(L);
+      NOPFS_RETURN_IF_ERROR(state.Call(2, 2, std::string(name) + ": admit()"));
+      const std::string where = std::string(name) + ": admit() returned";
+      if (lua_isnil(L, -2) || (lua_isboolean(L, -2) && !lua_toboolean(L, -2))) {
+        Admission refused;
+        refused.reason = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1)
+                                                        : "refused by the site's nopfs policy";
+        return refused;
+      }
+      if (!lua_istable(L, -2)) {
+        return Status::InvalidArgument(where + " a " + std::string(luaL_typename(L, -2)) +
+                                       "; return { ram = SIZE, ssd = SIZE } or nil, \"reason\"");
+      }
+      lua_pop(L, 1);
+      NOPFS_RETURN_IF_ERROR(internal::CheckKeys(L, -1, {"ram", "ssd"}, where));
+      for (auto [field, value] : {std::pair{"ram", &a.ram}, std::pair{"ssd", &a.ssd}}) {
+        if (lua_getfield(L, -1, field) != LUA_TNIL) {
+          Result<uint64_t> v = internal::ReadSize(L, -1, where + " " + field);
+          if (!v.ok()) return v.status();
+          *value = *v;
+        }
+        lua_pop(L, 1);
+      }
+    }
+  }
+
+  if (job.ram != 0) Clamp(&a.ram, job.ram, "RAM", "the request", &a.reason);
+  if (job.ssd != 0) Clamp(&a.ssd, job.ssd, "SSD", "the request", &a.reason);
+  if (caps.ram_per_job != 0)
+    Clamp(&a.ram, caps.ram_per_job, "RAM", "limits.ram_per_job", &a.reason);
+  if (caps.ssd_per_job != 0)
+    Clamp(&a.ssd, caps.ssd_per_job, "SSD", "limits.ssd_per_job", &a.reason);
+  Clamp(&a.ram, ram_free, "RAM", "what is free on the node", &a.reason);
+  Clamp(&a.ssd, ssd_free, "SSD", "what is free on the node", &a.reason);
+  return a;
+}
+
+Result<Admission> Admit(const std::string& policy_path, const NodeConfig& config,
+                        const JobRequest& job, const NodeState& node, const LuaLimits& limits) {
+  if (policy_path.empty()) return AdmitWithPolicyText("", "", config, job, node, limits);
+  std::ifstream in(policy_path, std::ios::binary);
+  if (!in) return Status::FromErrno(errno, "policy " + policy_path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (text.str().empty()) {
+    return Status::InvalidArgument("policy " + policy_path +
+                                   ": is empty; define function admit(job, node)");
+  }
+  return AdmitWithPolicyText(text.str(), policy_path, config, job, node, limits);
+}
+
+}  // namespace nopfs::lua

@@ -1,0 +1,76 @@
+// The admin's admission policy: a Lua file defining `admit(job, node)`, asked at job start on
+// every node of the allocation (by the SPANK plugin, as root) whether the job may have a cache
+// and how large.
+//
+//   function admit(job, node)
+//     if job.partition == "debug" then return nil, "no cache on the debug partition" end
+//     return { ram = math.min(node.ram_free, size("32GB")), ssd = node.ssd_free // 2 }
+//   end
+//
+// `job` and `node` are read-only tables (fields of JobRequest and NodeState, plus node.ram_free
+// and node.ssd_free; sizes in bytes, job.ram = 0 when the user asked for no particular size);
+// size("32GB") converts a size to bytes.
+// The hook returns a table {ram = SIZE, ssd = SIZE} (sizes as numbers or strings like "20GB";
+// a missing field means "what was asked for"), or nil/false and a reason to refuse. A file
+// without `admit` has no opinion: the job gets what it asked for. Either way the grant is then
+// clamped to what was asked, the config's per-job limits and what is free on the node, in that
+// order; a node already running limits.jobs_per_node jobs refuses before the hook is asked.
+//
+// Each call runs in a fresh sandboxed state (lua/state.h), so a slow or broken policy cannot
+// hang or crash the caller, and nothing carries over between jobs.
+//
+// Thread safety: Admit is reentrant.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+#include "lua/config.h"
+#include "lua/state.h"
+
+namespace nopfs::lua {
+
+// What the job asked for; strings are as Slurm reports them.
+struct JobRequest {
+  uint64_t job_id = 0;
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  std::string user;
+  std::string account;
+  std::string partition;
+  std::string qos;
+  std::string dataset;    // the --nopfs=DATASET path
+  uint32_t nodes = 1;     // nodes in the allocation
+  policy::Bytes ram = 0;  // RAM tier bytes asked for on this node (0: as much as allowed)
+  policy::Bytes ssd = 0;  // SSD tier bytes asked for (0: as much as allowed)
+};
+
+// The node as the caller sees it before this job.
+struct NodeState {
+  std::string name;
+  policy::Bytes ram_total = 0;     // the config's RAM classes
+  policy::Bytes ssd_total = 0;     // the config's SSD classes
+  policy::Bytes ram_reserved = 0;  // held by other nopfs jobs now
+  policy::Bytes ssd_reserved = 0;
+  uint32_t jobs = 0;  // other nopfs jobs now
+};
+
+struct Admission {
+  bool admitted = false;
+  std::string reason;     // why refused, or what clamped the grant ("" when nothing did)
+  policy::Bytes ram = 0;  // granted
+  policy::Bytes ssd = 0;
+};
+
+// Runs the policy at `policy_path` ("" = no policy file: no opinion). An error in the policy
+// (syntax, runtime, budget, a bad return value) is returned as a Status naming the file and line;
+// the caller refuses the job with it (failing closed).
+Result<Admission> Admit(const std::string& policy_path, const NodeConfig& config,
+                        const JobRequest& job, const NodeState& node, const LuaLimits& limits = {});
+// The same with the policy's text, named `name` in errors.
+Result<Admission> AdmitWithPolicyText(std::string_view policy_text, std::string_view name,
+                                      const NodeConfig& config, const JobRequest& job,
+                                      const NodeState& node, const LuaLimits& limits = {});
+
+}  // namespace nopfs::lua

@@ -1,0 +1,185 @@
+#include "lua/admit.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace nopfs::lua {
+namespace {
+
+constexpr policy::Bytes kGB = 1'000'000'000;
+
+NodeConfig Config(const std::string& limits = "") {
+  Result<NodeConfig> c = LoadNodeConfigFromString(
+      "classes = { ram { capacity = \"100GB\" }, ssd { path = \"/s\", capacity = \"1TB\" } }\n" +
+          limits,
+      "node.conf.lua", policy::Bytes{256} << 30);
+  EXPECT_TRUE(c.ok()) << c.status().message();
+  return *c;
+}
+
+NodeState Node(policy::Bytes ram_reserved = 0, policy::Bytes ssd_reserved = 0, uint32_t jobs = 0) {
+  NodeState n;
+  n.name = "node7";
+  n.ram_total = 100 * kGB;
+  n.ssd_total = 1000 * kGB;
+  n.ram_reserved = ram_reserved;
+  n.ssd_reserved = ssd_reserved;
+  n.jobs = jobs;
+  return n;
+}
+
+JobRequest Job() {
+  JobRequest j;
+  j.job_id = 1234;
+  j.uid = 1000;
+  j.user = "alice";
+  j.account = "ml";
+  j.partition = "gpu";
+  j.qos = "normal";
+  j.dataset = "/pfs/imagenet";
+  j.nodes = 4;
+  return j;
+}
+
+Result<Admission> AskPolicy(const std::string& policy, const JobRequest& job, const NodeState& node,
+                            const NodeConfig& config = Config()) {
+  return AdmitWithPolicyText(policy, "/etc/nopfs/policy.lua", config, job, node);
+}
+
+TEST(AdmitTest, NoPolicyGrantsTheRequestOrEverythingFree) {
+  Result<Admission> a = AskPolicy("", Job(), Node(30 * kGB, 0, 1));
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  EXPECT_TRUE(a->admitted);
+  EXPECT_EQ(a->ram, 70 * kGB);  // everything free
+  EXPECT_EQ(a->ssd, 1000 * kGB);
+
+  JobRequest j = Job();
+  j.ram = 10 * kGB;
+  j.ssd = 5 * kGB;
+  a = AskPolicy("", j, Node());
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->ram, 10 * kGB);
+  EXPECT_EQ(a->ssd, 5 * kGB);
+  EXPECT_EQ(a->reason, "");
+}
+
+TEST(AdmitTest, PolicySeesTheJobAndTheNode) {
+  const std::string policy = R"(
+    function admit(job, node)
+      assert(job.id == 1234 and job.user == "alice" and job.account == "ml")
+      assert(job.partition == "gpu" and job.qos == "normal" and job.nodes == 4)
+      assert(job.dataset == "/pfs/imagenet" and job.uid == 1000)
+      assert(node.name == "node7" and node.ram_free == size("60GB") and node.jobs == 2)
+      return { ram = node.ram_free // 2, ssd = "100GB" }
+    end
+  )";
+  Result<Admission> a = AskPolicy(policy, Job(), Node(40 * kGB, 0, 2));
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  EXPECT_TRUE(a->admitted);
+  EXPECT_EQ(a->ram, 30 * kGB);
+  EXPECT_EQ(a->ssd, 100 * kGB);
+}
+
+TEST(AdmitTest, RefusalCarriesTheReason) {
+  JobRequest j = Job();
+  j.partition = "debug";
+  Result<Admission> a = AskPolicy(
+      "function admit(job) if job.partition == 'debug' then return nil, 'not on debug' end "
+      "return {} end",
+      j, Node());
+  ASSERT_TRUE(a.ok());
+  EXPECT_FALSE(a->admitted);
+  EXPECT_EQ(a->reason, "not on debug");
+  a = AskPolicy("function admit() return false end", j, Node());
+  ASSERT_TRUE(a.ok());
+  EXPECT_FALSE(a->admitted);
+  EXPECT_NE(a->reason.find("policy"), std::string::npos);
+}
+
+TEST(AdmitTest, GrantIsClampedToRequestLimitsAndFreeSpace) {
+  JobRequest j = Job();
+  j.ram = 20 * kGB;
+  // The policy tries to hand out more than asked, more than the limit and more than is free.
+  Result<Admission> a = AskPolicy("function admit() return { ram = '500GB', ssd = '5TB' } end", j,
+                                  Node(0, 900 * kGB), Config("limits = { ssd_per_job = '200GB' }"));
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  EXPECT_TRUE(a->admitted);
+  EXPECT_EQ(a->ram, 20 * kGB);   // the request
+  EXPECT_EQ(a->ssd, 100 * kGB);  // limit 200 GB, but only 100 GB free
+  EXPECT_NE(a->reason.find("RAM limited to 20.0 GB by the request"), std::string::npos)
+      << a->reason;
+  EXPECT_NE(a->reason.find("SSD limited to 100 GB by what is free on the node"), std::string::npos)
+      << a->reason;
+}
+
+TEST(AdmitTest, JobsPerNodeRefusesBeforeThePolicyRuns) {
+  Result<Admission> a = AskPolicy("function admit() error('must not be called') end", Job(),
+                                  Node(0, 0, 2), Config("limits = { jobs_per_node = 2 }"));
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  EXPECT_FALSE(a->admitted);
+  EXPECT_NE(a->reason.find("the limit is 2"), std::string::npos) << a->reason;
+}
+
+TEST(AdmitTest, JobTableIsReadOnly) {
+  Result<Admission> a =
+      AskPolicy("function admit(job) job.ram = 1e12 return {} end", Job(), Node());
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("read-only"), std::string::npos) << a.status().message();
+  a = AskPolicy("function admit(job) setmetatable(job, nil) return {} end", Job(), Node());
+  EXPECT_FALSE(a.ok());
+}
+
+TEST(AdmitTest, BrokenPoliciesFailWithFileAndLine) {
+  Result<Admission> a =
+      AskPolicy("function admit(job)\n  return job.nothing.x\nend", Job(), Node());
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("/etc/nopfs/policy.lua:2:"), std::string::npos)
+      << a.status().message();
+  a = AskPolicy("function admit() return 42 end", Job(), Node());
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("return { ram = SIZE, ssd = SIZE }"), std::string::npos);
+  a = AskPolicy("function admit() return { ram = 'lots' } end", Job(), Node());
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("admit() returned ram"), std::string::npos)
+      << a.status().message();
+  a = AskPolicy("function admit() return { rma = 1 } end", Job(), Node());
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("did you mean 'ram'"), std::string::npos);
+  a = AdmitWithPolicyText("function admit() while true do end end", "spin.lua", Config(), Job(),
+                          Node(),
+                          LuaLimits{.memory_bytes = size_t{16} << 20, .instructions = 1'000'000});
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().code(), StatusCode::kResourceExhausted);
+}
+
+TEST(AdmitTest, FileWithoutAdmitHasNoOpinion) {
+  Result<Admission> a = AskPolicy("-- nothing here\nlocal x = 1", Job(), Node());
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE(a->admitted);
+  EXPECT_EQ(a->ram, 100 * kGB);
+}
+
+TEST(AdmitTest, ShippedPolicy) {
+  const std::string path = std::string(NOPFS_SOURCE_DIR) + "/contrib/config/policy.lua";
+  JobRequest j = Job();
+  Result<Admission> a = Admit(path, Config(), j, Node(20 * kGB));
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  EXPECT_TRUE(a->admitted);
+  EXPECT_EQ(a->ram, 40 * kGB);  // half of what is free
+  j.partition = "debug";
+  a = Admit(path, Config(), j, Node());
+  ASSERT_TRUE(a.ok());
+  EXPECT_FALSE(a->admitted);
+  j.partition = "gpu";
+  j.ram = 4 * kGB;
+  a = Admit(path, Config(), j, Node());
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->ram, 4 * kGB);
+  Result<Admission> missing = Admit("/nonexistent/policy.lua", Config(), j, Node());
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("/nonexistent/policy.lua"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace nopfs::lua

@@ -1,0 +1,78 @@
+// NodeConfig: what the admin says about a node, read from a Lua file (docs/config.md).
+//
+// The file is a sandboxed Lua script (lua/state.h) that sets globals:
+//   classes  = { ram { capacity = "20GB", threads = 4 }, ssd { path = "/scratch", ... } }
+//   staging  = { capacity = "1GB", threads = 4, write = ... }
+//   pfs      = { {1, "250MB/s"}, {16, "2GB/s"} }      -- readers -> aggregate bytes/s
+//   network  = "10GB/s"
+//   limits   = { jobs_per_node = 8, ram_per_job = "64GB", ssd_per_job = "1TB" }
+//   log_level, catalog_cache, preprocess
+// Unknown globals that look like misspellings of these and unknown fields are errors, so a typo
+// never silently falls back to a default. Every error names the file, and the line where the
+// class was written when it was made with ram{} or ssd{}.
+//
+// Thread safety: NodeConfig is a value; the loaders are reentrant.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+#include "lua/state.h"
+#include "policy/model.h"
+
+namespace nopfs::lua {
+
+// Hard caps the admin puts on every job of the node; 0 means no cap.
+struct Limits {
+  uint32_t jobs_per_node = 0;     // nopfs jobs at once on this node
+  policy::Bytes ram_per_job = 0;  // bytes of RAM tier one job may hold on this node
+  policy::Bytes ssd_per_job = 0;  // bytes of SSD tier one job may hold on this node
+};
+
+class NodeConfig {
+ public:
+  // Where it came from: the file's path, or "built-in defaults".
+  const std::string& source() const { return source_; }
+  // The storage classes (fastest first), staging, PFS curve and network of the model.
+  const policy::SystemModel& model() const { return model_; }
+  policy::SystemModel& mutable_model() { return model_; }
+  const Limits& limits() const { return limits_; }
+  // spdlog level name for nopfsd: trace, debug, info, warn, error, critical, off.
+  const std::string& log_level() const { return log_level_; }
+  // Directory where scanned dataset catalogs are kept for later jobs; empty: no reuse.
+  const std::string& catalog_cache() const { return catalog_cache_; }
+
+  // Sum of the capacities of the classes of `kind` (what a node can offer a job).
+  policy::Bytes CapacityOf(policy::ClassKind kind) const;
+
+ private:
+  friend Result<NodeConfig> LoadNodeConfigFromString(std::string_view, std::string_view,
+                                                     policy::Bytes, const LuaLimits&);
+  friend NodeConfig DefaultNodeConfig(policy::Bytes);
+
+  std::string source_;
+  policy::SystemModel model_;
+  Limits limits_;
+  std::string log_level_ = "info";
+  std::string catalog_cache_;
+};
+
+// This host's physical memory in bytes (sysconf), for RAM capacities written as "25%".
+policy::Bytes HostMemoryBytes();
+
+// Loads `path`; a RAM capacity written as a percentage is taken of `host_memory`.
+Result<NodeConfig> LoadNodeConfig(const std::string& path,
+                                  policy::Bytes host_memory = HostMemoryBytes(),
+                                  const LuaLimits& limits = {});
+// The same from text, named `name` in errors.
+Result<NodeConfig> LoadNodeConfigFromString(std::string_view text, std::string_view name,
+                                            policy::Bytes host_memory = HostMemoryBytes(),
+                                            const LuaLimits& limits = {});
+
+// No file: one RAM class of 1/8 of `host_memory`, no SSD, the default bandwidth tables
+// (docs/config.md lists them), no network (a single node's view).
+NodeConfig DefaultNodeConfig(policy::Bytes host_memory);
+
+}  // namespace nopfs::lua

@@ -1,0 +1,171 @@
+#include "lua/config.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace nopfs::lua {
+namespace {
+
+constexpr policy::Bytes kHost = policy::Bytes{64} << 30;  // a 64 GiB node
+
+Result<NodeConfig> Load(const std::string& text) {
+  return LoadNodeConfigFromString(text, "/etc/nopfs/test.conf.lua", kHost);
+}
+
+void ExpectError(const std::string& text, const std::string& needle) {
+  Result<NodeConfig> c = Load(text);
+  ASSERT_FALSE(c.ok()) << "accepted: " << text;
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << c.status().message();
+  EXPECT_NE(c.status().message().find(needle), std::string::npos)
+      << "message: " << c.status().message() << "\nexpected to contain: " << needle;
+  EXPECT_NE(c.status().message().find("/etc/nopfs/test.conf.lua"), std::string::npos)
+      << c.status().message();
+}
+
+TEST(NodeConfigTest, FullConfig) {
+  Result<NodeConfig> c = Load(R"(
+    log_level = "debug"
+    catalog_cache = "/var/cache/nopfs"
+    pfs = { {1, "250MB/s"}, {16, "2GB/s"} }
+    network = "10GB/s"
+    preprocess = 4e9
+    staging = { capacity = "2GiB", threads = 3, write = "6GB/s" }
+    classes = {
+      ram { capacity = "25%", threads = 2, read = { {1, "8GB/s"}, {4, "20GB/s"} } },
+      ssd { name = "nvme", path = "/local/scratch", capacity = "800GB", threads = 8,
+            write = 1e9 },
+    }
+    limits = { jobs_per_node = 4, ram_per_job = "50%", ssd_per_job = "1TB" }
+  )");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  const policy::SystemModel& m = c->model();
+  EXPECT_EQ(c->log_level(), "debug");
+  EXPECT_EQ(c->catalog_cache(), "/var/cache/nopfs");
+  EXPECT_DOUBLE_EQ(m.pfs.At(1), 250e6);
+  EXPECT_DOUBLE_EQ(m.pfs.At(16), 2e9);
+  EXPECT_DOUBLE_EQ(m.pfs.At(100), 2e9);  // clamped
+  EXPECT_DOUBLE_EQ(m.network_bandwidth, 10e9);
+  EXPECT_DOUBLE_EQ(m.preprocess_rate, 4e9);
+  EXPECT_EQ(m.staging.capacity, policy::Bytes{2} << 30);
+  EXPECT_EQ(m.staging.threads, 3u);
+  EXPECT_DOUBLE_EQ(m.staging.write.At(7), 6e9);
+  ASSERT_EQ(m.classes.size(), 2u);
+  EXPECT_EQ(m.classes[0].name, "ram");
+  EXPECT_EQ(m.classes[0].kind, policy::ClassKind::kRam);
+  EXPECT_EQ(m.classes[0].capacity, kHost / 4);
+  EXPECT_EQ(m.classes[0].threads, 2u);
+  EXPECT_DOUBLE_EQ(m.classes[0].read.At(2.5), 14e9);  // interpolated
+  EXPECT_EQ(m.classes[1].name, "nvme");
+  EXPECT_EQ(m.classes[1].kind, policy::ClassKind::kSsd);
+  EXPECT_EQ(m.classes[1].path, "/local/scratch");
+  EXPECT_EQ(m.classes[1].capacity, 800'000'000'000u);
+  EXPECT_DOUBLE_EQ(m.classes[1].write.At(3), 1e9);
+  EXPECT_FALSE(m.classes[1].read.empty());  // the default table
+  EXPECT_EQ(c->limits().jobs_per_node, 4u);
+  EXPECT_EQ(c->limits().ram_per_job, kHost / 2);
+  EXPECT_EQ(c->limits().ssd_per_job, 1'000'000'000'000u);
+  EXPECT_EQ(c->CapacityOf(policy::ClassKind::kRam), kHost / 4);
+  EXPECT_EQ(c->CapacityOf(policy::ClassKind::kSsd), 800'000'000'000u);
+  EXPECT_TRUE(m.Validate().ok());
+}
+
+TEST(NodeConfigTest, EmptyFileMeansNoTiersAndDefaultModel) {
+  Result<NodeConfig> c = Load("-- nothing\n");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_TRUE(c->model().classes.empty());
+  EXPECT_GT(c->model().pfs.At(1), 0);
+  EXPECT_EQ(c->model().network_bandwidth, 0);
+  EXPECT_EQ(c->log_level(), "info");
+  EXPECT_TRUE(c->model().Validate().ok());
+}
+
+TEST(NodeConfigTest, ScriptsMayComputeValues) {
+  Result<NodeConfig> c = Load(R"(
+    local GB = 1000 * 1000 * 1000
+    local scratch = os.getenv("NOPFS_TEST_UNSET_VARIABLE") or "/tmp/scratch"
+    classes = { ssd { path = scratch, capacity = 3 * GB } }
+  )");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->model().classes[0].capacity, 3'000'000'000u);
+  EXPECT_EQ(c->model().classes[0].path, "/tmp/scratch");
+}
+
+TEST(NodeConfigTest, DefaultsAreAnEighthOfMemoryInRam) {
+  NodeConfig c = DefaultNodeConfig(kHost);
+  ASSERT_EQ(c.model().classes.size(), 1u);
+  EXPECT_EQ(c.model().classes[0].kind, policy::ClassKind::kRam);
+  EXPECT_EQ(c.model().classes[0].capacity, kHost / 8);
+  EXPECT_TRUE(c.model().Validate().ok());
+  EXPECT_EQ(c.source(), "built-in defaults");
+  EXPECT_GT(HostMemoryBytes(), policy::Bytes{1} << 20);
+}
+
+TEST(NodeConfigTest, ErrorsNameTheFieldAndTheLine) {
+  ExpectError("classes = {\n  ram { capacity = \"20 parsecs\" }\n}",
+              "test.conf.lua:2: classes[1] (\"ram\"): capacity");
+  ExpectError("classes = {\n ram { capacity = \"1GB\" },\n ssd { capacity = \"1GB\" } }",
+              ":3: classes[2] (\"ssd\"): an SSD class needs path");
+  ExpectError("classes = { ram { capacity = \"1GB\", path = \"/x\" } }", "a RAM class has no path");
+  ExpectError("classes = { ssd { capacity = \"1GB\", path = \"scratch\" } }",
+              "must be an absolute directory");
+  ExpectError("classes = { ram { capcity = \"1GB\" } }",
+              "unknown field 'capcity' (did you mean "
+              "'capacity'?)");
+  ExpectError("classes = { ram { } }", "no capacity");
+  ExpectError("classes = { { capacity = \"1GB\" } }", "no kind; write ram { ... } or ssd");
+  ExpectError("classes = { { kind = \"tape\", capacity = 1 } }", "kind \"tape\" is unknown");
+  ExpectError("classes = { ram { capacity = \"1GB\", threads = 0 } }",
+              "threads: 0 is out of "
+              "range");
+  ExpectError("classes = { ram { capacity = \"1GB\", threads = 2.5 } }",
+              "expected a whole "
+              "number");
+  ExpectError("classes = { ram { capacity = \"1GB\" }, ram { capacity = \"2GB\" } }", "ram");
+  ExpectError("classes = { ssd { path = \"/s\", capacity = \"5%\" } }",
+              "a percentage is only allowed for RAM");
+  ExpectError("classes = { ram { capacity = \"120%\" } }", "between 0% and 100%");
+  ExpectError("pfs = { {4, \"1GB/s\"}, {1, \"2GB/s\"} }", "pfs");
+  ExpectError("pfs = { }", "pfs: an empty table");
+  ExpectError("pfs = { {1} }", "pfs[1]: expected a pair");
+  ExpectError("pfs = { {1, \"fast\"} }", "pfs[1]");
+  ExpectError("network = true", "network: expected a bandwidth");
+  ExpectError("staging = { capacity = \"1GB\", thread = 2 }", "did you mean 'threads'?");
+  ExpectError("limits = { jobs = 2 }", "limits: unknown field 'jobs'");
+  ExpectError("log_level = \"verbose\"", "write one of trace, debug, info");
+  ExpectError("catalog_cache = \"cache\"", "must be an absolute path");
+  ExpectError("clases = {}", "unknown setting 'clases' (did you mean 'classes'?)");
+  ExpectError("classes = { ram { capacity = \"1GB\", kind = \"ssd\" } }", "leave out 'kind'");
+  ExpectError("x = = 1", "test.conf.lua:1:");
+}
+
+TEST(NodeConfigTest, RunawayConfigIsStopped) {
+  Result<NodeConfig> c = LoadNodeConfigFromString(
+      "while true do end", "spin.lua", kHost,
+      LuaLimits{.memory_bytes = size_t{16} << 20, .instructions = 1'000'000});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kResourceExhausted);
+}
+
+TEST(NodeConfigTest, MissingFile) {
+  Result<NodeConfig> c = LoadNodeConfig("/nonexistent/nopfs.conf.lua", kHost);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(c.status().message().find("/nonexistent/nopfs.conf.lua"), std::string::npos);
+}
+
+TEST(NodeConfigTest, ShippedConfigsLoad) {
+  const std::string dir = std::string(NOPFS_SOURCE_DIR) + "/contrib/config/";
+  for (const char* name : {"nopfs.conf.lua", "demo.conf.lua", "nocache.conf.lua"}) {
+    Result<NodeConfig> c = LoadNodeConfig(dir + name, kHost);
+    EXPECT_TRUE(c.ok()) << name << ": " << c.status().message();
+  }
+  Result<NodeConfig> demo = LoadNodeConfig(dir + "demo.conf.lua", kHost);
+  ASSERT_TRUE(demo.ok());
+  ASSERT_EQ(demo->model().classes.size(), 2u);
+  EXPECT_EQ(demo->model().classes[0].capacity, 20'000'000'000u);
+  EXPECT_EQ(demo->model().classes[1].capacity, 60'000'000'000u);
+}
+
+}  // namespace
+}  // namespace nopfs::lua
