@@ -90,7 +90,8 @@ int RunPlan(PlanFlags& f) {
   const auto t0 = std::chrono::steady_clock::now();
   const policy::NodePlan plan = policy::MakeNodePlan(job, f.node, sizes, capacities, f.threads);
   const auto t1 = std::chrono::steady_clock::now();
-  const uint32_t pfs_readers = job.nodes() * std::max<uint32_t>(1, model.staging.threads);
+  // Every rank of the job stages with p_0 threads, and the ones that miss all read the PFS.
+  const uint32_t pfs_readers = job.ranks * std::max<uint32_t>(1, model.staging.threads);
   const policy::NodePrediction pred = policy::PredictNode(job, plan, sizes, model, pfs_readers);
   const auto t2 = std::chrono::steady_clock::now();
 
