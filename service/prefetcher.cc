@@ -1,0 +1,110 @@
+#include "service/prefetcher.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <new>
+
+namespace nopfs::service {
+
+Prefetcher::Prefetcher(Tier& tier, FetchFn fetch, uint32_t threads)
+    : tier_(tier), fetch_(std::move(fetch)), threads_(threads) {}
+
+Prefetcher::~Prefetcher() {
+  Stop();
+  for (std::byte* b : bounce_)
+    std::free(b);
+}
+
+Status Prefetcher::Start() {
+  if (threads_ == 0) return Status::InvalidArgument("prefetcher: threads must be at least 1");
+  if (started_.exchange(true)) return Status::FailedPrecondition("prefetcher: already started");
+  const uint32_t n = tier_.layout().slot_count();
+  settled_.assign(n, 0);
+  const uint64_t bb = tier_.bounce_bytes();
+  if (bb > 0) {
+    const uint64_t rounded = (bb + kSsdAlignment - 1) / kSsdAlignment * kSsdAlignment;
+    for (uint32_t i = 0; i < threads_; ++i) {
+      void* p = std::aligned_alloc(kSsdAlignment, rounded);
+      if (p == nullptr) {
+        return Status::ResourceExhausted("prefetcher: cannot allocate " + std::to_string(rounded) +
+                                         " bytes of bounce buffer for the " + tier_.kind() +
+                                         " tier");
+      }
+      bounce_.push_back(static_cast<std::byte*>(p));
+    }
+  }
+  running_.store(threads_);
+  for (uint32_t i = 0; i < threads_; ++i)
+    workers_.emplace_back([this, i] { Run(i); });
+  TierLog()->info("prefetcher ({} tier): {} samples, {} threads", tier_.kind(), n, threads_);
+  return Status::Ok();
+}
+
+void Prefetcher::Stop() {
+  stop_.store(true);
+  Wait();
+}
+
+void Prefetcher::Wait() {
+  for (std::thread& t : workers_) {
+    if (t.joinable()) t.join();
+  }
+}
+
+PrefetchCounters Prefetcher::counters() const {
+  PrefetchCounters c;
+  c.filled = filled_.load();
+  c.bytes = bytes_.load();
+  c.failures = failures_.load();
+  c.prefix = prefix_.load();
+  c.done = started_.load() && running_.load() == 0;
+  return c;
+}
+
+void Prefetcher::Settle() {
+  // Called with prefix_mu_ held: advance over the settled run.
+  uint64_t p = prefix_.load(std::memory_order_relaxed);
+  while (p < settled_.size() && settled_[p])
+    ++p;
+  prefix_.store(p);
+}
+
+void Prefetcher::Run(uint32_t index) {
+  const uint64_t bb = tier_.bounce_bytes();
+  std::span<std::byte> bounce;
+  if (bb > 0) bounce = {bounce_[index], bb};
+  SlotTable& slots = tier_.slots();
+  const TierLayout& layout = tier_.layout();
+  const uint32_t n = layout.slot_count();
+  while (!stop_.load(std::memory_order_relaxed)) {
+    const uint32_t slot = cursor_.fetch_add(1);
+    if (slot >= n) break;
+    bool settled = true;
+    if (slots.TryBeginFill(slot)) {
+      const policy::SampleId sample = layout.SampleAt(slot);
+      auto hash = tier_.Fill(slot, fetch_, bounce);
+      if (hash.ok()) {
+        slots.MarkReady(slot, *hash);
+        filled_.fetch_add(1);
+        bytes_.fetch_add(layout.SizeOf(slot));
+      } else if (stop_.load()) {
+        slots.Abandon(slot);  // cancelled by Stop(), not a failure of the sample
+        settled = false;
+      } else {
+        slots.MarkFailed(slot);
+        failures_.fetch_add(1);
+        TierLog()->warn("prefetcher ({} tier): sample {} failed: {}", tier_.kind(), sample,
+                        hash.status().ToString());
+      }
+    }
+    if (settled) {
+      std::lock_guard<std::mutex> lock(prefix_mu_);
+      settled_[slot] = 1;
+      Settle();
+    }
+  }
+  running_.fetch_sub(1);
+}
+
+}  // namespace nopfs::service

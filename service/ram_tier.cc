@@ -1,0 +1,151 @@
+#include "service/ram_tier.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+namespace nopfs::service {
+
+Result<std::unique_ptr<RamTier>> RamTier::Create(const std::string& job, TierLayout layout) {
+  const std::string name = "nopfs-" + job + "-ram";
+  const int fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return Status::FromErrno(errno, "ram tier: memfd_create(" + name + ")");
+  const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t bytes = (layout.total_bytes() + page - 1) / page * page;
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const int err = errno;
+    close(fd);
+    return Status::FromErrno(
+        err, "ram tier: sizing " + name + " to " + std::to_string(bytes) + " bytes");
+  }
+  // Commit the memory now: a node short of RAM fails here with a clear error instead of a SIGBUS
+  // on first touch in the middle of the job.
+  if (bytes > 0) {
+    const int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    if (err != 0) {
+      close(fd);
+      if (err == ENOSPC || err == ENOMEM) {
+        return Status::ResourceExhausted("ram tier: cannot reserve " + std::to_string(bytes) +
+                                         " bytes of memory for " + name +
+                                         "; lower the RAM capacity in the config");
+      }
+      return Status::FromErrno(err, "ram tier: reserving memory for " + name);
+    }
+  }
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    const int err = errno;
+    close(fd);
+    return Status::FromErrno(err, "ram tier: sealing " + name);
+  }
+  std::byte* base = nullptr;
+  if (bytes > 0) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      close(fd);
+      return Status::FromErrno(
+          err, "ram tier: mapping " + name + " (" + std::to_string(bytes) + " bytes)");
+    }
+    base = static_cast<std::byte*>(p);
+  }
+  TierLog()->info("ram tier {}: {} samples, {} bytes mapped", name, layout.slot_count(), bytes);
+  return std::unique_ptr<RamTier>(new RamTier(name, std::move(layout), fd, base, bytes));
+}
+
+RamTier::RamTier(std::string name, TierLayout layout, int fd, std::byte* base, uint64_t mapped)
+    : name_(std::move(name)),
+      layout_(std::move(layout)),
+      slots_(layout_.slot_count()),
+      fd_(fd),
+      base_(base),
+      mapped_bytes_(mapped) {}
+
+RamTier::~RamTier() {
+  if (base_ != nullptr) munmap(base_, mapped_bytes_);
+  close(fd_);
+}
+
+Result<int> RamTier::OpenReadOnlyFd() const {
+  const std::string path = "/proc/self/fd/" + std::to_string(fd_);
+  const int ro = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (ro < 0) return Status::FromErrno(errno, "ram tier: reopening " + name_ + " read-only");
+  return ro;
+}
+
+std::span<std::byte> RamTier::SlotBytes(uint32_t slot) const {
+  const SlotExtent e = layout_.Extent(slot);
+  return {base_ + e.offset, e.size};
+}
+
+bool RamTier::IsReady(policy::SampleId sample) const {
+  const uint32_t slot = layout_.SlotOf(sample);
+  return slot != kNoSlot && slots_.state(slot) == SlotState::kReady;
+}
+
+Status RamTier::WaitReady(policy::SampleId sample, std::chrono::nanoseconds timeout) const {
+  const uint32_t slot = layout_.SlotOf(sample);
+  if (slot == kNoSlot) {
+    return Status::NotFound("ram tier: sample " + std::to_string(sample) + " is not in this tier");
+  }
+  return slots_.WaitReady(slot, timeout).WithContext("ram tier: sample " + std::to_string(sample));
+}
+
+Result<std::span<const std::byte>> RamTier::View(policy::SampleId sample) const {
+  const uint32_t slot = layout_.SlotOf(sample);
+  if (slot == kNoSlot) {
+    return Status::NotFound("ram tier: sample " + std::to_string(sample) + " is not in this tier");
+  }
+  const SlotState s = slots_.state(slot);
+  if (s != SlotState::kReady) {
+    return Status::FailedPrecondition("ram tier: sample " + std::to_string(sample) + " is " +
+                                      SlotStateName(s) + ", not ready");
+  }
+  return std::span<const std::byte>(SlotBytes(slot));
+}
+
+Status RamTier::Verify(policy::SampleId sample) {
+  auto view = View(sample);
+  if (!view.ok()) return view.status();
+  const uint32_t slot = layout_.SlotOf(sample);
+  const uint64_t got = XXH3_64bits(view->data(), view->size());
+  const uint64_t want = slots_.expected(slot);
+  if (got == want) return Status::Ok();
+  slots_.MarkFailed(slot);
+  TierLog()->error("ram tier {}: sample {} corrupted (xxh3 {:016x}, expected {:016x})", name_,
+                   sample, got, want);
+  return Status::Corruption("ram tier " + name_ + ": sample " + std::to_string(sample) +
+                            ": checksum mismatch; read it from the PFS");
+}
+
+Status RamTier::Read(policy::SampleId sample, std::span<std::byte> dst) {
+  auto view = View(sample);
+  if (!view.ok()) return view.status();
+  if (dst.size() != view->size()) {
+    return Status::InvalidArgument("ram tier: sample " + std::to_string(sample) + " has " +
+                                   std::to_string(view->size()) + " bytes, the buffer " +
+                                   std::to_string(dst.size()));
+  }
+  if (!dst.empty()) std::memcpy(dst.data(), view->data(), dst.size());
+  const uint32_t slot = layout_.SlotOf(sample);
+  const uint64_t got = XXH3_64bits(dst.data(), dst.size());
+  const uint64_t want = slots_.expected(slot);
+  if (got == want) return Status::Ok();
+  slots_.MarkFailed(slot);
+  TierLog()->error("ram tier {}: sample {} corrupted (xxh3 {:016x}, expected {:016x})", name_,
+                   sample, got, want);
+  return Status::Corruption("ram tier " + name_ + ": sample " + std::to_string(sample) +
+                            ": checksum mismatch; slot marked failed, read it from the PFS");
+}
+
+Result<uint64_t> RamTier::Fill(uint32_t slot, const FetchFn& fetch, std::span<std::byte>) {
+  return fetch(layout_.SampleAt(slot), SlotBytes(slot));
+}
+
+}  // namespace nopfs::service

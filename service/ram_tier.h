@@ -1,0 +1,83 @@
+// RamTier: the RAM cache tier of one job on one node, held in a memfd (anonymous shared memory).
+//
+// The daemon creates one memfd named "nopfs-<job>-ram" (MFD_CLOEXEC | MFD_ALLOW_SEALING), sizes it
+// to the layout's total bytes (rounded up to a page), reserves that memory (posix_fallocate:
+// ResourceExhausted when the node cannot provide it, rather than SIGBUS later), seals its size
+// (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) and maps it read-write. Prefetchers fetch straight
+// into the mapping. Clients of the same user receive a read-only descriptor (OpenReadOnlyFd, sent
+// over the local socket) and map it PROT_READ: zero copy, and they cannot write into the cache or
+// change its size.
+//
+// Nothing outlives the processes: a memfd has no name in any file system and disappears with its
+// last descriptor and mapping, so a crashed daemon leaves nothing once its clients exit.
+//
+// Verification: Read (copy-out) checks the copy against the xxh3 recorded when the slot was
+// filled; View (zero-copy) does not, so callers that hand out a View call Verify first or after.
+// A mismatch marks the slot failed; the caller reads the sample from the PFS and may refill the
+// slot (TryBeginFill + Fill + MarkReady) once no reader holds a View of it.
+//
+// Thread safety: all methods are safe to call concurrently; Fill for one slot at a time per slot
+// (the SlotTable's TryBeginFill arbitrates).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "common/status.h"
+#include "service/tier_layout.h"
+
+namespace nopfs::service {
+
+class RamTier final : public Tier {
+ public:
+  // job: the job id, used in the memfd name (shown in /proc/<pid>/fd and /proc/<pid>/maps).
+  static Result<std::unique_ptr<RamTier>> Create(const std::string& job, TierLayout layout);
+  ~RamTier() override;
+  RamTier(const RamTier&) = delete;
+  RamTier& operator=(const RamTier&) = delete;
+
+  // The read-write memfd (owned by the tier; closed by the destructor).
+  int fd() const { return fd_; }
+  // A new read-only descriptor of the same memory, for a client; the caller owns and closes it.
+  Result<int> OpenReadOnlyFd() const;
+  uint64_t mapped_bytes() const { return mapped_bytes_; }
+
+  // Whether the tier holds `sample` and it is ready to read.
+  bool IsReady(policy::SampleId sample) const;
+  // Ok once the sample is ready; NotFound if the tier does not hold it; Unavailable if its fill
+  // failed (read it from the PFS); TimedOut after `timeout`.
+  Status WaitReady(policy::SampleId sample, std::chrono::nanoseconds timeout) const;
+  // The sample's bytes in the mapping; valid while the tier lives. NotFound if not held,
+  // FailedPrecondition if not ready.
+  Result<std::span<const std::byte>> View(policy::SampleId sample) const;
+  // Recomputes the sample's xxh3 and compares it with the one recorded at fill time. On mismatch
+  // the slot is marked failed and Corruption is returned.
+  Status Verify(policy::SampleId sample);
+  // Copies the sample's bytes into dst (exactly its size) and verifies the copy against the
+  // recorded xxh3: NotFound, FailedPrecondition (not ready), InvalidArgument (wrong size),
+  // Corruption (mismatch; the slot is now failed, read the sample from the PFS).
+  Status Read(policy::SampleId sample, std::span<std::byte> dst);
+
+  const char* kind() const override { return "ram"; }
+  const TierLayout& layout() const override { return layout_; }
+  SlotTable& slots() override { return slots_; }
+  const SlotTable& slots() const { return slots_; }
+  uint64_t bounce_bytes() const override { return 0; }
+  Result<uint64_t> Fill(uint32_t slot, const FetchFn& fetch, std::span<std::byte> bounce) override;
+
+ private:
+  RamTier(std::string name, TierLayout layout, int fd, std::byte* base, uint64_t mapped);
+  std::span<std::byte> SlotBytes(uint32_t slot) const;
+
+  std::string name_;
+  TierLayout layout_;
+  SlotTable slots_;
+  int fd_;
+  std::byte* base_;
+  uint64_t mapped_bytes_;
+};
+
+}  // namespace nopfs::service
