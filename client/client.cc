@@ -1,0 +1,216 @@
+#include "client/client.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "client/ring.h"
+#include "client/wire.h"
+
+namespace nopfs::client {
+
+// One socket to the service; requests and their answers are serialized by a mutex.
+class Connection {
+ public:
+  Connection(wire::UniqueFd fd, std::chrono::milliseconds timeout)
+      : fd_(std::move(fd)), timeout_(timeout), pid_(::getpid()) {}
+
+  pid_t pid() const { return pid_; }
+
+  // Sends `body` and waits for the answer of type `want` (an ERROR answer becomes its Status).
+  Result<wire::Received> Call(wire::Body body, wire::MsgType want) {
+    if (::getpid() != pid_) {
+      return Status::FailedPrecondition(
+          "nopfs client: a connection was used across fork(); connect again in the child");
+    }
+    std::lock_guard lock(mu_);
+    if (broken_) return Status::Unavailable("nopfs client: the connection to nopfsd is broken");
+    const uint32_t id = ++next_id_;
+    const wire::MsgType sent = wire::TypeOf(body);
+    Status st = wire::SendMessage(fd_.get(), wire::Message{id, std::move(body)});
+    if (!st.ok()) {
+      broken_ = true;
+      return st.WithContext("nopfs client");
+    }
+    Result<wire::Received> r = wire::RecvMessage(fd_.get(), timeout_);
+    if (!r.ok()) {
+      broken_ = true;  // we can no longer tell which answer belongs to which request
+      return r.status().WithContext("nopfs client: waiting for the answer to " +
+                                    std::string(wire::TypeName(sent)));
+    }
+    if (auto* e = std::get_if<wire::Error>(&r->message.body);
+        e != nullptr && r->message.request_id == 0) {
+      broken_ = true;  // request id 0: the service refused the whole connection
+      return wire::ToStatus(*e);
+    }
+    if (r->message.request_id != id) {
+      broken_ = true;
+      return Status::Corruption("nopfs client: answer for request " +
+                                std::to_string(r->message.request_id) + ", expected " +
+                                std::to_string(id));
+    }
+    if (auto* e = std::get_if<wire::Error>(&r->message.body)) return wire::ToStatus(*e);
+    if (wire::TypeOf(r->message.body) != want) {
+      broken_ = true;
+      return Status::Corruption("nopfs client: nopfsd answered " +
+                                std::string(wire::TypeName(wire::TypeOf(r->message.body))) +
+                                " to " + std::string(wire::TypeName(sent)));
+    }
+    return r;
+  }
+
+ private:
+  std::mutex mu_;
+  wire::UniqueFd fd_;
+  std::chrono::milliseconds timeout_;
+  pid_t pid_;
+  uint32_t next_id_ = 0;  // GUARDED_BY(mu_)
+  bool broken_ = false;   // GUARDED_BY(mu_)
+};
+
+namespace {
+
+Status ForkError() {
+  return Status::FailedPrecondition(
+      "nopfs client: a stream was used across fork(); connect and open it again in the child");
+}
+
+}  // namespace
+
+Stream::Stream(std::shared_ptr<Connection> conn, uint64_t id,
+               std::unique_ptr<ring::RingReader> reader)
+    : conn_(std::move(conn)), id_(id), reader_(std::move(reader)), pid_(::getpid()) {}
+
+Stream::~Stream() {
+  if (!closed_ && ::getpid() == pid_) {
+    Status st = Close();
+    (void)st;  // best effort: if the service is gone there is nothing left to free
+  }
+}
+
+Status Stream::CheckPid() const {
+  return ::getpid() == pid_ ? Status::Ok() : ForkError();
+}
+
+Result<std::optional<Sample>> Stream::Next(std::chrono::milliseconds timeout) {
+  NOPFS_RETURN_IF_ERROR(CheckPid());
+  if (closed_) return Status::FailedPrecondition("nopfs client: Next() on a closed stream");
+  Result<std::optional<ring::View>> v = reader_->Next(timeout);
+  if (!v.ok()) return v.status();
+  if (!v->has_value()) return std::optional<Sample>();
+  const ring::View& x = **v;
+  return std::optional<Sample>(
+      Sample{x.seq, x.sample_id, x.label, x.epoch, x.step, x.position, x.data, x.size});
+}
+
+Status Stream::Release(const Sample& sample) {
+  NOPFS_RETURN_IF_ERROR(CheckPid());
+  if (closed_) return Status::FailedPrecondition("nopfs client: Release() on a closed stream");
+  return reader_->Release(sample.seq);
+}
+
+Stats Stream::stats() const {
+  ring::RingStats r = reader_->stats();
+  return Stats{r.samples,        r.bytes,           r.next_calls,
+               r.stall_ns_total, r.stall_ns_median, r.stall_ns_p99};
+}
+
+Status Stream::Close() {
+  NOPFS_RETURN_IF_ERROR(CheckPid());
+  if (closed_.exchange(true)) return Status::Ok();
+  Result<wire::Received> r = conn_->Call(wire::CloseStream{id_}, wire::MsgType::kCloseOk);
+  return r.ok() ? Status::Ok() : r.status();
+}
+
+Result<std::unique_ptr<Client>> Client::Connect(std::string socket_path) {
+  ConnectOptions o;
+  o.socket_path = std::move(socket_path);
+  return Connect(o);
+}
+
+Result<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& options) {
+  std::string path = options.socket_path;
+  if (path.empty()) {
+    const char* env = std::getenv("NOPFS_SOCKET");
+    if (env == nullptr || *env == '\0') {
+      return Status::InvalidArgument(
+          "nopfs client: no socket path given and NOPFS_SOCKET is not set (run inside a job "
+          "started with --nopfs, or pass the path of nopfsd's socket)");
+    }
+    path = env;
+  }
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return Status::InvalidArgument("nopfs client: socket path is too long (" +
+                                   std::to_string(path.size()) + " bytes, at most " +
+                                   std::to_string(sizeof(addr.sun_path) - 1) + "): " + path);
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  wire::UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return Status::FromErrno(errno, "nopfs client: socket");
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return Status::FromErrno(errno, "nopfs client: connecting to nopfsd at " + path);
+  }
+  Result<uint32_t> uid = wire::PeerUid(fd.get());
+  if (!uid.ok()) return uid.status();
+  const uint32_t want = options.expected_server_uid.value_or(static_cast<uint32_t>(::getuid()));
+  if (*uid != want) {
+    return Status::PermissionDenied("nopfs client: the service at " + path + " runs as uid " +
+                                    std::to_string(*uid) + ", not as uid " + std::to_string(want) +
+                                    "; refusing to use it");
+  }
+  std::unique_ptr<Client> c(new Client());
+  c->conn_ = std::make_shared<Connection>(std::move(fd), options.timeout);
+  Result<wire::Received> r = c->conn_->Call(
+      wire::Hello{wire::kVersion, static_cast<uint32_t>(::getpid())}, wire::MsgType::kHelloOk);
+  if (!r.ok()) return r.status();
+  const auto& ok = std::get<wire::HelloOk>(r->message.body);
+  c->info_ = ServiceInfo{ok.service_version, ok.job_id, ok.ranks, ok.first_rank, ok.local_ranks};
+  return c;
+}
+
+Client::~Client() = default;
+
+Result<std::unique_ptr<Stream>> Client::Open(uint32_t rank, uint32_t epoch, uint64_t step) {
+  Result<wire::Received> r =
+      conn_->Call(wire::OpenStream{rank, epoch, step}, wire::MsgType::kStreamOk);
+  if (!r.ok()) return r.status();
+  const auto ok = std::get<wire::StreamOk>(r->message.body);
+  // From here on the service holds a stream for us: close it if the ring is unusable.
+  auto abandon = [&](Status st) {
+    Result<wire::Received> c =
+        conn_->Call(wire::CloseStream{ok.stream_id}, wire::MsgType::kCloseOk);
+    (void)c;
+    return st;
+  };
+  if (!r->fd.valid()) {
+    return abandon(Status::Corruption("nopfs client: STREAM_OK arrived without the ring's memfd"));
+  }
+  Result<std::unique_ptr<ring::RingReader>> reader =
+      ring::RingReader::Open(std::move(r->fd), ok.capacity, ok.slot_count);
+  if (!reader.ok()) return abandon(reader.status());
+  return std::unique_ptr<Stream>(new Stream(conn_, ok.stream_id, std::move(*reader)));
+}
+
+Result<SampleInfo> Client::Describe(uint32_t sample_id) {
+  Result<wire::Received> r = conn_->Call(wire::Describe{sample_id}, wire::MsgType::kDescribeOk);
+  if (!r.ok()) return r.status();
+  const wire::DescribeOk& d = std::get<wire::DescribeOk>(r->message.body);
+  if (d.sample_id != sample_id) {
+    return Status::Internal("nopfsd described sample " + std::to_string(d.sample_id) +
+                            " when asked for " + std::to_string(sample_id));
+  }
+  return SampleInfo{d.path, d.offset, d.length, d.label};
+}
+
+Result<std::string> Client::StatusText() {
+  Result<wire::Received> r = conn_->Call(wire::StatusRequest{}, wire::MsgType::kStatusOk);
+  if (!r.ok()) return r.status();
+  return std::get<wire::StatusOk>(r->message.body).text;
+}
+
+}  // namespace nopfs::client

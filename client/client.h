@@ -1,0 +1,151 @@
+// The nopfs client library: what a training process links to read its rank's samples from the
+// node's nopfsd, in exact stream order and without copying.
+//
+//   auto client = nopfs::client::Client::Connect();      // $NOPFS_SOCKET
+//   auto stream = (*client)->Open(rank);                  // or Open(rank, epoch, step) to resume
+//   while (auto s = (*stream)->Next()) {                  // Result<std::optional<Sample>>
+//     if (!s->has_value()) break;                         // end of stream
+//     use((*s)->data, (*s)->size);                        // points into shared memory
+//     (*stream)->Release(**s);                            // gives the space back (any order)
+//   }
+//
+// Errors: a sample the service could not read arrives as a non-ok Status from Next() whose message
+// names the sample id and its path; the stream goes on with the next sample.
+//
+// Lifetime: a Stream keeps its connection open (it may outlive its Client). When the process dies
+// the kernel closes the socket and the service releases everything the process held.
+//
+// fork(): a Client or Stream must not be used across fork(). Their methods detect the use from a
+// child (a different pid) and fail with FailedPrecondition without touching the socket; destroying
+// them in a child unmaps memory but sends nothing. Connect in the child instead (Python DataLoader
+// workers connect in their worker_init).
+//
+// Thread safety: Client and Stream are safe to call from several threads; Next() calls are
+// serialized, Release() may run concurrently with a waiting Next(). Close() (or destruction) must
+// not race with a Next() or Release() on the same stream.
+#pragma once
+
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common/status.h"
+
+namespace nopfs::ring {
+class RingReader;
+}
+
+namespace nopfs::client {
+
+inline constexpr std::chrono::milliseconds kDefaultNextTimeout{std::chrono::minutes(5)};
+inline constexpr std::chrono::milliseconds kRequestTimeout{std::chrono::seconds(30)};
+
+// One sample, valid until Release() (or the Stream's destruction).
+struct Sample {
+  uint64_t seq = 0;  // position in this stream, from 0 at Open()
+  uint32_t sample_id = 0;
+  int64_t label = 0;
+  uint32_t epoch = 0;
+  uint64_t step = 0;
+  uint64_t position = 0;  // index in the rank's stream within the epoch
+  const std::byte* data = nullptr;
+  uint64_t size = 0;
+};
+
+// Per-stream statistics. A stall is the time one Next() call waited.
+struct SampleInfo {
+  std::string path;  // absolute path of the file on the PFS
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  int64_t label = -1;
+};
+
+struct Stats {
+  uint64_t samples = 0;
+  uint64_t bytes = 0;
+  uint64_t next_calls = 0;
+  uint64_t stall_ns_total = 0;
+  uint64_t stall_ns_median = 0;  // power-of-two upper bound (log2 histogram)
+  uint64_t stall_ns_p99 = 0;
+};
+
+// What the service said about itself in HELLO_OK.
+struct ServiceInfo {
+  uint16_t version = 0;
+  std::string job_id;
+  uint32_t ranks = 0;
+  uint32_t first_rank = 0;
+  uint32_t local_ranks = 0;
+};
+
+struct ConnectOptions {
+  // "" -> $NOPFS_SOCKET.
+  std::string socket_path;
+  // The uid the service must run as (checked with SO_PEERCRED); unset -> getuid(). Only tests
+  // should set it.
+  std::optional<uint32_t> expected_server_uid;
+  std::chrono::milliseconds timeout = kRequestTimeout;
+};
+
+class Connection;
+
+class Stream {
+ public:
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  // The next sample (std::nullopt at end of stream). TimedOut after `timeout` without one.
+  Result<std::optional<Sample>> Next(std::chrono::milliseconds timeout = kDefaultNextTimeout);
+  // Gives the sample's space back to the service. Any order.
+  Status Release(const Sample& sample);
+  Stats stats() const;
+  uint64_t id() const { return id_; }
+  // Tells the service the stream is done (also done by the destructor). Samples not released
+  // become invalid.
+  Status Close();
+
+ private:
+  friend class Client;
+  Stream(std::shared_ptr<Connection> conn, uint64_t id, std::unique_ptr<ring::RingReader> reader);
+  Status CheckPid() const;
+
+  std::shared_ptr<Connection> conn_;
+  uint64_t id_ = 0;
+  std::unique_ptr<ring::RingReader> reader_;
+  pid_t pid_ = 0;
+  std::atomic<bool> closed_{false};
+};
+
+class Client {
+ public:
+  // Connects to the service at `socket_path` ("" -> $NOPFS_SOCKET), checks that the service runs
+  // as our uid, and says HELLO.
+  static Result<std::unique_ptr<Client>> Connect(std::string socket_path = "");
+  static Result<std::unique_ptr<Client>> Connect(const ConnectOptions& options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Opens `rank`'s stream at (epoch, step).
+  Result<std::unique_ptr<Stream>> Open(uint32_t rank, uint32_t epoch = 0, uint64_t step = 0);
+  // The service's status text (what `nopfs status` prints).
+  Result<std::string> StatusText();
+  // Where sample `sample_id` lives on the PFS (path, byte range, label).
+  Result<SampleInfo> Describe(uint32_t sample_id);
+  const ServiceInfo& info() const { return info_; }
+
+ private:
+  Client() = default;
+  std::shared_ptr<Connection> conn_;
+  ServiceInfo info_;
+};
+
+}  // namespace nopfs::client

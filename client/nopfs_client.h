@@ -1,0 +1,83 @@
+/* The nopfs client C API: read a rank's samples from the node's nopfsd without copying.
+ *
+ * Usable from C (C99 and later) and C++. Every function that can fail returns an int: >= 0 on
+ * success, a negative nopfs status code on failure (NOPFS_E_*); nopfs_last_error() then returns
+ * the message of the calling thread's last failure (valid until the next failing call on that
+ * thread).
+ *
+ *   nopfs_client* c; nopfs_stream* s; nopfs_sample x;
+ *   if (nopfs_connect(NULL, &c) < 0) { fprintf(stderr, "%s\n", nopfs_last_error()); ... }
+ *   nopfs_open(c, rank, 0, 0, &s);
+ *   while (nopfs_next(s, &x, -1) == 1) { use(x.data, x.size); nopfs_release(s, &x); }
+ *   nopfs_stream_close(s); nopfs_close(c);
+ *
+ * A sample the service could not read makes nopfs_next return < 0 with a message naming the sample
+ * id and its path; the next call moves on. Handles must not be used across fork() (see client.h).
+ * Thread safety: as the C++ API; a handle must not be used while it is being closed.
+ */
+#ifndef NOPFS_CLIENT_H_
+#define NOPFS_CLIENT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Negated nopfs::StatusCode values. */
+#define NOPFS_E_INVALID_ARGUMENT (-1)
+#define NOPFS_E_NOT_FOUND (-2)
+#define NOPFS_E_PERMISSION_DENIED (-3)
+#define NOPFS_E_IO (-4)
+#define NOPFS_E_CORRUPTION (-5)
+#define NOPFS_E_RESOURCE_EXHAUSTED (-6)
+#define NOPFS_E_UNAVAILABLE (-7)
+#define NOPFS_E_TIMED_OUT (-8)
+#define NOPFS_E_FAILED_PRECONDITION (-9)
+#define NOPFS_E_INTERNAL (-10)
+
+typedef struct nopfs_client nopfs_client;
+typedef struct nopfs_stream nopfs_stream;
+
+typedef struct nopfs_sample {
+  uint64_t seq;
+  uint32_t sample_id;
+  uint32_t epoch;
+  int64_t label;
+  uint64_t step;
+  uint64_t position;
+  const void* data; /* valid until nopfs_release or nopfs_stream_close */
+  uint64_t size;
+} nopfs_sample;
+
+typedef struct nopfs_stats {
+  uint64_t samples;
+  uint64_t bytes;
+  uint64_t next_calls;
+  uint64_t stall_ns_total;
+  uint64_t stall_ns_median;
+  uint64_t stall_ns_p99;
+} nopfs_stats;
+
+/* The calling thread's last error message ("" if none). */
+const char* nopfs_last_error(void);
+
+/* socket_path NULL or "" -> $NOPFS_SOCKET. */
+int nopfs_connect(const char* socket_path, nopfs_client** out);
+void nopfs_close(nopfs_client* client);
+int nopfs_open(nopfs_client* client, uint32_t rank, uint32_t epoch, uint64_t step,
+               nopfs_stream** out);
+/* 1: *sample filled; 0: end of stream; < 0: error. timeout_ms < 0 waits without limit. */
+int nopfs_next(nopfs_stream* stream, nopfs_sample* sample, int64_t timeout_ms);
+int nopfs_release(nopfs_stream* stream, const nopfs_sample* sample);
+int nopfs_stream_stats(const nopfs_stream* stream, nopfs_stats* out);
+void nopfs_stream_close(nopfs_stream* stream);
+/* The service's status text, NUL-terminated, malloc'ed (free() it); NULL on error. */
+char* nopfs_status_text(nopfs_client* client);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* NOPFS_CLIENT_H_ */

@@ -1,0 +1,552 @@
+#include "client/ring.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <climits>
+#include <cstring>
+#include <new>
+#include <thread>
+
+namespace nopfs::ring {
+namespace {
+
+// The header page. Field offsets are part of the format (docs/wire.md); the static_asserts below
+// pin them.
+struct SharedHeader {
+  // Written once by the producer at creation.
+  uint32_t magic;
+  uint32_t version;
+  uint64_t capacity;
+  uint32_t slot_count;
+  uint32_t reserved0;
+  uint64_t data_offset;
+  uint8_t pad0[32];
+  // Producer-written (offset 64).
+  std::atomic<uint32_t> prod_event;  // futex: bumped on every publish, Finish and Cancel
+  std::atomic<uint32_t> cancelled;
+  std::atomic<uint64_t> end_seq;  // UINT64_MAX until Finish()
+  uint8_t pad1[48];
+  // Consumer-written (offset 128).
+  std::atomic<uint32_t> cons_event;  // futex: bumped on every release
+  uint32_t reserved1;
+  std::atomic<uint64_t> released;  // every seq below this is released
+  std::atomic<uint64_t> samples;
+  std::atomic<uint64_t> bytes;
+  std::atomic<uint64_t> next_calls;
+  std::atomic<uint64_t> stall_ns_total;
+  uint8_t pad2[16];
+  std::atomic<uint64_t> histogram[kHistogramBuckets];  // offset 192
+};
+
+struct Slot {
+  std::atomic<uint64_t> state;  // (seq << 2) | kind
+  uint32_t code;                // StatusCode of an error slot
+  uint32_t sample_id;
+  int64_t label;
+  uint32_t epoch;
+  uint32_t reserved;
+  uint64_t step;
+  uint64_t position;
+  uint64_t offset;  // into the arena
+  uint64_t size;
+};
+
+constexpr uint64_t kKindReady = 1;
+constexpr uint64_t kKindError = 2;
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+static_assert(sizeof(std::atomic<uint64_t>) == 8 && sizeof(std::atomic<uint32_t>) == 4);
+static_assert(offsetof(SharedHeader, prod_event) == 64);
+static_assert(offsetof(SharedHeader, end_seq) == 72);
+static_assert(offsetof(SharedHeader, cons_event) == 128);
+static_assert(offsetof(SharedHeader, released) == 136);
+static_assert(offsetof(SharedHeader, histogram) == 192);
+static_assert(sizeof(SharedHeader) <= kHeaderBytes);
+static_assert(sizeof(Slot) == kSlotBytes);
+static_assert(offsetof(Slot, offset) == 48);
+
+uint64_t RoundUp(uint64_t v, uint64_t a) {
+  return (v + a - 1) / a * a;
+}
+
+uint64_t SlotTableBytes(uint32_t slots) {
+  return RoundUp(uint64_t{slots} * kSlotBytes, 4096);
+}
+
+SharedHeader* HeaderAt(std::byte* base) {
+  return std::launder(reinterpret_cast<SharedHeader*>(base));
+}
+Slot* SlotAt(std::byte* base, uint64_t i) {
+  return std::launder(reinterpret_cast<Slot*>(base + kHeaderBytes + i * kSlotBytes));
+}
+
+uint32_t* FutexWord(std::atomic<uint32_t>* a) {
+  return reinterpret_cast<uint32_t*>(a);
+}
+
+// Shared (not FUTEX_PRIVATE) so that the other process's waiters on the same page are found.
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
+  if (timeout.count() <= 0) return;
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
+  ::syscall(SYS_futex, FutexWord(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void FutexWake(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, FutexWord(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// Bounded wait slices: a cancelled or dead peer is noticed within this time even if no one wakes
+// us.
+constexpr std::chrono::milliseconds kWaitSlice{50};
+constexpr int kSpins = 64;
+
+}  // namespace
+
+int StallBucket(uint64_t ns) {
+  return ns == 0 ? 0 : std::min(63, static_cast<int>(std::bit_width(ns)));
+}
+
+void SummarizeStalls(RingStats* stats) {
+  uint64_t total = 0;
+  for (uint64_t c : stats->histogram)
+    total += c;
+  stats->stall_ns_median = 0;
+  stats->stall_ns_p99 = 0;
+  if (total == 0) return;
+  auto quantile = [&](uint64_t rank) {  // rank in 1..total
+    uint64_t cum = 0;
+    for (int b = 0; b < kHistogramBuckets; ++b) {
+      cum += stats->histogram[static_cast<size_t>(b)];
+      if (cum >= rank) return b == 0 ? uint64_t{0} : uint64_t{1} << b;
+    }
+    return uint64_t{1} << 63;
+  };
+  stats->stall_ns_median = quantile((total + 1) / 2);
+  stats->stall_ns_p99 = quantile(total - total / 100);
+}
+
+uint64_t RingBytes(uint64_t capacity, uint32_t slot_count) {
+  return kHeaderBytes + SlotTableBytes(slot_count) + capacity;
+}
+
+// ---------------------------------------------------------------------------------------------
+// RingWriter
+
+Result<std::unique_ptr<RingWriter>> RingWriter::Create(uint64_t capacity, uint32_t slot_count,
+                                                       std::string name) {
+  if (capacity == 0 || capacity > kMaxCapacity) {
+    return Status::InvalidArgument("ring: capacity must be in [1, 1 TiB], got " +
+                                   std::to_string(capacity));
+  }
+  if (slot_count == 0 || slot_count > kMaxSlots) {
+    return Status::InvalidArgument("ring: slot count must be in [1, " + std::to_string(kMaxSlots) +
+                                   "], got " + std::to_string(slot_count));
+  }
+  capacity = RoundUp(capacity, kAlign);
+  std::unique_ptr<RingWriter> w(new RingWriter());
+  w->fd_.Reset(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!w->fd_.valid()) return Status::FromErrno(errno, "ring: memfd_create");
+  w->map_bytes_ = RingBytes(capacity, slot_count);
+  if (::ftruncate(w->fd_.get(), static_cast<off_t>(w->map_bytes_)) != 0) {
+    return Status::FromErrno(errno, "ring: sizing the memfd to " + std::to_string(w->map_bytes_));
+  }
+  if (::fcntl(w->fd_.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return Status::FromErrno(errno, "ring: sealing the memfd");
+  }
+  void* p = ::mmap(nullptr, w->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, w->fd_.get(), 0);
+  if (p == MAP_FAILED) return Status::FromErrno(errno, "ring: mmap");
+  w->base_ = static_cast<std::byte*>(p);
+  w->capacity_ = capacity;
+  w->slot_count_ = slot_count;
+  w->pending_.resize(slot_count);
+
+  SharedHeader* h = new (w->base_) SharedHeader();
+  h->magic = kRingMagic;
+  h->version = kRingVersion;
+  h->capacity = capacity;
+  h->slot_count = slot_count;
+  h->data_offset = kHeaderBytes + SlotTableBytes(slot_count);
+  h->end_seq.store(UINT64_MAX, std::memory_order_relaxed);
+  for (uint64_t i = 0; i < slot_count; ++i)
+    new (w->base_ + kHeaderBytes + i * kSlotBytes) Slot();
+  std::atomic_thread_fence(std::memory_order_release);
+  return w;
+}
+
+RingWriter::~RingWriter() {
+  if (base_ != nullptr) ::munmap(base_, map_bytes_);
+}
+
+uint64_t RingWriter::ReclaimLocked() {
+  // The consumer's counter is untrusted: never past what was handed out and published.
+  uint64_t released = HeaderAt(base_)->released.load(std::memory_order_acquire);
+  released = std::min(released, next_seq_);
+  while (reclaimed_ < released) {
+    Pending& p = pending_[reclaimed_ % slot_count_];
+    if (!p.published) break;
+    tail_ = p.end;
+    p = Pending{};
+    ++reclaimed_;
+  }
+  return reclaimed_;
+}
+
+Result<RingWriter::Reservation> RingWriter::Reserve(
+    uint64_t size, const SampleMeta& meta, std::chrono::steady_clock::time_point deadline) {
+  if (size > capacity_) {
+    return Status::InvalidArgument("ring: a sample of " + std::to_string(size) +
+                                   " bytes does not fit a ring of " + std::to_string(capacity_) +
+                                   " bytes; size rings to at least twice the largest sample");
+  }
+  const uint64_t asize = RoundUp(size, kAlign);
+  SharedHeader* h = HeaderAt(base_);
+  std::unique_lock lock(mu_);
+  if (finished_) return Status::FailedPrecondition("ring: Reserve after Finish");
+  for (int spin = 0;; ++spin) {
+    if (cancelled_.load(std::memory_order_acquire)) {
+      return Status::Unavailable("ring: the stream was cancelled (client gone)");
+    }
+    uint32_t ev = h->cons_event.load(std::memory_order_acquire);
+    ReclaimLocked();
+    uint64_t pos = head_ % capacity_;
+    if (pos + asize > capacity_ && reclaimed_ == next_seq_) {
+      // Nothing outstanding: restart at offset 0 so that even a sample of the full capacity fits.
+      head_ += capacity_ - pos;
+      tail_ = head_;
+      pos = 0;
+    }
+    uint64_t start = head_;
+    if (pos + asize > capacity_) start += capacity_ - pos;  // wrap: skip the tail end
+    if (next_seq_ - reclaimed_ < slot_count_ && start + asize - tail_ <= capacity_) {
+      uint64_t seq = next_seq_++;
+      head_ = start + asize;
+      Pending& p = pending_[seq % slot_count_];
+      p.end = head_;
+      p.offset = start % capacity_;
+      p.size = size;
+      p.published = false;
+      Slot* s = SlotAt(base_, seq % slot_count_);
+      s->sample_id = meta.sample_id;
+      s->label = meta.label;
+      s->epoch = meta.epoch;
+      s->step = meta.step;
+      s->position = meta.position;
+      s->offset = p.offset;
+      s->size = size;
+      s->code = 0;
+      std::byte* dst = base_ + kHeaderBytes + SlotTableBytes(slot_count_) + p.offset;
+      return Reservation{seq, std::span<std::byte>(dst, size)};
+    }
+    auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      return Status::TimedOut("ring: no space freed by the consumer before the deadline");
+    }
+    if (spin < kSpins) {
+      lock.unlock();
+      std::this_thread::yield();
+      lock.lock();
+      continue;
+    }
+    lock.unlock();
+    FutexWait(&h->cons_event, ev, std::min<std::chrono::nanoseconds>(deadline - now, kWaitSlice));
+    lock.lock();
+  }
+}
+
+Status RingWriter::Publish(uint64_t seq) {
+  return Publish(seq, UINT64_MAX);
+}
+
+Status RingWriter::Publish(uint64_t seq, uint64_t size) {
+  SharedHeader* h = HeaderAt(base_);
+  {
+    std::lock_guard lock(mu_);
+    if (seq < reclaimed_ || seq >= next_seq_ || pending_[seq % slot_count_].published) {
+      return Status::FailedPrecondition("ring: Publish of seq " + std::to_string(seq) +
+                                        " that is not reserved or already published");
+    }
+    if (size != UINT64_MAX) {
+      if (size > pending_[seq % slot_count_].size) {
+        return Status::InvalidArgument("ring: Publish of " + std::to_string(size) +
+                                       " bytes for seq " + std::to_string(seq) + " that reserved " +
+                                       std::to_string(pending_[seq % slot_count_].size));
+      }
+      pending_[seq % slot_count_].size = size;
+    }
+    pending_[seq % slot_count_].published = true;
+    // Rewrite the extent from private memory: the consumer may have scribbled on the slot.
+    Slot* s = SlotAt(base_, seq % slot_count_);
+    s->offset = pending_[seq % slot_count_].offset;
+    s->size = pending_[seq % slot_count_].size;
+    s->state.store(seq << 2 | kKindReady, std::memory_order_release);
+  }
+  h->prod_event.fetch_add(1, std::memory_order_release);
+  FutexWake(&h->prod_event);
+  return Status::Ok();
+}
+
+Status RingWriter::PublishError(uint64_t seq, const Status& error) {
+  SharedHeader* h = HeaderAt(base_);
+  {
+    std::lock_guard lock(mu_);
+    if (seq < reclaimed_ || seq >= next_seq_ || pending_[seq % slot_count_].published) {
+      return Status::FailedPrecondition("ring: PublishError of seq " + std::to_string(seq) +
+                                        " that is not reserved or already published");
+    }
+    Pending& p = pending_[seq % slot_count_];
+    p.published = true;
+    const std::string& msg = error.ok() ? std::string("error without a message") : error.message();
+    uint64_t n = std::min<uint64_t>(msg.size(), p.size);
+    std::memcpy(base_ + kHeaderBytes + SlotTableBytes(slot_count_) + p.offset, msg.data(), n);
+    Slot* s = SlotAt(base_, seq % slot_count_);
+    s->offset = p.offset;
+    s->size = n;
+    s->code = static_cast<uint32_t>(error.ok() ? StatusCode::kInternal : error.code());
+    s->state.store(seq << 2 | kKindError, std::memory_order_release);
+  }
+  h->prod_event.fetch_add(1, std::memory_order_release);
+  FutexWake(&h->prod_event);
+  return Status::Ok();
+}
+
+void RingWriter::Finish() {
+  SharedHeader* h = HeaderAt(base_);
+  {
+    std::lock_guard lock(mu_);
+    finished_ = true;
+    h->end_seq.store(next_seq_, std::memory_order_release);
+  }
+  h->prod_event.fetch_add(1, std::memory_order_release);
+  FutexWake(&h->prod_event);
+}
+
+void RingWriter::Cancel() {
+  SharedHeader* h = HeaderAt(base_);
+  cancelled_.store(true, std::memory_order_release);
+  h->cancelled.store(1, std::memory_order_release);
+  h->prod_event.fetch_add(1, std::memory_order_release);
+  h->cons_event.fetch_add(1, std::memory_order_release);
+  FutexWake(&h->prod_event);
+  FutexWake(&h->cons_event);
+}
+
+bool RingWriter::cancelled() const {
+  return cancelled_.load(std::memory_order_acquire);
+}
+
+RingStats RingWriter::stats() const {
+  const SharedHeader* h = HeaderAt(base_);
+  RingStats s;
+  s.samples = h->samples.load(std::memory_order_relaxed);
+  s.bytes = h->bytes.load(std::memory_order_relaxed);
+  s.next_calls = h->next_calls.load(std::memory_order_relaxed);
+  s.stall_ns_total = h->stall_ns_total.load(std::memory_order_relaxed);
+  for (int b = 0; b < kHistogramBuckets; ++b) {
+    // Forged counts must not overflow the summary: cap each bucket.
+    s.histogram[static_cast<size_t>(b)] =
+        std::min<uint64_t>(h->histogram[b].load(std::memory_order_relaxed), uint64_t{1} << 56);
+  }
+  SummarizeStalls(&s);
+  return s;
+}
+
+uint64_t RingWriter::reserved() const {
+  std::lock_guard lock(mu_);
+  return next_seq_;
+}
+
+uint64_t RingWriter::released() const {
+  std::lock_guard lock(mu_);
+  return const_cast<RingWriter*>(this)->ReclaimLocked();
+}
+
+// ---------------------------------------------------------------------------------------------
+// RingReader
+
+Result<std::unique_ptr<RingReader>> RingReader::Open(wire::UniqueFd fd, uint64_t expect_capacity,
+                                                     uint32_t expect_slots) {
+  if (!fd.valid()) return Status::InvalidArgument("ring: no descriptor received for the ring");
+  if (expect_capacity == 0 || expect_capacity > kMaxCapacity || expect_capacity % kAlign != 0 ||
+      expect_slots == 0 || expect_slots > kMaxSlots) {
+    return Status::Corruption("ring: the service announced an impossible geometry (capacity " +
+                              std::to_string(expect_capacity) + ", slots " +
+                              std::to_string(expect_slots) + ")");
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "ring: fstat");
+  const uint64_t total = RingBytes(expect_capacity, expect_slots);
+  if (static_cast<uint64_t>(st.st_size) != total) {
+    return Status::Corruption("ring: the shared memory is " + std::to_string(st.st_size) +
+                              " bytes, expected " + std::to_string(total));
+  }
+  int seals = ::fcntl(fd.get(), F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    return Status::FailedPrecondition("ring: the shared memory is not sealed against shrinking");
+  }
+  std::unique_ptr<RingReader> r(new RingReader());
+  r->ctl_bytes_ = kHeaderBytes + SlotTableBytes(expect_slots);
+  void* ctl = ::mmap(nullptr, r->ctl_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (ctl == MAP_FAILED) return Status::FromErrno(errno, "ring: mmap of the ring header");
+  r->ctl_ = static_cast<std::byte*>(ctl);
+  void* data = ::mmap(nullptr, expect_capacity, PROT_READ, MAP_SHARED, fd.get(),
+                      static_cast<off_t>(r->ctl_bytes_));
+  if (data == MAP_FAILED) return Status::FromErrno(errno, "ring: mmap of the ring arena");
+  r->data_ = static_cast<const std::byte*>(data);
+  r->capacity_ = expect_capacity;
+  r->slot_count_ = expect_slots;
+  r->fd_ = std::move(fd);
+  const SharedHeader* h = HeaderAt(r->ctl_);
+  if (h->magic != kRingMagic || h->version != kRingVersion || h->capacity != expect_capacity ||
+      h->slot_count != expect_slots || h->data_offset != r->ctl_bytes_) {
+    return Status::Corruption("ring: header does not match (magic, version " +
+                              std::to_string(h->version) + " or geometry)");
+  }
+  r->done_.assign(expect_slots, false);
+  return r;
+}
+
+RingReader::~RingReader() {
+  if (ctl_ != nullptr) ::munmap(ctl_, ctl_bytes_);
+  if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), capacity_);
+}
+
+void RingReader::RecordStall(uint64_t ns, bool sample, uint64_t bytes) {
+  SharedHeader* h = HeaderAt(ctl_);
+  h->next_calls.fetch_add(1, std::memory_order_relaxed);
+  h->stall_ns_total.fetch_add(ns, std::memory_order_relaxed);
+  h->histogram[StallBucket(ns)].fetch_add(1, std::memory_order_relaxed);
+  if (sample) {
+    h->samples.fetch_add(1, std::memory_order_relaxed);
+    h->bytes.fetch_add(bytes, std::memory_order_relaxed);
+  }
+}
+
+Result<std::optional<View>> RingReader::Next(std::chrono::nanoseconds timeout) {
+  std::lock_guard next_lock(next_mu_);
+  SharedHeader* h = HeaderAt(ctl_);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto deadline = t0 + timeout;
+  auto elapsed = [&] {
+    return static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+            .count());
+  };
+  const uint64_t seq = next_seq_;
+  {
+    std::lock_guard lock(mu_);
+    if (seq - released_ >= slot_count_) {
+      RecordStall(elapsed(), false, 0);
+      return Status::FailedPrecondition(
+          "ring: " + std::to_string(slot_count_) +
+          " samples are held without Release(); release some before asking for more");
+    }
+  }
+  Slot* s = SlotAt(ctl_, seq % slot_count_);
+  uint64_t state = 0;
+  for (int spin = 0;; ++spin) {
+    uint32_t ev = h->prod_event.load(std::memory_order_acquire);
+    state = s->state.load(std::memory_order_acquire);
+    if (state == (seq << 2 | kKindReady) || state == (seq << 2 | kKindError)) break;
+    if (h->end_seq.load(std::memory_order_acquire) <= seq) {
+      RecordStall(elapsed(), false, 0);
+      return std::optional<View>();
+    }
+    if (h->cancelled.load(std::memory_order_acquire) != 0) {
+      RecordStall(elapsed(), false, 0);
+      return Status::Unavailable("ring: the service cancelled this stream");
+    }
+    auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      RecordStall(elapsed(), false, 0);
+      return Status::TimedOut("ring: no sample arrived within the timeout (seq " +
+                              std::to_string(seq) + ")");
+    }
+    if (spin < kSpins) {
+      std::this_thread::yield();
+      continue;
+    }
+    FutexWait(&h->prod_event, ev, std::min<std::chrono::nanoseconds>(deadline - now, kWaitSlice));
+  }
+  // Copy the slot out once, then validate what we copied (the memory is shared).
+  const uint64_t offset = s->offset;
+  const uint64_t size = s->size;
+  if (offset > capacity_ || size > capacity_ - offset) {
+    RecordStall(elapsed(), false, 0);
+    return Status::Corruption("ring: slot of seq " + std::to_string(seq) +
+                              " points outside the shared memory");
+  }
+  View v;
+  v.seq = seq;
+  v.sample_id = s->sample_id;
+  v.label = s->label;
+  v.epoch = s->epoch;
+  v.step = s->step;
+  v.position = s->position;
+  v.data = data_ + offset;
+  v.size = size;
+  const uint32_t code = s->code;
+  {
+    std::lock_guard lock(mu_);
+    delivered_ = seq + 1;
+  }
+  next_seq_ = seq + 1;
+  RecordStall(elapsed(), true, (state & 3) == kKindReady ? size : 0);
+  if ((state & 3) == kKindError) {
+    std::string msg(reinterpret_cast<const char*>(v.data), size);
+    Status st = Release(seq);
+    (void)st;  // cannot fail: seq was just delivered
+    wire::Error e{code, msg.empty() ? "sample " + std::to_string(v.sample_id) + ": error" : msg};
+    return wire::ToStatus(e);
+  }
+  return std::optional<View>(v);
+}
+
+void RingReader::AdvanceReleasedLocked() {
+  uint64_t before = released_;
+  while (released_ < delivered_ && done_[released_ % slot_count_]) {
+    done_[released_ % slot_count_] = false;
+    ++released_;
+  }
+  if (released_ == before) return;
+  SharedHeader* h = HeaderAt(ctl_);
+  h->released.store(released_, std::memory_order_release);
+  h->cons_event.fetch_add(1, std::memory_order_release);
+  FutexWake(&h->cons_event);
+}
+
+Status RingReader::Release(uint64_t seq) {
+  std::lock_guard lock(mu_);
+  if (seq < released_ || seq >= delivered_ || done_[seq % slot_count_]) {
+    return Status::FailedPrecondition("ring: Release of seq " + std::to_string(seq) +
+                                      " that is not held (never returned or already released)");
+  }
+  done_[seq % slot_count_] = true;
+  AdvanceReleasedLocked();
+  return Status::Ok();
+}
+
+RingStats RingReader::stats() const {
+  const SharedHeader* h = HeaderAt(ctl_);
+  RingStats s;
+  s.samples = h->samples.load(std::memory_order_relaxed);
+  s.bytes = h->bytes.load(std::memory_order_relaxed);
+  s.next_calls = h->next_calls.load(std::memory_order_relaxed);
+  s.stall_ns_total = h->stall_ns_total.load(std::memory_order_relaxed);
+  for (int b = 0; b < kHistogramBuckets; ++b) {
+    s.histogram[static_cast<size_t>(b)] = h->histogram[b].load(std::memory_order_relaxed);
+  }
+  SummarizeStalls(&s);
+  return s;
+}
+
+}  // namespace nopfs::ring

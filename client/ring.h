@@ -1,0 +1,213 @@
+// The per-stream staging ring: a single-producer (nopfsd) single-consumer (one training rank)
+// queue of samples in one sealed memfd, consumed without copying.
+//
+// Layout (docs/wire.md has it byte by byte): a 4 KiB header page (geometry, counters, futex words,
+// the consumer's stall statistics), a slot table of `slot_count` 64-byte slots, then a data arena
+// of `capacity` bytes in which each sample occupies one contiguous, 64-byte-aligned extent (an
+// extent that would cross the end starts again at offset 0).
+//
+// Order: the producer's sequencing thread calls Reserve() in the rank's exact stream order; each
+// reservation gets the next sequence number. Publish()/PublishError() may then come from any thread
+// in any order; the consumer still sees samples strictly in sequence order. Release() may come in
+// any order; space is reclaimed once the oldest contiguous prefix is released. Reserve() blocks
+// while the arena or the slot table is full (back-pressure): the producer never overwrites a sample
+// the consumer has not released.
+//
+// Trust: the producer (nopfsd) keeps every allocation decision in its own memory; the only values
+// it reads from the shared header are the consumer's release counter (clamped to what was handed
+// out) and the statistics (reported, never used to index anything). A client that scribbles over
+// the mapping can therefore only corrupt its own samples. The consumer validates every offset and
+// size it reads against the mapping before forming a pointer.
+//
+// Waiting uses shared (non-private) futexes on 32-bit words in the mapping, with bounded waits, so
+// a dead or cancelled peer is noticed.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "client/wire.h"
+#include "common/status.h"
+
+namespace nopfs::ring {
+
+inline constexpr uint32_t kRingMagic = 0x474E5252;  // "RRNG"
+inline constexpr uint32_t kRingVersion = 1;
+inline constexpr uint64_t kAlign = 64;
+inline constexpr uint64_t kHeaderBytes = 4096;
+inline constexpr uint64_t kSlotBytes = 64;
+inline constexpr uint64_t kMaxCapacity = uint64_t{1} << 40;  // 1 TiB
+inline constexpr uint32_t kMaxSlots = 1u << 24;
+inline constexpr int kHistogramBuckets = 64;
+
+// What the producer knows about a sample when it reserves space for it.
+struct SampleMeta {
+  uint32_t sample_id = 0;
+  int64_t label = 0;
+  uint32_t epoch = 0;
+  uint64_t step = 0;      // the training step (batch) this sample belongs to
+  uint64_t position = 0;  // the sample's index in the rank's stream within the epoch
+};
+
+// Statistics the consumer keeps in the header (stall = time spent inside Next() waiting).
+struct RingStats {
+  uint64_t samples = 0;     // samples returned by Next() (errors included)
+  uint64_t bytes = 0;       // payload bytes returned
+  uint64_t next_calls = 0;  // Next() calls, including those that timed out or hit end of stream
+  uint64_t stall_ns_total = 0;
+  uint64_t stall_ns_median = 0;  // upper bound of the histogram bucket holding the median
+  uint64_t stall_ns_p99 = 0;     // upper bound of the bucket holding the 99th percentile
+  std::array<uint64_t, kHistogramBuckets> histogram{};  // bucket b: stalls in [2^(b-1), 2^b) ns
+};
+
+// Bucket of a stall of `ns` nanoseconds (0 -> 0, else bit width, capped at 63).
+int StallBucket(uint64_t ns);
+// Fills median and p99 from the histogram.
+void SummarizeStalls(RingStats* stats);
+
+// Total bytes of a ring's memfd for the given geometry (header + slots rounded to a page + arena).
+uint64_t RingBytes(uint64_t capacity, uint32_t slot_count);
+
+// The producer side, owned by nopfsd.
+// Thread safety: Reserve() and Finish() from one sequencing thread; Publish(), PublishError(),
+// Cancel() and stats() from any thread.
+class RingWriter {
+ public:
+  struct Reservation {
+    uint64_t seq = 0;
+    std::span<std::byte> dst;  // exactly the requested size; write the sample here, then Publish
+  };
+
+  // A fresh memfd (MFD_CLOEXEC|MFD_ALLOW_SEALING) sized and sealed against shrink and grow.
+  // `capacity` is rounded up to a multiple of 64; slot_count in [1, kMaxSlots].
+  static Result<std::unique_ptr<RingWriter>> Create(uint64_t capacity, uint32_t slot_count,
+                                                    std::string name = "nopfs-ring");
+  ~RingWriter();
+  RingWriter(const RingWriter&) = delete;
+  RingWriter& operator=(const RingWriter&) = delete;
+
+  // The memfd, to hand to the client (the writer keeps ownership).
+  int fd() const { return fd_.get(); }
+  uint64_t capacity() const { return capacity_; }
+  uint32_t slot_count() const { return slot_count_; }
+
+  // Reserves the next sequence number and `size` contiguous bytes, blocking until the consumer
+  // has released enough (back-pressure). InvalidArgument if size > capacity; TimedOut at
+  // `deadline`; Unavailable after Cancel(); FailedPrecondition after Finish().
+  Result<Reservation> Reserve(uint64_t size, const SampleMeta& meta,
+                              std::chrono::steady_clock::time_point deadline);
+  // Makes a reserved sample visible. FailedPrecondition for a seq not reserved or already
+  // published.
+  Status Publish(uint64_t seq);
+  // The same with the sample's actual size, at most the reserved size (a producer that reserves
+  // room for an error message publishes a smaller sample this way); InvalidArgument if larger.
+  Status Publish(uint64_t seq, uint64_t size);
+  // Makes `seq` an error slot: the consumer's Next() returns `error` (its code and message, which
+  // should name the sample id and its path). The message is stored in the reserved bytes,
+  // truncated to them if it is longer (reserve at least ~256 bytes when an error is possible; the
+  // daemon can also reserve a fresh slot for the error).
+  Status PublishError(uint64_t seq, const Status& error);
+  // End of stream: no sequence number at or after the next one will be produced.
+  void Finish();
+  // Wakes and fails a blocked Reserve() and the consumer's Next(); used when the client leaves.
+  void Cancel();
+  bool cancelled() const;
+  // The consumer's statistics, read from the shared header (values the client could forge:
+  // display only).
+  RingStats stats() const;
+  // Sequence numbers handed out so far / released by the consumer (clamped).
+  uint64_t reserved() const;
+  uint64_t released() const;
+
+ private:
+  RingWriter() = default;
+  uint64_t ReclaimLocked();  // advances the arena tail over released samples; returns released
+
+  wire::UniqueFd fd_;
+  std::byte* base_ = nullptr;
+  uint64_t map_bytes_ = 0;
+  uint64_t capacity_ = 0;
+  uint32_t slot_count_ = 0;
+
+  mutable std::mutex mu_;
+  uint64_t next_seq_ = 0;   // GUARDED_BY(mu_)
+  uint64_t reclaimed_ = 0;  // GUARDED_BY(mu_): samples whose space is free again
+  uint64_t head_ = 0;       // GUARDED_BY(mu_): arena write position (monotonic)
+  uint64_t tail_ = 0;       // GUARDED_BY(mu_): arena position of the oldest unreleased byte
+  // GUARDED_BY(mu_): per slot, the arena end of its sample, its extent and whether published.
+  struct Pending {
+    uint64_t end = 0;
+    uint64_t offset = 0;
+    uint64_t size = 0;
+    bool published = false;
+  };
+  std::vector<Pending> pending_;
+  bool finished_ = false;               // GUARDED_BY(mu_)
+  std::atomic<bool> cancelled_{false};  // private copy: the client cannot forge it
+};
+
+// One sample as seen by the consumer. `data` points into the shared mapping and stays valid until
+// Release(seq) (or the reader is destroyed).
+struct View {
+  uint64_t seq = 0;
+  uint32_t sample_id = 0;
+  int64_t label = 0;
+  uint32_t epoch = 0;
+  uint64_t step = 0;
+  uint64_t position = 0;
+  const std::byte* data = nullptr;
+  uint64_t size = 0;
+};
+
+// The consumer side, in the training process.
+// Thread safety: all methods are serialized by an internal mutex, except that Next() waits without
+// holding it so that Release() from another thread is never blocked by a waiting Next().
+class RingReader {
+ public:
+  // Maps a ring received from the service. Checks magic, version, geometry against `expect_*`,
+  // that the file is large enough and sealed against shrinking.
+  static Result<std::unique_ptr<RingReader>> Open(wire::UniqueFd fd, uint64_t expect_capacity,
+                                                  uint32_t expect_slots);
+  ~RingReader();
+  RingReader(const RingReader&) = delete;
+  RingReader& operator=(const RingReader&) = delete;
+
+  // The next sample in sequence order. std::nullopt at end of stream. An error slot becomes the
+  // service's Status (the slot is consumed and released; the next call moves on). TimedOut if
+  // nothing arrives within `timeout`; Unavailable if the service cancelled the ring; Corruption
+  // if the shared memory holds an impossible slot.
+  Result<std::optional<View>> Next(std::chrono::nanoseconds timeout);
+  // Gives a sample's space back. Any order; FailedPrecondition for a seq not outstanding.
+  Status Release(uint64_t seq);
+  RingStats stats() const;
+
+ private:
+  RingReader() = default;
+  void RecordStall(uint64_t ns, bool sample, uint64_t bytes);
+  void AdvanceReleasedLocked();
+
+  wire::UniqueFd fd_;
+  std::byte* ctl_ = nullptr;  // header + slot table, read-write
+  uint64_t ctl_bytes_ = 0;
+  const std::byte* data_ = nullptr;  // arena, read-only
+  uint64_t capacity_ = 0;
+  uint32_t slot_count_ = 0;
+
+  mutable std::mutex mu_;
+  std::mutex next_mu_;      // serializes Next() callers
+  uint64_t next_seq_ = 0;   // next seq Next() returns (GUARDED_BY next_mu_)
+  uint64_t delivered_ = 0;  // GUARDED_BY(mu_): seqs < delivered_ have been handed out
+  uint64_t released_ = 0;   // GUARDED_BY(mu_): all seqs < released_ are released
+  std::vector<bool> done_;  // GUARDED_BY(mu_): per slot, released but not yet in the prefix
+};
+
+}  // namespace nopfs::ring

@@ -1,0 +1,417 @@
+#include "client/ring.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <thread>
+
+namespace nopfs::ring {
+namespace {
+
+using namespace std::chrono_literals;
+
+auto Deadline(std::chrono::milliseconds d = 10s) {
+  return std::chrono::steady_clock::now() + d;
+}
+
+// The content of sample `seq`: a deterministic pattern so the consumer can check every byte.
+std::byte Pattern(uint64_t seq, uint64_t i) {
+  return static_cast<std::byte>((seq * 131 + i * 7 + (i >> 8)) & 0xff);
+}
+void Fill(std::span<std::byte> dst, uint64_t seq) {
+  for (uint64_t i = 0; i < dst.size(); ++i)
+    dst[i] = Pattern(seq, i);
+}
+bool Check(const View& v) {
+  for (uint64_t i = 0; i < v.size; ++i) {
+    if (v.data[i] != Pattern(v.seq, i)) return false;
+  }
+  return true;
+}
+uint64_t SizeOf(uint64_t seq) {
+  return (seq * 2654435761u) % 3000;
+}
+
+std::unique_ptr<RingReader> ReaderFor(const RingWriter& w) {
+  wire::UniqueFd fd(::fcntl(w.fd(), F_DUPFD_CLOEXEC, 0));
+  auto r = RingReader::Open(std::move(fd), w.capacity(), w.slot_count());
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? std::move(*r) : nullptr;
+}
+
+TEST(Ring, CreateValidatesAndSeals) {
+  EXPECT_FALSE(RingWriter::Create(0, 4).ok());
+  EXPECT_FALSE(RingWriter::Create(4096, 0).ok());
+  auto w = RingWriter::Create(1000, 4);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ((*w)->capacity(), 1024u);  // rounded to 64
+  int seals = ::fcntl((*w)->fd(), F_GET_SEALS);
+  EXPECT_NE(seals & F_SEAL_SHRINK, 0);
+  EXPECT_NE(seals & F_SEAL_GROW, 0);
+  EXPECT_NE(::ftruncate((*w)->fd(), 10), 0);
+  auto big = (*w)->Reserve(2000, {}, Deadline());
+  EXPECT_EQ(big.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Ring, ReaderRejectsWrongGeometry) {
+  auto w = RingWriter::Create(4096, 8);
+  ASSERT_TRUE(w.ok());
+  auto dup = [&] { return wire::UniqueFd(::fcntl((*w)->fd(), F_DUPFD_CLOEXEC, 0)); };
+  EXPECT_FALSE(RingReader::Open(dup(), 8192, 8).ok());
+  EXPECT_FALSE(RingReader::Open(dup(), 4096, 16).ok());
+  EXPECT_FALSE(RingReader::Open(dup(), 4000, 8).ok());
+  EXPECT_FALSE(RingReader::Open(wire::UniqueFd(), 4096, 8).ok());
+  EXPECT_TRUE(RingReader::Open(dup(), 4096, 8).ok());
+}
+
+// Four threads publish out of order; the consumer still sees exact sequence order, intact data,
+// and the metadata the producer gave.
+TEST(Ring, OrderKeptWithOutOfOrderPublish) {
+  auto w = RingWriter::Create(64 * 1024, 32);
+  ASSERT_TRUE(w.ok());
+  RingWriter& writer = **w;
+  auto reader = ReaderFor(writer);
+  ASSERT_NE(reader, nullptr);
+  constexpr uint64_t kCount = 3000;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<RingWriter::Reservation> work;
+  bool done = false;
+  std::vector<std::thread> pubs;
+  for (int t = 0; t < 4; ++t) {
+    pubs.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<unsigned>(t));
+      for (;;) {
+        RingWriter::Reservation r;
+        {
+          std::unique_lock lock(mu);
+          cv.wait(lock, [&] { return done || !work.empty(); });
+          if (work.empty()) return;
+          r = work.front();
+          work.pop_front();
+        }
+        if (rng() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 200));
+        Fill(r.dst, r.seq);
+        ASSERT_TRUE(writer.Publish(r.seq).ok());
+      }
+    });
+  }
+  std::thread seq_thread([&] {
+    for (uint64_t i = 0; i < kCount; ++i) {
+      SampleMeta m{static_cast<uint32_t>(i * 3), -static_cast<int64_t>(i), 2, i / 10, i};
+      auto r = writer.Reserve(SizeOf(i), m, Deadline());
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      ASSERT_EQ(r->seq, i);
+      std::lock_guard lock(mu);
+      work.push_back(*r);
+      cv.notify_one();
+    }
+    {
+      std::lock_guard lock(mu);
+      done = true;
+    }
+    cv.notify_all();
+  });
+  for (uint64_t i = 0; i < kCount; ++i) {
+    auto v = reader->Next(10s);
+    ASSERT_TRUE(v.ok()) << v.status().ToString();
+    ASSERT_TRUE(v->has_value());
+    const View& x = **v;
+    ASSERT_EQ(x.seq, i);
+    ASSERT_EQ(x.sample_id, i * 3);
+    ASSERT_EQ(x.label, -static_cast<int64_t>(i));
+    ASSERT_EQ(x.epoch, 2u);
+    ASSERT_EQ(x.step, i / 10);
+    ASSERT_EQ(x.position, i);
+    ASSERT_EQ(x.size, SizeOf(i));
+    ASSERT_EQ(reinterpret_cast<uintptr_t>(x.data) % kAlign, 0u);
+    ASSERT_TRUE(Check(x)) << "seq " << i;
+    ASSERT_TRUE(reader->Release(i).ok());
+  }
+  seq_thread.join();
+  for (auto& t : pubs)
+    t.join();
+  writer.Finish();
+  auto end = reader->Next(1s);
+  ASSERT_TRUE(end.ok());
+  EXPECT_FALSE(end->has_value());
+  RingStats s = writer.stats();
+  EXPECT_EQ(s.samples, kCount);
+  EXPECT_EQ(s.next_calls, kCount + 1);
+  uint64_t bytes = 0;
+  for (uint64_t i = 0; i < kCount; ++i)
+    bytes += SizeOf(i);
+  EXPECT_EQ(s.bytes, bytes);
+  EXPECT_GE(s.stall_ns_p99, s.stall_ns_median);
+}
+
+// A slow consumer holding several samples: the producer blocks (back-pressure) and never
+// overwrites a sample before it is released; releases come out of order; sizes vary so the arena
+// wraps many times.
+TEST(Ring, BackPressureOutOfOrderReleaseAndWraparound) {
+  // 16 KiB: three held samples of up to 2.5 KiB, the next one and a wrap gap always fit.
+  auto w = RingWriter::Create(16 * 1024, 16);
+  ASSERT_TRUE(w.ok());
+  RingWriter& writer = **w;
+  auto reader = ReaderFor(writer);
+  constexpr uint64_t kCount = 2000;
+  std::atomic<uint64_t> max_ahead{0};
+  std::thread producer([&] {
+    for (uint64_t i = 0; i < kCount; ++i) {
+      auto r = writer.Reserve(SizeOf(i) % 2500, {}, Deadline());
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      Fill(r->dst, r->seq);
+      ASSERT_TRUE(writer.Publish(r->seq).ok());
+      max_ahead = std::max<uint64_t>(max_ahead, i + 1 - writer.released());
+    }
+    writer.Finish();
+  });
+  std::mt19937 rng(7);
+  std::vector<View> held;
+  uint64_t got = 0;
+  for (;;) {
+    auto v = reader->Next(10s);
+    ASSERT_TRUE(v.ok()) << v.status().ToString();
+    if (!v->has_value()) break;
+    ASSERT_EQ((*v)->seq, got++);
+    held.push_back(**v);
+    // A DataLoader-like window: sometimes the newest sample is released at once (out of order),
+    // the rest are held until three are out, then released in random order. Before each release
+    // every held sample is re-checked: a producer that overwrote unreleased space breaks a
+    // checksum here.
+    if (rng() % 4 == 0) {
+      for (const View& h : held)
+        ASSERT_TRUE(Check(h)) << "overwritten seq " << h.seq;
+      ASSERT_TRUE(reader->Release(held.back().seq).ok());
+      held.pop_back();
+    } else if (got % 3 == 0) {
+      std::shuffle(held.begin(), held.end(), rng);
+      for (const View& h : held) {
+        ASSERT_TRUE(Check(h)) << "overwritten seq " << h.seq;
+        ASSERT_TRUE(reader->Release(h.seq).ok());
+      }
+      held.clear();
+    }
+    if (rng() % 50 == 0) std::this_thread::sleep_for(1ms);  // slow consumer
+  }
+  for (const View& h : held) {
+    ASSERT_TRUE(Check(h));
+    ASSERT_TRUE(reader->Release(h.seq).ok());
+  }
+  producer.join();
+  EXPECT_EQ(got, kCount);
+  EXPECT_LE(max_ahead.load(), 16u);
+  EXPECT_EQ(writer.released(), kCount);
+  // Double release and release of a seq never returned are refused.
+  EXPECT_FALSE(reader->Release(0).ok());
+  EXPECT_FALSE(reader->Release(kCount + 5).ok());
+}
+
+TEST(Ring, ProducerBlocksUntilRelease) {
+  auto w = RingWriter::Create(1024, 8);
+  ASSERT_TRUE(w.ok());
+  auto reader = ReaderFor(**w);
+  auto a = (*w)->Reserve(1024, {}, Deadline());
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE((*w)->Publish(a->seq).ok());
+  // Full: a second reservation times out while the first is unreleased.
+  auto b = (*w)->Reserve(64, {}, Deadline(50ms));
+  EXPECT_EQ(b.status().code(), StatusCode::kTimedOut);
+  auto v = reader->Next(1s);
+  ASSERT_TRUE(v.ok() && v->has_value());
+  std::atomic<bool> reserved{false};
+  std::thread t([&] {
+    auto c = (*w)->Reserve(64, {}, Deadline());
+    EXPECT_TRUE(c.ok());
+    reserved = true;
+  });
+  std::this_thread::sleep_for(50ms);
+  EXPECT_FALSE(reserved.load());  // still blocked: Next() alone does not free space
+  ASSERT_TRUE(reader->Release(0).ok());
+  t.join();
+  EXPECT_TRUE(reserved.load());
+}
+
+// A sample of the full capacity fits whenever the ring is empty, wherever the head stands.
+TEST(Ring, FullCapacitySampleAfterWrap) {
+  auto w = RingWriter::Create(1024, 4);
+  ASSERT_TRUE(w.ok());
+  auto reader = ReaderFor(**w);
+  for (uint64_t size : {64u, 1024u, 100u, 1024u, 1000u, 1024u}) {
+    auto r = (*w)->Reserve(size, {}, Deadline(1s));
+    ASSERT_TRUE(r.ok()) << size << ": " << r.status().ToString();
+    Fill(r->dst, r->seq);
+    ASSERT_TRUE((*w)->Publish(r->seq).ok());
+    auto v = reader->Next(1s);
+    ASSERT_TRUE(v.ok() && v->has_value());
+    EXPECT_EQ((*v)->size, size);
+    EXPECT_TRUE(Check(**v));
+    ASSERT_TRUE(reader->Release((*v)->seq).ok());
+  }
+}
+
+TEST(Ring, ErrorSlotCarriesMessageAndStreamGoesOn) {
+  auto w = RingWriter::Create(4096, 8);
+  ASSERT_TRUE(w.ok());
+  auto reader = ReaderFor(**w);
+  auto a = (*w)->Reserve(256, SampleMeta{17, 0, 0, 0, 0}, Deadline());
+  auto b = (*w)->Reserve(5, SampleMeta{18, 0, 0, 0, 1}, Deadline());
+  ASSERT_TRUE(a.ok() && b.ok());
+  Fill(b->dst, b->seq);
+  ASSERT_TRUE((*w)->Publish(b->seq).ok());
+  ASSERT_TRUE(
+      (*w)->PublishError(a->seq, Status::NotFound("sample 17 (/pfs/x/a.jpg): No such file or "
+                                                  "directory"))
+          .ok());
+  EXPECT_FALSE((*w)->Publish(a->seq).ok());  // already published
+  auto e = reader->Next(1s);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(e.status().message(), "sample 17 (/pfs/x/a.jpg): No such file or directory");
+  auto v = reader->Next(1s);
+  ASSERT_TRUE(v.ok() && v->has_value());
+  EXPECT_EQ((*v)->sample_id, 18u);
+  EXPECT_TRUE(Check(**v));
+  EXPECT_FALSE(reader->Release(0).ok());  // the error slot was released by Next
+  EXPECT_TRUE(reader->Release(1).ok());
+  EXPECT_EQ((*w)->released(), 2u);
+}
+
+TEST(Ring, CancelUnblocksBothSides) {
+  auto w = RingWriter::Create(1024, 2);
+  ASSERT_TRUE(w.ok());
+  auto reader = ReaderFor(**w);
+  for (int i = 0; i < 2; ++i) {
+    auto r = (*w)->Reserve(10, {}, Deadline());
+    ASSERT_TRUE(r.ok());
+  }
+  Status producer_status;
+  std::thread t([&] { producer_status = (*w)->Reserve(10, {}, Deadline(30s)).status(); });
+  auto start = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(30ms);
+  (*w)->Cancel();
+  t.join();
+  EXPECT_EQ(producer_status.code(), StatusCode::kUnavailable);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  auto v = reader->Next(30s);
+  EXPECT_EQ(v.status().code(), StatusCode::kUnavailable);
+}
+
+TEST(Ring, NextTimesOutAndEndOfStream) {
+  auto w = RingWriter::Create(1024, 4);
+  ASSERT_TRUE(w.ok());
+  auto reader = ReaderFor(**w);
+  auto v = reader->Next(20ms);
+  EXPECT_EQ(v.status().code(), StatusCode::kTimedOut);
+  (*w)->Finish();
+  v = reader->Next(1s);
+  ASSERT_TRUE(v.ok());
+  EXPECT_FALSE(v->has_value());
+  EXPECT_EQ((*w)->Reserve(1, {}, Deadline()).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(reader->stats().next_calls, 2u);
+}
+
+// A consumer that forges the shared release counter cannot make the producer reuse space that
+// was never published, nor crash it.
+TEST(Ring, ProducerDoesNotTrustTheSharedHeader) {
+  auto w = RingWriter::Create(1024, 4);
+  ASSERT_TRUE(w.ok());
+  void* p = ::mmap(nullptr, RingBytes(1024, 4), PROT_READ | PROT_WRITE, MAP_SHARED, (*w)->fd(), 0);
+  ASSERT_NE(p, MAP_FAILED);
+  auto a = (*w)->Reserve(1024, {}, Deadline());
+  ASSERT_TRUE(a.ok());
+  // Forge "everything released" (offset 136) while the sample is still unpublished.
+  reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(p) + 136)->store(UINT64_MAX);
+  EXPECT_EQ((*w)->Reserve(64, {}, Deadline(30ms)).status().code(), StatusCode::kTimedOut);
+  ASSERT_TRUE((*w)->Publish(a->seq).ok());
+  EXPECT_TRUE((*w)->Reserve(64, {}, Deadline()).ok());  // clamped to what was handed out
+  EXPECT_EQ((*w)->released(), 1u);
+  // Garbage in the statistics yields numbers, not a crash.
+  std::memset(static_cast<char*>(p) + 144, 0xff, 4096 - 144);
+  RingStats s = (*w)->stats();
+  EXPECT_GT(s.stall_ns_p99, 0u);
+  ::munmap(p, RingBytes(1024, 4));
+}
+
+// A slot corrupted to point outside the arena is reported, not dereferenced.
+TEST(Ring, ReaderValidatesSlots) {
+  auto w = RingWriter::Create(1024, 4);
+  ASSERT_TRUE(w.ok());
+  auto reader = ReaderFor(**w);
+  auto a = (*w)->Reserve(100, {}, Deadline());
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE((*w)->Publish(a->seq).ok());
+  void* p = ::mmap(nullptr, RingBytes(1024, 4), PROT_READ | PROT_WRITE, MAP_SHARED, (*w)->fd(), 0);
+  ASSERT_NE(p, MAP_FAILED);
+  uint64_t bad = 1000;  // offset 1000 + size 100 > 1024
+  std::memcpy(static_cast<char*>(p) + kHeaderBytes + 48, &bad, sizeof(bad));
+  auto v = reader->Next(1s);
+  EXPECT_EQ(v.status().code(), StatusCode::kCorruption);
+  ::munmap(p, RingBytes(1024, 4));
+}
+
+TEST(Ring, StallSummary) {
+  RingStats s;
+  s.histogram[0] = 10;   // 0 ns
+  s.histogram[10] = 89;  // [512, 1024)
+  s.histogram[20] = 1;   // ~1 ms
+  SummarizeStalls(&s);
+  EXPECT_EQ(s.stall_ns_median, 1024u);
+  EXPECT_EQ(s.stall_ns_p99, 1024u);
+  s.histogram[20] = 5;
+  SummarizeStalls(&s);
+  EXPECT_EQ(s.stall_ns_p99, uint64_t{1} << 20);
+  EXPECT_EQ(StallBucket(0), 0);
+  EXPECT_EQ(StallBucket(1), 1);
+  EXPECT_EQ(StallBucket(1023), 10);
+  EXPECT_EQ(StallBucket(1024), 11);
+}
+
+// The consumer in another process, through the descriptor only (as a client gets it over the
+// socket).
+TEST(Ring, AcrossProcesses) {
+  auto w = RingWriter::Create(16 * 1024, 16);
+  ASSERT_TRUE(w.ok());
+  constexpr uint64_t kCount = 500;
+  int fd = (*w)->fd();
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    wire::UniqueFd mine(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    auto r = RingReader::Open(std::move(mine), 16 * 1024, 16);
+    if (!r.ok()) ::_exit(2);
+    for (uint64_t i = 0;; ++i) {
+      auto v = (*r)->Next(10s);
+      if (!v.ok()) ::_exit(3);
+      if (!v->has_value()) ::_exit(i == kCount ? 0 : 4);
+      if ((*v)->seq != i || !Check(**v)) ::_exit(5);
+      if (!(*r)->Release(i).ok()) ::_exit(6);
+    }
+  }
+  for (uint64_t i = 0; i < kCount; ++i) {
+    auto r = (*w)->Reserve(SizeOf(i), {}, Deadline());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    Fill(r->dst, r->seq);
+    ASSERT_TRUE((*w)->Publish(r->seq).ok());
+  }
+  (*w)->Finish();
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ((*w)->stats().samples, kCount);
+}
+
+}  // namespace
+}  // namespace nopfs::ring

@@ -1,0 +1,421 @@
+#include "client/wire.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstring>
+#include <string>
+
+namespace nopfs::wire {
+namespace {
+
+class Writer {
+ public:
+  void U16(uint16_t v) { Le(v, 2); }
+  void U32(uint32_t v) { Le(v, 4); }
+  void U64(uint64_t v) { Le(v, 8); }
+  void Str(const std::string& s) {
+    U32(static_cast<uint32_t>(s.size()));
+    for (char c : s)
+      out_.push_back(static_cast<std::byte>(c));
+  }
+  std::vector<std::byte>& bytes() { return out_; }
+
+ private:
+  void Le(uint64_t v, int n) {
+    for (int i = 0; i < n; ++i)
+      out_.push_back(static_cast<std::byte>((v >> (8 * i)) & 0xff));
+  }
+  std::vector<std::byte> out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::span<const std::byte> in) : in_(in) {}
+  bool U16(uint16_t* v) { return Le(v, 2); }
+  bool U32(uint32_t* v) { return Le(v, 4); }
+  bool U64(uint64_t* v) { return Le(v, 8); }
+  bool Str(std::string* s) {
+    uint32_t n = 0;
+    if (!U32(&n) || n > in_.size() - pos_) return false;
+    s->assign(reinterpret_cast<const char*>(in_.data() + pos_), n);
+    pos_ += n;
+    return true;
+  }
+  bool done() const { return pos_ == in_.size(); }
+
+ private:
+  template <typename T>
+  bool Le(T* v, size_t n) {
+    if (in_.size() - pos_ < n) return false;
+    uint64_t x = 0;
+    for (size_t i = 0; i < n; ++i)
+      x |= static_cast<uint64_t>(in_[pos_ + i]) << (8 * i);
+    pos_ += n;
+    *v = static_cast<T>(x);
+    return true;
+  }
+  std::span<const std::byte> in_;
+  size_t pos_ = 0;
+};
+
+void EncodeBody(Writer& w, const Hello& m) {
+  w.U16(m.client_version);
+  w.U32(m.pid);
+}
+void EncodeBody(Writer& w, const HelloOk& m) {
+  w.U16(m.service_version);
+  w.Str(m.job_id);
+  w.U32(m.ranks);
+  w.U32(m.first_rank);
+  w.U32(m.local_ranks);
+}
+void EncodeBody(Writer& w, const OpenStream& m) {
+  w.U32(m.rank);
+  w.U32(m.epoch);
+  w.U64(m.step);
+}
+void EncodeBody(Writer& w, const StreamOk& m) {
+  w.U64(m.stream_id);
+  w.U64(m.capacity);
+  w.U32(m.slot_count);
+}
+void EncodeBody(Writer&, const StatusRequest&) {}
+void EncodeBody(Writer& w, const StatusOk& m) {
+  w.Str(m.text);
+}
+void EncodeBody(Writer& w, const CloseStream& m) {
+  w.U64(m.stream_id);
+}
+void EncodeBody(Writer& w, const CloseOk& m) {
+  w.U64(m.stream_id);
+}
+void EncodeBody(Writer& w, const Error& m) {
+  w.U32(m.code);
+  w.Str(m.message);
+}
+void EncodeBody(Writer& w, const Describe& m) {
+  w.U32(m.sample_id);
+}
+void EncodeBody(Writer& w, const DescribeOk& m) {
+  w.U32(m.sample_id);
+  w.Str(m.path);
+  w.U64(m.offset);
+  w.U64(m.length);
+  w.U64(static_cast<uint64_t>(m.label));
+}
+
+bool DecodeBody(Reader& r, Hello* m) {
+  return r.U16(&m->client_version) && r.U32(&m->pid);
+}
+bool DecodeBody(Reader& r, HelloOk* m) {
+  return r.U16(&m->service_version) && r.Str(&m->job_id) && r.U32(&m->ranks) &&
+         r.U32(&m->first_rank) && r.U32(&m->local_ranks);
+}
+bool DecodeBody(Reader& r, OpenStream* m) {
+  return r.U32(&m->rank) && r.U32(&m->epoch) && r.U64(&m->step);
+}
+bool DecodeBody(Reader& r, StreamOk* m) {
+  return r.U64(&m->stream_id) && r.U64(&m->capacity) && r.U32(&m->slot_count);
+}
+bool DecodeBody(Reader&, StatusRequest*) {
+  return true;
+}
+bool DecodeBody(Reader& r, StatusOk* m) {
+  return r.Str(&m->text);
+}
+bool DecodeBody(Reader& r, CloseStream* m) {
+  return r.U64(&m->stream_id);
+}
+bool DecodeBody(Reader& r, CloseOk* m) {
+  return r.U64(&m->stream_id);
+}
+bool DecodeBody(Reader& r, Error* m) {
+  return r.U32(&m->code) && r.Str(&m->message);
+}
+bool DecodeBody(Reader& r, Describe* m) {
+  return r.U32(&m->sample_id);
+}
+bool DecodeBody(Reader& r, DescribeOk* m) {
+  uint64_t label = 0;
+  if (!(r.U32(&m->sample_id) && r.Str(&m->path) && r.U64(&m->offset) && r.U64(&m->length) &&
+        r.U64(&label))) {
+    return false;
+  }
+  m->label = static_cast<int64_t>(label);
+  return true;
+}
+
+template <typename T>
+Result<Message> DecodeAs(const Header& h, std::span<const std::byte> payload) {
+  Reader r(payload);
+  T body;
+  if (!DecodeBody(r, &body)) {
+    return Status::InvalidArgument("wire: " + std::string(TypeName(h.type)) +
+                                   " payload is truncated");
+  }
+  if (!r.done()) {
+    return Status::InvalidArgument("wire: " + std::string(TypeName(h.type)) +
+                                   " payload has trailing bytes");
+  }
+  return Message{h.request_id, Body(std::move(body))};
+}
+
+uint32_t LoadLe32(const std::byte* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+}
+
+// Waits until `sock` is readable; false with a status on timeout or error.
+Status WaitReadable(int sock, std::chrono::milliseconds timeout) {
+  pollfd p{sock, POLLIN, 0};
+  int ms = timeout.count() < 0 ? -1 : static_cast<int>(std::min<int64_t>(timeout.count(), 1 << 30));
+  for (;;) {
+    int rc = ::poll(&p, 1, ms);
+    if (rc > 0) return Status::Ok();
+    if (rc == 0) return Status::TimedOut("wire: no message from the peer within the timeout");
+    if (errno != EINTR) return Status::FromErrno(errno, "wire: poll");
+  }
+}
+
+// Reads exactly `len` bytes, collecting at most one SCM_RIGHTS descriptor into `fd`.
+Status RecvExact(int sock, std::byte* buf, size_t len, std::chrono::milliseconds timeout,
+                 UniqueFd* fd, bool first) {
+  size_t got = 0;
+  while (got < len) {
+    NOPFS_RETURN_IF_ERROR(WaitReadable(sock, timeout));
+    iovec iov{buf + got, len - got};
+    alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int) * 4)> control{};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.data();
+    msg.msg_controllen = control.size();
+    ssize_t n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return Status::FromErrno(errno, "wire: recvmsg");
+    }
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int received = -1;
+        std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        if (!fd->valid()) {
+          fd->Reset(received);
+        } else {
+          ::close(received);  // only one descriptor per message is meaningful
+        }
+      }
+    }
+    if (n == 0) {
+      if (first && got == 0) return Status::Unavailable("wire: connection closed by the peer");
+      return Status::InvalidArgument("wire: connection closed in the middle of a message");
+    }
+    got += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
+  if (this != &other) Reset(other.Release());
+  return *this;
+}
+
+void UniqueFd::Reset(int fd) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+MsgType TypeOf(const Body& body) {
+  return static_cast<MsgType>(body.index() + 1);  // Body's alternatives follow MsgType's order
+}
+
+std::string_view TypeName(MsgType type) {
+  switch (type) {
+    case MsgType::kHello:
+      return "HELLO";
+    case MsgType::kHelloOk:
+      return "HELLO_OK";
+    case MsgType::kOpenStream:
+      return "OPEN_STREAM";
+    case MsgType::kStreamOk:
+      return "STREAM_OK";
+    case MsgType::kStatus:
+      return "STATUS";
+    case MsgType::kStatusOk:
+      return "STATUS_OK";
+    case MsgType::kCloseStream:
+      return "CLOSE_STREAM";
+    case MsgType::kCloseOk:
+      return "CLOSE_OK";
+    case MsgType::kError:
+      return "ERROR";
+    case MsgType::kDescribe:
+      return "DESCRIBE";
+    case MsgType::kDescribeOk:
+      return "DESCRIBE_OK";
+  }
+  return "UNKNOWN";
+}
+
+Result<std::vector<std::byte>> Encode(const Message& message) {
+  Writer w;
+  w.U32(kMagic);
+  w.U16(kVersion);
+  w.U16(static_cast<uint16_t>(TypeOf(message.body)));
+  w.U32(0);  // payload length, patched below
+  w.U32(message.request_id);
+  std::visit([&w](const auto& body) { EncodeBody(w, body); }, message.body);
+  std::vector<std::byte>& out = w.bytes();
+  size_t payload = out.size() - kHeaderSize;
+  if (payload > kMaxPayload) {
+    return Status::InvalidArgument("wire: " + std::string(TypeName(TypeOf(message.body))) +
+                                   " payload of " + std::to_string(payload) +
+                                   " bytes exceeds the limit of " + std::to_string(kMaxPayload));
+  }
+  for (int i = 0; i < 4; ++i)
+    out[8 + i] = static_cast<std::byte>((payload >> (8 * i)) & 0xff);
+  return std::move(out);
+}
+
+Result<Header> DecodeHeader(std::span<const std::byte> bytes) {
+  if (bytes.size() < kHeaderSize) return Status::InvalidArgument("wire: header is truncated");
+  if (LoadLe32(bytes.data()) != kMagic) {
+    return Status::InvalidArgument("wire: bad magic (not a nopfs client/service message)");
+  }
+  uint16_t version =
+      static_cast<uint16_t>(static_cast<uint16_t>(bytes[4]) | static_cast<uint16_t>(bytes[5]) << 8);
+  if (version != kVersion) {
+    return Status::InvalidArgument("wire: protocol version " + std::to_string(version) +
+                                   " is not supported (this build speaks version " +
+                                   std::to_string(kVersion) +
+                                   "); use a client and nopfsd from the same release");
+  }
+  uint16_t type =
+      static_cast<uint16_t>(static_cast<uint16_t>(bytes[6]) | static_cast<uint16_t>(bytes[7]) << 8);
+  if (type < static_cast<uint16_t>(MsgType::kHello) || type > static_cast<uint16_t>(kLastType)) {
+    return Status::InvalidArgument("wire: unknown message type " + std::to_string(type));
+  }
+  Header h;
+  h.type = static_cast<MsgType>(type);
+  h.payload_length = LoadLe32(bytes.data() + 8);
+  h.request_id = LoadLe32(bytes.data() + 12);
+  if (h.payload_length > kMaxPayload) {
+    return Status::InvalidArgument("wire: payload length " + std::to_string(h.payload_length) +
+                                   " exceeds the limit of " + std::to_string(kMaxPayload));
+  }
+  return h;
+}
+
+Result<Message> DecodePayload(const Header& header, std::span<const std::byte> payload) {
+  if (payload.size() != header.payload_length) {
+    return Status::InvalidArgument("wire: payload length does not match the header");
+  }
+  switch (header.type) {
+    case MsgType::kHello:
+      return DecodeAs<Hello>(header, payload);
+    case MsgType::kHelloOk:
+      return DecodeAs<HelloOk>(header, payload);
+    case MsgType::kOpenStream:
+      return DecodeAs<OpenStream>(header, payload);
+    case MsgType::kStreamOk:
+      return DecodeAs<StreamOk>(header, payload);
+    case MsgType::kStatus:
+      return DecodeAs<StatusRequest>(header, payload);
+    case MsgType::kStatusOk:
+      return DecodeAs<StatusOk>(header, payload);
+    case MsgType::kCloseStream:
+      return DecodeAs<CloseStream>(header, payload);
+    case MsgType::kCloseOk:
+      return DecodeAs<CloseOk>(header, payload);
+    case MsgType::kError:
+      return DecodeAs<Error>(header, payload);
+    case MsgType::kDescribe:
+      return DecodeAs<Describe>(header, payload);
+    case MsgType::kDescribeOk:
+      return DecodeAs<DescribeOk>(header, payload);
+  }
+  return Status::InvalidArgument("wire: unknown message type");
+}
+
+Result<Message> Decode(std::span<const std::byte> bytes) {
+  Result<Header> h = DecodeHeader(bytes);
+  if (!h.ok()) return h.status();
+  if (bytes.size() - kHeaderSize != h->payload_length) {
+    return Status::InvalidArgument("wire: message length does not match its header");
+  }
+  return DecodePayload(*h, bytes.subspan(kHeaderSize));
+}
+
+Status ToStatus(const Error& error) {
+  uint32_t code = error.code;
+  if (code == 0 || code > static_cast<uint32_t>(StatusCode::kInternal)) {
+    code = static_cast<uint32_t>(StatusCode::kInternal);
+  }
+  return Status(static_cast<StatusCode>(code), error.message);
+}
+
+Error FromStatus(const Status& status) {
+  return Error{static_cast<uint32_t>(status.code()), status.message()};
+}
+
+Status SendMessage(int sock, const Message& message, int pass_fd) {
+  Result<std::vector<std::byte>> bytes = Encode(message);
+  if (!bytes.ok()) return bytes.status();
+  size_t sent = 0;
+  while (sent < bytes->size()) {
+    iovec iov{bytes->data() + sent, bytes->size() - sent};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int))> control{};
+    if (pass_fd >= 0 && sent == 0) {
+      msg.msg_control = control.data();
+      msg.msg_controllen = control.size();
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+    }
+    ssize_t n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno(errno,
+                               "wire: sending " + std::string(TypeName(TypeOf(message.body))));
+    }
+    sent += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Result<Received> RecvMessage(int sock, std::chrono::milliseconds timeout) {
+  Received out;
+  std::array<std::byte, kHeaderSize> head{};
+  NOPFS_RETURN_IF_ERROR(RecvExact(sock, head.data(), head.size(), timeout, &out.fd, true));
+  Result<Header> h = DecodeHeader(head);
+  if (!h.ok()) return h.status();
+  std::vector<std::byte> payload(h->payload_length);
+  NOPFS_RETURN_IF_ERROR(RecvExact(sock, payload.data(), payload.size(), timeout, &out.fd, false));
+  Result<Message> m = DecodePayload(*h, payload);
+  if (!m.ok()) return m.status();
+  out.message = std::move(*m);
+  return out;
+}
+
+Result<uint32_t> PeerUid(int sock) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return Status::FromErrno(errno, "wire: getsockopt(SO_PEERCRED)");
+  }
+  return static_cast<uint32_t>(cred.uid);
+}
+
+}  // namespace nopfs::wire

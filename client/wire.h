@@ -1,0 +1,193 @@
+// The client <-> nopfsd wire format: the messages exchanged over the job's local UNIX socket.
+//
+// Every message is a 16-byte header followed by a payload of at most kMaxPayload bytes:
+//   u32 magic "NPFS" | u16 version | u16 type | u32 payload length | u32 request id
+// All integers are little-endian; strings are a u32 byte count followed by the bytes (no NUL).
+// docs/wire.md describes each message byte by byte and the versioning rule. A ring's memfd travels
+// as SCM_RIGHTS ancillary data on the STREAM_OK message.
+//
+// Decoding never trusts its input: a bad magic, an unknown version or type, a length over the
+// limit, a truncated field or trailing bytes all yield a non-ok Status (never a crash, never an
+// allocation larger than the payload). wire_test.cc runs a randomized fuzz loop over Decode().
+//
+// Thread safety: the functions are reentrant; SendMessage/RecvMessage on one socket must be
+// serialized by the caller.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/status.h"
+
+namespace nopfs::wire {
+
+inline constexpr uint32_t kMagic = 0x5346504E;  // the bytes 'N' 'P' 'F' 'S'
+inline constexpr uint16_t kVersion = 1;
+inline constexpr size_t kHeaderSize = 16;
+inline constexpr uint32_t kMaxPayload = 64 * 1024;
+
+enum class MsgType : uint16_t {
+  kHello = 1,
+  kHelloOk = 2,
+  kOpenStream = 3,
+  kStreamOk = 4,
+  kStatus = 5,
+  kStatusOk = 6,
+  kCloseStream = 7,
+  kCloseOk = 8,
+  kError = 9,
+  kDescribe = 10,
+  kDescribeOk = 11,
+};
+inline constexpr MsgType kLastType = MsgType::kDescribeOk;
+
+// client -> service: the first message on a connection.
+struct Hello {
+  uint16_t client_version = kVersion;
+  uint32_t pid = 0;
+  bool operator==(const Hello&) const = default;
+};
+// service -> client: the answer to HELLO.
+struct HelloOk {
+  uint16_t service_version = kVersion;
+  std::string job_id;
+  uint32_t ranks = 0;        // ranks in the whole job
+  uint32_t first_rank = 0;   // the first rank served by this node's service
+  uint32_t local_ranks = 0;  // ranks served by this node's service
+  bool operator==(const HelloOk&) const = default;
+};
+// client -> service: open `rank`'s stream starting at (epoch, step).
+struct OpenStream {
+  uint32_t rank = 0;
+  uint32_t epoch = 0;
+  uint64_t step = 0;
+  bool operator==(const OpenStream&) const = default;
+};
+// service -> client: the stream is open; its ring's memfd is attached (SCM_RIGHTS).
+struct StreamOk {
+  uint64_t stream_id = 0;
+  uint64_t capacity = 0;    // data arena bytes
+  uint32_t slot_count = 0;  // slots in the ring's slot table
+  bool operator==(const StreamOk&) const = default;
+};
+// client -> service: ask for the service's status text.
+struct StatusRequest {
+  bool operator==(const StatusRequest&) const = default;
+};
+// service -> client: human-readable UTF-8 status (what `nopfs status` prints).
+struct StatusOk {
+  std::string text;
+  bool operator==(const StatusOk&) const = default;
+};
+// client -> service: the client is done with a stream; the service frees its ring.
+struct CloseStream {
+  uint64_t stream_id = 0;
+  bool operator==(const CloseStream&) const = default;
+};
+// service -> client: the answer to CLOSE_STREAM.
+struct CloseOk {
+  uint64_t stream_id = 0;
+  bool operator==(const CloseOk&) const = default;
+};
+// service -> client: a request failed. `code` is a nopfs::StatusCode value.
+struct Error {
+  uint32_t code = 0;
+  std::string message;
+  bool operator==(const Error&) const = default;
+};
+
+// client -> service: where does sample `sample_id` come from (`nopfs cat --verify` reads the
+// file itself to compare)?
+struct Describe {
+  uint32_t sample_id = 0;
+  bool operator==(const Describe&) const = default;
+};
+// service -> client: the sample's file on the PFS, its byte range and its label.
+struct DescribeOk {
+  uint32_t sample_id = 0;
+  std::string path;  // absolute
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  int64_t label = -1;
+  bool operator==(const DescribeOk&) const = default;
+};
+
+// The alternatives follow MsgType's order (TypeOf relies on it).
+using Body = std::variant<Hello, HelloOk, OpenStream, StreamOk, StatusRequest, StatusOk,
+                          CloseStream, CloseOk, Error, Describe, DescribeOk>;
+
+struct Message {
+  uint32_t request_id = 0;  // echoed in the answer
+  Body body;
+  bool operator==(const Message&) const = default;
+};
+
+struct Header {
+  MsgType type = MsgType::kError;
+  uint32_t payload_length = 0;
+  uint32_t request_id = 0;
+};
+
+MsgType TypeOf(const Body& body);
+std::string_view TypeName(MsgType type);
+
+// Header + payload. Fails (InvalidArgument) only if a string makes the payload exceed kMaxPayload.
+Result<std::vector<std::byte>> Encode(const Message& message);
+// Validates magic, version, type and length of the first kHeaderSize bytes.
+Result<Header> DecodeHeader(std::span<const std::byte> bytes);
+// Decodes a payload whose header was accepted by DecodeHeader. Rejects truncated fields and
+// trailing bytes.
+Result<Message> DecodePayload(const Header& header, std::span<const std::byte> payload);
+// A whole message (header + payload, nothing more).
+Result<Message> Decode(std::span<const std::byte> bytes);
+
+// Maps an ERROR message to a Status (an out-of-range code becomes kInternal) and back.
+Status ToStatus(const Error& error);
+Error FromStatus(const Status& status);
+
+// An owned file descriptor (closed on destruction). Move-only.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd() { Reset(); }
+  UniqueFd(UniqueFd&& other) noexcept : fd_(other.Release()) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int Release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void Reset(int fd = -1);
+
+ private:
+  int fd_ = -1;
+};
+
+// A received message and the descriptor that came with it (invalid if none).
+struct Received {
+  Message message;
+  UniqueFd fd;
+};
+
+// Sends one message on a connected stream socket, with `pass_fd` (if >= 0) as SCM_RIGHTS.
+// MSG_NOSIGNAL: a closed peer is an Unavailable status, never SIGPIPE.
+Status SendMessage(int sock, const Message& message, int pass_fd = -1);
+// Receives one message, waiting at most `timeout` for each part (negative: forever). A clean EOF
+// before the first byte is kUnavailable "connection closed"; a malformed message is
+// kInvalidArgument; at most one descriptor is accepted per message (extra ones are closed).
+Result<Received> RecvMessage(int sock, std::chrono::milliseconds timeout);
+
+// The uid of the process at the other end of a connected UNIX socket (SO_PEERCRED).
+Result<uint32_t> PeerUid(int sock);
+
+}  // namespace nopfs::wire

@@ -1,0 +1,200 @@
+#include "client/wire.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <random>
+
+namespace nopfs::wire {
+namespace {
+
+std::vector<Message> Samples() {
+  return {
+      {1, Hello{kVersion, 4242}},
+      {2, HelloOk{kVersion, "job-123", 16, 4, 4}},
+      {3, OpenStream{3, 2, 1000000000007ULL}},
+      {4, StreamOk{77, 1 << 20, 256}},
+      {5, StatusRequest{}},
+      {6, StatusOk{"stall total 1.2 s\nmedian 3 ms\n"}},
+      {7, CloseStream{77}},
+      {8, CloseOk{77}},
+      {9, Error{static_cast<uint32_t>(StatusCode::kNotFound), "sample 17 (/pfs/a.jpg): gone"}},
+      {10, Describe{17}},
+      {11, DescribeOk{17, "/pfs/train/n01/a.jpg", 4096, 110000, -1}},
+  };
+}
+
+std::vector<std::byte> Bytes(const Message& m) {
+  Result<std::vector<std::byte>> b = Encode(m);
+  EXPECT_TRUE(b.ok()) << b.status().ToString();
+  return b.ok() ? *b : std::vector<std::byte>{};
+}
+
+TEST(Wire, EveryMessageRoundTrips) {
+  for (const Message& m : Samples()) {
+    std::vector<std::byte> b = Bytes(m);
+    Result<Message> d = Decode(b);
+    ASSERT_TRUE(d.ok()) << TypeName(TypeOf(m.body)) << ": " << d.status().ToString();
+    EXPECT_EQ(*d, m) << TypeName(TypeOf(m.body));
+  }
+}
+
+TEST(Wire, HeaderIsLittleEndianAsDocumented) {
+  std::vector<std::byte> b = Bytes({0x01020304, CloseStream{0x1122334455667788ULL}});
+  ASSERT_EQ(b.size(), kHeaderSize + 8);
+  const uint8_t want[] = {'N', 'P', 'F', 'S', 1,    0,    7,    0,    8,    0,    0,    0,
+                          4,   3,   2,   1,   0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11};
+  for (size_t i = 0; i < b.size(); ++i)
+    EXPECT_EQ(static_cast<uint8_t>(b[i]), want[i]) << i;
+}
+
+TEST(Wire, RejectsMalformedInput) {
+  std::vector<std::byte> good = Bytes({1, HelloOk{kVersion, "job", 2, 0, 2}});
+  auto expect_bad = [](std::vector<std::byte> b, const char* what) {
+    Result<Message> d = Decode(b);
+    EXPECT_FALSE(d.ok()) << what;
+    if (!d.ok()) {
+      EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument) << what;
+    }
+  };
+  auto b = good;
+  b[0] = std::byte{'X'};
+  expect_bad(b, "magic");
+  b = good;
+  b[4] = std::byte{2};
+  expect_bad(b, "version");
+  b = good;
+  b[6] = std::byte{0};
+  expect_bad(b, "type 0");
+  b = good;
+  b[6] = std::byte{12};
+  expect_bad(b, "type 12");
+  b = good;
+  b.pop_back();
+  expect_bad(b, "short message");
+  b = good;
+  b.push_back(std::byte{0});
+  expect_bad(b, "longer than header says");
+  // Trailing bytes inside the declared payload.
+  b = good;
+  b.push_back(std::byte{0});
+  b[8] = static_cast<std::byte>(static_cast<uint8_t>(b[8]) + 1);
+  expect_bad(b, "trailing field bytes");
+  // A string length that runs past the payload.
+  b = good;
+  b[kHeaderSize + 2] = std::byte{0xff};
+  expect_bad(b, "string length");
+  // Payload length over the limit, whatever follows.
+  b = good;
+  b[8] = std::byte{0x01};
+  b[9] = std::byte{0x00};
+  b[10] = std::byte{0x01};  // 65537
+  Result<Header> h = DecodeHeader(b);
+  EXPECT_FALSE(h.ok());
+  expect_bad(std::vector<std::byte>(b.begin(), b.begin() + 10), "truncated header");
+}
+
+TEST(Wire, EncodeRefusesOversizedPayload) {
+  Result<std::vector<std::byte>> b = Encode({1, StatusOk{std::string(kMaxPayload, 'x')}});
+  EXPECT_FALSE(b.ok());
+  b = Encode({1, StatusOk{std::string(kMaxPayload - 4, 'x')}});
+  EXPECT_TRUE(b.ok());
+}
+
+TEST(Wire, ErrorStatusMapping) {
+  Status st = ToStatus(Error{static_cast<uint32_t>(StatusCode::kNotFound), "m"});
+  EXPECT_EQ(st.code(), StatusCode::kNotFound);
+  EXPECT_EQ(st.message(), "m");
+  EXPECT_EQ(ToStatus(Error{0, "x"}).code(), StatusCode::kInternal);
+  EXPECT_EQ(ToStatus(Error{9999, "x"}).code(), StatusCode::kInternal);
+  Error e = FromStatus(Status::TimedOut("t"));
+  EXPECT_EQ(ToStatus(e).code(), StatusCode::kTimedOut);
+}
+
+// The fuzz target. GCC has no libFuzzer, so this randomized test is it: random buffers and
+// mutations of every valid message must decode to ok or to an InvalidArgument status, never crash
+// (run under ASan/UBSan in the sanitizer build), and whatever decodes must re-encode identically.
+TEST(Wire, FuzzDecode) {
+  std::mt19937_64 rng(12345);
+  std::vector<std::vector<std::byte>> seeds;
+  for (const Message& m : Samples())
+    seeds.push_back(Bytes(m));
+  uint64_t accepted = 0;
+  const int kIterations = 1'000'000;
+  std::vector<std::byte> buf;
+  for (int i = 0; i < kIterations; ++i) {
+    if (i % 4 == 0) {
+      buf.resize(rng() % 64);
+      for (auto& x : buf)
+        x = static_cast<std::byte>(rng());
+      if (buf.size() >= 6 && rng() % 2) {  // plausible header so the payload decoders run
+        buf[0] = std::byte{'N'}, buf[1] = std::byte{'P'}, buf[2] = std::byte{'F'};
+        buf[3] = std::byte{'S'}, buf[4] = std::byte{1}, buf[5] = std::byte{0};
+      }
+    } else {
+      buf = seeds[rng() % seeds.size()];
+      int edits = 1 + static_cast<int>(rng() % 4);
+      for (int e = 0; e < edits; ++e) {
+        switch (rng() % 4) {
+          case 0:
+            if (!buf.empty()) buf[rng() % buf.size()] = static_cast<std::byte>(rng());
+            break;
+          case 1:
+            if (!buf.empty()) buf.resize(rng() % buf.size());
+            break;
+          case 2:
+            buf.push_back(static_cast<std::byte>(rng()));
+            break;
+          default:
+            if (buf.size() > kHeaderSize) {  // keep the length field consistent
+              uint32_t len = static_cast<uint32_t>(buf.size() - kHeaderSize);
+              for (int k = 0; k < 4; ++k)
+                buf[8 + k] = static_cast<std::byte>(len >> (8 * k));
+            }
+        }
+      }
+    }
+    Result<Message> d = Decode(buf);
+    if (d.ok()) {
+      ++accepted;
+      ASSERT_EQ(Bytes(*d), buf);
+    } else {
+      ASSERT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+    }
+  }
+  EXPECT_GT(accepted, 0u);  // the mutator does reach valid messages (e.g. field value changes)
+}
+
+TEST(Wire, SendAndReceiveWithDescriptor) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  UniqueFd a(sv[0]), b(sv[1]);
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+  UniqueFd pr(p[0]), pw(p[1]);
+  Message m{42, StreamOk{9, 4096, 8}};
+  ASSERT_TRUE(SendMessage(a.get(), m, pw.get()).ok());
+  Result<Received> r = RecvMessage(b.get(), std::chrono::milliseconds(2000));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->message, m);
+  ASSERT_TRUE(r->fd.valid());
+  ASSERT_EQ(::write(r->fd.get(), "z", 1), 1);  // the received fd is the pipe's write end
+  char c = 0;
+  ASSERT_EQ(::read(pr.get(), &c, 1), 1);
+  EXPECT_EQ(c, 'z');
+  // Timeout, then EOF.
+  Result<Received> t = RecvMessage(b.get(), std::chrono::milliseconds(20));
+  EXPECT_EQ(t.status().code(), StatusCode::kTimedOut);
+  a.Reset();
+  Result<Received> eof = RecvMessage(b.get(), std::chrono::milliseconds(2000));
+  EXPECT_EQ(eof.status().code(), StatusCode::kUnavailable);
+  Result<uint32_t> uid = PeerUid(b.get());
+  ASSERT_TRUE(uid.ok());
+  EXPECT_EQ(*uid, ::getuid());
+}
+
+}  // namespace
+}  // namespace nopfs::wire

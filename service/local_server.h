@@ -1,0 +1,127 @@
+// LocalServer: nopfsd's end of the client wire format (client/wire.h, docs/wire.md), a UNIX
+// stream socket in the job's run directory.
+//
+// Security: Start() only creates the socket inside an existing directory of mode 0700 owned by
+// this process's uid, and gives the socket mode 0600. Each accepted peer's uid (SO_PEERCRED) must
+// equal Options::allowed_uid; another uid gets an ERROR message, is logged and disconnected.
+//
+// Threads: one accept thread plus one thread per connection (a node has a handful of local ranks).
+// Each connection is a strict request/answer loop. A malformed message (bad magic, version, type,
+// length over 64 KiB, truncated or trailing fields, a message only the service sends) gets an
+// ERROR answer and the connection is closed; other connections are unaffected. When a connection
+// ends (CLOSE or disconnect, including the client's death) the handler's CloseStream() is called
+// for every stream it still had open: that is how a dead client releases what it held.
+//
+// Thread safety: Start() and Stop() from one owner thread. Handler methods are called from
+// connection threads, concurrently.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "client/wire.h"
+#include "common/status.h"
+
+namespace nopfs::service {
+
+using ConnectionId = uint64_t;
+
+struct OpenStreamRequest {
+  uint32_t rank = 0;
+  uint32_t epoch = 0;
+  uint64_t step = 0;
+  uint32_t client_pid = 0;  // as the client said in HELLO (informational)
+  uint32_t client_uid = 0;  // from SO_PEERCRED
+};
+
+// What the handler hands back for an open stream. The server dups and sends `ring_fd`; the
+// handler keeps ownership of its descriptor (and of the ring).
+struct StreamGrant {
+  uint64_t stream_id = 0;  // unique for the daemon's lifetime
+  int ring_fd = -1;
+  uint64_t capacity = 0;
+  uint32_t slot_count = 0;
+};
+
+struct HelloInfo {
+  std::string job_id;
+  uint32_t ranks = 0;
+  uint32_t first_rank = 0;
+  uint32_t local_ranks = 0;
+};
+
+// Implemented by the daemon. It must outlive the LocalServer's Stop(): Stop() ends connections,
+// which calls CloseStream() for their open streams.
+class Handler {
+ public:
+  virtual ~Handler() = default;
+  virtual HelloInfo Hello() = 0;
+  // Opens a rank's stream. An error status is sent to the client as ERROR.
+  virtual Result<StreamGrant> OpenStream(const OpenStreamRequest& request, ConnectionId conn) = 0;
+  // The client closed `stream_id`, or its connection ended. The daemon cancels the ring's writer
+  // and frees the ring. Called exactly once per granted stream.
+  virtual void CloseStream(uint64_t stream_id) = 0;
+  virtual std::string StatusText() = 0;
+  // Where a sample's bytes come from on the PFS (for clients that verify what they received).
+  virtual Result<wire::DescribeOk> Describe(uint32_t sample_id) = 0;
+};
+
+class LocalServer {
+ public:
+  struct Options {
+    std::string socket_path;   // inside the job's run directory (mode 0700)
+    uint32_t allowed_uid = 0;  // the job's uid
+    int backlog = 64;          // listen() backlog
+  };
+
+  LocalServer(Options options, Handler* handler);
+  ~LocalServer();  // Stop()
+  LocalServer(const LocalServer&) = delete;
+  LocalServer& operator=(const LocalServer&) = delete;
+
+  // Creates the socket (removing a stale socket file; refusing to replace anything else) and
+  // starts accepting.
+  Status Start();
+  // Closes the listener and every connection, joins all threads, unlinks the socket. Idempotent.
+  void Stop();
+
+  // Connections currently open (for status and tests).
+  size_t connections() const;
+  // Peers refused for their uid, and malformed messages seen, since Start.
+  uint64_t refused_peers() const { return refused_.load(); }
+  uint64_t malformed_messages() const { return malformed_.load(); }
+
+ private:
+  struct Conn {
+    ConnectionId id = 0;
+    wire::UniqueFd fd;
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+
+  void AcceptLoop();
+  void Serve(Conn* conn);
+  void ReapLocked();
+
+  Options options_;
+  Handler* handler_;
+  wire::UniqueFd listen_fd_;
+  wire::UniqueFd wake_fd_;  // eventfd: wakes the accept loop on Stop
+  std::thread accept_thread_;
+  bool started_ = false;
+  bool socket_created_ = false;
+
+  mutable std::mutex mu_;
+  std::list<std::unique_ptr<Conn>> conns_;  // GUARDED_BY(mu_)
+  bool stopping_ = false;                   // GUARDED_BY(mu_)
+  ConnectionId next_id_ = 0;                // GUARDED_BY(mu_)
+  std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> malformed_{0};
+};
+
+}  // namespace nopfs::service
