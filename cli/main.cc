@@ -2,8 +2,10 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "cli/cmd_cat.h"
 #include "cli/cmd_config.h"
 #include "cli/cmd_plan.h"
+#include "cli/cmd_run.h"
 #include "cli/cmd_stream.h"
 
 int main(int argc, char** argv) {
@@ -16,6 +18,9 @@ int main(int argc, char** argv) {
   nopfs::cli::RegisterStream(&app, &exit_code);
   nopfs::cli::RegisterPlan(&app, &exit_code);
   nopfs::cli::RegisterConfig(&app, &exit_code);
+  nopfs::cli::RegisterRun(&app, &exit_code);
+  nopfs::cli::RegisterCat(&app, &exit_code);
+  nopfs::cli::RegisterStatus(&app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

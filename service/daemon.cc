@@ -1,0 +1,373 @@
+#include "service/daemon.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdarg>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+
+#include <spdlog/spdlog.h>
+
+#include "common/units.h"
+#include "service/env.h"
+
+namespace nopfs::service {
+namespace {
+
+constexpr uint64_t kMinRingBytes = uint64_t{4} << 20;
+constexpr uint32_t kMinRingSlots = 64;
+constexpr uint32_t kMaxRingSlots = 1u << 16;
+
+// Adds b's counters and histogram to a (median and p99 are recomputed from the sum).
+void Merge(ring::RingStats* a, const ring::RingStats& b) {
+  a->samples += b.samples;
+  a->bytes += b.bytes;
+  a->next_calls += b.next_calls;
+  a->stall_ns_total += b.stall_ns_total;
+  for (size_t i = 0; i < a->histogram.size(); ++i)
+    a->histogram[i] += b.histogram[i];
+  ring::SummarizeStalls(a);
+}
+
+double Seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+std::string Line(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string Line(const char* fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  return std::string(buf) + "\n";
+}
+
+}  // namespace
+
+Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {}
+
+Daemon::~Daemon() {
+  Stop();
+}
+
+Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
+  std::unique_ptr<Daemon> d(new Daemon(options));
+  if (Status s = d->Init(); !s.ok()) {
+    d->Stop();
+    return s;
+  }
+  return d;
+}
+
+Status Daemon::Init() {
+  started_ = std::chrono::steady_clock::now();
+  if (options_.config_path.empty()) {
+    config_ = lua::DefaultNodeConfig(lua::HostMemoryBytes());
+  } else {
+    Result<lua::NodeConfig> c = lua::LoadNodeConfig(options_.config_path);
+    if (!c.ok()) return c.status();
+    config_ = std::move(*c);
+  }
+  spdlog::info("nopfsd: job {}, node {}, config {}", options_.job_id, options_.node,
+               config_.source());
+
+  // The dataset.
+  CatalogOptions co;
+  co.dataset = options_.dataset;
+  co.cache_dir = config_.catalog_cache();
+  co.work_dir = options_.run_dir + "/catalog";
+  co.uid = options_.uid;
+  const auto t0 = std::chrono::steady_clock::now();
+  Result<std::unique_ptr<Catalog>> catalog = Catalog::Open(co, Env::Default());
+  if (!catalog.ok()) return catalog.status().WithContext("dataset " + options_.dataset);
+  catalog_ = std::move(*catalog);
+  spdlog::info("catalog: {} samples, {} ({}) in {:.2f} s", catalog_->size(),
+               FormatBytes(static_cast<double>(std::accumulate(
+                   catalog_->sizes().begin(), catalog_->sizes().end(), uint64_t{0}))),
+               catalog_->reused() ? "reused from the cache" : "scanned",
+               Seconds(std::chrono::steady_clock::now() - t0));
+
+  // The job, now that F is known.
+  job_ = options_.job;
+  if (job_.samples != 0 && job_.samples != catalog_->size()) {
+    return Status::InvalidArgument("--samples " + std::to_string(job_.samples) +
+                                   " disagrees with the dataset's " +
+                                   std::to_string(catalog_->size()) + " samples");
+  }
+  job_.samples = catalog_->size();
+  NOPFS_RETURN_IF_ERROR(job_.Validate());
+  if (options_.node >= job_.nodes()) {
+    return Status::InvalidArgument("node " + std::to_string(options_.node) +
+                                   " is out of range: the job has " + std::to_string(job_.nodes()) +
+                                   " nodes");
+  }
+
+  // Capacities: the config's classes, capped by what the job was granted on this node.
+  model_ = config_.model();
+  policy::Bytes ram_left = options_.ram_grant;
+  policy::Bytes ssd_left = options_.ssd_grant;
+  std::vector<policy::Bytes> capacities;
+  for (policy::StorageClass& c : model_.classes) {
+    policy::Bytes& left = c.kind == policy::ClassKind::kRam ? ram_left : ssd_left;
+    c.capacity = std::min(c.capacity, left);
+    left -= c.capacity;
+    capacities.push_back(c.capacity);
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  plan_ = policy::MakeNodePlan(job_, options_.node, catalog_->sizes(), capacities,
+                               options_.plan_threads);
+  spdlog::info("plan: {} accesses of {} distinct samples in {:.2f} s", plan_.accesses,
+               plan_.distinct, Seconds(std::chrono::steady_clock::now() - t1));
+
+  // Tiers.
+  for (size_t j = 0; j < model_.classes.size(); ++j) {
+    const policy::StorageClass& c = model_.classes[j];
+    TierRef ref{c.name, nullptr, nullptr};
+    const policy::TierPlan& tp = plan_.tiers[j];
+    if (!tp.prefetch_order.empty()) {
+      if (c.kind == policy::ClassKind::kRam) {
+        Result<TierLayout> layout = TierLayout::Ram(tp, catalog_->sizes());
+        if (!layout.ok()) return layout.status();
+        Result<std::unique_ptr<RamTier>> t = RamTier::Create(options_.job_id, std::move(*layout));
+        if (!t.ok()) return t.status().WithContext("class " + c.name);
+        ref.ram = t->get();
+        ram_tiers_.push_back(std::move(*t));
+      } else {
+        Result<TierLayout> layout = TierLayout::Ssd(tp, catalog_->sizes());
+        if (!layout.ok()) return layout.status();
+        SsdTierOptions so;
+        so.scratch_root = c.path;
+        so.job = options_.job_id;
+        so.node = std::to_string(options_.node);
+        Result<std::unique_ptr<SsdTier>> t = SsdTier::Create(so, std::move(*layout));
+        if (!t.ok()) return t.status().WithContext("class " + c.name);
+        ref.ssd = t->get();
+        ssd_tiers_.push_back(std::move(*t));
+      }
+      spdlog::info("tier {}: {} samples, {}", c.name, tp.prefetch_order.size(),
+                   FormatBytes(static_cast<double>(tp.bytes)));
+    }
+    tier_refs_.push_back(ref);
+  }
+  uint32_t prefetch_threads = 0;
+  for (const policy::StorageClass& c : model_.classes)
+    prefetch_threads += c.threads;
+  reader_ = std::make_unique<SampleReader>(*catalog_, plan_, tier_refs_, model_,
+                                           job_.nodes() * std::max<uint32_t>(1, prefetch_threads));
+
+  // Prefetchers, one per non-empty class, each with the class's threads.
+  prefetch_done_.assign(model_.classes.size(), {});
+  for (size_t j = 0; j < tier_refs_.size(); ++j) {
+    Tier* tier = tier_refs_[j].ram != nullptr ? static_cast<Tier*>(tier_refs_[j].ram)
+                                              : static_cast<Tier*>(tier_refs_[j].ssd);
+    if (tier == nullptr) {
+      prefetchers_.push_back(nullptr);
+      continue;
+    }
+    SampleReader* r = reader_.get();
+    auto p = std::make_unique<Prefetcher>(
+        *tier,
+        [r](policy::SampleId s, std::span<std::byte> dst) {
+          return r->FetchFromPfs(s, dst, /*staging=*/false);
+        },
+        model_.classes[j].threads);
+    NOPFS_RETURN_IF_ERROR(p->Start());
+    prefetchers_.push_back(std::move(p));
+  }
+
+  // Rings: the staging capacity shared by the node's ranks, never less than a few samples.
+  const uint32_t local_ranks = job_.ranks_on_node(options_.node);
+  const policy::Bytes max_sample =
+      catalog_->size() == 0 ? 0
+                            : *std::max_element(catalog_->sizes().begin(), catalog_->sizes().end());
+  ring_bytes_ = std::max<uint64_t>({model_.staging.capacity / std::max<uint32_t>(1, local_ranks),
+                                    4 * (max_sample + 64), kMinRingBytes});
+
+  LocalServer::Options so;
+  so.socket_path = options_.run_dir + "/nopfsd.sock";
+  so.allowed_uid = options_.uid;
+  server_ = std::make_unique<LocalServer>(so, this);
+  NOPFS_RETURN_IF_ERROR(server_->Start());
+  spdlog::info("serving on {} (rings of {} each)", so.socket_path,
+               FormatBytes(static_cast<double>(ring_bytes_)));
+  return Status::Ok();
+}
+
+void Daemon::WaitPrefetched() {
+  for (auto& p : prefetchers_)
+    if (p) p->Wait();
+}
+
+void Daemon::Stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  if (server_) server_->Stop();
+  std::map<uint64_t, std::unique_ptr<StagingStream>> streams;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    streams.swap(streams_);
+  }
+  for (auto& [id, s] : streams)
+    s->Cancel();
+  streams.clear();
+  for (auto& p : prefetchers_)
+    if (p) p->Stop();
+  prefetchers_.clear();
+  reader_.reset();
+  for (auto& t : ssd_tiers_) {
+    if (Status s = t->Destroy(); !s.ok()) spdlog::error("removing SSD tier: {}", s.message());
+  }
+  ssd_tiers_.clear();
+  ram_tiers_.clear();
+  tier_refs_.clear();
+  catalog_.reset();
+  std::error_code ec;
+  std::filesystem::remove_all(options_.run_dir + "/catalog", ec);
+  if (ec) spdlog::error("removing {}/catalog: {}", options_.run_dir, ec.message());
+  spdlog::info("stopped; nothing staged remains");
+}
+
+HelloInfo Daemon::Hello() {
+  HelloInfo h;
+  h.job_id = options_.job_id;
+  h.ranks = job_.ranks;
+  h.first_rank = job_.first_rank(options_.node);
+  h.local_ranks = job_.ranks_on_node(options_.node);
+  return h;
+}
+
+Result<StreamGrant> Daemon::OpenStream(const OpenStreamRequest& req, ConnectionId /*conn*/) {
+  const uint32_t first = job_.first_rank(options_.node);
+  const uint32_t local = job_.ranks_on_node(options_.node);
+  if (req.rank < first || req.rank >= first + local) {
+    return Status::InvalidArgument(
+        "rank " + std::to_string(req.rank) + " does not run on this node (node " +
+        std::to_string(options_.node) + " serves ranks " + std::to_string(first) + " to " +
+        std::to_string(first + local - 1) + ")");
+  }
+  const policy::StreamPoint start{req.epoch, req.step};
+  NOPFS_RETURN_IF_ERROR(policy::ValidateStreamPoint(job_, start));
+  const double mean = static_cast<double>(std::accumulate(catalog_->sizes().begin(),
+                                                          catalog_->sizes().end(), uint64_t{0})) /
+                      static_cast<double>(std::max<uint64_t>(1, catalog_->size()));
+  const uint32_t slots = static_cast<uint32_t>(std::clamp<double>(
+      2.0 * static_cast<double>(ring_bytes_) / std::max(1.0, mean), kMinRingSlots, kMaxRingSlots));
+  uint64_t id = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return Status::Unavailable("nopfsd is stopping");
+    id = next_stream_++;
+  }
+  Result<std::unique_ptr<ring::RingWriter>> ring = ring::RingWriter::Create(
+      ring_bytes_, slots, "nopfs-" + options_.job_id + "-rank" + std::to_string(req.rank));
+  if (!ring.ok()) return ring.status();
+  StreamGrant grant;
+  grant.stream_id = id;
+  grant.ring_fd = (*ring)->fd();
+  grant.capacity = (*ring)->capacity();
+  grant.slot_count = (*ring)->slot_count();
+  auto stream = std::make_unique<StagingStream>(id, job_, req.rank, start, *catalog_, *reader_,
+                                                std::move(*ring), model_.staging.threads);
+  stream->Start();
+  spdlog::info("stream {}: rank {} from epoch {} step {}", id, req.rank, req.epoch, req.step);
+  std::lock_guard<std::mutex> lock(mu_);
+  streams_[id] = std::move(stream);
+  return grant;
+}
+
+void Daemon::CloseStream(uint64_t stream_id) {
+  std::unique_ptr<StagingStream> s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = streams_.find(stream_id);
+    if (it == streams_.end()) return;
+    s = std::move(it->second);
+    streams_.erase(it);
+  }
+  s->Cancel();
+  const ring::RingStats st = s->ring().stats();
+  spdlog::info("stream {} (rank {}) closed: {} staged, {} errors", stream_id, s->rank(),
+               s->staged(), s->errors());
+  std::lock_guard<std::mutex> lock(mu_);
+  Merge(&closed_stats_, st);
+}
+
+Result<wire::DescribeOk> Daemon::Describe(uint32_t sample_id) {
+  if (sample_id >= catalog_->size()) {
+    return Status::NotFound("sample " + std::to_string(sample_id) +
+                            " is not in the dataset (it has " + std::to_string(catalog_->size()) +
+                            " samples)");
+  }
+  return wire::DescribeOk{sample_id, catalog_->path(sample_id), catalog_->offset(sample_id),
+                          catalog_->length(sample_id), catalog_->label(sample_id)};
+}
+
+std::string Daemon::StatusText() {
+  std::string out;
+  const double up = Seconds(std::chrono::steady_clock::now() - started_);
+  out += Line("nopfsd: job %s, node %u of %u, pid %d, up %.1f s", options_.job_id.c_str(),
+              options_.node, job_.nodes(), static_cast<int>(getpid()), up);
+  const uint64_t total_bytes =
+      std::accumulate(catalog_->sizes().begin(), catalog_->sizes().end(), uint64_t{0});
+  out += Line("dataset: %s, %" PRIu64 " samples, %s", options_.dataset.c_str(), catalog_->size(),
+              FormatBytes(static_cast<double>(total_bytes)).c_str());
+  for (size_t j = 0; j < tier_refs_.size(); ++j) {
+    const policy::TierPlan& tp = plan_.tiers[j];
+    const policy::StorageClass& c = model_.classes[j];
+    if (!prefetchers_[j]) {
+      out += Line("tier %s: empty (capacity %s)", c.name.c_str(),
+                  FormatBytes(static_cast<double>(c.capacity)).c_str());
+      continue;
+    }
+    const PrefetchCounters pc = prefetchers_[j]->counters();
+    out += Line("tier %s: %" PRIu64 " of %zu samples ready, %s of %s (capacity %s), %" PRIu64
+                " failed, prefetch %s",
+                c.name.c_str(), pc.filled, tp.prefetch_order.size(),
+                FormatBytes(static_cast<double>(pc.bytes)).c_str(),
+                FormatBytes(static_cast<double>(tp.bytes)).c_str(),
+                FormatBytes(static_cast<double>(c.capacity)).c_str(), pc.failures,
+                pc.done ? "done" : "running");
+  }
+  ring::RingStats stall;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stall = closed_stats_;
+    for (auto& [id, s] : streams_) {
+      const ring::RingStats st = s->ring().stats();
+      out += Line("stream %" PRIu64 ": rank %u, %" PRIu64 " of %" PRIu64 " staged, %" PRIu64
+                  " errors, %" PRIu64 " read by the client",
+                  id, s->rank(), s->staged(), s->total(), s->errors(), st.samples);
+      Merge(&stall, st);
+    }
+  }
+  for (size_t j = 0; j < tier_refs_.size(); ++j) {
+    const SourceCounters& c = reader_->class_counters(j);
+    out += Line("served %s: %" PRIu64 " samples, %" PRIu64 " bytes", model_.classes[j].name.c_str(),
+                c.reads.load(), c.bytes.load());
+  }
+  out += Line("served peer: %" PRIu64 " samples, %" PRIu64 " bytes",
+              reader_->peer_counters().reads.load(), reader_->peer_counters().bytes.load());
+  out += Line("served pfs: %" PRIu64 " samples, %" PRIu64 " bytes",
+              reader_->pfs_counters().reads.load(), reader_->pfs_counters().bytes.load());
+  out += Line("pfs read: %" PRIu64 " bytes in all, prefetch included", reader_->pfs_bytes_total());
+  out += Line("corrupt: %" PRIu64 " tier reads failed their checksum and were refetched",
+              reader_->corruptions());
+  out += Line("stall: %" PRIu64 " reads, total %.6f s, median %.6f s, p99 %.6f s", stall.samples,
+              static_cast<double>(stall.stall_ns_total) / 1e9,
+              static_cast<double>(stall.stall_ns_median) / 1e9,
+              static_cast<double>(stall.stall_ns_p99) / 1e9);
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  out += Line(
+      "cpu: user %.2f s, system %.2f s",
+      static_cast<double>(ru.ru_utime.tv_sec) + static_cast<double>(ru.ru_utime.tv_usec) / 1e6,
+      static_cast<double>(ru.ru_stime.tv_sec) + static_cast<double>(ru.ru_stime.tv_usec) / 1e6);
+  return out;
+}
+
+}  // namespace nopfs::service

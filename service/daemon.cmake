@@ -1,0 +1,32 @@
+# service/daemon.cmake: nopfsd itself — the sample reader, staging streams, the daemon that puts
+# the parts together, the run directory, and the nopfsd program. Included by
+# service/CMakeLists.txt. nopfs_jobflags is defined in cli/CMakeLists.txt (resolved by name).
+find_package(spdlog CONFIG REQUIRED)
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+
+add_library(nopfs_rundir STATIC ${CMAKE_CURRENT_LIST_DIR}/run_dir.cc)
+nopfs_target_defaults(nopfs_rundir)
+target_link_libraries(nopfs_rundir PUBLIC nopfs_common)
+
+add_library(nopfs_daemon STATIC
+  ${CMAKE_CURRENT_LIST_DIR}/sample_reader.cc
+  ${CMAKE_CURRENT_LIST_DIR}/staging.cc
+  ${CMAKE_CURRENT_LIST_DIR}/daemon.cc
+)
+nopfs_target_defaults(nopfs_daemon)
+target_link_libraries(nopfs_daemon
+  PUBLIC nopfs_catalog nopfs_tiers nopfs_server nopfs_wire nopfs_lua nopfs_policy nopfs_rundir
+         nopfs_common spdlog::spdlog
+  PRIVATE PkgConfig::XXHASH)
+
+add_executable(nopfsd ${CMAKE_CURRENT_LIST_DIR}/nopfsd_main.cc)
+nopfs_target_defaults(nopfsd)
+target_link_libraries(nopfsd PRIVATE nopfs_daemon nopfs_jobflags)
+
+if(NOPFS_BUILD_TESTS)
+  # nopfsd end to end through `nopfs run` and `nopfs cat` (tests/service/service_test.py).
+  add_test(NAME service_test
+    COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/service/service_test.py
+            ${PROJECT_BINARY_DIR}/bin)
+  set_tests_properties(service_test PROPERTIES LABELS "integration;service" TIMEOUT 900)
+endif()

@@ -1,0 +1,104 @@
+// Daemon: nopfsd's parts put together for one job on one node.
+//
+// Start(): loads the node config, opens the dataset's catalog, replays the job's shuffle to plan
+// this node (policy::MakeNodePlan over the configured classes, capped by what the job was
+// granted), creates the RAM and SSD tiers and starts their prefetchers, and opens the local
+// server. From then on each client that opens a rank's stream gets a ring that a StagingStream
+// fills in that rank's order. Stop(): closes the server (cancelling every stream), stops the
+// prefetchers and destroys the tiers, so that nothing the job staged remains.
+//
+// Thread safety: Start/Stop from the main thread; the Handler methods are called by the server's
+// threads and are safe concurrently; StatusText from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "client/ring.h"
+#include "common/status.h"
+#include "lua/config.h"
+#include "policy/job.h"
+#include "policy/plan.h"
+#include "service/catalog.h"
+#include "service/local_server.h"
+#include "service/prefetcher.h"
+#include "service/ram_tier.h"
+#include "service/sample_reader.h"
+#include "service/ssd_tier.h"
+#include "service/staging.h"
+
+namespace nopfs::service {
+
+struct DaemonOptions {
+  std::string run_dir;           // the job's run directory (socket, log), already prepared
+  std::string dataset;           // ImageFolder directory or manifest file
+  std::string config_path;       // node config (Lua); "" = DefaultNodeConfig
+  std::string job_id = "local";  // Slurm job id, or "local" for `nopfs run`
+  policy::JobSpec job;           // job.samples = 0: take F from the dataset
+  uint32_t node = 0;             // this node's index in the job
+  // Bytes the admission policy granted this job on this node; UINT64_MAX = the config's capacity.
+  policy::Bytes ram_grant = UINT64_MAX;
+  policy::Bytes ssd_grant = UINT64_MAX;
+  unsigned plan_threads = 0;  // 0: all cores
+  uint32_t uid = 0;           // the only uid allowed to connect (the job's user)
+};
+
+class Daemon final : public Handler {
+ public:
+  static Result<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
+  ~Daemon() override;
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Idempotent.
+  void Stop();
+
+  uint64_t samples() const { return catalog_->size(); }
+  const policy::NodePlan& plan() const { return plan_; }
+  const Catalog& catalog() const { return *catalog_; }
+  const std::string& log_level() const { return config_.log_level(); }
+  const SampleReader& reader() const { return *reader_; }
+  // Waits until every prefetcher has visited all of its slots (tests and benchmarks).
+  void WaitPrefetched();
+
+  // LocalServer::Handler
+  HelloInfo Hello() override;
+  Result<StreamGrant> OpenStream(const OpenStreamRequest& request, ConnectionId conn) override;
+  void CloseStream(uint64_t stream_id) override;
+  std::string StatusText() override;
+  Result<wire::DescribeOk> Describe(uint32_t sample_id) override;
+
+ private:
+  explicit Daemon(DaemonOptions options);
+  Status Init();
+
+  DaemonOptions options_;
+  lua::NodeConfig config_;
+  policy::SystemModel model_;  // the config's, capacities capped by the grants
+  policy::JobSpec job_;        // options_.job with F from the catalog
+  std::unique_ptr<Catalog> catalog_;
+  policy::NodePlan plan_;
+  std::vector<std::unique_ptr<RamTier>> ram_tiers_;
+  std::vector<std::unique_ptr<SsdTier>> ssd_tiers_;
+  std::vector<TierRef> tier_refs_;  // [class]
+  std::unique_ptr<SampleReader> reader_;
+  std::vector<std::unique_ptr<Prefetcher>> prefetchers_;  // [class] (null for an empty class)
+  std::vector<std::chrono::steady_clock::time_point> prefetch_done_;
+  std::unique_ptr<LocalServer> server_;
+  std::chrono::steady_clock::time_point started_;
+  uint64_t ring_bytes_ = 0;
+
+  std::mutex mu_;
+  std::map<uint64_t, std::unique_ptr<StagingStream>> streams_;  // GUARDED_BY(mu_)
+  uint64_t next_stream_ = 1;                                    // GUARDED_BY(mu_)
+  // Finished streams' client statistics, kept for the status after their clients left.
+  ring::RingStats closed_stats_;  // GUARDED_BY(mu_)
+  bool stopped_ = false;
+};
+
+}  // namespace nopfs::service

@@ -1,0 +1,138 @@
+#include "service/sample_reader.h"
+
+#include <xxhash.h>
+
+#include <chrono>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+namespace nopfs::service {
+namespace {
+
+uint64_t NowNanos() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+void Count(SourceCounters& c, uint64_t bytes, uint64_t nanos) {
+  c.reads.fetch_add(1, std::memory_order_relaxed);
+  c.bytes.fetch_add(bytes, std::memory_order_relaxed);
+  c.nanos.fetch_add(nanos, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+SampleReader::SampleReader(Catalog& catalog, const policy::NodePlan& plan,
+                           std::vector<TierRef> tiers, const policy::SystemModel& model,
+                           uint32_t pfs_readers)
+    : catalog_(catalog),
+      plan_(plan),
+      tiers_(std::move(tiers)),
+      model_(model),
+      pfs_readers_(std::max<uint32_t>(1, pfs_readers)) {
+  for (size_t j = 0; j < tiers_.size(); ++j)
+    per_class_.push_back(std::make_unique<SourceCounters>());
+}
+
+void SampleReader::SetPeerSource(PeerLookupFn lookup, PeerFetchFn fetch) {
+  peer_lookup_ = std::move(lookup);
+  peer_fetch_ = std::move(fetch);
+}
+
+bool SampleReader::TierReady(const TierRef& t, policy::SampleId sample) const {
+  if (t.ram != nullptr) return t.ram->IsReady(sample);
+  if (t.ssd != nullptr) return t.ssd->IsReady(sample);
+  return false;
+}
+
+Status SampleReader::ReadTier(const TierRef& t, policy::SampleId sample, std::span<std::byte> dst) {
+  if (t.ssd != nullptr) return t.ssd->Read(sample, dst);
+  Result<std::span<const std::byte>> view = t.ram->View(sample);
+  if (!view.ok()) return view.status();
+  if (view->size() != dst.size()) {
+    return Status::Internal("sample " + std::to_string(sample) + ": RAM tier holds " +
+                            std::to_string(view->size()) + " bytes, the catalog says " +
+                            std::to_string(dst.size()));
+  }
+  std::memcpy(dst.data(), view->data(), dst.size());
+  // Check the copy, not the tier: what the client gets is what must be right.
+  const uint32_t slot = t.ram->layout().SlotOf(sample);
+  if (XXH3_64bits(dst.data(), dst.size()) != t.ram->slots().expected(slot)) {
+    t.ram->slots().MarkFailed(slot);
+    return Status::Corruption("sample " + std::to_string(sample) +
+                              ": RAM tier copy differs from the checksum recorded at fill time");
+  }
+  return Status::Ok();
+}
+
+Result<uint64_t> SampleReader::FetchFromPfs(policy::SampleId sample, std::span<std::byte> dst,
+                                            bool staging) {
+  pfs_active_.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t t0 = NowNanos();
+  Status s = catalog_.Read(sample, dst);
+  const uint64_t t1 = NowNanos();
+  pfs_active_.fetch_sub(1, std::memory_order_relaxed);
+  if (!s.ok()) return s;
+  pfs_total_.fetch_add(dst.size(), std::memory_order_relaxed);
+  if (staging) Count(pfs_, dst.size(), t1 - t0);
+  const uint64_t h = XXH3_64bits(dst.data(), dst.size());
+  const std::optional<uint64_t> known = catalog_.checksum(sample);
+  if (!known) {
+    if (Status r = catalog_.RecordChecksum(sample, h); !r.ok()) {
+      spdlog::warn("sample {} ({}): could not record its checksum: {}", sample,
+                   catalog_.path(sample), r.message());
+    }
+  } else if (*known != h) {
+    spdlog::warn(
+        "sample {} ({}): the file changed on the PFS during the job (checksum {:016x}, "
+        "first seen {:016x}); serving the new bytes",
+        sample, catalog_.path(sample), h, *known);
+    (void)catalog_.RecordChecksum(sample, h);
+  }
+  return h;
+}
+
+Result<SourceId> SampleReader::Read(policy::SampleId sample, std::span<std::byte> dst) {
+  const int8_t klass = sample < plan_.location.size() ? plan_.location[sample] : policy::kNotCached;
+  int local = -1;
+  if (klass != policy::kNotCached && static_cast<size_t>(klass) < tiers_.size() &&
+      TierReady(tiers_[static_cast<size_t>(klass)], sample)) {
+    local = klass;
+  }
+  int peer = -1;
+  if (local < 0 && peer_lookup_) peer = peer_lookup_(sample);
+  if (local >= 0 || peer >= 0) {
+    const uint32_t gamma = pfs_readers_ + pfs_active_.load(std::memory_order_relaxed);
+    const policy::SourceChoice choice =
+        policy::ChooseSource(model_, dst.size(), local, peer, gamma);
+    if (choice.kind == policy::SourceKind::kLocal) {
+      const uint64_t t0 = NowNanos();
+      Status s = ReadTier(tiers_[static_cast<size_t>(local)], sample, dst);
+      if (s.ok()) {
+        Count(*per_class_[static_cast<size_t>(local)], dst.size(), NowNanos() - t0);
+        return SourceId{local};
+      }
+      if (s.code() == StatusCode::kCorruption) corruptions_.fetch_add(1, std::memory_order_relaxed);
+      spdlog::warn("sample {} ({}): {} tier read failed, reading the PFS instead: {}", sample,
+                   catalog_.path(sample), tiers_[static_cast<size_t>(local)].name, s.message());
+    } else if (choice.kind == policy::SourceKind::kPeer && peer_fetch_) {
+      const uint64_t t0 = NowNanos();
+      Result<uint64_t> h = peer_fetch_(sample, dst);
+      const std::optional<uint64_t> known = catalog_.checksum(sample);
+      if (h.ok() && (!known || *known == *h)) {
+        Count(peer_, dst.size(), NowNanos() - t0);
+        return SourceId{SourceId::kPeer};
+      }
+      spdlog::warn("sample {} ({}): peer read failed, reading the PFS instead: {}", sample,
+                   catalog_.path(sample),
+                   h.ok() ? std::string("checksum differs") : h.status().message());
+    }
+  }
+  Result<uint64_t> h = FetchFromPfs(sample, dst, /*staging=*/true);
+  if (!h.ok()) return h.status();
+  return SourceId{SourceId::kPfs};
+}
+
+}  // namespace nopfs::service

@@ -1,0 +1,109 @@
+// SampleReader: reads one sample from the fastest source that has it, checks its bytes, and
+// counts what each source served. Staging threads call it for every access of every local rank;
+// prefetchers use its PFS fetch to fill the tiers.
+//
+// Sources, per ALGORITHM.md §4: this node's tier holding the sample once it is ready (RAM: copy
+// out of the memfd; SSD: a read of its data file), a peer's tier (the seam the fabric fills:
+// SetPeerFetch), or the PFS. policy::ChooseSource picks among those that can serve now. Every tier
+// read is checked against the xxh3 recorded when the tier was filled; a mismatch (a corrupted SSD
+// file, a stray write into shared memory) is logged, the slot is marked failed, and the sample is
+// read from the PFS instead. A PFS read records the sample's checksum in the catalog the first
+// time, and warns if a later read of the same file differs (the file changed during the job).
+//
+// Thread safety: Read and the fetch are safe from any number of threads.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "policy/model.h"
+#include "policy/plan.h"
+#include "service/catalog.h"
+#include "service/ram_tier.h"
+#include "service/ssd_tier.h"
+#include "service/tier_layout.h"
+
+namespace nopfs::service {
+
+// One storage class of the node as the reader sees it: at most one of the two is set (an empty
+// class has neither).
+struct TierRef {
+  std::string name;
+  RamTier* ram = nullptr;
+  SsdTier* ssd = nullptr;
+};
+
+// Where a read was served from: a class index (0..classes-1), a peer, or the PFS.
+struct SourceId {
+  static constexpr int kPeer = -2;
+  static constexpr int kPfs = -1;
+  int index = kPfs;
+};
+
+// Counters per source, monotone.
+struct SourceCounters {
+  std::atomic<uint64_t> reads{0};
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<uint64_t> nanos{0};  // time spent reading (staging reads only)
+};
+
+// A peer read (fabric/): fills dst with the sample's bytes and returns their xxh3, or an error
+// (the reader then falls back to the PFS). `peer_class` is the peer's class that holds it.
+using PeerFetchFn = std::function<Result<uint64_t>(policy::SampleId, std::span<std::byte> dst)>;
+// Whether some peer holds the sample and is presumed ready (ALGORITHM.md §6); returns the peer's
+// class index or -1.
+using PeerLookupFn = std::function<int(policy::SampleId)>;
+
+class SampleReader {
+ public:
+  // catalog, plan, tiers and model must outlive the reader. tiers[j] is class j of the plan.
+  SampleReader(Catalog& catalog, const policy::NodePlan& plan, std::vector<TierRef> tiers,
+               const policy::SystemModel& model, uint32_t pfs_readers);
+  SampleReader(const SampleReader&) = delete;
+  SampleReader& operator=(const SampleReader&) = delete;
+
+  // Reads `sample` into dst, which must be exactly catalog.length(sample) bytes. Errors name the
+  // sample and its path.
+  Result<SourceId> Read(policy::SampleId sample, std::span<std::byte> dst);
+
+  // The fetch the prefetchers use: a PFS read that records/compares the checksum and returns it.
+  Result<uint64_t> FetchFromPfs(policy::SampleId sample, std::span<std::byte> dst, bool staging);
+
+  void SetPeerSource(PeerLookupFn lookup, PeerFetchFn fetch);
+
+  // Per class (index j), then the peer, then the PFS (staging reads).
+  const SourceCounters& class_counters(size_t j) const { return *per_class_[j]; }
+  const SourceCounters& peer_counters() const { return peer_; }
+  const SourceCounters& pfs_counters() const { return pfs_; }
+  // Every byte read from the PFS, prefetch included.
+  uint64_t pfs_bytes_total() const { return pfs_total_.load(std::memory_order_relaxed); }
+  uint64_t corruptions() const { return corruptions_.load(std::memory_order_relaxed); }
+  size_t class_count() const { return tiers_.size(); }
+  const std::string& class_name(size_t j) const { return tiers_[j].name; }
+
+ private:
+  Status ReadTier(const TierRef& t, policy::SampleId sample, std::span<std::byte> dst);
+  bool TierReady(const TierRef& t, policy::SampleId sample) const;
+
+  Catalog& catalog_;
+  const policy::NodePlan& plan_;
+  std::vector<TierRef> tiers_;
+  const policy::SystemModel& model_;
+  uint32_t pfs_readers_;
+  PeerLookupFn peer_lookup_;
+  PeerFetchFn peer_fetch_;
+  std::vector<std::unique_ptr<SourceCounters>> per_class_;
+  SourceCounters peer_;
+  SourceCounters pfs_;
+  std::atomic<uint64_t> pfs_total_{0};
+  std::atomic<uint64_t> corruptions_{0};
+  std::atomic<uint32_t> pfs_active_{0};
+};
+
+}  // namespace nopfs::service

@@ -1,0 +1,121 @@
+#include "service/staging.h"
+
+#include <spdlog/spdlog.h>
+
+namespace nopfs::service {
+namespace {
+// Bytes reserved at least per sample, so that an error message fits in place of a small sample.
+constexpr uint64_t kErrorRoom = 512;
+}  // namespace
+
+StagingStream::StagingStream(uint64_t id, const policy::JobSpec& job, uint32_t rank,
+                             policy::StreamPoint start, const Catalog& catalog,
+                             SampleReader& reader, std::unique_ptr<ring::RingWriter> ring,
+                             uint32_t threads)
+    : id_(id),
+      job_(job),
+      rank_(rank),
+      start_(start),
+      catalog_(catalog),
+      reader_(reader),
+      ring_(std::move(ring)),
+      threads_(std::max<uint32_t>(1, threads)) {
+  // Accesses from (epoch, step) to the end: whole epochs after the start one, plus the tail of it.
+  const uint64_t per_epoch = policy::RankEpochLength(job_, rank_);
+  if (start_.epoch < job_.epochs) {
+    const policy::EntryRange first = policy::RankStepEntries(job_, rank_, start_.step);
+    total_ = (per_epoch - std::min(per_epoch, first.begin)) +
+             per_epoch * (job_.epochs - start_.epoch - 1);
+  }
+}
+
+StagingStream::~StagingStream() {
+  Cancel();
+}
+
+void StagingStream::Start() {
+  sequencer_ = std::thread([this] { Sequence(); });
+  for (uint32_t i = 0; i < threads_; ++i)
+    workers_.emplace_back([this] { Stage(); });
+}
+
+void StagingStream::Cancel() {
+  cancelled_.store(true);
+  ring_->Cancel();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    no_more_ = true;
+  }
+  cv_.notify_all();
+  if (sequencer_.joinable()) sequencer_.join();
+  for (std::thread& t : workers_)
+    if (t.joinable()) t.join();
+  workers_.clear();
+}
+
+void StagingStream::Sequence() {
+  policy::RankStream stream(job_, rank_, start_);
+  policy::Access a;
+  uint64_t count = 0;
+  while (!cancelled_.load(std::memory_order_relaxed) && stream.Next(&a)) {
+    ring::SampleMeta meta;
+    meta.sample_id = a.sample;
+    meta.label = catalog_.label(a.sample);
+    meta.epoch = a.epoch;
+    meta.step = a.step;
+    meta.position = a.index;
+    // Room for the error text too, should the read fail.
+    const uint64_t size = catalog_.length(a.sample);
+    Result<ring::RingWriter::Reservation> r = ring_->Reserve(
+        std::max<uint64_t>(size, kErrorRoom), meta, std::chrono::steady_clock::time_point::max());
+    if (!r.ok()) {
+      if (!cancelled_.load()) {
+        spdlog::error("stream {} (rank {}): cannot stage sample {}: {}", id_, rank_, a.sample,
+                      r.status().message());
+      }
+      break;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(Work{r->seq, a.sample, r->dst});
+    }
+    cv_.notify_one();
+    ++count;
+  }
+  if (!cancelled_.load()) ring_->Finish();
+  (void)count;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    no_more_ = true;
+  }
+  cv_.notify_all();
+}
+
+void StagingStream::Stage() {
+  for (;;) {
+    Work w;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return !queue_.empty() || no_more_; });
+      if (queue_.empty()) break;
+      w = queue_.front();
+      queue_.pop_front();
+    }
+    if (cancelled_.load(std::memory_order_relaxed)) continue;
+    Result<SourceId> src = reader_.Read(w.sample, w.dst.first(catalog_.length(w.sample)));
+    if (src.ok()) {
+      if (Status p = ring_->Publish(w.seq, catalog_.length(w.sample)); !p.ok()) {
+        spdlog::error("stream {} (rank {}): publishing sample {}: {}", id_, rank_, w.sample,
+                      p.message());
+      }
+      staged_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      errors_.fetch_add(1, std::memory_order_relaxed);
+      spdlog::warn("stream {} (rank {}): {}", id_, rank_, src.status().message());
+      (void)ring_->PublishError(w.seq, src.status());
+    }
+  }
+  if (staged() + errors() == total_) finished_.store(true);
+}
+
+}  // namespace nopfs::service

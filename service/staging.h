@@ -1,0 +1,86 @@
+// StagingStream: one open stream of one local rank. A sequencer thread walks the rank's access
+// stream (policy::RankStream) from the requested (epoch, step), reserves space for each access in
+// the rank's ring in that exact order (blocking while the ring is full: back-pressure from a slow
+// client), and hands the reservation to p0 staging threads that read the sample from the fastest
+// source (SampleReader) straight into the ring and publish it. The client sees samples in stream
+// order however the threads finish.
+//
+// A read that fails is published as an error slot whose text names the sample and its path; the
+// stream goes on with the next sample. Cancel() (the client closed the stream or died, or nopfsd
+// is stopping) wakes everything and joins the threads.
+//
+// Thread safety: Start/Cancel from the owning thread; counters from any thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "client/ring.h"
+#include "common/status.h"
+#include "policy/job.h"
+#include "policy/partition.h"
+#include "service/catalog.h"
+#include "service/sample_reader.h"
+
+namespace nopfs::service {
+
+class StagingStream {
+ public:
+  StagingStream(uint64_t id, const policy::JobSpec& job, uint32_t rank, policy::StreamPoint start,
+                const Catalog& catalog, SampleReader& reader,
+                std::unique_ptr<ring::RingWriter> ring, uint32_t threads);
+  ~StagingStream();
+  StagingStream(const StagingStream&) = delete;
+  StagingStream& operator=(const StagingStream&) = delete;
+
+  void Start();
+  // Idempotent: cancels the ring, joins the threads.
+  void Cancel();
+
+  uint64_t id() const { return id_; }
+  uint32_t rank() const { return rank_; }
+  ring::RingWriter& ring() { return *ring_; }
+  uint64_t total() const { return total_; }  // accesses from the start point to the end
+  uint64_t staged() const { return staged_.load(std::memory_order_relaxed); }
+  uint64_t errors() const { return errors_.load(std::memory_order_relaxed); }
+  bool finished() const { return finished_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Work {
+    uint64_t seq;
+    policy::SampleId sample;
+    std::span<std::byte> dst;
+  };
+  void Sequence();
+  void Stage();
+
+  const uint64_t id_;
+  const policy::JobSpec job_;
+  const uint32_t rank_;
+  const policy::StreamPoint start_;
+  const Catalog& catalog_;
+  SampleReader& reader_;
+  std::unique_ptr<ring::RingWriter> ring_;
+  const uint32_t threads_;
+  uint64_t total_ = 0;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Work> queue_;  // GUARDED_BY(mu_)
+  bool no_more_ = false;    // GUARDED_BY(mu_): the sequencer is done
+  std::atomic<bool> cancelled_{false};
+  std::atomic<uint64_t> staged_{0};
+  std::atomic<uint64_t> errors_{0};
+  std::atomic<bool> finished_{false};
+  std::thread sequencer_;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace nopfs::service

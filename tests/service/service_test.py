@@ -1,0 +1,350 @@
+#!/usr/bin/env python3
+"""nopfsd end to end, through `nopfs run` and `nopfs cat`, on generated datasets with real files,
+real shared memory, a real SSD directory and real RocksDB.
+
+What a user relies on, checked here:
+- every byte delivered equals the file's bytes (`nopfs cat --verify`), for an ImageFolder tree and
+  for a manifest with offsets into one large file;
+- each rank receives its samples in exactly the planned order (`nopfs stream`);
+- a RAM tier smaller than the dataset, an SSD tier, both, and none;
+- 4 local ranks at once, a slow client, a client killed mid-epoch;
+- a vanished or unreadable file: a clear error naming the sample and the path, the rest served;
+- a corrupted SSD copy: detected and refetched from the PFS;
+- SIGTERM mid-prefetch; nothing left behind after stop.
+
+nopfsd refuses to run as root, as it should: when this test runs as root it runs every nopfs
+command as the unprivileged user `nobody` (setpriv), on files that user can read.
+
+Usage: service_test.py BUILD_BIN_DIR
+"""
+
+import glob
+import hashlib
+import os
+import random
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+BIN = None
+AS_ROOT = os.geteuid() == 0
+
+
+def demote_argv(argv):
+    if not AS_ROOT:
+        return argv
+    return ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"] + argv
+
+
+def nopfs(*args, check=True, timeout=300, env=None):
+    argv = demote_argv([os.path.join(BIN, "nopfs"), *map(str, args)])
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)} exited {p.returncode}\nstdout:\n{p.stdout}\n"
+                             f"stderr:\n{p.stderr}")
+    return p
+
+
+def read(path):
+    with open(path) as fh:
+        return fh.read()
+
+
+def make_world_readable(path):
+    for root, dirs, files in os.walk(path):
+        os.chmod(root, 0o755)
+        for f in files:
+            os.chmod(os.path.join(root, f), 0o644)
+
+
+class Dataset:
+    """An ImageFolder tree: `classes` folders of files with varied sizes and random bytes."""
+
+    def __init__(self, root, files=600, classes=7, seed=1, max_size=40000):
+        self.root = root
+        rnd = random.Random(seed)
+        self.files = []
+        for k in range(files):
+            cls = f"class{k % classes:02d}"
+            os.makedirs(os.path.join(root, cls), exist_ok=True)
+            # Mostly small, a few larger: like images.
+            size = int(rnd.lognormvariate(8.5, 1.0)) % max_size + 1
+            path = os.path.join(root, cls, f"img{k:05d}.bin")
+            with open(path, "wb") as fh:
+                fh.write(rnd.randbytes(size))
+            self.files.append(path)
+        make_world_readable(root)
+
+
+def write_config(path, ram=None, ssd=None, ssd_path=None, staging="64MB"):
+    classes = []
+    if ram:
+        classes.append(f'ram {{ capacity = "{ram}", threads = 2 }}')
+    if ssd:
+        classes.append(f'ssd {{ path = "{ssd_path}", capacity = "{ssd}", threads = 2 }}')
+    with open(path, "w") as fh:
+        fh.write(f'staging = {{ capacity = "{staging}", threads = 2 }}\n')
+        fh.write("classes = { " + ", ".join(classes) + " }\n")
+    os.chmod(path, 0o644)
+
+
+class ServiceTest(unittest.TestCase):
+    JOB = ["--seed", 11, "--epochs", 2, "--batch", 16]
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="nopfs-service-test-")
+        os.chmod(cls.tmp, 0o755)
+        cls.data = Dataset(os.path.join(cls.tmp, "imagefolder"))
+        cls.total_bytes = sum(os.path.getsize(f) for f in cls.data.files)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def setUp(self):
+        self.work = tempfile.mkdtemp(prefix="case-", dir=self.tmp)
+        os.chmod(self.work, 0o777)
+        self.scratch = os.path.join(self.work, "scratch")
+        os.mkdir(self.scratch)
+        os.chmod(self.scratch, 0o777)
+
+    def stream(self, rank, ranks):
+        p = nopfs("stream", *self.JOB, "--samples", len(self.data.files), "--ranks", ranks,
+                  "--rank", rank)
+        return [int(x) for x in p.stdout.split()]
+
+    def run_cat(self, ranks, config, dataset=None, cat_args=("--verify", "--print"), check=True,
+                extra=()):
+        """Runs `nopfs run ... -- sh -c 'nopfs cat ... > out.RANK'` and returns (proc, outputs)."""
+        out = os.path.join(self.work, "out")
+        cmd = (f'exec {os.path.join(BIN, "nopfs")} cat {" ".join(cat_args)} '
+               f'> {out}.$NOPFS_RANK 2> {out}.$NOPFS_RANK.err')
+        p = nopfs("run", "--dataset", dataset or self.data.root, "--ranks", ranks, *self.JOB,
+                  "--config", config, "--run-dir", os.path.join(self.work, "run"), *extra, "--",
+                  "sh", "-c", cmd, check=check)
+        outputs = {}
+        for r in range(ranks):
+            with open(f"{out}.{r}") as fh:
+                o = fh.read()
+            with open(f"{out}.{r}.err") as fh:
+                e = fh.read()
+            outputs[r] = (o, e)
+        return p, outputs
+
+    def check_rank_output(self, rank, ranks, text, expect_ids=None):
+        lines = text.strip().split("\n")
+        summary = lines[-1]
+        m = re.fullmatch(r"(\d+) samples, (\d+) bytes, (\d+) mismatches", summary)
+        self.assertIsNotNone(m, f"last line: {summary!r}")
+        ids = [int(l.split()[0]) for l in lines[:-1]]
+        sizes = [int(l.split()[2]) for l in lines[:-1]]
+        self.assertEqual(ids, expect_ids if expect_ids is not None else self.stream(rank, ranks))
+        self.assertEqual(int(m.group(1)), len(ids))
+        self.assertEqual(int(m.group(2)), sum(sizes))
+        self.assertEqual(int(m.group(3)), 0)
+        return ids
+
+    def assert_nothing_left(self):
+        self.assertEqual(os.listdir(self.scratch), [], "SSD files left behind")
+        run = os.path.join(self.work, "run")
+        if os.path.isdir(run):
+            left = [f for f in os.listdir(run) if not f.startswith("nopfsd.log")]
+            self.assertEqual(left, [], f"left in the run directory: {left}")
+
+    def summary(self, proc):
+        served = dict(re.findall(r"^(\w+)\s+\d+\s+([\d.]+ \w?B)$", proc.stdout, re.M))
+        return proc.stdout, served
+
+    def test_four_ranks_ram_tier_smaller_than_dataset(self):
+        conf = os.path.join(self.work, "ram.conf.lua")
+        write_config(conf, ram=str(self.total_bytes // 3))
+        p, outs = self.run_cat(4, conf)
+        for r in range(4):
+            self.check_rank_output(r, 4, outs[r][0])
+        self.assertRegex(p.stdout, r"(?m)^ram\s+[1-9]\d*\s")
+        self.assertRegex(p.stdout, r"(?m)^pfs\s+[1-9]\d*\s")
+        self.assertRegex(p.stdout, r"stall: total")
+        self.assert_nothing_left()
+
+    def test_ssd_and_ram_tiers(self):
+        conf = os.path.join(self.work, "ssd.conf.lua")
+        write_config(conf, ram=str(self.total_bytes // 5), ssd="1GB", ssd_path=self.scratch)
+        p, outs = self.run_cat(2, conf)
+        for r in range(2):
+            self.check_rank_output(r, 2, outs[r][0])
+        self.assertRegex(p.stdout, r"(?m)^ssd\s+[1-9]\d*\s")
+        self.assert_nothing_left()
+
+    def test_no_cache_reads_the_pfs(self):
+        conf = os.path.join(self.work, "none.conf.lua")
+        write_config(conf)
+        p, outs = self.run_cat(1, conf)
+        ids = self.check_rank_output(0, 1, outs[0][0])
+        self.assertRegex(p.stdout, rf"(?m)^pfs\s+{len(ids)}\s")
+
+    def test_manifest_with_offsets(self):
+        # One large file holding every sample back to back, and a manifest pointing into it.
+        d = os.path.join(self.work, "packed")
+        os.mkdir(d)
+        blob = os.path.join(d, "shard0.bin")
+        rnd = random.Random(5)
+        lines, off = [], 0
+        with open(blob, "wb") as fh:
+            for k in range(300):
+                n = rnd.randint(1, 20000)
+                fh.write(rnd.randbytes(n))
+                lines.append(f"shard0.bin\t{k % 3}\t{off}\t{n}")
+                off += n
+        manifest = os.path.join(d, "train.manifest")
+        with open(manifest, "w") as fh:
+            fh.write("# path label offset length\n" + "\n".join(lines) + "\n")
+        make_world_readable(d)
+        conf = os.path.join(self.work, "ram.conf.lua")
+        write_config(conf, ram="2MB")
+        p, outs = self.run_cat(2, conf, dataset=manifest)
+        for r in range(2):
+            o = outs[r][0]
+            self.assertRegex(o.strip().split("\n")[-1], r"^\d+ samples, \d+ bytes, 0 mismatches$")
+
+    def test_slow_client_gets_everything_in_order(self):
+        conf = os.path.join(self.work, "ram.conf.lua")
+        write_config(conf, ram="1MB", staging="1MB")
+        p, outs = self.run_cat(1, conf, cat_args=("--verify", "--print", "--pause-us", "300"))
+        self.check_rank_output(0, 1, outs[0][0])
+
+    def test_resume_at_epoch_and_step(self):
+        conf = os.path.join(self.work, "ram.conf.lua")
+        write_config(conf, ram="4MB")
+        p, outs = self.run_cat(2, conf, cat_args=("--verify", "--print", "--start-epoch", "1",
+                                                  "--start-step", "3"))
+        for r in range(2):
+            full = self.stream(r, 2)
+            per_epoch = len(full) // 2
+            # Rank's steps are batches of ceil(16/2) = 8 entries in the uniform scheme.
+            expect = full[per_epoch + 3 * 8:]
+            self.check_rank_output(r, 2, outs[r][0], expect_ids=expect)
+
+    def test_vanished_and_unreadable_files(self):
+        victim = self.data.files[17]
+        unreadable = self.data.files[42]
+        conf = os.path.join(self.work, "none.conf.lua")
+        write_config(conf)  # no tier: every read goes to the PFS when the rank asks
+        saved = os.path.join(self.work, "saved.bin")  # outside the dataset
+        shutil.copy2(victim, saved)
+        out = os.path.join(self.work, "out")
+        # One file is unreadable from the start (the scan only stats files); the rank removes
+        # another after nopfsd has scanned.
+        os.chmod(unreadable, 0)
+        script = (f"rm -f {victim}; "
+                  f"{os.path.join(BIN, 'nopfs')} cat --verify --print > {out} 2> {out}.err")
+        try:
+            if AS_ROOT:
+                os.chmod(os.path.dirname(victim), 0o777)
+            p = nopfs("run", "--dataset", self.data.root, "--ranks", 1, *self.JOB, "--config",
+                      conf, "--", "sh", "-c", script, check=False)
+        finally:
+            shutil.move(saved, victim)
+            os.chmod(unreadable, 0o644)
+            os.chmod(os.path.dirname(victim), 0o755)
+        self.assertNotEqual(p.returncode, 0)
+        err = read(out + ".err")
+        names = sorted(os.path.relpath(f, self.data.root) for f in self.data.files)
+        # ImageFolder order: by class, then by path (the generator's names sort the same way).
+        self.assertRegex(err, rf"sample \d+ \([^)]*{re.escape(os.path.relpath(victim, self.data.root))}\): .*No such file")
+        self.assertRegex(err, rf"sample \d+ \([^)]*{re.escape(os.path.relpath(unreadable, self.data.root))}\): .*Permission denied")
+        # Everything else was served, and verified.
+        lines = read(out).strip().split("\n")
+        m = re.fullmatch(r"(\d+) samples, (\d+) bytes, 0 mismatches", lines[-1])
+        self.assertIsNotNone(m, lines[-1])
+        expected = len(self.stream(0, 1)) - 2 * 2  # each of the two files is read once per epoch
+        self.assertEqual(int(m.group(1)), expected)
+        del names
+
+    def test_corrupted_ssd_copy_is_refetched(self):
+        conf = os.path.join(self.work, "ssd.conf.lua")
+        write_config(conf, ssd="1GB", ssd_path=self.scratch)
+        out = os.path.join(self.work, "out")
+        nopfs_bin = os.path.join(BIN, "nopfs")
+        # Wait for the SSD tier to be filled, flip bytes in its data file, then read everything.
+        script = (
+            f"until {nopfs_bin} status | grep -q 'tier ssd: .*prefetch done'; do sleep 0.1; done; "
+            f"f=$(ls {self.scratch}/nopfs-*/*/data.0); "
+            "python3 -c \"import sys; f=open(sys.argv[1],'r+b'); f.seek(0); b=f.read(4096); "
+            "f.seek(0); f.write(bytes(x ^ 0xff for x in b))\" $f; "
+            f"{nopfs_bin} cat --verify --print > {out} 2> {out}.err; "
+            f"{nopfs_bin} status > {out}.status")
+        p = nopfs("run", "--dataset", self.data.root, "--ranks", 1, *self.JOB, "--config", conf,
+                  "--", "sh", "-c", script)
+        self.check_rank_output(0, 1, read(out))
+        status = read(out + ".status")
+        m = re.search(r"corrupt: (\d+)", status)
+        self.assertIsNotNone(m, status)
+        self.assertGreaterEqual(int(m.group(1)), 1, status)
+        self.assert_nothing_left()
+
+    def test_client_killed_mid_epoch(self):
+        conf = os.path.join(self.work, "ram.conf.lua")
+        write_config(conf, ram="2MB", staging="1MB")
+        out = os.path.join(self.work, "out")
+        nopfs_bin = os.path.join(BIN, "nopfs")
+        # A first reader is killed while it holds samples; a second one then reads the whole
+        # stream: the service gave back what the first held and keeps serving.
+        script = (f"{nopfs_bin} cat --pause-us 2000 > /dev/null 2>&1 & pid=$!; sleep 0.5; "
+                  f"kill -9 $pid; wait $pid; "
+                  f"{nopfs_bin} cat --verify --print > {out} 2> {out}.err")
+        p = nopfs("run", "--dataset", self.data.root, "--ranks", 1, *self.JOB, "--config", conf,
+                  "--", "sh", "-c", script)
+        self.check_rank_output(0, 1, read(out))
+
+    def test_sigterm_mid_prefetch_leaves_nothing(self):
+        conf = os.path.join(self.work, "ssd.conf.lua")
+        write_config(conf, ram="1MB", ssd="1GB", ssd_path=self.scratch)
+        run = os.path.join(self.work, "run2")
+        os.mkdir(run, 0o700)
+        if AS_ROOT:
+            shutil.chown(run, "nobody", "nogroup")
+        argv = demote_argv([os.path.join(BIN, "nopfsd"), "--run-dir", run, "--dataset",
+                            self.data.root, *map(str, self.JOB), "--ranks", "1", "--config",
+                            conf])
+        errfile = open(os.path.join(self.work, "nopfsd.err"), "w")
+        self.addCleanup(errfile.close)
+        d = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=errfile)
+        self.addCleanup(lambda: d.poll() is None and (d.kill(), d.wait()))
+        deadline = time.time() + 60
+        while not os.path.exists(os.path.join(run, "ready")):
+            self.assertIsNone(d.poll(), read(os.path.join(self.work, "nopfsd.err")))
+            self.assertLess(time.time(), deadline)
+            time.sleep(0.01)
+        self.assertNotEqual(os.listdir(self.scratch), [])
+        t0 = time.time()
+        d.send_signal(signal.SIGTERM)
+        self.assertEqual(d.wait(timeout=30), 0)
+        self.assertLess(time.time() - t0, 10)
+        self.assertEqual(os.listdir(self.scratch), [], "SSD files left behind")
+        self.assertEqual(sorted(f for f in os.listdir(run) if not f.startswith("nopfsd.log")), [])
+        log = read(os.path.join(run, "nopfsd.log"))
+        self.assertIn("nothing staged remains", log)
+
+    def test_bad_dataset_fails_clearly(self):
+        p = nopfs("run", "--dataset", os.path.join(self.work, "nope"), "--ranks", 1, *self.JOB,
+                  "--", "true", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("nope", p.stderr)
+        empty = os.path.join(self.work, "empty")
+        os.mkdir(empty)
+        os.chmod(empty, 0o755)
+        p = nopfs("run", "--dataset", empty, "--ranks", 1, *self.JOB, "--", "true", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("nopfsd did not start", p.stderr)
+
+
+if __name__ == "__main__":
+    BIN = sys.argv.pop(1)
+    unittest.main()
