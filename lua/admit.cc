@@ -78,7 +78,7 @@ Result<Admission> AdmitWithPolicyText(std::string_view policy_text, std::string_
 
   Admission a;
   a.admitted = true;
-  a.ram = job.ram != 0 ? job.ram : node.ram_total;
+  a.ram = job.ram != 0 ? job.ram : (job.memory != 0 ? job.memory / 2 : node.ram_total);
   a.ssd = job.ssd != 0 ? job.ssd : node.ssd_total;
 
   if (!policy_text.empty()) {
@@ -100,6 +100,7 @@ Result<Admission> AdmitWithPolicyText(std::string_view policy_text, std::string_
       SetInt(L, "nodes", job.nodes);
       SetInt(L, "ram", job.ram);
       SetInt(L, "ssd", job.ssd);
+      SetInt(L, "memory", job.memory);
       MakeReadOnly(L);
       lua_newtable(L);
       SetStr(L, "name", node.name);
@@ -138,6 +139,7 @@ Result<Admission> AdmitWithPolicyText(std::string_view policy_text, std::string_
 
   if (job.ram != 0) Clamp(&a.ram, job.ram, "RAM", "the request", &a.reason);
   if (job.ssd != 0) Clamp(&a.ssd, job.ssd, "SSD", "the request", &a.reason);
+  if (job.memory != 0) Clamp(&a.ram, job.memory, "RAM", "the job's memory allocation", &a.reason);
   if (caps.ram_per_job != 0)
     Clamp(&a.ram, caps.ram_per_job, "RAM", "limits.ram_per_job", &a.reason);
   if (caps.ssd_per_job != 0)

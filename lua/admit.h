@@ -8,13 +8,16 @@
 //   end
 //
 // `job` and `node` are read-only tables (fields of JobRequest and NodeState, plus node.ram_free
-// and node.ssd_free; sizes in bytes, job.ram = 0 when the user asked for no particular size);
+// and node.ssd_free; sizes in bytes, job.ram = 0 when the user asked for no particular size,
+// job.memory = the job's memory allocation on the node, 0 when unknown);
 // size("32GB") converts a size to bytes.
 // The hook returns a table {ram = SIZE, ssd = SIZE} (sizes as numbers or strings like "20GB";
 // a missing field means "what was asked for"), or nil/false and a reason to refuse. A file
-// without `admit` has no opinion: the job gets what it asked for. Either way the grant is then
-// clamped to what was asked, the config's per-job limits and what is free on the node, in that
-// order; a node already running limits.jobs_per_node jobs refuses before the hook is asked.
+// without `admit` has no opinion: the job gets what it asked for (RAM: half its memory allocation
+// when that is known and nothing was asked). Either way the grant is then clamped to what was
+// asked, the job's memory allocation (RAM), the config's per-job limits and what is free on the
+// node, in that order; a node already running limits.jobs_per_node jobs refuses before the hook is
+// asked.
 //
 // Each call runs in a fresh sandboxed state (lua/state.h), so a slow or broken policy cannot
 // hang or crash the caller, and nothing carries over between jobs.
@@ -44,6 +47,11 @@ struct JobRequest {
   uint32_t nodes = 1;     // nodes in the allocation
   policy::Bytes ram = 0;  // RAM tier bytes asked for on this node (0: as much as allowed)
   policy::Bytes ssd = 0;  // SSD tier bytes asked for (0: as much as allowed)
+  // The job's own memory allocation on this node (Slurm's --mem, or --mem-per-cpu times its CPUs
+  // here); 0 when unknown or unlimited. When set, the RAM tier comes out of it: a job that asked
+  // for no particular RAM gets half of it by default, and no grant ever exceeds it, so the
+  // training processes keep their memory. The host's total memory never sizes a job's RAM tier.
+  policy::Bytes memory = 0;
 };
 
 // The node as the caller sees it before this job.

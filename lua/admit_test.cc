@@ -160,6 +160,24 @@ TEST(AdmitTest, FileWithoutAdmitHasNoOpinion) {
   EXPECT_EQ(a->ram, 100 * kGB);
 }
 
+TEST(AdmitTest, RamComesFromTheJobsMemoryAllocation) {
+  JobRequest j = Job();
+  j.memory = 8 * kGB;
+  Result<Admission> a = AskPolicy("", j, Node());
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  EXPECT_TRUE(a->admitted);
+  EXPECT_EQ(a->ram, 4 * kGB);  // half the allocation, not the node's 100 GB
+  j.ram = 20 * kGB;            // asking for more than the allocation is clamped to it
+  a = AskPolicy("", j, Node());
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->ram, 8 * kGB);
+  EXPECT_NE(a->reason.find("memory allocation"), std::string::npos) << a->reason;
+  // The policy sees the allocation and cannot grant past it either.
+  a = AskPolicy("function admit(job, node) return { ram = job.memory * 4 } end", j, Node());
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->ram, 8 * kGB);
+}
+
 TEST(AdmitTest, ShippedPolicy) {
   const std::string path = std::string(NOPFS_SOURCE_DIR) + "/contrib/config/policy.lua";
   JobRequest j = Job();

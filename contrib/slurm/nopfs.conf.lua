@@ -1,0 +1,22 @@
+-- /etc/nopfs/nopfs.conf.lua on a Slurm node (docs/config.md has every field).
+-- nopfs-job (as root, in the job prolog) and nopfsd (as the job's user) both read it: keep it
+-- root-owned and world-readable. Check it with: nopfs config /etc/nopfs/nopfs.conf.lua
+
+log_level = "info"
+
+-- The parallel file system as measured from this node: readers -> aggregate bytes/s.
+pfs = { {1, "250MB/s"}, {4, "900MB/s"}, {16, "2GB/s"} }
+network = "10GB/s"
+staging = { capacity = "2GB", threads = 4 }
+
+classes = {
+  -- The most any job may take of this node's memory for its RAM tier. What a job gets is
+  -- decided per job by the policy, out of the job's own --mem allocation.
+  ram { capacity = "25%", threads = 4 },
+  -- Only on nodes with a local SSD (Features=nvme in slurm.conf). Each job gets
+  -- <path>/nopfs-<uid>/<jobid>.<node>/, removed by the epilog.
+  ssd { path = "/local/nvme", capacity = "1500GB", threads = 8 },
+}
+
+-- Hard caps whatever the policy says.
+limits = { jobs_per_node = 4, ram_per_job = "128GB", ssd_per_job = "1TB" }

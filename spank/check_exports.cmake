@@ -1,0 +1,22 @@
+# Fails unless every dynamic symbol the plugin defines is plugin_*, spank_plugin_version or
+# slurm_spank_*, and the four symbols Slurm requires are there.
+execute_process(COMMAND nm -D --defined-only ${PLUGIN} OUTPUT_VARIABLE out RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "nm -D ${PLUGIN} failed")
+endif()
+string(REPLACE "\n" ";" lines "${out}")
+foreach(line IN LISTS lines)
+  if(line MATCHES "^[0-9a-f]+ [A-Za-z] (.+)$")
+    set(sym ${CMAKE_MATCH_1})
+    if(NOT sym MATCHES "^(plugin_|spank_plugin_version$|slurm_spank_)")
+      message(FATAL_ERROR "unexpected exported symbol: ${sym}")
+    endif()
+  endif()
+endforeach()
+foreach(required plugin_name plugin_type plugin_version spank_plugin_version slurm_spank_init
+        slurm_spank_job_prolog slurm_spank_job_epilog slurm_spank_task_init)
+  if(NOT out MATCHES "${required}")
+    message(FATAL_ERROR "missing exported symbol: ${required}")
+  endif()
+endforeach()
+message(STATUS "exports ok")

@@ -1,0 +1,73 @@
+// The node's reservation ledger: which nopfs jobs hold how much of the node's RAM and SSD tiers.
+//
+// One small file per job, <dir>/<jobid>, written atomically (temporary file, fsync, rename) and
+// a lock file <dir>/lock that every reader and writer holds with flock(LOCK_EX) while it looks
+// at or changes the ledger. Admission reads all entries, drops stale ones and writes its own
+// entry under one lock hold, so two prologs never both take the last free bytes: the sum of the
+// entries never exceeds what admission allowed. The directory belongs to root, mode 0700.
+//
+// Crash safety: an entry names the process that holds it (the prolog's launcher while nopfsd
+// starts, then nopfsd) by pid and start time, and the boot it was written in. A crash at any
+// point leaves either no entry or an entry whose staleness the next prolog can tell (nopfs-job
+// decides with IsProcessAlive, the boot id and the job's state in Slurm; see nopfs_job.cc).
+//
+// Thread safety: a Ledger is one lock hold; use it from one thread. Separate processes
+// serialize on the lock.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace nopfs::spank {
+
+struct LedgerEntry {
+  uint64_t job_id = 0;
+  uint32_t uid = 0;
+  uint32_t node_index = 0;  // the job's node index here (names its SSD directory)
+  uint64_t ram = 0;         // bytes reserved
+  uint64_t ssd = 0;
+  std::string boot_id;      // /proc/sys/kernel/random/boot_id when written
+  int64_t pid = 0;          // the process that holds the reservation
+  uint64_t start_time = 0;  // its start time (/proc/<pid>/stat field 22)
+};
+
+std::string FormatEntry(const LedgerEntry& e);
+Result<LedgerEntry> ParseEntry(const std::string& text);
+
+class Ledger {
+ public:
+  // Creates `dir` (mode 0700) if needed and takes its lock, waiting up to `timeout`.
+  static Result<Ledger> Lock(const std::string& dir, std::chrono::milliseconds timeout);
+  Ledger(Ledger&& other) noexcept;
+  Ledger& operator=(Ledger&&) = delete;
+  Ledger(const Ledger&) = delete;
+  ~Ledger();
+
+  // Every well-formed entry; malformed files (never written by this code) are removed.
+  Result<std::vector<LedgerEntry>> Entries() const;
+  // Writes (or replaces) the entry of e.job_id atomically.
+  Status Put(const LedgerEntry& e) const;
+  // Removes the entry of `job_id`; ok when there is none.
+  Status Remove(uint64_t job_id) const;
+
+ private:
+  Ledger(std::string dir, int fd) : dir_(std::move(dir)), fd_(fd) {}
+  std::string dir_;
+  int fd_ = -1;
+};
+
+// This boot's id ("" when the kernel does not say).
+std::string BootId();
+// The start time of process `pid` in clock ticks since boot, or nullopt when it does not exist.
+std::optional<uint64_t> ProcessStartTime(pid_t pid);
+// Whether `pid` is a living (not zombie) process that started at `start_time`.
+bool IsProcessAlive(pid_t pid, uint64_t start_time);
+
+}  // namespace nopfs::spank

@@ -1,0 +1,212 @@
+#include "spank/ledger.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "spank/job_files.h"
+
+namespace nopfs::spank {
+namespace {
+
+using namespace std::chrono_literals;
+
+class LedgerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/nopfs-ledger-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+    dir_ = root_ + "/ledger";
+  }
+  void TearDown() override { ASSERT_TRUE(RemoveBelow("/tmp", root_.substr(5)).ok()); }
+  std::string root_;
+  std::string dir_;
+};
+
+LedgerEntry Entry(uint64_t job, uint64_t ram) {
+  LedgerEntry e;
+  e.job_id = job;
+  e.uid = 1000;
+  e.node_index = 2;
+  e.ram = ram;
+  e.ssd = ram * 10;
+  e.boot_id = BootId();
+  e.pid = ::getpid();
+  e.start_time = ProcessStartTime(::getpid()).value_or(0);
+  return e;
+}
+
+// Sum of the RAM of every entry (UINT64_MAX when the ledger cannot be read).
+uint64_t ReservedRam(const Ledger& l) {
+  Result<std::vector<LedgerEntry>> entries = l.Entries();
+  if (!entries.ok()) return UINT64_MAX;
+  const std::vector<LedgerEntry> list = std::move(*entries);
+  uint64_t used = 0;
+  for (const LedgerEntry& e : list)
+    used += e.ram;
+  return used;
+}
+
+TEST_F(LedgerTest, EntriesRoundTripAndMalformedFilesAreDropped) {
+  Result<Ledger> l = Ledger::Lock(dir_, 1s);
+  ASSERT_TRUE(l.ok()) << l.status().message();
+  struct stat st {};
+  ASSERT_EQ(::stat(dir_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_TRUE(l->Put(Entry(7, 100)).ok());
+  ASSERT_TRUE(l->Put(Entry(8, 200)).ok());
+  ASSERT_TRUE(l->Put(Entry(8, 300)).ok());  // replaces
+  std::ofstream(dir_ + "/9") << "job=9\nram=oops\n";
+  Result<std::vector<LedgerEntry>> e = l->Entries();
+  ASSERT_TRUE(e.ok());
+  ASSERT_EQ(e->size(), 2u);
+  uint64_t total = 0;
+  for (const LedgerEntry& x : *e) {
+    total += x.ram;
+    EXPECT_EQ(x.node_index, 2u);
+    EXPECT_EQ(x.boot_id, BootId());
+    EXPECT_TRUE(IsProcessAlive(static_cast<pid_t>(x.pid), x.start_time));
+  }
+  EXPECT_EQ(total, 400u);
+  EXPECT_NE(::access((dir_ + "/9").c_str(), F_OK), 0) << "malformed entry kept";
+  ASSERT_TRUE(l->Remove(7).ok());
+  ASSERT_TRUE(l->Remove(7).ok());  // idempotent
+  Result<std::vector<LedgerEntry>> after = l->Entries();
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->size(), 1u);
+  EXPECT_FALSE(ParseEntry("job=1\n").ok());
+}
+
+TEST_F(LedgerTest, LockExcludesOtherProcessesAndTimesOut) {
+  Result<Ledger> l = Ledger::Lock(dir_, 1s);
+  ASSERT_TRUE(l.ok());
+  const pid_t child = ::fork();
+  if (child == 0) {
+    Result<Ledger> other = Ledger::Lock(dir_, 100ms);
+    _exit(!other.ok() && other.status().code() == StatusCode::kTimedOut ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+// Many processes race to reserve from one capacity; the sum never exceeds it.
+TEST_F(LedgerTest, ConcurrentReservationsNeverExceedCapacity) {
+  constexpr uint64_t kCapacity = 1000;
+  constexpr int kProcs = 12;
+  ASSERT_TRUE(Ledger::Lock(dir_, 1s).ok());
+  std::vector<pid_t> kids;
+  for (int i = 0; i < kProcs; ++i) {
+    const pid_t p = ::fork();
+    if (p == 0) {
+      Result<Ledger> l = Ledger::Lock(dir_, 10s);
+      if (!l.ok()) _exit(2);
+      const uint64_t used = ReservedRam(*l);
+      const uint64_t want = 150;
+      if (used + want <= kCapacity) {
+        ::usleep(2000);  // widen the window a missing lock would leave open
+        if (!l->Put(Entry(100 + static_cast<uint64_t>(i), want)).ok()) _exit(3);
+      }
+      _exit(0);
+    }
+    kids.push_back(p);
+  }
+  for (pid_t p : kids) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(p, &status, 0), p);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  Result<Ledger> l = Ledger::Lock(dir_, 1s);
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(ReservedRam(*l), 900u);  // six of 150 fit in 1000, the others saw it full
+}
+
+TEST_F(LedgerTest, DeadProcessIsNotAlive) {
+  const pid_t p = ::fork();
+  if (p == 0) _exit(0);
+  const std::optional<uint64_t> start = ProcessStartTime(p);
+  int status = 0;
+  ::waitpid(p, &status, 0);
+  EXPECT_FALSE(IsProcessAlive(p, start.value_or(0)));
+  EXPECT_TRUE(IsProcessAlive(::getpid(), ProcessStartTime(::getpid()).value_or(1)));
+  EXPECT_FALSE(IsProcessAlive(::getpid(), ProcessStartTime(::getpid()).value_or(1) + 1));
+}
+
+TEST_F(LedgerTest, RemoveBelowNeverFollowsLinks) {
+  const std::string outside = root_ + "/outside";
+  ASSERT_EQ(::mkdir(outside.c_str(), 0700), 0);
+  std::ofstream(outside + "/precious") << "keep";
+  const std::string job = root_ + "/job";
+  ASSERT_EQ(::mkdir(job.c_str(), 0700), 0);
+  ASSERT_EQ(::mkdir((job + "/sub").c_str(), 0700), 0);
+  std::ofstream(job + "/sub/file") << "x";
+  ASSERT_EQ(::symlink(outside.c_str(), (job + "/link").c_str()), 0);
+  ASSERT_EQ(::symlink(outside.c_str(), (root_ + "/job2").c_str()), 0);
+  ASSERT_TRUE(RemoveBelow(root_, "job").ok());
+  ASSERT_TRUE(RemoveBelow(root_, "job2").ok());  // the link itself goes, not its target
+  ASSERT_TRUE(RemoveBelow(root_, "job").ok());   // idempotent
+  EXPECT_NE(::access(job.c_str(), F_OK), 0);
+  EXPECT_EQ(ReadText(outside + "/precious"), "keep");
+  EXPECT_FALSE(RemoveBelow(root_, "..").ok());
+  EXPECT_FALSE(RemoveBelow(root_, "a/b").ok());
+}
+
+TEST_F(LedgerTest, UserDirRemovalChecksOwnerAndLinks) {
+  const std::string outside = root_ + "/outside";
+  ASSERT_EQ(::mkdir(outside.c_str(), 0700), 0);
+  ASSERT_EQ(::mkdir((outside + "/7.0").c_str(), 0700), 0);
+  // A user dir that is a link to elsewhere is refused, and its target kept.
+  ASSERT_EQ(::symlink(outside.c_str(), (root_ + "/nopfs-1").c_str()), 0);
+  EXPECT_FALSE(RemoveBelowUserDir(root_, "nopfs-1", ::getuid(), "7.0").ok());
+  EXPECT_EQ(::access((outside + "/7.0").c_str(), F_OK), 0);
+  // A user dir of another owner is refused.
+  EXPECT_FALSE(RemoveBelowUserDir(root_, "outside", ::getuid() + 1, "7.0").ok());
+  EXPECT_EQ(::access((outside + "/7.0").c_str(), F_OK), 0);
+  // The real thing: the job dir goes, and the user dir with it once empty.
+  ASSERT_EQ(::mkdir((root_ + "/nopfs-2").c_str(), 0700), 0);
+  ASSERT_EQ(::mkdir((root_ + "/nopfs-2/7.0").c_str(), 0700), 0);
+  std::ofstream(root_ + "/nopfs-2/7.0/data.0") << "x";
+  ASSERT_TRUE(RemoveBelowUserDir(root_, "nopfs-2", ::getuid(), "7.0").ok());
+  EXPECT_NE(::access((root_ + "/nopfs-2").c_str(), F_OK), 0);
+  EXPECT_TRUE(RemoveBelowUserDir(root_, "nopfs-2", ::getuid(), "7.0").ok());  // idempotent
+}
+
+TEST_F(LedgerTest, WriteFileAsReplacesAPlantedLink) {
+  const std::string target = root_ + "/target";
+  std::ofstream(target) << "precious";
+  ASSERT_EQ(::symlink(target.c_str(), (root_ + "/failed").c_str()), 0);
+  ASSERT_EQ(::link(target.c_str(), (root_ + "/refused").c_str()), 0);
+  ASSERT_TRUE(WriteFileAs(root_, "failed", "why\n", ::getuid(), ::getgid()).ok());
+  ASSERT_TRUE(WriteFileAs(root_, "refused", "why\n", ::getuid(), ::getgid()).ok());
+  EXPECT_EQ(ReadText(target), "precious");
+  EXPECT_EQ(ReadText(root_ + "/failed"), "why\n");
+  EXPECT_EQ(ReadText(root_ + "/refused"), "why\n");
+}
+
+TEST_F(LedgerTest, FindAndStopDaemonsByRunDir) {
+  const std::string run_dir = root_ + "/run";
+  const pid_t p = ::fork();
+  if (p == 0) {
+    ::execl("/bin/sh", "sh", "-c", "while :; do sleep 0.1; done", "sh", "--run-dir",
+            run_dir.c_str(), nullptr);
+    _exit(127);
+  }
+  std::vector<pid_t> found;
+  for (int i = 0; i < 200 && found.empty(); ++i) {
+    ::usleep(10000);
+    found = FindDaemons(::getuid(), run_dir);
+  }
+  ASSERT_EQ(found, std::vector<pid_t>{p});
+  EXPECT_TRUE(FindDaemons(::getuid(), run_dir + "x").empty());
+  EXPECT_TRUE(StopProcesses(found, 2s).empty());
+  EXPECT_TRUE(FindDaemons(::getuid(), run_dir).empty());
+}
+
+}  // namespace
+}  // namespace nopfs::spank

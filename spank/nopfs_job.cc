@@ -1,0 +1,549 @@
+// nopfs-job: what the SPANK plugin runs as root on each node at job start and end, in its own
+// process with a hard time limit (the plugin stays thin and never blocks Slurm).
+//
+//   nopfs-job prolog|epilog --job-id=J --node=NAME --nodelist=LIST --uid=U --gid=G --user=NAME
+//             [key=value plugin arguments ...] [--nopfs=DATASET --nopfs-... job options]
+//
+// prolog: asks the admission policy, reserves the node's capacity in the ledger, creates the
+// job's run directory (owned by the user, 0700), starts nopfsd as the user and waits until it is
+// ready. It writes <run dir>/refused or <run dir>/failed when the job gets no cache, so that
+// task_init can tell the job's tasks. Exit 0: serving; 3: refused; 4: nopfsd failed; 1: error.
+// epilog: stops the job's nopfsd (TERM, KILL after the grace period), removes its SSD directory
+// and run directory, releases the reservation, then looks again. Idempotent. Exit 0: nothing is
+// left; 1: something is (named in the message).
+// One line on stdout says what happened; the plugin logs it and shows it to the user.
+#include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern "C" {
+#include <slurm/slurm.h>
+#include <slurm/slurm_errno.h>
+}
+
+#include "common/units.h"
+#include "lua/admit.h"
+#include "lua/config.h"
+#include "spank/job_files.h"
+#include "spank/ledger.h"
+#include "spank/options.h"
+
+namespace nopfs::spank {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr uint32_t kUnknownIndex = UINT32_MAX;
+
+struct Job {
+  std::string mode;
+  uint64_t job_id = 0;
+  std::string node;
+  std::string nodelist;
+  uint32_t node_index = 0;
+  uint32_t nodes = 1;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::string user;
+  PluginArgs args;
+  JobOptions opts;
+  std::string run_dir;
+  std::string node_dir;  // <rundir>/<node>, root-owned
+  std::string ledger_dir;
+};
+
+Result<uint64_t> Number(std::string_view key, std::string_view v) {
+  uint64_t n = 0;
+  const auto r = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (v.empty() || r.ec != std::errc() || r.ptr != v.data() + v.size()) {
+    return Status::InvalidArgument(std::string(key) + "=" + std::string(v) + ": not a number");
+  }
+  return n;
+}
+
+Result<Job> ParseCommandLine(int argc, char** argv) {
+  if (argc < 2) return Status::InvalidArgument("usage: nopfs-job prolog|epilog --job-id=J ...");
+  Job job;
+  job.mode = argv[1];
+  if (job.mode != "prolog" && job.mode != "epilog") {
+    return Status::InvalidArgument("unknown mode '" + job.mode + "'; write prolog or epilog");
+  }
+  std::vector<std::string> plugin_args;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    const size_t eq = a.find('=');
+    const std::string key = a.substr(0, eq);
+    const std::string value = eq == std::string::npos ? "" : a.substr(eq + 1);
+    if (key.rfind("--nopfs", 0) == 0) {
+      NOPFS_RETURN_IF_ERROR(ApplyOption(&job.opts, key.substr(2), value));
+    } else if (key == "--job-id" || key == "--uid" || key == "--gid") {
+      Result<uint64_t> n = Number(key, value);
+      if (!n.ok()) return n.status();
+      if (key == "--job-id") job.job_id = *n;
+      if (key == "--uid") job.uid = static_cast<uid_t>(*n);
+      if (key == "--gid") job.gid = static_cast<gid_t>(*n);
+    } else if (key == "--node") {
+      job.node = value;
+    } else if (key == "--nodelist") {
+      job.nodelist = value;
+    } else if (key == "--user") {
+      job.user = value;
+    } else if (key.rfind("--", 0) != 0) {
+      plugin_args.push_back(a);
+    } else {
+      return Status::InvalidArgument("unknown argument " + a);
+    }
+  }
+  Result<PluginArgs> pa = ParsePluginArgs(plugin_args);
+  if (!pa.ok()) return pa.status();
+  job.args = *pa;
+  NOPFS_RETURN_IF_ERROR(CheckComponent("node name", job.node));
+  if (job.job_id == 0) return Status::InvalidArgument("--job-id is missing");
+  if (job.uid == 0) return Status::InvalidArgument("refusing a job of uid 0 (root)");
+  if (job.user.empty()) {
+    const passwd* pw = ::getpwuid(job.uid);
+    if (pw != nullptr) job.user = pw->pw_name;
+  }
+  Result<std::vector<std::string>> names = ExpandHostlist(job.nodelist);
+  Result<uint32_t> index = NodeIndex(job.nodelist, job.node);
+  if (names.ok() && index.ok()) {
+    job.nodes = static_cast<uint32_t>(names->size());
+    job.node_index = *index;
+  } else if (job.mode == "prolog") {
+    return !names.ok() ? names.status() : index.status();
+  } else {
+    job.node_index = kUnknownIndex;  // the epilog takes it from the ledger entry
+  }
+  job.node_dir = job.args.rundir + "/" + job.node;
+  job.run_dir = RunDir(job.args.rundir, job.node, job.job_id);
+  job.ledger_dir = job.node_dir + "/.ledger";
+  return job;
+}
+
+// mkdir -p for root-owned directories that must not be links or writable by others.
+Status EnsureRootDir(const std::string& path, mode_t mode) {
+  std::string prefix;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = path.find('/', pos + 1);
+    prefix = path.substr(0, pos);
+    if (prefix.empty()) continue;
+    if (::mkdir(prefix.c_str(), mode) != 0 && errno != EEXIST) {
+      return Status::FromErrno(errno, "mkdir " + prefix);
+    }
+  }
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return Status::FromErrno(errno, "stat " + path);
+  if (!S_ISDIR(st.st_mode) || st.st_uid != 0 || (st.st_mode & 022) != 0) {
+    return Status::FailedPrecondition(path +
+                                      " must be a directory owned by root and writable only by "
+                                      "root");
+  }
+  return Status::Ok();
+}
+
+// Slurm's view of the job: its account, partition, QOS and memory on this node.
+struct SlurmJob {
+  bool known = false;
+  bool active = true;  // pending, running, suspended or completing
+  std::string account, partition, qos;
+  uint64_t memory = 0;  // bytes on this node; 0: unknown/unlimited
+};
+
+SlurmJob QuerySlurm(uint64_t job_id, const std::string& node) {
+  SlurmJob out;
+  // libslurm exits the process when it finds no configuration: ask only when there is one.
+  const char* conf = std::getenv("SLURM_CONF");
+  if ((conf == nullptr || ::access(conf, R_OK) != 0) &&
+      ::access("/etc/slurm/slurm.conf", R_OK) != 0) {
+    return out;
+  }
+  job_info_msg_t* msg = nullptr;
+  if (slurm_load_job(&msg, static_cast<uint32_t>(job_id), SHOW_DETAIL) != SLURM_SUCCESS) {
+    // A purged job is gone; any other error (controller unreachable) counts as alive, so that
+    // a reservation is never released on a guess.
+    out.active = slurm_get_errno() != ESLURM_INVALID_JOB_ID;
+    return out;
+  }
+  if (msg != nullptr && msg->record_count > 0) {
+    const slurm_job_info_t& j = msg->job_array[0];
+    out.known = true;
+    const uint32_t base = j.job_state & JOB_STATE_BASE;
+    out.active = base == JOB_PENDING || base == JOB_RUNNING || base == JOB_SUSPENDED ||
+                 (j.job_state & JOB_COMPLETING) != 0;
+    if (j.account != nullptr) out.account = j.account;
+    if (j.partition != nullptr) out.partition = j.partition;
+    if (j.qos != nullptr) out.qos = j.qos;
+    uint64_t mb = j.pn_min_memory;
+    if ((mb & MEM_PER_CPU) != 0) {
+      mb &= ~MEM_PER_CPU;
+      int cpus = j.job_resrcs != nullptr
+                     ? slurm_job_cpus_allocated_on_node(j.job_resrcs, node.c_str())
+                     : 0;
+      if (cpus <= 0 && j.num_nodes != 0) cpus = static_cast<int>(j.num_cpus / j.num_nodes);
+      mb *= static_cast<uint64_t>(cpus > 0 ? cpus : 1);
+    }
+    out.memory = mb * 1024 * 1024;  // Slurm's MB are MiB
+  }
+  slurm_free_job_info_msg(msg);
+  return out;
+}
+
+Result<lua::NodeConfig> LoadConfig(const Job& job) {
+  if (job.args.config.empty()) return lua::DefaultNodeConfig(lua::HostMemoryBytes());
+  return lua::LoadNodeConfig(job.args.config);
+}
+
+// Removes the job's SSD directory under each SSD class of the config.
+Status RemoveSsd(const lua::NodeConfig& config, uint64_t job_id, uid_t uid, uint32_t index) {
+  Status first;
+  for (const policy::StorageClass& c : config.model().classes) {
+    if (c.kind != policy::ClassKind::kSsd || c.path.empty()) continue;
+    Status s = RemoveBelowUserDir(c.path, "nopfs-" + std::to_string(uid), uid,
+                                  std::to_string(job_id) + "." + std::to_string(index));
+    if (!s.ok() && first.ok()) first = s;
+  }
+  return first;
+}
+
+// Everything the epilog does for one job; also used on a stale ledger entry. Returns what is
+// left (empty when nothing).
+std::string Teardown(const std::string& node_dir, const lua::NodeConfig& config,
+                     const std::string& node, uint64_t job_id, uid_t uid, uint32_t index,
+                     std::chrono::milliseconds grace) {
+  const std::string run_dir = node_dir + "/" + std::to_string(job_id);
+  std::string left;
+  const std::vector<pid_t> still = StopProcesses(FindDaemons(uid, run_dir), grace);
+  for (pid_t p : still)
+    left += " process " + std::to_string(p);
+  if (Status s = RemoveSsd(config, job_id, uid, index); !s.ok()) left += " " + s.message();
+  if (Status s = RemoveBelow(node_dir, std::to_string(job_id)); !s.ok()) {
+    left += " " + s.message();
+  }
+  // Look again.
+  for (pid_t p : FindDaemons(uid, run_dir))
+    left += " process " + std::to_string(p);
+  struct stat st {};
+  if (::lstat(run_dir.c_str(), &st) == 0) left += " " + run_dir;
+  for (const policy::StorageClass& c : config.model().classes) {
+    if (c.kind != policy::ClassKind::kSsd || c.path.empty()) continue;
+    const std::string d = c.path + "/nopfs-" + std::to_string(uid) + "/" + std::to_string(job_id) +
+                          "." + std::to_string(index);
+    if (::lstat(d.c_str(), &st) == 0) left += " " + d;
+  }
+  (void)node;
+  return left;
+}
+
+// Writes <run dir>/<name> with `text`, owned by the job's user.
+void WriteStatus(const Job& job, const char* name, const std::string& text) {
+  (void)WriteFileAs(job.run_dir, name, text + "\n", job.uid, job.gid);
+}
+
+// The child: becomes the user and runs nopfsd. Never returns.
+[[noreturn]] void ExecDaemon(const Job& job, const std::string& nopfsd,
+                             const std::vector<std::string>& argv_s) {
+  ::setsid();
+  const passwd* pw = ::getpwuid(job.uid);
+  const std::string home = pw != nullptr ? pw->pw_dir : "/";
+  const std::string name = pw != nullptr ? pw->pw_name : job.user;
+  if (::initgroups(name.c_str(), job.gid) != 0 || ::setgid(job.gid) != 0 ||
+      ::setuid(job.uid) != 0 || ::setuid(0) == 0 || ::getuid() != job.uid) {
+    _exit(126);
+  }
+  if (::chdir(job.run_dir.c_str()) != 0) _exit(126);
+  const int null_fd = ::open("/dev/null", O_RDONLY);
+  const int out_fd = ::open("nopfsd.out", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
+  if (null_fd < 0 || out_fd < 0) _exit(126);
+  ::dup2(null_fd, 0);
+  ::dup2(out_fd, 1);
+  ::dup2(out_fd, 2);
+  ::close_range(3, ~0U, 0);
+  std::vector<std::string> env_s = {"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + home,
+                                    "USER=" + name, "LOGNAME=" + name, "LANG=C.UTF-8"};
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(nopfsd.c_str()));
+  for (const std::string& a : argv_s)
+    argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (const std::string& e : env_s)
+    envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  ::execve(nopfsd.c_str(), argv.data(), envp.data());
+  std::fprintf(stderr, "nopfs-job: exec %s: %s\n", nopfsd.c_str(), std::strerror(errno));
+  _exit(127);
+}
+
+std::string LastLine(std::string text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' '))
+    text.pop_back();
+  const size_t nl = text.rfind('\n');
+  std::string line = nl == std::string::npos ? text : text.substr(nl + 1);
+  return line.substr(0, 400);
+}
+
+std::string DaemonPath(const Job& job, const char* self) {
+  if (!job.args.nopfsd.empty()) return job.args.nopfsd;
+  std::string me = self;
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n > 0) me.assign(buf, static_cast<size_t>(n));
+  const size_t slash = me.rfind('/');
+  return (slash == std::string::npos ? std::string(".") : me.substr(0, slash)) + "/nopfsd";
+}
+
+int Prolog(const Job& job, const char* self) {
+  const std::string where = "nopfs: prolog: " + job.node + ": ";
+  auto fail = [&](const std::string& why, int code) {
+    std::printf("%s%s\n", where.c_str(), why.c_str());
+    return code;
+  };
+  if (job.opts.dataset.empty()) return fail("no --nopfs=DATASET given", 1);
+  if (Status s = EnsureRootDir(job.node_dir, 0755); !s.ok()) return fail(s.message(), 1);
+  Result<lua::NodeConfig> config = LoadConfig(job);
+  if (!config.ok()) {
+    // Tell the job too: it gets a run directory with the reason in `failed`.
+    if (::mkdir(job.run_dir.c_str(), 0700) == 0 &&
+        ::chown(job.run_dir.c_str(), job.uid, job.gid) == 0) {
+      WriteStatus(job, "failed", where + "config: " + config.status().message());
+    }
+    return fail("config: " + config.status().message(), 1);
+  }
+
+  // A leftover of an earlier run of this job (a requeue) goes first.
+  (void)Teardown(job.node_dir, *config, job.node, job.job_id, job.uid, job.node_index,
+                 std::chrono::seconds(job.args.grace));
+  if (::mkdir(job.run_dir.c_str(), 0700) != 0 ||
+      ::chown(job.run_dir.c_str(), job.uid, job.gid) != 0) {
+    return fail(Status::FromErrno(errno, "create " + job.run_dir).message(), 1);
+  }
+
+  const SlurmJob sj = QuerySlurm(job.job_id, job.node);
+  lua::JobRequest req;
+  req.job_id = job.job_id;
+  req.uid = job.uid;
+  req.gid = job.gid;
+  req.user = job.user;
+  req.account = sj.account;
+  req.partition = sj.partition;
+  req.qos = sj.qos;
+  req.dataset = job.opts.dataset;
+  req.nodes = job.nodes;
+  req.ram = job.opts.ram;
+  req.ssd = job.opts.ssd;
+  req.memory = sj.memory;
+
+  lua::Admission adm;
+  {
+    Result<Ledger> ledger = Ledger::Lock(job.ledger_dir, 30s);
+    if (!ledger.ok()) return fail(ledger.status().message(), 1);
+    Result<std::vector<LedgerEntry>> entries = ledger->Entries();
+    if (!entries.ok()) return fail(entries.status().message(), 1);
+    lua::NodeState ns;
+    ns.name = job.node;
+    ns.ram_total = config->CapacityOf(policy::ClassKind::kRam);
+    ns.ssd_total = config->CapacityOf(policy::ClassKind::kSsd);
+    const std::string boot = BootId();
+    for (const LedgerEntry& e : *entries) {
+      if (e.job_id == job.job_id) continue;
+      const bool live =
+          e.boot_id == boot && (IsProcessAlive(static_cast<pid_t>(e.pid), e.start_time) ||
+                                QuerySlurm(e.job_id, job.node).active);
+      if (!live) {
+        // Stale: its job is over and its epilog did not finish. Clean up after it.
+        (void)Teardown(job.node_dir, *config, job.node, e.job_id, e.uid, e.node_index, 2s);
+        (void)ledger->Remove(e.job_id);
+        continue;
+      }
+      ns.ram_reserved += e.ram;
+      ns.ssd_reserved += e.ssd;
+      ++ns.jobs;
+    }
+    Result<lua::Admission> a = lua::Admit(job.args.policy, *config, req, ns);
+    if (!a.ok()) {
+      adm.admitted = false;
+      adm.reason = "policy error: " + a.status().message();
+    } else {
+      adm = *a;
+    }
+    if (adm.admitted) {
+      LedgerEntry e;
+      e.job_id = job.job_id;
+      e.uid = job.uid;
+      e.node_index = job.node_index;
+      e.ram = adm.ram;
+      e.ssd = adm.ssd;
+      e.boot_id = boot;
+      e.pid = ::getpid();
+      e.start_time = ProcessStartTime(::getpid()).value_or(0);
+      if (Status s = ledger->Put(e); !s.ok()) return fail(s.message(), 1);
+    }
+  }
+  if (!adm.admitted) {
+    const std::string msg = where + "refused: " + adm.reason;
+    WriteStatus(job, "refused", msg);
+    return fail("refused: " + adm.reason, 3);
+  }
+
+  std::vector<std::string> dargs = {"--run-dir",
+                                    job.run_dir,
+                                    "--dataset",
+                                    job.opts.dataset,
+                                    "--seed",
+                                    std::to_string(job.opts.seed),
+                                    "--epochs",
+                                    std::to_string(job.opts.epochs),
+                                    "--ranks",
+                                    std::to_string(job.nodes * job.opts.ranks_per_node),
+                                    "--batch",
+                                    std::to_string(job.opts.batch),
+                                    "--scheme",
+                                    job.opts.scheme,
+                                    "--ranks-per-node",
+                                    std::to_string(job.opts.ranks_per_node),
+                                    "--node",
+                                    std::to_string(job.node_index),
+                                    "--job-id",
+                                    std::to_string(job.job_id),
+                                    "--ram",
+                                    std::to_string(adm.ram),
+                                    "--ssd",
+                                    std::to_string(adm.ssd)};
+  if (job.opts.drop_last) dargs.push_back("--drop-last");
+  if (!job.args.config.empty()) {
+    dargs.push_back("--config");
+    dargs.push_back(job.args.config);
+  }
+  const std::string nopfsd = DaemonPath(job, self);
+  std::fflush(nullptr);
+  const pid_t child = ::fork();
+  if (child < 0) return fail(Status::FromErrno(errno, "fork").message(), 1);
+  if (child == 0) ExecDaemon(job, nopfsd, dargs);
+
+  auto give_up = [&](const std::string& why) {
+    (void)StopProcesses({child}, std::chrono::seconds(job.args.grace));
+    ::waitpid(child, nullptr, WNOHANG);
+    if (ReadText(job.run_dir + "/failed").empty()) WriteStatus(job, "failed", where + why);
+    (void)RemoveSsd(*config, job.job_id, job.uid, job.node_index);
+    if (Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s); l.ok()) {
+      (void)l->Remove(job.job_id);
+    }
+    return fail("nopfsd failed: " + why, 4);
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(job.args.timeout);
+  while (true) {
+    if (!ReadText(job.run_dir + "/ready").empty()) break;
+    const std::string failed = ReadText(job.run_dir + "/failed");
+    if (!failed.empty()) return give_up(LastLine(failed));
+    int status = 0;
+    if (::waitpid(child, &status, WNOHANG) == child) {
+      if (!ReadText(job.run_dir + "/ready").empty()) break;
+      std::string why = WIFEXITED(status)
+                            ? "exited with status " + std::to_string(WEXITSTATUS(status))
+                            : "killed by signal " + std::to_string(WTERMSIG(status));
+      const std::string f = LastLine(ReadText(job.run_dir + "/failed"));
+      const std::string out = LastLine(ReadText(job.run_dir + "/nopfsd.out"));
+      if (!f.empty())
+        why += ": " + f;
+      else if (!out.empty())
+        why += ": " + out;
+      return give_up(why);
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return give_up("not ready within timeout=" + std::to_string(job.args.timeout) + " s");
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  // Serving: the reservation now names nopfsd, which outlives this launcher.
+  if (Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s); l.ok()) {
+    LedgerEntry e;
+    e.job_id = job.job_id;
+    e.uid = job.uid;
+    e.node_index = job.node_index;
+    e.ram = adm.ram;
+    e.ssd = adm.ssd;
+    e.boot_id = BootId();
+    e.pid = child;
+    e.start_time = ProcessStartTime(child).value_or(0);
+    (void)l->Put(e);
+  }
+  std::printf("%sserving %s (partition %s, job memory %s) with RAM %s, SSD %s%s%s\n", where.c_str(),
+              job.opts.dataset.c_str(), req.partition.empty() ? "?" : req.partition.c_str(),
+              req.memory == 0 ? "unlimited" : FormatBytes(static_cast<double>(req.memory)).c_str(),
+              FormatBytes(static_cast<double>(adm.ram)).c_str(),
+              FormatBytes(static_cast<double>(adm.ssd)).c_str(), adm.reason.empty() ? "" : "; ",
+              adm.reason.c_str());
+  return 0;
+}
+
+int Epilog(const Job& job) {
+  const std::string where = "nopfs: epilog: " + job.node + ": ";
+  Result<lua::NodeConfig> config = LoadConfig(job);
+  if (!config.ok()) {
+    std::printf("%sconfig: %s\n", where.c_str(), config.status().message().c_str());
+    return 1;
+  }
+  uint32_t index = job.node_index;
+  if (index == kUnknownIndex) {
+    if (Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s); l.ok()) {
+      if (Result<std::vector<LedgerEntry>> entries = l->Entries(); entries.ok()) {
+        for (const LedgerEntry& e : *entries) {
+          if (e.job_id == job.job_id) index = e.node_index;
+        }
+      }
+    }
+  }
+  std::string left;
+  if (index == kUnknownIndex) {
+    left += " SSD directory (the node list '" + job.nodelist.substr(0, 100) +
+            "' does not name this node, and the ledger has no entry)";
+  }
+  left += Teardown(job.node_dir, *config, job.node, job.job_id, job.uid, index,
+                   std::chrono::seconds(job.args.grace));
+  struct stat st {};
+  if (::lstat(job.ledger_dir.c_str(), &st) == 0) {
+    Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s);
+    if (!l.ok()) {
+      left += " reservation (" + l.status().message() + ")";
+    } else if (Status s = l->Remove(job.job_id); !s.ok()) {
+      left += " reservation (" + s.message() + ")";
+    }
+  }
+  if (!left.empty()) {
+    std::printf("%sleft behind:%s\n", where.c_str(), left.c_str());
+    return 1;
+  }
+  std::printf("%sclean\n", where.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace nopfs::spank
+
+int main(int argc, char** argv) {
+  using namespace nopfs::spank;
+  ::umask(022);
+  nopfs::Result<Job> job = ParseCommandLine(argc, argv);
+  if (!job.ok()) {
+    std::printf("nopfs: %s: %s\n", argc > 1 ? argv[1] : "nopfs-job",
+                job.status().message().c_str());
+    return 1;
+  }
+  const int rc = job->mode == "prolog" ? Prolog(*job, argv[0]) : Epilog(*job);
+  std::fflush(stdout);
+  return rc;
+}

@@ -1,0 +1,393 @@
+#include "spank/options.h"
+
+#include <charconv>
+#include <limits>
+
+#include "common/units.h"
+
+// Declares `decl` from a Result, or returns its Status.
+#define SPANK_CONCAT2(a, b) a##b
+#define SPANK_CONCAT(a, b) SPANK_CONCAT2(a, b)
+#define SPANK_ASSIGN_OR_RETURN(decl, expr)           \
+  auto SPANK_CONCAT(result_, __LINE__) = (expr);     \
+  if (!SPANK_CONCAT(result_, __LINE__).ok()) {       \
+    return SPANK_CONCAT(result_, __LINE__).status(); \
+  }                                                  \
+  decl = std::move(*SPANK_CONCAT(result_, __LINE__))
+
+namespace nopfs::spank {
+namespace {
+
+constexpr size_t kMaxPath = 4000;  // below PATH_MAX, with room for what nopfsd appends
+constexpr size_t kMaxValue = 64;
+
+enum Opt : uint32_t {
+  kDataset,
+  kSeed,
+  kEpochs,
+  kBatch,
+  kScheme,
+  kDropLast,
+  kRanksPerNode,
+  kRam,
+  kSsd,
+};
+
+std::string Quote(std::string_view name, std::string_view value, bool flag) {
+  return flag ? "--" + std::string(name) : "--" + std::string(name) + "=" + std::string(value);
+}
+
+// Control characters, and bytes >= 0x80 (no encoding is promised), are refused everywhere.
+Status CheckText(std::string_view shown, std::string_view value, size_t max) {
+  for (char c : value) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u >= 0x7f) {
+      return Status::InvalidArgument(
+          "--" + std::string(shown.substr(2, shown.find('=') - 2)) +
+          ": contains a control or non-ASCII character; write plain printable ASCII");
+    }
+  }
+  if (value.size() > max) {
+    return Status::InvalidArgument(std::string(shown.substr(0, 80)) + "...: is " +
+                                   std::to_string(value.size()) + " characters long; at most " +
+                                   std::to_string(max) + " are accepted");
+  }
+  return Status::Ok();
+}
+
+Result<uint64_t> ParseNumber(std::string_view shown, std::string_view value, uint64_t lo,
+                             uint64_t hi, std::string_view example) {
+  uint64_t v = 0;
+  const char* end = value.data() + value.size();
+  auto [p, ec] = std::from_chars(value.data(), end, v);
+  if (value.empty() || ec == std::errc::invalid_argument || p != end) {
+    return Status::InvalidArgument(std::string(shown) + ": is not a whole number; write e.g. " +
+                                   std::string(example));
+  }
+  if (ec == std::errc::result_out_of_range || v < lo || v > hi) {
+    return Status::InvalidArgument(std::string(shown) + ": is out of range; write a number from " +
+                                   std::to_string(lo) + " to " + std::to_string(hi));
+  }
+  return v;
+}
+
+// Stores `v` in *field unless the option was already given with a different value.
+template <typename T>
+Status Store(JobOptions* opts, Opt opt, std::string_view shown, T* field, T v) {
+  const uint32_t bit = 1u << opt;
+  if ((opts->given & bit) != 0 && *field != v) {
+    return Status::InvalidArgument(std::string(shown) +
+                                   ": the option was already given with another value; give it "
+                                   "once");
+  }
+  *field = std::move(v);
+  opts->given |= bit;
+  return Status::Ok();
+}
+
+bool IsComponentChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+         c == '_' || c == '-';
+}
+
+}  // namespace
+
+const std::vector<OptionInfo>& UserOptions() {
+  static const std::vector<OptionInfo> kOptions = {
+      {"nopfs", "DATASET",
+       "Cache the dataset directory DATASET (absolute path) on the job's nodes with nopfs"},
+      {"nopfs-seed", "N", "nopfs: shuffle seed shared by all ranks (default 0)"},
+      {"nopfs-epochs", "N", "nopfs: epochs the job reads (default 1)"},
+      {"nopfs-batch", "N", "nopfs: global batch size, all ranks together (default 1)"},
+      {"nopfs-scheme", "uniform|strided", "nopfs: how a batch is split across ranks"},
+      {"nopfs-drop-last", nullptr, "nopfs: drop each epoch's last incomplete batch"},
+      {"nopfs-ranks-per-node", "N", "nopfs: training processes per node (default 1)"},
+      {"nopfs-ram", "SIZE", "nopfs: RAM cache per node, e.g. 16GB (default: site policy)"},
+      {"nopfs-ssd", "SIZE", "nopfs: SSD cache per node, e.g. 400GB (default: site policy)"},
+  };
+  return kOptions;
+}
+
+Status ApplyOption(JobOptions* opts, std::string_view name, std::string_view value) {
+  const auto& options = UserOptions();
+  uint32_t opt = 0;
+  while (opt < options.size() && name != options[opt].name)
+    ++opt;
+  if (opt == options.size()) {
+    return Status::InvalidArgument("--" + std::string(name).substr(0, 64) +
+                                   ": is not a nopfs option; see sbatch --help");
+  }
+  const bool flag = options[opt].arginfo == nullptr;
+  const std::string shown = Quote(name, value.substr(0, 200), flag);
+  if (flag) {
+    // Slurm passes flags without a value; accept the spellings it may use for "given".
+    if (!value.empty() && value != "(null)" && value != "1" && value != "yes") {
+      return Status::InvalidArgument(Quote(name, value.substr(0, 200), false) +
+                                     ": takes no value; write --" + std::string(name));
+    }
+    return Store(opts, kDropLast, shown, &opts->drop_last, true);
+  }
+  NOPFS_RETURN_IF_ERROR(CheckText(shown, value, opt == kDataset ? kMaxPath : kMaxValue));
+  switch (static_cast<Opt>(opt)) {
+    case kDataset: {
+      if (value.empty() || value.front() != '/') {
+        return Status::InvalidArgument(shown +
+                                       ": the dataset must be an absolute path; write e.g. "
+                                       "--nopfs=/pfs/datasets/imagenet");
+      }
+      for (size_t pos = 0; pos < value.size();) {
+        size_t next = value.find('/', pos + 1);
+        if (next == std::string_view::npos) next = value.size();
+        const std::string_view part = value.substr(pos + 1, next - pos - 1);
+        if (part == "..") {
+          return Status::InvalidArgument(shown +
+                                         ": '..' is not allowed in the dataset path; write the "
+                                         "path without it");
+        }
+        pos = next;
+      }
+      return Store(opts, kDataset, shown, &opts->dataset, std::string(value));
+    }
+    case kSeed: {
+      SPANK_ASSIGN_OR_RETURN(
+          uint64_t v,
+          ParseNumber(shown, value, 0, std::numeric_limits<uint64_t>::max(), "--nopfs-seed=42"));
+      return Store(opts, kSeed, shown, &opts->seed, v);
+    }
+    case kEpochs: {
+      SPANK_ASSIGN_OR_RETURN(uint64_t v,
+                             ParseNumber(shown, value, 1, 1'000'000, "--nopfs-epochs=90"));
+      return Store(opts, kEpochs, shown, &opts->epochs, static_cast<uint32_t>(v));
+    }
+    case kBatch: {
+      SPANK_ASSIGN_OR_RETURN(uint64_t v,
+                             ParseNumber(shown, value, 1, uint64_t{1} << 40, "--nopfs-batch=256"));
+      return Store(opts, kBatch, shown, &opts->batch, v);
+    }
+    case kScheme:
+      if (value != "uniform" && value != "strided") {
+        return Status::InvalidArgument(shown +
+                                       ": unknown scheme; write --nopfs-scheme=uniform or "
+                                       "--nopfs-scheme=strided");
+      }
+      return Store(opts, kScheme, shown, &opts->scheme, std::string(value));
+    case kRanksPerNode: {
+      SPANK_ASSIGN_OR_RETURN(uint64_t v,
+                             ParseNumber(shown, value, 1, 4096, "--nopfs-ranks-per-node=4"));
+      return Store(opts, kRanksPerNode, shown, &opts->ranks_per_node, static_cast<uint32_t>(v));
+    }
+    case kRam:
+    case kSsd: {
+      Result<uint64_t> v = ParseSize(value);
+      if (!v.ok()) {
+        return Status::InvalidArgument(shown + ": " + v.status().message());
+      }
+      if (*v == 0) {
+        return Status::InvalidArgument(shown +
+                                       ": a cache of 0 bytes; leave the option out to let the "
+                                       "site policy choose, or write e.g. 16GB");
+      }
+      return opt == kRam ? Store(opts, kRam, shown, &opts->ram, *v)
+                         : Store(opts, kSsd, shown, &opts->ssd, *v);
+    }
+    case kDropLast:
+      break;
+  }
+  return Status::Internal("--" + std::string(name) + ": unhandled option");
+}
+
+Status ValidateJob(const JobOptions& opts) {
+  if (opts.dataset.empty() && (opts.given & ~(1u << kDataset)) != 0) {
+    for (uint32_t i = 0; i < UserOptions().size(); ++i) {
+      if ((opts.given & (1u << i)) != 0 && i != kDataset) {
+        return Status::InvalidArgument(std::string("--") + UserOptions()[i].name +
+                                       ": needs --nopfs=DATASET as well; add e.g. "
+                                       "--nopfs=/pfs/datasets/imagenet");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+std::vector<std::string> ToArgs(const JobOptions& opts) {
+  std::vector<std::string> out;
+  if (opts.dataset.empty()) return out;
+  out.push_back("--nopfs=" + opts.dataset);
+  out.push_back("--nopfs-seed=" + std::to_string(opts.seed));
+  out.push_back("--nopfs-epochs=" + std::to_string(opts.epochs));
+  out.push_back("--nopfs-batch=" + std::to_string(opts.batch));
+  out.push_back("--nopfs-scheme=" + opts.scheme);
+  if (opts.drop_last) out.push_back("--nopfs-drop-last");
+  out.push_back("--nopfs-ranks-per-node=" + std::to_string(opts.ranks_per_node));
+  if (opts.ram != 0) out.push_back("--nopfs-ram=" + std::to_string(opts.ram));
+  if (opts.ssd != 0) out.push_back("--nopfs-ssd=" + std::to_string(opts.ssd));
+  return out;
+}
+
+Result<PluginArgs> ParsePluginArgs(const std::vector<std::string>& args) {
+  PluginArgs out;
+  for (const std::string& arg : args) {
+    const size_t eq = arg.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return Status::InvalidArgument("plugstack.conf: '" + arg +
+                                     "': write key=value (config, policy, rundir, on_refusal, "
+                                     "launcher, nopfsd, timeout, grace)");
+    }
+    const std::string key = arg.substr(0, eq);
+    const std::string value = arg.substr(eq + 1);
+    const std::string shown = "plugstack.conf: " + arg;
+    NOPFS_RETURN_IF_ERROR(CheckText("--" + key + "=" + value, value, kMaxPath));
+    auto path = [&](std::string* field, bool may_be_empty) -> Status {
+      if (value.empty() ? !may_be_empty : value.front() != '/') {
+        return Status::InvalidArgument(shown + ": write an absolute path");
+      }
+      *field = value;
+      return Status::Ok();
+    };
+    if (key == "config") {
+      NOPFS_RETURN_IF_ERROR(path(&out.config, true));
+    } else if (key == "policy") {
+      NOPFS_RETURN_IF_ERROR(path(&out.policy, true));
+    } else if (key == "rundir") {
+      NOPFS_RETURN_IF_ERROR(path(&out.rundir, false));
+      while (out.rundir.size() > 1 && out.rundir.back() == '/')
+        out.rundir.pop_back();
+      if (out.rundir == "/") return Status::InvalidArgument(shown + ": not the root directory");
+    } else if (key == "launcher") {
+      NOPFS_RETURN_IF_ERROR(path(&out.launcher, false));
+    } else if (key == "nopfsd") {
+      NOPFS_RETURN_IF_ERROR(path(&out.nopfsd, false));
+    } else if (key == "on_refusal") {
+      if (value == "fail") {
+        out.on_refusal = OnRefusal::kFail;
+      } else if (value == "run") {
+        out.on_refusal = OnRefusal::kRun;
+      } else {
+        return Status::InvalidArgument(shown + ": write on_refusal=fail or on_refusal=run");
+      }
+    } else if (key == "timeout" || key == "grace") {
+      SPANK_ASSIGN_OR_RETURN(uint64_t v, ParseNumber(shown, value, 1, 86400, key + "=60"));
+      (key == "timeout" ? out.timeout : out.grace) = static_cast<uint32_t>(v);
+    } else {
+      return Status::InvalidArgument(shown +
+                                     ": unknown key; the keys are config, policy, rundir, "
+                                     "on_refusal, launcher, nopfsd, timeout, grace");
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> ToArgs(const PluginArgs& args) {
+  std::vector<std::string> out;
+  if (!args.config.empty()) out.push_back("config=" + args.config);
+  if (!args.policy.empty()) out.push_back("policy=" + args.policy);
+  out.push_back("rundir=" + args.rundir);
+  out.push_back(std::string("on_refusal=") +
+                (args.on_refusal == OnRefusal::kFail ? "fail" : "run"));
+  if (!args.launcher.empty()) out.push_back("launcher=" + args.launcher);
+  if (!args.nopfsd.empty()) out.push_back("nopfsd=" + args.nopfsd);
+  out.push_back("timeout=" + std::to_string(args.timeout));
+  out.push_back("grace=" + std::to_string(args.grace));
+  return out;
+}
+
+Result<std::vector<std::string>> ExpandHostlist(std::string_view list) {
+  constexpr size_t kMaxNames = 65536;
+  std::vector<std::string> out;
+  const auto bad = [&](std::string_view why) {
+    return Status::InvalidArgument("host list '" + std::string(list.substr(0, 200)) +
+                                   "': " + std::string(why));
+  };
+  size_t i = 0;
+  while (i < list.size()) {
+    // One item: prefix[ranges]suffix, up to the next top-level comma.
+    size_t open = std::string_view::npos;
+    size_t end = i;
+    int depth = 0;
+    for (; end < list.size(); ++end) {
+      const char c = list[end];
+      if (c == '[') {
+        if (depth++ != 0 || open != std::string_view::npos) return bad("nested or second '['");
+        open = end;
+      } else if (c == ']') {
+        if (--depth != 0) return bad("unbalanced ']'");
+      } else if (c == ',' && depth == 0) {
+        break;
+      } else if (c != ',' && c != '-' && !IsComponentChar(c)) {
+        return bad("unexpected character");
+      }
+    }
+    if (depth != 0) return bad("missing ']'");
+    const std::string_view item = list.substr(i, end - i);
+    if (item.empty()) return bad("empty name");
+    if (open == std::string_view::npos) {
+      out.emplace_back(item);
+    } else {
+      const size_t close = list.find(']', open);
+      const std::string prefix(list.substr(i, open - i));
+      const std::string suffix(list.substr(close + 1, end - close - 1));
+      std::string_view ranges = list.substr(open + 1, close - open - 1);
+      if (ranges.empty()) return bad("empty '[]'");
+      while (!ranges.empty()) {
+        const size_t comma = ranges.find(',');
+        const std::string_view range = ranges.substr(0, comma);
+        ranges = comma == std::string_view::npos ? std::string_view() : ranges.substr(comma + 1);
+        const size_t dash = range.find('-');
+        const std::string_view lo_s = range.substr(0, dash);
+        const std::string_view hi_s =
+            dash == std::string_view::npos ? lo_s : range.substr(dash + 1);
+        uint64_t lo = 0;
+        uint64_t hi = 0;
+        for (auto [s, v] : {std::pair{lo_s, &lo}, std::pair{hi_s, &hi}}) {
+          const auto r = std::from_chars(s.data(), s.data() + s.size(), *v);
+          if (s.empty() || s.size() > 9 || r.ec != std::errc() || r.ptr != s.data() + s.size()) {
+            return bad("a range must be numbers like 1-4 or 08-12");
+          }
+        }
+        if (lo > hi) return bad("a range runs backwards");
+        if (hi - lo >= kMaxNames) return bad("too many names");
+        const size_t width = lo_s.size();
+        for (uint64_t n = lo; n <= hi; ++n) {
+          std::string digits = std::to_string(n);
+          if (digits.size() < width) digits.insert(0, width - digits.size(), '0');
+          out.push_back(prefix + digits + suffix);
+          if (out.size() > kMaxNames) return bad("too many names");
+        }
+      }
+    }
+    if (out.size() > kMaxNames) return bad("too many names");
+    i = end + 1;
+    if (end + 1 == list.size() && list[end] == ',') return bad("trailing ','");
+  }
+  if (out.empty()) return bad("no names");
+  return out;
+}
+
+Result<uint32_t> NodeIndex(std::string_view list, std::string_view node) {
+  SPANK_ASSIGN_OR_RETURN(std::vector<std::string> names, ExpandHostlist(list));
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == node) return static_cast<uint32_t>(i);
+  }
+  return Status::NotFound("node " + std::string(node) + " is not in the job's node list " +
+                          std::string(list.substr(0, 200)));
+}
+
+std::string RunDir(const std::string& rundir, std::string_view node, uint64_t job_id) {
+  return rundir + "/" + std::string(node) + "/" + std::to_string(job_id);
+}
+
+Status CheckComponent(std::string_view what, std::string_view name) {
+  if (name.empty() || name.size() > 255 || name.front() == '.') {
+    return Status::InvalidArgument(std::string(what) + " '" + std::string(name.substr(0, 64)) +
+                                   "' is empty, too long or starts with '.'");
+  }
+  for (char c : name) {
+    if (!IsComponentChar(c)) {
+      return Status::InvalidArgument(std::string(what) + " '" + std::string(name.substr(0, 64)) +
+                                     "' has a character other than letters, digits, . _ -");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace nopfs::spank

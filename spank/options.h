@@ -1,0 +1,99 @@
+// The values a user and an admin give the nopfs SPANK plugin, parsed and validated by pure
+// functions that every context (sbatch, srun, slurmstepd, the job prolog and epilog, nopfs-job)
+// runs again on its own, since each is a separate process.
+//
+// User options (sbatch/salloc/srun, docs/user.md):
+//   --nopfs=DATASET            absolute path of the dataset directory; turns the cache on
+//   --nopfs-seed=N             shuffle seed, 0 .. 2^64-1 (default 0)
+//   --nopfs-epochs=N           1 .. 1000000 (default 1)
+//   --nopfs-batch=N            global batch size, 1 .. 2^40 (default 1)
+//   --nopfs-scheme=S           uniform | strided (default uniform)
+//   --nopfs-drop-last          drop the last incomplete batch of each epoch
+//   --nopfs-ranks-per-node=N   training processes per node, 1 .. 4096 (default 1)
+//   --nopfs-ram=SIZE           RAM tier asked for on each node, e.g. 16GB (default: policy's)
+//   --nopfs-ssd=SIZE           SSD tier asked for on each node (default: policy's)
+// Every value is treated as hostile: bounded length, no control characters, numbers in range,
+// sizes through ParseSize. Each error message says what to write instead.
+//
+// Plugin arguments (plugstack.conf, written by the admin): strict key=value, unknown keys are
+// errors: config=FILE policy=FILE rundir=DIR on_refusal=fail|run launcher=PATH nopfsd=PATH
+// timeout=SECONDS grace=SECONDS.
+//
+// Thread safety: pure functions over values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace nopfs::spank {
+
+// One user option: its name without the leading "--", whether it takes a value, its help text.
+struct OptionInfo {
+  const char* name;
+  const char* arginfo;  // nullptr for a flag
+  const char* usage;
+};
+// Every user option, in the order `sbatch --help` shows them.
+const std::vector<OptionInfo>& UserOptions();
+
+struct JobOptions {
+  std::string dataset;  // empty: the job did not ask for nopfs
+  uint64_t seed = 0;
+  uint32_t epochs = 1;
+  uint64_t batch = 1;
+  std::string scheme = "uniform";
+  bool drop_last = false;
+  uint32_t ranks_per_node = 1;
+  uint64_t ram = 0;  // bytes asked for per node; 0: what the policy grants
+  uint64_t ssd = 0;
+  // Which options were given (bit i = UserOptions()[i]), so that a repeated option with a
+  // different value is refused while the same value twice (Slurm calls back twice) is accepted.
+  uint32_t given = 0;
+};
+
+// Applies option `name` ("nopfs", "nopfs-seed", ...) with `value` (ignored for flags) to *opts.
+// InvalidArgument with a message of the form "--nopfs-seed=abc: <what>; write <instead>".
+Status ApplyOption(JobOptions* opts, std::string_view name, std::string_view value);
+
+// Checks the options together (e.g. a --nopfs-* option without --nopfs=DATASET).
+Status ValidateJob(const JobOptions& opts);
+
+// The options as "--name=value" arguments (for nopfs-job), which ApplyOption reads back.
+std::vector<std::string> ToArgs(const JobOptions& opts);
+
+enum class OnRefusal { kFail, kRun };
+
+struct PluginArgs {
+  std::string config;                 // node config (lua/config.h); empty: built-in defaults
+  std::string policy;                 // admission policy (lua/admit.h); empty: none
+  std::string rundir = "/run/nopfs";  // base; a job's run dir is <rundir>/<node>/<jobid>
+  OnRefusal on_refusal = OnRefusal::kFail;
+  std::string launcher;    // nopfs-job; empty: beside the plugin's install prefix
+  std::string nopfsd;      // nopfsd; empty: beside nopfs-job
+  uint32_t timeout = 300;  // seconds nopfsd may take to become ready
+  uint32_t grace = 10;     // seconds between SIGTERM and SIGKILL in the epilog
+};
+
+// Parses plugstack.conf's arguments for this plugin.
+Result<PluginArgs> ParsePluginArgs(const std::vector<std::string>& args);
+// The same arguments back as key=value strings (for nopfs-job).
+std::vector<std::string> ToArgs(const PluginArgs& args);
+
+// Expands a Slurm host list ("n[1-3,7],gpu[08-09],login") into names, in order. At most
+// 65536 names; InvalidArgument on malformed input.
+Result<std::vector<std::string>> ExpandHostlist(std::string_view list);
+// Index of `node` in the expanded list; NotFound when absent.
+Result<uint32_t> NodeIndex(std::string_view list, std::string_view node);
+
+// <rundir>/<node>/<jobid>.
+std::string RunDir(const std::string& rundir, std::string_view node, uint64_t job_id);
+
+// Checks a name used as one path component (node names, user names): 1..255 characters of
+// letters, digits, '.', '_', '-', not starting with '.'.
+Status CheckComponent(std::string_view what, std::string_view name);
+
+}  // namespace nopfs::spank

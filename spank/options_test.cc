@@ -1,0 +1,212 @@
+#include "spank/options.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace nopfs::spank {
+namespace {
+
+JobOptions Apply(const std::vector<std::pair<std::string, std::string>>& given) {
+  JobOptions o;
+  for (const auto& [name, value] : given) {
+    Status s = ApplyOption(&o, name, value);
+    EXPECT_TRUE(s.ok()) << name << "=" << value << ": " << s.message();
+  }
+  return o;
+}
+
+TEST(OptionsTest, ValidOptionsAreParsed) {
+  JobOptions o = Apply({{"nopfs", "/pfs/datasets/imagenet"},
+                        {"nopfs-seed", "18446744073709551615"},
+                        {"nopfs-epochs", "90"},
+                        {"nopfs-batch", "256"},
+                        {"nopfs-scheme", "strided"},
+                        {"nopfs-drop-last", ""},
+                        {"nopfs-ranks-per-node", "4"},
+                        {"nopfs-ram", "16GB"},
+                        {"nopfs-ssd", "1.5TiB"}});
+  EXPECT_EQ(o.dataset, "/pfs/datasets/imagenet");
+  EXPECT_EQ(o.seed, 18446744073709551615ull);
+  EXPECT_EQ(o.epochs, 90u);
+  EXPECT_EQ(o.batch, 256u);
+  EXPECT_EQ(o.scheme, "strided");
+  EXPECT_TRUE(o.drop_last);
+  EXPECT_EQ(o.ranks_per_node, 4u);
+  EXPECT_EQ(o.ram, 16'000'000'000u);
+  EXPECT_EQ(o.ssd, uint64_t{3} << 39);
+  EXPECT_TRUE(ValidateJob(o).ok());
+}
+
+TEST(OptionsTest, DefaultsWhenOnlyTheDatasetIsGiven) {
+  JobOptions o = Apply({{"nopfs", "/d"}});
+  EXPECT_EQ(o.seed, 0u);
+  EXPECT_EQ(o.epochs, 1u);
+  EXPECT_EQ(o.batch, 1u);
+  EXPECT_EQ(o.scheme, "uniform");
+  EXPECT_FALSE(o.drop_last);
+  EXPECT_EQ(o.ranks_per_node, 1u);
+  EXPECT_EQ(o.ram, 0u);
+  EXPECT_TRUE(ValidateJob(o).ok());
+}
+
+TEST(OptionsTest, SameValueTwiceIsAcceptedAConflictingOneIsNot) {
+  JobOptions o;
+  ASSERT_TRUE(ApplyOption(&o, "nopfs-seed", "7").ok());
+  ASSERT_TRUE(ApplyOption(&o, "nopfs-seed", "7").ok());  // Slurm calls back twice
+  Status s = ApplyOption(&o, "nopfs-seed", "8");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("already given"), std::string::npos) << s.message();
+  EXPECT_EQ(o.seed, 7u);
+}
+
+TEST(OptionsTest, ArgsRoundTrip) {
+  JobOptions o = Apply(
+      {{"nopfs", "/data/x y"}, {"nopfs-seed", "3"}, {"nopfs-drop-last", ""}, {"nopfs-ram", "1GB"}});
+  JobOptions back;
+  for (const std::string& a : ToArgs(o)) {
+    const size_t eq = a.find('=');
+    ASSERT_TRUE(ApplyOption(&back,
+                            a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2),
+                            eq == std::string::npos ? "" : a.substr(eq + 1))
+                    .ok())
+        << a;
+  }
+  EXPECT_EQ(back.dataset, o.dataset);
+  EXPECT_EQ(back.seed, 3u);
+  EXPECT_TRUE(back.drop_last);
+  EXPECT_EQ(back.ram, 1'000'000'000u);
+  EXPECT_TRUE(ToArgs(JobOptions{}).empty());
+}
+
+struct Invalid {
+  std::string name;
+  std::string value;
+  std::string says;  // a piece of the message that tells the user what to write
+};
+
+TEST(OptionsTest, InvalidValuesAreRefusedWithAHint) {
+  const std::string long_path = "/" + std::string(5000, 'a');
+  const std::vector<Invalid> table = {
+      {"nopfs", "", "absolute path"},
+      {"nopfs", "relative/dir", "absolute path"},
+      {"nopfs", "~/data", "absolute path"},
+      {"nopfs", "/pfs/../etc", "'..'"},
+      {"nopfs", "/pfs/..", "'..'"},
+      {"nopfs", long_path, "at most"},
+      {"nopfs", std::string("/pfs/a\nb"), "control"},
+      {"nopfs", std::string("/pfs/a\tb"), "control"},
+      {"nopfs", std::string("/pfs/a\x1b[31m"), "control"},
+      {"nopfs", std::string("/pfs/\xc3\xa9"), "ASCII"},
+      {"nopfs", std::string("/pfs/a\0b", 8), "control"},
+      {"nopfs-seed", "", "whole number"},
+      {"nopfs-seed", "abc", "whole number"},
+      {"nopfs-seed", "-1", "whole number"},
+      {"nopfs-seed", "1.5", "whole number"},
+      {"nopfs-seed", "0x10", "whole number"},
+      {"nopfs-seed", " 1", "whole number"},
+      {"nopfs-seed", "18446744073709551616", "out of range"},
+      {"nopfs-epochs", "0", "from 1 to 1000000"},
+      {"nopfs-epochs", "1000001", "out of range"},
+      {"nopfs-epochs", "ten", "--nopfs-epochs=90"},
+      {"nopfs-batch", "0", "out of range"},
+      {"nopfs-batch", "1099511627777", "out of range"},
+      {"nopfs-scheme", "random", "uniform"},
+      {"nopfs-scheme", "UNIFORM", "strided"},
+      {"nopfs-scheme", "", "uniform"},
+      {"nopfs-ranks-per-node", "0", "out of range"},
+      {"nopfs-ranks-per-node", "4097", "out of range"},
+      {"nopfs-ranks-per-node", "4,", "whole number"},
+      {"nopfs-ram", "lots", "size"},
+      {"nopfs-ram", "0", "leave the option out"},
+      {"nopfs-ram", "-5GB", "size"},
+      {"nopfs-ram", "1e400", "range"},
+      {"nopfs-ram", std::string(100, '9'), "at most"},
+      {"nopfs-ssd", "12 parsecs", "size"},
+      {"nopfs-drop-last", "no", "takes no value"},
+      {"nopfs-cache", "1", "not a nopfs option"},
+      {"", "x", "not a nopfs option"},
+  };
+  for (const Invalid& t : table) {
+    JobOptions o;
+    Status s = ApplyOption(&o, t.name, t.value);
+    ASSERT_FALSE(s.ok()) << t.name << "=" << t.value;
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find(t.says), std::string::npos)
+        << t.name << ": " << s.message() << " (expected '" << t.says << "')";
+    for (char c : s.message()) {
+      EXPECT_FALSE(static_cast<unsigned char>(c) < 0x20) << "the message echoes a control char";
+    }
+    EXPECT_LT(s.message().size(), 600u) << "the message echoes a huge value";
+    EXPECT_EQ(o.given, 0u) << "a refused value must not count as given";
+  }
+}
+
+TEST(OptionsTest, SamplingOptionsNeedADataset) {
+  JobOptions o = Apply({{"nopfs-seed", "1"}});
+  Status s = ValidateJob(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("--nopfs-seed: needs --nopfs=DATASET"), std::string::npos)
+      << s.message();
+  EXPECT_TRUE(ValidateJob(JobOptions{}).ok());
+}
+
+TEST(PluginArgsTest, ParsesEveryKey) {
+  Result<PluginArgs> a =
+      ParsePluginArgs({"config=/etc/nopfs/nopfs.conf.lua", "policy=/etc/nopfs/policy.lua",
+                       "rundir=/run/nopfs/", "on_refusal=run", "launcher=/usr/libexec/nopfs-job",
+                       "nopfsd=/usr/sbin/nopfsd", "timeout=120", "grace=5"});
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  EXPECT_EQ(a->config, "/etc/nopfs/nopfs.conf.lua");
+  EXPECT_EQ(a->rundir, "/run/nopfs");
+  EXPECT_EQ(a->on_refusal, OnRefusal::kRun);
+  EXPECT_EQ(a->timeout, 120u);
+  EXPECT_EQ(a->grace, 5u);
+  Result<PluginArgs> back = ParsePluginArgs(ToArgs(*a));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->nopfsd, "/usr/sbin/nopfsd");
+  EXPECT_EQ(back->launcher, a->launcher);
+  Result<PluginArgs> d = ParsePluginArgs({});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->on_refusal, OnRefusal::kFail);
+}
+
+TEST(PluginArgsTest, RefusesBadArguments) {
+  for (const char* bad :
+       {"config", "=x", "colour=blue", "rundir=relative", "rundir=/", "rundir=", "on_refusal=maybe",
+        "timeout=0", "timeout=-1", "timeout=1d", "grace=86401", "launcher=nopfs-job"}) {
+    Result<PluginArgs> a = ParsePluginArgs({bad});
+    EXPECT_FALSE(a.ok()) << bad;
+  }
+}
+
+TEST(HostlistTest, Expands) {
+  Result<std::vector<std::string>> h = ExpandHostlist("n[1-3,7],gpu[08-10],login");
+  ASSERT_TRUE(h.ok()) << h.status().message();
+  EXPECT_EQ(*h,
+            (std::vector<std::string>{"n1", "n2", "n3", "n7", "gpu08", "gpu09", "gpu10", "login"}));
+  h = ExpandHostlist("a[1-2]-ib");
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(*h, (std::vector<std::string>{"a1-ib", "a2-ib"}));
+  Result<uint32_t> i = NodeIndex("n[1-3]", "n3");
+  ASSERT_TRUE(i.ok());
+  EXPECT_EQ(*i, 2u);
+  EXPECT_EQ(NodeIndex("n[1-3]", "n4").status().code(), StatusCode::kNotFound);
+  for (const char* bad : {"", "n[", "n[1-", "n[3-1]", "n[]", "n[1-2", "n]1", "n[a-b]",
+                          "n[1-99999999]", "a b", "n1,", "n[[1]]", "n[1]x[2]"}) {
+    EXPECT_FALSE(ExpandHostlist(bad).ok()) << bad;
+  }
+}
+
+TEST(PathsTest, RunDirAndComponents) {
+  EXPECT_EQ(RunDir("/run/nopfs", "n2", 42), "/run/nopfs/n2/42");
+  EXPECT_TRUE(CheckComponent("node", "n-1.b_c").ok());
+  for (const char* bad : {"", ".", "..", ".hidden", "a/b", "a b", "a\nb"}) {
+    EXPECT_FALSE(CheckComponent("node", bad).ok()) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace nopfs::spank

@@ -1,0 +1,357 @@
+// spank_nopfs.so: the SPANK plugin. Every slurm_spank_* entry point is here and stays a few
+// lines; the work is in options.cc (pure parsing, run again in each context since each context
+// is its own process) and in the nopfs-job launcher, which the job prolog and epilog run with a
+// hard time limit. No exception crosses into Slurm; errors are returned as -1 (the value every
+// Slurm version treats as an error) with a message "nopfs: <phase>: <what>".
+//
+// Contexts: allocator/local (sbatch, salloc, srun; as the user): options are parsed and
+// validated, a bad value fails the submission. job_script (slurmd's prolog and epilog; root):
+// nopfs-job prolog/epilog. remote (slurmstepd): task_init exports NOPFS_* to each task.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include <slurm/spank.h>
+
+// SPANK_PLUGIN's constants are const, hence internal in C++ without these declarations.
+extern const char plugin_name[];
+extern const char plugin_type[];
+extern const unsigned int plugin_version;
+extern const unsigned int spank_plugin_version;
+SPANK_PLUGIN(nopfs, 1)
+}
+
+#include "spank/job_files.h"
+#include "spank/options.h"
+
+namespace nopfs::spank {
+namespace {
+
+PluginArgs g_args;
+JobOptions g_opts;
+std::vector<spank_option> g_spank_options;
+
+int OnOption(int val, const char* optarg, int /*remote*/) {
+  try {
+    const auto& info = UserOptions();
+    if (val < 0 || static_cast<size_t>(val) >= info.size()) return -1;
+    Status s = ApplyOption(&g_opts, info[val].name, optarg != nullptr ? optarg : "");
+    if (!s.ok()) {
+      slurm_error("nopfs: option: %s", s.message().c_str());
+      return -1;
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    slurm_error("nopfs: option: %s", e.what());
+    return -1;
+  }
+}
+
+// The option table Slurm is given, built once per process (every entry point may be the first
+// one called: slurm_spank_init does not run before the job prolog and epilog).
+std::vector<spank_option>& SpankOptions() {
+  if (g_spank_options.empty()) {
+    const auto& info = UserOptions();
+    for (size_t i = 0; i < info.size(); ++i) {
+      g_spank_options.push_back(
+          spank_option{const_cast<char*>(info[i].name), const_cast<char*>(info[i].arginfo),
+                       const_cast<char*>(info[i].usage), info[i].arginfo != nullptr ? 1 : 0,
+                       static_cast<int>(i), OnOption});
+    }
+  }
+  return g_spank_options;
+}
+
+// Parses plugstack.conf's arguments into g_args (again in every entry point that needs them).
+bool LoadArgs(const char* phase, int ac, char** av) {
+  Result<PluginArgs> parsed = ParsePluginArgs(std::vector<std::string>(av, av + ac));
+  if (!parsed.ok()) {
+    slurm_error("nopfs: %s: %s", phase, parsed.status().message().c_str());
+    return false;
+  }
+  g_args = *parsed;
+  return true;
+}
+
+int Init(spank_t sp, int ac, char** av) {
+  if (!LoadArgs("init", ac, av)) return -1;
+  const spank_context_t ctx = spank_context();
+  if (ctx == S_CTX_SLURMD) return 0;
+  for (spank_option& o : SpankOptions()) {
+    if (spank_option_register(sp, &o) != ESPANK_SUCCESS && ctx != S_CTX_JOB_SCRIPT) {
+      slurm_error("nopfs: init: cannot register --%s", o.name);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+// Reads the user's options back in a context where the callbacks did not run (job_script).
+Result<JobOptions> GetOptions(spank_t sp) {
+  JobOptions opts;
+  for (spank_option& o : SpankOptions()) {
+    char* value = nullptr;
+    if (spank_option_getopt(sp, &o, &value) != ESPANK_SUCCESS) continue;
+    NOPFS_RETURN_IF_ERROR(ApplyOption(&opts, o.name, value != nullptr ? value : ""));
+  }
+  return opts;
+}
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : "";
+}
+
+std::string SpankEnv(spank_t sp, const char* name) {
+  char buf[8192];
+  if (spank_getenv(sp, name, buf, sizeof(buf)) != ESPANK_SUCCESS) return "";
+  return buf;
+}
+
+std::string DefaultLauncher() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&DefaultLauncher), &info) == 0 || info.dli_fname == nullptr) {
+    return "/usr/libexec/nopfs/nopfs-job";
+  }
+  std::string so = info.dli_fname;
+  const size_t slash = so.rfind('/');
+  return (slash == std::string::npos ? std::string(".") : so.substr(0, slash)) +
+         "/../bin/nopfs-job";
+}
+
+// Runs nopfs-job with a hard limit; returns its exit code (or -1) and its output in *out.
+int RunLauncher(const std::vector<std::string>& argv_s, int limit_s, std::string* out) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    *out = std::string("pipe: ") + std::strerror(errno);
+    return -1;
+  }
+  std::vector<char*> argv;
+  for (const std::string& a : argv_s)
+    argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<std::string> env_s = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
+  if (const char* conf = std::getenv("SLURM_CONF"))
+    env_s.push_back(std::string("SLURM_CONF=") + conf);
+  std::vector<char*> envp;
+  for (const std::string& e : env_s)
+    envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    *out = std::string("fork: ") + std::strerror(errno);
+    close(fds[0]);
+    close(fds[1]);
+    return -1;
+  }
+  if (pid == 0) {
+    setpgid(0, 0);
+    const int null_fd = open("/dev/null", O_RDONLY);
+    dup2(null_fd, 0);
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    close_range(3, ~0U, 0);
+    execve(argv[0], argv.data(), envp.data());
+    dprintf(1, "nopfs: cannot run %s: %s\n", argv[0], std::strerror(errno));
+    _exit(127);
+  }
+  close(fds[1]);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(limit_s);
+  bool timed_out = false;
+  char buf[4096];
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    const int r = poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    if (r < 0 && errno != EINTR) break;
+    if (r <= 0) continue;
+    const ssize_t n = read(fds[0], buf, sizeof(buf));
+    if (n <= 0) break;
+    if (out->size() < 65536) out->append(buf, static_cast<size_t>(n));
+  }
+  close(fds[0]);
+  if (timed_out) {
+    kill(-pid, SIGKILL);
+    kill(pid, SIGKILL);
+    out->append("nopfs: launcher killed after " + std::to_string(limit_s) + " s\n");
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  while (!out->empty() && out->back() == '\n')
+    out->pop_back();
+  if (timed_out || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+int JobScript(spank_t sp, int ac, char** av, const char* mode) {
+  if (!LoadArgs(mode, ac, av)) return 0;
+  Result<JobOptions> opts = GetOptions(sp);
+  if (!opts.ok()) {
+    slurm_error("nopfs: %s: %s", mode, opts.status().message().c_str());
+    return 0;
+  }
+  if (opts->dataset.empty()) return 0;
+  uint32_t job_id = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS ||
+      spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
+      spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS) {
+    slurm_error("nopfs: %s: cannot get the job's id, uid and gid", mode);
+    return 0;
+  }
+  std::string nodelist = Env("SLURM_NODELIST");
+  if (nodelist.empty()) nodelist = Env("SLURM_JOB_NODELIST");
+  std::vector<std::string> argv = {g_args.launcher.empty() ? DefaultLauncher() : g_args.launcher,
+                                   mode,
+                                   "--job-id=" + std::to_string(job_id),
+                                   "--node=" + Env("SLURMD_NODENAME"),
+                                   "--nodelist=" + nodelist,
+                                   "--uid=" + std::to_string(uid),
+                                   "--gid=" + std::to_string(gid),
+                                   "--user=" + Env("SLURM_JOB_USER")};
+  for (const std::string& a : ToArgs(g_args))
+    argv.push_back(a);
+  for (const std::string& a : ToArgs(*opts))
+    argv.push_back(a);
+  // nopfsd has `timeout` to become ready and the epilog `grace` to stop it; the rest is margin.
+  const int limit = static_cast<int>(g_args.timeout + 2 * g_args.grace + 60);
+  std::string out;
+  const int rc = RunLauncher(argv, limit, &out);
+  if (rc == 0) {
+    slurm_info("%s", out.c_str());
+  } else {
+    slurm_error("%s (exit %d)", out.empty() ? "nopfs: launcher said nothing" : out.c_str(), rc);
+  }
+  // Never fail here: a failing prolog or epilog drains the node. A job without its cache learns
+  // it in task_init (on_refusal decides whether it fails).
+  return 0;
+}
+
+int TaskInit(spank_t sp) {
+  if (g_opts.dataset.empty()) return 0;
+  uint32_t job_id = 0;
+  if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS) return 0;
+  const std::string node = SpankEnv(sp, "SLURMD_NODENAME");
+  std::string nodelist = SpankEnv(sp, "SLURM_JOB_NODELIST");
+  if (nodelist.empty()) nodelist = SpankEnv(sp, "SLURM_NODELIST");
+  const std::string local_s = SpankEnv(sp, "SLURM_LOCALID");
+  Result<std::vector<std::string>> names = ExpandHostlist(nodelist);
+  Result<uint32_t> index = NodeIndex(nodelist, node);
+  if (!names.ok() || !index.ok()) {
+    const Status& s = !names.ok() ? names.status() : index.status();
+    slurm_error("nopfs: task: %s", s.message().c_str());
+    return g_args.on_refusal == OnRefusal::kFail ? -1 : 0;
+  }
+  const uint32_t local = static_cast<uint32_t>(std::strtoul(local_s.c_str(), nullptr, 10));
+  const std::string dir = RunDir(g_args.rundir, node, job_id);
+  std::string why;
+  if (ReadText(dir + "/ready").empty()) {
+    why = ReadText(dir + "/refused");
+    if (why.empty()) why = ReadText(dir + "/failed");
+    if (why.empty()) why = "nopfs: task: " + node + ": no cache was started (see slurmd's log)";
+    while (!why.empty() && why.back() == '\n')
+      why.pop_back();
+  }
+  if (!why.empty()) {
+    if (g_args.on_refusal == OnRefusal::kFail) {
+      std::fprintf(stderr, "%s\nnopfs: task: the job fails (the site set on_refusal=fail)\n",
+                   why.c_str());
+      std::fflush(stderr);
+      // We are in the task's own process, just before it execs the user's program. Slurm
+      // 22.05 ignores a failing task_init in the batch step, so end the task here: the job
+      // ends FAILED with exit code 1 and the message above in its output.
+      _exit(1);
+    }
+    if (local == 0) {
+      std::fprintf(stderr, "%s\nnopfs: task: reading the dataset directly, without the cache\n",
+                   why.c_str());
+    }
+  }
+  const uint32_t nodes = static_cast<uint32_t>(names->size());
+  const uint32_t per_node = g_opts.ranks_per_node;
+  const auto set = [&](const char* name, const std::string& value) {
+    spank_setenv(sp, name, value.c_str(), 1);
+  };
+  if (why.empty() && local < per_node) set("NOPFS_SOCKET", dir + "/nopfsd.sock");
+  set("NOPFS_RANK", std::to_string(*index * per_node + local));
+  set("NOPFS_LOCAL_RANK", std::to_string(local));
+  set("NOPFS_RANKS", std::to_string(nodes * per_node));
+  set("NOPFS_RANKS_PER_NODE", std::to_string(per_node));
+  set("NOPFS_NODE", std::to_string(*index));
+  set("NOPFS_NODES", std::to_string(nodes));
+  set("NOPFS_SEED", std::to_string(g_opts.seed));
+  set("NOPFS_EPOCHS", std::to_string(g_opts.epochs));
+  set("NOPFS_BATCH", std::to_string(g_opts.batch));
+  set("NOPFS_SCHEME", g_opts.scheme);
+  set("NOPFS_DROP_LAST", g_opts.drop_last ? "1" : "0");
+  set("NOPFS_DATASET", g_opts.dataset);
+  set("NOPFS_RUN_DIR", dir);
+  return 0;
+}
+
+template <typename F>
+int Guard(const char* phase, F&& f) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    slurm_error("nopfs: %s: %s", phase, e.what());
+  } catch (...) {
+    slurm_error("nopfs: %s: unexpected error", phase);
+  }
+  return -1;
+}
+
+}  // namespace
+}  // namespace nopfs::spank
+
+using nopfs::spank::Guard;
+
+extern "C" int slurm_spank_init(spank_t sp, int ac, char** av) {
+  return Guard("init", [&] { return nopfs::spank::Init(sp, ac, av); });
+}
+
+extern "C" int slurm_spank_init_post_opt(spank_t, int, char**) {
+  return Guard("option", [&] {
+    if (spank_context() != S_CTX_ALLOCATOR && spank_context() != S_CTX_LOCAL) return 0;
+    nopfs::Status s = nopfs::spank::ValidateJob(nopfs::spank::g_opts);
+    if (!s.ok()) {
+      slurm_error("nopfs: option: %s", s.message().c_str());
+      // sbatch 22.05 goes on submitting after a failing init_post_opt; this is the user's own
+      // sbatch/salloc/srun process, so refuse the submission the way a bad option does.
+      std::fflush(nullptr);
+      std::exit(1);
+    }
+    return 0;
+  });
+}
+
+extern "C" int slurm_spank_job_prolog(spank_t sp, int ac, char** av) {
+  return Guard("prolog", [&] { return nopfs::spank::JobScript(sp, ac, av, "prolog"); });
+}
+
+extern "C" int slurm_spank_job_epilog(spank_t sp, int ac, char** av) {
+  return Guard("epilog", [&] { return nopfs::spank::JobScript(sp, ac, av, "epilog"); });
+}
+
+extern "C" int slurm_spank_task_init(spank_t sp, int, char**) {
+  return Guard("task", [&] { return nopfs::spank::TaskInit(sp); });
+}

@@ -1,0 +1,436 @@
+#!/usr/bin/python3
+"""Cluster tests of the nopfs SPANK plugin against a real Slurm: slurmctld, three slurmd, MUNGE
+and ordinary users, brought up once by contrib/slurm/local-cluster and torn down at the end.
+
+Run as root (ctest -L slurm). NOPFS_BINARY_DIR names the build (plugin in lib/, nopfs-job,
+nopfsd and nopfs in bin/). Each test submits jobs as nopfs-alice / nopfs-bob and checks what a
+user and an admin rely on: options validated at submission, nopfsd as the user on exactly the
+job's nodes, NOPFS_* in every task and correct bytes, a policy refusal shown to the user,
+isolation between users, capacity never oversubscribed, and nothing left behind afterwards.
+"""
+import glob
+import os
+import pwd
+import re
+import shutil
+import socket
+import subprocess
+import time
+import unittest
+
+SRC = os.environ.get("NOPFS_SOURCE_DIR",
+                     os.path.abspath(os.path.join(os.path.dirname(__file__), "../..")))
+BUILD = os.environ.get("NOPFS_BINARY_DIR", os.path.join(SRC, "build"))
+DIR = os.environ.get("NOPFS_TEST_CLUSTER_DIR", "/tmp/nopfs-cluster-test")
+CLUSTER = os.path.join(SRC, "contrib/slurm/local-cluster")
+CONF = os.path.join(DIR, "etc/slurm.conf")
+NODES = ["n1", "n2", "n3"]
+DATASET = os.path.join(DIR, "data/ds")
+JOBS = os.path.join(DIR, "jobs")
+RUN = os.path.join(DIR, "run")
+SSD = os.path.join(DIR, "ssd")
+MiB = 1 << 20
+RAM_CAPACITY = 512 * 1000 * 1000  # the local cluster's config: classes.ram capacity
+# Developer hook: a stand-in daemon before nopfsd is built. The byte check needs the real one.
+NOPFSD = os.environ.get("NOPFS_TEST_NOPFSD", os.path.join(BUILD, "bin/nopfsd"))
+REAL_NOPFSD = NOPFSD == os.path.join(BUILD, "bin/nopfsd")
+
+
+def env():
+    e = dict(os.environ, NOPFS_CLUSTER_DIR=DIR, NOPFS_BUILD_DIR=BUILD,
+             NOPFS_CLUSTER_PORT="18817", SLURM_CONF=CONF)
+    return e
+
+
+def cluster(*args, extra_args=""):
+    e = env()
+    e["NOPFS_PLUGIN_ARGS"] = f"nopfsd={NOPFSD} {extra_args}".strip()
+    return subprocess.run([CLUSTER, *args], env=e, capture_output=True, text=True, timeout=120)
+
+
+def as_user(user, command, check=False, timeout=60):
+    """Runs `command` in a login-less shell as `user` in the jobs directory."""
+    full = f"cd {JOBS} && export SLURM_CONF={CONF} && {command}"
+    return subprocess.run(["runuser", "-u", user, "--", "/bin/bash", "-c", full],
+                          capture_output=True, text=True, timeout=timeout, check=check)
+
+
+def sbatch(user, options, script):
+    path = os.path.join(JOBS, f"{user}-{time.monotonic_ns()}.sh")
+    with open(path, "w") as f:
+        f.write("#!/bin/bash\n" + script)
+    os.chmod(path, 0o755)
+    r = as_user(user, f"sbatch --parsable -o {JOBS}/job-%j.out {options} {path}")
+    return r
+
+
+def submit(user, options, script):
+    r = sbatch(user, options, script)
+    if r.returncode != 0:
+        raise AssertionError(f"sbatch {options} failed: {r.stderr}")
+    return int(r.stdout.strip().split(";")[0])
+
+
+def job_state(job):
+    r = subprocess.run(["scontrol", "-o", "show", "job", str(job)], env=env(),
+                       capture_output=True, text=True)
+    m = re.search(r"JobState=(\S+)", r.stdout)
+    return m.group(1) if m else "GONE"
+
+
+def wait_state(job, states, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = job_state(job)
+        if s in states:
+            return s
+        time.sleep(0.2)
+    raise AssertionError(f"job {job} is {job_state(job)}, not one of {states}, after {timeout}s")
+
+
+def wait_done(job, timeout=90):
+    return wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                            "OUT_OF_MEMORY", "GONE"}, timeout)
+
+
+def wait_file(path, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{path} did not appear within {timeout}s")
+
+
+def release(job):
+    open(os.path.join(JOBS, f"release-{job}"), "w").close()
+
+
+def output(job):
+    with open(os.path.join(JOBS, f"job-{job}.out")) as f:
+        return f.read()
+
+
+def daemons():
+    """{pid: (user, argv)} of every living process started with --run-dir under the cluster."""
+    out = {}
+    for d in glob.glob("/proc/[0-9]*"):
+        try:
+            with open(d + "/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+            with open(d + "/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            uid = os.stat(d).st_uid
+        except (OSError, IndexError):
+            continue
+        argv = [a.decode(errors="replace") for a in argv if a]
+        if "--run-dir" in argv and argv[argv.index("--run-dir") + 1].startswith(RUN + "/"):
+            out[int(d[6:])] = (pwd.getpwuid(uid).pw_name, argv)
+    return out
+
+
+def ledger(node):
+    entries = {}
+    for p in glob.glob(os.path.join(RUN, node, ".ledger", "[0-9]*")):
+        if p.endswith(".tmp"):
+            continue
+        with open(p) as f:
+            entries[int(os.path.basename(p))] = dict(
+                line.split("=", 1) for line in f.read().split("\n") if line)
+    return entries
+
+
+# Holds a job until the test releases it; prints the task's NOPFS_* and checks the bytes.
+HOLD = "while [ ! -e {jobs}/release-$SLURM_JOB_ID ]; do sleep 0.2; done\n"
+TASK = ("env | grep ^NOPFS_ | sed \"s/^/$SLURMD_NODENAME: /\" | sort; "
+        "if [ -n \"$NOPFS_SOCKET\" ] && [ \"$VERIFY\" = 1 ]; then "
+        "{build}/bin/nopfs cat --verify 2>&1 | tail -n 1 | sed \"s/^/$SLURMD_NODENAME: verify: /\"; fi")
+
+
+class ClusterTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        if os.geteuid() != 0:
+            raise unittest.SkipTest("the cluster tests run as root (they start slurmd)")
+        for f in (os.path.join(BUILD, "lib/spank_nopfs.so"), os.path.join(BUILD, "bin/nopfs-job"),
+                  NOPFSD, os.path.join(BUILD, "bin/nopfs")):
+            if not os.path.exists(f):
+                raise AssertionError(f"{f} is missing: build spank_nopfs, nopfs-job, nopfsd and nopfs")
+        r = cluster("up", "3")
+        if r.returncode != 0:
+            raise AssertionError("local-cluster up failed:\n" + r.stdout + r.stderr)
+        os.makedirs(DATASET, exist_ok=True)
+        # An ImageFolder dataset: 3 classes x 40 files of 1..64 KiB of known bytes.
+        for c in range(3):
+            os.makedirs(os.path.join(DATASET, f"class{c}"), exist_ok=True)
+            for i in range(40):
+                with open(os.path.join(DATASET, f"class{c}", f"{i:04d}.bin"), "wb") as f:
+                    f.write(os.urandom(1024 * (1 + (i * 7 + c) % 64)))
+        subprocess.run(["chmod", "-R", "a+rX", os.path.join(DIR, "data")], check=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        r = cluster("down")
+        if r.returncode != 0:
+            print(r.stderr)
+
+    def set_plugin_args(self, extra):
+        r = cluster("plugstack", extra_args=extra)
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    def setUp(self):
+        self.set_plugin_args("")
+
+    def tearDown(self):
+        # A failed test must not leave jobs that block the next one.
+        for f in glob.glob(os.path.join(JOBS, "job-*.out")):
+            release(int(re.search(r"job-(\d+)", f).group(1)))
+        subprocess.run(["scancel", "-u", "nopfs-alice"], env=env())
+        subprocess.run(["scancel", "-u", "nopfs-bob"], env=env())
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            r = subprocess.run(["squeue", "-h", "-o", "%i"], env=env(), capture_output=True,
+                               text=True)
+            if not r.stdout.strip():
+                break
+            time.sleep(0.5)
+
+    def assertNothingLeft(self, jobs):
+        deadline = time.monotonic() + 30
+        while True:
+            left = []
+            for pid, (user, argv) in daemons().items():
+                left.append(f"process {pid} of {user}: {' '.join(argv[:4])}")
+            for node in NODES:
+                for job in jobs:
+                    if os.path.lexists(os.path.join(RUN, node, str(job))):
+                        left.append(f"run dir {node}/{job}")
+                    if job in ledger(node):
+                        left.append(f"ledger entry {node}/{job}")
+            for job in jobs:
+                left += glob.glob(os.path.join(SSD, "nopfs-*", f"{job}.*"))
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        self.assertEqual(left, [], "left behind after the job")
+
+    # ---------------------------------------------------------------------------------------
+    def test_bad_options_are_refused_at_submission(self):
+        table = [
+            ("--nopfs=relative/path", "absolute path"),
+            ("--nopfs=/data/../etc", "'..'"),
+            (f"--nopfs={DATASET} --nopfs-seed=abc", "--nopfs-seed=abc: is not a whole number"),
+            (f"--nopfs={DATASET} --nopfs-epochs=0", "write a number from 1"),
+            (f"--nopfs={DATASET} --nopfs-scheme=random", "--nopfs-scheme=uniform"),
+            (f"--nopfs={DATASET} --nopfs-ram=lots", "is not a size"),
+            (f"--nopfs={DATASET} --nopfs-ranks-per-node=99999", "out of range"),
+            ("--nopfs-seed=3", "needs --nopfs=DATASET"),
+            ("'--nopfs=/data/a\tb'", "control"),
+            ("'--nopfs=/data/\x1b[31mred'", "control"),
+        ]
+        for options, says in table:
+            r = sbatch("nopfs-alice", options, "true\n")
+            self.assertNotEqual(r.returncode, 0, options)
+            self.assertIn("nopfs: option:", r.stderr, options)
+            self.assertIn(says, r.stderr, options)
+        # and a good one is accepted (then cancelled)
+        job = submit("nopfs-alice", f"--nopfs={DATASET} --nopfs-seed=1 --hold", "true\n")
+        subprocess.run(["scancel", str(job)], env=env(), check=True)
+
+    def test_job_gets_its_cache_on_every_node_and_nothing_is_left(self):
+        script = (f"export VERIFY={1 if REAL_NOPFSD else 0}\n"
+                  f"srun --ntasks-per-node=2 bash -c '{TASK.format(build=BUILD)}'\n"
+                  + HOLD.format(jobs=JOBS))
+        job = submit("nopfs-alice",
+                     f"-N2 -w n1,n3 --ntasks-per-node=2 --mem=600 --nopfs={DATASET} "
+                     "--nopfs-seed=7 --nopfs-epochs=2 --nopfs-batch=8 --nopfs-ranks-per-node=2 "
+                     "--nopfs-scheme=strided", script)
+        wait_state(job, {"RUNNING"})
+        # nopfsd as the user, one on each node of the allocation, none on n2.
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(daemons()) < 2:
+            time.sleep(0.2)
+        found = {}
+        for pid, (user, argv) in daemons().items():
+            run_dir = argv[argv.index("--run-dir") + 1]
+            self.assertEqual(user, "nopfs-alice")
+            found[run_dir] = argv
+        self.assertEqual(sorted(found), [f"{RUN}/n1/{job}", f"{RUN}/n3/{job}"])
+        self.assertFalse(os.path.exists(f"{RUN}/n2/{job}"))
+        argv = found[f"{RUN}/n3/{job}"]
+        for flag, value in [("--node", "1"), ("--ranks", "4"), ("--ranks-per-node", "2"),
+                            ("--seed", "7"), ("--epochs", "2"), ("--batch", "8"),
+                            ("--scheme", "strided"), ("--job-id", str(job))]:
+            self.assertEqual(argv[argv.index(flag) + 1], value, flag)
+        for node in ("n1", "n3"):
+            st = os.stat(f"{RUN}/{node}/{job}")
+            self.assertEqual(st.st_mode & 0o777, 0o700)
+            self.assertEqual(pwd.getpwuid(st.st_uid).pw_name, "nopfs-alice")
+            e = ledger(node)[job]
+            # --mem=600 (MiB): the policy grants a quarter of it, capped at 256 MB (debug).
+            self.assertEqual(int(e["ram"]), min(600 * MiB // 4, 256_000_000))
+        wait_file(f"{JOBS}/job-{job}.out")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and output(job).count("NOPFS_RANK=") < 4:
+            time.sleep(0.2)
+        out = output(job)
+        for node, index in (("n1", 0), ("n3", 1)):
+            for local in (0, 1):
+                self.assertIn(f"{node}: NOPFS_RANK={index * 2 + local}\n", out)
+                self.assertIn(f"{node}: NOPFS_LOCAL_RANK={local}\n", out)
+            self.assertIn(f"{node}: NOPFS_SOCKET={RUN}/{node}/{job}/nopfsd.sock\n", out)
+            self.assertIn(f"{node}: NOPFS_NODE={index}\n", out)
+            self.assertIn(f"{node}: NOPFS_RANKS=4\n", out)
+            self.assertIn(f"{node}: NOPFS_SEED=7\n", out)
+            self.assertIn(f"{node}: NOPFS_SCHEME=strided\n", out)
+            self.assertIn(f"{node}: NOPFS_DATASET={DATASET}\n", out)
+        if REAL_NOPFSD:
+            verified = re.findall(r"verify: (\d+) samples, (\d+) bytes, (\d+) mismatches", out)
+            self.assertEqual(len(verified), 4, out)
+            self.assertEqual(sum(int(v[0]) for v in verified), 2 * 120, out)  # 2 epochs, strided
+            self.assertTrue(all(v[2] == "0" for v in verified), out)
+        release(job)
+        self.assertEqual(wait_done(job), "COMPLETED", out)
+        self.assertNothingLeft([job])
+
+    def test_scancel_while_starting_leaves_nothing(self):
+        job = submit("nopfs-alice", f"-N3 --mem=300 --nopfs={DATASET} --nopfs-epochs=50",
+                     HOLD.format(jobs=JOBS))
+        wait_state(job, {"CONFIGURING", "RUNNING"})
+        subprocess.run(["scancel", str(job)], env=env(), check=True)
+        wait_done(job)
+        self.assertNothingLeft([job])
+
+    def test_crashed_nopfsd_is_cleaned_by_the_epilog(self):
+        job = submit("nopfs-alice", f"-N2 --mem=300 --nopfs={DATASET}", HOLD.format(jobs=JOBS))
+        wait_state(job, {"RUNNING"})
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(daemons()) < 2:
+            time.sleep(0.2)
+        for pid in daemons():
+            os.kill(pid, 9)
+        release(job)
+        wait_done(job)
+        self.assertNothingLeft([job])
+
+    def test_policy_refusal_reaches_the_user(self):
+        # on_refusal=fail (the default): the job fails and says why.
+        job = submit("nopfs-alice", f"-p interactive --nopfs={DATASET}", "echo ran\n")
+        self.assertEqual(wait_done(job), "FAILED")
+        out = output(job)
+        self.assertIn("refused: nopfs is not offered on partition interactive", out)
+        self.assertNotIn("ran", out.replace("refused", ""))
+        # on_refusal=run: the job runs without the cache and is told so.
+        self.set_plugin_args("on_refusal=run")
+        job2 = submit("nopfs-alice", f"-p interactive --nopfs={DATASET}",
+                      "echo ran; echo socket=${NOPFS_SOCKET:-none}\n")
+        self.assertEqual(wait_done(job2), "COMPLETED")
+        out = output(job2)
+        self.assertIn("refused: nopfs is not offered on partition interactive", out)
+        self.assertIn("without the cache", out)
+        self.assertIn("socket=none", out)
+        self.assertNothingLeft([job, job2])
+        # Refusals never drain a node.
+        r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=env(), capture_output=True,
+                           text=True)
+        self.assertNotRegex(r.stdout, r"drain|drng|down")
+
+    def test_two_users_are_isolated(self):
+        opts = f"-N2 -w n1,n2 --oversubscribe --mem=300 --nopfs={DATASET}"
+        a = submit("nopfs-alice", opts, HOLD.format(jobs=JOBS))
+        b = submit("nopfs-bob", opts, HOLD.format(jobs=JOBS))
+        wait_state(a, {"RUNNING"})
+        wait_state(b, {"RUNNING"})
+        for node in ("n1", "n2"):
+            wait_file(f"{RUN}/{node}/{a}/ready", 30)
+            wait_file(f"{RUN}/{node}/{b}/ready", 30)
+        owners = {user for user, _ in daemons().values()}
+        self.assertEqual(owners, {"nopfs-alice", "nopfs-bob"})
+        probe = ("import socket,sys\n"
+                 "d=sys.argv[1]\n"
+                 "for what, f in (('connect', lambda: socket.socket(socket.AF_UNIX).connect(d + '/nopfsd.sock')),\n"
+                 "                ('read', lambda: open(d + '/ready').read()),\n"
+                 "                ('list', lambda: __import__('os').listdir(d))):\n"
+                 "    try:\n        f(); print(what, 'ALLOWED')\n"
+                 "    except PermissionError: print(what, 'denied')\n"
+                 "    except OSError as e: print(what, 'error', e)\n")
+        for user, other in (("nopfs-bob", a), ("nopfs-alice", b)):
+            r = subprocess.run(["runuser", "-u", user, "--", "/usr/bin/python3", "-c", probe,
+                                f"{RUN}/n1/{other}"], capture_output=True, text=True)
+            self.assertEqual(r.stdout.split("\n")[:3],
+                             ["connect denied", "read denied", "list denied"], r.stdout + r.stderr)
+        if REAL_NOPFSD:
+            uid = pwd.getpwnam("nopfs-alice").pw_uid
+            user_ssd = os.path.join(SSD, f"nopfs-{uid}")
+            if os.path.exists(user_ssd):
+                self.assertEqual(os.stat(user_ssd).st_mode & 0o077, 0)
+        release(a)
+        release(b)
+        wait_done(a)
+        wait_done(b)
+        self.assertNothingLeft([a, b])
+
+    def test_stale_reservations_are_reclaimed(self):
+        # What a crashed epilog or a reboot leaves: entries holding the whole node's RAM.
+        ledger_dir = os.path.join(RUN, "n1", ".ledger")
+        os.makedirs(ledger_dir, mode=0o700, exist_ok=True)
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        alice = pwd.getpwnam("nopfs-alice")
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        stale = {900001: "an-earlier-boot", 900002: boot}
+        for job, b in stale.items():
+            with open(os.path.join(ledger_dir, str(job)), "w") as f:
+                f.write(f"job={job}\nuid={alice.pw_uid}\nnode_index=0\nram={RAM_CAPACITY}\n"
+                        f"ssd=0\nboot={b}\npid={dead.pid}\nstart=1\n")
+        leftover_run = os.path.join(RUN, "n1", "900002")
+        leftover_ssd = os.path.join(SSD, f"nopfs-{alice.pw_uid}", "900002.0")
+        for d in (leftover_run, leftover_ssd):
+            os.makedirs(d, exist_ok=True)
+            os.chown(d, alice.pw_uid, alice.pw_gid)
+        os.chown(os.path.dirname(leftover_ssd), alice.pw_uid, alice.pw_gid)
+        job = submit("nopfs-alice", f"-w n1 --mem=500 --nopfs={DATASET} --nopfs-ram=200MB",
+                     HOLD.format(jobs=JOBS))
+        wait_state(job, {"RUNNING"})
+        wait_file(f"{RUN}/n1/{job}/ready", 30)
+        entries = ledger("n1")
+        self.assertEqual(sorted(entries), [job])  # both stale entries reclaimed
+        self.assertEqual(int(entries[job]["ram"]), 200_000_000)
+        self.assertFalse(os.path.exists(leftover_run))
+        self.assertFalse(os.path.exists(leftover_ssd))
+        release(job)
+        wait_done(job)
+        self.assertNothingLeft([job, 900001, 900002])
+
+    def test_reservations_never_exceed_capacity(self):
+        # Three jobs at once on n2 asking for 200 + 200 + 128 MB (bob's cap in the policy) of
+        # RAM; the node offers 512 MB.
+        jobs = [submit(user, f"-w n2 --oversubscribe --mem=500 --nopfs={DATASET} "
+                             "--nopfs-ram=200MB", HOLD.format(jobs=JOBS))
+                for user in ("nopfs-alice", "nopfs-bob", "nopfs-alice")]
+        for j in jobs:
+            wait_state(j, {"RUNNING"})
+        for j in jobs:
+            wait_file(f"{RUN}/n2/{j}/ready", 30)
+        entries = ledger("n2")
+        self.assertEqual(sorted(entries), sorted(jobs))
+        total = sum(int(e["ram"]) for e in entries.values())
+        # Demand (528 MB) exceeds the capacity: the last job got exactly what was left.
+        self.assertEqual(total, RAM_CAPACITY)
+        grants = sorted(int(e["ram"]) for e in entries.values())
+        self.assertEqual(grants[-1], 200_000_000)
+        self.assertGreater(grants[0], 0)
+        for pid, (_, argv) in daemons().items():
+            j = int(argv[argv.index("--job-id") + 1])
+            self.assertEqual(int(argv[argv.index("--ram") + 1]), int(entries[j]["ram"]))
+        for j in jobs:
+            release(j)
+        for j in jobs:
+            wait_done(j)
+        self.assertNothingLeft(jobs)
+
+
+if __name__ == "__main__":
+    unittest.main()
