@@ -19,6 +19,7 @@ namespace nopfs::service {
 namespace {
 
 constexpr uint64_t kMinRingBytes = uint64_t{4} << 20;
+constexpr uint64_t kMaxRingBytes = uint64_t{64} << 20;
 constexpr uint32_t kMinRingSlots = 64;
 constexpr uint32_t kMaxRingSlots = 1u << 16;
 
@@ -185,8 +186,11 @@ Status Daemon::Init() {
   const policy::Bytes max_sample =
       catalog_->size() == 0 ? 0
                             : *std::max_element(catalog_->sizes().begin(), catalog_->sizes().end());
-  ring_bytes_ = std::max<uint64_t>({model_.staging.capacity / std::max<uint32_t>(1, local_ranks),
-                                    4 * (max_sample + 64), kMinRingBytes});
+  // A ring deeper than kMaxRingBytes buys no throughput (the staging threads run ahead of the
+  // client by that much already) and costs its memory up front.
+  ring_bytes_ = std::max<uint64_t>(
+      {std::min(model_.staging.capacity / std::max<uint32_t>(1, local_ranks), kMaxRingBytes),
+       4 * (max_sample + 64), kMinRingBytes});
 
   LocalServer::Options so;
   so.socket_path = options_.run_dir + "/nopfsd.sock";
