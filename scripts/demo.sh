@@ -1,21 +1,87 @@
 #!/usr/bin/env bash
-# The main job: installs what is needed, builds nopfs, and demonstrates the clairvoyant planner on
-# a synthetic ImageNet-1k-sized dataset (1,281,167 samples around 110 KB, 90 epochs, 16 nodes x 4
-# ranks). Until the Slurm integration lands this is the demo; it then becomes a job on a local
-# Slurm cluster.
+# The main job, on a fresh Debian 12 machine as root: installs what is needed, builds nopfs, and
+#  1. shows the clairvoyant planner on a synthetic ImageNet-1k-sized job (16 nodes x 4 ranks);
+#  2. brings up a throwaway 3-node Slurm cluster on this machine (contrib/slurm/local-cluster)
+#     and makes a small synthetic ImageFolder dataset;
+#  3. submits, as the ordinary user nopfs-alice, a 3-node job with --nopfs whose 6 tasks each read
+#     their whole stream through their node's nopfsd (`nopfs cat --verify`) and then the same
+#     stream straight from the files, and prints what happened: per task the bytes, the check and
+#     the time against reading the files directly; per node the bytes per source and the stall
+#     the clients saw; and that nothing is left behind. Then it takes the cluster down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh release >/dev/null
-nopfs=build/bin/nopfs
+repo=$(pwd)
+nopfs=$repo/build/bin/nopfs
 job=(--seed 42 --epochs 90 --ranks 64 --ranks-per-node 4 --batch 2048 --scheme uniform)
 
-echo "== the first 8 samples rank 0 reads (nopfs stream, the reference access stream)"
-"$nopfs" stream "${job[@]}" --samples 1281167 --rank 0 -v --count 8
-echo
-echo "== node 0's plan with a 20 GB RAM tier and a 60 GB SSD tier (contrib/config/demo.conf.lua)"
+echo "== 1. the planner: node 0 of a 16-node ImageNet-1k job (1,281,167 samples, 90 epochs)"
+echo "-- the first 4 samples of rank 0 (nopfs stream -v: epoch step index sample)"
+"$nopfs" stream "${job[@]}" --samples 1281167 --rank 0 -v --count 4
+echo "-- with a 20 GB RAM tier and a 60 GB SSD tier per node (contrib/config/demo.conf.lua)"
 "$nopfs" plan "${job[@]}" --synthetic 1281167:110KB --node 0 --config contrib/config/demo.conf.lua \
-  --compute-rate 600
+  --compute-rate 600 | grep -E "^(class|ram|ssd|pfs) |^sources|^model"
+echo "-- the same node without a cache (contrib/config/nocache.conf.lua)"
+"$nopfs" plan "${job[@]}" --synthetic 1281167:110KB --node 0 \
+  --config contrib/config/nocache.conf.lua --compute-rate 600 | grep -E "^sources|^model"
+
 echo
-echo "== the same node without any cache: every read goes to the PFS"
-"$nopfs" plan "${job[@]}" --synthetic 1281167:110KB --node 0 --config contrib/config/nocache.conf.lua \
-  --compute-rate 600
+echo "== 2. a local Slurm cluster of 3 nodes, and a dataset"
+export NOPFS_CLUSTER_DIR=/tmp/nopfs-demo-cluster
+trap 'contrib/slurm/local-cluster down >/dev/null 2>&1 || true' EXIT
+eval "$(contrib/slurm/local-cluster up 3)"
+sinfo
+
+data=/tmp/nopfs-demo-data
+if [[ ! -f $data/.complete ]]; then
+  rm -rf "$data"
+  /usr/bin/python3 - "$data" <<'PY'
+import os, random, sys
+root = sys.argv[1]
+rnd = random.Random(7)
+for k in range(3000):
+    d = os.path.join(root, f"class{k % 10:02d}")
+    os.makedirs(d, exist_ok=True)
+    size = min(400_000, int(rnd.lognormvariate(10.3, 0.6)))  # around 35 KB, like small images
+    with open(os.path.join(d, f"img{k:05d}.jpg"), "wb") as f:
+        f.write(rnd.randbytes(size))
+PY
+  touch "$data/.complete"
+  chmod -R a+rX "$data"
+fi
+echo "dataset: $data, $(find "$data" -type f -name '*.jpg' | wc -l) files, $(du -sh --apparent-size "$data" | cut -f1)"
+
+out=/tmp/nopfs-demo-out
+rm -rf "$out" && mkdir -p "$out" && chmod 777 "$out"
+cat >"$out/job.sh" <<JOB
+#!/bin/bash
+#SBATCH --nodes=3
+#SBATCH --ntasks-per-node=2
+#SBATCH --mem=1000M
+#SBATCH --nopfs=$data
+#SBATCH --nopfs-seed=42
+#SBATCH --nopfs-epochs=3
+#SBATCH --nopfs-batch=96
+#SBATCH --nopfs-ranks-per-node=2
+#SBATCH --output=$out/job-%j.out
+export PATH=$repo/build/bin:\$PATH
+echo "-- every task reads its stream through nopfs (verified), then straight from the files"
+srun bash $repo/contrib/slurm/examples/compare_task.sh $repo | sort -n -k2
+echo "-- what each node's nopfsd served"
+srun --ntasks-per-node=1 bash -c 'nopfs status | grep -E "^(tier|served|pfs read|stall)" | sed "s/^/\$SLURMD_NODENAME: /"' | sort
+JOB
+chmod 755 "$out/job.sh"
+
+echo
+echo "== 3. sbatch --nopfs as nopfs-alice (3 nodes x 2 tasks, 3 epochs)"
+start=$(date +%s)
+runuser -u nopfs-alice -- env SLURM_CONF="$SLURM_CONF" sbatch --wait --parsable "$out/job.sh" \
+  >"$out/jobid" || echo "(the job failed; its output follows)"
+jobid=$(cat "$out/jobid")
+cat "$out/job-$jobid.out"
+echo "-- job $jobid took $(($(date +%s) - start)) s from submission to end"
+sleep 2
+left=$(pgrep -u nopfs-alice nopfsd || true)
+files=$(find "$NOPFS_CLUSTER_DIR/run" "$NOPFS_CLUSTER_DIR/ssd" -mindepth 2 \
+  -not -path '*/.ledger*' 2>/dev/null | wc -l)
+echo "-- after the job: nopfsd processes of nopfs-alice: ${left:-none}; files left in run and SSD directories: $files"
