@@ -79,6 +79,7 @@ int RunCat(const CatFlags& f) {
 
   uint64_t samples = 0, bytes = 0, mismatches = 0, errors = 0;
   std::vector<std::byte> expect;
+  const auto t0 = std::chrono::steady_clock::now();
   for (;;) {
     if (f.count != 0 && samples + errors >= f.count) break;
     Result<std::optional<client::Sample>> next = (*s)->Next();
@@ -118,9 +119,14 @@ int RunCat(const CatFlags& f) {
     if (f.pause_us != 0) std::this_thread::sleep_for(std::chrono::microseconds(f.pause_us));
     if (Status r = (*s)->Release(smp); !r.ok()) return Fail("cat", r.message());
   }
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const client::Stats st = (*s)->stats();
-  std::fprintf(stderr, "nopfs cat: rank %u: stall total %.3f s, median %.1f us, p99 %.1f us\n",
-               rank, static_cast<double>(st.stall_ns_total) / 1e9,
+  std::fprintf(stderr,
+               "nopfs cat: rank %u: read in %.3f s (%.1f MB/s%s); stall total %.3f s, median "
+               "%.1f us, p99 %.1f us\n",
+               rank, elapsed, elapsed > 0 ? static_cast<double>(bytes) / elapsed / 1e6 : 0.0,
+               f.verify ? ", verifying" : "", static_cast<double>(st.stall_ns_total) / 1e9,
                static_cast<double>(st.stall_ns_median) / 1e3,
                static_cast<double>(st.stall_ns_p99) / 1e3);
   std::printf("%" PRIu64 " samples, %" PRIu64 " bytes, %" PRIu64 " mismatches\n", samples, bytes,
