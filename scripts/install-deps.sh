@@ -9,7 +9,7 @@ PACKAGES=(
   g++ cmake make pkg-config clang-format git
   # libraries
   librocksdb-dev libspdlog-dev libfmt-dev liblua5.4-dev libfabric-dev libfabric-bin libmunge-dev
-  libgtest-dev libgmock-dev libcli11-dev libxxhash-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libcli11-dev libxxhash-dev libbenchmark-dev libssl-dev
   # Slurm and MUNGE for the local cluster
   slurmctld slurmd slurm-client munge libslurm-dev
   # the Python client

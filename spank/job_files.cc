@@ -112,13 +112,14 @@ Status RemoveBelowUserDir(const std::string& root, const std::string& user_dir, 
 }
 
 Status WriteFileAs(const std::string& dir, const std::string& name, const std::string& text,
-                   uid_t uid, gid_t gid) {
+                   uid_t uid, gid_t gid, mode_t mode) {
   const std::string tmp = dir + "/." + name + ".nopfs-job." + std::to_string(::getpid());
   ::unlink(tmp.c_str());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  const int fd =
+      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode & 0600);
   if (fd < 0) return Status::FromErrno(errno, "create " + tmp);
   const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
-                  ::fchown(fd, uid, gid) == 0;
+                  ::fchown(fd, uid, gid) == 0 && ::fchmod(fd, mode) == 0;
   const int err = errno;
   ::close(fd);
   if (!ok || ::rename(tmp.c_str(), (dir + "/" + name).c_str()) != 0) {

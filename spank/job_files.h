@@ -29,11 +29,11 @@ Status RemoveBelow(const std::string& parent, const std::string& name);
 Status RemoveBelowUserDir(const std::string& root, const std::string& user_dir, uid_t uid,
                           const std::string& name);
 
-// Writes `text` to `dir`/`name` as a new file owned by uid:gid (mode 0644), through a fresh
+// Writes `text` to `dir`/`name` as a new file owned by uid:gid with `mode`, through a fresh
 // temporary file and rename, so that a link planted under that name is replaced, never written
 // through.
 Status WriteFileAs(const std::string& dir, const std::string& name, const std::string& text,
-                   uid_t uid, gid_t gid);
+                   uid_t uid, gid_t gid, mode_t mode = 0644);
 
 // Processes (not zombies) of real uid `uid` whose command line holds "--run-dir" followed by
 // `run_dir`: the job's nopfsd on this node.

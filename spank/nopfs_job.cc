@@ -14,6 +14,8 @@
 // One line on stdout says what happened; the plugin logs it and shows it to the user.
 #include <fcntl.h>
 #include <grp.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <pwd.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -55,6 +57,7 @@ struct Job {
   std::string nodelist;
   uint32_t node_index = 0;
   uint32_t nodes = 1;
+  std::vector<std::string> names;  // the job's nodes, in node-list order
   uid_t uid = 0;
   gid_t gid = 0;
   std::string user;
@@ -122,6 +125,7 @@ Result<Job> ParseCommandLine(int argc, char** argv) {
   if (names.ok() && index.ok()) {
     job.nodes = static_cast<uint32_t>(names->size());
     job.node_index = *index;
+    job.names = std::move(*names);
   } else if (job.mode == "prolog") {
     return !names.ok() ? names.status() : index.status();
   } else {
@@ -306,6 +310,64 @@ std::string DaemonPath(const Job& job, const char* self) {
   return (slash == std::string::npos ? std::string(".") : me.substr(0, slash)) + "/nopfsd";
 }
 
+// The job's peer secret: HMAC-SHA256 under the site key (`peer_key`, a file only root may read)
+// of the job id and the user id. Every node of the job derives the same 32 bytes without talking
+// to the others; no other job and no user can derive it without the key.
+Result<std::string> PeerSecret(const std::string& key_path, uint64_t job_id, uid_t uid) {
+  const int fd = ::open(key_path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "peer_key " + key_path);
+  struct stat st {};
+  std::string key(4096, '\0');
+  ssize_t n = -1;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0 && (st.st_mode & 077) == 0) {
+    n = ::read(fd, key.data(), key.size());
+  }
+  ::close(fd);
+  if (n < 16) {
+    return Status::InvalidArgument("peer_key " + key_path +
+                                   ": must be a regular file of 16 to 4095 bytes owned by root "
+                                   "with mode 0600 (create it with: head -c 32 /dev/urandom > " +
+                                   key_path + "; chmod 600 " + key_path + ")");
+  }
+  key.resize(static_cast<size_t>(n));
+  const std::string msg =
+      "nopfs peer secret v1:" + std::to_string(job_id) + ":" + std::to_string(uid);
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+           reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out, &len) == nullptr) {
+    return Status::Internal("HMAC-SHA256 failed");
+  }
+  return std::string(reinterpret_cast<const char*>(out), len);
+}
+
+// The nopfsd arguments that make this node serve its peers, or none (with the reason in *why)
+// for a one-node job or a cluster without peer_key.
+std::vector<std::string> PeerArgs(const Job& job, std::string* why) {
+  if (job.nodes < 2) return {};
+  if (job.args.peer_key.empty()) {
+    *why = "no peers (peer_key is not set in plugstack.conf)";
+    return {};
+  }
+  Result<std::string> secret = PeerSecret(job.args.peer_key, job.job_id, job.uid);
+  if (!secret.ok()) {
+    *why = "no peers: " + secret.status().message();
+    return {};
+  }
+  if (Status s = WriteFileAs(job.run_dir, "peer.secret", *secret, job.uid, job.gid, 0600);
+      !s.ok()) {
+    *why = "no peers: " + s.message();
+    return {};
+  }
+  const std::vector<std::string> peers = PeerEndpoints(job.args, job.names, job.job_id);
+  std::string list;
+  for (const std::string& p : peers)
+    list += (list.empty() ? "" : ",") + p;
+  *why = "peers: " + std::to_string(peers.size()) + " nodes, listening on " + peers[job.node_index];
+  const std::string& me = peers[job.node_index];
+  return {"--peer-listen", me, "--peers", list, "--peer-secret-file", job.run_dir + "/peer.secret"};
+}
+
 int Prolog(const Job& job, const char* self) {
   const std::string where = "nopfs: prolog: " + job.node + ": ";
   auto fail = [&](const std::string& why, int code) {
@@ -428,6 +490,9 @@ int Prolog(const Job& job, const char* self) {
     dargs.push_back("--config");
     dargs.push_back(job.args.config);
   }
+  std::string peers_note;
+  for (std::string& a : PeerArgs(job, &peers_note))
+    dargs.push_back(std::move(a));
   const std::string nopfsd = DaemonPath(job, self);
   std::fflush(nullptr);
   const pid_t child = ::fork();
@@ -481,12 +546,13 @@ int Prolog(const Job& job, const char* self) {
     e.start_time = ProcessStartTime(child).value_or(0);
     (void)l->Put(e);
   }
-  std::printf("%sserving %s (partition %s, job memory %s) with RAM %s, SSD %s%s%s\n", where.c_str(),
-              job.opts.dataset.c_str(), req.partition.empty() ? "?" : req.partition.c_str(),
+  std::printf("%sserving %s (partition %s, job memory %s) with RAM %s, SSD %s%s%s%s%s\n",
+              where.c_str(), job.opts.dataset.c_str(),
+              req.partition.empty() ? "?" : req.partition.c_str(),
               req.memory == 0 ? "unlimited" : FormatBytes(static_cast<double>(req.memory)).c_str(),
               FormatBytes(static_cast<double>(adm.ram)).c_str(),
               FormatBytes(static_cast<double>(adm.ssd)).c_str(), adm.reason.empty() ? "" : "; ",
-              adm.reason.c_str());
+              adm.reason.c_str(), peers_note.empty() ? "" : "; ", peers_note.c_str());
   return 0;
 }
 

@@ -18,7 +18,10 @@
 namespace nopfs::spank {
 namespace {
 
-constexpr size_t kMaxPath = 4000;  // below PATH_MAX, with room for what nopfsd appends
+constexpr size_t kMaxPath = 4000;
+constexpr uint64_t kMaxPeerBase =
+    65535 - 64 * 64 +
+    1;  // PeerPort() stays <= 65535  // below PATH_MAX, with room for what nopfsd appends
 constexpr size_t kMaxValue = 64;
 
 enum Opt : uint32_t {
@@ -229,9 +232,10 @@ Result<PluginArgs> ParsePluginArgs(const std::vector<std::string>& args) {
   for (const std::string& arg : args) {
     const size_t eq = arg.find('=');
     if (eq == std::string::npos || eq == 0) {
-      return Status::InvalidArgument("plugstack.conf: '" + arg +
-                                     "': write key=value (config, policy, rundir, on_refusal, "
-                                     "launcher, nopfsd, timeout, grace)");
+      return Status::InvalidArgument(
+          "plugstack.conf: '" + arg +
+          "': write key=value (config, policy, rundir, on_refusal, "
+          "launcher, nopfsd, timeout, grace, peer_key, peer_port, peer_host)");
     }
     const std::string key = arg.substr(0, eq);
     const std::string value = arg.substr(eq + 1);
@@ -268,10 +272,28 @@ Result<PluginArgs> ParsePluginArgs(const std::vector<std::string>& args) {
     } else if (key == "timeout" || key == "grace") {
       SPANK_ASSIGN_OR_RETURN(uint64_t v, ParseNumber(shown, value, 1, 86400, key + "=60"));
       (key == "timeout" ? out.timeout : out.grace) = static_cast<uint32_t>(v);
+    } else if (key == "peer_key") {
+      NOPFS_RETURN_IF_ERROR(path(&out.peer_key, true));
+    } else if (key == "peer_port") {
+      SPANK_ASSIGN_OR_RETURN(uint64_t v,
+                             ParseNumber(shown, value, 1024, kMaxPeerBase, "peer_port=41000"));
+      out.peer_port = static_cast<uint32_t>(v);
+    } else if (key == "peer_host") {
+      if (value.empty() || value.size() > 253 ||
+          value.find_first_not_of(
+              "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-") !=
+              std::string::npos ||
+          value.front() == '-' || value.front() == '.') {
+        return Status::InvalidArgument(shown +
+                                       ": write a host name or IPv4 address, e.g. "
+                                       "peer_host=127.0.0.1");
+      }
+      out.peer_host = value;
     } else {
       return Status::InvalidArgument(shown +
                                      ": unknown key; the keys are config, policy, rundir, "
-                                     "on_refusal, launcher, nopfsd, timeout, grace");
+                                     "on_refusal, launcher, nopfsd, timeout, grace, peer_key, "
+                                     "peer_port, peer_host");
     }
   }
   return out;
@@ -288,6 +310,25 @@ std::vector<std::string> ToArgs(const PluginArgs& args) {
   if (!args.nopfsd.empty()) out.push_back("nopfsd=" + args.nopfsd);
   out.push_back("timeout=" + std::to_string(args.timeout));
   out.push_back("grace=" + std::to_string(args.grace));
+  if (!args.peer_key.empty()) out.push_back("peer_key=" + args.peer_key);
+  out.push_back("peer_port=" + std::to_string(args.peer_port));
+  if (!args.peer_host.empty()) out.push_back("peer_host=" + args.peer_host);
+  return out;
+}
+
+uint16_t PeerPort(uint32_t base, uint64_t job_id, uint32_t node_index) {
+  return static_cast<uint16_t>(base + (job_id % 64) * 64 + node_index % 64);
+}
+
+std::vector<std::string> PeerEndpoints(const PluginArgs& args,
+                                       const std::vector<std::string>& nodes, uint64_t job_id) {
+  std::vector<std::string> out;
+  out.reserve(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const std::string& host = args.peer_host.empty() ? nodes[i] : args.peer_host;
+    out.push_back(host + ":" +
+                  std::to_string(PeerPort(args.peer_port, job_id, static_cast<uint32_t>(i))));
+  }
   return out;
 }
 

@@ -17,7 +17,10 @@
 //
 // Plugin arguments (plugstack.conf, written by the admin): strict key=value, unknown keys are
 // errors: config=FILE policy=FILE rundir=DIR on_refusal=fail|run launcher=PATH nopfsd=PATH
-// timeout=SECONDS grace=SECONDS.
+// timeout=SECONDS grace=SECONDS peer_key=FILE peer_port=PORT peer_host=ADDR.
+// With peer_key, the nopfsd of a multi-node job serve each other (docs/fabric.md): each listens
+// on PeerPort(), knows the others by PeerEndpoints(), and authenticates them with a per-job
+// secret derived from the site key (docs/admin.md).
 //
 // Thread safety: pure functions over values.
 #pragma once
@@ -72,10 +75,14 @@ struct PluginArgs {
   std::string policy;                 // admission policy (lua/admit.h); empty: none
   std::string rundir = "/run/nopfs";  // base; a job's run dir is <rundir>/<node>/<jobid>
   OnRefusal on_refusal = OnRefusal::kFail;
-  std::string launcher;    // nopfs-job; empty: beside the plugin's install prefix
-  std::string nopfsd;      // nopfsd; empty: beside nopfs-job
-  uint32_t timeout = 300;  // seconds nopfsd may take to become ready
-  uint32_t grace = 10;     // seconds between SIGTERM and SIGKILL in the epilog
+  std::string launcher;        // nopfs-job; empty: beside the plugin's install prefix
+  std::string nopfsd;          // nopfsd; empty: beside nopfs-job
+  uint32_t timeout = 300;      // seconds nopfsd may take to become ready
+  uint32_t grace = 10;         // seconds between SIGTERM and SIGKILL in the epilog
+  std::string peer_key;        // site key (root-owned, 0600); empty: nodes do not serve each other
+  uint32_t peer_port = 41000;  // base of the per-job peer ports
+  std::string peer_host;       // every node's peer address (a one-host test cluster); empty: the
+                               // node names of the job's node list
 };
 
 // Parses plugstack.conf's arguments for this plugin.
@@ -88,6 +95,15 @@ std::vector<std::string> ToArgs(const PluginArgs& args);
 Result<std::vector<std::string>> ExpandHostlist(std::string_view list);
 // Index of `node` in the expanded list; NotFound when absent.
 Result<uint32_t> NodeIndex(std::string_view list, std::string_view node);
+
+// The port nopfsd of node `node_index` of job `job_id` listens on for its peers: base +
+// (job_id % 64) * 64 + node_index % 64, so that up to 64 jobs share a node, and up to 64 nodes
+// share one host (peer_host) without colliding. Two jobs whose ids are equal modulo 64 on one
+// node collide; the second's nopfsd then runs without peers (it logs why).
+uint16_t PeerPort(uint32_t base, uint64_t job_id, uint32_t node_index);
+// "host:port" of every node of the job, in node-list order.
+std::vector<std::string> PeerEndpoints(const PluginArgs& args,
+                                       const std::vector<std::string>& nodes, uint64_t job_id);
 
 // <rundir>/<node>/<jobid>.
 std::string RunDir(const std::string& rundir, std::string_view node, uint64_t job_id);

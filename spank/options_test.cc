@@ -157,7 +157,8 @@ TEST(PluginArgsTest, ParsesEveryKey) {
   Result<PluginArgs> a =
       ParsePluginArgs({"config=/etc/nopfs/nopfs.conf.lua", "policy=/etc/nopfs/policy.lua",
                        "rundir=/run/nopfs/", "on_refusal=run", "launcher=/usr/libexec/nopfs-job",
-                       "nopfsd=/usr/sbin/nopfsd", "timeout=120", "grace=5"});
+                       "nopfsd=/usr/sbin/nopfsd", "timeout=120", "grace=5",
+                       "peer_key=/etc/nopfs/peer.key", "peer_port=50000", "peer_host=127.0.0.1"});
   ASSERT_TRUE(a.ok()) << a.status().message();
   EXPECT_EQ(a->config, "/etc/nopfs/nopfs.conf.lua");
   EXPECT_EQ(a->rundir, "/run/nopfs");
@@ -168,15 +169,48 @@ TEST(PluginArgsTest, ParsesEveryKey) {
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->nopfsd, "/usr/sbin/nopfsd");
   EXPECT_EQ(back->launcher, a->launcher);
+  EXPECT_EQ(back->peer_key, "/etc/nopfs/peer.key");
+  EXPECT_EQ(back->peer_port, 50000u);
+  EXPECT_EQ(back->peer_host, "127.0.0.1");
   Result<PluginArgs> d = ParsePluginArgs({});
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->on_refusal, OnRefusal::kFail);
+  EXPECT_TRUE(d->peer_key.empty());
+  EXPECT_TRUE(d->peer_host.empty());
+}
+
+TEST(PluginArgsTest, PeerEndpointsAreDistinctPerNodeAndJob) {
+  PluginArgs a;
+  a.peer_port = 41000;
+  const std::vector<std::string> nodes = {"n1", "n2", "n3"};
+  EXPECT_EQ(PeerEndpoints(a, nodes, 7),
+            (std::vector<std::string>{"n1:41448", "n2:41449", "n3:41450"}));
+  a.peer_host = "127.0.0.1";
+  const std::vector<std::string> one = PeerEndpoints(a, nodes, 7);
+  EXPECT_EQ(one[0], "127.0.0.1:41448");
+  EXPECT_EQ(one[2], "127.0.0.1:41450");
+  // Jobs whose ids differ modulo 64 never share a port on one host (for up to 64 nodes).
+  for (uint64_t j = 0; j < 64; ++j) {
+    for (uint64_t k = j + 1; k < 64; ++k) {
+      for (uint32_t n = 0; n < 64; n += 9) {
+        for (uint32_t m = 0; m < 64; m += 7) {
+          EXPECT_NE(PeerPort(41000, j, n), PeerPort(41000, k, m));
+        }
+      }
+    }
+  }
+  // The highest base keeps every port valid.
+  EXPECT_EQ(PeerPort(65535 - 4095, 63, 63), 65535);
+  EXPECT_TRUE(ParsePluginArgs({"peer_port=61440"}).ok());
+  EXPECT_FALSE(ParsePluginArgs({"peer_port=61441"}).ok());
 }
 
 TEST(PluginArgsTest, RefusesBadArguments) {
   for (const char* bad :
        {"config", "=x", "colour=blue", "rundir=relative", "rundir=/", "rundir=", "on_refusal=maybe",
-        "timeout=0", "timeout=-1", "timeout=1d", "grace=86401", "launcher=nopfs-job"}) {
+        "timeout=0", "timeout=-1", "timeout=1d", "grace=86401", "launcher=nopfs-job",
+        "peer_key=relative.key", "peer_port=80", "peer_port=70000", "peer_host=", "peer_host=a b",
+        "peer_host=-x", "peer_host=host;rm"}) {
     Result<PluginArgs> a = ParsePluginArgs({bad});
     EXPECT_FALSE(a.ok()) << bad;
   }
