@@ -71,6 +71,26 @@ int nopfs_open(nopfs_client* client, uint32_t rank, uint32_t epoch, uint64_t ste
   });
 }
 
+int nopfs_open_share(nopfs_client* client, uint32_t rank, uint32_t epoch, uint64_t step,
+                     uint32_t worker, uint32_t workers, uint64_t batch, uint32_t epochs,
+                     nopfs_stream** out) {
+  if (client == nullptr) return FailNull("client");
+  if (out == nullptr) return FailNull("out");
+  return Guard([&] {
+    nopfs::client::OpenOptions o;
+    o.epoch = epoch;
+    o.step = step;
+    o.worker = worker;
+    o.workers = workers;
+    o.batch = batch;
+    o.epochs = epochs;
+    auto s = client->impl->Open(rank, o);
+    if (!s.ok()) return Fail(s.status());
+    *out = new nopfs_stream{std::move(*s)};
+    return 0;
+  });
+}
+
 int nopfs_next(nopfs_stream* stream, nopfs_sample* sample, int64_t timeout_ms) {
   if (stream == nullptr) return FailNull("stream");
   if (sample == nullptr) return FailNull("sample");

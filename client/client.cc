@@ -176,8 +176,25 @@ Result<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& options) {
 Client::~Client() = default;
 
 Result<std::unique_ptr<Stream>> Client::Open(uint32_t rank, uint32_t epoch, uint64_t step) {
-  Result<wire::Received> r =
-      conn_->Call(wire::OpenStream{rank, epoch, step}, wire::MsgType::kStreamOk);
+  OpenOptions o;
+  o.epoch = epoch;
+  o.step = step;
+  return Open(rank, o);
+}
+
+Result<std::unique_ptr<Stream>> Client::Open(uint32_t rank, const OpenOptions& options) {
+  if (options.workers == 0 || options.worker >= options.workers || options.batch == 0) {
+    return Status::InvalidArgument(
+        "nopfs client: a stream share needs worker < workers and a "
+        "batch of at least 1 (got worker " +
+        std::to_string(options.worker) + " of " + std::to_string(options.workers) + ", batch " +
+        std::to_string(options.batch) + ")");
+  }
+  wire::OpenStream req{rank, options.epoch, options.step, std::nullopt};
+  if (options.workers > 1 || options.epochs != 0) {
+    req.share = wire::StreamShare{options.worker, options.workers, options.batch, options.epochs};
+  }
+  Result<wire::Received> r = conn_->Call(req, wire::MsgType::kStreamOk);
   if (!r.ok()) return r.status();
   const auto ok = std::get<wire::StreamOk>(r->message.body);
   // From here on the service holds a stream for us: close it if the ring is unusable.

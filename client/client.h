@@ -94,6 +94,20 @@ struct ConnectOptions {
   std::chrono::milliseconds timeout = kRequestTimeout;
 };
 
+// Where a stream starts and which share of the rank's stream it holds (wire::StreamShare).
+struct OpenOptions {
+  uint32_t epoch = 0;  // start epoch
+  uint64_t step = 0;   // start step within `epoch`
+  // Deliver only batches worker, worker + workers, ... of each epoch (batches of `batch`
+  // entries counted from where the stream enters the epoch): what DataLoader worker `worker` of
+  // `workers` reads. workers == 1 means the whole stream.
+  uint32_t worker = 0;
+  uint32_t workers = 1;
+  uint64_t batch = 1;
+  // End the stream after this many epochs from `epoch` (0: at the end of the job).
+  uint32_t epochs = 0;
+};
+
 class Connection;
 
 class Stream {
@@ -136,6 +150,9 @@ class Client {
 
   // Opens `rank`'s stream at (epoch, step).
   Result<std::unique_ptr<Stream>> Open(uint32_t rank, uint32_t epoch = 0, uint64_t step = 0);
+  // Opens a share of `rank`'s stream (OpenOptions). With the default share (one worker, no epoch
+  // limit) it sends the base OPEN_STREAM, which every version-1 service understands.
+  Result<std::unique_ptr<Stream>> Open(uint32_t rank, const OpenOptions& options);
   // The service's status text (what `nopfs status` prints).
   Result<std::string> StatusText();
   // Where sample `sample_id` lives on the PFS (path, byte range, label).

@@ -68,6 +68,13 @@ int nopfs_connect(const char* socket_path, nopfs_client** out);
 void nopfs_close(nopfs_client* client);
 int nopfs_open(nopfs_client* client, uint32_t rank, uint32_t epoch, uint64_t step,
                nopfs_stream** out);
+/* Opens a share of rank's stream (docs/wire.md, OPEN_STREAM): only batches worker, worker +
+ * workers, ... of each epoch (batches of `batch` entries, counted from where the stream enters the
+ * epoch), ending after `epochs` epochs (0: at the end of the job). What DataLoader-style worker
+ * `worker` of `workers` reads; workers = 1 and epochs = 0 is nopfs_open. */
+int nopfs_open_share(nopfs_client* client, uint32_t rank, uint32_t epoch, uint64_t step,
+                     uint32_t worker, uint32_t workers, uint64_t batch, uint32_t epochs,
+                     nopfs_stream** out);
 /* 1: *sample filled; 0: end of stream; < 0: error. timeout_ms < 0 waits without limit. */
 int nopfs_next(nopfs_stream* stream, nopfs_sample* sample, int64_t timeout_ms);
 int nopfs_release(nopfs_stream* stream, const nopfs_sample* sample);

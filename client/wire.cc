@@ -76,6 +76,12 @@ void EncodeBody(Writer& w, const OpenStream& m) {
   w.U32(m.rank);
   w.U32(m.epoch);
   w.U64(m.step);
+  if (m.share) {
+    w.U32(m.share->worker);
+    w.U32(m.share->workers);
+    w.U64(m.share->batch);
+    w.U32(m.share->epochs);
+  }
 }
 void EncodeBody(Writer& w, const StreamOk& m) {
   w.U64(m.stream_id);
@@ -115,7 +121,15 @@ bool DecodeBody(Reader& r, HelloOk* m) {
          r.U32(&m->first_rank) && r.U32(&m->local_ranks);
 }
 bool DecodeBody(Reader& r, OpenStream* m) {
-  return r.U32(&m->rank) && r.U32(&m->epoch) && r.U64(&m->step);
+  if (!(r.U32(&m->rank) && r.U32(&m->epoch) && r.U64(&m->step))) return false;
+  if (r.done()) return true;  // the base message: the whole stream
+  StreamShare share;
+  if (!(r.U32(&share.worker) && r.U32(&share.workers) && r.U64(&share.batch) &&
+        r.U32(&share.epochs))) {
+    return false;
+  }
+  m->share = share;
+  return true;
 }
 bool DecodeBody(Reader& r, StreamOk* m) {
   return r.U64(&m->stream_id) && r.U64(&m->capacity) && r.U32(&m->slot_count);

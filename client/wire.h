@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <variant>
@@ -61,11 +62,24 @@ struct HelloOk {
   uint32_t local_ranks = 0;  // ranks served by this node's service
   bool operator==(const HelloOk&) const = default;
 };
-// client -> service: open `rank`'s stream starting at (epoch, step).
+// The optional tail of OPEN_STREAM (docs/wire.md, "Optional trailing fields"): a share of the
+// rank's stream and an end. With it, the stream holds only the accesses of batches `worker`,
+// `worker + workers`, ... of each epoch (batches of `batch` entries counted from where the stream
+// enters that epoch), and ends after `epochs` epochs (0: at the end of the job). A DataLoader
+// worker w of W opens {w, W, batch_size, 1}; their batches interleave back into the rank's order.
+struct StreamShare {
+  uint32_t worker = 0;   // < workers
+  uint32_t workers = 1;  // >= 1
+  uint64_t batch = 1;    // entries per batch, >= 1
+  uint32_t epochs = 0;   // epochs to serve from the start epoch; 0: all that remain
+  bool operator==(const StreamShare&) const = default;
+};
+// client -> service: open `rank`'s stream starting at (epoch, step), whole or a share of it.
 struct OpenStream {
   uint32_t rank = 0;
   uint32_t epoch = 0;
   uint64_t step = 0;
+  std::optional<StreamShare> share;  // absent: the whole stream (the version-1 base message)
   bool operator==(const OpenStream&) const = default;
 };
 // service -> client: the stream is open; its ring's memfd is attached (SCM_RIGHTS).

@@ -15,7 +15,8 @@ std::vector<Message> Samples() {
   return {
       {1, Hello{kVersion, 4242}},
       {2, HelloOk{kVersion, "job-123", 16, 4, 4}},
-      {3, OpenStream{3, 2, 1000000000007ULL}},
+      {3, OpenStream{3, 2, 1000000000007ULL, std::nullopt}},
+      {3, OpenStream{3, 2, 7, StreamShare{1, 4, 32, 1}}},
       {4, StreamOk{77, 1 << 20, 256}},
       {5, StatusRequest{}},
       {6, StatusOk{"stall total 1.2 s\nmedian 3 ms\n"}},
@@ -49,6 +50,31 @@ TEST(Wire, HeaderIsLittleEndianAsDocumented) {
                           4,   3,   2,   1,   0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11};
   for (size_t i = 0; i < b.size(); ++i)
     EXPECT_EQ(static_cast<uint8_t>(b[i]), want[i]) << i;
+}
+
+// The base OPEN_STREAM (16 payload bytes) is what every version-1 peer speaks; the share is a
+// tail of exactly 20 bytes after it. Anything in between is truncated, anything after trailing.
+TEST(Wire, OpenStreamShareIsAnOptionalTail) {
+  std::vector<std::byte> base = Bytes({5, OpenStream{1, 2, 3, std::nullopt}});
+  std::vector<std::byte> full = Bytes({5, OpenStream{1, 2, 3, StreamShare{2, 3, 64, 1}}});
+  ASSERT_EQ(base.size(), kHeaderSize + 16);
+  ASSERT_EQ(full.size(), kHeaderSize + 36);
+  // The base fields come first, unchanged.
+  for (size_t i = kHeaderSize; i < base.size(); ++i)
+    EXPECT_EQ(base[i], full[i]) << i;
+  Result<Message> d = Decode(base);
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(std::get<OpenStream>(d->body).share.has_value());
+  for (size_t cut = 1; cut < 20; ++cut) {
+    std::vector<std::byte> b(full.begin(), full.end() - static_cast<ptrdiff_t>(cut));
+    b[8] = static_cast<std::byte>(36 - cut);  // a consistent header: the payload is short
+    Result<Message> bad = Decode(b);
+    EXPECT_FALSE(bad.ok()) << cut;
+  }
+  std::vector<std::byte> longer = full;
+  longer.push_back(std::byte{0});
+  longer[8] = std::byte{37};
+  EXPECT_FALSE(Decode(longer).ok());
 }
 
 TEST(Wire, RejectsMalformedInput) {

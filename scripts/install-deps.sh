@@ -13,7 +13,7 @@ PACKAGES=(
   # Slurm and MUNGE for the local cluster
   slurmctld slurmd slurm-client munge libslurm-dev
   # the Python client
-  python3 python3-dev python3-torch python3-numpy python3-pytest pybind11-dev
+  python3 python3-dev python3-torch python3-numpy python3-pytest pybind11-dev python3-torchvision
   # tools used by tests and benchmarks
   procps psmisc iproute2 util-linux
 )

@@ -256,6 +256,7 @@ Result<StreamGrant> Daemon::OpenStream(const OpenStreamRequest& req, ConnectionI
   }
   const policy::StreamPoint start{req.epoch, req.step};
   NOPFS_RETURN_IF_ERROR(policy::ValidateStreamPoint(job_, start));
+  NOPFS_RETURN_IF_ERROR(ValidateShare(req.share));
   const double mean = static_cast<double>(std::accumulate(catalog_->sizes().begin(),
                                                           catalog_->sizes().end(), uint64_t{0})) /
                       static_cast<double>(std::max<uint64_t>(1, catalog_->size()));
@@ -275,10 +276,14 @@ Result<StreamGrant> Daemon::OpenStream(const OpenStreamRequest& req, ConnectionI
   grant.ring_fd = (*ring)->fd();
   grant.capacity = (*ring)->capacity();
   grant.slot_count = (*ring)->slot_count();
-  auto stream = std::make_unique<StagingStream>(id, job_, req.rank, start, *catalog_, *reader_,
-                                                std::move(*ring), model_.staging.threads);
+  auto stream = std::make_unique<StagingStream>(id, job_, req.rank, start, req.share, *catalog_,
+                                                *reader_, std::move(*ring), model_.staging.threads);
   stream->Start();
-  spdlog::info("stream {}: rank {} from epoch {} step {}", id, req.rank, req.epoch, req.step);
+  spdlog::info(
+      "stream {}: rank {} from epoch {} step {} (batches {} of every {} of {} entries, "
+      "{} epochs; 0: all)",
+      id, req.rank, req.epoch, req.step, req.share.worker, req.share.workers, req.share.batch,
+      req.share.epochs);
   std::lock_guard<std::mutex> lock(mu_);
   streams_[id] = std::move(stream);
   return grant;

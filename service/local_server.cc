@@ -252,7 +252,8 @@ void LocalServer::Serve(Conn* conn) {
       answer.body =
           wire::HelloOk{wire::kVersion, info.job_id, info.ranks, info.first_rank, info.local_ranks};
     } else if (auto* o = std::get_if<wire::OpenStream>(&r->message.body)) {
-      OpenStreamRequest req{o->rank, o->epoch, o->step, client_pid, *uid};
+      OpenStreamRequest req{o->rank,    o->epoch, o->step, o->share.value_or(wire::StreamShare{}),
+                            client_pid, *uid};
       Result<StreamGrant> g = handler_->OpenStream(req, conn->id);
       if (g.ok()) {
         streams.insert(g->stream_id);

@@ -35,6 +35,7 @@ struct OpenStreamRequest {
   uint32_t rank = 0;
   uint32_t epoch = 0;
   uint64_t step = 0;
+  wire::StreamShare share;  // the whole stream unless the client sent the optional tail
   uint32_t client_pid = 0;  // as the client said in HELLO (informational)
   uint32_t client_uid = 0;  // from SO_PEERCRED
 };

@@ -8,24 +8,49 @@ namespace {
 constexpr uint64_t kErrorRoom = 512;
 }  // namespace
 
+Status ValidateShare(const wire::StreamShare& share) {
+  if (share.workers == 0 || share.worker >= share.workers || share.batch == 0) {
+    return Status::InvalidArgument(
+        "a stream share needs worker < workers and a batch of at least 1 (got worker " +
+        std::to_string(share.worker) + " of " + std::to_string(share.workers) + ", batch " +
+        std::to_string(share.batch) + ")");
+  }
+  return Status::Ok();
+}
+
+uint64_t ShareCount(uint64_t n, const wire::StreamShare& share) {
+  const uint64_t round = share.batch * share.workers;  // entries per round of batches
+  if (round / share.workers != share.batch) return share.worker == 0 ? n : 0;  // overflow: one
+  const uint64_t rest = n % round;
+  const uint64_t before = share.batch * share.worker;  // entries of earlier workers in a round
+  const uint64_t tail = rest > before ? std::min(rest - before, share.batch) : 0;
+  return (n / round) * share.batch + tail;
+}
+
 StagingStream::StagingStream(uint64_t id, const policy::JobSpec& job, uint32_t rank,
-                             policy::StreamPoint start, const Catalog& catalog,
-                             SampleReader& reader, std::unique_ptr<ring::RingWriter> ring,
-                             uint32_t threads)
+                             policy::StreamPoint start, const wire::StreamShare& share,
+                             const Catalog& catalog, SampleReader& reader,
+                             std::unique_ptr<ring::RingWriter> ring, uint32_t threads)
     : id_(id),
       job_(job),
       rank_(rank),
       start_(start),
+      share_(share),
       catalog_(catalog),
       reader_(reader),
       ring_(std::move(ring)),
       threads_(std::max<uint32_t>(1, threads)) {
-  // Accesses from (epoch, step) to the end: whole epochs after the start one, plus the tail of it.
+  // Accesses of the share from (epoch, step) to the end epoch: the tail of the start epoch, then
+  // whole epochs.
+  const uint64_t limit =
+      share_.epochs == 0 ? job_.epochs
+                         : std::min<uint64_t>(job_.epochs, uint64_t{start_.epoch} + share_.epochs);
+  end_epoch_ = static_cast<uint32_t>(limit);
   const uint64_t per_epoch = policy::RankEpochLength(job_, rank_);
-  if (start_.epoch < job_.epochs) {
+  if (start_.epoch < end_epoch_) {
     const policy::EntryRange first = policy::RankStepEntries(job_, rank_, start_.step);
-    total_ = (per_epoch - std::min(per_epoch, first.begin)) +
-             per_epoch * (job_.epochs - start_.epoch - 1);
+    total_ = ShareCount(per_epoch - std::min(per_epoch, first.begin), share_) +
+             ShareCount(per_epoch, share_) * (end_epoch_ - start_.epoch - 1);
   }
 }
 
@@ -57,7 +82,15 @@ void StagingStream::Sequence() {
   policy::RankStream stream(job_, rank_, start_);
   policy::Access a;
   uint64_t count = 0;
+  uint32_t epoch = UINT32_MAX;  // the epoch of the previous access
+  uint64_t epoch_first = 0;     // the entry index at which the stream entered `epoch`
   while (!cancelled_.load(std::memory_order_relaxed) && stream.Next(&a)) {
+    if (a.epoch >= end_epoch_) break;
+    if (a.epoch != epoch) {
+      epoch = a.epoch;
+      epoch_first = a.index;
+    }
+    if (((a.index - epoch_first) / share_.batch) % share_.workers != share_.worker) continue;
     ring::SampleMeta meta;
     meta.sample_id = a.sample;
     meta.label = catalog_.label(a.sample);

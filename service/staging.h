@@ -1,5 +1,7 @@
 // StagingStream: one open stream of one local rank. A sequencer thread walks the rank's access
-// stream (policy::RankStream) from the requested (epoch, step), reserves space for each access in
+// stream (policy::RankStream) from the requested (epoch, step), keeps the accesses of the
+// requested share (wire::StreamShare: every workers-th batch of each epoch, up to an epoch
+// limit; by default all of them), reserves space for each access in
 // the rank's ring in that exact order (blocking while the ring is full: back-pressure from a slow
 // client), and hands the reservation to p0 staging threads that read the sample from the fastest
 // source (SampleReader) straight into the ring and publish it. The client sees samples in stream
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "client/ring.h"
+#include "client/wire.h"
 #include "common/status.h"
 #include "policy/job.h"
 #include "policy/partition.h"
@@ -31,10 +34,18 @@
 
 namespace nopfs::service {
 
+// InvalidArgument unless workers >= 1, worker < workers and batch >= 1.
+Status ValidateShare(const wire::StreamShare& share);
+
+// How many of the first `n` entries of an epoch belong to the share: entries k with
+// (k / batch) % workers == worker.
+uint64_t ShareCount(uint64_t n, const wire::StreamShare& share);
+
 class StagingStream {
  public:
+  // `share` must be valid (ValidateShare).
   StagingStream(uint64_t id, const policy::JobSpec& job, uint32_t rank, policy::StreamPoint start,
-                const Catalog& catalog, SampleReader& reader,
+                const wire::StreamShare& share, const Catalog& catalog, SampleReader& reader,
                 std::unique_ptr<ring::RingWriter> ring, uint32_t threads);
   ~StagingStream();
   StagingStream(const StagingStream&) = delete;
@@ -47,7 +58,7 @@ class StagingStream {
   uint64_t id() const { return id_; }
   uint32_t rank() const { return rank_; }
   ring::RingWriter& ring() { return *ring_; }
-  uint64_t total() const { return total_; }  // accesses from the start point to the end
+  uint64_t total() const { return total_; }  // accesses of the share from the start to the end
   uint64_t staged() const { return staged_.load(std::memory_order_relaxed); }
   uint64_t errors() const { return errors_.load(std::memory_order_relaxed); }
   bool finished() const { return finished_.load(std::memory_order_relaxed); }
@@ -65,6 +76,8 @@ class StagingStream {
   const policy::JobSpec job_;
   const uint32_t rank_;
   const policy::StreamPoint start_;
+  const wire::StreamShare share_;
+  uint32_t end_epoch_ = 0;  // the first epoch not served
   const Catalog& catalog_;
   SampleReader& reader_;
   std::unique_ptr<ring::RingWriter> ring_;

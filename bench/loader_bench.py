@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Samples per second through a PyTorch DataLoader: reading through nopfs against the same
+DataLoader reading the same files directly, in one run, for several worker counts.
+
+    python3 bench/loader_bench.py --build build [--files 3000 --size 65536 --workers 0,2,4]
+
+A synthetic ImageFolder of --files files of --size random bytes is written to a temporary
+directory; `nopfs run` serves it (one rank) while this process reads it three ways per worker
+count, one warm-up pass and --passes measured passes each (all from the page cache or RAM: this
+measures the data path, not a PFS):
+  direct   torch.utils.data.DataLoader over a map-style dataset that reads each file, with
+           torch's DistributedSampler (what a script does today);
+  fallback nopfs.torch.DataLoader with no service (each worker reads the files, in the plan's
+           order);
+  nopfs    nopfs.torch.DataLoader reading from nopfsd's shared-memory rings.
+Each item becomes a uint8 tensor (a copy of the bytes), batches are stacked by the default
+collate. Ratios are against `direct` measured in the same run. As root, runs as `nobody` (nopfsd
+refuses root).
+"""
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.utils.data as tud
+
+
+def to_tensor(data):
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+class Files(tud.Dataset):
+    """What a script has today: a map-style dataset reading each sample's file."""
+
+    def __init__(self, samples):
+        self.samples = samples
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        path, label = self.samples[i]
+        with open(path, "rb") as fh:
+            return to_tensor(fh.read()), label
+
+
+def measure(loader, set_epoch, passes):
+    set_epoch(0)
+    for _ in loader:  # warm-up: workers start, caches fill
+        pass
+    n, t = 0, 0.0
+    for p in range(passes):
+        set_epoch(1 + p)
+        t0 = time.perf_counter()
+        for x, _ in loader:
+            n += x.shape[0]
+        t += time.perf_counter() - t0
+    return n / t
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", required=True, help="the build directory (bin/, python/)")
+    ap.add_argument("--files", type=int, default=3000)
+    ap.add_argument("--size", type=int, default=64 * 1024, help="bytes per file")
+    ap.add_argument("--workers", default="0,2,4")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--passes", type=int, default=2)
+    args = ap.parse_args()
+    build = os.path.abspath(args.build)
+    if os.geteuid() == 0:
+        work = tempfile.mkdtemp(prefix="nopfs-loader-bench-")
+        shutil.chown(work, "nobody", "nogroup")
+        env = {**os.environ, "HOME": work, "TMPDIR": work}
+        try:
+            sys.exit(subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup",
+                                     "--clear-groups", "--", sys.executable,
+                                     os.path.abspath(__file__), *sys.argv[1:]], env=env).returncode)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    sys.path.insert(0, os.path.join(build, "python"))
+    import nopfs
+    from nopfs.torch import DataLoader, DistributedSampler, ImageFolder
+
+    tmp = tempfile.mkdtemp(prefix="nopfs-loader-bench-")
+    service = None
+    try:
+        root = os.path.join(tmp, "data")
+        rnd = os.urandom
+        for k in range(args.files):
+            d = os.path.join(root, f"class{k % 10}")
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, f"{k:06d}.bin"), "wb") as fh:
+                fh.write(rnd(args.size))
+        epochs = 2 + args.passes
+        run_dir = os.path.join(tmp, "run")
+        service = subprocess.Popen(
+            [os.path.join(build, "bin", "nopfs"), "run", "--dataset", root, "--run-dir", run_dir,
+             "--seed", "3", "--epochs", str(epochs), "--ranks", "1", "--batch", str(args.batch),
+             "--scheme", "strided", "-q", "--", "sleep", "3600"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 300
+        while not os.path.exists(os.path.join(run_dir, "ready")):
+            if service.poll() is not None or time.monotonic() > deadline:
+                sys.exit("loader_bench: nopfsd did not start: " + service.stderr.read())
+            time.sleep(0.05)
+        env = {"NOPFS_SOCKET": os.path.join(run_dir, "nopfsd.sock"), "NOPFS_RANK": "0",
+               "NOPFS_RANKS": "1", "NOPFS_SEED": "3", "NOPFS_BATCH": str(args.batch),
+               "NOPFS_SCHEME": "strided", "NOPFS_DROP_LAST": "0",
+               "NOPFS_SAMPLES": str(args.files), "NOPFS_EPOCHS": str(epochs)}
+        _, samples = nopfs.scan_image_folder(root)
+
+        print(f"loader_bench: {args.files} files of {args.size} bytes, batch {args.batch}, "
+              f"{args.passes} measured passes after a warm-up, {os.cpu_count()} cores")
+        print(f"{'workers':>7} {'direct/s':>10} {'fallback/s':>10} {'nopfs/s':>10} "
+              f"{'nopfs/direct':>12} {'fallback/direct':>15}")
+        for workers in [int(w) for w in args.workers.split(",")]:
+            sampler = tud.distributed.DistributedSampler(Files(samples), num_replicas=1, rank=0)
+            direct = measure(tud.DataLoader(Files(samples), batch_size=args.batch,
+                                            sampler=sampler, num_workers=workers),
+                             sampler.set_epoch, args.passes)
+            rates = {}
+            for mode in ("fallback", "nopfs"):
+                os.environ.pop("NOPFS_FALLBACK", None)
+                for k, v in env.items():
+                    os.environ[k] = v
+                if mode == "fallback":
+                    del os.environ["NOPFS_SOCKET"]
+                    os.environ["NOPFS_FALLBACK"] = "1"
+                ds = ImageFolder(root, decode=to_tensor)
+                s = DistributedSampler(ds)
+                loader = DataLoader(ds, batch_size=args.batch, sampler=s, num_workers=workers)
+                rates[mode] = measure(loader, s.set_epoch, args.passes)
+            print(f"{workers:>7} {direct:>10.0f} {rates['fallback']:>10.0f} "
+                  f"{rates['nopfs']:>10.0f} {rates['nopfs'] / direct:>12.2f} "
+                  f"{rates['fallback'] / direct:>15.2f}", flush=True)
+    finally:
+        if service is not None and service.poll() is None:
+            service.send_signal(signal.SIGTERM)
+            service.wait(timeout=60)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Runs the nopfs Python tests (pytest) against a build tree: ctest's entry point.
+
+Usage: run_tests.py BUILD_DIR [pytest arguments...]   (pytest runs under $NOPFS_PYTHON,
+default /usr/bin/python3: Debian's python3 with python3-torch)
+
+nopfsd refuses to run as root and the client only talks to a service of its own uid, so as root
+this re-runs itself as the unprivileged user `nobody` (setpriv), with a private HOME; everything
+the tests create lives in a fresh temporary directory that user owns.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit("usage: run_tests.py BUILD_DIR [pytest arguments...]")
+    build = os.path.abspath(sys.argv[1])
+    work = tempfile.mkdtemp(prefix="nopfs-python-test-")
+    try:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.path.join(build, "python")
+        env["NOPFS_BIN"] = os.path.join(build, "bin")
+        env["NOPFS_EXAMPLES"] = os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples")
+        env["HOME"] = work
+        env["TMPDIR"] = work
+        for name in list(env):
+            # The tests make their own services; none may leak in from the caller.
+            if name.startswith("NOPFS_") and name not in ("NOPFS_BIN", "NOPFS_EXAMPLES"):
+                del env[name]
+        python = os.environ.get("NOPFS_PYTHON", "/usr/bin/python3")  # Debian's, with torch
+        argv = [python, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                f"--basetemp={os.path.join(work, 'pytest')}", HERE, *sys.argv[2:]]
+        if os.geteuid() == 0:
+            os.chmod(work, 0o700)
+            shutil.chown(work, "nobody", "nogroup")
+            argv = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"] + argv
+        sys.exit(subprocess.run(argv, env=env, cwd=work).returncode)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
