@@ -6,6 +6,7 @@
 #include "cli/cmd_config.h"
 #include "cli/cmd_plan.h"
 #include "cli/cmd_run.h"
+#include "cli/cmd_simulate.h"
 #include "cli/cmd_stream.h"
 
 int main(int argc, char** argv) {
@@ -21,6 +22,7 @@ int main(int argc, char** argv) {
   nopfs::cli::RegisterRun(&app, &exit_code);
   nopfs::cli::RegisterCat(&app, &exit_code);
   nopfs::cli::RegisterStatus(&app, &exit_code);
+  nopfs::cli::RegisterSimulate(&app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

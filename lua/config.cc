@@ -41,8 +41,8 @@ BandwidthTable DefaultPfs() {
 constexpr uint32_t kDefaultThreads = 4;
 constexpr policy::Bytes kDefaultStagingBytes = policy::Bytes{1} << 30;
 
-constexpr std::array kSettings = {"classes", "staging",   "pfs",           "network",
-                                  "limits",  "log_level", "catalog_cache", "preprocess"};
+constexpr std::array kSettings = {"classes",   "staging",       "pfs",        "network", "limits",
+                                  "log_level", "catalog_cache", "preprocess", "planner"};
 
 // ram{...} and ssd{...}: mark the table with its kind and the line it was written on, so that
 // errors found later can point at it.
@@ -77,7 +77,7 @@ class Reader {
       : L_(L), name_(std::move(name)), host_memory_(host_memory), builtins_(std::move(builtins)) {}
 
   Status Read(policy::SystemModel* model, Limits* limits, std::string* log_level,
-              std::string* catalog_cache) {
+              std::string* catalog_cache, policy::Planner* planner) {
     NOPFS_RETURN_IF_ERROR(CheckGlobals());
     model->pfs = DefaultPfs();
     model->staging = StorageClass{"staging",
@@ -144,6 +144,20 @@ class Reader {
       }
       *catalog_cache = *dir;
     }
+    if (Global("planner")) {
+      Result<std::string> name = ReadString(L_, -1, name_ + ": planner");
+      lua_pop(L_, 1);
+      if (!name.ok()) return name.status();
+      Result<policy::Planner> p = policy::ParsePlanner(*name);
+      if (!p.ok()) {
+        const std::string_view near =
+            internal::Closest(*name, {"frequency", "staging", "fill-once"});
+        return Status::InvalidArgument(
+            name_ + ": " + p.status().message() +
+            (near.empty() ? std::string() : " (did you mean '" + std::string(near) + "'?)"));
+      }
+      *planner = *p;
+    }
     return model->Validate().WithContext(name_);
   }
 
@@ -171,7 +185,7 @@ class Reader {
       }
       std::string_view near =
           internal::Closest(key, {"classes", "staging", "pfs", "network", "limits", "log_level",
-                                  "catalog_cache", "preprocess"});
+                                  "catalog_cache", "preprocess", "planner"});
       if (!near.empty() && key.size() > 3) {
         std::string msg = name_ + ": unknown setting '" + std::string(key) + "' (did you mean '" +
                           std::string(near) + "'?)";
@@ -420,8 +434,8 @@ Result<NodeConfig> LoadNodeConfigFromString(std::string_view text, std::string_v
   NodeConfig config;
   config.source_ = std::string(name);
   Reader reader(L, std::string(name), host_memory, std::move(builtins));
-  NOPFS_RETURN_IF_ERROR(
-      reader.Read(&config.model_, &config.limits_, &config.log_level_, &config.catalog_cache_));
+  NOPFS_RETURN_IF_ERROR(reader.Read(&config.model_, &config.limits_, &config.log_level_,
+                                    &config.catalog_cache_, &config.planner_));
   return config;
 }
 

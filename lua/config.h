@@ -7,6 +7,7 @@
 //   network  = "10GB/s"
 //   limits   = { jobs_per_node = 8, ram_per_job = "64GB", ssd_per_job = "1TB" }
 //   log_level, catalog_cache, preprocess
+//   planner  = "frequency"                             -- or "staging", "fill-once"
 // Unknown globals that look like misspellings of these and unknown fields are errors, so a typo
 // never silently falls back to a default. Every error names the file, and the line where the
 // class was written when it was made with ram{} or ssd{}.
@@ -21,6 +22,7 @@
 #include "common/status.h"
 #include "lua/state.h"
 #include "policy/model.h"
+#include "policy/plan.h"
 
 namespace nopfs::lua {
 
@@ -43,6 +45,8 @@ class NodeConfig {
   const std::string& log_level() const { return log_level_; }
   // Directory where scanned dataset catalogs are kept for later jobs; empty: no reuse.
   const std::string& catalog_cache() const { return catalog_cache_; }
+  // Which samples the node's classes hold (policy/plan.h); frequency unless the file says.
+  policy::Planner planner() const { return planner_; }
 
   // Sum of the capacities of the classes of `kind` (what a node can offer a job).
   policy::Bytes CapacityOf(policy::ClassKind kind) const;
@@ -57,6 +61,7 @@ class NodeConfig {
   Limits limits_;
   std::string log_level_ = "info";
   std::string catalog_cache_;
+  policy::Planner planner_ = policy::Planner::kFrequency;
 };
 
 // This host's physical memory in bytes (sysconf), for RAM capacities written as "25%".

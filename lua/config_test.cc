@@ -27,6 +27,7 @@ TEST(NodeConfigTest, FullConfig) {
   Result<NodeConfig> c = Load(R"(
     log_level = "debug"
     catalog_cache = "/var/cache/nopfs"
+    planner = "fill-once"
     pfs = { {1, "250MB/s"}, {16, "2GB/s"} }
     network = "10GB/s"
     preprocess = 4e9
@@ -42,6 +43,7 @@ TEST(NodeConfigTest, FullConfig) {
   const policy::SystemModel& m = c->model();
   EXPECT_EQ(c->log_level(), "debug");
   EXPECT_EQ(c->catalog_cache(), "/var/cache/nopfs");
+  EXPECT_EQ(c->planner(), policy::Planner::kFillOnce);
   EXPECT_DOUBLE_EQ(m.pfs.At(1), 250e6);
   EXPECT_DOUBLE_EQ(m.pfs.At(16), 2e9);
   EXPECT_DOUBLE_EQ(m.pfs.At(100), 2e9);  // clamped
@@ -77,6 +79,7 @@ TEST(NodeConfigTest, EmptyFileMeansNoTiersAndDefaultModel) {
   EXPECT_GT(c->model().pfs.At(1), 0);
   EXPECT_EQ(c->model().network_bandwidth, 0);
   EXPECT_EQ(c->log_level(), "info");
+  EXPECT_EQ(c->planner(), policy::Planner::kFrequency);
   EXPECT_TRUE(c->model().Validate().ok());
 }
 
@@ -134,6 +137,10 @@ TEST(NodeConfigTest, ErrorsNameTheFieldAndTheLine) {
   ExpectError("limits = { jobs = 2 }", "limits: unknown field 'jobs'");
   ExpectError("log_level = \"verbose\"", "write one of trace, debug, info");
   ExpectError("catalog_cache = \"cache\"", "must be an absolute path");
+  ExpectError("planner = \"frequncy\"", "(did you mean 'frequency'?)");
+  ExpectError("planner = \"lru\"", "write frequency (cache the node's most read samples)");
+  ExpectError("planner = 3", "planner");
+  ExpectError("planer = \"staging\"", "unknown setting 'planer' (did you mean 'planner'?)");
   ExpectError("clases = {}", "unknown setting 'clases' (did you mean 'classes'?)");
   ExpectError("classes = { ram { capacity = \"1GB\", kind = \"ssd\" } }", "leave out 'kind'");
   ExpectError("x = = 1", "test.conf.lua:1:");

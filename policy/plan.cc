@@ -31,8 +31,30 @@ bool FetchedBefore(const Candidate& a, const Candidate& b) {
 
 }  // namespace
 
+std::string_view PlannerName(Planner p) {
+  switch (p) {
+    case Planner::kFrequency:
+      return "frequency";
+    case Planner::kStaging:
+      return "staging";
+    case Planner::kFillOnce:
+      return "fill-once";
+  }
+  return "unknown";
+}
+
+Result<Planner> ParsePlanner(std::string_view name) {
+  for (Planner p : {Planner::kFrequency, Planner::kStaging, Planner::kFillOnce}) {
+    if (name == PlannerName(p)) return p;
+  }
+  return Status::InvalidArgument(
+      "planner \"" + std::string(name) +
+      "\" is not a planner: write frequency (cache the node's most read samples), staging (no "
+      "cache, prefetch-ahead only) or fill-once (keep the first-read samples until full)");
+}
+
 NodePlan MakeNodePlan(const NodeAccessCounts& counts, std::span<const Bytes> sizes,
-                      std::span<const Bytes> capacities) {
+                      std::span<const Bytes> capacities, Planner planner) {
   const uint64_t f = counts.count.size();
   if (counts.first_access.size() != f || sizes.size() != f) {
     throw std::invalid_argument("MakeNodePlan: counts (" + std::to_string(f) +
@@ -52,7 +74,8 @@ NodePlan MakeNodePlan(const NodeAccessCounts& counts, std::span<const Bytes> siz
       ranked.push_back({counts.first_access[k], counts.count[k], static_cast<SampleId>(k)});
     }
   }
-  std::sort(ranked.begin(), ranked.end(), RanksBefore);
+  std::sort(ranked.begin(), ranked.end(),
+            planner == Planner::kFillOnce ? FetchedBefore : RanksBefore);
 
   NodePlan plan;
   plan.node = counts.node;
@@ -69,7 +92,8 @@ NodePlan MakeNodePlan(const NodeAccessCounts& counts, std::span<const Bytes> siz
   for (const Candidate& c : ranked) {
     const Bytes size = sizes[c.id];
     plan.distinct_bytes += size;
-    if (size > largest) {
+    // Under staging no sample is placed, not even an empty one: the same accounting, no tiers.
+    if (size > largest || planner == Planner::kStaging) {
       plan.uncached_accesses += c.count;
       continue;
     }
@@ -98,13 +122,13 @@ NodePlan MakeNodePlan(const NodeAccessCounts& counts, std::span<const Bytes> siz
 }
 
 NodePlan MakeNodePlan(const JobSpec& job, uint32_t node, std::span<const Bytes> sizes,
-                      std::span<const Bytes> capacities, unsigned threads) {
+                      std::span<const Bytes> capacities, unsigned threads, Planner planner) {
   if (sizes.size() != job.samples) {
     throw std::invalid_argument("MakeNodePlan: " + std::to_string(sizes.size()) +
                                 " sizes for a job of " + std::to_string(job.samples) + " samples");
   }
   const NodeAccessCounts counts = CountNodeAccesses(job, node, threads);
-  return MakeNodePlan(counts, sizes, capacities);
+  return MakeNodePlan(counts, sizes, capacities, planner);
 }
 
 }  // namespace nopfs::policy

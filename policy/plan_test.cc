@@ -203,3 +203,72 @@ TEST(PlanTest, RejectsMismatchedInputs) {
 
 }  // namespace
 }  // namespace nopfs::policy
+
+namespace nopfs::policy {
+namespace {
+
+TEST(PlannerTest, NamesRoundTripAndUnknownIsRejected) {
+  for (Planner p : {Planner::kFrequency, Planner::kStaging, Planner::kFillOnce}) {
+    Result<Planner> back = ParsePlanner(PlannerName(p));
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(*back, p);
+  }
+  Result<Planner> bad = ParsePlanner("lru");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("fill-once"), std::string::npos);
+}
+
+TEST(PlannerTest, StagingCachesNothingEvenEmptySamples) {
+  const JobSpec job = Job(500, 4, 32, 3, 2);
+  std::vector<Bytes> sizes = Sizes(500, 7);
+  sizes[3] = 0;
+  const std::vector<Bytes> caps = {Bytes{1} << 40, Bytes{1} << 40};
+  const NodePlan plan = MakeNodePlan(job, 0, sizes, caps, 1, Planner::kStaging);
+  EXPECT_TRUE(std::all_of(plan.location.begin(), plan.location.end(),
+                          [](int8_t l) { return l == kNotCached; }));
+  for (const TierPlan& t : plan.tiers) {
+    EXPECT_TRUE(t.prefetch_order.empty());
+    EXPECT_EQ(t.bytes, 0u);
+  }
+  EXPECT_EQ(plan.uncached_accesses, plan.accesses);
+}
+
+TEST(PlannerTest, FillOnceCachesTheFirstReadSamplesUntilFull) {
+  const JobSpec job = Job(800, 4, 40, 5, 2);
+  const std::vector<Bytes> sizes(800, 1000);
+  const NodeAccessCounts counts = CountNodeAccesses(job, 1, 1);
+  // Room for 150 of the node's samples in two classes.
+  const std::vector<Bytes> caps = {100'000, 50'000};
+  const NodePlan plan = MakeNodePlan(counts, sizes, caps, Planner::kFillOnce);
+  ASSERT_EQ(plan.tiers[0].prefetch_order.size(), 100u);
+  ASSERT_EQ(plan.tiers[1].prefetch_order.size(), 50u);
+  // Every cached sample is first read before every uncached one the node reads, and the first
+  // class holds the earliest.
+  uint64_t last_cached = 0;
+  uint64_t first_uncached = kNeverAccessed;
+  uint64_t last_fast = 0;
+  uint64_t first_slow = kNeverAccessed;
+  for (uint64_t k = 0; k < 800; ++k) {
+    if (counts.count[k] == 0) {
+      EXPECT_EQ(plan.location[k], kNotCached);
+      continue;
+    }
+    const uint64_t fa = counts.first_access[k];
+    if (plan.location[k] == kNotCached) first_uncached = std::min(first_uncached, fa);
+    if (plan.location[k] != kNotCached) last_cached = std::max(last_cached, fa);
+    if (plan.location[k] == 0) last_fast = std::max(last_fast, fa);
+    if (plan.location[k] == 1) first_slow = std::min(first_slow, fa);
+  }
+  EXPECT_LT(last_cached, first_uncached);
+  EXPECT_LT(last_fast, first_slow);
+  // Prefetch lists are in first-access order.
+  for (const TierPlan& t : plan.tiers) {
+    for (size_t i = 1; i < t.prefetch_order.size(); ++i) {
+      EXPECT_LT(counts.first_access[t.prefetch_order[i - 1]],
+                counts.first_access[t.prefetch_order[i]]);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace nopfs::policy

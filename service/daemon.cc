@@ -121,9 +121,10 @@ Status Daemon::Init() {
   }
   const auto t1 = std::chrono::steady_clock::now();
   plan_ = policy::MakeNodePlan(job_, options_.node, catalog_->sizes(), capacities,
-                               options_.plan_threads);
-  spdlog::info("plan: {} accesses of {} distinct samples in {:.2f} s", plan_.accesses,
-               plan_.distinct, Seconds(std::chrono::steady_clock::now() - t1));
+                               options_.plan_threads, config_.planner());
+  spdlog::info("plan ({}): {} accesses of {} distinct samples in {:.2f} s",
+               policy::PlannerName(config_.planner()), plan_.accesses, plan_.distinct,
+               Seconds(std::chrono::steady_clock::now() - t1));
 
   // Tiers.
   for (size_t j = 0; j < model_.classes.size(); ++j) {

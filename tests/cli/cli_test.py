@@ -6,11 +6,14 @@ with a message that says what to write instead.
 Usage: cli_test.py PATH/TO/nopfs   (ctest passes the built binary)
 """
 
+import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -156,6 +159,175 @@ class PlanTest(unittest.TestCase):
             self.assertIn(f"{path}:502:", p.stderr)
         finally:
             os.unlink(path)
+
+
+def parse_kv(text):
+    """One dict per `key=value` line of `nopfs simulate --format kv`."""
+    rows = []
+    for line in text.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split())
+        rows.append(fields)
+    return rows
+
+
+class SimulateTest(unittest.TestCase):
+    POLICIES = ["no-io", "frequency", "staging", "fill-once", "dataloader"]
+
+    def tmpfile(self, name, text):
+        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"nopfs-{os.getpid()}-{name}")
+        with open(path, "w") as fh:
+            fh.write(text)
+        self.addCleanup(os.unlink, path)
+        return path
+
+    def test_hand_computed_times(self):
+        # One rank, three 1000-byte samples, batch 1; PFS 500 B/s (2 s a sample), staging write
+        # 1 s a sample, compute 1 s a sample (docs/simulate.md works the example).
+        conf = self.tmpfile("slow.conf.lua",
+                            'pfs = 500\nstaging = { capacity = "1MB", threads = 1, write = 1000 }\n')
+        out = run("simulate", "--config", conf, "--samples", 3, "--sizes", "fixed:1000",
+                  "--epochs", 1, "--batch", 1, "--compute-rate", "1000B/s",
+                  "--loader-workers", 1, "--format", "kv").stdout
+        rows = {r["policy"]: r for r in parse_kv(out)}
+        self.assertEqual(list(rows), self.POLICIES)
+        self.assertAlmostEqual(float(rows["no-io"]["total_s"]), 3)
+        self.assertAlmostEqual(float(rows["staging"]["total_s"]), 10)
+        self.assertAlmostEqual(float(rows["staging"]["stall_s"]), 7)
+        self.assertAlmostEqual(float(rows["dataloader"]["total_s"]), 7)
+        self.assertEqual(int(rows["staging"]["job_pfs_bytes"]), 3000)
+
+    def test_kv_and_json_agree_and_are_consistent(self):
+        sizes = self.tmpfile("sizes.txt", "\n".join(str(5000 + 37 * k) for k in range(3000)))
+        dataset = sum(5000 + 37 * k for k in range(3000))
+        args = ["simulate", "--sizes", f"file:{sizes}", "--nodes", 1, "--ranks-per-node", 2,
+                "--epochs", 3, "--batch", 64, "--compute-rate", 800]
+        rows = parse_kv(run(*args, "--format", "kv").stdout)
+        doc = json.loads(run(*args, "--format", "json").stdout)
+        self.assertEqual([r["policy"] for r in rows], self.POLICIES)
+        self.assertEqual([p["policy"] for p in doc["policies"]], self.POLICIES)
+        self.assertEqual(doc["dataset_bytes"], dataset)
+        bound = float(rows[0]["total_s"])
+        for r, j in zip(rows, doc["policies"]):
+            epochs = [float(x) for x in r["epoch_s"].split(",")]
+            self.assertEqual(len(epochs), 3)
+            self.assertAlmostEqual(sum(epochs), float(r["total_s"]), delta=1e-4 * sum(epochs))
+            self.assertAlmostEqual(float(r["total_s"]), j["total_s"], delta=1e-5 * j["total_s"])
+            self.assertEqual(int(r["job_pfs_bytes"]), j["job_pfs_bytes"])
+            self.assertEqual(int(r["dataset_bytes"]), dataset)
+            self.assertGreaterEqual(float(r["total_s"]), bound * (1 - 1e-9))
+            self.assertLessEqual(float(r["stall_median_s"]), float(r["stall_p99_s"]))
+        by = {r["policy"]: r for r in rows}
+        # One node reads the whole dataset each epoch: without a cache, every epoch from the PFS.
+        self.assertEqual(int(by["staging"]["job_pfs_bytes"]), 3 * dataset)
+        self.assertEqual(int(by["dataloader"]["job_pfs_bytes"]), 3 * dataset)
+        self.assertEqual(int(by["no-io"]["job_pfs_bytes"]), 0)
+
+    def test_table_and_policy_subset(self):
+        out = run("simulate", "--samples", 5000, "--epochs", 2, "--policies",
+                  "staging,no-io").stdout
+        self.assertRegex(out, r"nopfs simulate: 1 nodes x 1 ranks, 5000 samples")
+        self.assertRegex(out, r"(?m)^policy\s+epoch1_s\s+later_s\s+total_s")
+        self.assertRegex(out, r"(?m)^staging\s+[\d.]+")
+        self.assertRegex(out, r"(?m)^no-io\s+[\d.]+")
+        self.assertNotRegex(out, r"(?m)^frequency")
+
+    def test_preset_at_1024_nodes(self):
+        rows = parse_kv(run("simulate", "--preset", "imagenet1k-lassen", "--nodes", 1024,
+                            "--epochs", 2, "--format", "kv").stdout)
+        self.assertEqual(len(rows), 5)
+        for r in rows:
+            self.assertEqual(r["nodes"], "1024")
+            self.assertEqual(r["ranks_per_node"], "4")
+            self.assertEqual(r["samples"], "1281167")
+            self.assertEqual(r["batch"], str(120 * 4096))
+        by = {r["policy"]: r for r in rows}
+        # Symmetry: the job's PFS bytes are the node's times the nodes.
+        self.assertEqual(int(by["staging"]["job_pfs_bytes"]),
+                         1024 * int(by["staging"]["node_pfs_bytes"]))
+
+    def test_simulate_errors_say_what_to_write(self):
+        self.expect_error(["simulate", "--sizes", "huge"], r"fixed:SIZE, lognormal:MEAN")
+        self.expect_error(["simulate"], r"needs --samples F")
+        self.expect_error(["simulate", "--samples", 100, "--policies", "lru"],
+                          r"--policies.*no-io, frequency, staging, fill-once")
+        self.expect_error(["simulate", "--samples", 100, "--compute-rate", "fast"],
+                          r"samples/s per rank")
+        self.expect_error(["simulate", "--preset", "imagenet"], r"imagenet1k-lassen")
+        self.expect_error(["simulate", "--samples", 100, "--format", "xml"], r"table, kv or json")
+        self.expect_error(["simulate", "--samples", 100, "--nodes", 2, "--node", 2],
+                          r"node 2 is out of range")
+
+    def expect_error(self, args, pattern):
+        p = run(*args, check=False)
+        self.assertNotEqual(p.returncode, 0, f"{args} succeeded")
+        self.assertRegex(p.stderr, pattern)
+        self.assertEqual(p.stdout, "")
+
+
+class PlannerRunTest(unittest.TestCase):
+    """The node config's `planner` reaches nopfsd: each planner serves every rank its exact
+    stream with the files' bytes, and only the tiered ones serve from the RAM tier."""
+
+    JOB = ["--seed", 3, "--epochs", 3, "--batch", 8]
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="nopfs-planner-test-")
+        rnd = random.Random(7)
+        cls.root = os.path.join(cls.tmp, "data")
+        for k in range(200):
+            d = os.path.join(cls.root, f"class{k % 3}")
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, f"img{k:04d}.bin"), "wb") as fh:
+                fh.write(rnd.randbytes(rnd.randint(100, 20000)))
+        for dirpath, _, files in os.walk(cls.tmp):
+            os.chmod(dirpath, 0o777)
+            for f in files:
+                os.chmod(os.path.join(dirpath, f), 0o644)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def run_planner(self, planner):
+        work = tempfile.mkdtemp(prefix=f"{planner}-", dir=self.tmp)
+        os.chmod(work, 0o777)
+        conf = os.path.join(work, "node.conf.lua")
+        with open(conf, "w") as fh:
+            fh.write(f'planner = "{planner}"\n'
+                     'staging = { capacity = "16MB", threads = 2 }\n'
+                     'classes = { ram { capacity = "8MB", threads = 2 } }\n')
+        os.chmod(conf, 0o644)
+        out = os.path.join(work, "out")
+        run_dir = os.path.join(work, "run")
+        argv = [NOPFS, "run", "--dataset", self.root, "--ranks", 2, *self.JOB, "--config", conf,
+                "--run-dir", run_dir, "--keep-run-dir", "--",
+                "sh", "-c", f"exec {NOPFS} cat --verify --print > {out}.$NOPFS_RANK"]
+        argv = [str(a) for a in argv]
+        if os.geteuid() == 0:  # nopfsd runs as the job's user, never as root
+            argv = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"] + argv
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        for rank in range(2):
+            with open(f"{out}.{rank}") as fh:
+                lines = fh.read().strip().split("\n")
+            self.assertRegex(lines[-1], r"^\d+ samples, \d+ bytes, 0 mismatches$")
+            stream = run("stream", *self.JOB, "--samples", 200, "--ranks", 2, "--rank", rank)
+            self.assertEqual([int(l.split()[0]) for l in lines[:-1]],
+                             [int(x) for x in stream.stdout.split()])
+        with open(os.path.join(run_dir, "nopfsd.log")) as fh:
+            self.assertIn(f"plan ({planner}):", fh.read())
+        m = re.search(r"(?m)^ram\s+(\d+)", p.stdout)
+        self.assertIsNotNone(m, p.stdout)
+        return int(m.group(1))
+
+    def test_staging_serves_nothing_from_tiers(self):
+        self.assertEqual(self.run_planner("staging"), 0)
+
+    def test_fill_once_and_frequency_serve_from_ram(self):
+        # The RAM tier holds the whole dataset: after the first epoch every read can be local.
+        for planner in ("fill-once", "frequency"):
+            self.assertGreater(self.run_planner(planner), 0, planner)
 
 
 if __name__ == "__main__":
