@@ -23,6 +23,9 @@ add_executable(nopfsd ${CMAKE_CURRENT_LIST_DIR}/nopfsd_main.cc)
 nopfs_target_defaults(nopfsd)
 target_link_libraries(nopfsd PRIVATE nopfs_daemon nopfs_jobflags)
 
+nopfs_test(NAME sample_reader_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/sample_reader_test.cc
+  LIBS nopfs_daemon)
+
 if(NOPFS_BUILD_TESTS)
   # nopfsd end to end through `nopfs run` and `nopfs cat` (tests/service/service_test.py).
   add_test(NAME service_test

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 
 #include <spdlog/spdlog.h>
@@ -34,8 +35,51 @@ SampleReader::SampleReader(Catalog& catalog, const policy::NodePlan& plan,
       tiers_(std::move(tiers)),
       model_(model),
       pfs_readers_(std::max<uint32_t>(1, pfs_readers)) {
-  for (size_t j = 0; j < tiers_.size(); ++j)
+  for (size_t j = 0; j < tiers_.size(); ++j) {
     per_class_.push_back(std::make_unique<SourceCounters>());
+    cached_on_read_.push_back(std::make_unique<SourceCounters>());
+  }
+}
+
+void SampleReader::CacheAfterRead(size_t j, policy::SampleId sample,
+                                  std::span<const std::byte> bytes, uint64_t hash) {
+  const TierRef& t = tiers_[j];
+  Tier* tier = t.ram != nullptr ? static_cast<Tier*>(t.ram) : static_cast<Tier*>(t.ssd);
+  if (tier == nullptr) return;
+  const uint32_t slot = tier->layout().SlotOf(sample);
+  if (slot >= tier->layout().slot_count() || !tier->slots().TryBeginFill(slot)) return;
+  // The bytes are at hand: the tier's fill copies them instead of reading the PFS again.
+  const FetchFn from_memory = [&](policy::SampleId, std::span<std::byte> dst) -> Result<uint64_t> {
+    if (dst.size() != bytes.size()) {
+      return Status::Internal("fetch-and-cache: sample " + std::to_string(sample) + " has " +
+                              std::to_string(bytes.size()) + " bytes, its slot " +
+                              std::to_string(dst.size()));
+    }
+    std::memcpy(dst.data(), bytes.data(), bytes.size());
+    return hash;
+  };
+  // An SSD fill writes through an aligned bounce buffer; each staging thread keeps its own.
+  thread_local std::unique_ptr<std::byte, decltype(&std::free)> bounce{nullptr, &std::free};
+  thread_local uint64_t bounce_size = 0;
+  const uint64_t need = tier->bounce_bytes();
+  if (need > bounce_size) {
+    const uint64_t rounded = (need + kSsdAlignment - 1) / kSsdAlignment * kSsdAlignment;
+    bounce.reset(static_cast<std::byte*>(std::aligned_alloc(kSsdAlignment, rounded)));
+    bounce_size = bounce ? rounded : 0;
+  }
+  if (need > bounce_size) {
+    tier->slots().Abandon(slot);  // no memory for the bounce buffer: the prefetcher fills it
+    return;
+  }
+  Result<uint64_t> h = tier->Fill(slot, from_memory, {bounce.get(), need});
+  if (h.ok()) {
+    tier->slots().MarkReady(slot, *h);
+    Count(*cached_on_read_[j], bytes.size(), 0);
+  } else {
+    tier->slots().Abandon(slot);  // the prefetcher tries again from the PFS
+    spdlog::warn("sample {} ({}): could not keep it in the {} tier after reading it: {}", sample,
+                 catalog_.path(sample), t.name, h.status().message());
+  }
 }
 
 void SampleReader::SetPeerSource(PeerLookupFn lookup, PeerFetchFn fetch) {
@@ -142,6 +186,9 @@ Result<SourceId> SampleReader::Read(policy::SampleId sample, std::span<std::byte
   }
   Result<uint64_t> h = FetchFromPfs(sample, dst, /*staging=*/true);
   if (!h.ok()) return h.status();
+  if (klass != policy::kNotCached && static_cast<size_t>(klass) < tiers_.size()) {
+    CacheAfterRead(static_cast<size_t>(klass), sample, dst, *h);
+  }
   return SourceId{SourceId::kPfs};
 }
 

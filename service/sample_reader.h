@@ -9,6 +9,9 @@
 // file, a stray write into shared memory) is logged, the slot is marked failed, and the sample is
 // read from the PFS instead. A PFS read records the sample's checksum in the catalog the first
 // time, and warns if a later read of the same file differs (the file changed during the job).
+// Fetch-and-cache (ALGORITHM.md §6): when a staging read has to go to the PFS for a sample that
+// the plan places in a tier not filled yet, the reader stores the bytes it already has in that
+// tier (claiming the slot, so that the prefetcher skips it), and the PFS is read once for it.
 //
 // Thread safety: Read and the fetch are safe from any number of threads.
 #pragma once
@@ -84,12 +87,18 @@ class SampleReader {
   // Every byte read from the PFS, prefetch included.
   uint64_t pfs_bytes_total() const { return pfs_total_.load(std::memory_order_relaxed); }
   uint64_t corruptions() const { return corruptions_.load(std::memory_order_relaxed); }
+  // Samples (reads) and bytes of class j stored by fetch-and-cache (not by its prefetcher).
+  const SourceCounters& cached_on_read(size_t j) const { return *cached_on_read_[j]; }
   size_t class_count() const { return tiers_.size(); }
   const std::string& class_name(size_t j) const { return tiers_[j].name; }
 
  private:
   Status ReadTier(const TierRef& t, policy::SampleId sample, std::span<std::byte> dst);
   bool TierReady(const TierRef& t, policy::SampleId sample) const;
+  // Fetch-and-cache: stores `bytes` (the sample just read from the PFS, xxh3 `hash`) in class
+  // j's tier if its slot is still empty. Failures are logged; the read itself has succeeded.
+  void CacheAfterRead(size_t j, policy::SampleId sample, std::span<const std::byte> bytes,
+                      uint64_t hash);
 
   Catalog& catalog_;
   const policy::NodePlan& plan_;
@@ -99,6 +108,7 @@ class SampleReader {
   PeerLookupFn peer_lookup_;
   PeerFetchFn peer_fetch_;
   std::vector<std::unique_ptr<SourceCounters>> per_class_;
+  std::vector<std::unique_ptr<SourceCounters>> cached_on_read_;
   SourceCounters peer_;
   SourceCounters pfs_;
   std::atomic<uint64_t> pfs_total_{0};

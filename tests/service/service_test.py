@@ -82,14 +82,16 @@ class Dataset:
         make_world_readable(root)
 
 
-def write_config(path, ram=None, ssd=None, ssd_path=None, staging="64MB"):
+def write_config(path, ram=None, ssd=None, ssd_path=None, staging="64MB", prefetch_threads=2,
+                 staging_threads=2):
     classes = []
     if ram:
-        classes.append(f'ram {{ capacity = "{ram}", threads = 2 }}')
+        classes.append(f'ram {{ capacity = "{ram}", threads = {prefetch_threads} }}')
     if ssd:
-        classes.append(f'ssd {{ path = "{ssd_path}", capacity = "{ssd}", threads = 2 }}')
+        classes.append(f'ssd {{ path = "{ssd_path}", capacity = "{ssd}", '
+                       f'threads = {prefetch_threads} }}')
     with open(path, "w") as fh:
-        fh.write(f'staging = {{ capacity = "{staging}", threads = 2 }}\n')
+        fh.write(f'staging = {{ capacity = "{staging}", threads = {staging_threads} }}\n')
         fh.write("classes = { " + ", ".join(classes) + " }\n")
     os.chmod(path, 0o644)
 
@@ -180,6 +182,26 @@ class ServiceTest(unittest.TestCase):
         for r in range(2):
             self.check_rank_output(r, 2, outs[r][0])
         self.assertRegex(p.stdout, r"(?m)^ssd\s+[1-9]\d*\s")
+        self.assert_nothing_left()
+
+    def test_pfs_read_about_once_when_the_tiers_hold_the_dataset(self):
+        # RAM and SSD together hold the whole dataset; one prefetch thread per tier fills them
+        # while four staging threads read ahead for the clients. Whoever reads a sample first from
+        # the PFS (prefetcher, or staging with fetch-and-cache) keeps it, so over two epochs the
+        # PFS serves about one dataset. (Here the files are in the page cache and the prefetchers
+        # usually win the race; sample_reader_test covers staging reads that come first.)
+        conf = os.path.join(self.work, "race.conf.lua")
+        write_config(conf, ram=str(self.total_bytes // 2), ssd="1GB", ssd_path=self.scratch,
+                     prefetch_threads=1, staging_threads=4)
+        p, outs = self.run_cat(2, conf)
+        for r in range(2):
+            self.check_rank_output(r, 2, outs[r][0])
+        m = re.search(r"(?m)^pfs read in all \(prefetch included\): ([\d.]+) (\w?B)$", p.stdout)
+        self.assertIsNotNone(m, p.stdout)
+        scale = {"B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9}[m.group(2)]
+        pfs = float(m.group(1)) * scale
+        self.assertLessEqual(pfs, 1.05 * self.total_bytes, p.stdout)
+        self.assertGreaterEqual(pfs, 0.95 * self.total_bytes, p.stdout)
         self.assert_nothing_left()
 
     def test_no_cache_reads_the_pfs(self):

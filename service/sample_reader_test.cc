@@ -1,0 +1,165 @@
+// SampleReader against a real catalog (RocksDB over real files) and real RAM and SSD tiers, with
+// no prefetcher running: what a staging read does when the tiers are not filled yet.
+#include "service/sample_reader.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "service/env.h"
+#include "service/tier_test_util.h"
+
+namespace nopfs::service {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::PlanOf;
+using testing::TempDir;
+
+constexpr uint32_t kFiles = 24;
+
+std::string Bytes(uint32_t k) {
+  std::string s(1 + (k * 7919) % 9000, '\0');
+  for (size_t i = 0; i < s.size(); ++i)
+    s[i] = static_cast<char>((k * 131 + i * 17) & 0xff);
+  return s;
+}
+
+policy::SystemModel Model() {
+  policy::SystemModel m;
+  m.pfs = policy::BandwidthTable::Constant(100e6);
+  m.staging.name = "staging";
+  m.staging.capacity = 1 << 20;
+  m.staging.write = policy::BandwidthTable::Constant(4e9);
+  policy::StorageClass ram{"ram",
+                           policy::ClassKind::kRam,
+                           "",
+                           1 << 20,
+                           1,
+                           policy::BandwidthTable::Constant(6e9),
+                           policy::BandwidthTable::Constant(4e9)};
+  policy::StorageClass ssd{"ssd",
+                           policy::ClassKind::kSsd,
+                           "/tmp",
+                           1 << 20,
+                           1,
+                           policy::BandwidthTable::Constant(1e9),
+                           policy::BandwidthTable::Constant(800e6)};
+  m.classes = {ram, ssd};
+  return m;
+}
+
+class SampleReaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string data = dir_.path() + "/data";
+    for (uint32_t k = 0; k < kFiles; ++k) {
+      // One class folder; names sort in k order, so sample id k is file k.
+      fs::create_directories(data + "/c");
+      char name[32];
+      std::snprintf(name, sizeof name, "/c/img%03u.bin", k);
+      std::ofstream(data + name, std::ios::binary) << Bytes(k);
+    }
+    CatalogOptions o;
+    o.dataset = data;
+    o.work_dir = dir_.path() + "/work";
+    o.scan_threads = 2;
+    Result<std::unique_ptr<Catalog>> cat = Catalog::Open(o, Env::Default());
+    ASSERT_TRUE(cat.ok()) << cat.status().message();
+    catalog_ = std::move(*cat);
+    ASSERT_EQ(catalog_->size(), kFiles);
+    const std::vector<uint64_t> sizes(catalog_->sizes().begin(), catalog_->sizes().end());
+
+    // Samples 0..7 belong in RAM, 8..13 on SSD, the rest in no tier.
+    plan_.location.assign(kFiles, policy::kNotCached);
+    std::vector<policy::SampleId> in_ram, on_ssd;
+    for (policy::SampleId k = 0; k < 14; ++k) {
+      (k < 8 ? in_ram : on_ssd).push_back(k);
+      plan_.location[k] = k < 8 ? 0 : 1;
+    }
+    plan_.tiers = {PlanOf(in_ram, sizes), PlanOf(on_ssd, sizes)};
+    auto rl = TierLayout::Ram(plan_.tiers[0], sizes);
+    ASSERT_TRUE(rl.ok());
+    auto ram = RamTier::Create("reader-test", std::move(*rl));
+    ASSERT_TRUE(ram.ok()) << ram.status().message();
+    ram_ = std::move(*ram);
+    auto sl = TierLayout::Ssd(plan_.tiers[1], sizes);
+    ASSERT_TRUE(sl.ok());
+    fs::create_directories(dir_.path() + "/ssd");
+    auto ssd =
+        SsdTier::Create(SsdTierOptions{dir_.path() + "/ssd", "job1", "n0", true}, std::move(*sl));
+    ASSERT_TRUE(ssd.ok()) << ssd.status().message();
+    ssd_ = std::move(*ssd);
+    model_ = Model();
+    reader_ = std::make_unique<SampleReader>(
+        *catalog_, plan_,
+        std::vector<TierRef>{{"ram", ram_.get(), nullptr}, {"ssd", nullptr, ssd_.get()}}, model_,
+        1);
+  }
+
+  std::string Read(policy::SampleId k, SourceId* from) {
+    std::string out(catalog_->length(k), '\0');
+    Result<SourceId> r = reader_->Read(k, {reinterpret_cast<std::byte*>(out.data()), out.size()});
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    if (r.ok()) *from = *r;
+    return out;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<Catalog> catalog_;
+  policy::NodePlan plan_;
+  std::unique_ptr<RamTier> ram_;
+  std::unique_ptr<SsdTier> ssd_;
+  policy::SystemModel model_;
+  std::unique_ptr<SampleReader> reader_;
+};
+
+TEST_F(SampleReaderTest, FetchAndCacheReadsThePfsOncePerPlannedSample) {
+  uint64_t first_pass = 0;
+  // Nothing is prefetched: every first read comes from the PFS, and the planned ones stay.
+  for (policy::SampleId k = 0; k < kFiles; ++k) {
+    SourceId from;
+    EXPECT_EQ(Read(k, &from), Bytes(k)) << k;
+    EXPECT_EQ(from.index, SourceId::kPfs) << k;
+    first_pass += catalog_->length(k);
+  }
+  EXPECT_EQ(reader_->pfs_bytes_total(), first_pass);
+  EXPECT_EQ(reader_->cached_on_read(0).reads.load(), 8u);
+  EXPECT_EQ(reader_->cached_on_read(1).reads.load(), 6u);
+  for (policy::SampleId k = 0; k < 14; ++k) {
+    EXPECT_TRUE(k < 8 ? ram_->IsReady(k) : ssd_->IsReady(k)) << k;
+  }
+
+  // The second pass reads the planned samples from their tiers, checked against the hash
+  // recorded when staging kept them; only the unplanned ones go to the PFS again.
+  uint64_t unplanned = 0;
+  for (policy::SampleId k = 0; k < kFiles; ++k) {
+    SourceId from;
+    EXPECT_EQ(Read(k, &from), Bytes(k)) << k;
+    EXPECT_EQ(from.index, k < 8 ? 0 : k < 14 ? 1 : SourceId::kPfs) << k;
+    if (k >= 14) unplanned += catalog_->length(k);
+  }
+  EXPECT_EQ(reader_->pfs_bytes_total(), first_pass + unplanned);
+  EXPECT_EQ(reader_->class_counters(0).reads.load(), 8u);
+  EXPECT_EQ(reader_->class_counters(1).reads.load(), 6u);
+  EXPECT_EQ(reader_->corruptions(), 0u);
+}
+
+TEST_F(SampleReaderTest, ASlotBeingFilledIsLeftToItsFiller) {
+  // A prefetcher owns slot of sample 3 (filling): the staging read goes to the PFS and does not
+  // touch the slot.
+  const uint32_t slot = ram_->layout().SlotOf(3);
+  ASSERT_TRUE(ram_->slots().TryBeginFill(slot));
+  SourceId from;
+  EXPECT_EQ(Read(3, &from), Bytes(3));
+  EXPECT_EQ(from.index, SourceId::kPfs);
+  EXPECT_EQ(ram_->slots().state(slot), SlotState::kFilling);
+  EXPECT_EQ(reader_->cached_on_read(0).reads.load(), 0u);
+  ram_->slots().Abandon(slot);
+}
+
+}  // namespace
+}  // namespace nopfs::service
