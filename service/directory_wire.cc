@@ -1,0 +1,299 @@
+// The directory's wire encoding and the owner's side (directory_wire.h).
+#include "service/directory_wire.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace nopfs::service::dir::wire {
+namespace {
+
+constexpr size_t kHeaderBytes = 4;
+
+void PutVarint(std::vector<std::byte>* out, uint64_t v) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<std::byte>((v & 0x7F) | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<std::byte>(v));
+}
+
+std::vector<std::byte> Header(Round round, size_t reserve) {
+  std::vector<std::byte> out;
+  out.reserve(kHeaderBytes + 5 + reserve);
+  out.push_back(std::byte{'N'});
+  out.push_back(std::byte{'D'});
+  out.push_back(std::byte{kVersion});
+  out.push_back(static_cast<std::byte>(round));
+  return out;
+}
+
+const char* RoundName(Round r) {
+  switch (r) {
+    case Round::kPublish:
+      return "publish";
+    case Round::kQuery:
+      return "query";
+    case Round::kAnswer:
+      return "answer";
+  }
+  return "?";
+}
+
+// A strict cursor over a peer's buffer.
+class Reader {
+ public:
+  Reader(std::span<const std::byte> buf, Round round) : buf_(buf), round_(round) {}
+
+  Status Header() {
+    if (buf_.size() < kHeaderBytes) return Error("shorter than its header");
+    if (buf_[0] != std::byte{'N'} || buf_[1] != std::byte{'D'}) return Error("bad magic");
+    if (buf_[2] != std::byte{kVersion}) {
+      return Error("format version " + std::to_string(static_cast<int>(buf_[2])) +
+                   ", this build reads version " + std::to_string(kVersion));
+    }
+    if (buf_[3] != static_cast<std::byte>(round_)) {
+      return Error("round " + std::to_string(static_cast<int>(buf_[3])) + " instead of " +
+                   std::to_string(static_cast<int>(round_)));
+    }
+    pos_ = kHeaderBytes;
+    return Status::Ok();
+  }
+
+  // At most 5 bytes and a value below 2^32.
+  Status Varint(uint32_t* v) {
+    uint64_t acc = 0;
+    for (int i = 0; i < 5; ++i) {
+      if (pos_ >= buf_.size()) return Error("truncated");
+      const auto b = static_cast<uint8_t>(buf_[pos_++]);
+      acc |= static_cast<uint64_t>(b & 0x7F) << (7 * i);
+      if ((b & 0x80) == 0) {
+        if (acc > 0xFFFFFFFFull) return Error("varint above 32 bits");
+        *v = static_cast<uint32_t>(acc);
+        return Status::Ok();
+      }
+    }
+    return Error("varint longer than 5 bytes");
+  }
+
+  // The entry count, checked against what the remaining bytes can hold.
+  Status Count(size_t min_entry_bytes, uint32_t* count) {
+    NOPFS_RETURN_IF_ERROR(Varint(count));
+    if (static_cast<uint64_t>(*count) * min_entry_bytes > remaining()) {
+      return Error("count " + std::to_string(*count) + " exceeds the buffer");
+    }
+    return Status::Ok();
+  }
+
+  // The next owned id: q = previous q + delta (first absolute), sample = q * nodes + owner.
+  Status NextId(uint32_t owner, uint32_t nodes, bool first, uint64_t* q, uint32_t* sample) {
+    uint32_t d = 0;
+    NOPFS_RETURN_IF_ERROR(Varint(&d));
+    if (!first && d == 0) return Error("ids not strictly ascending");
+    const uint64_t next = first ? d : *q + d;
+    const uint64_t s = next * nodes + owner;
+    if (s > 0xFFFFFFFFull) return Error("sample id above 32 bits");
+    *q = next;
+    *sample = static_cast<uint32_t>(s);
+    return Status::Ok();
+  }
+
+  Status End() const {
+    if (pos_ != buf_.size()) return Error("trailing bytes");
+    return Status::Ok();
+  }
+
+  size_t remaining() const { return buf_.size() - pos_; }
+
+  Status Error(const std::string& what) const {
+    return Status::Corruption(std::string("directory ") + RoundName(round_) + " buffer: " + what +
+                              " (at byte " + std::to_string(pos_) + " of " +
+                              std::to_string(buf_.size()) + ")");
+  }
+
+ private:
+  std::span<const std::byte> buf_;
+  Round round_;
+  size_t pos_ = 0;
+};
+
+void CheckOwned(uint32_t sample, uint32_t owner, uint32_t nodes, bool first, uint32_t prev) {
+  if (nodes == 0 || sample % nodes != owner) {
+    throw std::invalid_argument("directory: sample not owned by the destination");
+  }
+  if (!first && sample <= prev) {
+    throw std::invalid_argument("directory: ids not strictly ascending");
+  }
+}
+
+}  // namespace
+
+std::vector<std::byte> EncodePublish(std::span<const Holding> held, uint32_t owner,
+                                     uint32_t nodes) {
+  auto out = Header(Round::kPublish, held.size() * 5);
+  PutVarint(&out, held.size());
+  uint32_t prev_q = 0;
+  for (size_t i = 0; i < held.size(); ++i) {
+    const Holding& h = held[i];
+    CheckOwned(h.sample, owner, nodes, i == 0, i == 0 ? 0 : held[i - 1].sample);
+    const uint32_t q = h.sample / nodes;
+    PutVarint(&out, i == 0 ? q : q - prev_q);
+    PutVarint(&out, h.cls);
+    PutVarint(&out, h.position);
+    prev_q = q;
+  }
+  return out;
+}
+
+Status DecodePublish(std::span<const std::byte> buf, uint32_t owner, uint32_t nodes,
+                     std::vector<Holding>* out) {
+  Reader r(buf, Round::kPublish);
+  NOPFS_RETURN_IF_ERROR(r.Header());
+  uint32_t count = 0;
+  NOPFS_RETURN_IF_ERROR(r.Count(3, &count));
+  out->reserve(out->size() + count);
+  uint64_t q = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    Holding h;
+    uint32_t cls = 0;
+    NOPFS_RETURN_IF_ERROR(r.NextId(owner, nodes, i == 0, &q, &h.sample));
+    NOPFS_RETURN_IF_ERROR(r.Varint(&cls));
+    if (cls > 0xFFFF) return r.Error("class above 65535");
+    h.cls = static_cast<uint16_t>(cls);
+    NOPFS_RETURN_IF_ERROR(r.Varint(&h.position));
+    out->push_back(h);
+  }
+  return r.End();
+}
+
+std::vector<std::byte> EncodeQuery(std::span<const uint32_t> ids, uint32_t owner, uint32_t nodes) {
+  auto out = Header(Round::kQuery, ids.size() * 2);
+  PutVarint(&out, ids.size());
+  uint32_t prev_q = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    CheckOwned(ids[i], owner, nodes, i == 0, i == 0 ? 0 : ids[i - 1]);
+    const uint32_t q = ids[i] / nodes;
+    PutVarint(&out, i == 0 ? q : q - prev_q);
+    prev_q = q;
+  }
+  return out;
+}
+
+Status DecodeQuery(std::span<const std::byte> buf, uint32_t owner, uint32_t nodes,
+                   std::vector<uint32_t>* out) {
+  Reader r(buf, Round::kQuery);
+  NOPFS_RETURN_IF_ERROR(r.Header());
+  uint32_t count = 0;
+  NOPFS_RETURN_IF_ERROR(r.Count(1, &count));
+  out->reserve(out->size() + count);
+  uint64_t q = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    uint32_t s = 0;
+    NOPFS_RETURN_IF_ERROR(r.NextId(owner, nodes, i == 0, &q, &s));
+    out->push_back(s);
+  }
+  return r.End();
+}
+
+std::vector<std::byte> EncodeAnswer(std::span<const Location> answers) {
+  auto out = Header(Round::kAnswer, answers.size() * 4);
+  PutVarint(&out, answers.size());
+  for (const Location& a : answers) {
+    if (a.node == kNoHolder) {
+      PutVarint(&out, 0);
+      continue;
+    }
+    PutVarint(&out, static_cast<uint64_t>(a.node) + 1);
+    PutVarint(&out, a.cls);
+    PutVarint(&out, a.position);
+  }
+  return out;
+}
+
+Status DecodeAnswer(std::span<const std::byte> buf, std::span<const uint32_t> queried,
+                    uint32_t self, uint32_t nodes, std::vector<Location>* out) {
+  Reader r(buf, Round::kAnswer);
+  NOPFS_RETURN_IF_ERROR(r.Header());
+  uint32_t count = 0;
+  NOPFS_RETURN_IF_ERROR(r.Count(1, &count));
+  if (count != queried.size()) {
+    return r.Error(std::to_string(count) + " answers to " + std::to_string(queried.size()) +
+                   " queries");
+  }
+  for (uint32_t i = 0; i < count; ++i) {
+    uint32_t holder = 0;
+    NOPFS_RETURN_IF_ERROR(r.Varint(&holder));
+    if (holder == 0) continue;
+    const uint64_t node = static_cast<uint64_t>(holder) - 1;
+    if (node >= nodes) return r.Error("holder " + std::to_string(node) + " outside the job");
+    if (node == self) return r.Error("the requester named as holder");
+    Location loc;
+    loc.sample = queried[i];
+    loc.node = static_cast<uint32_t>(node);
+    uint32_t cls = 0;
+    NOPFS_RETURN_IF_ERROR(r.Varint(&cls));
+    if (cls > 0xFFFF) return r.Error("class above 65535");
+    loc.cls = static_cast<uint16_t>(cls);
+    NOPFS_RETURN_IF_ERROR(r.Varint(&loc.position));
+    out->push_back(loc);
+  }
+  return r.End();
+}
+
+size_t ChooseHolder(uint64_t rank, uint32_t sample, uint32_t nodes, size_t holders) {
+  return static_cast<size_t>((rank + sample / nodes) % holders);
+}
+
+Status OwnerTable::AddPublished(uint32_t from, std::span<const std::byte> buf) {
+  scratch_.clear();
+  NOPFS_RETURN_IF_ERROR(DecodePublish(buf, owner_, nodes_, &scratch_));
+  entries_.reserve(entries_.size() + scratch_.size());
+  for (const Holding& h : scratch_)
+    entries_.push_back({h.sample, from, h.position, h.cls});
+  return Status::Ok();
+}
+
+void OwnerTable::Seal() {
+  std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) {
+    return a.sample != b.sample ? a.sample < b.sample : a.node < b.node;
+  });
+  entries_.shrink_to_fit();
+  served_.assign(entries_.size(), 0);
+  scratch_ = {};
+}
+
+Result<std::vector<std::byte>> OwnerTable::Answer(uint32_t requester,
+                                                  std::span<const std::byte> query) {
+  if (static_cast<int64_t>(requester) <= last_requester_ || served_.size() != entries_.size()) {
+    throw std::invalid_argument("directory: OwnerTable::Answer out of order or before Seal");
+  }
+  last_requester_ = requester;
+  std::vector<uint32_t> ids;
+  NOPFS_RETURN_IF_ERROR(DecodeQuery(query, owner_, nodes_, &ids));
+  std::vector<Location> answers(ids.size());
+  std::vector<const Entry*> holders;
+  auto it = entries_.begin();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    // Queries ascend, so the search resumes where the last one ended.
+    it = std::lower_bound(it, entries_.end(), ids[i],
+                          [](const Entry& e, uint32_t s) { return e.sample < s; });
+    const auto group = static_cast<size_t>(it - entries_.begin());
+    holders.clear();
+    for (; it != entries_.end() && it->sample == ids[i]; ++it) {
+      if (it->node != requester) holders.push_back(&*it);
+    }
+    Location& a = answers[i];
+    a.sample = ids[i];
+    if (holders.empty()) {
+      a.node = kNoHolder;
+      continue;
+    }
+    const Entry* e = holders[ChooseHolder(served_[group]++, ids[i], nodes_, holders.size())];
+    a.node = e->node;
+    a.cls = e->cls;
+    a.position = e->position;
+  }
+  return EncodeAnswer(answers);
+}
+
+}  // namespace nopfs::service::dir::wire
