@@ -73,7 +73,7 @@ struct SimFlags {
   bool no_barrier = false;
   bool no_window = false;
   bool warm_tiers = false;
-  bool fetch_and_cache = false;
+  bool fetch_and_cache = true;
   bool fill_once_on_read = false;
   uint32_t pfs_readers = 0;
   std::string format = "table";
@@ -419,8 +419,9 @@ void RegisterSimulate(CLI::App* app, int* exit_code) {
                 "The node's ranks do not wait for each other at every step");
   sub->add_flag("--no-window", f.no_window, "Staging may run ahead without bound");
   sub->add_flag("--warm-tiers", f.warm_tiers, "Tiers are full when the job starts");
-  sub->add_flag("--fetch-and-cache", f.fetch_and_cache,
-                "A staged PFS read of a sample planned for a tier also caches it");
+  sub->add_flag("--fetch-and-cache,!--no-fetch-and-cache", f.fetch_and_cache,
+                "A staged PFS read of a sample planned for a tier also caches it (as nopfsd "
+                "does; the default)");
   sub->add_flag("--fill-once-on-read", f.fill_once_on_read,
                 "fill-once: tiers filled by the first staged read (MinIO), not by prefetchers");
   sub->add_option("--pfs-readers", f.pfs_readers,

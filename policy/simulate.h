@@ -65,8 +65,8 @@ struct SimOptions {
   bool staging_window = true;    // staging runs at most one ring's capacity ahead
   bool warm_tiers = false;       // tiers are full at time 0 (PredictNode's assumption)
   // A staged PFS read of a sample planned for a tier also writes it there (ALGORITHM.md §6's
-  // fetch-and-cache; nopfsd does not do it yet, so off by default).
-  bool fetch_and_cache = false;
+  // fetch-and-cache, as nopfsd does; off models a service whose tiers only prefetchers fill).
+  bool fetch_and_cache = true;
   bool fill_once_on_read = false;  // fill-once: tiers filled by staging reads, not prefetchers
   // frequency and fill-once read from peers (model.network_bandwidth > 0, more than one node).
   bool peers = true;

@@ -186,12 +186,13 @@ TEST(SimulateTest, FrequencyBeatsStagingWhenTheCacheHoldsTheData) {
   SimOptions o = Options(job, Total(sizes), 0);
   // The job consumes 160 MB/s; the PFS gives less than 100 MB/s to 32 readers.
   o.model.pfs = BandwidthTable({{1, 20e6}, {8, 60e6}, {64, 100e6}});
+  o.fetch_and_cache = false;
   const std::vector<PolicyResult> rs = RunAll(o, sizes);
   const PolicyResult& freq = Of(rs, SimPolicy::kFrequency);
   const PolicyResult& staging = Of(rs, SimPolicy::kStaging);
   const PolicyResult& bound = Of(rs, SimPolicy::kNoIo);
   EXPECT_GT(staging.total_seconds, 1.3 * bound.total_seconds);  // staging is I/O-bound
-  // As nopfsd runs today: the prefetchers (2 threads of 36 PFS readers) lag behind the
+  // Without fetch-and-cache (only prefetchers fill the tiers): the prefetchers (2 threads of 36 PFS readers) lag behind the
   // consumers, and each later epoch finds more of the data local.
   EXPECT_LT(freq.total_seconds, staging.total_seconds);
   for (uint32_t e = 1; e < job.epochs; ++e) {
@@ -218,10 +219,11 @@ TEST(SimulateTest, PfsBytesAreOneDatasetWhenTheCacheHoldsIt) {
   const Bytes dataset = Total(sizes);
   SimOptions o = Options(job, dataset, 0);
   o.model.classes[0].threads = 8;
+  o.fetch_and_cache = false;
   const std::vector<PolicyResult> rs = RunAll(o, sizes);
   const PolicyResult& freq = Of(rs, SimPolicy::kFrequency);
-  // The prefetchers read the dataset once; staging reads from the PFS the samples they have not
-  // reached yet (and, as nopfsd today, does not keep them), so a part is read twice.
+  // Without fetch-and-cache the prefetchers read the dataset once, and staging reads from the PFS
+  // the samples they have not reached yet without keeping them, so a part is read twice.
   EXPECT_GE(freq.node_pfs_bytes, dataset);
   EXPECT_LT(freq.node_pfs_bytes, 2 * dataset);
   EXPECT_EQ(freq.job_pfs_bytes, freq.node_pfs_bytes);
