@@ -190,10 +190,11 @@ Result<std::unique_ptr<Stream>> Client::Open(uint32_t rank, const OpenOptions& o
         std::to_string(options.worker) + " of " + std::to_string(options.workers) + ", batch " +
         std::to_string(options.batch) + ")");
   }
-  wire::OpenStream req{rank, options.epoch, options.step, std::nullopt};
+  wire::OpenStream req{rank, options.epoch, options.step, std::nullopt, std::nullopt};
   if (options.workers > 1 || options.epochs != 0) {
     req.share = wire::StreamShare{options.worker, options.workers, options.batch, options.epochs};
   }
+  if (options.zero_copy) req.flags = wire::kOpenAcceptRegion;
   Result<wire::Received> r = conn_->Call(req, wire::MsgType::kStreamOk);
   if (!r.ok()) return r.status();
   const auto ok = std::get<wire::StreamOk>(r->message.body);
@@ -210,6 +211,15 @@ Result<std::unique_ptr<Stream>> Client::Open(uint32_t rank, const OpenOptions& o
   Result<std::unique_ptr<ring::RingReader>> reader =
       ring::RingReader::Open(std::move(r->fd), ok.capacity, ok.slot_count);
   if (!reader.ok()) return abandon(reader.status());
+  if (ok.region_bytes) {
+    if (!options.zero_copy || !r->fd2.valid()) {
+      return abandon(Status::Corruption(
+          "nopfs client: STREAM_OK names a region the client did not ask for or did not attach"));
+    }
+    if (Status a = (*reader)->AttachRegion(std::move(r->fd2), *ok.region_bytes); !a.ok()) {
+      return abandon(a);
+    }
+  }
   return std::unique_ptr<Stream>(new Stream(conn_, ok.stream_id, std::move(*reader)));
 }
 

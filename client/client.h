@@ -106,6 +106,10 @@ struct OpenOptions {
   uint64_t batch = 1;
   // End the stream after this many epochs from `epoch` (0: at the end of the job).
   uint32_t epochs = 0;
+  // Let the service hand out samples that sit in its RAM tier in place (zero copy: the client
+  // maps the tier read-only) instead of copying them into the ring. Views stay valid until
+  // Release either way.
+  bool zero_copy = true;
 };
 
 class Connection;

@@ -51,7 +51,7 @@ struct Slot {
   uint32_t sample_id;
   int64_t label;
   uint32_t epoch;
-  uint32_t reserved;
+  uint32_t region;  // where offset points: 0 the arena, 1 the stream's region (a cache tier)
   uint64_t step;
   uint64_t position;
   uint64_t offset;  // into the arena
@@ -253,6 +253,7 @@ Result<RingWriter::Reservation> RingWriter::Reserve(
       s->offset = p.offset;
       s->size = size;
       s->code = 0;
+      s->region = 0;
       std::byte* dst = base_ + kHeaderBytes + SlotTableBytes(slot_count_) + p.offset;
       return Reservation{seq, std::span<std::byte>(dst, size)};
     }
@@ -297,6 +298,29 @@ Status RingWriter::Publish(uint64_t seq, uint64_t size) {
     Slot* s = SlotAt(base_, seq % slot_count_);
     s->offset = pending_[seq % slot_count_].offset;
     s->size = pending_[seq % slot_count_].size;
+    s->region = 0;
+    s->state.store(seq << 2 | kKindReady, std::memory_order_release);
+  }
+  h->prod_event.fetch_add(1, std::memory_order_release);
+  FutexWake(&h->prod_event);
+  return Status::Ok();
+}
+
+Status RingWriter::PublishInRegion(uint64_t seq, uint64_t offset, uint64_t size) {
+  SharedHeader* h = HeaderAt(base_);
+  {
+    std::lock_guard lock(mu_);
+    if (seq < reclaimed_ || seq >= next_seq_ || pending_[seq % slot_count_].published) {
+      return Status::FailedPrecondition("ring: PublishInRegion of seq " + std::to_string(seq) +
+                                        " that is not reserved or already published");
+    }
+    // The reserved arena extent stays the seq's until it is released (the reclaim point walks
+    // the private records), unused.
+    pending_[seq % slot_count_].published = true;
+    Slot* s = SlotAt(base_, seq % slot_count_);
+    s->offset = offset;
+    s->size = size;
+    s->region = 1;
     s->state.store(seq << 2 | kKindReady, std::memory_order_release);
   }
   h->prod_event.fetch_add(1, std::memory_order_release);
@@ -320,6 +344,7 @@ Status RingWriter::PublishError(uint64_t seq, const Status& error) {
     Slot* s = SlotAt(base_, seq % slot_count_);
     s->offset = p.offset;
     s->size = n;
+    s->region = 0;
     s->code = static_cast<uint32_t>(error.ok() ? StatusCode::kInternal : error.code());
     s->state.store(seq << 2 | kKindError, std::memory_order_release);
   }
@@ -427,6 +452,27 @@ Result<std::unique_ptr<RingReader>> RingReader::Open(wire::UniqueFd fd, uint64_t
 RingReader::~RingReader() {
   if (ctl_ != nullptr) ::munmap(ctl_, ctl_bytes_);
   if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), capacity_);
+  if (region_ != nullptr) ::munmap(const_cast<std::byte*>(region_), region_bytes_);
+}
+
+Status RingReader::AttachRegion(wire::UniqueFd fd, uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  if (region_ != nullptr) return Status::FailedPrecondition("ring: a region is already attached");
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "ring: fstat of the region");
+  if (bytes == 0 || static_cast<uint64_t>(st.st_size) < bytes) {
+    return Status::Corruption("ring: the region is " + std::to_string(st.st_size) +
+                              " bytes, the service said " + std::to_string(bytes));
+  }
+  const int seals = ::fcntl(fd.get(), F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    return Status::FailedPrecondition("ring: the region is not sealed against shrinking");
+  }
+  void* m = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd.get(), 0);
+  if (m == MAP_FAILED) return Status::FromErrno(errno, "ring: mmap of the region");
+  region_ = static_cast<const std::byte*>(m);
+  region_bytes_ = bytes;
+  return Status::Ok();
 }
 
 void RingReader::RecordStall(uint64_t ns, bool sample, uint64_t bytes) {
@@ -489,7 +535,11 @@ Result<std::optional<View>> RingReader::Next(std::chrono::nanoseconds timeout) {
   // Copy the slot out once, then validate what we copied (the memory is shared).
   const uint64_t offset = s->offset;
   const uint64_t size = s->size;
-  if (offset > capacity_ || size > capacity_ - offset) {
+  const uint32_t region = (state & 3) == kKindError ? 0 : s->region;
+  const std::byte* base = region == 0 ? data_ : region_;
+  const uint64_t limit = region == 0 ? capacity_ : region_bytes_;
+  if ((region != 0 && (region != 1 || region_ == nullptr)) || offset > limit ||
+      size > limit - offset) {
     RecordStall(elapsed(), false, 0);
     return Status::Corruption("ring: slot of seq " + std::to_string(seq) +
                               " points outside the shared memory");
@@ -501,7 +551,7 @@ Result<std::optional<View>> RingReader::Next(std::chrono::nanoseconds timeout) {
   v.epoch = s->epoch;
   v.step = s->step;
   v.position = s->position;
-  v.data = data_ + offset;
+  v.data = base + offset;
   v.size = size;
   const uint32_t code = s->code;
   {

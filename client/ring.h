@@ -111,6 +111,11 @@ class RingWriter {
   // The same with the sample's actual size, at most the reserved size (a producer that reserves
   // room for an error message publishes a smaller sample this way); InvalidArgument if larger.
   Status Publish(uint64_t seq, uint64_t size);
+  // Makes a reserved sample visible whose bytes are not in the arena but at [offset, offset +
+  // size) of the stream's region (the cache tier the client mapped, RingReader::AttachRegion):
+  // zero copy. The reserved extent stays unused until the consumer releases the seq. Only for a
+  // consumer that attached a region (the service knows from OPEN_STREAM's flags).
+  Status PublishInRegion(uint64_t seq, uint64_t offset, uint64_t size);
   // Makes `seq` an error slot: the consumer's Next() returns `error` (its code and message, which
   // should name the sample id and its path). The message is stored in the reserved bytes,
   // truncated to them if it is longer (reserve at least ~256 bytes when an error is possible; the
@@ -188,6 +193,10 @@ class RingReader {
   Result<std::optional<View>> Next(std::chrono::nanoseconds timeout);
   // Gives a sample's space back. Any order; FailedPrecondition for a seq not outstanding.
   Status Release(uint64_t seq);
+  // Maps `bytes` of a read-only region (a RAM cache tier's memfd, sealed against shrinking) that
+  // slots may point into (RingWriter::PublishInRegion). At most once, before such slots arrive;
+  // without it such a slot is a Corruption error. Its views stay valid while the reader lives.
+  Status AttachRegion(wire::UniqueFd fd, uint64_t bytes);
   RingStats stats() const;
 
  private:
@@ -198,7 +207,9 @@ class RingReader {
   wire::UniqueFd fd_;
   std::byte* ctl_ = nullptr;  // header + slot table, read-write
   uint64_t ctl_bytes_ = 0;
-  const std::byte* data_ = nullptr;  // arena, read-only
+  const std::byte* data_ = nullptr;    // arena, read-only
+  const std::byte* region_ = nullptr;  // the attached region, read-only (mapped once)
+  uint64_t region_bytes_ = 0;
   uint64_t capacity_ = 0;
   uint32_t slot_count_ = 0;
 

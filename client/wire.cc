@@ -76,17 +76,20 @@ void EncodeBody(Writer& w, const OpenStream& m) {
   w.U32(m.rank);
   w.U32(m.epoch);
   w.U64(m.step);
-  if (m.share) {
-    w.U32(m.share->worker);
-    w.U32(m.share->workers);
-    w.U64(m.share->batch);
-    w.U32(m.share->epochs);
+  if (m.share || m.flags) {
+    const StreamShare share = m.share.value_or(StreamShare{});
+    w.U32(share.worker);
+    w.U32(share.workers);
+    w.U64(share.batch);
+    w.U32(share.epochs);
   }
+  if (m.flags) w.U32(*m.flags);
 }
 void EncodeBody(Writer& w, const StreamOk& m) {
   w.U64(m.stream_id);
   w.U64(m.capacity);
   w.U32(m.slot_count);
+  if (m.region_bytes) w.U64(*m.region_bytes);
 }
 void EncodeBody(Writer&, const StatusRequest&) {}
 void EncodeBody(Writer& w, const StatusOk& m) {
@@ -129,10 +132,19 @@ bool DecodeBody(Reader& r, OpenStream* m) {
     return false;
   }
   m->share = share;
+  if (r.done()) return true;
+  uint32_t flags = 0;
+  if (!r.U32(&flags) || (flags & ~kOpenKnownFlags) != 0) return false;
+  m->flags = flags;
   return true;
 }
 bool DecodeBody(Reader& r, StreamOk* m) {
-  return r.U64(&m->stream_id) && r.U64(&m->capacity) && r.U32(&m->slot_count);
+  if (!(r.U64(&m->stream_id) && r.U64(&m->capacity) && r.U32(&m->slot_count))) return false;
+  if (r.done()) return true;
+  uint64_t region = 0;
+  if (!r.U64(&region)) return false;
+  m->region_bytes = region;
+  return true;
 }
 bool DecodeBody(Reader&, StatusRequest*) {
   return true;
@@ -194,9 +206,9 @@ Status WaitReadable(int sock, std::chrono::milliseconds timeout) {
   }
 }
 
-// Reads exactly `len` bytes, collecting at most one SCM_RIGHTS descriptor into `fd`.
+// Reads exactly `len` bytes, collecting at most two SCM_RIGHTS descriptors into `fd`, `fd2`.
 Status RecvExact(int sock, std::byte* buf, size_t len, std::chrono::milliseconds timeout,
-                 UniqueFd* fd, bool first) {
+                 UniqueFd* fd, UniqueFd* fd2, bool first) {
   size_t got = 0;
   while (got < len) {
     NOPFS_RETURN_IF_ERROR(WaitReadable(sock, timeout));
@@ -220,8 +232,10 @@ Status RecvExact(int sock, std::byte* buf, size_t len, std::chrono::milliseconds
         std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
         if (!fd->valid()) {
           fd->Reset(received);
+        } else if (!fd2->valid()) {
+          fd2->Reset(received);
         } else {
-          ::close(received);  // only one descriptor per message is meaningful
+          ::close(received);  // at most two descriptors per message are meaningful
         }
       }
     }
@@ -379,7 +393,7 @@ Error FromStatus(const Status& status) {
   return Error{static_cast<uint32_t>(status.code()), status.message()};
 }
 
-Status SendMessage(int sock, const Message& message, int pass_fd) {
+Status SendMessage(int sock, const Message& message, int pass_fd, int pass_fd2) {
   Result<std::vector<std::byte>> bytes = Encode(message);
   if (!bytes.ok()) return bytes.status();
   size_t sent = 0;
@@ -388,15 +402,20 @@ Status SendMessage(int sock, const Message& message, int pass_fd) {
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
-    alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int))> control{};
-    if (pass_fd >= 0 && sent == 0) {
+    alignas(cmsghdr) std::array<char, CMSG_SPACE(2 * sizeof(int))> control{};
+    std::array<int, 2> fds{};
+    size_t nfds = 0;
+    for (int f : {pass_fd, pass_fd2}) {
+      if (f >= 0) fds[nfds++] = f;
+    }
+    if (nfds > 0 && sent == 0) {
       msg.msg_control = control.data();
-      msg.msg_controllen = control.size();
+      msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
       cmsghdr* c = CMSG_FIRSTHDR(&msg);
       c->cmsg_level = SOL_SOCKET;
       c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+      c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+      std::memcpy(CMSG_DATA(c), fds.data(), nfds * sizeof(int));
     }
     ssize_t n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
     if (n < 0) {
@@ -412,11 +431,13 @@ Status SendMessage(int sock, const Message& message, int pass_fd) {
 Result<Received> RecvMessage(int sock, std::chrono::milliseconds timeout) {
   Received out;
   std::array<std::byte, kHeaderSize> head{};
-  NOPFS_RETURN_IF_ERROR(RecvExact(sock, head.data(), head.size(), timeout, &out.fd, true));
+  NOPFS_RETURN_IF_ERROR(
+      RecvExact(sock, head.data(), head.size(), timeout, &out.fd, &out.fd2, true));
   Result<Header> h = DecodeHeader(head);
   if (!h.ok()) return h.status();
   std::vector<std::byte> payload(h->payload_length);
-  NOPFS_RETURN_IF_ERROR(RecvExact(sock, payload.data(), payload.size(), timeout, &out.fd, false));
+  NOPFS_RETURN_IF_ERROR(
+      RecvExact(sock, payload.data(), payload.size(), timeout, &out.fd, &out.fd2, false));
   Result<Message> m = DecodePayload(*h, payload);
   if (!m.ok()) return m.status();
   out.message = std::move(*m);

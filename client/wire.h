@@ -75,18 +75,28 @@ struct StreamShare {
   bool operator==(const StreamShare&) const = default;
 };
 // client -> service: open `rank`'s stream starting at (epoch, step), whole or a share of it.
+// OPEN_STREAM's flags (the second optional trailing group).
+inline constexpr uint32_t kOpenAcceptRegion = 1;  // the client maps a region (STREAM_OK's 2nd fd)
+inline constexpr uint32_t kOpenKnownFlags = kOpenAcceptRegion;
+
 struct OpenStream {
   uint32_t rank = 0;
   uint32_t epoch = 0;
   uint64_t step = 0;
   std::optional<StreamShare> share;  // absent: the whole stream (the version-1 base message)
+  // Absent: 0. Sent after the share (a default share is sent with it when none is set).
+  std::optional<uint32_t> flags;
   bool operator==(const OpenStream&) const = default;
 };
 // service -> client: the stream is open; its ring's memfd is attached (SCM_RIGHTS).
+// With region_bytes (only in answer to kOpenAcceptRegion), a second descriptor follows the
+// ring's: a read-only memfd of which the client maps region_bytes (a RAM cache tier), that ring
+// slots may point into (zero copy).
 struct StreamOk {
   uint64_t stream_id = 0;
   uint64_t capacity = 0;    // data arena bytes
   uint32_t slot_count = 0;  // slots in the ring's slot table
+  std::optional<uint64_t> region_bytes;
   bool operator==(const StreamOk&) const = default;
 };
 // client -> service: ask for the service's status text.
@@ -191,14 +201,15 @@ class UniqueFd {
 struct Received {
   Message message;
   UniqueFd fd;
+  UniqueFd fd2;  // a second descriptor (STREAM_OK's region), invalid if none
 };
 
-// Sends one message on a connected stream socket, with `pass_fd` (if >= 0) as SCM_RIGHTS.
-// MSG_NOSIGNAL: a closed peer is an Unavailable status, never SIGPIPE.
-Status SendMessage(int sock, const Message& message, int pass_fd = -1);
+// Sends one message on a connected stream socket, with `pass_fd` and then `pass_fd2` (each if
+// >= 0) as SCM_RIGHTS. MSG_NOSIGNAL: a closed peer is an Unavailable status, never SIGPIPE.
+Status SendMessage(int sock, const Message& message, int pass_fd = -1, int pass_fd2 = -1);
 // Receives one message, waiting at most `timeout` for each part (negative: forever). A clean EOF
 // before the first byte is kUnavailable "connection closed"; a malformed message is
-// kInvalidArgument; at most one descriptor is accepted per message (extra ones are closed).
+// kInvalidArgument; at most two descriptors are accepted per message (extra ones are closed).
 Result<Received> RecvMessage(int sock, std::chrono::milliseconds timeout);
 
 // The uid of the process at the other end of a connected UNIX socket (SO_PEERCRED).

@@ -15,9 +15,11 @@ std::vector<Message> Samples() {
   return {
       {1, Hello{kVersion, 4242}},
       {2, HelloOk{kVersion, "job-123", 16, 4, 4}},
-      {3, OpenStream{3, 2, 1000000000007ULL, std::nullopt}},
-      {3, OpenStream{3, 2, 7, StreamShare{1, 4, 32, 1}}},
-      {4, StreamOk{77, 1 << 20, 256}},
+      {3, OpenStream{3, 2, 1000000000007ULL, std::nullopt, std::nullopt}},
+      {3, OpenStream{3, 2, 7, StreamShare{1, 4, 32, 1}, std::nullopt}},
+      {3, OpenStream{3, 2, 7, StreamShare{1, 4, 32, 1}, kOpenAcceptRegion}},
+      {4, StreamOk{77, 1 << 20, 256, std::nullopt}},
+      {4, StreamOk{77, 1 << 20, 256, uint64_t{3} << 30}},
       {5, StatusRequest{}},
       {6, StatusOk{"stall total 1.2 s\nmedian 3 ms\n"}},
       {7, CloseStream{77}},
@@ -55,8 +57,9 @@ TEST(Wire, HeaderIsLittleEndianAsDocumented) {
 // The base OPEN_STREAM (16 payload bytes) is what every version-1 peer speaks; the share is a
 // tail of exactly 20 bytes after it. Anything in between is truncated, anything after trailing.
 TEST(Wire, OpenStreamShareIsAnOptionalTail) {
-  std::vector<std::byte> base = Bytes({5, OpenStream{1, 2, 3, std::nullopt}});
-  std::vector<std::byte> full = Bytes({5, OpenStream{1, 2, 3, StreamShare{2, 3, 64, 1}}});
+  std::vector<std::byte> base = Bytes({5, OpenStream{1, 2, 3, std::nullopt, std::nullopt}});
+  std::vector<std::byte> full =
+      Bytes({5, OpenStream{1, 2, 3, StreamShare{2, 3, 64, 1}, std::nullopt}});
   ASSERT_EQ(base.size(), kHeaderSize + 16);
   ASSERT_EQ(full.size(), kHeaderSize + 36);
   // The base fields come first, unchanged.
@@ -75,6 +78,34 @@ TEST(Wire, OpenStreamShareIsAnOptionalTail) {
   longer.push_back(std::byte{0});
   longer[8] = std::byte{37};
   EXPECT_FALSE(Decode(longer).ok());
+}
+
+// The flags are a second tail of 4 bytes after the share; a flags-only message carries the
+// default share. Unknown flag bits are malformed. STREAM_OK's region size is an 8-byte tail.
+TEST(Wire, OpenStreamFlagsAndStreamOkRegionAreOptionalTails) {
+  std::vector<std::byte> flagged = Bytes({5, OpenStream{1, 2, 3, std::nullopt, kOpenAcceptRegion}});
+  ASSERT_EQ(flagged.size(), kHeaderSize + 40);
+  Result<Message> d = Decode(flagged);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  const OpenStream& o = std::get<OpenStream>(d->body);
+  EXPECT_EQ(o.share, StreamShare{});
+  EXPECT_EQ(o.flags, kOpenAcceptRegion);
+  std::vector<std::byte> unknown = flagged;
+  unknown[kHeaderSize + 36] = std::byte{0x02};
+  EXPECT_FALSE(Decode(unknown).ok());
+  for (size_t cut = 1; cut < 4; ++cut) {
+    std::vector<std::byte> b(flagged.begin(), flagged.end() - static_cast<ptrdiff_t>(cut));
+    b[8] = static_cast<std::byte>(40 - cut);
+    EXPECT_FALSE(Decode(b).ok()) << cut;
+  }
+  std::vector<std::byte> ok = Bytes({4, StreamOk{7, 4096, 8, uint64_t{1} << 33}});
+  ASSERT_EQ(ok.size(), kHeaderSize + 28);
+  Result<Message> r = Decode(ok);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(std::get<StreamOk>(r->body).region_bytes, uint64_t{1} << 33);
+  std::vector<std::byte> partial(ok.begin(), ok.end() - 3);
+  partial[8] = std::byte{25};
+  EXPECT_FALSE(Decode(partial).ok());
 }
 
 TEST(Wire, RejectsMalformedInput) {
@@ -201,16 +232,30 @@ TEST(Wire, SendAndReceiveWithDescriptor) {
   int p[2];
   ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
   UniqueFd pr(p[0]), pw(p[1]);
-  Message m{42, StreamOk{9, 4096, 8}};
+  Message m{42, StreamOk{9, 4096, 8, std::nullopt}};
   ASSERT_TRUE(SendMessage(a.get(), m, pw.get()).ok());
   Result<Received> r = RecvMessage(b.get(), std::chrono::milliseconds(2000));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->message, m);
   ASSERT_TRUE(r->fd.valid());
+  EXPECT_FALSE(r->fd2.valid());
   ASSERT_EQ(::write(r->fd.get(), "z", 1), 1);  // the received fd is the pipe's write end
   char c = 0;
   ASSERT_EQ(::read(pr.get(), &c, 1), 1);
   EXPECT_EQ(c, 'z');
+  // Two descriptors arrive in order: the ring's, then the region's.
+  int q[2];
+  ASSERT_EQ(::pipe2(q, O_CLOEXEC), 0);
+  UniqueFd qr(q[0]), qw(q[1]);
+  Message two{43, StreamOk{9, 4096, 8, 4096}};
+  ASSERT_TRUE(SendMessage(a.get(), two, pw.get(), qw.get()).ok());
+  Result<Received> r2 = RecvMessage(b.get(), std::chrono::milliseconds(2000));
+  ASSERT_TRUE(r2.ok()) << r2.status().ToString();
+  EXPECT_EQ(r2->message, two);
+  ASSERT_TRUE(r2->fd.valid() && r2->fd2.valid());
+  ASSERT_EQ(::write(r2->fd2.get(), "y", 1), 1);
+  ASSERT_EQ(::read(qr.get(), &c, 1), 1);
+  EXPECT_EQ(c, 'y');
   // Timeout, then EOF.
   Result<Received> t = RecvMessage(b.get(), std::chrono::milliseconds(20));
   EXPECT_EQ(t.status().code(), StatusCode::kTimedOut);

@@ -279,6 +279,18 @@ Result<StreamGrant> Daemon::OpenStream(const OpenStreamRequest& req, ConnectionI
   grant.slot_count = (*ring)->slot_count();
   auto stream = std::make_unique<StagingStream>(id, job_, req.rank, start, req.share, *catalog_,
                                                 *reader_, std::move(*ring), model_.staging.threads);
+  if ((req.flags & wire::kOpenAcceptRegion) != 0 && reader_->region_class() >= 0) {
+    // Zero copy: the client maps the RAM tier read-only and reads ready samples in place.
+    const RamTier* ram = tier_refs_[static_cast<size_t>(reader_->region_class())].ram;
+    Result<int> fd = ram->OpenReadOnlyFd();
+    if (fd.ok()) {
+      grant.region_fd.Reset(*fd);
+      grant.region_bytes = ram->mapped_bytes();
+      stream->EnableInPlace();
+    } else {
+      spdlog::warn("stream {}: serving by copy: {}", id, fd.status().message());
+    }
+  }
   stream->Start();
   spdlog::info(
       "stream {}: rank {} from epoch {} step {} (batches {} of every {} of {} entries, "
@@ -360,8 +372,15 @@ std::string Daemon::StatusText() {
   }
   for (size_t j = 0; j < tier_refs_.size(); ++j) {
     const SourceCounters& c = reader_->class_counters(j);
-    out += Line("served %s: %" PRIu64 " samples, %" PRIu64 " bytes", model_.classes[j].name.c_str(),
-                c.reads.load(), c.bytes.load());
+    if (static_cast<int>(j) == reader_->region_class()) {
+      out += Line("served %s: %" PRIu64 " samples, %" PRIu64 " bytes, %" PRIu64
+                  " of them in place (zero copy)",
+                  model_.classes[j].name.c_str(), c.reads.load(), c.bytes.load(),
+                  reader_->in_place_reads());
+    } else {
+      out += Line("served %s: %" PRIu64 " samples, %" PRIu64 " bytes",
+                  model_.classes[j].name.c_str(), c.reads.load(), c.bytes.load());
+    }
   }
   out += Line("served peer: %" PRIu64 " samples, %" PRIu64 " bytes",
               reader_->peer_counters().reads.load(), reader_->peer_counters().bytes.load());

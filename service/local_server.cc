@@ -244,6 +244,7 @@ void LocalServer::Serve(Conn* conn) {
     }
     wire::Message answer{rid, wire::Error{}};
     int pass_fd = -1;
+    wire::UniqueFd region_fd;  // sent after pass_fd, then closed
     bool close_after = false;
     if (auto* h = std::get_if<wire::Hello>(&r->message.body)) {
       hello = true;
@@ -252,12 +253,22 @@ void LocalServer::Serve(Conn* conn) {
       answer.body =
           wire::HelloOk{wire::kVersion, info.job_id, info.ranks, info.first_rank, info.local_ranks};
     } else if (auto* o = std::get_if<wire::OpenStream>(&r->message.body)) {
-      OpenStreamRequest req{o->rank,    o->epoch, o->step, o->share.value_or(wire::StreamShare{}),
-                            client_pid, *uid};
+      OpenStreamRequest req{o->rank,
+                            o->epoch,
+                            o->step,
+                            o->share.value_or(wire::StreamShare{}),
+                            o->flags.value_or(0),
+                            client_pid,
+                            *uid};
       Result<StreamGrant> g = handler_->OpenStream(req, conn->id);
       if (g.ok()) {
         streams.insert(g->stream_id);
-        answer.body = wire::StreamOk{g->stream_id, g->capacity, g->slot_count};
+        wire::StreamOk ok{g->stream_id, g->capacity, g->slot_count, std::nullopt};
+        if (g->region_fd.valid()) {
+          ok.region_bytes = g->region_bytes;
+          region_fd = std::move(g->region_fd);
+        }
+        answer.body = ok;
         pass_fd = g->ring_fd;
       } else {
         answer.body = wire::FromStatus(g.status());
@@ -285,7 +296,8 @@ void LocalServer::Serve(Conn* conn) {
           "nopfsd: " + std::string(wire::TypeName(type)) + " is not a request"));
       close_after = true;
     }
-    Status sent = wire::SendMessage(fd, answer, pass_fd);
+    Status sent = wire::SendMessage(fd, answer, pass_fd, region_fd.get());
+    region_fd.Reset(-1);
     if (!sent.ok() || close_after) break;
   }
   finish();

@@ -36,6 +36,7 @@ struct OpenStreamRequest {
   uint32_t epoch = 0;
   uint64_t step = 0;
   wire::StreamShare share;  // the whole stream unless the client sent the optional tail
+  uint32_t flags = 0;       // wire::kOpenAcceptRegion, ...
   uint32_t client_pid = 0;  // as the client said in HELLO (informational)
   uint32_t client_uid = 0;  // from SO_PEERCRED
 };
@@ -47,6 +48,10 @@ struct StreamGrant {
   int ring_fd = -1;
   uint64_t capacity = 0;
   uint32_t slot_count = 0;
+  // The region ring slots may point into (only when the request accepted one): a read-only
+  // descriptor the server sends after the ring's and then closes, and the bytes to map.
+  wire::UniqueFd region_fd;
+  uint64_t region_bytes = 0;
 };
 
 struct HelloInfo {

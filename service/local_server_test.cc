@@ -81,7 +81,12 @@ class TestHandler : public Handler {
       }
       writer->Finish();
     });
-    return StreamGrant{id, writer->fd(), writer->capacity(), writer->slot_count()};
+    StreamGrant grant;
+    grant.stream_id = id;
+    grant.ring_fd = writer->fd();
+    grant.capacity = writer->capacity();
+    grant.slot_count = writer->slot_count();
+    return grant;
   }
 
   void CloseStream(uint64_t id) override {

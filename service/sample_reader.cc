@@ -36,6 +36,7 @@ SampleReader::SampleReader(Catalog& catalog, const policy::NodePlan& plan,
       model_(model),
       pfs_readers_(std::max<uint32_t>(1, pfs_readers)) {
   for (size_t j = 0; j < tiers_.size(); ++j) {
+    if (region_class_ < 0 && tiers_[j].ram != nullptr) region_class_ = static_cast<int>(j);
     per_class_.push_back(std::make_unique<SourceCounters>());
     cached_on_read_.push_back(std::make_unique<SourceCounters>());
   }
@@ -119,6 +120,26 @@ Status SampleReader::ReadTier(const TierRef& t, policy::SampleId sample, std::sp
                               ": RAM tier copy differs from the checksum recorded at fill time");
   }
   return Status::Ok();
+}
+
+std::optional<SampleReader::InPlace> SampleReader::ReadInPlace(policy::SampleId sample) {
+  if (region_class_ < 0 || sample >= plan_.location.size() ||
+      plan_.location[sample] != region_class_) {
+    return std::nullopt;
+  }
+  const TierRef& t = tiers_[static_cast<size_t>(region_class_)];
+  if (!t.ram->IsReady(sample)) return std::nullopt;
+  const uint64_t t0 = NowNanos();
+  if (Status v = t.ram->Verify(sample); !v.ok()) {
+    if (v.code() == StatusCode::kCorruption) corruptions_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::warn("sample {} ({}): {} tier copy unusable, reading it again: {}", sample,
+                 catalog_.path(sample), t.name, v.message());
+    return std::nullopt;
+  }
+  const SlotExtent e = t.ram->layout().Extent(t.ram->layout().SlotOf(sample));
+  Count(*per_class_[static_cast<size_t>(region_class_)], e.size, NowNanos() - t0);
+  in_place_.fetch_add(1, std::memory_order_relaxed);
+  return InPlace{e.offset, e.size};
 }
 
 Result<uint64_t> SampleReader::FetchFromPfs(policy::SampleId sample, std::span<std::byte> dst,

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -75,6 +76,20 @@ class SampleReader {
   // sample and its path.
   Result<SourceId> Read(policy::SampleId sample, std::span<std::byte> dst);
 
+  // Zero copy: when `sample` is ready in the region class (the first RAM class; see
+  // region_class()), verifies its bytes in place against the checksum recorded at fill, counts
+  // the read, and returns where they are in that tier's memory. nullopt when the sample is not
+  // there (or failed its check: the slot is then failed and Read refetches it).
+  struct InPlace {
+    uint64_t offset = 0;
+    uint64_t size = 0;
+  };
+  std::optional<InPlace> ReadInPlace(policy::SampleId sample);
+  // The class whose tier clients may map (the first RAM class), or -1.
+  int region_class() const { return region_class_; }
+  // Reads of the region class served in place (included in its class_counters).
+  uint64_t in_place_reads() const { return in_place_.load(std::memory_order_relaxed); }
+
   // The fetch the prefetchers use: a PFS read that records/compares the checksum and returns it.
   Result<uint64_t> FetchFromPfs(policy::SampleId sample, std::span<std::byte> dst, bool staging);
 
@@ -105,6 +120,7 @@ class SampleReader {
   std::vector<TierRef> tiers_;
   const policy::SystemModel& model_;
   uint32_t pfs_readers_;
+  int region_class_ = -1;
   PeerLookupFn peer_lookup_;
   PeerFetchFn peer_fetch_;
   std::vector<std::unique_ptr<SourceCounters>> per_class_;
@@ -113,6 +129,7 @@ class SampleReader {
   SourceCounters pfs_;
   std::atomic<uint64_t> pfs_total_{0};
   std::atomic<uint64_t> corruptions_{0};
+  std::atomic<uint64_t> in_place_{0};
   std::atomic<uint32_t> pfs_active_{0};
 };
 

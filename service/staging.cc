@@ -135,6 +135,16 @@ void StagingStream::Stage() {
       queue_.pop_front();
     }
     if (cancelled_.load(std::memory_order_relaxed)) continue;
+    if (in_place_) {
+      if (const std::optional<SampleReader::InPlace> at = reader_.ReadInPlace(w.sample)) {
+        if (Status p = ring_->PublishInRegion(w.seq, at->offset, at->size); !p.ok()) {
+          spdlog::error("stream {} (rank {}): publishing sample {}: {}", id_, rank_, w.sample,
+                        p.message());
+        }
+        staged_.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+    }
     Result<SourceId> src = reader_.Read(w.sample, w.dst.first(catalog_.length(w.sample)));
     if (src.ok()) {
       if (Status p = ring_->Publish(w.seq, catalog_.length(w.sample)); !p.ok()) {

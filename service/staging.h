@@ -55,6 +55,9 @@ class StagingStream {
   // Idempotent: cancels the ring, joins the threads.
   void Cancel();
 
+  // Before Start(): samples ready in the reader's region class are published in place
+  // (RingWriter::PublishInRegion; the client mapped that tier) instead of copied into the ring.
+  void EnableInPlace() { in_place_ = true; }
   uint64_t id() const { return id_; }
   uint32_t rank() const { return rank_; }
   ring::RingWriter& ring() { return *ring_; }
@@ -77,6 +80,7 @@ class StagingStream {
   const uint32_t rank_;
   const policy::StreamPoint start_;
   const wire::StreamShare share_;
+  bool in_place_ = false;
   uint32_t end_epoch_ = 0;  // the first epoch not served
   const Catalog& catalog_;
   SampleReader& reader_;

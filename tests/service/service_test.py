@@ -204,6 +204,27 @@ class ServiceTest(unittest.TestCase):
         self.assertGreaterEqual(pfs, 0.95 * self.total_bytes, p.stdout)
         self.assert_nothing_left()
 
+    def test_ram_tier_samples_are_served_in_place(self):
+        # Once the RAM tier is filled, every sample of the stream is handed to the client in
+        # place (the client maps the tier read-only; zero copy), and its bytes are still the
+        # file's (--verify).
+        conf = os.path.join(self.work, "zc.conf.lua")
+        write_config(conf, ram=str(2 * self.total_bytes))
+        out = os.path.join(self.work, "zc")
+        nopfs_bin = os.path.join(BIN, "nopfs")
+        script = (
+            f"until {nopfs_bin} status | grep -q 'tier ram: .*prefetch done'; do sleep 0.05; done; "
+            f"{nopfs_bin} cat --verify --print > {out} 2> {out}.err; "
+            f"{nopfs_bin} status > {out}.status")
+        p = nopfs("run", "--dataset", self.data.root, "--ranks", 1, *self.JOB, "--config", conf,
+                  "--", "sh", "-c", script)
+        ids = self.check_rank_output(0, 1, read(out))
+        m = re.search(r"(?m)^served ram: (\d+) samples, (\d+) bytes, (\d+) of them in place",
+                      read(out + ".status"))
+        self.assertIsNotNone(m, read(out + ".status"))
+        self.assertEqual(int(m.group(1)), len(ids))
+        self.assertEqual(int(m.group(3)), len(ids))
+
     def test_no_cache_reads_the_pfs(self):
         conf = os.path.join(self.work, "none.conf.lua")
         write_config(conf)
