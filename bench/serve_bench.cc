@@ -10,8 +10,10 @@
 //     POSIX_FADV_DONTNEED before), against reading the same files directly with the same number
 //     of threads (cache dropped the same way);
 //  2. serve: one client reads rank 0's stream for --epochs epochs through the C++ client and
-//     copies every sample out (what a loader does with it), against memcpy of the same samples
-//     from one buffer (the ceiling for bytes handed over in memory);
+//     copies every sample out (what a loader does with it), twice: with nopfsd copying each
+//     sample into the ring ("copy"), and with the client reading it in place from the RAM tier
+//     ("zero-copy", the default); against memcpy of the same samples from one buffer (the
+//     ceiling for bytes handed over in memory);
 //  3. CPU: nopfsd's user+system CPU seconds (from /proc) per GB served (the stream's open, which
 //     maps and populates the ring, is timed apart).
 // Figures are printed with the ratio to their baseline; a benchmark never fails.
@@ -171,30 +173,38 @@ void RunSize(const Args& a, const std::string& bin, uint64_t size) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
 
-  // 2. One client reads rank 0's whole stream and copies each sample out.
-  const double cpu0 = CpuSeconds(d->pid());
+  // 2. One client reads rank 0's whole stream and copies each sample out: once with samples
+  //    copied into the ring by nopfsd, once in place from the RAM tier (zero copy).
+  struct Served {
+    double seconds = 0, cpu = 0, opened = 0;
+    uint64_t samples = 0, bytes = 0;
+  };
   std::vector<std::byte> sink(size);
-  uint64_t got = 0, bytes = 0;
-  double opened = 0;
-  Clock::time_point t1;
-  const auto t_open = Clock::now();
-  {
-    auto stream = (*client)->Open(0);
+  auto serve = [&](bool zero_copy) {
+    Served r;
+    const double cpu0 = CpuSeconds(d->pid());
+    nopfs::client::OpenOptions open_options;
+    open_options.zero_copy = zero_copy;
+    const auto t_open = Clock::now();
+    auto stream = (*client)->Open(0, open_options);
     if (!stream.ok()) Die(stream.status().message());
-    opened = Since(t_open);
-    t1 = Clock::now();
+    r.opened = Since(t_open);
+    const auto t1 = Clock::now();
     for (;;) {
       auto s = (*stream)->Next();
       if (!s.ok()) Die(s.status().message());
       if (!s->has_value()) break;
       std::memcpy(sink.data(), (*s)->data, (*s)->size);
-      bytes += (*s)->size;
-      ++got;
-      if (auto r = (*stream)->Release(**s); !r.ok()) Die(r.message());
+      r.bytes += (*s)->size;
+      ++r.samples;
+      if (auto rel = (*stream)->Release(**s); !rel.ok()) Die(rel.message());
     }
-  }
-  const double serve = Since(t1);
-  const double cpu = CpuSeconds(d->pid()) - cpu0;
+    r.seconds = Since(t1);
+    r.cpu = CpuSeconds(d->pid()) - cpu0;
+    return r;
+  };
+  const Served copied = serve(false);
+  const Served in_place = serve(true);
   d->Signal(SIGTERM);
   (void)d->Wait(std::chrono::seconds(30));
 
@@ -203,20 +213,25 @@ void RunSize(const Args& a, const std::string& bin, uint64_t size) {
   std::memset(src.data(), 1, src.size());
   const uint64_t per_buf = std::max<uint64_t>(1, src.size() / size);
   const auto t2 = Clock::now();
-  for (uint64_t k = 0; k < got; ++k)
+  for (uint64_t k = 0; k < copied.samples; ++k)
     std::memcpy(sink.data(), src.data() + (k % per_buf) * size, size);
   const double mem = Since(t2);
+  const double mem_gbs = static_cast<double>(copied.bytes) / mem / 1e9;
 
-  std::printf(
-      "%8s  prefetch %6.2f GB/s (direct read %6.2f GB/s, ratio %.2f)   "
-      "serve %8.0f samples/s %6.2f GB/s (memcpy %6.2f GB/s, ratio %.2f)   "
-      "nopfsd CPU %.2f s/GB, open %.0f ms\n",
-      size >= (1u << 20) ? (std::to_string(size >> 20) + " MiB").c_str()
-                         : (std::to_string(size >> 10) + " KiB").c_str(),
-      dataset / prefetch / 1e9, dataset / direct / 1e9, direct / prefetch,
-      static_cast<double>(got) / serve, static_cast<double>(bytes) / serve / 1e9,
-      static_cast<double>(bytes) / mem / 1e9, mem / serve, cpu / (static_cast<double>(bytes) / 1e9),
-      opened * 1e3);
+  const std::string label = size >= (1u << 20) ? std::to_string(size >> 20) + " MiB"
+                                               : std::to_string(size >> 10) + " KiB";
+  std::printf("%8s  prefetch %6.2f GB/s (direct read %6.2f GB/s, ratio %.2f)   memcpy %6.2f GB/s\n",
+              label.c_str(), dataset / prefetch / 1e9, dataset / direct / 1e9, direct / prefetch,
+              mem_gbs);
+  for (const auto& [name, r] : {std::pair<const char*, const Served&>{"copy", copied},
+                                std::pair<const char*, const Served&>{"zero-copy", in_place}}) {
+    const double gbs = static_cast<double>(r.bytes) / r.seconds / 1e9;
+    std::printf(
+        "%8s  serve %-9s %8.0f samples/s %6.2f GB/s (ratio to memcpy %.2f)   nopfsd CPU %.2f "
+        "s/GB, open %.0f ms\n",
+        "", name, static_cast<double>(r.samples) / r.seconds, gbs, gbs / mem_gbs,
+        r.cpu / (static_cast<double>(r.bytes) / 1e9), r.opened * 1e3);
+  }
   std::fflush(stdout);
   fs::remove_all(root);
 }
