@@ -15,7 +15,9 @@ PACKAGES=(
   # the Python client
   python3 python3-dev python3-torch python3-numpy python3-pytest pybind11-dev python3-torchvision
   # tools used by tests and benchmarks
-  procps psmisc iproute2 util-linux
+  procps psmisc iproute2 util-linux iperf3
+  # the emulated PFS (bench/pfsemu, a FUSE 3 file system) and the end-to-end benchmark's plots
+  libfuse3-dev fuse3 gnuplot-nox
 )
 
 missing=()
