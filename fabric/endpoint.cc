@@ -1,0 +1,339 @@
+#include "fabric/endpoint.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_tagged.h>
+
+#include <algorithm>
+#include <cstring>
+#include <list>
+#include <string>
+#include <thread>
+#include <utility>
+
+namespace nopfs::fabric {
+namespace {
+
+constexpr uint32_t kFabricVersion = FI_VERSION(1, 11);
+
+std::string FiError(const char* what, long rc) {
+  return std::string(what) + ": " + fi_strerror(static_cast<int>(rc < 0 ? -rc : rc));
+}
+
+struct InfoDeleter {
+  void operator()(fi_info* info) const { fi_freeinfo(info); }
+};
+using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
+
+InfoPtr MakeHints(const std::string& provider) {
+  InfoPtr hints(fi_allocinfo());
+  if (!hints) throw std::bad_alloc();
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->caps = FI_TAGGED;
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  hints->domain_attr->threading = FI_THREAD_DOMAIN;
+  hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+  hints->addr_format = FI_SOCKADDR_IN;
+  hints->fabric_attr->prov_name = strdup(provider.c_str());
+  if (hints->fabric_attr->prov_name == nullptr) throw std::bad_alloc();
+  return hints;
+}
+
+}  // namespace
+
+// One posted operation. `ctx` must come first: providers asking for FI_CONTEXT2 use it.
+struct Op {
+  fi_context2 ctx{};
+  std::unique_ptr<std::byte[]> buffer;  // owned until libfabric completes the operation
+  uint64_t capacity = 0;
+  bool done = false;
+  bool abandoned = false;  // the caller gave up; free on completion
+  int error = 0;           // positive fi errno, 0 on success
+  uint64_t len = 0;
+  uint64_t tag = 0;
+};
+
+struct Endpoint::Impl {
+  InfoPtr info;
+  fid_fabric* fabric = nullptr;
+  fid_domain* domain = nullptr;
+  fid_av* av = nullptr;
+  fid_cq* cq = nullptr;
+  fid_ep* ep = nullptr;
+  std::list<std::unique_ptr<Op>> ops;
+  uint64_t failed_posts = 0;
+  // The buffer of the last completed receive, reused by the next one of at most its size (a
+  // peer link receives with a 64 MiB limit every few milliseconds).
+  std::unique_ptr<std::byte[]> spare;
+  uint64_t spare_capacity = 0;
+
+  ~Impl() {
+    if (ep != nullptr) fi_close(&ep->fid);
+    if (av != nullptr) fi_close(&av->fid);
+    if (cq != nullptr) fi_close(&cq->fid);
+    if (domain != nullptr) fi_close(&domain->fid);
+    if (fabric != nullptr) fi_close(&fabric->fid);
+  }
+
+  void Finish(Op* op) {
+    op->done = true;
+    if (op->abandoned && op->error != 0 && op->error != FI_ECANCELED) ++failed_posts;
+    if (op->abandoned) ops.remove_if([op](const std::unique_ptr<Op>& o) { return o.get() == op; });
+  }
+
+  void Poll() {
+    fi_cq_tagged_entry entries[16];
+    for (;;) {
+      ssize_t n = fi_cq_read(cq, entries, 16);
+      if (n == -FI_EAGAIN) return;
+      if (n == -FI_EAVAIL) {
+        fi_cq_err_entry err{};
+        if (fi_cq_readerr(cq, &err, 0) < 1) return;
+        auto* op = static_cast<Op*>(err.op_context);
+        if (op == nullptr) continue;
+        op->error = err.err != 0 ? err.err : FI_EIO;
+        op->len = err.len;
+        op->tag = err.tag;
+        Finish(op);
+        continue;
+      }
+      if (n < 0) return;  // a broken queue: callers time out
+      for (ssize_t i = 0; i < n; ++i) {
+        auto* op = static_cast<Op*>(entries[i].op_context);
+        if (op == nullptr) continue;
+        op->len = entries[i].len;
+        op->tag = entries[i].tag;
+        Finish(op);
+      }
+    }
+  }
+
+  // Posts a send of a copy of `data`; retries while the queue is full until `deadline`.
+  Result<Op*> PostSend(PeerAddr peer, uint64_t tag, std::span<const std::byte> data,
+                       std::chrono::steady_clock::time_point deadline);
+
+  Op* NewOp() {
+    ops.push_back(std::make_unique<Op>());
+    return ops.back().get();
+  }
+
+  void Drop(Op* op) {
+    ops.remove_if([op](const std::unique_ptr<Op>& o) { return o.get() == op; });
+  }
+};
+
+Endpoint::Endpoint(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Endpoint::~Endpoint() = default;
+
+Result<std::unique_ptr<Endpoint>> Endpoint::Open(const EndpointOptions& options) {
+  InfoPtr hints = MakeHints(options.provider);
+  std::string service = std::to_string(options.port);
+  fi_info* raw = nullptr;
+  int rc = fi_getinfo(kFabricVersion, options.host.c_str(), service.c_str(), FI_SOURCE, hints.get(),
+                      &raw);
+  if (rc != 0) {
+    return Status::Unavailable(FiError(("fabric: provider \"" + options.provider +
+                                        "\" cannot listen on " + options.host + ":" + service)
+                                           .c_str(),
+                                       rc));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->info.reset(raw);
+  fi_info* info = impl->info.get();
+  if ((rc = fi_fabric(info->fabric_attr, &impl->fabric, nullptr)) != 0) {
+    return Status::IoError(FiError("fabric: fi_fabric", rc));
+  }
+  if ((rc = fi_domain(impl->fabric, info, &impl->domain, nullptr)) != 0) {
+    return Status::IoError(FiError("fabric: fi_domain", rc));
+  }
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_TAGGED;
+  cq_attr.wait_obj = FI_WAIT_NONE;
+  cq_attr.size = 1024;
+  if ((rc = fi_cq_open(impl->domain, &cq_attr, &impl->cq, nullptr)) != 0) {
+    return Status::IoError(FiError("fabric: fi_cq_open", rc));
+  }
+  fi_av_attr av_attr{};
+  av_attr.type = FI_AV_TABLE;
+  if ((rc = fi_av_open(impl->domain, &av_attr, &impl->av, nullptr)) != 0) {
+    return Status::IoError(FiError("fabric: fi_av_open", rc));
+  }
+  if ((rc = fi_endpoint(impl->domain, info, &impl->ep, nullptr)) != 0) {
+    return Status::IoError(FiError("fabric: fi_endpoint", rc));
+  }
+  if ((rc = fi_ep_bind(impl->ep, &impl->cq->fid, FI_TRANSMIT | FI_RECV)) != 0 ||
+      (rc = fi_ep_bind(impl->ep, &impl->av->fid, 0)) != 0) {
+    return Status::IoError(FiError("fabric: fi_ep_bind", rc));
+  }
+  if ((rc = fi_enable(impl->ep)) != 0) {
+    return Status::IoError(
+        FiError(("fabric: cannot listen on " + options.host + ":" + service).c_str(), rc));
+  }
+  sockaddr_in bound{};
+  size_t len = sizeof(bound);
+  if ((rc = fi_getname(&impl->ep->fid, &bound, &len)) != 0) {
+    return Status::IoError(FiError("fabric: fi_getname", rc));
+  }
+  std::unique_ptr<Endpoint> ep(new Endpoint(std::move(impl)));
+  ep->provider_ = info->fabric_attr->prov_name != nullptr ? info->fabric_attr->prov_name : "";
+  ep->host_ = options.host;
+  ep->port_ = ntohs(bound.sin_port);
+  return ep;
+}
+
+Result<PeerAddr> Endpoint::AddPeer(const std::string& host, uint16_t port) {
+  InfoPtr hints = MakeHints(provider_);
+  std::string service = std::to_string(port);
+  fi_info* raw = nullptr;
+  int rc = fi_getinfo(kFabricVersion, host.c_str(), service.c_str(), 0, hints.get(), &raw);
+  if (rc != 0) {
+    return Status::InvalidArgument(
+        FiError(("fabric: cannot resolve peer " + host + ":" + service).c_str(), rc));
+  }
+  InfoPtr info(raw);
+  if (info->dest_addr == nullptr) {
+    return Status::InvalidArgument("fabric: peer " + host + ":" + service + " has no address");
+  }
+  fi_addr_t addr = FI_ADDR_UNSPEC;
+  rc = fi_av_insert(impl_->av, info->dest_addr, 1, &addr, 0, nullptr);
+  if (rc != 1) {
+    return Status::IoError(FiError(("fabric: fi_av_insert " + host + ":" + service).c_str(),
+                                   rc < 0 ? rc : -FI_EINVAL));
+  }
+  return static_cast<PeerAddr>(addr);
+}
+
+Result<Op*> Endpoint::Impl::PostSend(PeerAddr peer, uint64_t tag, std::span<const std::byte> data,
+                                     std::chrono::steady_clock::time_point deadline) {
+  Impl* impl = this;
+  Op* op = impl->NewOp();
+  op->capacity = data.size();
+  op->buffer.reset(new std::byte[data.size() == 0 ? 1 : data.size()]);
+  if (!data.empty()) std::memcpy(op->buffer.get(), data.data(), data.size());
+  for (;;) {
+    ssize_t rc = fi_tsend(impl->ep, op->buffer.get(), op->capacity, nullptr, peer, tag, &op->ctx);
+    if (rc == 0) return op;
+    if (rc != -FI_EAGAIN) {
+      impl->Drop(op);
+      return Status::IoError(FiError("fabric: fi_tsend", rc));
+    }
+    impl->Poll();
+    if (std::chrono::steady_clock::now() >= deadline) {
+      impl->Drop(op);  // never posted
+      return Status::TimedOut("fabric: send queue full until the timeout");
+    }
+  }
+}
+
+Status Endpoint::Post(PeerAddr peer, uint64_t tag, std::span<const std::byte> data,
+                      std::chrono::milliseconds timeout) {
+  auto posted = impl_->PostSend(peer, tag, data, std::chrono::steady_clock::now() + timeout);
+  if (!posted.ok()) return posted.status();
+  (*posted)->abandoned = true;  // freed by Poll when it completes
+  impl_->Poll();
+  return Status::Ok();
+}
+
+Status Endpoint::Send(PeerAddr peer, uint64_t tag, std::span<const std::byte> data,
+                      std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto posted = impl_->PostSend(peer, tag, data, deadline);
+  if (!posted.ok()) return posted.status();
+  Op* op = *posted;
+  while (!op->done) {
+    impl_->Poll();
+    if (op->done) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      op->abandoned = true;  // freed when libfabric completes it or the endpoint closes
+      return Status::TimedOut("fabric: send not completed within " +
+                              std::to_string(timeout.count()) + " ms");
+    }
+  }
+  int err = op->error;
+  impl_->Drop(op);
+  if (err != 0) return Status::IoError(FiError("fabric: send failed", err));
+  return Status::Ok();
+}
+
+Result<Message> Endpoint::Recv(uint64_t tag, uint64_t ignore, uint64_t max_len,
+                               std::chrono::milliseconds timeout,
+                               const std::function<bool()>& interrupt) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  Op* op = impl_->NewOp();
+  op->capacity = max_len;
+  if (impl_->spare && impl_->spare_capacity >= max_len) {
+    op->buffer = std::move(impl_->spare);
+    op->capacity = impl_->spare_capacity;
+  } else {
+    op->buffer.reset(new std::byte[max_len == 0 ? 1 : max_len]);  // uninitialised: no zeroing
+  }
+  for (;;) {
+    ssize_t rc = fi_trecv(impl_->ep, op->buffer.get(), max_len, nullptr, FI_ADDR_UNSPEC, tag,
+                          ignore, &op->ctx);
+    if (rc == 0) break;
+    if (rc != -FI_EAGAIN) {
+      impl_->Drop(op);
+      return Status::IoError(FiError("fabric: fi_trecv", rc));
+    }
+    impl_->Poll();
+    if (std::chrono::steady_clock::now() >= deadline) {
+      impl_->Drop(op);
+      return Status::TimedOut("fabric: receive queue full until the timeout");
+    }
+  }
+  while (!op->done) {
+    impl_->Poll();
+    if (op->done) break;
+    std::this_thread::yield();  // idle polling: leave the core to the threads doing work
+    if (std::chrono::steady_clock::now() >= deadline || (interrupt && interrupt())) {
+      fi_cancel(&impl_->ep->fid, &op->ctx);
+      // The cancellation completes as an error entry; until then libfabric may still write.
+      auto grace = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+      while (!op->done && std::chrono::steady_clock::now() < grace)
+        impl_->Poll();
+      if (op->done && op->error == 0) break;  // the message arrived while cancelling
+      if (op->done) {
+        impl_->Drop(op);
+      } else {
+        op->abandoned = true;  // freed when the cancellation completes or the endpoint closes
+      }
+      return Status::TimedOut("fabric: no message within " + std::to_string(timeout.count()) +
+                              " ms");
+    }
+  }
+  if (op->error != 0) {
+    int err = op->error;
+    impl_->Drop(op);
+    if (err == FI_ETRUNC) {
+      return Status::Corruption("fabric: message longer than " + std::to_string(max_len) +
+                                " bytes rejected");
+    }
+    return Status::IoError(FiError("fabric: receive failed", err));
+  }
+  Message m;
+  m.tag = op->tag;
+  m.data.assign(op->buffer.get(), op->buffer.get() + std::min(op->len, max_len));
+  impl_->spare = std::move(op->buffer);
+  impl_->spare_capacity = op->capacity;
+  impl_->Drop(op);
+  return m;
+}
+
+void Endpoint::Progress() {
+  impl_->Poll();
+}
+
+uint64_t Endpoint::pending_ops() const {
+  return impl_->ops.size();
+}
+
+uint64_t Endpoint::failed_posts() const {
+  return impl_->failed_posts;
+}
+
+}  // namespace nopfs::fabric

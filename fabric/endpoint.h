@@ -1,0 +1,100 @@
+// fabric::Endpoint: one reliable-datagram (FI_EP_RDM) libfabric endpoint with tagged messages.
+//
+// What it is: an RAII owner of the libfabric objects a nopfsd needs to talk to its peers
+// (fi_info, fabric, domain, address vector, completion queue, endpoint), opened on a fixed
+// HOST:PORT so that peers can reach it from the job's `--peers` list. The provider comes from the
+// node config ("tcp;ofi_rxm" by default, "verbs;ofi_rxm" where present).
+//
+// What it promises:
+//   - Send and Recv complete, fail or time out; they never leave libfabric writing into memory the
+//     caller owns: every operation works on a buffer the endpoint owns until libfabric reports its
+//     completion (a timed-out receive is cancelled, a timed-out send is kept until it completes or
+//     the endpoint closes).
+//   - A message longer than the receive limit is reported as an error, never truncated silently.
+//   - The destructor closes every libfabric object in the right order, endpoint first.
+//
+// Thread safety: none. One thread drives an Endpoint (the peer layer's progress thread); the
+// completion queue is polled only from inside Send/Recv/Progress.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace nopfs::fabric {
+
+struct EndpointOptions {
+  std::string provider = "tcp;ofi_rxm";  // fi_info provider name, as fi_info -p accepts it
+  std::string host = "127.0.0.1";        // address to listen on
+  uint16_t port = 0;                     // port to listen on; 0 lets the provider pick
+};
+
+// A received message: its tag and its bytes.
+struct Message {
+  uint64_t tag = 0;
+  std::vector<std::byte> data;
+};
+
+// A peer as the address vector knows it (an fi_addr_t).
+using PeerAddr = uint64_t;
+
+class Endpoint {
+ public:
+  // Opens the endpoint. Fails with Unavailable if the provider is not present on this node and
+  // with IoError if the address cannot be bound (port in use).
+  static Result<std::unique_ptr<Endpoint>> Open(const EndpointOptions& options);
+
+  ~Endpoint();
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  // Resolves HOST:PORT with the endpoint's provider and inserts it into the address vector.
+  Result<PeerAddr> AddPeer(const std::string& host, uint16_t port);
+
+  // Sends `data` tagged `tag` to `peer`; waits for the local completion at most `timeout`.
+  Status Send(PeerAddr peer, uint64_t tag, std::span<const std::byte> data,
+              std::chrono::milliseconds timeout);
+
+  // Posts `data` tagged `tag` to `peer` and returns without waiting for its completion (the
+  // endpoint keeps the copy until libfabric completes it; a failed completion is counted in
+  // failed_posts()). TimedOut if the send queue stays full for `timeout`. Large messages complete
+  // only once the receiver has matched them, so a thread that also receives must use Post, never
+  // Send, or two such threads can wait on each other.
+  Status Post(PeerAddr peer, uint64_t tag, std::span<const std::byte> data,
+              std::chrono::milliseconds timeout);
+
+  // Receives one message from any peer whose tag matches `tag` in the bits not set in `ignore`,
+  // of at most `max_len` bytes; TimedOut after `timeout`, or as soon as `interrupt` (if given,
+  // checked between polls) returns true.
+  Result<Message> Recv(uint64_t tag, uint64_t ignore, uint64_t max_len,
+                       std::chrono::milliseconds timeout,
+                       const std::function<bool()>& interrupt = nullptr);
+
+  // Drives the completion queue once (reaps finished and abandoned operations).
+  void Progress();
+
+  const std::string& provider() const { return provider_; }
+  const std::string& host() const { return host_; }
+  uint16_t port() const { return port_; }
+  // Operations posted and not yet completed (abandoned ones included); for tests.
+  uint64_t pending_ops() const;
+  // Posted messages whose completion reported an error.
+  uint64_t failed_posts() const;
+
+ private:
+  struct Impl;
+  explicit Endpoint(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  std::string provider_;
+  std::string host_;
+  uint16_t port_ = 0;
+};
+
+}  // namespace nopfs::fabric

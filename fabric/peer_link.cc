@@ -1,0 +1,463 @@
+#include "fabric/peer_link.h"
+
+#include <spdlog/spdlog.h>
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+namespace nopfs::fabric {
+namespace {
+
+constexpr std::string_view kServerLabel = "nopfs-peer-server";
+constexpr std::string_view kClientLabel = "nopfs-peer-client";
+constexpr auto kPollSlice = std::chrono::milliseconds(5);
+
+uint64_t TagOf(uint32_t node) {
+  return uint64_t{node} << 32;
+}
+
+}  // namespace
+
+Result<std::vector<PeerAddress>> ParsePeerList(const std::string& list) {
+  std::vector<PeerAddress> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t end = list.find(',', start);
+    if (end == std::string::npos) end = list.size();
+    std::string item = list.substr(start, end - start);
+    size_t colon = item.rfind(':');
+    if (item.empty() || colon == std::string::npos || colon == 0 || colon + 1 == item.size()) {
+      return Status::InvalidArgument("--peers: \"" + item + "\" is not HOST:PORT");
+    }
+    uint64_t port = 0;
+    for (char c : item.substr(colon + 1)) {
+      if (c < '0' || c > '9' || port > 65535) {
+        return Status::InvalidArgument("--peers: bad port in \"" + item + "\"");
+      }
+      port = port * 10 + static_cast<uint64_t>(c - '0');
+    }
+    if (port == 0 || port > 65535) {
+      return Status::InvalidArgument("--peers: bad port in \"" + item + "\"");
+    }
+    out.push_back({item.substr(0, colon), static_cast<uint16_t>(port)});
+    start = end + 1;
+  }
+  return out;
+}
+
+struct PeerLink::State {
+  PeerLinkOptions opts;
+  ServeFn serve;
+  std::unique_ptr<Endpoint> ep;
+  std::vector<PeerAddr> addr;  // fi_addr of every node
+
+  // Server side, per client node (progress thread only).
+  enum class In { kNone, kChallenged, kAuthed };
+  struct InState {
+    In state = In::kNone;
+    Nonce client_nonce{};
+    Nonce server_nonce{};
+  };
+  std::vector<InState> in;
+
+  // Client side, guarded by mu.
+  enum class Out { kNone, kHelloSent, kAuthSent, kAuthed, kDead };
+  struct OutState {
+    Out state = Out::kNone;
+    Nonce client_nonce{};
+    std::chrono::steady_clock::time_point handshake_deadline{};
+  };
+  struct Pending {
+    uint32_t peer = 0;
+    uint64_t sample = 0;
+    bool sent = false;
+    bool done = false;
+    Status status;
+    std::vector<std::byte> data;
+    std::chrono::steady_clock::time_point deadline{};
+  };
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::vector<OutState> out;
+  std::map<uint64_t, Pending*> pending;
+  std::deque<std::pair<uint32_t, std::vector<std::byte>>> outbox;  // (node, message)
+  uint64_t next_id = 1;
+  // Exchange buffers waiting for their peer's handshake, and buffers received per (round, node).
+  std::deque<std::pair<uint32_t, ExchangeData>> exchange_out;
+  std::map<std::pair<uint64_t, uint32_t>, std::vector<std::byte>> exchange_in;
+  PeerLinkCounters counters;
+  bool stop = false;
+  std::atomic<bool> wake{false};  // a Read is waiting to be scheduled: end the receive slice
+  std::thread thread;
+
+  void Queue(uint32_t node, const PeerMessage& m) { outbox.emplace_back(node, Encode(m)); }
+
+  // With mu held: kills `peer`, failing every read waiting on it.
+  void KillLocked(uint32_t peer, const std::string& why) {
+    if (out[peer].state != Out::kDead) {
+      spdlog::warn("nopfsd: peer node {} marked dead: {}", peer, why);
+    }
+    out[peer].state = Out::kDead;
+    for (auto it = pending.begin(); it != pending.end();) {
+      if (it->second->peer == peer) {
+        it->second->done = true;
+        it->second->status =
+            Status::Unavailable("peer node " + std::to_string(peer) + " is dead: " + why);
+        it = pending.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    cv.notify_all();
+  }
+
+  void Malformed(uint32_t node, const std::string& why) {
+    std::lock_guard lock(mu);
+    ++counters.malformed;
+    spdlog::warn("nopfsd: peer message from node {} rejected: {}", node, why);
+  }
+
+  void HandleServer(uint32_t node, PeerMessage& m) {
+    InState& st = in[node];
+    if (auto* h = std::get_if<Hello>(&m)) {
+      if (h->node != node) return Malformed(node, "hello names another node");
+      st.state = In::kChallenged;
+      st.client_nonce = h->client_nonce;
+      st.server_nonce = RandomNonce();
+      Challenge c{st.server_nonce,
+                  PeerMac(opts.secret, kServerLabel, st.client_nonce, st.server_nonce, node)};
+      std::lock_guard lock(mu);
+      Queue(node, c);
+    } else if (auto* a = std::get_if<Auth>(&m)) {
+      bool ok = st.state == In::kChallenged &&
+                MacEqual(a->client_mac, PeerMac(opts.secret, kClientLabel, st.client_nonce,
+                                                st.server_nonce, node));
+      st.state = ok ? In::kAuthed : In::kNone;
+      std::lock_guard lock(mu);
+      if (!ok) {
+        ++counters.auth_refused;
+        spdlog::warn("nopfsd: peer node {} refused: failed the challenge (wrong secret?)", node);
+      }
+      Queue(node, AuthResult{ok});
+    } else if (auto* x = std::get_if<ExchangeData>(&m)) {
+      std::lock_guard lock(mu);
+      if (st.state != In::kAuthed) {
+        ++counters.auth_refused;
+        spdlog::warn("nopfsd: exchange buffer from unauthenticated node {} refused", node);
+        return;
+      }
+      if (!exchange_in.emplace(std::make_pair(x->round, node), std::move(x->data)).second) {
+        ++counters.malformed;
+        spdlog::warn("nopfsd: peer node {} sent exchange round {} twice", node, x->round);
+        return;
+      }
+      cv.notify_all();
+    } else if (auto* q = std::get_if<ReadRequest>(&m)) {
+      if (st.state != In::kAuthed) {
+        std::lock_guard lock(mu);
+        ++counters.auth_refused;
+        spdlog::warn("nopfsd: read request from unauthenticated node {} refused", node);
+        return;
+      }
+      ServeResult r = serve(q->sample);
+      ReadReply reply{q->request_id, q->sample, r.status, {}};
+      if (r.status == ReadStatus::kOk && r.data.size() > kMaxSampleBytes) {
+        reply.status = ReadStatus::kError;
+      } else if (r.status == ReadStatus::kOk) {
+        reply.data = std::move(r.data);
+      }
+      std::lock_guard lock(mu);
+      if (reply.status == ReadStatus::kOk) {
+        ++counters.served_reads;
+        counters.served_bytes += reply.data.size();
+      } else {
+        ++counters.served_not_available;
+      }
+      Queue(node, reply);
+    }
+  }
+
+  void HandleClient(uint32_t node, PeerMessage& m) {
+    std::unique_lock lock(mu);
+    OutState& st = out[node];
+    if (auto* c = std::get_if<Challenge>(&m)) {
+      if (st.state != Out::kHelloSent) {
+        lock.unlock();
+        return Malformed(node, "unexpected challenge");
+      }
+      Mac expect = PeerMac(opts.secret, kServerLabel, st.client_nonce, c->server_nonce, opts.node);
+      if (!MacEqual(expect, c->server_mac)) {
+        ++counters.auth_refused;
+        KillLocked(node, "its challenge does not prove the job secret");
+        return;
+      }
+      Queue(node,
+            Auth{PeerMac(opts.secret, kClientLabel, st.client_nonce, c->server_nonce, opts.node)});
+      st.state = Out::kAuthSent;
+    } else if (auto* r = std::get_if<AuthResult>(&m)) {
+      if (st.state != Out::kAuthSent) {
+        lock.unlock();
+        return Malformed(node, "unexpected auth result");
+      }
+      if (!r->accepted) {
+        ++counters.auth_refused;
+        KillLocked(node, "it refused our authentication");
+        return;
+      }
+      st.state = Out::kAuthed;
+    } else if (auto* p = std::get_if<ReadReply>(&m)) {
+      auto it = pending.find(p->request_id);
+      if (it == pending.end() || it->second->peer != node || it->second->sample != p->sample) {
+        lock.unlock();
+        return Malformed(node, "reply to no outstanding request");
+      }
+      Pending* w = it->second;
+      pending.erase(it);
+      w->done = true;
+      if (p->status == ReadStatus::kOk) {
+        w->data = std::move(p->data);
+      } else if (p->status == ReadStatus::kNotAvailable) {
+        w->status = Status::NotFound("sample " + std::to_string(p->sample) +
+                                     " not ready on peer node " + std::to_string(node));
+      } else {
+        w->status = Status::IoError("peer node " + std::to_string(node) +
+                                    " failed reading sample " + std::to_string(p->sample));
+      }
+      cv.notify_all();
+    }
+  }
+
+  // With mu held: starts handshakes, queues reads of authenticated peers, expires deadlines.
+  void ScheduleLocked() {
+    auto now = std::chrono::steady_clock::now();
+    for (auto& [id, w] : pending) {
+      OutState& st = out[w->peer];
+      if (st.state == Out::kNone) {
+        st.client_nonce = RandomNonce();
+        st.handshake_deadline = now + opts.timeout;
+        st.state = Out::kHelloSent;
+        Queue(w->peer, Hello{opts.node, st.client_nonce});
+      }
+      if (st.state == Out::kAuthed && !w->sent) {
+        w->sent = true;
+        Queue(w->peer, ReadRequest{id, w->sample});
+      }
+    }
+    for (auto it = exchange_out.begin(); it != exchange_out.end();) {
+      OutState& st = out[it->first];
+      if (st.state == Out::kNone) {
+        st.client_nonce = RandomNonce();
+        st.handshake_deadline = now + opts.timeout;
+        st.state = Out::kHelloSent;
+        Queue(it->first, Hello{opts.node, st.client_nonce});
+      }
+      if (st.state == Out::kAuthed) {
+        Queue(it->first, it->second);
+        it = exchange_out.erase(it);
+      } else if (st.state == Out::kDead) {
+        it = exchange_out.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (uint32_t p = 0; p < out.size(); ++p) {
+      bool shaking = out[p].state == Out::kHelloSent || out[p].state == Out::kAuthSent;
+      if (shaking && now >= out[p].handshake_deadline) {
+        ++counters.timeouts;
+        KillLocked(p, "no handshake within " + std::to_string(opts.timeout.count()) + " ms");
+      }
+    }
+    for (auto it = pending.begin(); it != pending.end(); ++it) {
+      if (now >= it->second->deadline) {
+        uint32_t peer = it->second->peer;
+        ++counters.timeouts;
+        KillLocked(peer, "no reply within " + std::to_string(opts.timeout.count()) + " ms");
+        break;  // KillLocked erased entries; the rest expire on the next turn
+      }
+    }
+  }
+
+  void Run() {
+    for (;;) {
+      std::deque<std::pair<uint32_t, std::vector<std::byte>>> sends;
+      {
+        std::lock_guard lock(mu);
+        if (stop) break;
+        ScheduleLocked();
+        sends.swap(outbox);
+        wake.store(false);
+      }
+      for (auto& [node, bytes] : sends) {
+        Status st = ep->Post(addr[node], TagOf(opts.node), bytes, opts.timeout);
+        if (!st.ok()) {
+          std::lock_guard lock(mu);
+          ++counters.timeouts;
+          KillLocked(node, st.ToString());
+        }
+      }
+      auto msg = ep->Recv(0, ~uint64_t{0}, kMaxPeerMessageBytes, kPollSlice,
+                          [this] { return wake.load(std::memory_order_relaxed); });
+      if (!msg.ok()) {
+        if (msg.status().code() == StatusCode::kCorruption) Malformed(~0u, msg.status().ToString());
+        continue;
+      }
+      uint64_t sender = msg->tag >> 32;
+      if (sender >= opts.peers.size() || sender == opts.node || (msg->tag & 0xffffffffu) != 0) {
+        Malformed(static_cast<uint32_t>(sender), "tag names no other node of the job");
+        continue;
+      }
+      auto node = static_cast<uint32_t>(sender);
+      auto decoded = Decode(msg->data);
+      if (!decoded.ok()) {
+        Malformed(node, decoded.status().ToString());
+        continue;
+      }
+      if (std::holds_alternative<Hello>(*decoded) || std::holds_alternative<Auth>(*decoded) ||
+          std::holds_alternative<ReadRequest>(*decoded) ||
+          std::holds_alternative<ExchangeData>(*decoded)) {
+        HandleServer(node, *decoded);
+      } else {
+        HandleClient(node, *decoded);
+      }
+    }
+  }
+};
+
+PeerLink::PeerLink(std::unique_ptr<State> state) : s_(std::move(state)) {}
+
+Result<std::unique_ptr<PeerLink>> PeerLink::Start(const PeerLinkOptions& options, ServeFn serve) {
+  if (options.node >= options.peers.size()) {
+    return Status::InvalidArgument("peer link: node " + std::to_string(options.node) +
+                                   " is not in the peer list of " +
+                                   std::to_string(options.peers.size()));
+  }
+  auto s = std::make_unique<State>();
+  s->opts = options;
+  s->serve = std::move(serve);
+  const PeerAddress& self = options.peers[options.node];
+  auto ep = Endpoint::Open({options.provider, self.host, self.port});
+  if (!ep.ok()) return ep.status();
+  s->ep = std::move(*ep);
+  for (const PeerAddress& p : options.peers) {
+    auto a = s->ep->AddPeer(p.host, p.port);
+    if (!a.ok()) return a.status();
+    s->addr.push_back(*a);
+  }
+  s->in.resize(options.peers.size());
+  s->out.resize(options.peers.size());
+  State* raw = s.get();
+  s->thread = std::thread([raw] { raw->Run(); });
+  return std::unique_ptr<PeerLink>(new PeerLink(std::move(s)));
+}
+
+PeerLink::~PeerLink() {
+  {
+    std::lock_guard lock(s_->mu);
+    s_->stop = true;
+    s_->wake.store(true);
+    for (auto& [id, w] : s_->pending) {
+      w->done = true;
+      w->status = Status::Unavailable("peer link stopped");
+    }
+    s_->pending.clear();
+    s_->cv.notify_all();
+  }
+  s_->thread.join();
+}
+
+Result<std::vector<std::byte>> PeerLink::Read(uint32_t peer, uint64_t sample) {
+  if (peer >= s_->out.size() || peer == s_->opts.node) {
+    return Status::InvalidArgument("peer link: no peer node " + std::to_string(peer));
+  }
+  State::Pending w;
+  w.peer = peer;
+  w.sample = sample;
+  std::unique_lock lock(s_->mu);
+  if (s_->stop) return Status::Unavailable("peer link stopped");
+  if (s_->out[peer].state == State::Out::kDead) {
+    return Status::Unavailable("peer node " + std::to_string(peer) + " is dead");
+  }
+  // The deadline covers the handshake too; the progress thread expires it.
+  w.deadline = std::chrono::steady_clock::now() + s_->opts.timeout;
+  uint64_t id = s_->next_id++;
+  s_->pending.emplace(id, &w);
+  s_->wake.store(true);
+  s_->cv.wait(lock, [&] { return w.done; });
+  if (!w.status.ok()) {
+    if (w.status.code() == StatusCode::kNotFound) ++s_->counters.fetch_not_available;
+    return w.status;
+  }
+  ++s_->counters.fetched_reads;
+  s_->counters.fetched_bytes += w.data.size();
+  return std::move(w.data);
+}
+
+Result<std::vector<std::vector<std::byte>>> PeerLink::Exchange(
+    uint64_t round, std::vector<std::vector<std::byte>> out) {
+  const uint32_t nodes = this->nodes();
+  const uint32_t self = s_->opts.node;
+  if (out.size() != nodes) {
+    return Status::InvalidArgument("exchange: " + std::to_string(out.size()) + " buffers for " +
+                                   std::to_string(nodes) + " nodes");
+  }
+  for (const auto& b : out) {
+    if (b.size() > kMaxSampleBytes) {
+      return Status::InvalidArgument("exchange: buffer over " + std::to_string(kMaxSampleBytes) +
+                                     " bytes");
+    }
+  }
+  std::unique_lock lock(s_->mu);
+  for (uint32_t k = 0; k < nodes; ++k) {
+    if (k == self) continue;
+    s_->exchange_out.emplace_back(k, ExchangeData{round, std::move(out[k])});
+  }
+  s_->wake.store(true);
+  auto deadline = std::chrono::steady_clock::now() + 5 * s_->opts.timeout;
+  std::vector<std::vector<std::byte>> in(nodes);
+  for (uint32_t k = 0; k < nodes; ++k) {
+    if (k == self) continue;
+    auto key = std::make_pair(round, k);
+    bool ready = s_->cv.wait_until(lock, deadline, [&] {
+      return s_->stop || s_->exchange_in.count(key) > 0 || s_->out[k].state == State::Out::kDead;
+    });
+    auto it = s_->exchange_in.find(key);
+    if (it == s_->exchange_in.end()) {
+      if (!ready) {
+        return Status::TimedOut("exchange round " + std::to_string(round) + ": nothing from node " +
+                                std::to_string(k));
+      }
+      return Status::Unavailable("exchange round " + std::to_string(round) + ": node " +
+                                 std::to_string(k) + " is dead or the link stopped");
+    }
+    in[k] = std::move(it->second);
+    s_->exchange_in.erase(it);
+  }
+  in[self] = std::move(out[self]);
+  return in;
+}
+
+bool PeerLink::IsDead(uint32_t peer) const {
+  std::lock_guard lock(s_->mu);
+  return peer < s_->out.size() && s_->out[peer].state == State::Out::kDead;
+}
+
+PeerLinkCounters PeerLink::counters() const {
+  std::lock_guard lock(s_->mu);
+  return s_->counters;
+}
+
+uint32_t PeerLink::node() const {
+  return s_->opts.node;
+}
+uint32_t PeerLink::nodes() const {
+  return static_cast<uint32_t>(s_->opts.peers.size());
+}
+const std::string& PeerLink::provider() const {
+  return s_->ep->provider();
+}
+
+}  // namespace nopfs::fabric

@@ -1,0 +1,281 @@
+#include "fabric/peer_protocol.h"
+
+#include <fcntl.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace nopfs::fabric {
+namespace {
+
+class Writer {
+ public:
+  void U8(uint8_t v) { out_.push_back(static_cast<std::byte>(v)); }
+  void U16(uint16_t v) { Int(v, 2); }
+  void U32(uint32_t v) { Int(v, 4); }
+  void U64(uint64_t v) { Int(v, 8); }
+  void Bytes(std::span<const uint8_t> b) {
+    for (uint8_t c : b)
+      U8(c);
+  }
+  void Bytes(std::span<const std::byte> b) { out_.insert(out_.end(), b.begin(), b.end()); }
+  std::vector<std::byte>& out() { return out_; }
+
+ private:
+  void Int(uint64_t v, int n) {
+    for (int i = 0; i < n; ++i)
+      U8(static_cast<uint8_t>(v >> (8 * i)));
+  }
+  std::vector<std::byte> out_;
+};
+
+// Reads from a buffer whose length the caller has already checked.
+class Reader {
+ public:
+  explicit Reader(std::span<const std::byte> b) : b_(b) {}
+  uint64_t Int(int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; ++i)
+      v |= uint64_t{std::to_integer<uint8_t>(b_[pos_ + i])} << (8 * i);
+    pos_ += static_cast<uint64_t>(n);
+    return v;
+  }
+  template <size_t N>
+  void Array(std::array<uint8_t, N>& a) {
+    for (size_t i = 0; i < N; ++i)
+      a[i] = std::to_integer<uint8_t>(b_[pos_ + i]);
+    pos_ += N;
+  }
+  std::span<const std::byte> Rest() const { return b_.subspan(pos_); }
+
+ private:
+  std::span<const std::byte> b_;
+  uint64_t pos_ = 0;
+};
+
+Status Bad(const std::string& why) {
+  return Status::Corruption("peer message rejected: " + why);
+}
+
+}  // namespace
+
+std::vector<std::byte> Encode(const PeerMessage& m) {
+  Writer body;
+  PeerType type{};
+  if (const auto* h = std::get_if<Hello>(&m)) {
+    type = PeerType::kHello;
+    body.U32(h->node);
+    body.Bytes(h->client_nonce);
+  } else if (const auto* c = std::get_if<Challenge>(&m)) {
+    type = PeerType::kChallenge;
+    body.Bytes(c->server_nonce);
+    body.Bytes(c->server_mac);
+  } else if (const auto* a = std::get_if<Auth>(&m)) {
+    type = PeerType::kAuth;
+    body.Bytes(a->client_mac);
+  } else if (const auto* r = std::get_if<AuthResult>(&m)) {
+    type = PeerType::kAuthResult;
+    body.U32(r->accepted ? 1 : 0);
+  } else if (const auto* q = std::get_if<ReadRequest>(&m)) {
+    type = PeerType::kReadRequest;
+    body.U64(q->request_id);
+    body.U64(q->sample);
+  } else if (const auto* x = std::get_if<ExchangeData>(&m)) {
+    if (x->data.size() > kMaxSampleBytes) throw std::invalid_argument("exchange data too large");
+    type = PeerType::kExchange;
+    body.U64(x->round);
+    body.Bytes(x->data);
+  } else {
+    const auto& p = std::get<ReadReply>(m);
+    if (p.data.size() > kMaxSampleBytes) throw std::invalid_argument("peer reply data too large");
+    if (p.status != ReadStatus::kOk && !p.data.empty()) {
+      throw std::invalid_argument("peer reply carries data with a non-ok status");
+    }
+    type = PeerType::kReadReply;
+    body.U64(p.request_id);
+    body.U64(p.sample);
+    body.U32(static_cast<uint32_t>(p.status));
+    body.U32(0);
+    body.Bytes(p.data);
+  }
+  Writer out;
+  out.U32(kPeerMagic);
+  out.U8(kPeerVersion);
+  out.U8(static_cast<uint8_t>(type));
+  out.U16(0);
+  out.U32(static_cast<uint32_t>(body.out().size()));
+  out.U32(0);
+  out.Bytes(body.out());
+  return std::move(out.out());
+}
+
+Result<PeerMessage> Decode(std::span<const std::byte> buf) {
+  if (buf.size() < kPeerHeaderBytes) return Bad("shorter than the 16-byte header");
+  Reader r(buf);
+  if (r.Int(4) != kPeerMagic) return Bad("bad magic");
+  uint64_t version = r.Int(1);
+  if (version != kPeerVersion) return Bad("version " + std::to_string(version) + " unsupported");
+  uint64_t type = r.Int(1);
+  if (r.Int(2) != 0) return Bad("reserved header field not zero");
+  uint64_t body_len = r.Int(4);
+  if (r.Int(4) != 0) return Bad("reserved header field not zero");
+  if (body_len != buf.size() - kPeerHeaderBytes) {
+    return Bad("body length " + std::to_string(body_len) + " but " +
+               std::to_string(buf.size() - kPeerHeaderBytes) + " bytes follow the header");
+  }
+  auto expect = [&](uint64_t n) -> Status {
+    if (body_len != n) {
+      return Bad("type " + std::to_string(type) + " needs " + std::to_string(n) +
+                 " body bytes, got " + std::to_string(body_len));
+    }
+    return Status::Ok();
+  };
+  switch (static_cast<PeerType>(type)) {
+    case PeerType::kHello: {
+      NOPFS_RETURN_IF_ERROR(expect(36));
+      Hello h;
+      h.node = static_cast<uint32_t>(r.Int(4));
+      r.Array(h.client_nonce);
+      return PeerMessage(h);
+    }
+    case PeerType::kChallenge: {
+      NOPFS_RETURN_IF_ERROR(expect(64));
+      Challenge c;
+      r.Array(c.server_nonce);
+      r.Array(c.server_mac);
+      return PeerMessage(c);
+    }
+    case PeerType::kAuth: {
+      NOPFS_RETURN_IF_ERROR(expect(32));
+      Auth a;
+      r.Array(a.client_mac);
+      return PeerMessage(a);
+    }
+    case PeerType::kAuthResult: {
+      NOPFS_RETURN_IF_ERROR(expect(4));
+      uint64_t v = r.Int(4);
+      if (v > 1) return Bad("auth result " + std::to_string(v));
+      return PeerMessage(AuthResult{v == 1});
+    }
+    case PeerType::kReadRequest: {
+      NOPFS_RETURN_IF_ERROR(expect(16));
+      ReadRequest q;
+      q.request_id = r.Int(8);
+      q.sample = r.Int(8);
+      return PeerMessage(q);
+    }
+    case PeerType::kReadReply: {
+      if (body_len < 24) return Bad("read reply shorter than 24 bytes");
+      if (body_len - 24 > kMaxSampleBytes) return Bad("read reply data over the sample limit");
+      ReadReply p;
+      p.request_id = r.Int(8);
+      p.sample = r.Int(8);
+      uint64_t status = r.Int(4);
+      if (status > static_cast<uint32_t>(ReadStatus::kError)) {
+        return Bad("read reply status " + std::to_string(status));
+      }
+      p.status = static_cast<ReadStatus>(status);
+      if (r.Int(4) != 0) return Bad("reserved reply field not zero");
+      auto rest = r.Rest();
+      if (p.status != ReadStatus::kOk && !rest.empty()) return Bad("data with a non-ok status");
+      p.data.assign(rest.begin(), rest.end());
+      return PeerMessage(std::move(p));
+    }
+    case PeerType::kExchange: {
+      if (body_len < 8) return Bad("exchange shorter than 8 bytes");
+      if (body_len - 8 > kMaxSampleBytes) return Bad("exchange data over the limit");
+      ExchangeData x;
+      x.round = r.Int(8);
+      auto rest = r.Rest();
+      x.data.assign(rest.begin(), rest.end());
+      return PeerMessage(std::move(x));
+    }
+  }
+  return Bad("unknown type " + std::to_string(type));
+}
+
+Result<Secret> ReadSecretFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return Status::FromErrno(errno, "peer secret " + path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    return Status::FromErrno(err, "peer secret " + path);
+  }
+  if (!S_ISREG(st.st_mode) || (st.st_mode & 077) != 0) {
+    ::close(fd);
+    return Status::PermissionDenied("peer secret " + path +
+                                    " must be a regular file with mode 0600 (chmod 600 it)");
+  }
+  if (st.st_size != 32) {
+    ::close(fd);
+    return Status::InvalidArgument("peer secret " + path + " must hold exactly 32 bytes, has " +
+                                   std::to_string(st.st_size));
+  }
+  Secret s{};
+  ssize_t n = ::pread(fd, s.data(), s.size(), 0);
+  int err = errno;
+  ::close(fd);
+  if (n != 32) return Status::FromErrno(n < 0 ? err : EIO, "reading peer secret " + path);
+  return s;
+}
+
+Status WriteSecretFile(const std::string& path) {
+  Secret s{};
+  if (RAND_bytes(s.data(), static_cast<int>(s.size())) != 1) {
+    return Status::Internal("OpenSSL RAND_bytes failed");
+  }
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return Status::FromErrno(errno, "creating peer secret " + path);
+  ssize_t n = ::write(fd, s.data(), s.size());
+  int err = errno;
+  OPENSSL_cleanse(s.data(), s.size());
+  if (n != 32 || ::fsync(fd) != 0) {
+    if (n == 32) err = errno;
+    ::close(fd);
+    ::unlink(path.c_str());
+    return Status::FromErrno(n < 0 || n == 32 ? err : EIO, "writing peer secret " + path);
+  }
+  if (::close(fd) != 0) return Status::FromErrno(errno, "closing peer secret " + path);
+  return Status::Ok();
+}
+
+Nonce RandomNonce() {
+  Nonce n{};
+  if (RAND_bytes(n.data(), static_cast<int>(n.size())) != 1) {
+    throw std::runtime_error("OpenSSL RAND_bytes failed");  // no entropy: a broken system
+  }
+  return n;
+}
+
+Mac PeerMac(const Secret& secret, std::string_view label, const Nonce& client_nonce,
+            const Nonce& server_nonce, uint32_t node) {
+  std::vector<uint8_t> msg(label.begin(), label.end());
+  msg.insert(msg.end(), client_nonce.begin(), client_nonce.end());
+  msg.insert(msg.end(), server_nonce.begin(), server_nonce.end());
+  for (int i = 0; i < 4; ++i)
+    msg.push_back(static_cast<uint8_t>(node >> (8 * i)));
+  Mac mac{};
+  unsigned int len = 0;
+  if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), msg.data(), msg.size(),
+           mac.data(), &len) == nullptr ||
+      len != mac.size()) {
+    throw std::runtime_error("OpenSSL HMAC-SHA256 failed");
+  }
+  return mac;
+}
+
+bool MacEqual(const Mac& a, const Mac& b) {
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+}  // namespace nopfs::fabric
