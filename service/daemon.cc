@@ -77,6 +77,39 @@ Status Daemon::Init() {
   spdlog::info("nopfsd: job {}, node {}, config {}", options_.job_id, options_.node,
                config_.source());
 
+  // Peers first, so that the other nodes can reach this one while it scans and plans.
+  if (!options_.peers.empty()) {
+    Result<std::vector<fabric::PeerAddress>> peers = fabric::ParsePeerList(options_.peers);
+    if (!peers.ok()) return peers.status().WithContext("--peers");
+    if (peers->size() != options_.job.nodes() || options_.node >= peers->size()) {
+      return Status::InvalidArgument("--peers lists " + std::to_string(peers->size()) +
+                                     " nodes, the job has " + std::to_string(options_.job.nodes()) +
+                                     "; write one HOST:PORT per node, in node order");
+    }
+    const fabric::PeerAddress& me = (*peers)[options_.node];
+    if (!options_.peer_listen.empty() &&
+        options_.peer_listen != me.host + ":" + std::to_string(me.port)) {
+      return Status::InvalidArgument("--peer-listen " + options_.peer_listen + " is not entry " +
+                                     std::to_string(options_.node) + " of --peers (" + me.host +
+                                     ":" + std::to_string(me.port) + ")");
+    }
+    Result<fabric::Secret> secret = fabric::ReadSecretFile(options_.peer_secret_file);
+    if (!secret.ok()) return secret.status().WithContext("--peer-secret-file");
+    PeerServiceOptions po;
+    po.provider = options_.peer_provider;
+    po.node = options_.node;
+    po.peers = std::move(*peers);
+    po.secret = *secret;
+    po.timeout = std::chrono::milliseconds(options_.peer_timeout_ms);
+    Result<std::unique_ptr<PeerService>> ps = PeerService::Start(po);
+    if (ps.ok()) {
+      peers_ = std::move(*ps);
+    } else {
+      // A taken port or a provider missing here: the node still serves its own ranks.
+      spdlog::warn("peers: {}; this node runs without peers", ps.status().message());
+    }
+  }
+
   // The dataset.
   CatalogOptions co;
   co.dataset = options_.dataset;
@@ -120,8 +153,10 @@ Status Daemon::Init() {
     capacities.push_back(c.capacity);
   }
   const auto t1 = std::chrono::steady_clock::now();
-  plan_ = policy::MakeNodePlan(job_, options_.node, catalog_->sizes(), capacities,
-                               options_.plan_threads, config_.planner());
+  // The counts outlive the plan's making: the peer directory needs what this node reads.
+  policy::NodeAccessCounts counts =
+      policy::CountNodeAccesses(job_, options_.node, options_.plan_threads);
+  plan_ = policy::MakeNodePlan(counts, catalog_->sizes(), capacities, config_.planner());
   spdlog::info("plan ({}): {} accesses of {} distinct samples in {:.2f} s",
                policy::PlannerName(config_.planner()), plan_.accesses, plan_.distinct,
                Seconds(std::chrono::steady_clock::now() - t1));
@@ -193,6 +228,16 @@ Status Daemon::Init() {
       {std::min(model_.staging.capacity / std::max<uint32_t>(1, local_ranks), kMaxRingBytes),
        4 * (max_sample + 64), kMinRingBytes});
 
+  if (peers_) {
+    std::vector<const Prefetcher*> pf;
+    for (const auto& p : prefetchers_)
+      pf.push_back(p.get());
+    // On failure the node keeps serving from its own tiers and the PFS (the reason is logged
+    // and in the status).
+    (void)peers_->Attach(plan_, counts, tier_refs_, pf, *catalog_, *reader_);
+  }
+  counts = {};
+
   LocalServer::Options so;
   so.socket_path = options_.run_dir + "/nopfsd.sock";
   so.allowed_uid = options_.uid;
@@ -220,6 +265,7 @@ void Daemon::Stop() {
   for (auto& [id, s] : streams)
     s->Cancel();
   streams.clear();
+  peers_.reset();  // stops serving peers before the tiers go
   for (auto& p : prefetchers_)
     if (p) p->Stop();
   prefetchers_.clear();
@@ -384,6 +430,7 @@ std::string Daemon::StatusText() {
   }
   out += Line("served peer: %" PRIu64 " samples, %" PRIu64 " bytes",
               reader_->peer_counters().reads.load(), reader_->peer_counters().bytes.load());
+  if (peers_) out += peers_->StatusText();
   out += Line("served pfs: %" PRIu64 " samples, %" PRIu64 " bytes",
               reader_->pfs_counters().reads.load(), reader_->pfs_counters().bytes.load());
   out += Line("pfs read: %" PRIu64 " bytes in all, prefetch included", reader_->pfs_bytes_total());

@@ -12,10 +12,12 @@ add_library(nopfs_daemon STATIC
   ${CMAKE_CURRENT_LIST_DIR}/sample_reader.cc
   ${CMAKE_CURRENT_LIST_DIR}/staging.cc
   ${CMAKE_CURRENT_LIST_DIR}/daemon.cc
+  ${CMAKE_CURRENT_LIST_DIR}/peers.cc
 )
 nopfs_target_defaults(nopfs_daemon)
 target_link_libraries(nopfs_daemon
   PUBLIC nopfs_catalog nopfs_tiers nopfs_server nopfs_wire nopfs_lua nopfs_policy nopfs_rundir
+         nopfs_fabric nopfs_directory
          nopfs_common spdlog::spdlog
   PRIVATE PkgConfig::XXHASH)
 
@@ -32,4 +34,9 @@ if(NOPFS_BUILD_TESTS)
     COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/service/service_test.py
             ${PROJECT_BINARY_DIR}/bin)
   set_tests_properties(service_test PROPERTIES LABELS "integration;service" TIMEOUT 900)
+  # Several nopfsd of one job serving each other over libfabric (tests/fabric/fabric_test.py).
+  add_test(NAME fabric_test
+    COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/fabric/fabric_test.py
+            ${PROJECT_BINARY_DIR}/bin)
+  set_tests_properties(fabric_test PROPERTIES LABELS "integration;fabric" TIMEOUT 600)
 endif()

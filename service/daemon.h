@@ -26,6 +26,7 @@
 #include "policy/plan.h"
 #include "service/catalog.h"
 #include "service/local_server.h"
+#include "service/peers.h"
 #include "service/prefetcher.h"
 #include "service/ram_tier.h"
 #include "service/sample_reader.h"
@@ -46,6 +47,13 @@ struct DaemonOptions {
   policy::Bytes ssd_grant = UINT64_MAX;
   unsigned plan_threads = 0;  // 0: all cores
   uint32_t uid = 0;           // the only uid allowed to connect (the job's user)
+  // Peers (docs/fabric.md): every node's HOST:PORT in node order ("" = no peers), this node's
+  // entry again (checked against the list), the per-job secret file, the libfabric provider.
+  std::string peers;
+  std::string peer_listen;
+  std::string peer_secret_file;
+  std::string peer_provider = "tcp;ofi_rxm";
+  uint32_t peer_timeout_ms = 5000;
 };
 
 class Daemon final : public Handler {
@@ -99,6 +107,7 @@ class Daemon final : public Handler {
   // Finished streams' client statistics, kept for the status after their clients left.
   ring::RingStats closed_stats_;  // GUARDED_BY(mu_)
   bool stopped_ = false;
+  std::unique_ptr<PeerService> peers_;  // null without peers
 };
 
 }  // namespace nopfs::service

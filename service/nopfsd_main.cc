@@ -59,6 +59,17 @@ int main(int argc, char** argv) {
   app.add_option("--ram", f.ram, "RAM granted to the job on this node (default: the config's)");
   app.add_option("--ssd", f.ssd, "SSD granted to the job on this node (default: the config's)");
   app.add_option("--plan-threads", f.daemon.plan_threads, "Planner threads (0: all cores)");
+  app.add_option("--peers", f.daemon.peers,
+                 "Every node's HOST:PORT for peer reads, in node order (docs/fabric.md)");
+  app.add_option("--peer-listen", f.daemon.peer_listen,
+                 "This node's HOST:PORT (must be its entry of --peers)");
+  app.add_option("--peer-secret-file", f.daemon.peer_secret_file,
+                 "The job's peer secret: 32 bytes, mode 0600 (needed with --peers)");
+  app.add_option("--peer-provider", f.daemon.peer_provider, "libfabric provider")
+      ->capture_default_str();
+  app.add_option("--peer-timeout-ms", f.daemon.peer_timeout_ms,
+                 "A peer silent this long is dead for the rest of the job")
+      ->capture_default_str();
   app.add_flag("--allow-root", f.allow_root,
                "Run even as root (only for a personal machine: nopfsd is meant to run as the "
                "job's user)");

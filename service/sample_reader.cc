@@ -200,9 +200,14 @@ Result<SourceId> SampleReader::Read(policy::SampleId sample, std::span<std::byte
         Count(peer_, dst.size(), NowNanos() - t0);
         return SourceId{SourceId::kPeer};
       }
-      spdlog::warn("sample {} ({}): peer read failed, reading the PFS instead: {}", sample,
-                   catalog_.path(sample),
-                   h.ok() ? std::string("checksum differs") : h.status().message());
+      // "Not available" is a readiness guess that missed (ALGORITHM.md §6): expected, quiet.
+      if (!h.ok() && h.status().code() == StatusCode::kNotFound) {
+        spdlog::debug("sample {}: not ready at its peer yet, reading the PFS", sample);
+      } else {
+        spdlog::warn("sample {} ({}): peer read failed, reading the PFS instead: {}", sample,
+                     catalog_.path(sample),
+                     h.ok() ? std::string("checksum differs") : h.status().message());
+      }
     }
   }
   Result<uint64_t> h = FetchFromPfs(sample, dst, /*staging=*/true);

@@ -1,0 +1,172 @@
+#include "service/peers.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "common/units.h"
+
+namespace nopfs::service {
+
+Result<std::unique_ptr<PeerService>> PeerService::Start(const PeerServiceOptions& options) {
+  std::unique_ptr<PeerService> p(new PeerService(options));
+  fabric::PeerLinkOptions lo;
+  lo.provider = options.provider;
+  lo.node = options.node;
+  lo.peers = options.peers;
+  lo.secret = options.secret;
+  lo.timeout = options.timeout;
+  PeerService* self = p.get();
+  Result<std::unique_ptr<fabric::PeerLink>> link =
+      fabric::PeerLink::Start(lo, [self](uint64_t sample) { return self->Serve(sample); });
+  if (!link.ok()) return link.status().WithContext("peers");
+  p->link_ = std::move(*link);
+  spdlog::info("peers: node {} of {}, listening on {}:{} ({})", options.node, options.peers.size(),
+               options.peers[options.node].host, options.peers[options.node].port,
+               options.provider);
+  return p;
+}
+
+PeerService::PeerService(PeerServiceOptions options) : options_(std::move(options)) {}
+
+PeerService::~PeerService() {
+  link_.reset();  // stops the progress thread (and so Serve) before the rest goes
+}
+
+fabric::ServeResult PeerService::Serve(uint64_t sample) {
+  fabric::ServeResult r;
+  if (!serving_.load(std::memory_order_acquire) || sample >= plan_->location.size()) return r;
+  const int8_t cls = plan_->location[sample];
+  if (cls == policy::kNotCached || static_cast<size_t>(cls) >= tiers_.size()) return r;
+  const TierRef& t = tiers_[static_cast<size_t>(cls)];
+  const auto id = static_cast<policy::SampleId>(sample);
+  if (t.ram != nullptr ? !t.ram->IsReady(id) : (t.ssd == nullptr || !t.ssd->IsReady(id))) {
+    return r;
+  }
+  const uint64_t size = t.ram != nullptr ? t.ram->layout().SizeOf(t.ram->layout().SlotOf(id))
+                                         : t.ssd->layout().SizeOf(t.ssd->layout().SlotOf(id));
+  r.data.resize(size);
+  // Both reads verify the copy against the checksum recorded at fill.
+  const Status s = t.ram != nullptr ? t.ram->Read(id, r.data) : t.ssd->Read(id, r.data);
+  if (s.ok()) {
+    r.status = fabric::ReadStatus::kOk;
+  } else {
+    r.data.clear();
+    r.status = s.code() == StatusCode::kFailedPrecondition ? fabric::ReadStatus::kNotAvailable
+                                                           : fabric::ReadStatus::kError;
+    if (r.status == fabric::ReadStatus::kError) {
+      spdlog::warn("peers: serving sample {} from {}: {}", sample, t.name, s.message());
+    }
+  }
+  return r;
+}
+
+int PeerService::Lookup(policy::SampleId sample) const {
+  if (!have_directory_.load(std::memory_order_acquire)) return -1;
+  const std::optional<dir::Location> loc = directory_.Find(sample);
+  if (!loc || loc->cls >= prefetchers_.size() || link_->IsDead(loc->node)) return -1;
+  // §6: the holder's list is filled at about the pace of this node's own list of that class.
+  const Prefetcher* own = prefetchers_[loc->cls];
+  if (own == nullptr) return -1;
+  const PrefetchCounters c = own->counters();
+  if (!policy::PeerPresumedReady(c.prefix, loc->position, c.done, options_.margin)) return -1;
+  return loc->cls;
+}
+
+Result<uint64_t> PeerService::Fetch(policy::SampleId sample, std::span<std::byte> dst) {
+  const std::optional<dir::Location> loc = directory_.Find(sample);
+  if (!loc) return Status::NotFound("peers: no peer holds sample " + std::to_string(sample));
+  Result<std::vector<std::byte>> data = link_->Read(loc->node, sample);
+  if (!data.ok()) return data.status();
+  if (data->size() != dst.size()) {
+    return Status::Corruption("peers: node " + std::to_string(loc->node) + " sent " +
+                              std::to_string(data->size()) + " bytes of sample " +
+                              std::to_string(sample) + ", which has " + std::to_string(dst.size()));
+  }
+  std::memcpy(dst.data(), data->data(), dst.size());
+  return XXH3_64bits(dst.data(), dst.size());
+}
+
+Status PeerService::Attach(const policy::NodePlan& plan, const policy::NodeAccessCounts& counts,
+                           const std::vector<TierRef>& tiers,
+                           const std::vector<const Prefetcher*>& prefetchers,
+                           const Catalog& catalog, SampleReader& reader) {
+  (void)catalog;
+  plan_ = &plan;
+  tiers_ = tiers;
+  prefetchers_ = prefetchers;
+  serving_.store(true, std::memory_order_release);
+
+  // What this node holds (class, position in the class's fill order) and what it will read
+  // without holding it.
+  std::vector<dir::Holding> held;
+  for (size_t j = 0; j < plan.tiers.size(); ++j) {
+    const std::vector<policy::SampleId>& order = plan.tiers[j].prefetch_order;
+    for (size_t q = 0; q < order.size(); ++q) {
+      held.push_back({order[q], static_cast<uint16_t>(j), static_cast<uint32_t>(q)});
+    }
+  }
+  std::vector<uint32_t> needs;
+  for (policy::SampleId k = 0; k < counts.count.size(); ++k) {
+    if (counts.count[k] > 0 && plan.location[k] == policy::kNotCached) needs.push_back(k);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const dir::Exchange exchange = [this](std::vector<std::vector<std::byte>> out) {
+    return link_->Exchange(++round_, std::move(out));
+  };
+  dir::DirectoryStats stats;
+  Result<dir::PeerDirectory> d = dir::BuildDirectory(
+      options_.node, static_cast<uint32_t>(options_.peers.size()), held, needs, exchange, &stats);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!d.ok()) {
+    state_ = "directory failed (" + d.status().message() + "); reading the PFS instead";
+    spdlog::warn("peers: {}", state_);
+    return d.status();
+  }
+  directory_ = std::move(*d);
+  stats_ = stats;
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "directory of %zu samples held elsewhere (of %zu needed), built in %.2f s, %s "
+                "sent, %s received",
+                directory_.size(), needs.size(), secs,
+                FormatBytes(static_cast<double>(stats.bytes_sent)).c_str(),
+                FormatBytes(static_cast<double>(stats.bytes_received)).c_str());
+  state_ = buf;
+  spdlog::info("peers: {}", state_);
+  reader.SetPeerSource(
+      [this](policy::SampleId s) { return Lookup(s); },
+      [this](policy::SampleId s, std::span<std::byte> dst) { return Fetch(s, dst); });
+  have_directory_.store(true, std::memory_order_release);
+  return Status::Ok();
+}
+
+std::string PeerService::StatusText() const {
+  const fabric::PeerLinkCounters c = link_->counters();
+  std::string dead;
+  for (uint32_t n = 0; n < link_->nodes(); ++n) {
+    if (n != options_.node && link_->IsDead(n))
+      dead += (dead.empty() ? "" : ",") + std::to_string(n);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  char buf[512];
+  std::snprintf(
+      buf, sizeof buf,
+      "peers: node %u of %zu, %s\n"
+      "peers served: %" PRIu64 " samples, %" PRIu64 " bytes, %" PRIu64
+      " not available\n"
+      "peers fetched: %" PRIu64 " samples, %" PRIu64 " bytes, %" PRIu64 " not available, %" PRIu64
+      " timeouts, %" PRIu64 " refused, %" PRIu64 " malformed; dead: %s\n",
+      options_.node, options_.peers.size(), state_.c_str(), c.served_reads, c.served_bytes,
+      c.served_not_available, c.fetched_reads, c.fetched_bytes, c.fetch_not_available, c.timeouts,
+      c.auth_refused, c.malformed, dead.empty() ? "none" : dead.c_str());
+  return buf;
+}
+
+}  // namespace nopfs::service

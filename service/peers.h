@@ -1,0 +1,90 @@
+// PeerService: what makes a node's cache part of the whole job's cache (ALGORITHM.md §6). It
+// serves this node's ready tier copies to the job's other nodes over fabric::PeerLink, builds the
+// peer directory (service/directory.h) with the other nodes at start, and gives the SampleReader
+// its peer source: for a sample this node does not hold, the directory's holder if that holder is
+// presumed to have it ready by now.
+//
+// Life: Start() opens the link first thing in nopfsd's start-up, so that the node's peers can
+// reach it while it is still scanning and planning (until Attach it answers every read with "not
+// available"). Attach() is called once the tiers exist and the prefetchers run: it builds the
+// directory (a collective exchange among all nodes; if it fails, e.g. a node never came up, the
+// node runs without peers and says why) and installs the peer source into the reader.
+//
+// Readiness (§6): a holder is presumed to have filled the q-th entry of its class-j list once
+// this node's own prefetcher of class j has settled past q + margin, or has finished; a wrong
+// guess costs one "not available" reply, after which the reader reads the PFS. A peer that does
+// not answer within the timeout is dead for the rest of the job (PeerLink), and never asked again.
+//
+// Thread safety: Attach from one thread, before the reader is used by staging threads; the
+// peer source, the serving callback and StatusText are safe from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "fabric/peer_link.h"
+#include "policy/frequency.h"
+#include "policy/plan.h"
+#include "service/catalog.h"
+#include "service/directory.h"
+#include "service/prefetcher.h"
+#include "service/sample_reader.h"
+
+namespace nopfs::service {
+
+struct PeerServiceOptions {
+  std::string provider = "tcp;ofi_rxm";
+  uint32_t node = 0;
+  std::vector<fabric::PeerAddress> peers;  // every node of the job, in node order
+  fabric::Secret secret{};
+  std::chrono::milliseconds timeout{5000};  // per request and handshake (a dead peer costs one)
+  uint64_t margin = 20;                     // §6's readiness margin, in prefetch-list entries
+};
+
+class PeerService {
+ public:
+  static Result<std::unique_ptr<PeerService>> Start(const PeerServiceOptions& options);
+  ~PeerService();
+  PeerService(const PeerService&) = delete;
+  PeerService& operator=(const PeerService&) = delete;
+
+  // Serves `tiers` (class j of `plan`), builds the directory from what this node holds and what
+  // it will read (`counts`), and installs the peer source into `reader`. Everything given must
+  // outlive the service. An error means the node runs without peers (it still serves its own).
+  Status Attach(const policy::NodePlan& plan, const policy::NodeAccessCounts& counts,
+                const std::vector<TierRef>& tiers,
+                const std::vector<const Prefetcher*>& prefetchers, const Catalog& catalog,
+                SampleReader& reader);
+
+  // "peers: ..." lines for `nopfs status`.
+  std::string StatusText() const;
+
+ private:
+  explicit PeerService(PeerServiceOptions options);
+  fabric::ServeResult Serve(uint64_t sample);
+  int Lookup(policy::SampleId sample) const;
+  Result<uint64_t> Fetch(policy::SampleId sample, std::span<std::byte> dst);
+
+  PeerServiceOptions options_;
+  std::unique_ptr<fabric::PeerLink> link_;
+  // Set once by Attach (then read-only).
+  const policy::NodePlan* plan_ = nullptr;
+  std::vector<TierRef> tiers_;
+  std::vector<const Prefetcher*> prefetchers_;
+  dir::PeerDirectory directory_;
+  std::atomic<bool> serving_{false};         // tiers known: reads are served
+  std::atomic<bool> have_directory_{false};  // directory built: peers are read
+  mutable std::mutex mu_;
+  std::string state_ = "starting";  // GUARDED_BY(mu_): for the status
+  dir::DirectoryStats stats_;       // GUARDED_BY(mu_)
+  uint64_t round_ = 0;
+};
+
+}  // namespace nopfs::service

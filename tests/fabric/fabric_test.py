@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""Several nopfsd of one job on this machine, serving each other over libfabric (tcp;ofi_rxm on
+loopback): each daemon is one "node" with its own run directory and RAM tier, started with
+--peers / --peer-listen / --peer-secret-file as the Slurm launcher starts them.
+
+What a user relies on, checked here:
+- every byte every rank receives equals the file's (`nopfs cat --verify`), in the planned order
+  (`nopfs stream`);
+- samples a node does not hold are really read from the node that does (peer counters), and
+  over the job the PFS is read about once per sample when the nodes' tiers together hold it;
+- a node with the wrong secret is refused (and its ranks still get every byte, from the PFS);
+- a peer killed before the ranks read: the others fall back to the PFS, no wrong byte;
+- nothing is left behind after SIGTERM.
+
+As root, every process runs as `nobody` (nopfsd refuses root).
+
+Usage: fabric_test.py BUILD_BIN_DIR
+"""
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "service"))
+import service_test as st  # noqa: E402  (Dataset, demote_argv, read)
+
+BIN = None
+JOB = ["--seed", "5", "--epochs", "3", "--batch", "16", "--ranks", "4", "--ranks-per-node", "2"]
+
+
+def free_port_base(count):
+    """A base port with `count` consecutive ports free on 127.0.0.1 (best effort)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count >= 65535:
+            continue
+        ok = True
+        for p in range(base, base + count):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no free ports")
+
+
+class FabricTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="nopfs-fabric-test-")
+        os.chmod(cls.tmp, 0o755)
+        cls.data = st.Dataset(os.path.join(cls.tmp, "data"), files=500, seed=3)
+        cls.total = sum(os.path.getsize(f) for f in cls.data.files)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def setUp(self):
+        self.work = tempfile.mkdtemp(prefix="case-", dir=self.tmp)
+        os.chmod(self.work, 0o755)
+        self.daemons = []
+        self.addCleanup(self.kill_all)
+
+    def kill_all(self):
+        for d, _ in self.daemons:
+            if d.poll() is None:
+                d.kill()
+                d.wait()
+
+    def private_file(self, name, content, mode=0o600):
+        path = os.path.join(self.work, name)
+        with open(path, "wb") as fh:
+            fh.write(content)
+        os.chmod(path, mode)
+        if st.AS_ROOT:
+            shutil.chown(path, "nobody", "nogroup")
+        return path
+
+    def config(self, ram):
+        # A slow PFS in the model and a fast network: the reader prefers a peer's copy.
+        path = os.path.join(self.work, "node.conf.lua")
+        with open(path, "w") as fh:
+            fh.write(f'staging = {{ capacity = "16MB", threads = 2 }}\n'
+                     f'classes = {{ ram {{ capacity = "{ram}", threads = 2 }} }}\n'
+                     f'pfs = "20MB/s"\nnetwork = "1GB/s"\n')
+        os.chmod(path, 0o644)
+        return path
+
+    def start(self, nodes, conf, secrets, timeout_ms=1500):
+        base = free_port_base(nodes)
+        peers = ",".join(f"127.0.0.1:{base + n}" for n in range(nodes))
+        for n in range(nodes):
+            run = os.path.join(self.work, f"run{n}")
+            os.mkdir(run, 0o700)
+            if st.AS_ROOT:
+                shutil.chown(run, "nobody", "nogroup")
+            argv = st.demote_argv([
+                os.path.join(BIN, "nopfsd"), "--run-dir", run, "--dataset", self.data.root, *JOB,
+                "--node", str(n), "--config", conf, "--job-id", "fabrictest",
+                "--peers", peers, "--peer-listen", f"127.0.0.1:{base + n}",
+                "--peer-secret-file", secrets[n], "--peer-timeout-ms", str(timeout_ms)])
+            err = open(os.path.join(self.work, f"nopfsd{n}.err"), "w")
+            self.addCleanup(err.close)
+            self.daemons.append((subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err),
+                                 run))
+        deadline = time.time() + 120
+        for n, (d, run) in enumerate(self.daemons):
+            while not os.path.exists(os.path.join(run, "ready")):
+                self.assertIsNone(d.poll(), st.read(os.path.join(self.work, f"nopfsd{n}.err")))
+                self.assertLess(time.time(), deadline, f"node {n} not ready")
+                time.sleep(0.02)
+
+    def nopfs(self, *args, check=True):
+        argv = st.demote_argv([os.path.join(BIN, "nopfs"), *map(str, args)])
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        if check and p.returncode != 0:
+            raise AssertionError(f"{' '.join(argv)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
+        return p
+
+    def read_rank(self, node, rank):
+        sock = os.path.join(self.daemons[node][1], "nopfsd.sock")
+        p = self.nopfs("cat", "--socket", sock, "--rank", rank, "--verify", "--print")
+        lines = p.stdout.strip().split("\n")
+        m = re.fullmatch(r"(\d+) samples, (\d+) bytes, (\d+) mismatches", lines[-1])
+        self.assertIsNotNone(m, p.stdout[-500:])
+        self.assertEqual(m.group(3), "0", p.stderr)
+        ids = [int(line.split()[0]) for line in lines[:-1]]
+        want = self.nopfs("stream", *JOB, "--samples", len(self.data.files), "--rank", rank)
+        self.assertEqual(ids, [int(x) for x in want.stdout.split()])
+        return len(ids)
+
+    def status(self, node):
+        return self.nopfs("status", "--socket",
+                          os.path.join(self.daemons[node][1], "nopfsd.sock")).stdout
+
+    def stop_all(self):
+        for d, _ in self.daemons:
+            if d.poll() is None:
+                d.send_signal(signal.SIGTERM)
+        for n, (d, run) in enumerate(self.daemons):
+            if d.returncode is not None and d.returncode < 0:
+                continue  # killed by the test on purpose
+            code = d.wait(timeout=60)
+            self.assertEqual(code, 0, st.read(os.path.join(self.work, f"nopfsd{n}.err")))
+            left = [f for f in os.listdir(run) if not f.startswith("nopfsd.log")]
+            self.assertEqual(left, [], f"node {n} left {left}")
+
+    @staticmethod
+    def counter(text, pattern):
+        m = re.search(pattern, text)
+        return int(m.group(1)) if m else None
+
+    def test_nodes_read_each_others_tiers(self):
+        secret = self.private_file("secret", os.urandom(32))
+        # Each node's RAM tier holds 60 % of the dataset: together they hold all of it, and a
+        # node reads what it lacks from the other.
+        self.start(2, self.config(str(int(self.total * 0.6))), [secret, secret])
+        for n in range(2):
+            while "prefetch done" not in self.status(n):
+                time.sleep(0.05)
+        served = 0
+        for rank in range(4):
+            served += self.read_rank(rank // 2, rank)
+        statuses = [self.status(n) for n in range(2)]
+        fetched = sum(self.counter(s, r"(?m)^peers fetched: (\d+) samples") for s in statuses)
+        given = sum(self.counter(s, r"(?m)^peers served: (\d+) samples") for s in statuses)
+        self.assertGreater(fetched, 0, statuses)
+        self.assertEqual(fetched, given, statuses)
+        for s in statuses:
+            self.assertRegex(s, r"(?m)^peers: node \d of 2, directory of \d+ samples", s)
+            self.assertEqual(self.counter(s, r"refused, (\d+) malformed"), 0, s)
+        for s in statuses:
+            # With both tiers filled, no staged read went to the PFS: the tiers together hold
+            # the dataset, and what a node lacks its peer has.
+            self.assertEqual(self.counter(s, r"(?m)^served pfs: (\d+) samples"), 0, s)
+        pfs = sum(self.counter(s, r"(?m)^pfs read: (\d+) bytes") for s in statuses)
+        # The PFS was read only to fill the two tiers (each plans its node's most read samples,
+        # so they overlap: 1.2 datasets here), never again for a staged read.
+        self.assertLessEqual(pfs, 1.25 * self.total, statuses)
+        self.stop_all()
+
+    def test_wrong_secret_is_refused_and_ranks_still_get_every_byte(self):
+        good = self.private_file("good", os.urandom(32))
+        bad = self.private_file("bad", os.urandom(32))
+        self.start(2, self.config(str(int(self.total * 0.6))), [good, bad])
+        for rank in range(4):
+            self.read_rank(rank // 2, rank)
+        statuses = [self.status(n) for n in range(2)]
+        for s in statuses:
+            self.assertEqual(self.counter(s, r"(?m)^peers fetched: (\d+) samples"), 0, s)
+            self.assertEqual(self.counter(s, r"(?m)^peers served: (\d+) samples"), 0, s)
+        self.assertTrue(any("directory failed" in s for s in statuses), statuses)
+        self.stop_all()
+
+    def test_dead_peer_falls_back_to_the_pfs(self):
+        secret = self.private_file("secret", os.urandom(32))
+        self.start(2, self.config(str(int(self.total * 0.6))), [secret, secret], timeout_ms=1000)
+        while "prefetch done" not in self.status(0):
+            time.sleep(0.05)
+        d1, _ = self.daemons[1]
+        d1.send_signal(signal.SIGKILL)
+        d1.wait()
+        for rank in (0, 1):
+            self.read_rank(0, rank)
+        s = self.status(0)
+        self.assertRegex(s, r"dead: 1", s)
+        self.assertEqual(self.counter(s, r"(?m)^peers fetched: (\d+) samples"), 0, s)
+        self.stop_all()
+
+    def test_malformed_secret_file_is_a_clear_error(self):
+        short = self.private_file("short", b"x" * 7)
+        conf = self.config("4MB")
+        run = os.path.join(self.work, "run")
+        os.mkdir(run, 0o700)
+        if st.AS_ROOT:
+            shutil.chown(run, "nobody", "nogroup")
+        p = subprocess.run(st.demote_argv([
+            os.path.join(BIN, "nopfsd"), "--run-dir", run, "--dataset", self.data.root, *JOB,
+            "--node", "0", "--config", conf, "--peers", "127.0.0.1:1,127.0.0.1:2",
+            "--peer-secret-file", short]), capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--peer-secret-file", p.stderr + st.read(os.path.join(run, "failed"))
+                      if os.path.exists(os.path.join(run, "failed")) else p.stderr)
+
+
+if __name__ == "__main__":
+    BIN = sys.argv.pop(1)
+    st.BIN = BIN
+    unittest.main()
