@@ -13,6 +13,9 @@
 namespace nopfs::service {
 namespace {
 
+// How long a staging read waits for a fill of its sample already under way.
+constexpr std::chrono::seconds kFillWait{5};
+
 uint64_t NowNanos() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::steady_clock::now().time_since_epoch())
@@ -175,6 +178,20 @@ Result<SourceId> SampleReader::Read(policy::SampleId sample, std::span<std::byte
   if (klass != policy::kNotCached && static_cast<size_t>(klass) < tiers_.size() &&
       TierReady(tiers_[static_cast<size_t>(klass)], sample)) {
     local = klass;
+  }
+  if (local < 0 && klass != policy::kNotCached && static_cast<size_t>(klass) < tiers_.size()) {
+    // A prefetcher is fetching this very sample (staging often catches up with the prefetchers,
+    // which work in the same first-access order): its copy arrives sooner than a second PFS read
+    // would, and the PFS is spared the duplicate.
+    const TierRef& t = tiers_[static_cast<size_t>(klass)];
+    Tier* tier = t.ram != nullptr ? static_cast<Tier*>(t.ram) : static_cast<Tier*>(t.ssd);
+    if (tier != nullptr) {
+      const uint32_t slot = tier->layout().SlotOf(sample);
+      if (slot != kNoSlot && tier->slots().state(slot) == SlotState::kFilling &&
+          tier->slots().WaitReady(slot, kFillWait).ok()) {
+        local = klass;
+      }
+    }
   }
   int peer = -1;
   if (local < 0 && peer_lookup_) peer = peer_lookup_(sample);

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "service/env.h"
@@ -148,17 +149,27 @@ TEST_F(SampleReaderTest, FetchAndCacheReadsThePfsOncePerPlannedSample) {
   EXPECT_EQ(reader_->corruptions(), 0u);
 }
 
-TEST_F(SampleReaderTest, ASlotBeingFilledIsLeftToItsFiller) {
-  // A prefetcher owns slot of sample 3 (filling): the staging read goes to the PFS and does not
-  // touch the slot.
+TEST_F(SampleReaderTest, AFillUnderWayIsWaitedForNotDuplicated) {
+  // A prefetcher owns the slot of sample 3 (filling) and finishes a little later: the staging
+  // read waits for it and serves the tier's copy; the PFS is read only by the filler.
   const uint32_t slot = ram_->layout().SlotOf(3);
   ASSERT_TRUE(ram_->slots().TryBeginFill(slot));
+  std::thread filler([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    Result<uint64_t> h = ram_->Fill(slot,
+                                    [&](policy::SampleId k, std::span<std::byte> dst) {
+                                      return reader_->FetchFromPfs(k, dst, /*staging=*/false);
+                                    },
+                                    {});
+    ASSERT_TRUE(h.ok());
+    ram_->slots().MarkReady(slot, *h);
+  });
   SourceId from;
   EXPECT_EQ(Read(3, &from), Bytes(3));
-  EXPECT_EQ(from.index, SourceId::kPfs);
-  EXPECT_EQ(ram_->slots().state(slot), SlotState::kFilling);
+  filler.join();
+  EXPECT_EQ(from.index, 0);
+  EXPECT_EQ(reader_->pfs_bytes_total(), catalog_->length(3));
   EXPECT_EQ(reader_->cached_on_read(0).reads.load(), 0u);
-  ram_->slots().Abandon(slot);
 }
 
 }  // namespace
