@@ -45,13 +45,19 @@ SampleReader::SampleReader(Catalog& catalog, const policy::NodePlan& plan,
   }
 }
 
-void SampleReader::CacheAfterRead(size_t j, policy::SampleId sample,
-                                  std::span<const std::byte> bytes, uint64_t hash) {
+Tier* SampleReader::ClaimForCache(size_t j, policy::SampleId sample) {
   const TierRef& t = tiers_[j];
   Tier* tier = t.ram != nullptr ? static_cast<Tier*>(t.ram) : static_cast<Tier*>(t.ssd);
-  if (tier == nullptr) return;
+  if (tier == nullptr) return nullptr;
   const uint32_t slot = tier->layout().SlotOf(sample);
-  if (slot >= tier->layout().slot_count() || !tier->slots().TryBeginFill(slot)) return;
+  if (slot >= tier->layout().slot_count() || !tier->slots().TryBeginFill(slot)) return nullptr;
+  return tier;
+}
+
+void SampleReader::CacheAfterRead(size_t j, Tier* tier, policy::SampleId sample,
+                                  std::span<const std::byte> bytes, uint64_t hash) {
+  const TierRef& t = tiers_[j];
+  const uint32_t slot = tier->layout().SlotOf(sample);
   // The bytes are at hand: the tier's fill copies them instead of reading the PFS again.
   const FetchFn from_memory = [&](policy::SampleId, std::span<std::byte> dst) -> Result<uint64_t> {
     if (dst.size() != bytes.size()) {
@@ -227,11 +233,18 @@ Result<SourceId> SampleReader::Read(policy::SampleId sample, std::span<std::byte
       }
     }
   }
-  Result<uint64_t> h = FetchFromPfs(sample, dst, /*staging=*/true);
-  if (!h.ok()) return h.status();
+  // Fetch-and-cache: claim the planned slot before reading, so that a prefetcher reaching the
+  // same sample meanwhile skips it instead of reading the PFS a second time.
+  Tier* claimed = nullptr;
   if (klass != policy::kNotCached && static_cast<size_t>(klass) < tiers_.size()) {
-    CacheAfterRead(static_cast<size_t>(klass), sample, dst, *h);
+    claimed = ClaimForCache(static_cast<size_t>(klass), sample);
   }
+  Result<uint64_t> h = FetchFromPfs(sample, dst, /*staging=*/true);
+  if (!h.ok()) {
+    if (claimed != nullptr) claimed->slots().Abandon(claimed->layout().SlotOf(sample));
+    return h.status();
+  }
+  if (claimed != nullptr) CacheAfterRead(static_cast<size_t>(klass), claimed, sample, dst, *h);
   return SourceId{SourceId::kPfs};
 }
 

@@ -110,10 +110,14 @@ class SampleReader {
  private:
   Status ReadTier(const TierRef& t, policy::SampleId sample, std::span<std::byte> dst);
   bool TierReady(const TierRef& t, policy::SampleId sample) const;
-  // Fetch-and-cache: stores `bytes` (the sample just read from the PFS, xxh3 `hash`) in class
-  // j's tier if its slot is still empty. Failures are logged; the read itself has succeeded.
-  void CacheAfterRead(size_t j, policy::SampleId sample, std::span<const std::byte> bytes,
-                      uint64_t hash);
+  // Fetch-and-cache: claims `sample`'s slot in class j's tier (TryBeginFill) if it is empty;
+  // the tier, or null when there is nothing to claim.
+  Tier* ClaimForCache(size_t j, policy::SampleId sample);
+  // Stores `bytes` (the sample just read from the PFS, xxh3 `hash`) in the slot claimed in
+  // `tier` (class j) and marks it ready. Failures are logged and the slot given back; the read
+  // itself has succeeded.
+  void CacheAfterRead(size_t j, Tier* tier, policy::SampleId sample,
+                      std::span<const std::byte> bytes, uint64_t hash);
 
   Catalog& catalog_;
   const policy::NodePlan& plan_;
