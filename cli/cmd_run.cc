@@ -1,9 +1,15 @@
 #include "cli/cmd_run.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -11,6 +17,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -20,6 +27,7 @@
 #include "cli/process.h"
 #include "cli/status_text.h"
 #include "client/client.h"
+#include "common/units.h"
 #include "service/run_dir.h"
 
 namespace nopfs::cli {
@@ -33,6 +41,7 @@ struct RunFlags {
   std::string config;
   std::string run_dir;
   uint32_t node = 0;
+  uint32_t nodes = 0;  // > 1: start every node of the job on this machine, serving each other
   double start_timeout = 3600;  // seconds: a first scan of a large dataset takes a while
   double stop_timeout = 30;
   bool keep_run_dir = false;
@@ -95,14 +104,80 @@ std::string LogTail(const std::string& run_dir) {
   return out;
 }
 
+// A base port with `count` consecutive ports that this host can bind on 127.0.0.1 right now.
+Result<uint16_t> FreePorts(uint32_t count) {
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    const int probe = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (probe < 0) return Status::FromErrno(errno, "socket");
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    const bool got = ::bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                     ::getsockname(probe, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+    ::close(probe);
+    if (!got) continue;
+    const uint32_t base = ntohs(a.sin_port);
+    if (base + count > 65535) continue;
+    bool free = true;
+    for (uint32_t p = base; p < base + count && free; ++p) {
+      const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in b{};
+      b.sin_family = AF_INET;
+      b.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      b.sin_port = htons(static_cast<uint16_t>(p));
+      free = s >= 0 && ::bind(s, reinterpret_cast<sockaddr*>(&b), sizeof b) == 0;
+      if (s >= 0) ::close(s);
+    }
+    if (free) return static_cast<uint16_t>(base);
+  }
+  return Status::Unavailable("no free range of " + std::to_string(count) + " local ports");
+}
+
+// 32 random bytes in a new file of mode 0600: the job's peer secret.
+Status WriteSecret(const std::string& path) {
+  std::array<unsigned char, 32> key{};
+  if (::getrandom(key.data(), key.size(), 0) != static_cast<ssize_t>(key.size())) {
+    return Status::FromErrno(errno, "getrandom");
+  }
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return Status::FromErrno(errno, "create " + path);
+  const bool ok = ::write(fd, key.data(), key.size()) == static_cast<ssize_t>(key.size());
+  ::close(fd);
+  return ok ? Status::Ok() : Status::FromErrno(errno, "write " + path);
+}
+
+// One node of the job on this machine: its nopfsd and its ranks.
+struct NodeRun {
+  uint32_t node = 0;
+  std::string run_dir;
+  std::string socket;
+  std::optional<Child> daemon;
+  std::map<std::string, std::string> ready;
+  std::string status_text;
+};
+
 int RunJob(RunFlags& f, bool ranks_per_node_given) {
-  if (!ranks_per_node_given) f.job.job.ranks_per_node = f.job.job.ranks;
+  if (f.nodes > 1 && !ranks_per_node_given) {
+    if (f.job.job.ranks % f.nodes != 0) {
+      return Fail("--ranks " + std::to_string(f.job.job.ranks) + " is not a multiple of --nodes " +
+                  std::to_string(f.nodes) + "; give --ranks-per-node");
+    }
+    f.job.job.ranks_per_node = f.job.job.ranks / f.nodes;
+  } else if (!ranks_per_node_given) {
+    f.job.job.ranks_per_node = f.job.job.ranks;
+  }
   // F comes from the dataset; validate the rest with a placeholder.
   const uint64_t given_samples = f.job.job.samples;
   if (f.job.job.samples == 0) f.job.job.samples = 1;
   if (Status s = FinishJobFlags(&f.job); !s.ok()) return Fail(s.message());
   f.job.job.samples = given_samples;
   const policy::JobSpec& job = f.job.job;
+  if (f.nodes > 1 && job.nodes() != f.nodes) {
+    return Fail("--nodes " + std::to_string(f.nodes) + " but --ranks " + std::to_string(job.ranks) +
+                " / --ranks-per-node " + std::to_string(job.ranks_per_node) + " make " +
+                std::to_string(job.nodes()) + " nodes");
+  }
   if (f.node >= job.nodes()) {
     return Fail("--node " + std::to_string(f.node) + " is out of range: the job has " +
                 std::to_string(job.nodes()) + " nodes");
@@ -124,7 +199,40 @@ int RunJob(RunFlags& f, bool ranks_per_node_given) {
     made_run_dir = !fs::exists(f.run_dir);
   }
   if (Status s = service::PrepareRunDir(f.run_dir); !s.ok()) return Fail(s.message());
-  const std::string socket = f.run_dir + "/" + service::kSocketName;
+
+  // The nodes started here: --node alone, or with --nodes every node of the job, each with its
+  // own run directory, all serving each other over loopback.
+  std::vector<NodeRun> nodes;
+  if (f.nodes > 1) {
+    for (uint32_t n = 0; n < f.nodes; ++n) {
+      NodeRun r;
+      r.node = n;
+      r.run_dir = f.run_dir + "/node" + std::to_string(n);
+      if (Status s = service::PrepareRunDir(r.run_dir); !s.ok()) return Fail(s.message());
+      nodes.push_back(std::move(r));
+    }
+  } else {
+    NodeRun r;
+    r.node = f.node;
+    r.run_dir = f.run_dir;
+    nodes.push_back(std::move(r));
+  }
+  for (NodeRun& r : nodes)
+    r.socket = r.run_dir + "/" + service::kSocketName;
+  std::vector<std::string> peer_args;
+  std::string secret;
+  if (f.nodes > 1) {
+    Result<uint16_t> base = FreePorts(f.nodes);
+    if (!base.ok()) return Fail(base.status().message());
+    std::string list;
+    for (uint32_t n = 0; n < f.nodes; ++n) {
+      list += (n == 0 ? "" : ",") + std::string("127.0.0.1:") + std::to_string(*base + n);
+    }
+    secret = f.run_dir + "/peer.secret";
+    ::unlink(secret.c_str());
+    if (Status s = WriteSecret(secret); !s.ok()) return Fail(s.message());
+    peer_args = {"--peers", list, "--peer-secret-file", secret};
+  }
 
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
@@ -133,106 +241,128 @@ int RunJob(RunFlags& f, bool ranks_per_node_given) {
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGHUP, &sa, nullptr);
 
-  std::vector<std::string> dargv = {DaemonPath(),
-                                    "--run-dir",
-                                    f.run_dir,
-                                    "--dataset",
-                                    dataset.string(),
-                                    "--seed",
-                                    std::to_string(job.seed),
-                                    "--epochs",
-                                    std::to_string(job.epochs),
-                                    "--ranks",
-                                    std::to_string(job.ranks),
-                                    "--batch",
-                                    std::to_string(job.batch),
-                                    "--scheme",
-                                    f.job.scheme,
-                                    "--ranks-per-node",
-                                    std::to_string(job.ranks_per_node),
-                                    "--node",
-                                    std::to_string(f.node)};
-  if (job.drop_last) dargv.push_back("--drop-last");
-  if (job.samples != 0) {
-    dargv.push_back("--samples");
-    dargv.push_back(std::to_string(job.samples));
-  }
-  if (!f.config.empty()) {
-    dargv.push_back("--config");
-    dargv.push_back(fs::absolute(f.config).string());
-  }
-  Child::Options dopt;
-  dopt.die_with_parent = true;
-  Result<Child> daemon = Child::Spawn(dargv, dopt);
-  if (!daemon.ok()) return Fail(daemon.status().message());
-
-  // Wait for `ready` (or `failed`, or the daemon's death).
-  const auto start = std::chrono::steady_clock::now();
-  std::map<std::string, std::string> ready;
-  for (;;) {
-    const std::string text = ReadFileOr(f.run_dir + "/" + service::kReadyName, "");
-    if (!text.empty()) {
-      ready = ParseReady(text);
-      break;
-    }
-    const std::string failed = ReadFileOr(f.run_dir + "/" + service::kFailedName, "");
-    Result<int> exited = daemon->Wait(std::chrono::milliseconds(20));
-    if (!failed.empty() || exited.ok()) {
-      if (!exited.ok()) {
-        daemon->Signal(SIGTERM);
-        (void)daemon->Wait(std::chrono::milliseconds(static_cast<int64_t>(f.stop_timeout * 1000)));
+  auto stop_daemons = [&] {
+    for (NodeRun& r : nodes)
+      if (r.daemon) r.daemon->Signal(SIGTERM);
+    for (NodeRun& r : nodes) {
+      if (r.daemon) {
+        (void)r.daemon->Wait(
+            std::chrono::milliseconds(static_cast<int64_t>(f.stop_timeout * 1000)));
       }
-      std::string msg = "nopfsd did not start";
-      if (!failed.empty()) msg += ": " + failed;
-      if (exited.ok()) msg += " (" + DescribeWaitStatus(*exited) + ")";
-      msg += "\nlast lines of " + f.run_dir + "/" + service::kLogName + ":\n" + LogTail(f.run_dir);
-      return Fail(msg);
     }
-    if (g_signal.load() != 0 ||
-        std::chrono::steady_clock::now() - start > std::chrono::duration<double>(f.start_timeout)) {
-      daemon->Signal(SIGTERM);
-      (void)daemon->Wait(std::chrono::milliseconds(static_cast<int64_t>(f.stop_timeout * 1000)));
-      return Fail(g_signal.load() != 0 ? "interrupted while nopfsd was starting"
-                                       : "nopfsd was not ready within --start-timeout");
+  };
+  const auto start = std::chrono::steady_clock::now();
+  for (NodeRun& r : nodes) {
+    std::vector<std::string> dargv = {DaemonPath(),
+                                      "--run-dir",
+                                      r.run_dir,
+                                      "--dataset",
+                                      dataset.string(),
+                                      "--seed",
+                                      std::to_string(job.seed),
+                                      "--epochs",
+                                      std::to_string(job.epochs),
+                                      "--ranks",
+                                      std::to_string(job.ranks),
+                                      "--batch",
+                                      std::to_string(job.batch),
+                                      "--scheme",
+                                      f.job.scheme,
+                                      "--ranks-per-node",
+                                      std::to_string(job.ranks_per_node),
+                                      "--node",
+                                      std::to_string(r.node)};
+    if (job.drop_last) dargv.push_back("--drop-last");
+    if (job.samples != 0) {
+      dargv.push_back("--samples");
+      dargv.push_back(std::to_string(job.samples));
     }
-  }
-  if (!f.quiet) {
-    std::fprintf(stderr, "nopfs run: nopfsd ready (pid %d, %s samples) in %.1f s; run dir %s\n",
-                 daemon->pid(), ready.count("samples") ? ready["samples"].c_str() : "?",
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-                 f.run_dir.c_str());
+    if (!f.config.empty()) {
+      dargv.push_back("--config");
+      dargv.push_back(fs::absolute(f.config).string());
+    }
+    dargv.insert(dargv.end(), peer_args.begin(), peer_args.end());
+    Child::Options dopt;
+    dopt.die_with_parent = true;
+    Result<Child> daemon = Child::Spawn(dargv, dopt);
+    if (!daemon.ok()) {
+      stop_daemons();
+      return Fail(daemon.status().message());
+    }
+    r.daemon = std::move(*daemon);
   }
 
-  // One process per local rank, as srun would start them.
-  const uint32_t first = job.first_rank(f.node);
-  const uint32_t local = job.ranks_on_node(f.node);
-  std::vector<Child> ranks;
-  int exit_code = 0;
-  for (uint32_t i = 0; i < local; ++i) {
-    Child::Options o;
-    o.new_group = false;
-    o.env = {{"NOPFS_SOCKET", socket},
-             {"NOPFS_RUN_DIR", f.run_dir},
-             {"NOPFS_DATASET", dataset.string()},
-             {"NOPFS_RANK", std::to_string(first + i)},
-             {"NOPFS_LOCAL_RANK", std::to_string(i)},
-             {"NOPFS_RANKS", std::to_string(job.ranks)},
-             {"NOPFS_RANKS_PER_NODE", std::to_string(job.ranks_per_node)},
-             {"NOPFS_NODE", std::to_string(f.node)},
-             {"NOPFS_NODES", std::to_string(job.nodes())},
-             {"NOPFS_SEED", std::to_string(job.seed)},
-             {"NOPFS_EPOCHS", std::to_string(job.epochs)},
-             {"NOPFS_BATCH", std::to_string(job.batch)},
-             {"NOPFS_SCHEME", f.job.scheme},
-             {"NOPFS_DROP_LAST", job.drop_last ? "1" : "0"}};
-    if (ready.count("samples")) o.env["NOPFS_SAMPLES"] = ready["samples"];
-    Result<Child> c = Child::Spawn(f.command, o);
-    if (!c.ok()) {
-      std::fprintf(stderr, "nopfs run: rank %u: %s\n", first + i, c.status().message().c_str());
-      exit_code = 127;
-      break;
+  // Wait for every node's `ready` (or a `failed`, or a daemon's death).
+  for (NodeRun& r : nodes) {
+    for (;;) {
+      const std::string text = ReadFileOr(r.run_dir + "/" + service::kReadyName, "");
+      if (!text.empty()) {
+        r.ready = ParseReady(text);
+        break;
+      }
+      const std::string failed = ReadFileOr(r.run_dir + "/" + service::kFailedName, "");
+      Result<int> exited = r.daemon->Wait(std::chrono::milliseconds(20));
+      if (!failed.empty() || exited.ok()) {
+        if (exited.ok()) r.daemon.reset();
+        stop_daemons();
+        std::string msg = "nopfsd did not start";
+        if (nodes.size() > 1) msg += " (node " + std::to_string(r.node) + ")";
+        if (!failed.empty()) msg += ": " + failed;
+        if (exited.ok()) msg += " (" + DescribeWaitStatus(*exited) + ")";
+        msg +=
+            "\nlast lines of " + r.run_dir + "/" + service::kLogName + ":\n" + LogTail(r.run_dir);
+        return Fail(msg);
+      }
+      if (g_signal.load() != 0 || std::chrono::steady_clock::now() - start >
+                                      std::chrono::duration<double>(f.start_timeout)) {
+        stop_daemons();
+        return Fail(g_signal.load() != 0 ? "interrupted while nopfsd was starting"
+                                         : "nopfsd was not ready within --start-timeout");
+      }
     }
-    ranks.push_back(std::move(*c));
+    if (!f.quiet) {
+      std::fprintf(stderr, "nopfs run: nopfsd%s ready (pid %d, %s samples) in %.1f s; run dir %s\n",
+                   nodes.size() > 1 ? (" of node " + std::to_string(r.node)).c_str() : "",
+                   r.daemon->pid(), r.ready.count("samples") ? r.ready["samples"].c_str() : "?",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                   r.run_dir.c_str());
+    }
+  }
+
+  // One process per rank of each node, as srun would start them.
+  std::vector<Child> ranks;
+  std::vector<uint32_t> rank_ids;
+  int exit_code = 0;
+  for (NodeRun& r : nodes) {
+    const uint32_t first = job.first_rank(r.node);
+    const uint32_t local = job.ranks_on_node(r.node);
+    for (uint32_t i = 0; i < local && exit_code == 0; ++i) {
+      Child::Options o;
+      o.new_group = false;
+      o.env = {{"NOPFS_SOCKET", r.socket},
+               {"NOPFS_RUN_DIR", r.run_dir},
+               {"NOPFS_DATASET", dataset.string()},
+               {"NOPFS_RANK", std::to_string(first + i)},
+               {"NOPFS_LOCAL_RANK", std::to_string(i)},
+               {"NOPFS_RANKS", std::to_string(job.ranks)},
+               {"NOPFS_RANKS_PER_NODE", std::to_string(job.ranks_per_node)},
+               {"NOPFS_NODE", std::to_string(r.node)},
+               {"NOPFS_NODES", std::to_string(job.nodes())},
+               {"NOPFS_SEED", std::to_string(job.seed)},
+               {"NOPFS_EPOCHS", std::to_string(job.epochs)},
+               {"NOPFS_BATCH", std::to_string(job.batch)},
+               {"NOPFS_SCHEME", f.job.scheme},
+               {"NOPFS_DROP_LAST", job.drop_last ? "1" : "0"}};
+      if (r.ready.count("samples")) o.env["NOPFS_SAMPLES"] = r.ready["samples"];
+      Result<Child> c = Child::Spawn(f.command, o);
+      if (!c.ok()) {
+        std::fprintf(stderr, "nopfs run: rank %u: %s\n", first + i, c.status().message().c_str());
+        exit_code = 127;
+        break;
+      }
+      ranks.push_back(std::move(*c));
+      rank_ids.push_back(first + i);
+    }
   }
   // Wait for every rank; forward a signal to all of them.
   std::vector<int> statuses(ranks.size(), -1);
@@ -256,49 +386,64 @@ int RunJob(RunFlags& f, bool ranks_per_node_given) {
   }
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (statuses[i] >= 0 && ExitCodeOf(statuses[i]) != 0) {
-      std::fprintf(stderr, "nopfs run: rank %u %s\n", first + static_cast<uint32_t>(i),
+      std::fprintf(stderr, "nopfs run: rank %u %s\n", rank_ids[i],
                    DescribeWaitStatus(statuses[i]).c_str());
     }
   }
 
-  // What the service saw, then stop it.
-  std::string status_text;
-  {
-    Result<std::unique_ptr<client::Client>> c = client::Client::Connect(socket);
+  // What each service saw, then stop them all.
+  for (NodeRun& r : nodes) {
+    Result<std::unique_ptr<client::Client>> c = client::Client::Connect(r.socket);
     if (c.ok()) {
       Result<std::string> t = (*c)->StatusText();
-      if (t.ok()) status_text = *t;
+      if (t.ok()) r.status_text = *t;
     }
   }
-  daemon->Signal(SIGTERM);
-  Result<int> dstatus =
-      daemon->Wait(std::chrono::milliseconds(static_cast<int64_t>(f.stop_timeout * 1000)));
-  if (!dstatus.ok()) {
-    std::fprintf(stderr, "nopfs run: nopfsd did not stop within %.0f s; killing it\n",
-                 f.stop_timeout);
-    daemon->Signal(SIGKILL);
-    (void)daemon->Wait();
-    if (exit_code == 0) exit_code = 1;
-  } else if (ExitCodeOf(*dstatus) != 0) {
-    std::fprintf(stderr, "nopfs run: nopfsd %s\nlast lines of its log:\n%s",
-                 DescribeWaitStatus(*dstatus).c_str(), LogTail(f.run_dir).c_str());
-    if (exit_code == 0) exit_code = 1;
+  for (NodeRun& r : nodes)
+    r.daemon->Signal(SIGTERM);
+  for (NodeRun& r : nodes) {
+    Result<int> dstatus =
+        r.daemon->Wait(std::chrono::milliseconds(static_cast<int64_t>(f.stop_timeout * 1000)));
+    if (!dstatus.ok()) {
+      std::fprintf(stderr, "nopfs run: nopfsd did not stop within %.0f s; killing it\n",
+                   f.stop_timeout);
+      r.daemon->Signal(SIGKILL);
+      (void)r.daemon->Wait();
+      if (exit_code == 0) exit_code = 1;
+    } else if (ExitCodeOf(*dstatus) != 0) {
+      std::fprintf(stderr, "nopfs run: nopfsd %s\nlast lines of its log:\n%s",
+                   DescribeWaitStatus(*dstatus).c_str(), LogTail(r.run_dir).c_str());
+      if (exit_code == 0) exit_code = 1;
+    }
   }
 
-  if (!status_text.empty()) {
-    std::printf("%s", FormatRunSummary(ParseStatusText(status_text)).c_str());
-  } else {
-    std::printf("nopfs run: no figures (the service did not answer)\n");
+  uint64_t pfs_total = 0;
+  for (NodeRun& r : nodes) {
+    if (nodes.size() > 1) std::printf("node %u:\n", r.node);
+    if (!r.status_text.empty()) {
+      const StatusFigures fig = ParseStatusText(r.status_text);
+      pfs_total += fig.pfs_bytes;
+      std::printf("%s", FormatRunSummary(fig).c_str());
+    } else {
+      std::printf("nopfs run: no figures (the service did not answer)\n");
+    }
+  }
+  if (nodes.size() > 1) {
+    std::printf("job: pfs read in all (every node, prefetch included): %s\n",
+                FormatBytes(static_cast<double>(pfs_total)).c_str());
   }
   std::fflush(stdout);
 
   // nopfsd removes its socket, shared memory and SSD files; what may remain is its log.
-  for (const char* name : {service::kSocketName, service::kPidName, service::kReadyName}) {
-    if (fs::exists(f.run_dir + "/" + name)) {
-      std::fprintf(stderr, "nopfs run: nopfsd left %s/%s behind\n", f.run_dir.c_str(), name);
-      if (exit_code == 0) exit_code = 1;
+  for (NodeRun& r : nodes) {
+    for (const char* name : {service::kSocketName, service::kPidName, service::kReadyName}) {
+      if (fs::exists(r.run_dir + "/" + name)) {
+        std::fprintf(stderr, "nopfs run: nopfsd left %s/%s behind\n", r.run_dir.c_str(), name);
+        if (exit_code == 0) exit_code = 1;
+      }
     }
   }
+  if (!secret.empty()) ::unlink(secret.c_str());
   if (made_run_dir && !f.keep_run_dir) fs::remove_all(f.run_dir, ec);
   return exit_code;
 }
@@ -315,6 +460,10 @@ void RegisterRun(CLI::App* app, int* exit_code) {
   AddJobFlags(sub, &f->job, /*samples_required=*/false);
   sub->add_option("--node", f->node, "This node's index in the job (its ranks are started)")
       ->capture_default_str();
+  sub->add_option("--nodes", f->nodes,
+                  "Start all N nodes of the job on this machine, each with its own nopfsd, and "
+                  "let them read from each other over loopback (libfabric)")
+      ->check(CLI::Range(1u, 64u));
   sub->add_option("--config", f->config, "Node config (Lua); default: a RAM tier of 1/8 of memory")
       ->check(CLI::ExistingFile);
   sub->add_option("--run-dir", f->run_dir,
