@@ -145,6 +145,7 @@ def ledger(node):
 HOLD = "while [ ! -e {jobs}/release-$SLURM_JOB_ID ]; do sleep 0.2; done\n"
 TASK = ("env | grep ^NOPFS_ | sed \"s/^/$SLURMD_NODENAME: /\" | sort; "
         "if [ -n \"$NOPFS_SOCKET\" ] && [ \"$VERIFY\" = 1 ]; then "
+        "{build}/bin/nopfs status | grep '^peers:' | sed \"s/^/$SLURMD_NODENAME: /\"; "
         "{build}/bin/nopfs cat --verify 2>&1 | tail -n 1 | sed \"s/^/$SLURMD_NODENAME: verify: /\"; fi")
 
 
@@ -263,6 +264,21 @@ class ClusterTest(unittest.TestCase):
                             ("--seed", "7"), ("--epochs", "2"), ("--batch", "8"),
                             ("--scheme", "strided"), ("--job-id", str(job))]:
             self.assertEqual(argv[argv.index(flag) + 1], value, flag)
+        # The two nodes serve each other: each nopfsd knows both peers and listens on its own
+        # entry, with the job's secret in its private run directory (the user's, 0600).
+        peers = argv[argv.index("--peers") + 1].split(",")
+        self.assertEqual(len(peers), 2)
+        self.assertEqual(argv[argv.index("--peer-listen") + 1], peers[1])
+        self.assertEqual(found[f"{RUN}/n1/{job}"][found[f"{RUN}/n1/{job}"].index("--peers") + 1],
+                         ",".join(peers))
+        for node in ("n1", "n3"):
+            st = os.stat(f"{RUN}/{node}/{job}/peer.secret")
+            self.assertEqual(st.st_mode & 0o777, 0o600)
+            self.assertEqual(st.st_size, 32)
+            self.assertEqual(pwd.getpwuid(st.st_uid).pw_name, "nopfs-alice")
+        with open(f"{RUN}/n1/{job}/peer.secret", "rb") as a, open(f"{RUN}/n3/{job}/peer.secret",
+                                                                    "rb") as b:
+            self.assertEqual(a.read(), b.read())
         for node in ("n1", "n3"):
             st = os.stat(f"{RUN}/{node}/{job}")
             self.assertEqual(st.st_mode & 0o777, 0o700)
@@ -294,6 +310,9 @@ class ClusterTest(unittest.TestCase):
             self.assertEqual(len(verified), 4, out)
             self.assertEqual(sum(int(v[0]) for v in verified), 2 * 120, out)  # 2 epochs, strided
             self.assertTrue(all(v[2] == "0" for v in verified), out)
+            # The nodes authenticated each other and built the peer directory together.
+            for node, index in (("n1", 0), ("n3", 1)):
+                self.assertRegex(out, rf"{node}: peers: node {index} of 2, directory of \d+", out)
         release(job)
         self.assertEqual(wait_done(job), "COMPLETED", out)
         self.assertNothingLeft([job])
