@@ -23,7 +23,7 @@ def main():
         r = json.load(fh)
     rows = {row["name"]: row for row in r["rows"]}
     sim = {p["policy"]: p for p in (r["simulate"] or {}).get("policies", [])}
-    sim_fc = {p["policy"]: p for p in (r.get("simulate_fetch_and_cache") or {}).get("policies", [])}
+    sim_fc = {p["policy"]: p for p in (r.get("simulate_no_fetch_and_cache") or {}).get("policies", [])}
 
     def predicted(table, name):
         p = table.get(SIM_POLICY.get(name, ""))
@@ -44,8 +44,8 @@ def main():
         "",
         "| setup | epoch times (s) | epochs 2+ mean (s) | × no-io | speed-up vs DL-w4 (epochs 2+) "
         "| stall median / p99 (ms), epochs 2+ | epoch 1 stall p99 (ms) | PFS bytes (datasets) "
-        "| wall incl. start-up (s) | simulate: epoch times (s); PFS datasets "
-        "| simulate --fetch-and-cache |",
+        "| wall incl. start-up (s) | simulate (as nopfsd): epoch times (s); PFS datasets "
+        "| simulate --no-fetch-and-cache |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in rows.items():
