@@ -63,6 +63,9 @@ cat >"$out/job.sh" <<JOB
 #SBATCH --nopfs-epochs=3
 #SBATCH --nopfs-batch=96
 #SBATCH --nopfs-ranks-per-node=2
+# Each node's RAM tier holds about half of what the node reads: the rest comes from the other
+# nodes' tiers (peers over libfabric) or, when no peer has it ready, from the files.
+#SBATCH --nopfs-ram=40MB
 #SBATCH --output=$out/job-%j.out
 export PATH=$repo/build/bin:\$PATH
 echo "-- every task reads its stream through nopfs, again with --verify, then straight from the files"
@@ -70,7 +73,7 @@ echo "   (here the dataset sits in this machine's page cache, the best case for 
 echo "   PFS is emulated by the end-to-end benchmark, docs/PERFORMANCE.md)"
 srun bash $repo/contrib/slurm/examples/compare_task.sh $repo | sort -n -k2
 echo "-- what each node's nopfsd served"
-srun --ntasks=3 --ntasks-per-node=1 bash -c 'nopfs status | grep -E "^(tier|served|pfs read|stall)" | sed "s/^/\$SLURMD_NODENAME: /"' | sort
+srun --ntasks=3 --ntasks-per-node=1 bash -c 'nopfs status | grep -E "^(tier|served|pfs read|stall|peers)" | sed "s/^/\$SLURMD_NODENAME: /"' | sort
 JOB
 chmod 755 "$out/job.sh"
 
