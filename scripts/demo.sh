@@ -63,9 +63,10 @@ cat >"$out/job.sh" <<JOB
 #SBATCH --nopfs-epochs=3
 #SBATCH --nopfs-batch=96
 #SBATCH --nopfs-ranks-per-node=2
-# Each node's RAM tier holds about half of what the node reads: the rest comes from the other
+# Each node's cache holds about half of what the node reads: the rest comes from the other
 # nodes' tiers (peers over libfabric) or, when no peer has it ready, from the files.
 #SBATCH --nopfs-ram=40MB
+#SBATCH --nopfs-ssd=1MB
 #SBATCH --output=$out/job-%j.out
 export PATH=$repo/build/bin:\$PATH
 echo "-- every task reads its stream through nopfs, again with --verify, then straight from the files"
