@@ -209,13 +209,23 @@ Status Daemon::Init() {
     SampleReader* r = reader_.get();
     auto p = std::make_unique<Prefetcher>(
         *tier,
-        [r](policy::SampleId s, std::span<std::byte> dst) {
-          return r->FetchFromPfs(s, dst, /*staging=*/false);
-        },
+        [r](policy::SampleId s, std::span<std::byte> dst) { return r->FetchForFill(s, dst); },
         model_.classes[j].threads);
-    NOPFS_RETURN_IF_ERROR(p->Start());
     prefetchers_.push_back(std::move(p));
   }
+
+  // The peer directory before the first prefetch: a sample this node holds along with others is
+  // copied from its filler, which only the directory names (on failure the node keeps serving
+  // from its own tiers and the PFS; the reason is logged and in the status).
+  if (peers_) {
+    std::vector<const Prefetcher*> pf;
+    for (const auto& p : prefetchers_)
+      pf.push_back(p.get());
+    (void)peers_->Attach(plan_, counts, tier_refs_, pf, *catalog_, *reader_);
+  }
+  counts = {};
+  for (auto& p : prefetchers_)
+    if (p) NOPFS_RETURN_IF_ERROR(p->Start());
 
   // Rings: the staging capacity shared by the node's ranks, never less than a few samples.
   const uint32_t local_ranks = job_.ranks_on_node(options_.node);
@@ -227,16 +237,6 @@ Status Daemon::Init() {
   ring_bytes_ = std::max<uint64_t>(
       {std::min(model_.staging.capacity / std::max<uint32_t>(1, local_ranks), kMaxRingBytes),
        4 * (max_sample + 64), kMinRingBytes});
-
-  if (peers_) {
-    std::vector<const Prefetcher*> pf;
-    for (const auto& p : prefetchers_)
-      pf.push_back(p.get());
-    // On failure the node keeps serving from its own tiers and the PFS (the reason is logged
-    // and in the status).
-    (void)peers_->Attach(plan_, counts, tier_refs_, pf, *catalog_, *reader_);
-  }
-  counts = {};
 
   LocalServer::Options so;
   so.socket_path = options_.run_dir + "/nopfsd.sock";
@@ -430,7 +430,14 @@ std::string Daemon::StatusText() {
   }
   out += Line("served peer: %" PRIu64 " samples, %" PRIu64 " bytes",
               reader_->peer_counters().reads.load(), reader_->peer_counters().bytes.load());
-  if (peers_) out += peers_->StatusText();
+  if (peers_) {
+    out += peers_->StatusText();
+    out += Line("peers copied: %" PRIu64 " samples, %" PRIu64
+                " bytes prefetched from the node that read them from the PFS; %" PRIu64
+                " read from the PFS instead (not ready there yet)",
+                reader_->peer_fill_counters().reads.load(),
+                reader_->peer_fill_counters().bytes.load(), peers_->copies_not_ready());
+  }
   out += Line("served pfs: %" PRIu64 " samples, %" PRIu64 " bytes",
               reader_->pfs_counters().reads.load(), reader_->pfs_counters().bytes.load());
   out += Line("pfs read: %" PRIu64 " bytes in all, prefetch included", reader_->pfs_bytes_total());

@@ -60,15 +60,25 @@ std::vector<std::vector<T>> SplitByOwner(std::span<const T> sorted, uint32_t nod
 
 }  // namespace
 
-std::optional<Location> PeerDirectory::Find(uint32_t sample) const {
-  auto it = std::lower_bound(entries_.begin(), entries_.end(), sample,
+namespace {
+std::optional<Location> FindIn(const std::vector<Location>& sorted, uint32_t sample) {
+  auto it = std::lower_bound(sorted.begin(), sorted.end(), sample,
                              [](const Location& l, uint32_t s) { return l.sample < s; });
-  if (it == entries_.end() || it->sample != sample) return std::nullopt;
+  if (it == sorted.end() || it->sample != sample) return std::nullopt;
   return *it;
+}
+}  // namespace
+
+std::optional<Location> PeerDirectory::Find(uint32_t sample) const {
+  return FindIn(entries_, sample);
+}
+
+std::optional<Location> PeerDirectory::FindCopy(uint32_t sample) const {
+  return FindIn(copies_, sample);
 }
 
 uint64_t PeerDirectory::memory_bytes() const {
-  return entries_.capacity() * sizeof(Location);
+  return (entries_.capacity() + copies_.capacity()) * sizeof(Location);
 }
 
 Result<PeerDirectory> BuildDirectory(uint32_t node, uint32_t nodes, std::span<const Holding> held,
@@ -83,7 +93,10 @@ Result<PeerDirectory> BuildDirectory(uint32_t node, uint32_t nodes, std::span<co
                                    std::to_string(nodes) + " nodes");
   }
   if (!exchange) return Status::InvalidArgument("directory: no exchange given");
-  auto note = [&](uint64_t bytes) { st.peak_bytes = std::max(st.peak_bytes, bytes); };
+  uint64_t held_ids_bytes = 0;  // alive through every round
+  auto note = [&](uint64_t bytes) {
+    st.peak_bytes = std::max(st.peak_bytes, bytes + held_ids_bytes);
+  };
 
   // Round 1: publish our holdings to their owners.
   std::vector<Holding> mine(held.begin(), held.end());
@@ -95,6 +108,11 @@ Result<PeerDirectory> BuildDirectory(uint32_t node, uint32_t nodes, std::span<co
                                      " is held twice");
     }
   }
+  // What we hold, to check the copies part of the answers against.
+  std::vector<uint32_t> held_ids(mine.size());
+  for (size_t i = 0; i < mine.size(); ++i)
+    held_ids[i] = mine[i].sample;
+  held_ids_bytes = held_ids.capacity() * sizeof(uint32_t);
   Buffers out(nodes);
   {
     auto parts = SplitByOwner<Holding>(mine, nodes, [](const Holding& h) { return h.sample; });
@@ -161,14 +179,26 @@ Result<PeerDirectory> BuildDirectory(uint32_t node, uint32_t nodes, std::span<co
   dir.entries_.reserve(found_max);
   note(query_bytes + BuffersBytes(*answered) + found_max * sizeof(Location));
   for (uint32_t o = 0; o < nodes; ++o) {
-    auto s = wire::DecodeAnswer((*answered)[o], queries[o], node, nodes, &dir.entries_);
+    const size_t first_copy = dir.copies_.size();
+    auto s =
+        wire::DecodeAnswer((*answered)[o], queries[o], node, o, nodes, &dir.entries_, &dir.copies_);
     if (!s.ok()) return s.WithContext("directory: from node " + std::to_string(o));
+    for (size_t i = first_copy; i < dir.copies_.size(); ++i) {
+      if (!std::binary_search(held_ids.begin(), held_ids.end(), dir.copies_[i].sample)) {
+        return Status::Corruption("directory: from node " + std::to_string(o) +
+                                  ": a filler for sample " + std::to_string(dir.copies_[i].sample) +
+                                  ", which this node does not hold");
+      }
+    }
     (*answered)[o] = {};
     queries[o] = {};
   }
-  std::sort(dir.entries_.begin(), dir.entries_.end(),
-            [](const Location& a, const Location& b) { return a.sample < b.sample; });
+  const auto by_sample = [](const Location& a, const Location& b) { return a.sample < b.sample; };
+  std::sort(dir.entries_.begin(), dir.entries_.end(), by_sample);
   dir.entries_.shrink_to_fit();
+  std::sort(dir.copies_.begin(), dir.copies_.end(), by_sample);
+  dir.copies_.shrink_to_fit();
+  st.copies = dir.copies_.size();
   return dir;
 }
 

@@ -10,7 +10,9 @@
 //   2. query:   every node sends each owner the ids of the samples it needs (those of its future
 //               stream that it does not hold itself), each id once;
 //   3. answer:  every owner answers each query with at most one holder per sample (chosen so that
-//               requests for a popular sample spread over its holders).
+//               requests for a popular sample spread over its holders), and tells each holder of
+//               a sample that several nodes hold which of them fills it from the PFS first (its
+//               filler): the others copy it from the filler, so the job reads it from the PFS once.
 // The wire encoding of the three rounds is this module's; docs/fabric.md describes it.
 //
 // Thread safety: BuildDirectory is called once per node from one thread; a built PeerDirectory is
@@ -57,6 +59,7 @@ struct DirectoryStats {
   uint64_t bytes_sent = 0;      // over all rounds, excluding what a node sends itself
   uint64_t bytes_received = 0;  // idem
   uint64_t owned_entries = 0;   // holdings this node stores as an owner during the build
+  uint64_t copies = 0;          // samples this node holds and is to copy from their filler
   uint64_t peak_bytes = 0;      // an estimate of the build's peak heap use
 };
 
@@ -65,7 +68,11 @@ class PeerDirectory {
   PeerDirectory() = default;
   // The holder of `sample`, or nullopt when no other node holds it.
   std::optional<Location> Find(uint32_t sample) const;
+  // For a sample this node holds and another holder fills first: that filler (the node to copy it
+  // from), or nullopt when this node is to read it from the PFS itself.
+  std::optional<Location> FindCopy(uint32_t sample) const;
   size_t size() const { return entries_.size(); }
+  size_t copy_count() const { return copies_.size(); }
   // Bytes of the lookup structure.
   uint64_t memory_bytes() const;
 
@@ -74,11 +81,13 @@ class PeerDirectory {
                                               std::span<const uint32_t>, const Exchange&,
                                               DirectoryStats*);
   std::vector<Location> entries_;  // sorted by sample
+  std::vector<Location> copies_;   // sorted by sample
 };
 
 // Builds this node's directory. `held`: what this node holds (any order). `needs`: the distinct
 // samples of this node's future stream that it does not hold (any order). The result answers
-// Find() for every sample in `needs` that some other node holds. An error from `exchange`, or a
+// Find() for every sample in `needs` that some other node holds, and FindCopy() for every sample
+// in `held` whose filler is another node. An error from `exchange`, or a
 // malformed buffer from a peer, is returned as a Status (never a crash).
 Result<PeerDirectory> BuildDirectory(uint32_t node, uint32_t nodes, std::span<const Holding> held,
                                      std::span<const uint32_t> needs, const Exchange& exchange,

@@ -134,6 +134,29 @@ void CheckJob(const std::vector<NodeInput>& in, const std::vector<NodeOutput>& o
       EXPECT_EQ(loc->position, h->second.position);
     }
     EXPECT_EQ(dir.size(), expected);
+    // Copies: for every sample this node holds along with others, the filler is the holder with
+    // the smallest position (then the smallest node); every holder but the filler copies from it.
+    size_t expected_copies = 0;
+    for (const Holding& mine : in[n].held) {
+      const auto& hs = holders[mine.sample];
+      uint32_t filler = n;
+      for (const auto& [node, h] : hs) {
+        const Holding& f = hs.at(filler);
+        if (h.position < f.position || (h.position == f.position && node < filler)) filler = node;
+      }
+      auto copy = dir.FindCopy(mine.sample);
+      if (filler == n) {
+        EXPECT_FALSE(copy.has_value()) << "node " << n << " fills sample " << mine.sample;
+        continue;
+      }
+      ++expected_copies;
+      ASSERT_TRUE(copy.has_value()) << "node " << n << " sample " << mine.sample;
+      EXPECT_EQ(copy->node, filler);
+      EXPECT_EQ(copy->cls, hs.at(filler).cls);
+      EXPECT_EQ(copy->position, hs.at(filler).position);
+    }
+    EXPECT_EQ(dir.copy_count(), expected_copies);
+    EXPECT_EQ(out[n].stats.copies, expected_copies);
     // Nothing that was not asked for.
     for (uint32_t s = 0; s < 64; ++s) {
       if (needed.count(s) == 0) {
@@ -260,7 +283,10 @@ TEST(Directory, ExchangeErrorsPropagate) {
 // `peer_needs`; `tamper(round, buffer)` may change what node 1 sends node 0 in each round.
 class ScriptedPeer {
  public:
-  std::vector<Holding> peer_held = {{1, 1, 5}, {3, 2, 6}, {4, 0, 7}, {9, 1, 8}, {12, 0, 9}};
+  // Sample 5 is held by both nodes and node 1 reaches it first (position 0 < 2): node 0 copies it
+  // from node 1. Sample 6 too, but node 0 reaches it first: node 0 reads it from the PFS.
+  std::vector<Holding> peer_held = {{1, 1, 5},  {3, 2, 6}, {4, 0, 7}, {5, 0, 0},
+                                    {6, 1, 10}, {9, 1, 8}, {12, 0, 9}};
   std::vector<uint32_t> peer_needs = {0, 2, 6, 8};
   std::function<void(int, std::vector<std::byte>*)> tamper = [](int, std::vector<std::byte>*) {};
 
@@ -326,6 +352,10 @@ TEST(Directory, ScriptedPeerIsCorrect) {
   EXPECT_EQ(r->Find(9), (Location{9, 1, 1, 8}));
   EXPECT_EQ(r->Find(12), (Location{12, 1, 0, 9}));
   EXPECT_EQ(r->size(), 5u);
+  EXPECT_EQ(r->FindCopy(5), (Location{5, 1, 0, 0}));
+  EXPECT_FALSE(r->FindCopy(6).has_value());
+  EXPECT_FALSE(r->FindCopy(0).has_value());
+  EXPECT_EQ(r->copy_count(), 1u);
 }
 
 void ExpectCorrupt(int round, const std::function<void(std::vector<std::byte>*)>& change,
@@ -355,7 +385,7 @@ TEST(Directory, MalformedBuffersRejected) {
     ExpectCorrupt(
         round, [](auto* b) { (*b)[0] = std::byte{'X'}; }, "magic");
     ExpectCorrupt(
-        round, [](auto* b) { (*b)[2] = std::byte{2}; }, "version");
+        round, [](auto* b) { (*b)[2] = std::byte{1}; }, "version 1");
     ExpectCorrupt(
         round, [](auto* b) { (*b)[3] = std::byte{9}; }, "round");
     ExpectCorrupt(
@@ -366,14 +396,14 @@ TEST(Directory, MalformedBuffersRejected) {
     ExpectCorrupt(
         round,
         [round](auto* b) {
-          *b = Bytes({'N', 'D', 1, round, 0xFF, 0xFF, 0xFF, 0xFF, 0x0F, 1, 1, 1});
+          *b = Bytes({'N', 'D', 2, round, 0xFF, 0xFF, 0xFF, 0xFF, 0x0F, 1, 1, 1});
         },
         "huge count");
     // A varint that never ends.
     ExpectCorrupt(
         round,
         [round](auto* b) {
-          *b = Bytes({'N', 'D', 1, round, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01});
+          *b = Bytes({'N', 'D', 2, round, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01});
         },
         "long varint");
   }
@@ -381,47 +411,73 @@ TEST(Directory, MalformedBuffersRejected) {
   ExpectCorrupt(
       1,
       [](auto* b) {
-        *b = Bytes({'N', 'D', 1, 1, 2, 1, 0, 0, 0, 0, 0});
+        *b = Bytes({'N', 'D', 2, 1, 2, 1, 0, 0, 0, 0, 0});
       },
       "repeated id");
   ExpectCorrupt(
       1,
       [](auto* b) {
-        *b = Bytes({'N', 'D', 1, 1, 1, 1, 0x80, 0x80, 0x04, 0});
+        *b = Bytes({'N', 'D', 2, 1, 1, 1, 0x80, 0x80, 0x04, 0});
       },
       "class 65536");
   // A sample id above 32 bits: q = 2^31 at 2 nodes, owner 0 -> 2^32.
   ExpectCorrupt(
       1,
       [](auto* b) {
-        *b = Bytes({'N', 'D', 1, 1, 1, 0x80, 0x80, 0x80, 0x80, 0x08, 0, 0});
+        *b = Bytes({'N', 'D', 2, 1, 1, 0x80, 0x80, 0x80, 0x80, 0x08, 0, 0});
       },
       "id above 32 bits");
   ExpectCorrupt(
       2,
       [](auto* b) {
-        *b = Bytes({'N', 'D', 1, 2, 2, 3, 0});
+        *b = Bytes({'N', 'D', 2, 2, 2, 3, 0});
       },
       "repeated query");
   // Answers: wrong count, holder outside the job, holder = the requester.
   ExpectCorrupt(
       3,
       [](auto* b) {
-        *b = Bytes({'N', 'D', 1, 3, 1, 0});
+        *b = Bytes({'N', 'D', 2, 3, 1, 0, 0});
       },
       "answer count");
   ExpectCorrupt(
       3,
       [](auto* b) {
-        *b = Bytes({'N', 'D', 1, 3, 4, 3, 0, 0, 0, 0, 0});
+        *b = Bytes({'N', 'D', 2, 3, 4, 3, 0, 0, 0, 0, 0});
       },
       "holder 2");
   ExpectCorrupt(
       3,
       [](auto* b) {
-        *b = Bytes({'N', 'D', 1, 3, 4, 1, 0, 0, 0, 0, 0});
+        *b = Bytes({'N', 'D', 2, 3, 4, 1, 0, 0, 0, 0, 0});
       },
       "holder 0");
+  // Copies (after 4 answers of "nobody"): the filler is the requester, outside the job; a sample
+  // node 0 does not hold (q 0 = sample 1); ids not ascending.
+  ExpectCorrupt(
+      3,
+      [](auto* b) {
+        *b = Bytes({'N', 'D', 2, 3, 4, 0, 0, 0, 0, 1, 2, 1, 0, 0});
+      },
+      "filler 0");
+  ExpectCorrupt(
+      3,
+      [](auto* b) {
+        *b = Bytes({'N', 'D', 2, 3, 4, 0, 0, 0, 0, 1, 2, 3, 0, 0});
+      },
+      "filler 2");
+  ExpectCorrupt(
+      3,
+      [](auto* b) {
+        *b = Bytes({'N', 'D', 2, 3, 4, 0, 0, 0, 0, 1, 0, 2, 0, 0});
+      },
+      "copy of a sample not held");
+  ExpectCorrupt(
+      3,
+      [](auto* b) {
+        *b = Bytes({'N', 'D', 2, 3, 4, 0, 0, 0, 0, 2, 2, 2, 0, 0, 0, 2, 0, 0});
+      },
+      "copies not ascending");
 }
 
 TEST(Directory, FuzzedBuffersNeverCrash) {
@@ -488,6 +544,24 @@ TEST(DirectoryWire, RoundTripsAndRejectsCallerMistakes) {
   for (uint32_t q = 0; q < 10000; ++q)
     dense.push_back(q * 1024 + 5);
   EXPECT_LT(wire::EncodeQuery(dense, 5, 1024).size(), 10010u);
+  // An answer: one holder and one "nobody", then two copies (fillers of samples owner 3 owns).
+  std::vector<Location> answers = {{3, 4, 1, 99}, {8, wire::kNoHolder, 0, 0}};
+  std::vector<Location> copies = {{13, 2, 0, 7}, {1003, 4, 65535, 0xFFFFFFFFu}};
+  auto ans = wire::EncodeAnswer(answers, copies, 3, 5);
+  std::vector<uint32_t> queried = {3, 8};
+  std::vector<Location> found;
+  std::vector<Location> copied;
+  ASSERT_TRUE(wire::DecodeAnswer(ans, queried, 0, 3, 5, &found, &copied).ok());
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0], answers[0]);
+  EXPECT_EQ(copied, copies);
+  // Node 2 cannot read an answer that names it as the filler of its own copy.
+  found.clear();
+  copied.clear();
+  EXPECT_EQ(wire::DecodeAnswer(ans, queried, 2, 3, 5, &found, &copied).code(),
+            StatusCode::kCorruption);
+  std::vector<Location> foreign = {{12, 2, 0, 7}};
+  EXPECT_THROW(wire::EncodeAnswer(answers, foreign, 3, 5), std::invalid_argument);
 }
 
 }  // namespace

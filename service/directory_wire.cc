@@ -195,8 +195,10 @@ Status DecodeQuery(std::span<const std::byte> buf, uint32_t owner, uint32_t node
   return r.End();
 }
 
-std::vector<std::byte> EncodeAnswer(std::span<const Location> answers) {
-  auto out = Header(Round::kAnswer, answers.size() * 4);
+std::vector<std::byte> EncodeAnswer(std::span<const Location> answers,
+                                    std::span<const Location> copies, uint32_t owner,
+                                    uint32_t nodes) {
+  auto out = Header(Round::kAnswer, answers.size() * 4 + copies.size() * 5 + 5);
   PutVarint(&out, answers.size());
   for (const Location& a : answers) {
     if (a.node == kNoHolder) {
@@ -207,11 +209,24 @@ std::vector<std::byte> EncodeAnswer(std::span<const Location> answers) {
     PutVarint(&out, a.cls);
     PutVarint(&out, a.position);
   }
+  PutVarint(&out, copies.size());
+  uint32_t prev_q = 0;
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const Location& c = copies[i];
+    CheckOwned(c.sample, owner, nodes, i == 0, i == 0 ? 0 : copies[i - 1].sample);
+    const uint32_t q = c.sample / nodes;
+    PutVarint(&out, i == 0 ? q : q - prev_q);
+    PutVarint(&out, static_cast<uint64_t>(c.node) + 1);
+    PutVarint(&out, c.cls);
+    PutVarint(&out, c.position);
+    prev_q = q;
+  }
   return out;
 }
 
 Status DecodeAnswer(std::span<const std::byte> buf, std::span<const uint32_t> queried,
-                    uint32_t self, uint32_t nodes, std::vector<Location>* out) {
+                    uint32_t self, uint32_t owner, uint32_t nodes, std::vector<Location>* out,
+                    std::vector<Location>* copies) {
   Reader r(buf, Round::kAnswer);
   NOPFS_RETURN_IF_ERROR(r.Header());
   uint32_t count = 0;
@@ -237,6 +252,24 @@ Status DecodeAnswer(std::span<const std::byte> buf, std::span<const uint32_t> qu
     NOPFS_RETURN_IF_ERROR(r.Varint(&loc.position));
     out->push_back(loc);
   }
+  NOPFS_RETURN_IF_ERROR(r.Count(4, &count));
+  copies->reserve(copies->size() + count);
+  uint64_t q = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    Location c;
+    NOPFS_RETURN_IF_ERROR(r.NextId(owner, nodes, i == 0, &q, &c.sample));
+    uint32_t filler = 0;
+    NOPFS_RETURN_IF_ERROR(r.Varint(&filler));
+    if (filler == 0 || filler - 1 >= nodes) return r.Error("filler outside the job");
+    if (filler - 1 == self) return r.Error("the requester named as filler");
+    c.node = filler - 1;
+    uint32_t cls = 0;
+    NOPFS_RETURN_IF_ERROR(r.Varint(&cls));
+    if (cls > 0xFFFF) return r.Error("class above 65535");
+    c.cls = static_cast<uint16_t>(cls);
+    NOPFS_RETURN_IF_ERROR(r.Varint(&c.position));
+    copies->push_back(c);
+  }
   return r.End();
 }
 
@@ -260,6 +293,30 @@ void OwnerTable::Seal() {
   entries_.shrink_to_fit();
   served_.assign(entries_.size(), 0);
   scratch_ = {};
+  // Fillers: in each sample's run of holders, the first to reach it in its fill order.
+  copies_.clear();
+  for (size_t b = 0; b < entries_.size();) {
+    size_t e = b + 1;
+    while (e < entries_.size() && entries_[e].sample == entries_[b].sample)
+      ++e;
+    if (e - b > 1) {
+      size_t filler = b;
+      for (size_t i = b + 1; i < e; ++i) {
+        if (entries_[i].position < entries_[filler].position) filler = i;  // ties: lower node
+      }
+      for (size_t i = b; i < e; ++i) {
+        if (i != filler) {
+          copies_.push_back({entries_[i].node, entries_[i].sample, static_cast<uint32_t>(filler)});
+        }
+      }
+    }
+    b = e;
+  }
+  std::sort(copies_.begin(), copies_.end(), [](const Copy& a, const Copy& b) {
+    return a.node != b.node ? a.node < b.node : a.sample < b.sample;
+  });
+  copies_.shrink_to_fit();
+  copies_cursor_ = 0;
 }
 
 Result<std::vector<std::byte>> OwnerTable::Answer(uint32_t requester,
@@ -293,7 +350,16 @@ Result<std::vector<std::byte>> OwnerTable::Answer(uint32_t requester,
     a.cls = e->cls;
     a.position = e->position;
   }
-  return EncodeAnswer(answers);
+  // The requester's copies: copies_ is by node, and requesters come in ascending order.
+  while (copies_cursor_ < copies_.size() && copies_[copies_cursor_].node < requester)
+    ++copies_cursor_;
+  std::vector<Location> copies;
+  for (; copies_cursor_ < copies_.size() && copies_[copies_cursor_].node == requester;
+       ++copies_cursor_) {
+    const Entry& f = entries_[copies_[copies_cursor_].filler];
+    copies.push_back({f.sample, f.node, f.cls, f.position});
+  }
+  return EncodeAnswer(answers, copies, owner_, nodes_);
 }
 
 }  // namespace nopfs::service::dir::wire

@@ -3,14 +3,17 @@
 // these; the directory benchmark uses them to produce, on demand, what the other simulated nodes
 // would send, so that it runs the real code for the node it measures.
 //
-// Every buffer starts with a 4-byte header: 'N' 'D', the format version (1) and the round
+// Every buffer starts with a 4-byte header: 'N' 'D', the format version (2) and the round
 // (1 publish, 2 query, 3 answer), followed by a varint entry count. Samples sent to owner o are
 // all congruent to o modulo the node count, so ids travel as q = sample / nodes, ascending and
 // delta-encoded as LEB128 varints (the first absolute):
 //   publish: count, then per holding: varint delta-q, varint class, varint position
 //   query:   count, then per needed sample: varint delta-q
 //   answer:  count (= the query's count), then per queried sample, in query order: varint
-//            holder+1 (0: nobody else holds it), and if held: varint class, varint position
+//            holder+1 (0: nobody else holds it), and if held: varint class, varint position;
+//            then the copies part: count, then per sample the requester holds and another
+//            holder fills first (its filler; see OwnerTable): varint delta-q, varint filler+1,
+//            varint class, varint position
 // Decoding is strict: a wrong header, a truncated or oversized varint, an id that is not owned by
 // the receiver or not strictly ascending, a class above 65535, a holder outside the job, a count
 // larger than the bytes that follow could encode, or trailing bytes are errors (kCorruption).
@@ -29,7 +32,7 @@
 
 namespace nopfs::service::dir::wire {
 
-inline constexpr uint8_t kVersion = 1;
+inline constexpr uint8_t kVersion = 2;
 enum class Round : uint8_t { kPublish = 1, kQuery = 2, kAnswer = 3 };
 
 // Round 1. `held` holds only samples owned by `owner` (sample % nodes == owner), sorted by sample,
@@ -47,12 +50,17 @@ Status DecodeQuery(std::span<const std::byte> buf, uint32_t owner, uint32_t node
 // One answer per queried sample: the holder, or node == kNoHolder.
 inline constexpr uint32_t kNoHolder = 0xFFFFFFFFu;
 // Round 3. `answers[i]` answers the i-th queried sample; `answers[i].sample` is not sent.
-std::vector<std::byte> EncodeAnswer(std::span<const Location> answers);
-// Decodes an answer to the query `queried` (the ids this node sent that owner): appends one
-// Location per queried sample that has a holder. A holder equal to `self` or >= nodes, or a count
-// different from queried.size(), is an error.
+// `copies`: for samples the requester holds (owned by `owner`, strictly ascending), the node it
+// should copy them from (std::invalid_argument otherwise).
+std::vector<std::byte> EncodeAnswer(std::span<const Location> answers,
+                                    std::span<const Location> copies, uint32_t owner,
+                                    uint32_t nodes);
+// Decodes owner `owner`'s answer to the query `queried` (the ids this node sent it): appends one
+// Location per queried sample that has a holder to `out`, and the copies part to `copies`. A
+// holder equal to `self` or >= nodes, or a count different from queried.size(), is an error.
 Status DecodeAnswer(std::span<const std::byte> buf, std::span<const uint32_t> queried,
-                    uint32_t self, uint32_t nodes, std::vector<Location>* out);
+                    uint32_t self, uint32_t owner, uint32_t nodes, std::vector<Location>* out,
+                    std::vector<Location>* copies);
 
 // The holder chosen among `holders` (sorted by node, none equal to the requester, not empty) for
 // the `rank`-th requester (0-based, in ascending node order) of `sample`:
@@ -62,6 +70,11 @@ Status DecodeAnswer(std::span<const std::byte> buf, std::span<const uint32_t> qu
 size_t ChooseHolder(uint64_t rank, uint32_t sample, uint32_t nodes, size_t holders);
 
 // An owner's entries: every holding of the samples it owns, by sample then node.
+//
+// A sample several nodes hold is read from the PFS by one of them, its filler: the holder that
+// comes to it first in its fill order (smallest position, then smallest node). Every other holder
+// is told, in the copies part of its answer, to fill its copy from the filler instead of the PFS,
+// so that a job reads such a sample from the PFS once, not once per holder.
 class OwnerTable {
  public:
   OwnerTable(uint32_t owner, uint32_t nodes) : owner_(owner), nodes_(nodes) {}
@@ -75,8 +88,11 @@ class OwnerTable {
   Result<std::vector<std::byte>> Answer(uint32_t requester, std::span<const std::byte> query);
   uint64_t entries() const { return entries_.size(); }
   uint64_t memory_bytes() const {
-    return entries_.capacity() * sizeof(Entry) + served_.capacity() * sizeof(uint32_t);
+    return entries_.capacity() * sizeof(Entry) + served_.capacity() * sizeof(uint32_t) +
+           copies_.capacity() * sizeof(Copy);
   }
+  // Holdings that are copies of another holder's (the samples' holders less their fillers).
+  uint64_t copies() const { return copies_.size(); }
 
  private:
   struct Entry {
@@ -85,9 +101,16 @@ class OwnerTable {
     uint32_t position;
     uint16_t cls;
   };
+  struct Copy {
+    uint32_t node;  // the copying holder
+    uint32_t sample;
+    uint32_t filler;  // index into entries_
+  };
   uint32_t owner_;
   uint32_t nodes_;
   std::vector<Entry> entries_;
+  std::vector<Copy> copies_;  // by node, then sample
+  size_t copies_cursor_ = 0;
   std::vector<Holding> scratch_;
   std::vector<uint32_t> served_;  // per entry that starts a sample's run: requests answered so far
   int64_t last_requester_ = -1;

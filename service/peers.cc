@@ -66,30 +66,59 @@ fabric::ServeResult PeerService::Serve(uint64_t sample) {
   return r;
 }
 
-int PeerService::Lookup(policy::SampleId sample) const {
-  if (!have_directory_.load(std::memory_order_acquire)) return -1;
-  const std::optional<dir::Location> loc = directory_.Find(sample);
-  if (!loc || loc->cls >= prefetchers_.size() || link_->IsDead(loc->node)) return -1;
+std::optional<dir::Location> PeerService::Where(policy::SampleId sample) const {
+  if (!have_directory_.load(std::memory_order_acquire)) return std::nullopt;
+  std::optional<dir::Location> loc = directory_.Find(sample);
+  if (!loc) loc = directory_.FindCopy(sample);
+  return loc;
+}
+
+bool PeerService::PresumedReady(const dir::Location& loc) const {
+  if (loc.cls >= prefetchers_.size() || link_->IsDead(loc.node)) return false;
   // §6: the holder's list is filled at about the pace of this node's own list of that class.
-  const Prefetcher* own = prefetchers_[loc->cls];
-  if (own == nullptr) return -1;
+  const Prefetcher* own = prefetchers_[loc.cls];
+  if (own == nullptr) return false;
   const PrefetchCounters c = own->counters();
-  if (!policy::PeerPresumedReady(c.prefix, loc->position, c.done, options_.margin)) return -1;
+  return policy::PeerPresumedReady(c.prefix, loc.position, c.done, options_.margin);
+}
+
+int PeerService::Lookup(policy::SampleId sample) const {
+  const std::optional<dir::Location> loc = Where(sample);
+  if (!loc || !PresumedReady(*loc)) return -1;
   return loc->cls;
 }
 
-Result<uint64_t> PeerService::Fetch(policy::SampleId sample, std::span<std::byte> dst) {
-  const std::optional<dir::Location> loc = directory_.Find(sample);
-  if (!loc) return Status::NotFound("peers: no peer holds sample " + std::to_string(sample));
-  Result<std::vector<std::byte>> data = link_->Read(loc->node, sample);
+Result<uint64_t> PeerService::ReadFrom(const dir::Location& loc, std::span<std::byte> dst) {
+  Result<std::vector<std::byte>> data = link_->Read(loc.node, loc.sample);
   if (!data.ok()) return data.status();
   if (data->size() != dst.size()) {
-    return Status::Corruption("peers: node " + std::to_string(loc->node) + " sent " +
+    return Status::Corruption("peers: node " + std::to_string(loc.node) + " sent " +
                               std::to_string(data->size()) + " bytes of sample " +
-                              std::to_string(sample) + ", which has " + std::to_string(dst.size()));
+                              std::to_string(loc.sample) + ", which has " +
+                              std::to_string(dst.size()));
   }
   std::memcpy(dst.data(), data->data(), dst.size());
   return XXH3_64bits(dst.data(), dst.size());
+}
+
+Result<uint64_t> PeerService::Fetch(policy::SampleId sample, std::span<std::byte> dst) {
+  const std::optional<dir::Location> loc = Where(sample);
+  if (!loc) return Status::NotFound("peers: no peer holds sample " + std::to_string(sample));
+  return ReadFrom(*loc, dst);
+}
+
+Result<uint64_t> PeerService::FetchCopy(policy::SampleId sample, std::span<std::byte> dst) {
+  if (!have_directory_.load(std::memory_order_acquire)) {
+    return Status::NotFound("peers: no directory");
+  }
+  const std::optional<dir::Location> loc = directory_.FindCopy(sample);
+  if (!loc) return Status::NotFound("peers: this node fills sample " + std::to_string(sample));
+  if (!PresumedReady(*loc)) {
+    ++copies_not_ready_;
+    return Status::NotFound("peers: sample " + std::to_string(sample) +
+                            " not presumed ready at its filler");
+  }
+  return ReadFrom(*loc, dst);
 }
 
 Status PeerService::Attach(const policy::NodePlan& plan, const policy::NodeAccessCounts& counts,
@@ -133,17 +162,19 @@ Status PeerService::Attach(const policy::NodePlan& plan, const policy::NodeAcces
   stats_ = stats;
   char buf[256];
   std::snprintf(buf, sizeof buf,
-                "directory of %zu samples held elsewhere (of %zu needed), built in %.2f s, %s "
+                "directory of %zu samples held elsewhere (of %zu needed), %zu of the %zu held "
+                "here to copy from the node that reads them from the PFS, built in %.2f s, %s "
                 "sent, %s received",
-                directory_.size(), needs.size(), secs,
+                directory_.size(), needs.size(), directory_.copy_count(), held.size(), secs,
                 FormatBytes(static_cast<double>(stats.bytes_sent)).c_str(),
                 FormatBytes(static_cast<double>(stats.bytes_received)).c_str());
   state_ = buf;
   spdlog::info("peers: {}", state_);
+  have_directory_.store(true, std::memory_order_release);
   reader.SetPeerSource(
       [this](policy::SampleId s) { return Lookup(s); },
-      [this](policy::SampleId s, std::span<std::byte> dst) { return Fetch(s, dst); });
-  have_directory_.store(true, std::memory_order_release);
+      [this](policy::SampleId s, std::span<std::byte> dst) { return Fetch(s, dst); },
+      [this](policy::SampleId s, std::span<std::byte> dst) { return FetchCopy(s, dst); });
   return Status::Ok();
 }
 

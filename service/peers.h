@@ -6,9 +6,16 @@
 //
 // Life: Start() opens the link first thing in nopfsd's start-up, so that the node's peers can
 // reach it while it is still scanning and planning (until Attach it answers every read with "not
-// available"). Attach() is called once the tiers exist and the prefetchers run: it builds the
-// directory (a collective exchange among all nodes; if it fails, e.g. a node never came up, the
-// node runs without peers and says why) and installs the peer source into the reader.
+// available"). Attach() is called once the tiers and their prefetchers exist, before the
+// prefetchers start (they need the directory to know which samples to copy from a peer): it
+// builds the directory (a collective exchange among all nodes; if it fails, e.g. a node never
+// came up, the node runs without peers and says why) and installs the peer source into the
+// reader.
+//
+// Fills: a sample several nodes hold is read from the PFS by one of them, its filler (the
+// directory names it); the others' prefetchers copy it from the filler once it is presumed ready
+// (FetchCopy, the reader's peer fill source), and read the PFS only when it is not, so that the
+// job reads such a sample from the PFS about once.
 //
 // Readiness (§6): a holder is presumed to have filled the q-th entry of its class-j list once
 // this node's own prefetcher of class j has settled past q + margin, or has finished; a wrong
@@ -24,6 +31,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -56,8 +64,9 @@ class PeerService {
   PeerService& operator=(const PeerService&) = delete;
 
   // Serves `tiers` (class j of `plan`), builds the directory from what this node holds and what
-  // it will read (`counts`), and installs the peer source into `reader`. Everything given must
-  // outlive the service. An error means the node runs without peers (it still serves its own).
+  // it will read (`counts`), and installs the peer source into `reader`. `prefetchers` (not
+  // started yet, or running) give the pace for readiness. Everything given must outlive the
+  // service. An error means the node runs without peers (it still serves its own).
   Status Attach(const policy::NodePlan& plan, const policy::NodeAccessCounts& counts,
                 const std::vector<TierRef>& tiers,
                 const std::vector<const Prefetcher*>& prefetchers, const Catalog& catalog,
@@ -65,12 +74,22 @@ class PeerService {
 
   // "peers: ..." lines for `nopfs status`.
   std::string StatusText() const;
+  // Prefetches of a sample this node copies from its filler that went to the PFS because the
+  // filler was not presumed ready yet.
+  uint64_t copies_not_ready() const { return copies_not_ready_.load(std::memory_order_relaxed); }
 
  private:
   explicit PeerService(PeerServiceOptions options);
   fabric::ServeResult Serve(uint64_t sample);
+  // The peer to read `sample` from: its holder if this node does not hold it, else its filler if
+  // that is another node.
+  std::optional<dir::Location> Where(policy::SampleId sample) const;
+  // §6: whether loc's holder is presumed to have it by now (and is not dead).
+  bool PresumedReady(const dir::Location& loc) const;
   int Lookup(policy::SampleId sample) const;
   Result<uint64_t> Fetch(policy::SampleId sample, std::span<std::byte> dst);
+  Result<uint64_t> FetchCopy(policy::SampleId sample, std::span<std::byte> dst);
+  Result<uint64_t> ReadFrom(const dir::Location& loc, std::span<std::byte> dst);
 
   PeerServiceOptions options_;
   std::unique_ptr<fabric::PeerLink> link_;
@@ -85,6 +104,7 @@ class PeerService {
   std::string state_ = "starting";  // GUARDED_BY(mu_): for the status
   dir::DirectoryStats stats_;       // GUARDED_BY(mu_)
   uint64_t round_ = 0;
+  std::atomic<uint64_t> copies_not_ready_{0};
 };
 
 }  // namespace nopfs::service

@@ -92,9 +92,30 @@ void SampleReader::CacheAfterRead(size_t j, Tier* tier, policy::SampleId sample,
   }
 }
 
-void SampleReader::SetPeerSource(PeerLookupFn lookup, PeerFetchFn fetch) {
+void SampleReader::SetPeerSource(PeerLookupFn lookup, PeerFetchFn fetch, PeerFetchFn fill) {
   peer_lookup_ = std::move(lookup);
   peer_fetch_ = std::move(fetch);
+  peer_fill_fetch_ = std::move(fill);
+  peer_set_.store(true, std::memory_order_release);
+}
+
+Result<uint64_t> SampleReader::FetchForFill(policy::SampleId sample, std::span<std::byte> dst) {
+  if (peer_set_.load(std::memory_order_acquire) && peer_fill_fetch_) {
+    const uint64_t t0 = NowNanos();
+    Result<uint64_t> h = peer_fill_fetch_(sample, dst);
+    const std::optional<uint64_t> known = h.ok() ? catalog_.checksum(sample) : std::nullopt;
+    if (h.ok() && (!known || *known == *h)) {
+      Count(peer_fill_, dst.size(), NowNanos() - t0);
+      return h;
+    }
+    // NotFound: no filler elsewhere, or not presumed ready, or "not available": the PFS then.
+    if (h.ok() || h.status().code() != StatusCode::kNotFound) {
+      spdlog::warn("sample {} ({}): copying it from its peer failed, reading the PFS instead: {}",
+                   sample, catalog_.path(sample),
+                   h.ok() ? std::string("checksum differs") : h.status().message());
+    }
+  }
+  return FetchFromPfs(sample, dst, /*staging=*/false);
 }
 
 bool SampleReader::TierReady(const TierRef& t, policy::SampleId sample) const {
@@ -180,12 +201,10 @@ Result<uint64_t> SampleReader::FetchFromPfs(policy::SampleId sample, std::span<s
 
 Result<SourceId> SampleReader::Read(policy::SampleId sample, std::span<std::byte> dst) {
   const int8_t klass = sample < plan_.location.size() ? plan_.location[sample] : policy::kNotCached;
+  const bool planned = klass != policy::kNotCached && static_cast<size_t>(klass) < tiers_.size();
   int local = -1;
-  if (klass != policy::kNotCached && static_cast<size_t>(klass) < tiers_.size() &&
-      TierReady(tiers_[static_cast<size_t>(klass)], sample)) {
-    local = klass;
-  }
-  if (local < 0 && klass != policy::kNotCached && static_cast<size_t>(klass) < tiers_.size()) {
+  if (planned && TierReady(tiers_[static_cast<size_t>(klass)], sample)) local = klass;
+  if (local < 0 && planned) {
     // A prefetcher is fetching this very sample (staging often catches up with the prefetchers,
     // which work in the same first-access order): its copy arrives sooner than a second PFS read
     // would, and the PFS is spared the duplicate.
@@ -199,8 +218,12 @@ Result<SourceId> SampleReader::Read(policy::SampleId sample, std::span<std::byte
       }
     }
   }
+  Tier* claimed = nullptr;
+  bool tried_claim = false;
   int peer = -1;
-  if (local < 0 && peer_lookup_) peer = peer_lookup_(sample);
+  if (local < 0 && peer_set_.load(std::memory_order_acquire) && peer_lookup_) {
+    peer = peer_lookup_(sample);
+  }
   if (local >= 0 || peer >= 0) {
     const uint32_t gamma = pfs_readers_ + pfs_active_.load(std::memory_order_relaxed);
     const policy::SourceChoice choice =
@@ -216,11 +239,19 @@ Result<SourceId> SampleReader::Read(policy::SampleId sample, std::span<std::byte
       spdlog::warn("sample {} ({}): {} tier read failed, reading the PFS instead: {}", sample,
                    catalog_.path(sample), tiers_[static_cast<size_t>(local)].name, s.message());
     } else if (choice.kind == policy::SourceKind::kPeer && peer_fetch_) {
+      // A sample planned here but not filled yet: its copy from the filler is kept (fetch-and-
+      // cache from the peer), so the slot is claimed first, as for a PFS read below.
+      if (planned) {
+        claimed = ClaimForCache(static_cast<size_t>(klass), sample);
+        tried_claim = true;
+      }
       const uint64_t t0 = NowNanos();
       Result<uint64_t> h = peer_fetch_(sample, dst);
       const std::optional<uint64_t> known = catalog_.checksum(sample);
       if (h.ok() && (!known || *known == *h)) {
         Count(peer_, dst.size(), NowNanos() - t0);
+        if (claimed != nullptr)
+          CacheAfterRead(static_cast<size_t>(klass), claimed, sample, dst, *h);
         return SourceId{SourceId::kPeer};
       }
       // "Not available" is a readiness guess that missed (ALGORITHM.md §6): expected, quiet.
@@ -235,10 +266,7 @@ Result<SourceId> SampleReader::Read(policy::SampleId sample, std::span<std::byte
   }
   // Fetch-and-cache: claim the planned slot before reading, so that a prefetcher reaching the
   // same sample meanwhile skips it instead of reading the PFS a second time.
-  Tier* claimed = nullptr;
-  if (klass != policy::kNotCached && static_cast<size_t>(klass) < tiers_.size()) {
-    claimed = ClaimForCache(static_cast<size_t>(klass), sample);
-  }
+  if (planned && !tried_claim) claimed = ClaimForCache(static_cast<size_t>(klass), sample);
   Result<uint64_t> h = FetchFromPfs(sample, dst, /*staging=*/true);
   if (!h.ok()) {
     if (claimed != nullptr) claimed->slots().Abandon(claimed->layout().SlotOf(sample));

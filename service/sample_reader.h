@@ -3,8 +3,8 @@
 // prefetchers use its PFS fetch to fill the tiers.
 //
 // Sources, per ALGORITHM.md §4: this node's tier holding the sample once it is ready (RAM: copy
-// out of the memfd; SSD: a read of its data file), a peer's tier (the seam the fabric fills:
-// SetPeerFetch), or the PFS. policy::ChooseSource picks among those that can serve now. Every tier
+// out of the memfd; SSD: a read of its data file), a peer's tier (service/peers.h installs it:
+// SetPeerSource), or the PFS. policy::ChooseSource picks among those that can serve now. Every tier
 // read is checked against the xxh3 recorded when the tier was filled; a mismatch (a corrupted SSD
 // file, a stray write into shared memory) is logged, the slot is marked failed, and the sample is
 // read from the PFS instead. A PFS read records the sample's checksum in the catalog the first
@@ -61,7 +61,8 @@ struct SourceCounters {
 // (the reader then falls back to the PFS). `peer_class` is the peer's class that holds it.
 using PeerFetchFn = std::function<Result<uint64_t>(policy::SampleId, std::span<std::byte> dst)>;
 // Whether some peer holds the sample and is presumed ready (ALGORITHM.md §6); returns the peer's
-// class index or -1.
+// class index or -1. For a sample this node holds but has not filled yet, the peer is its filler
+// (the holder that reads it from the PFS; service/directory.h).
 using PeerLookupFn = std::function<int(policy::SampleId)>;
 
 class SampleReader {
@@ -90,14 +91,23 @@ class SampleReader {
   // Reads of the region class served in place (included in its class_counters).
   uint64_t in_place_reads() const { return in_place_.load(std::memory_order_relaxed); }
 
-  // The fetch the prefetchers use: a PFS read that records/compares the checksum and returns it.
+  // A PFS read that records/compares the checksum and returns it.
   Result<uint64_t> FetchFromPfs(policy::SampleId sample, std::span<std::byte> dst, bool staging);
+  // The fetch the prefetchers use: the sample's filler's copy when another node reads it from the
+  // PFS for the job and is presumed to have it by now (the peer fill source), else FetchFromPfs.
+  Result<uint64_t> FetchForFill(policy::SampleId sample, std::span<std::byte> dst);
 
-  void SetPeerSource(PeerLookupFn lookup, PeerFetchFn fetch);
+  // Installs the peer source: `lookup` and `fetch` for staging reads, `fill` (which answers
+  // NotFound, without asking the network, when the filler is not presumed ready) for prefetches.
+  // Safe to call once while prefetchers run; staging reads must not have started.
+  void SetPeerSource(PeerLookupFn lookup, PeerFetchFn fetch, PeerFetchFn fill);
 
   // Per class (index j), then the peer, then the PFS (staging reads).
   const SourceCounters& class_counters(size_t j) const { return *per_class_[j]; }
   const SourceCounters& peer_counters() const { return peer_; }
+  // Prefetches copied from a peer (the sample's filler) instead of read from the PFS. Staging
+  // reads from a peer that were kept in a tier count in peer_counters and cached_on_read.
+  const SourceCounters& peer_fill_counters() const { return peer_fill_; }
   const SourceCounters& pfs_counters() const { return pfs_; }
   // Every byte read from the PFS, prefetch included.
   uint64_t pfs_bytes_total() const { return pfs_total_.load(std::memory_order_relaxed); }
@@ -125,8 +135,12 @@ class SampleReader {
   const policy::SystemModel& model_;
   uint32_t pfs_readers_;
   int region_class_ = -1;
+  // Set once by SetPeerSource, then read-only; peer_set_ publishes them to the prefetchers.
   PeerLookupFn peer_lookup_;
   PeerFetchFn peer_fetch_;
+  PeerFetchFn peer_fill_fetch_;
+  std::atomic<bool> peer_set_{false};
+  SourceCounters peer_fill_;
   std::vector<std::unique_ptr<SourceCounters>> per_class_;
   std::vector<std::unique_ptr<SourceCounters>> cached_on_read_;
   SourceCounters peer_;
