@@ -50,6 +50,7 @@ InfoPtr MakeHints(const std::string& provider) {
 struct Op {
   fi_context2 ctx{};
   std::unique_ptr<std::byte[]> buffer;  // owned until libfabric completes the operation
+  std::vector<std::byte> message;       // a send's bytes, moved in by the caller (not copied)
   uint64_t capacity = 0;
   bool done = false;
   bool abandoned = false;  // the caller gave up; free on completion
@@ -114,7 +115,7 @@ struct Endpoint::Impl {
   }
 
   // Posts a send of a copy of `data`; retries while the queue is full until `deadline`.
-  Result<Op*> PostSend(PeerAddr peer, uint64_t tag, std::span<const std::byte> data,
+  Result<Op*> PostSend(PeerAddr peer, uint64_t tag, std::vector<std::byte> data,
                        std::chrono::steady_clock::time_point deadline);
 
   Op* NewOp() {
@@ -208,15 +209,15 @@ Result<PeerAddr> Endpoint::AddPeer(const std::string& host, uint16_t port) {
   return static_cast<PeerAddr>(addr);
 }
 
-Result<Op*> Endpoint::Impl::PostSend(PeerAddr peer, uint64_t tag, std::span<const std::byte> data,
+Result<Op*> Endpoint::Impl::PostSend(PeerAddr peer, uint64_t tag, std::vector<std::byte> data,
                                      std::chrono::steady_clock::time_point deadline) {
   Impl* impl = this;
   Op* op = impl->NewOp();
   op->capacity = data.size();
-  op->buffer.reset(new std::byte[data.size() == 0 ? 1 : data.size()]);
-  if (!data.empty()) std::memcpy(op->buffer.get(), data.data(), data.size());
+  op->message = std::move(data);
+  if (op->message.empty()) op->message.resize(1);  // a valid buffer for an empty message
   for (;;) {
-    ssize_t rc = fi_tsend(impl->ep, op->buffer.get(), op->capacity, nullptr, peer, tag, &op->ctx);
+    ssize_t rc = fi_tsend(impl->ep, op->message.data(), op->capacity, nullptr, peer, tag, &op->ctx);
     if (rc == 0) return op;
     if (rc != -FI_EAGAIN) {
       impl->Drop(op);
@@ -232,7 +233,13 @@ Result<Op*> Endpoint::Impl::PostSend(PeerAddr peer, uint64_t tag, std::span<cons
 
 Status Endpoint::Post(PeerAddr peer, uint64_t tag, std::span<const std::byte> data,
                       std::chrono::milliseconds timeout) {
-  auto posted = impl_->PostSend(peer, tag, data, std::chrono::steady_clock::now() + timeout);
+  return Post(peer, tag, std::vector<std::byte>(data.begin(), data.end()), timeout);
+}
+
+Status Endpoint::Post(PeerAddr peer, uint64_t tag, std::vector<std::byte>&& data,
+                      std::chrono::milliseconds timeout) {
+  auto posted =
+      impl_->PostSend(peer, tag, std::move(data), std::chrono::steady_clock::now() + timeout);
   if (!posted.ok()) return posted.status();
   (*posted)->abandoned = true;  // freed by Poll when it completes
   impl_->Poll();
@@ -242,7 +249,8 @@ Status Endpoint::Post(PeerAddr peer, uint64_t tag, std::span<const std::byte> da
 Status Endpoint::Send(PeerAddr peer, uint64_t tag, std::span<const std::byte> data,
                       std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto posted = impl_->PostSend(peer, tag, data, deadline);
+  auto posted =
+      impl_->PostSend(peer, tag, std::vector<std::byte>(data.begin(), data.end()), deadline);
   if (!posted.ok()) return posted.status();
   Op* op = *posted;
   while (!op->done) {

@@ -69,6 +69,9 @@ class Endpoint {
   // Send, or two such threads can wait on each other.
   Status Post(PeerAddr peer, uint64_t tag, std::span<const std::byte> data,
               std::chrono::milliseconds timeout);
+  // The same without the copy: the endpoint takes the bytes.
+  Status Post(PeerAddr peer, uint64_t tag, std::vector<std::byte>&& data,
+              std::chrono::milliseconds timeout);
 
   // Receives one message from any peer whose tag matches `tag` in the bits not set in `ignore`,
   // of at most `max_len` bytes; TimedOut after `timeout`, or as soon as `interrupt` (if given,

@@ -292,7 +292,7 @@ struct PeerLink::State {
         wake.store(false);
       }
       for (auto& [node, bytes] : sends) {
-        Status st = ep->Post(addr[node], TagOf(opts.node), bytes, opts.timeout);
+        Status st = ep->Post(addr[node], TagOf(opts.node), std::move(bytes), opts.timeout);
         if (!st.ok()) {
           std::lock_guard lock(mu);
           ++counters.timeouts;
