@@ -209,8 +209,13 @@ Status Daemon::Init() {
     SampleReader* r = reader_.get();
     auto p = std::make_unique<Prefetcher>(
         *tier,
-        [r](policy::SampleId s, std::span<std::byte> dst) { return r->FetchForFill(s, dst); },
-        model_.classes[j].threads);
+        [r](policy::SampleId s, std::span<std::byte> dst) {
+          return r->FetchForFill(s, dst, /*may_defer=*/true);
+        },
+        model_.classes[j].threads,
+        [r](policy::SampleId s, std::span<std::byte> dst) {
+          return r->FetchForFill(s, dst, /*may_defer=*/false);
+        });
     prefetchers_.push_back(std::move(p));
   }
 
@@ -432,11 +437,14 @@ std::string Daemon::StatusText() {
               reader_->peer_counters().reads.load(), reader_->peer_counters().bytes.load());
   if (peers_) {
     out += peers_->StatusText();
+    uint64_t deferred = 0;
+    for (const auto& p : prefetchers_)
+      if (p) deferred += p->counters().deferred;
     out += Line("peers copied: %" PRIu64 " samples, %" PRIu64
-                " bytes prefetched from the node that read them from the PFS; %" PRIu64
-                " read from the PFS instead (not ready there yet)",
+                " bytes prefetched from the node that read them from the PFS (%" PRIu64
+                " deferred until it had them); %" PRIu64 " read from the PFS after all",
                 reader_->peer_fill_counters().reads.load(),
-                reader_->peer_fill_counters().bytes.load(), peers_->copies_not_ready());
+                reader_->peer_fill_counters().bytes.load(), deferred, reader_->peer_fill_gave_up());
   }
   out += Line("served pfs: %" PRIu64 " samples, %" PRIu64 " bytes",
               reader_->pfs_counters().reads.load(), reader_->pfs_counters().bytes.load());

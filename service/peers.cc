@@ -73,18 +73,20 @@ std::optional<dir::Location> PeerService::Where(policy::SampleId sample) const {
   return loc;
 }
 
-bool PeerService::PresumedReady(const dir::Location& loc) const {
+bool PeerService::PresumedReady(const dir::Location& loc, uint64_t margin) const {
   if (loc.cls >= prefetchers_.size() || link_->IsDead(loc.node)) return false;
   // §6: the holder's list is filled at about the pace of this node's own list of that class.
   const Prefetcher* own = prefetchers_[loc.cls];
   if (own == nullptr) return false;
+  // The pace is the number of entries settled, not the leading run: one slow fill (a first peer
+  // handshake, a slow PFS read) must not make every later entry look unready.
   const PrefetchCounters c = own->counters();
-  return policy::PeerPresumedReady(c.prefix, loc.position, c.done, options_.margin);
+  return policy::PeerPresumedReady(c.settled, loc.position, c.done, margin);
 }
 
 int PeerService::Lookup(policy::SampleId sample) const {
   const std::optional<dir::Location> loc = Where(sample);
-  if (!loc || !PresumedReady(*loc)) return -1;
+  if (!loc || !PresumedReady(*loc, options_.margin)) return -1;
   return loc->cls;
 }
 
@@ -113,12 +115,25 @@ Result<uint64_t> PeerService::FetchCopy(policy::SampleId sample, std::span<std::
   }
   const std::optional<dir::Location> loc = directory_.FindCopy(sample);
   if (!loc) return Status::NotFound("peers: this node fills sample " + std::to_string(sample));
-  if (!PresumedReady(*loc)) {
-    ++copies_not_ready_;
-    return Status::NotFound("peers: sample " + std::to_string(sample) +
-                            " not presumed ready at its filler");
+  if (link_->IsDead(loc->node)) {
+    return Status::NotFound("peers: the filler of sample " + std::to_string(sample) + " is dead");
   }
-  return ReadFrom(*loc, dst);
+  // No margin here: a wrong guess costs a round trip, while not asking costs the very PFS read
+  // that this copy is meant to spare.
+  if (!PresumedReady(*loc, 0)) {
+    return Status::Unavailable("peers: sample " + std::to_string(sample) +
+                               " not presumed ready at its filler yet");
+  }
+  Result<uint64_t> h = ReadFrom(*loc, dst);
+  if (!h.ok() && h.status().code() == StatusCode::kNotFound) {
+    return Status::Unavailable("peers: sample " + std::to_string(sample) +
+                               " not available at its filler yet");
+  }
+  if (!h.ok() && h.status().code() == StatusCode::kUnavailable) {
+    // The link's Unavailable: the filler died or refused us. Not a "later".
+    return Status::IoError(h.status().message());
+  }
+  return h;
 }
 
 Status PeerService::Attach(const policy::NodePlan& plan, const policy::NodeAccessCounts& counts,

@@ -14,8 +14,11 @@
 //
 // Fills: a sample several nodes hold is read from the PFS by one of them, its filler (the
 // directory names it); the others' prefetchers copy it from the filler once it is presumed ready
-// (FetchCopy, the reader's peer fill source), and read the PFS only when it is not, so that the
-// job reads such a sample from the PFS about once.
+// (FetchCopy, the reader's peer fill source; without the margin: a wrong guess costs a round trip,
+// not asking costs the duplicate PFS read for certain). When the filler does not have it yet, the
+// prefetcher defers the slot to the end of its pass and asks again then; only a filler that still
+// does not have it (or is dead) makes it read the PFS. So the job reads such a sample from the PFS
+// about once.
 //
 // Readiness (§6): a holder is presumed to have filled the q-th entry of its class-j list once
 // this node's own prefetcher of class j has settled past q + margin, or has finished; a wrong
@@ -74,9 +77,6 @@ class PeerService {
 
   // "peers: ..." lines for `nopfs status`.
   std::string StatusText() const;
-  // Prefetches of a sample this node copies from its filler that went to the PFS because the
-  // filler was not presumed ready yet.
-  uint64_t copies_not_ready() const { return copies_not_ready_.load(std::memory_order_relaxed); }
 
  private:
   explicit PeerService(PeerServiceOptions options);
@@ -85,7 +85,7 @@ class PeerService {
   // that is another node.
   std::optional<dir::Location> Where(policy::SampleId sample) const;
   // §6: whether loc's holder is presumed to have it by now (and is not dead).
-  bool PresumedReady(const dir::Location& loc) const;
+  bool PresumedReady(const dir::Location& loc, uint64_t margin) const;
   int Lookup(policy::SampleId sample) const;
   Result<uint64_t> Fetch(policy::SampleId sample, std::span<std::byte> dst);
   Result<uint64_t> FetchCopy(policy::SampleId sample, std::span<std::byte> dst);
@@ -104,7 +104,6 @@ class PeerService {
   std::string state_ = "starting";  // GUARDED_BY(mu_): for the status
   dir::DirectoryStats stats_;       // GUARDED_BY(mu_)
   uint64_t round_ = 0;
-  std::atomic<uint64_t> copies_not_ready_{0};
 };
 
 }  // namespace nopfs::service

@@ -7,8 +7,8 @@
 
 namespace nopfs::service {
 
-Prefetcher::Prefetcher(Tier& tier, FetchFn fetch, uint32_t threads)
-    : tier_(tier), fetch_(std::move(fetch)), threads_(threads) {}
+Prefetcher::Prefetcher(Tier& tier, FetchFn fetch, uint32_t threads, FetchFn retry)
+    : tier_(tier), fetch_(std::move(fetch)), retry_(std::move(retry)), threads_(threads) {}
 
 Prefetcher::~Prefetcher() {
   Stop();
@@ -58,6 +58,8 @@ PrefetchCounters Prefetcher::counters() const {
   c.bytes = bytes_.load();
   c.failures = failures_.load();
   c.prefix = prefix_.load();
+  c.settled = settled_count_.load();
+  c.deferred = deferred_count_.load();
   c.done = started_.load() && running_.load() == 0;
   return c;
 }
@@ -70,39 +72,76 @@ void Prefetcher::Settle() {
   prefix_.store(p);
 }
 
+void Prefetcher::MarkSettled(uint32_t slot) {
+  std::lock_guard<std::mutex> lock(prefix_mu_);
+  if (settled_[slot]) return;  // a deferred slot was counted when it was deferred
+  settled_[slot] = 1;
+  settled_count_.fetch_add(1);
+  Settle();
+}
+
+Prefetcher::FillResult Prefetcher::FillSlot(uint32_t slot, const FetchFn& fetch,
+                                            std::span<std::byte> bounce, bool may_defer) {
+  SlotTable& slots = tier_.slots();
+  const TierLayout& layout = tier_.layout();
+  if (!slots.TryBeginFill(slot)) return FillResult::kSettled;  // ready, failed, or being filled
+  const policy::SampleId sample = layout.SampleAt(slot);
+  auto hash = tier_.Fill(slot, fetch, bounce);
+  if (hash.ok()) {
+    slots.MarkReady(slot, *hash);
+    filled_.fetch_add(1);
+    bytes_.fetch_add(layout.SizeOf(slot));
+    return FillResult::kSettled;
+  }
+  if (stop_.load()) {
+    slots.Abandon(slot);  // cancelled by Stop(), not a failure of the sample
+    return FillResult::kCancelled;
+  }
+  if (may_defer && hash.status().code() == StatusCode::kUnavailable) {
+    slots.Abandon(slot);  // empty again: a staging read may fill it before the second pass
+    return FillResult::kDeferred;
+  }
+  slots.MarkFailed(slot);
+  failures_.fetch_add(1);
+  TierLog()->warn("prefetcher ({} tier): sample {} failed: {}", tier_.kind(), sample,
+                  hash.status().ToString());
+  return FillResult::kSettled;
+}
+
 void Prefetcher::Run(uint32_t index) {
   const uint64_t bb = tier_.bounce_bytes();
   std::span<std::byte> bounce;
   if (bb > 0) bounce = {bounce_[index], bb};
-  SlotTable& slots = tier_.slots();
-  const TierLayout& layout = tier_.layout();
-  const uint32_t n = layout.slot_count();
+  const uint32_t n = tier_.layout().slot_count();
+  const bool may_defer = static_cast<bool>(retry_);
   while (!stop_.load(std::memory_order_relaxed)) {
     const uint32_t slot = cursor_.fetch_add(1);
     if (slot >= n) break;
-    bool settled = true;
-    if (slots.TryBeginFill(slot)) {
-      const policy::SampleId sample = layout.SampleAt(slot);
-      auto hash = tier_.Fill(slot, fetch_, bounce);
-      if (hash.ok()) {
-        slots.MarkReady(slot, *hash);
-        filled_.fetch_add(1);
-        bytes_.fetch_add(layout.SizeOf(slot));
-      } else if (stop_.load()) {
-        slots.Abandon(slot);  // cancelled by Stop(), not a failure of the sample
-        settled = false;
-      } else {
-        slots.MarkFailed(slot);
-        failures_.fetch_add(1);
-        TierLog()->warn("prefetcher ({} tier): sample {} failed: {}", tier_.kind(), sample,
-                        hash.status().ToString());
+    switch (FillSlot(slot, fetch_, bounce, may_defer)) {
+      case FillResult::kSettled:
+        MarkSettled(slot);
+        break;
+      case FillResult::kDeferred: {
+        deferred_count_.fetch_add(1);
+        std::lock_guard<std::mutex> lock(deferred_mu_);
+        deferred_.push_back(slot);
+        MarkSettled(slot);  // for the pace; it is filled in the second pass
+        break;
       }
+      case FillResult::kCancelled:
+        break;
     }
-    if (settled) {
-      std::lock_guard<std::mutex> lock(prefix_mu_);
-      settled_[slot] = 1;
-      Settle();
+  }
+  // Second pass: the deferred slots, once every slot has been visited (by some thread).
+  while (may_defer && !stop_.load(std::memory_order_relaxed)) {
+    uint32_t slot = 0;
+    {
+      std::lock_guard<std::mutex> lock(deferred_mu_);
+      if (deferred_.empty()) break;
+      slot = deferred_.back();
+      deferred_.pop_back();
     }
+    (void)FillSlot(slot, retry_, bounce, /*may_defer=*/false);
   }
   running_.fetch_sub(1);
 }

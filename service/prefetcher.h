@@ -8,6 +8,12 @@
 // largest padded sample), and marks it ready with the fetch's xxh3, or failed (logged with the
 // sample and the message). A failed sample stays failed; readers fall back to the PFS.
 //
+// Deferral: with a `retry` fetch, a first-pass fetch may answer kUnavailable ("not now": the
+// sample is to be copied from a peer that does not have it yet). The slot is then left empty and
+// counted as settled (the pace goes on), and once the pass has visited every slot the threads
+// fill the deferred ones with `retry`, which must not defer again. A slot someone else filled
+// meanwhile (a staging read) is skipped. Without `retry`, kUnavailable is a failure like any other.
+//
 // Stop() sets a flag that no thread starts a new fetch after, then joins. A fetch already under
 // way is not interrupted by force; a fetch that can take long should poll stop_requested() and
 // give up (its slot then returns to empty and is not counted as a failure), so Stop() returns
@@ -34,15 +40,19 @@ struct PrefetchCounters {
   uint64_t bytes = 0;     // their bytes (exact sizes)
   uint64_t failures = 0;  // slots marked failed by this prefetcher
   // Leading slots 0..prefix-1 all settled (ready, or failed, or skipped because someone else
-  // filled them); own_progress for PeerPresumedReady. Monotone.
+  // filled them, or deferred to the second pass). Monotone.
   uint64_t prefix = 0;
-  bool done = false;  // every thread has exited (all slots visited, or stopped)
+  // Slots settled so far, in any order (>= prefix): the pace for PeerPresumedReady. Monotone.
+  uint64_t settled = 0;
+  uint64_t deferred = 0;  // first-pass fetches that answered "not now" (then retried)
+  bool done = false;      // every thread has exited (all slots visited, or stopped)
 };
 
 class Prefetcher {
  public:
-  // tier and fetch must outlive the prefetcher. threads >= 1.
-  Prefetcher(Tier& tier, FetchFn fetch, uint32_t threads);
+  // tier and fetch must outlive the prefetcher. threads >= 1. `retry` (optional) enables
+  // deferral (see above).
+  Prefetcher(Tier& tier, FetchFn fetch, uint32_t threads, FetchFn retry = nullptr);
   ~Prefetcher();
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
@@ -60,9 +70,15 @@ class Prefetcher {
  private:
   void Run(uint32_t index);
   void Settle();
+  // Fills `slot` with `fetch`; true once the slot is settled (ready, failed, someone else's).
+  enum class FillResult { kSettled, kDeferred, kCancelled };
+  FillResult FillSlot(uint32_t slot, const FetchFn& fetch, std::span<std::byte> bounce,
+                      bool may_defer);
+  void MarkSettled(uint32_t slot);
 
   Tier& tier_;
   FetchFn fetch_;
+  FetchFn retry_;
   uint32_t threads_;
   std::vector<std::thread> workers_;
   std::vector<std::byte*> bounce_;  // one aligned buffer per thread, or none
@@ -76,6 +92,10 @@ class Prefetcher {
   std::vector<uint8_t> settled_;  // [slot]: set under prefix_mu_
   std::mutex prefix_mu_;
   std::atomic<uint64_t> prefix_{0};
+  std::atomic<uint64_t> settled_count_{0};
+  std::atomic<uint64_t> deferred_count_{0};
+  std::mutex deferred_mu_;
+  std::vector<uint32_t> deferred_;  // GUARDED_BY(deferred_mu_): slots for the second pass
 };
 
 }  // namespace nopfs::service

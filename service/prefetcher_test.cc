@@ -96,6 +96,99 @@ TEST(Prefetcher, FailedFetchCountedAndSlotFailed) {
   }
 }
 
+TEST(Prefetcher, SettledCountsPastASlowSlotThePrefixWaitsForIt) {
+  const auto sizes = Sizes(30);
+  std::vector<policy::SampleId> order(30);
+  for (policy::SampleId k = 0; k < 30; ++k)
+    order[k] = k;
+  auto tier = Ram(order, sizes);
+  std::atomic<bool> release{false};
+  // Slot 0's fetch is slow (a first peer handshake, a slow file); the other thread goes on.
+  auto fetch = [&](policy::SampleId k, std::span<std::byte> dst) -> Result<uint64_t> {
+    while (k == 0 && !release.load())
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return FetchContent(k, dst);
+  };
+  Prefetcher pf(*tier, fetch, 2);
+  ASSERT_TRUE(pf.Start().ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (pf.counters().settled < 29 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  PrefetchCounters c = pf.counters();
+  EXPECT_EQ(c.settled, 29u);
+  EXPECT_EQ(c.prefix, 0u);
+  EXPECT_FALSE(c.done);
+  release.store(true);
+  pf.Wait();
+  c = pf.counters();
+  EXPECT_EQ(c.settled, 30u);
+  EXPECT_EQ(c.prefix, 30u);
+  EXPECT_TRUE(c.done);
+}
+
+TEST(Prefetcher, DeferredSlotsAreFilledByRetryAfterThePass) {
+  const auto sizes = Sizes(40);
+  std::vector<policy::SampleId> order(40);
+  for (policy::SampleId k = 0; k < 40; ++k)
+    order[k] = 39 - k;
+  auto tier = Ram(order, sizes);
+  std::mutex mu;
+  std::vector<policy::SampleId> first_pass;
+  std::vector<policy::SampleId> retried;
+  // Samples divisible by 3 are "not there yet" in the first pass.
+  auto fetch = [&](policy::SampleId k, std::span<std::byte> dst) -> Result<uint64_t> {
+    std::lock_guard<std::mutex> lock(mu);
+    first_pass.push_back(k);
+    if (k % 3 == 0) return Status::Unavailable("not at its filler yet");
+    return FetchContent(k, dst);
+  };
+  auto retry = [&](policy::SampleId k, std::span<std::byte> dst) -> Result<uint64_t> {
+    std::lock_guard<std::mutex> lock(mu);
+    retried.push_back(k);
+    return FetchContent(k, dst);
+  };
+  Prefetcher pf(*tier, fetch, 1, retry);
+  ASSERT_TRUE(pf.Start().ok());
+  pf.Wait();
+  const PrefetchCounters c = pf.counters();
+  EXPECT_EQ(c.deferred, 14u);  // 0, 3, ..., 39
+  EXPECT_EQ(c.filled, 40u);
+  EXPECT_EQ(c.failures, 0u);
+  EXPECT_EQ(c.settled, 40u);
+  EXPECT_EQ(c.prefix, 40u);
+  EXPECT_TRUE(c.done);
+  EXPECT_EQ(first_pass.size(), 40u);  // the whole pass first, in first-access order
+  EXPECT_EQ(first_pass, order);
+  EXPECT_EQ(retried.size(), 14u);
+  for (policy::SampleId k : retried)
+    EXPECT_EQ(k % 3, 0u) << k;
+  for (policy::SampleId k = 0; k < 40; ++k) {
+    std::vector<std::byte> got(sizes[k]);
+    ASSERT_TRUE(tier->Read(k, got).ok()) << k;
+    EXPECT_EQ(got, Content(k, sizes[k]));
+  }
+}
+
+TEST(Prefetcher, WithoutRetryUnavailableIsAFailure) {
+  const auto sizes = Sizes(10);
+  std::vector<policy::SampleId> order(10);
+  for (policy::SampleId k = 0; k < 10; ++k)
+    order[k] = k;
+  auto tier = Ram(order, sizes);
+  Prefetcher pf(
+      *tier,
+      [](policy::SampleId k, std::span<std::byte> dst) -> Result<uint64_t> {
+        if (k == 4) return Status::Unavailable("no");
+        return FetchContent(k, dst);
+      },
+      2);
+  ASSERT_TRUE(pf.Start().ok());
+  pf.Wait();
+  EXPECT_EQ(pf.counters().failures, 1u);
+  EXPECT_EQ(pf.counters().deferred, 0u);
+  EXPECT_EQ(tier->slots().state(tier->layout().SlotOf(4)), SlotState::kFailed);
+}
+
 TEST(Prefetcher, StopMidPrefetchIsPrompt) {
   const auto sizes = Sizes(100);
   std::vector<policy::SampleId> order(100);
@@ -128,6 +221,7 @@ TEST(Prefetcher, StopMidPrefetchIsPrompt) {
   EXPECT_EQ(c.failures, 0u);  // cancelled, not failed
   EXPECT_EQ(c.filled, 0u);
   EXPECT_EQ(c.prefix, 0u);
+  EXPECT_EQ(c.settled, 0u);
   EXPECT_EQ(started.load(), 2);
   for (uint32_t slot = 0; slot < tier->layout().slot_count(); ++slot) {
     EXPECT_EQ(tier->slots().state(slot), SlotState::kEmpty);  // refillable

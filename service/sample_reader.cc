@@ -99,7 +99,8 @@ void SampleReader::SetPeerSource(PeerLookupFn lookup, PeerFetchFn fetch, PeerFet
   peer_set_.store(true, std::memory_order_release);
 }
 
-Result<uint64_t> SampleReader::FetchForFill(policy::SampleId sample, std::span<std::byte> dst) {
+Result<uint64_t> SampleReader::FetchForFill(policy::SampleId sample, std::span<std::byte> dst,
+                                            bool may_defer) {
   if (peer_set_.load(std::memory_order_acquire) && peer_fill_fetch_) {
     const uint64_t t0 = NowNanos();
     Result<uint64_t> h = peer_fill_fetch_(sample, dst);
@@ -108,8 +109,10 @@ Result<uint64_t> SampleReader::FetchForFill(policy::SampleId sample, std::span<s
       Count(peer_fill_, dst.size(), NowNanos() - t0);
       return h;
     }
-    // NotFound: no filler elsewhere, or not presumed ready, or "not available": the PFS then.
-    if (h.ok() || h.status().code() != StatusCode::kNotFound) {
+    if (!h.ok() && h.status().code() == StatusCode::kUnavailable) {
+      if (may_defer) return h.status();  // the filler has not got it yet: later
+      peer_fill_gave_up_.fetch_add(1, std::memory_order_relaxed);
+    } else if (h.ok() || h.status().code() != StatusCode::kNotFound) {
       spdlog::warn("sample {} ({}): copying it from its peer failed, reading the PFS instead: {}",
                    sample, catalog_.path(sample),
                    h.ok() ? std::string("checksum differs") : h.status().message());

@@ -94,11 +94,14 @@ class SampleReader {
   // A PFS read that records/compares the checksum and returns it.
   Result<uint64_t> FetchFromPfs(policy::SampleId sample, std::span<std::byte> dst, bool staging);
   // The fetch the prefetchers use: the sample's filler's copy when another node reads it from the
-  // PFS for the job and is presumed to have it by now (the peer fill source), else FetchFromPfs.
-  Result<uint64_t> FetchForFill(policy::SampleId sample, std::span<std::byte> dst);
+  // PFS for the job (the peer fill source), else FetchFromPfs. When the filler does not have it
+  // yet: with `may_defer`, kUnavailable (the prefetcher retries the slot after its pass, see
+  // prefetcher.h); without, the PFS.
+  Result<uint64_t> FetchForFill(policy::SampleId sample, std::span<std::byte> dst, bool may_defer);
 
-  // Installs the peer source: `lookup` and `fetch` for staging reads, `fill` (which answers
-  // NotFound, without asking the network, when the filler is not presumed ready) for prefetches.
+  // Installs the peer source: `lookup` and `fetch` for staging reads, `fill` for prefetches, which
+  // answers kUnavailable when the filler is not ready yet (not presumed, or "not available") and
+  // NotFound when this node reads the sample itself; any other error is logged and the PFS read.
   // Safe to call once while prefetchers run; staging reads must not have started.
   void SetPeerSource(PeerLookupFn lookup, PeerFetchFn fetch, PeerFetchFn fill);
 
@@ -108,6 +111,8 @@ class SampleReader {
   // Prefetches copied from a peer (the sample's filler) instead of read from the PFS. Staging
   // reads from a peer that were kept in a tier count in peer_counters and cached_on_read.
   const SourceCounters& peer_fill_counters() const { return peer_fill_; }
+  // Prefetches whose filler never had the sample ready (after deferral): read from the PFS.
+  uint64_t peer_fill_gave_up() const { return peer_fill_gave_up_.load(std::memory_order_relaxed); }
   const SourceCounters& pfs_counters() const { return pfs_; }
   // Every byte read from the PFS, prefetch included.
   uint64_t pfs_bytes_total() const { return pfs_total_.load(std::memory_order_relaxed); }
@@ -141,6 +146,7 @@ class SampleReader {
   PeerFetchFn peer_fill_fetch_;
   std::atomic<bool> peer_set_{false};
   SourceCounters peer_fill_;
+  std::atomic<uint64_t> peer_fill_gave_up_{0};
   std::vector<std::unique_ptr<SourceCounters>> per_class_;
   std::vector<std::unique_ptr<SourceCounters>> cached_on_read_;
   SourceCounters peer_;

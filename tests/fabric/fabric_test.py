@@ -12,6 +12,8 @@ What a user relies on, checked here:
 - a node with the wrong secret is refused (and its ranks still get every byte, from the PFS);
 - a peer killed before the ranks read, or while they read: the others fall back to the PFS, no
   wrong byte, the run completes;
+- three daemons, each in its own network namespace with its own address (as on three hosts),
+  serve each other the same way;
 - nothing is left behind after SIGTERM.
 
 As root, every process runs as `nobody` (nopfsd refuses root).
@@ -101,19 +103,27 @@ class FabricTest(unittest.TestCase):
         os.chmod(path, 0o644)
         return path
 
-    def start(self, nodes, conf, secrets, timeout_ms=1500):
-        base = free_port_base(nodes)
-        peers = ",".join(f"127.0.0.1:{base + n}" for n in range(nodes))
+    def start(self, nodes, conf, secrets, timeout_ms=1500, hosts=None, netns=None, job=JOB):
+        """Starts `nodes` daemons, node n listening on hosts[n] (default 127.0.0.1) inside network
+        namespace netns[n] (default this one)."""
+        if hosts is None:
+            base = free_port_base(nodes)
+            addrs = [f"127.0.0.1:{base + n}" for n in range(nodes)]
+        else:
+            addrs = [f"{h}:41000" for h in hosts]  # each namespace has its own ports
+        peers = ",".join(addrs)
         for n in range(nodes):
             run = os.path.join(self.work, f"run{n}")
             os.mkdir(run, 0o700)
             if st.AS_ROOT:
                 shutil.chown(run, "nobody", "nogroup")
             argv = st.demote_argv([
-                os.path.join(BIN, "nopfsd"), "--run-dir", run, "--dataset", self.data.root, *JOB,
+                os.path.join(BIN, "nopfsd"), "--run-dir", run, "--dataset", self.data.root, *job,
                 "--node", str(n), "--config", conf, "--job-id", "fabrictest",
-                "--peers", peers, "--peer-listen", f"127.0.0.1:{base + n}",
+                "--peers", peers, "--peer-listen", addrs[n],
                 "--peer-secret-file", secrets[n], "--peer-timeout-ms", str(timeout_ms)])
+            if netns is not None:
+                argv = ["ip", "netns", "exec", netns[n]] + argv
             err = open(os.path.join(self.work, f"nopfsd{n}.err"), "w")
             self.addCleanup(err.close)
             self.daemons.append((subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err),
@@ -264,6 +274,68 @@ class FabricTest(unittest.TestCase):
         # Reads the dead node was to serve went to the PFS after one failed request.
         self.assertRegex(s, r"dead: 1", s)
         self.assertGreater(self.counter(s, r"(?m)^served pfs: (\d+) samples"), 0, s)
+        self.stop_all()
+
+    def make_netns(self, count):
+        """`count` network namespaces joined by a bridge-less veth star through the first: node n
+        gets 10.<x>.0.<n+1>/24 on its own interface, nothing else (no route to this host)."""
+        tag = f"{os.getpid() % 100000}"
+        names = [f"nopfs{tag}n{n}" for n in range(count)]
+        net = f"10.{200 + os.getpid() % 50}.0"
+
+        def ip(*args):
+            subprocess.run(["ip", *args], check=True, capture_output=True)
+
+        for n, name in enumerate(names):
+            ip("netns", "add", name)
+            self.addCleanup(subprocess.run, ["ip", "netns", "del", name], capture_output=True)
+            ip("-n", name, "link", "set", "lo", "up")
+        ip("-n", names[0], "link", "add", "br0", "type", "bridge")
+        ip("-n", names[0], "link", "set", "br0", "up")
+        ip("-n", names[0], "addr", "add", f"{net}.1/24", "dev", "br0")
+        for n in range(1, count):
+            ip("-n", names[0], "link", "add", f"p{n}", "type", "veth", "peer", "name", "eth0",
+               "netns", names[n])
+            ip("-n", names[0], "link", "set", f"p{n}", "master", "br0", "up")
+            ip("-n", names[n], "addr", "add", f"{net}.{n + 1}/24", "dev", "eth0")
+            ip("-n", names[n], "link", "set", "eth0", "up")
+        return names, [f"{net}.{n + 1}" for n in range(count)]
+
+    def test_nodes_in_their_own_network_namespaces(self):
+        # Each daemon in its own network stack with its own address (as on separate hosts); the
+        # UNIX sockets of the run directories are reachable from here as on a node.
+        if not st.AS_ROOT:
+            self.skipTest("network namespaces need root (CI runs this as root)")
+        names, hosts = self.make_netns(3)
+        secret = self.private_file("secret", os.urandom(32))
+        job = ["--seed", "5", "--epochs", "3", "--batch", "16", "--ranks", "3",
+               "--ranks-per-node", "1"]
+        self.start(3, self.config(str(int(self.total * 0.5))), [secret] * 3, hosts=hosts,
+                   netns=names, job=job)
+        for n in range(3):
+            while "prefetch done" not in self.status(n):
+                time.sleep(0.05)
+        for rank in range(3):
+            sock = os.path.join(self.daemons[rank][1], "nopfsd.sock")
+            p = self.nopfs("cat", "--socket", sock, "--rank", rank, "--verify", "--print")
+            lines = p.stdout.strip().split("\n")
+            self.assertRegex(lines[-1], r"^\d+ samples, \d+ bytes, 0 mismatches$")
+            want = self.nopfs("stream", *job, "--samples", len(self.data.files), "--rank", rank)
+            self.assertEqual([int(x.split()[0]) for x in lines[:-1]],
+                             [int(x) for x in want.stdout.split()])
+        statuses = [self.status(n) for n in range(3)]
+        for n, s in enumerate(statuses):
+            # The three tiers together hold the dataset: every sample a node needs is found.
+            m = re.search(r"(?m)^peers: node %d of 3, directory of (\d+) samples held elsewhere "
+                          r"\(of (\d+) needed\)" % n, s)
+            self.assertIsNotNone(m, s)
+            self.assertEqual(m.group(1), m.group(2), s)
+            self.assertGreater(self.counter(s, r"(?m)^served peer: (\d+) samples"), 0, s)
+            self.assertRegex(s, r"dead: none", s)
+        pfs = sum(self.counter(s, r"(?m)^pfs read: (\d+) bytes") for s in statuses)
+        print(f"\n3 nodes in 3 network namespaces, tiers of 0.5 of the dataset each: PFS read "
+              f"{pfs / self.total:.3f} datasets", file=sys.stderr)
+        self.assertLessEqual(pfs, 1.05 * self.total, statuses)
         self.stop_all()
 
     def test_malformed_secret_file_is_a_clear_error(self):
