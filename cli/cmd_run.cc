@@ -2,7 +2,9 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <netinet/in.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -11,8 +13,10 @@
 
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -21,6 +25,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cli/job_flags.h"
@@ -42,6 +47,9 @@ struct RunFlags {
   std::string run_dir;
   uint32_t node = 0;
   uint32_t nodes = 0;  // > 1: start every node of the job on this machine, serving each other
+  std::string hosts;   // with nodes > 1: node n listens on the n-th (default 127.0.0.1 for all)
+  std::string netns;   // node n's daemon and ranks run in the n-th network namespace (root)
+  std::string user;    // as root: the user the daemons and ranks run as
   double start_timeout = 3600;  // seconds: a first scan of a large dataset takes a while
   double stop_timeout = 30;
   bool keep_run_dir = false;
@@ -147,14 +155,51 @@ Status WriteSecret(const std::string& path) {
   return ok ? Status::Ok() : Status::FromErrno(errno, "write " + path);
 }
 
+std::vector<std::string> SplitList(const std::string& list) {
+  std::vector<std::string> out;
+  std::string item;
+  std::istringstream in(list);
+  while (std::getline(in, item, ','))
+    out.push_back(item);
+  return out;
+}
+
 // One node of the job on this machine: its nopfsd and its ranks.
 struct NodeRun {
   uint32_t node = 0;
+  std::string host = "127.0.0.1";
+  int netns_fd = -1;  // owned by the NodeRun
   std::string run_dir;
   std::string socket;
   std::optional<Child> daemon;
   std::map<std::string, std::string> ready;
   std::string status_text;
+  NodeRun() = default;
+  NodeRun(NodeRun&& o) noexcept
+      : node(o.node),
+        host(std::move(o.host)),
+        netns_fd(std::exchange(o.netns_fd, -1)),
+        run_dir(std::move(o.run_dir)),
+        socket(std::move(o.socket)),
+        daemon(std::move(o.daemon)),
+        ready(std::move(o.ready)),
+        status_text(std::move(o.status_text)) {}
+  NodeRun& operator=(NodeRun&&) = delete;
+  ~NodeRun() {
+    if (netns_fd >= 0) ::close(netns_fd);
+  }
+};
+
+// The processes' identity: as root, --user's (nopfsd never runs as root).
+struct RunAs {
+  bool switch_user = false;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  void Apply(Child::Options* o) const {
+    o->switch_user = switch_user;
+    o->uid = uid;
+    o->gid = gid;
+  }
 };
 
 int RunJob(RunFlags& f, bool ranks_per_node_given) {
@@ -198,7 +243,53 @@ int RunJob(RunFlags& f, bool ranks_per_node_given) {
     f.run_dir = fs::absolute(f.run_dir).string();
     made_run_dir = !fs::exists(f.run_dir);
   }
+  // Network namespaces and the user: checked before anything is created.
+  const uint32_t started = f.nodes > 1 ? f.nodes : 1;
+  const std::vector<std::string> hosts = SplitList(f.hosts);
+  const std::vector<std::string> netns = SplitList(f.netns);
+  if (!f.hosts.empty() && (f.nodes < 2 || hosts.size() != f.nodes)) {
+    return Fail("--hosts lists " + std::to_string(hosts.size()) +
+                " addresses; give one per node of --nodes N (N >= 2), e.g. --hosts "
+                "10.0.0.1,10.0.0.2");
+  }
+  if (!f.netns.empty() && netns.size() != started) {
+    return Fail("--netns lists " + std::to_string(netns.size()) + " namespaces for " +
+                std::to_string(started) + " node(s); give one per node, e.g. --netns ns0,ns1");
+  }
+  RunAs as;
+  if (!f.user.empty()) {
+    if (::geteuid() != 0) return Fail("--user needs root; without it nopfs runs as you");
+    const passwd* pw = ::getpwnam(f.user.c_str());
+    if (pw == nullptr) return Fail("--user " + f.user + ": no such user");
+    if (pw->pw_uid == 0) return Fail("--user " + f.user + ": nopfsd never runs as root");
+    as = {true, pw->pw_uid, pw->pw_gid};
+  }
+  if (!f.netns.empty() && (::geteuid() != 0 || f.user.empty())) {
+    return Fail(
+        "--netns needs root (to enter the namespaces) and --user USER (the daemons and "
+        "ranks run as that user, never root)");
+  }
+  std::vector<int> netns_fds;
+  for (const std::string& name : netns) {
+    const std::string path = name.find('/') == std::string::npos ? "/run/netns/" + name : name;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      for (int x : netns_fds)
+        ::close(x);
+      return Fail("--netns " + name + ": cannot open " + path + ": " + std::strerror(errno) +
+                  " (create it with `ip netns add " + name + "`)");
+    }
+    netns_fds.push_back(fd);
+  }
+  const auto own = [&](const std::string& path) -> Status {
+    if (as.switch_user && ::chown(path.c_str(), as.uid, as.gid) != 0) {
+      return Status::FromErrno(errno, "chown " + path);
+    }
+    return Status::Ok();
+  };
+
   if (Status s = service::PrepareRunDir(f.run_dir); !s.ok()) return Fail(s.message());
+  if (Status s = own(f.run_dir); !s.ok()) return Fail(s.message());
 
   // The nodes started here: --node alone, or with --nodes every node of the job, each with its
   // own run directory, all serving each other over loopback.
@@ -208,7 +299,9 @@ int RunJob(RunFlags& f, bool ranks_per_node_given) {
       NodeRun r;
       r.node = n;
       r.run_dir = f.run_dir + "/node" + std::to_string(n);
+      if (!hosts.empty()) r.host = hosts[n];
       if (Status s = service::PrepareRunDir(r.run_dir); !s.ok()) return Fail(s.message());
+      if (Status s = own(r.run_dir); !s.ok()) return Fail(s.message());
       nodes.push_back(std::move(r));
     }
   } else {
@@ -217,8 +310,10 @@ int RunJob(RunFlags& f, bool ranks_per_node_given) {
     r.run_dir = f.run_dir;
     nodes.push_back(std::move(r));
   }
-  for (NodeRun& r : nodes)
-    r.socket = r.run_dir + "/" + service::kSocketName;
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    nodes[n].socket = nodes[n].run_dir + "/" + service::kSocketName;
+    if (n < netns_fds.size()) nodes[n].netns_fd = netns_fds[n];
+  }
   std::vector<std::string> peer_args;
   std::string secret;
   if (f.nodes > 1) {
@@ -226,11 +321,12 @@ int RunJob(RunFlags& f, bool ranks_per_node_given) {
     if (!base.ok()) return Fail(base.status().message());
     std::string list;
     for (uint32_t n = 0; n < f.nodes; ++n) {
-      list += (n == 0 ? "" : ",") + std::string("127.0.0.1:") + std::to_string(*base + n);
+      list += (n == 0 ? "" : ",") + nodes[n].host + ":" + std::to_string(*base + n);
     }
     secret = f.run_dir + "/peer.secret";
     ::unlink(secret.c_str());
     if (Status s = WriteSecret(secret); !s.ok()) return Fail(s.message());
+    if (Status s = own(secret); !s.ok()) return Fail(s.message());
     peer_args = {"--peers", list, "--peer-secret-file", secret};
   }
 
@@ -284,6 +380,8 @@ int RunJob(RunFlags& f, bool ranks_per_node_given) {
     dargv.insert(dargv.end(), peer_args.begin(), peer_args.end());
     Child::Options dopt;
     dopt.die_with_parent = true;
+    dopt.netns_fd = r.netns_fd;
+    as.Apply(&dopt);
     Result<Child> daemon = Child::Spawn(dargv, dopt);
     if (!daemon.ok()) {
       stop_daemons();
@@ -339,6 +437,8 @@ int RunJob(RunFlags& f, bool ranks_per_node_given) {
     for (uint32_t i = 0; i < local && exit_code == 0; ++i) {
       Child::Options o;
       o.new_group = false;
+      o.netns_fd = r.netns_fd;
+      as.Apply(&o);
       o.env = {{"NOPFS_SOCKET", r.socket},
                {"NOPFS_RUN_DIR", r.run_dir},
                {"NOPFS_DATASET", dataset.string()},
@@ -363,6 +463,13 @@ int RunJob(RunFlags& f, bool ranks_per_node_given) {
       ranks.push_back(std::move(*c));
       rank_ids.push_back(first + i);
     }
+  }
+  // Everything is started: from here on this process is the user too (the daemons answer the
+  // status request of their own user only, and what is left to remove is the user's).
+  if (as.switch_user && (::setgroups(0, nullptr) != 0 || ::setresgid(as.gid, as.gid, as.gid) != 0 ||
+                         ::setresuid(as.uid, as.uid, as.uid) != 0)) {
+    std::fprintf(stderr, "nopfs run: cannot become %s: %s\n", f.user.c_str(), std::strerror(errno));
+    if (exit_code == 0) exit_code = 1;
   }
   // Wait for every rank; forward a signal to all of them.
   std::vector<int> statuses(ranks.size(), -1);
@@ -464,6 +571,15 @@ void RegisterRun(CLI::App* app, int* exit_code) {
                   "Start all N nodes of the job on this machine, each with its own nopfsd, and "
                   "let them read from each other over loopback (libfabric)")
       ->check(CLI::Range(1u, 64u));
+  sub->add_option("--hosts", f->hosts,
+                  "With --nodes N: the address each node listens on, A0,A1,... (default "
+                  "127.0.0.1 for all)");
+  sub->add_option("--netns", f->netns,
+                  "Run node n's nopfsd and ranks in the n-th network namespace, NS0,NS1,... (names "
+                  "in /run/netns or paths; needs root and --user)");
+  sub->add_option(
+      "--user", f->user,
+      "As root: run the daemons and ranks as USER (groups cleared), and finish as USER");
   sub->add_option("--config", f->config, "Node config (Lua); default: a RAM tier of 1/8 of memory")
       ->check(CLI::ExistingFile);
   sub->add_option("--run-dir", f->run_dir,

@@ -2,6 +2,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -72,6 +74,19 @@ Result<Child> Child::Spawn(const std::vector<std::string>& argv, const Options& 
   }
   if (pid == 0) {
     if (new_group) setpgid(0, 0);
+    const auto fail = [&](int e) {
+      ssize_t ignored = write(err_pipe[1], &e, sizeof(e));
+      (void)ignored;
+      _exit(127);
+    };
+    if (options.netns_fd >= 0 && setns(options.netns_fd, CLONE_NEWNET) != 0) fail(errno);
+    if (options.switch_user) {
+      // Groups first: once the uid is dropped they can no longer be changed.
+      if (setgroups(0, nullptr) != 0) fail(errno);
+      if (setresgid(options.gid, options.gid, options.gid) != 0) fail(errno);
+      if (setresuid(options.uid, options.uid, options.uid) != 0) fail(errno);
+    }
+    // After the credentials change: a change of credentials clears the parent-death signal.
     if (options.die_with_parent) {
       prctl(PR_SET_PDEATHSIG, SIGTERM);
       if (getppid() != parent) _exit(127);  // the parent died before prctl took effect
@@ -91,10 +106,7 @@ Result<Child> Child::Spawn(const std::vector<std::string>& argv, const Options& 
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     execvpe(argp[0], argp.data(), envp.data());
-    const int e = errno;
-    ssize_t ignored = write(err_pipe[1], &e, sizeof(e));
-    (void)ignored;
-    _exit(127);
+    fail(errno);
   }
   if (new_group) setpgid(pid, pid);  // also from the parent: no race with Signal()
   close(err_pipe[1]);

@@ -29,6 +29,13 @@ class Child {
     std::vector<int> keep_fds;               // descriptors the child keeps besides 0, 1, 2
     bool new_group = true;         // own process group, so that a signal to it reaches its children
     bool die_with_parent = false;  // SIGTERM when this process dies (PR_SET_PDEATHSIG)
+    // Network namespace to enter before exec (an open descriptor of e.g. /run/netns/NAME; needs
+    // CAP_SYS_ADMIN), or -1.
+    int netns_fd = -1;
+    // User to become before exec (needs root): supplementary groups cleared, then gid, then uid.
+    bool switch_user = false;
+    uid_t uid = 0;
+    gid_t gid = 0;
   };
   // Starts argv[0] (searched in PATH when it has no '/'). Descriptors other than 0, 1, 2 and
   // keep_fds are closed in the child. An exec failure is returned as the errno it got.

@@ -14,6 +14,8 @@ What a user relies on, checked here:
   wrong byte, the run completes;
 - three daemons, each in its own network namespace with its own address (as on three hosts),
   serve each other the same way;
+- `nopfs run --nodes 2` runs a job of two nodes serving each other, on loopback or (as root, with
+  --netns, --hosts and --user) in two network namespaces; its flags' errors say what to write;
 - nothing is left behind after SIGTERM.
 
 As root, every process runs as `nobody` (nopfsd refuses root).
@@ -337,6 +339,64 @@ class FabricTest(unittest.TestCase):
               f"{pfs / self.total:.3f} datasets", file=sys.stderr)
         self.assertLessEqual(pfs, 1.05 * self.total, statuses)
         self.stop_all()
+
+    def run_nodes(self, argv, demote=True):
+        """`nopfs run --nodes 2` whose ranks run `nopfs cat --verify`; checks every rank's last
+        line and that each node served some of its ranks' reads from its peer."""
+        conf = self.config(str(int(self.total * 0.6)))
+        parent = os.path.join(self.work, "runs")
+        os.mkdir(parent, 0o755)
+        if st.AS_ROOT:
+            shutil.chown(parent, "nobody", "nogroup")
+        run = os.path.join(parent, "run")
+        cmd = [os.path.join(BIN, "nopfs"), "run", "--dataset", self.data.root, *JOB, "--nodes", 2,
+               "--config", conf, "--run-dir", run, *argv, "--",
+               os.path.join(BIN, "nopfs"), "cat", "--verify"]
+        cmd = [str(x) for x in cmd]
+        if demote:
+            cmd = st.demote_argv(cmd)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        cats = re.findall(r"(?m)^(\d+) samples, \d+ bytes, (\d+) mismatches$", p.stdout)
+        self.assertEqual(len(cats), 4, p.stdout)
+        self.assertTrue(all(m == "0" for _, m in cats), p.stdout)
+        per_node = p.stdout.split("node 1:")
+        self.assertEqual(len(per_node), 2, p.stdout)
+        for text in per_node:
+            peer = re.search(r"(?m)^peer\s+(\d+)", text)
+            self.assertIsNotNone(peer, p.stdout)
+            self.assertGreater(int(peer.group(1)), 0, p.stdout)
+        self.assertRegex(p.stdout, r"(?m)^job: pfs read in all")
+        self.assertFalse(os.path.exists(os.path.join(run, "node0", "nopfsd.sock")))
+        return p
+
+    def test_nopfs_run_nodes_serve_each_other(self):
+        self.run_nodes([])
+
+    def test_nopfs_run_nodes_in_their_own_network_namespaces(self):
+        if not st.AS_ROOT:
+            self.skipTest("network namespaces need root (CI runs this as root)")
+        names, hosts = self.make_netns(2)
+        p = self.run_nodes(["--netns", ",".join(names), "--hosts", ",".join(hosts), "--user",
+                            "nobody"], demote=False)
+        self.assertIn(f"run dir {self.work}/runs/run/node1", p.stderr)
+
+    def test_nopfs_run_netns_errors_say_what_to_write(self):
+        conf = self.config("4MB")
+        base = [os.path.join(BIN, "nopfs"), "run", "--dataset", self.data.root, *JOB, "--nodes",
+                "2", "--config", conf]
+        for extra, want in (
+                (["--hosts", "10.0.0.1"], r"--hosts lists 1 addresses; give one per node"),
+                (["--netns", "a,b,c"], r"--netns lists 3 namespaces for 2 node\(s\)"),
+                (["--netns", "nopfs-no-such-ns,x", "--user", "nobody"],
+                 r"cannot open /run/netns/nopfs-no-such-ns.*ip netns add"),
+                (["--user", "nopfs-no-such-user"], r"no such user")):
+            argv = base + extra + ["--", "true"]
+            if not st.AS_ROOT and "--user" in extra:
+                want = r"--user needs root"
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertRegex(p.stderr, want)
 
     def test_malformed_secret_file_is_a_clear_error(self):
         short = self.private_file("short", b"x" * 7)
