@@ -264,7 +264,8 @@ int TaskInit(spank_t sp) {
   const uint32_t local = static_cast<uint32_t>(std::strtoul(local_s.c_str(), nullptr, 10));
   const std::string dir = RunDir(g_args.rundir, node, job_id);
   std::string why;
-  if (ReadText(dir + "/ready").empty()) {
+  const std::string ready = ReadText(dir + "/ready");
+  if (ready.empty()) {
     why = ReadText(dir + "/refused");
     if (why.empty()) why = ReadText(dir + "/failed");
     if (why.empty()) why = "nopfs: task: " + node + ": no cache was started (see slurmd's log)";
@@ -292,6 +293,20 @@ int TaskInit(spank_t sp) {
     spank_setenv(sp, name, value.c_str(), 1);
   };
   if (why.empty() && local < per_node) set("NOPFS_SOCKET", dir + "/nopfsd.sock");
+  // The catalog's size, from nopfsd's ready file ("samples=N"): what the Python package's len()
+  // needs without asking the service. The file is the user's own: only digits are taken.
+  if (why.empty()) {
+    const size_t at = ready.find("samples=");
+    if (at != std::string::npos && (at == 0 || ready[at - 1] == '\n')) {
+      const size_t begin = at + 8;
+      size_t end = begin;
+      while (end < ready.size() && end - begin < 12 && ready[end] >= '0' && ready[end] <= '9')
+        ++end;
+      if (end > begin && (end == ready.size() || ready[end] == '\n')) {
+        set("NOPFS_SAMPLES", ready.substr(begin, end - begin));
+      }
+    }
+  }
   set("NOPFS_RANK", std::to_string(*index * per_node + local));
   set("NOPFS_LOCAL_RANK", std::to_string(local));
   set("NOPFS_RANKS", std::to_string(nodes * per_node));

@@ -310,8 +310,10 @@ class ClusterTest(unittest.TestCase):
             self.assertEqual(len(verified), 4, out)
             self.assertEqual(sum(int(v[0]) for v in verified), 2 * 120, out)  # 2 epochs, strided
             self.assertTrue(all(v[2] == "0" for v in verified), out)
-            # The nodes authenticated each other and built the peer directory together.
+            # The nodes authenticated each other and built the peer directory together; every
+            # task knows the catalog's size.
             for node, index in (("n1", 0), ("n3", 1)):
+                self.assertEqual(out.count(f"{node}: NOPFS_SAMPLES=120\n"), 2, out)
                 self.assertRegex(out, rf"{node}: peers: node {index} of 2, directory of \d+", out)
         release(job)
         self.assertEqual(wait_done(job), "COMPLETED", out)
