@@ -1,6 +1,7 @@
 """nopfs._client against a live nopfsd: bytes, order, buffer lifetime, shares, resume."""
 
 import os
+import subprocess
 import time
 
 import numpy as np
@@ -133,6 +134,40 @@ def test_worker_shares_interleave_back_into_the_plan(service, images):
         assert merged == job.order(epoch, step).tolist()
     with pytest.raises(nopfs.Error, match="worker"):
         client.open(0, worker=3, workers=3, batch=4)
+
+
+def fnv1a64(data):
+    h = 14695981039346656037
+    for byte in data:
+        h = ((h ^ byte) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def test_c_api_shares_deliver_the_files_in_the_planned_order(service, images):
+    """The C API's nopfs_open_share (client/c_api_test.c, share mode) against the service: the
+    workers' shares interleave back into the rank's epoch, and every sample is its file."""
+    prog = os.path.join(os.environ["NOPFS_BIN"], "nopfs_c_api_test")
+    env = {**os.environ, "NOPFS_SOCKET": service.socket}
+    W, b = 2, 4
+    job = nopfs.Job(seed=7, samples=len(images[1]), ranks=2, rank=1, batch=8)
+    shares = []
+    for w in range(W):
+        p = subprocess.run([prog, "share", "1", "1", "2", str(w), str(W), str(b), "1"], env=env,
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        rows = [line.split() for line in p.stdout.splitlines()]
+        for sample, size, h in rows:
+            with open(images[1][int(sample)], "rb") as fh:
+                data = fh.read()
+            assert int(size) == len(data)
+            assert int(h, 16) == fnv1a64(data), f"sample {sample}"
+        shares.append([int(r[0]) for r in rows])
+    merged, k = [], 0
+    while any(shares):
+        merged += shares[k % W][:b]
+        shares[k % W] = shares[k % W][b:]
+        k += 1
+    assert merged == job.order(1, 2).tolist()
 
 
 def test_without_a_service_the_error_is_clear(monkeypatch, tmp_path):
