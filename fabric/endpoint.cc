@@ -2,14 +2,19 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_tagged.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <list>
 #include <string>
@@ -72,8 +77,18 @@ struct Endpoint::Impl {
   // peer link receives with a 64 MiB limit every few milliseconds).
   std::unique_ptr<std::byte[]> spare;
   uint64_t spare_capacity = 0;
+  // Waiting without spinning: the completion queue's file descriptor (FI_WAIT_FD; -1 if the
+  // provider has none, then idle waits sleep briefly) and an eventfd that Wake() signals.
+  int cq_fd = -1;
+  int wake_fd = -1;
+  // When the queue last gave a completion: for a short while after one, an idle wait spins
+  // (the next message of a busy exchange is likely microseconds away, and a sleep in poll()
+  // costs tens of them to wake from); after that it sleeps.
+  std::chrono::steady_clock::time_point last_completion{};
+  static constexpr std::chrono::microseconds kSpin{200};
 
   ~Impl() {
+    if (wake_fd >= 0) ::close(wake_fd);
     if (ep != nullptr) fi_close(&ep->fid);
     if (av != nullptr) fi_close(&av->fid);
     if (cq != nullptr) fi_close(&cq->fid);
@@ -83,6 +98,7 @@ struct Endpoint::Impl {
 
   void Finish(Op* op) {
     op->done = true;
+    last_completion = std::chrono::steady_clock::now();
     if (op->abandoned && op->error != 0 && op->error != FI_ECANCELED) ++failed_posts;
     if (op->abandoned) ops.remove_if([op](const std::unique_ptr<Op>& o) { return o.get() == op; });
   }
@@ -111,6 +127,30 @@ struct Endpoint::Impl {
         op->tag = entries[i].tag;
         Finish(op);
       }
+    }
+  }
+
+  // Blocks until the completion queue may have something, Wake() is called, or `timeout` passes.
+  // Callers poll the queue afterwards.
+  void Idle(std::chrono::microseconds timeout) {
+    if (std::chrono::steady_clock::now() - last_completion < kSpin) {
+      std::this_thread::yield();
+      return;
+    }
+    if (cq_fd < 0) {
+      std::this_thread::sleep_for(std::min(timeout, std::chrono::microseconds(100)));
+      return;
+    }
+    fid* f = &cq->fid;
+    // FI_SUCCESS: nothing pending, the fd may be waited on; otherwise there is work already.
+    if (fi_trywait(fabric, &f, 1) != FI_SUCCESS) return;
+    pollfd fds[2] = {{cq_fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    const int ms = static_cast<int>(
+        std::max<int64_t>(1, std::chrono::ceil<std::chrono::milliseconds>(timeout).count()));
+    if (::poll(fds, 2, ms) > 0 && (fds[1].revents & POLLIN) != 0) {
+      uint64_t n = 0;
+      ssize_t ignored = ::read(wake_fd, &n, sizeof n);
+      (void)ignored;
     }
   }
 
@@ -152,13 +192,23 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Open(const EndpointOptions& options)
   if ((rc = fi_domain(impl->fabric, info, &impl->domain, nullptr)) != 0) {
     return Status::IoError(FiError("fabric: fi_domain", rc));
   }
+  // A completion queue with a file descriptor to wait on, so that an idle endpoint sleeps in
+  // poll() instead of spinning; a provider without one gets a plain queue (idle waits then sleep
+  // 100 us at a time).
   fi_cq_attr cq_attr{};
   cq_attr.format = FI_CQ_FORMAT_TAGGED;
-  cq_attr.wait_obj = FI_WAIT_NONE;
+  cq_attr.wait_obj = FI_WAIT_FD;
   cq_attr.size = 1024;
-  if ((rc = fi_cq_open(impl->domain, &cq_attr, &impl->cq, nullptr)) != 0) {
-    return Status::IoError(FiError("fabric: fi_cq_open", rc));
+  if (fi_cq_open(impl->domain, &cq_attr, &impl->cq, nullptr) == 0) {
+    if (fi_control(&impl->cq->fid, FI_GETWAIT, &impl->cq_fd) != 0) impl->cq_fd = -1;
+  } else {
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    if ((rc = fi_cq_open(impl->domain, &cq_attr, &impl->cq, nullptr)) != 0) {
+      return Status::IoError(FiError("fabric: fi_cq_open", rc));
+    }
   }
+  impl->wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (impl->wake_fd < 0) return Status::FromErrno(errno, "fabric: eventfd");
   fi_av_attr av_attr{};
   av_attr.type = FI_AV_TABLE;
   if ((rc = fi_av_open(impl->domain, &av_attr, &impl->av, nullptr)) != 0) {
@@ -297,7 +347,17 @@ Result<Message> Endpoint::Recv(uint64_t tag, uint64_t ignore, uint64_t max_len,
   while (!op->done) {
     impl_->Poll();
     if (op->done) break;
-    std::this_thread::yield();  // idle polling: leave the core to the threads doing work
+    if (interrupt && interrupt()) {
+      // fall through to the cancellation below
+    } else {
+      const auto left = deadline - std::chrono::steady_clock::now();
+      if (left > std::chrono::steady_clock::duration::zero()) {
+        impl_->Idle(std::min<std::chrono::microseconds>(
+            std::chrono::duration_cast<std::chrono::microseconds>(left),
+            std::chrono::milliseconds(50)));
+        continue;
+      }
+    }
     if (std::chrono::steady_clock::now() >= deadline || (interrupt && interrupt())) {
       fi_cancel(&impl_->ep->fid, &op->ctx);
       // The cancellation completes as an error entry; until then libfabric may still write.
@@ -334,6 +394,16 @@ Result<Message> Endpoint::Recv(uint64_t tag, uint64_t ignore, uint64_t max_len,
 
 void Endpoint::Progress() {
   impl_->Poll();
+}
+
+void Endpoint::Wake() {
+  const uint64_t one = 1;
+  ssize_t ignored = ::write(impl_->wake_fd, &one, sizeof one);
+  (void)ignored;
+}
+
+bool Endpoint::waits_on_fd() const {
+  return impl_->cq_fd >= 0;
 }
 
 uint64_t Endpoint::pending_ops() const {

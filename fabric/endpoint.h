@@ -82,6 +82,10 @@ class Endpoint {
 
   // Drives the completion queue once (reaps finished and abandoned operations).
   void Progress();
+  // Ends a Recv's idle wait early (its `interrupt` is then checked); safe from any thread.
+  void Wake();
+  // Whether idle waits sleep on the completion queue's file descriptor (else in 100 us naps).
+  bool waits_on_fd() const;
 
   const std::string& provider() const { return provider_; }
   const std::string& host() const { return host_; }

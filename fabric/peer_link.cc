@@ -14,7 +14,7 @@ namespace {
 
 constexpr std::string_view kServerLabel = "nopfs-peer-server";
 constexpr std::string_view kClientLabel = "nopfs-peer-client";
-constexpr auto kPollSlice = std::chrono::milliseconds(5);
+constexpr auto kPollSlice = std::chrono::milliseconds(50);
 
 uint64_t TagOf(uint32_t node) {
   return uint64_t{node} << 32;
@@ -359,6 +359,7 @@ PeerLink::~PeerLink() {
     std::lock_guard lock(s_->mu);
     s_->stop = true;
     s_->wake.store(true);
+    s_->ep->Wake();
     for (auto& [id, w] : s_->pending) {
       w->done = true;
       w->status = Status::Unavailable("peer link stopped");
@@ -386,6 +387,7 @@ Result<std::vector<std::byte>> PeerLink::Read(uint32_t peer, uint64_t sample) {
   uint64_t id = s_->next_id++;
   s_->pending.emplace(id, &w);
   s_->wake.store(true);
+  s_->ep->Wake();
   s_->cv.wait(lock, [&] { return w.done; });
   if (!w.status.ok()) {
     if (w.status.code() == StatusCode::kNotFound) ++s_->counters.fetch_not_available;
@@ -416,6 +418,7 @@ Result<std::vector<std::vector<std::byte>>> PeerLink::Exchange(
     s_->exchange_out.emplace_back(k, ExchangeData{round, std::move(out[k])});
   }
   s_->wake.store(true);
+  s_->ep->Wake();
   auto deadline = std::chrono::steady_clock::now() + 5 * s_->opts.timeout;
   std::vector<std::vector<std::byte>> in(nodes);
   for (uint32_t k = 0; k < nodes; ++k) {
