@@ -93,6 +93,54 @@ struct PeerLink::State {
   bool stop = false;
   std::atomic<bool> wake{false};  // a Read is waiting to be scheduled: end the receive slice
   std::thread thread;
+  // Serving: authenticated read requests wait here for the serving threads (guarded by mu), so
+  // that a slow tier read (an SSD) delays neither the progress thread nor the other requests.
+  struct ServeJob {
+    uint32_t node;
+    uint64_t request_id;
+    uint64_t sample;
+  };
+  std::deque<ServeJob> serve_queue;
+  std::condition_variable serve_cv;
+  std::vector<std::thread> servers;
+
+  void ServeLoop() {
+    for (;;) {
+      ServeJob job{};
+      {
+        std::unique_lock lock(mu);
+        serve_cv.wait(lock, [&] { return stop || !serve_queue.empty(); });
+        if (stop) return;
+        job = serve_queue.front();
+        serve_queue.pop_front();
+      }
+      Answer(job);
+    }
+  }
+
+  // Serves one request and queues its reply (any thread).
+  void Answer(const ServeJob& job) {
+    ServeResult r = serve(job.sample);
+    ReadReply reply{job.request_id, job.sample, r.status, {}};
+    if (r.status == ReadStatus::kOk && r.data.size() > kMaxSampleBytes) {
+      reply.status = ReadStatus::kError;
+    } else if (r.status == ReadStatus::kOk) {
+      reply.data = std::move(r.data);
+    }
+    std::vector<std::byte> bytes = Encode(reply);
+    {
+      std::lock_guard lock(mu);
+      if (reply.status == ReadStatus::kOk) {
+        ++counters.served_reads;
+        counters.served_bytes += reply.data.size();
+      } else {
+        ++counters.served_not_available;
+      }
+      outbox.emplace_back(job.node, std::move(bytes));
+    }
+    wake.store(true);
+    ep->Wake();
+  }
 
   void Queue(uint32_t node, const PeerMessage& m) { outbox.emplace_back(node, Encode(m)); }
 
@@ -163,21 +211,14 @@ struct PeerLink::State {
         spdlog::warn("nopfsd: read request from unauthenticated node {} refused", node);
         return;
       }
-      ServeResult r = serve(q->sample);
-      ReadReply reply{q->request_id, q->sample, r.status, {}};
-      if (r.status == ReadStatus::kOk && r.data.size() > kMaxSampleBytes) {
-        reply.status = ReadStatus::kError;
-      } else if (r.status == ReadStatus::kOk) {
-        reply.data = std::move(r.data);
+      const ServeJob job{node, q->request_id, q->sample};
+      if (servers.empty()) {
+        Answer(job);
+        return;
       }
       std::lock_guard lock(mu);
-      if (reply.status == ReadStatus::kOk) {
-        ++counters.served_reads;
-        counters.served_bytes += reply.data.size();
-      } else {
-        ++counters.served_not_available;
-      }
-      Queue(node, reply);
+      serve_queue.push_back(job);
+      serve_cv.notify_one();
     }
   }
 
@@ -351,6 +392,8 @@ Result<std::unique_ptr<PeerLink>> PeerLink::Start(const PeerLinkOptions& options
   s->out.resize(options.peers.size());
   State* raw = s.get();
   s->thread = std::thread([raw] { raw->Run(); });
+  for (uint32_t i = 0; i < options.serve_threads; ++i)
+    s->servers.emplace_back([raw] { raw->ServeLoop(); });
   return std::unique_ptr<PeerLink>(new PeerLink(std::move(s)));
 }
 
@@ -366,7 +409,10 @@ PeerLink::~PeerLink() {
     }
     s_->pending.clear();
     s_->cv.notify_all();
+    s_->serve_cv.notify_all();
   }
+  for (std::thread& t : s_->servers)
+    t.join();
   s_->thread.join();
 }
 

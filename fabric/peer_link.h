@@ -3,8 +3,9 @@
 //
 // What it is: a node `node` of `peers.size()` nodes listens on peers[node] and knows every other
 // node by its HOST:PORT (node i = i-th entry of `--peers`). A progress thread owns the endpoint:
-// it sends queued messages, receives every incoming one, answers requests through the ServeFn
-// and hands replies to the waiting Read calls.
+// it sends queued messages, receives every incoming one, hands authenticated read requests to a
+// few serving threads (which answer them through the ServeFn) and hands replies to the waiting
+// Read calls.
 //
 // What it promises:
 //   - No request is served to, and no reply accepted from, a node that has not passed the HMAC
@@ -20,7 +21,8 @@
 //     the address the `--peers` list gives for that node, so a forged tag earns no data.
 //
 // Thread safety: Read, IsDead and counters() may be called from any number of threads; the
-// ServeFn runs on the progress thread only.
+// ServeFn is called from the serving threads concurrently (or from the progress thread alone
+// when serve_threads is 0), and must be thread-safe.
 #pragma once
 
 #include <atomic>
@@ -51,10 +53,13 @@ struct PeerLinkOptions {
   std::vector<PeerAddress> peers;           // every node of the job, this one included
   Secret secret{};                          // the per-job secret
   std::chrono::milliseconds timeout{2000};  // per request (and per handshake)
+  // Threads that answer read requests (0: the progress thread answers them itself).
+  uint32_t serve_threads = 2;
 };
 
 // Answers a peer's request for `sample`: status kOk with the bytes, kNotAvailable when the slot
-// is not ready, kError when the tier failed. Runs on the progress thread.
+// is not ready, kError when the tier failed. Runs on the serving threads (several at once), or on
+// the progress thread when serve_threads is 0.
 struct ServeResult {
   ReadStatus status = ReadStatus::kNotAvailable;
   std::vector<std::byte> data;
