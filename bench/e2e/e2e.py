@@ -10,7 +10,10 @@ Setups, each with R ranks on one node that "compute" at --rate samples/s (sleep)
   copy-local-w4    copy the dataset from the PFS to local disk first (time added to epoch 1),
                    then the same DataLoader (4 workers) on the copy;
   nopfs-<planner>  `nopfs run` with nopfsd serving the emulated PFS, nopfs.torch's DataLoader,
-                   planner frequency (NoPFS), staging (no tiers, prefetch only), fill-once (MinIO).
+                   planner frequency (NoPFS), staging (no tiers, prefetch only), fill-once (MinIO);
+  nopfs-frequency-2nodes  the same R ranks on 2 nodes (`nopfs run --nodes 2`: two nopfsd on this
+                   machine serving each other over loopback), each node's tiers half the size,
+                   so that only the two nodes' caches together hold what one node's did.
 For each: the time of every epoch (slowest rank), stall per batch (median, p99 over all ranks and
 steps after epoch 1, and in epoch 1), and the bytes read from the PFS (pfsemu's counters). `nopfs
 simulate` is run on the same parameters and its predicted epoch times are put beside them. Writes
@@ -99,6 +102,7 @@ class Bench:
         self.tmp = os.path.join(work, "tmp")
         os.makedirs(self.tmp)
         shutil.chown(self.tmp, "nobody", "nogroup")
+        self.summaries = {}
         self.env = {**os.environ, "HOME": self.tmp, "TMPDIR": self.tmp,
                     "PYTHONPATH": os.path.join(args.build, "python"), "OMP_NUM_THREADS": "1",
                     # torch warns that 4 workers exceed 2 cores: that is the point here.
@@ -129,18 +133,21 @@ class Bench:
                 raise RuntimeError(f"{tag}: a rank exited {p.returncode}")
         return self.results(tag)
 
-    def node_config(self, planner, dataset_bytes):
-        ram = int(dataset_bytes * self.args.ram_fraction)
-        ssd = int(dataset_bytes * self.args.ssd_fraction)
+    def node_config(self, planner, dataset_bytes, nodes=1):
+        # With several nodes each node's tiers are 1/nodes of one node's, and the model knows the
+        # network (loopback: about 1 GB/s per node in bench/peer_bench), so peers are read.
+        ram = int(dataset_bytes * self.args.ram_fraction / nodes)
+        ssd = int(dataset_bytes * self.args.ssd_fraction / nodes)
         scratch = os.path.join(self.tmp, "ssd")
         os.makedirs(scratch, exist_ok=True)
         shutil.chown(scratch, "nobody", "nogroup")
-        path = os.path.join(self.work, f"node-{planner}.lua")
+        path = os.path.join(self.work, f"node-{planner}-{nodes}.lua")
+        network = 'network = "1GB/s"\n' if nodes > 1 else ""
         with open(path, "w") as fh:
             fh.write(f'-- e2e benchmark node: RAM tier {ram} B, SSD tier {ssd} B, the emulated PFS.\n'
                      f'planner = "{planner}"\n'
                      f'log_level = "warn"\n'
-                     f'pfs = {{ {self.args.pfs_table} }}\n'
+                     f'pfs = {{ {self.args.pfs_table} }}\n{network}'
                      f'staging = {{ capacity = "64MiB", threads = 4 }}\n'
                      f'classes = {{\n'
                      f'  ram {{ capacity = {ram}, threads = 2 }},\n'
@@ -149,23 +156,28 @@ class Bench:
         os.chmod(path, 0o644)
         return path
 
-    def run_nopfs(self, planner, root, config):
-        tag = f"nopfs-{planner}"
-        run_dir = os.path.join(self.tmp, f"run-{planner}")
+    def run_nopfs(self, planner, root, config, nodes=1):
+        tag = f"nopfs-{planner}" + (f"-{nodes}nodes" if nodes > 1 else "")
+        run_dir = os.path.join(self.tmp, f"run-{tag}")
         argv = [os.path.join(self.bin, "nopfs"), "run", "--dataset", root, "--seed",
                 str(self.args.seed), "--epochs", str(self.args.epochs), "--ranks",
-                str(self.args.ranks), "--ranks-per-node", str(self.args.ranks), "--batch",
+                str(self.args.ranks), "--nodes", str(nodes), "--ranks-per-node",
+                str(self.args.ranks // nodes), "--batch",
                 str(self.args.batch * self.args.ranks), "--scheme", "strided", "--config", config,
                 "--run-dir", run_dir, "-q", "--"]
         argv += self.consumer_argv("nopfs", root, 0, tag)
         p = subprocess.run(NOBODY + argv, env=self.env, capture_output=True, text=True)
         if p.returncode != 0:
             raise RuntimeError(f"{tag}: nopfs run exited {p.returncode}:\n{p.stderr[-3000:]}")
+        # nopfs run's summary (per node: samples and bytes per source, PFS bytes, stall) goes
+        # into results.json beside the row.
+        self.summaries[tag] = p.stdout
         return self.results(tag)
 
-    def simulate(self, sizes_file, config, extra=()):
-        argv = [os.path.join(self.bin, "nopfs"), "simulate", "--config", config, "--nodes", "1",
-                "--ranks-per-node", str(self.args.ranks), "--epochs", str(self.args.epochs),
+    def simulate(self, sizes_file, config, extra=(), nodes=1):
+        argv = [os.path.join(self.bin, "nopfs"), "simulate", "--config", config, "--nodes",
+                str(nodes), "--ranks-per-node", str(self.args.ranks // nodes), "--epochs",
+                str(self.args.epochs),
                 "--batch", str(self.args.batch * self.args.ranks), "--sizes", f"file:{sizes_file}",
                 "--seed", str(self.args.seed), "--scheme", "strided", "--compute-rate",
                 str(self.args.rate), "--format", "json", "--loader-workers", "4", *extra]
@@ -281,23 +293,29 @@ def main():
             config = bench.node_config(planner, dataset_bytes)
             measure(f"nopfs-{planner}", lambda c=config, p=planner: (bench.run_nopfs(p, mnt, c),
                                                                      0.0))
-        if not has_option(os.path.join(bench.bin, "nopfs"), "run", "--nodes"):
-            notes.append("2-4 nodes not run: this build's `nopfs run` has no --nodes")
+        config2 = bench.node_config("frequency", dataset_bytes, nodes=2)
+        if args.ranks % 2 != 0:
+            notes.append("nopfs-frequency-2nodes not run: --ranks is odd")
         else:
-            notes.append("2-4 nodes not run: this harness has no multi-node setups yet "
-                         "(`nopfs run --nodes` exists; tests/fabric covers its correctness)")
+            measure("nopfs-frequency-2nodes",
+                    lambda: (bench.run_nopfs("frequency", mnt, config2, nodes=2), 0.0))
 
         # The simulator as nopfsd runs (fetch-and-cache: a staged PFS read of a sample planned
         # for a tier also fills it), and without fetch-and-cache (tiers filled by prefetchers only).
         sim_config = bench.node_config("frequency", dataset_bytes)
         sim = bench.simulate(sizes_file, sim_config)
         sim_fc = bench.simulate(sizes_file, sim_config, ["--no-fetch-and-cache"])
+        sim2 = bench.simulate(sizes_file, config2, nodes=2) if args.ranks % 2 == 0 else None
+        sim2_fc = (bench.simulate(sizes_file, config2, ["--no-fetch-and-cache"], nodes=2)
+                   if args.ranks % 2 == 0 else None)
         if sim is None or sim_fc is None:
             notes.append("no simulate column: `nopfs simulate` failed (see the log)")
         result = {"samples": args.samples, "dataset_bytes": dataset_bytes, "epochs": args.epochs,
                   "ranks": args.ranks, "batch": args.batch, "rate": args.rate, "pfs": curve,
                   "ram_fraction": args.ram_fraction, "ssd_fraction": args.ssd_fraction,
-                  "rows": rows, "simulate": sim, "simulate_no_fetch_and_cache": sim_fc, "notes": notes,
+                  "rows": rows, "simulate": sim, "simulate_no_fetch_and_cache": sim_fc,
+                  "simulate_2nodes": sim2, "simulate_2nodes_no_fetch_and_cache": sim2_fc,
+                  "notes": notes, "nopfs_summaries": bench.summaries,
                   "pfs_stats": pfs_stats(mnt), "cores": os.cpu_count(),
                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         os.makedirs(args.out, exist_ok=True)

@@ -10,7 +10,9 @@ import subprocess
 import sys
 
 SIM_POLICY = {"no-io": "no-io", "dataloader-w4": "dataloader", "nopfs-frequency": "frequency",
-              "nopfs-staging": "staging", "nopfs-fill-once": "fill-once"}
+              "nopfs-staging": "staging", "nopfs-fill-once": "fill-once",
+              "nopfs-frequency-2nodes": "frequency"}
+TWO_NODES = "-2nodes"  # rows whose simulate column comes from the 2-node simulation
 
 
 def mean(xs):
@@ -24,8 +26,13 @@ def main():
     rows = {row["name"]: row for row in r["rows"]}
     sim = {p["policy"]: p for p in (r["simulate"] or {}).get("policies", [])}
     sim_fc = {p["policy"]: p for p in (r.get("simulate_no_fetch_and_cache") or {}).get("policies", [])}
+    sim2 = {p["policy"]: p for p in (r.get("simulate_2nodes") or {}).get("policies", [])}
+    sim2_fc = {p["policy"]: p
+               for p in (r.get("simulate_2nodes_no_fetch_and_cache") or {}).get("policies", [])}
 
     def predicted(table, name):
+        if name.endswith(TWO_NODES):
+            table = sim2 if table is sim else sim2_fc
         p = table.get(SIM_POLICY.get(name, ""))
         if p is None:
             return "—"
@@ -39,7 +46,9 @@ def main():
         f"F = {r['samples']} samples, {ds / 1e6:.0f} MB (mean {ds / r['samples'] / 1e3:.0f} KB); "
         f"{r['ranks']} ranks on 1 node, batch {r['batch']} per rank, compute {r['rate']:g} "
         f"samples/s per rank; E = {r['epochs']}; emulated PFS t(γ) = {r['pfs']} MB/s; nopfs "
-        f"tiers: RAM {r['ram_fraction']:g} and SSD {r['ssd_fraction']:g} of the dataset; "
+        f"tiers: RAM {r['ram_fraction']:g} and SSD {r['ssd_fraction']:g} of the dataset "
+        f"(per node in the `{TWO_NODES}` row: half of that, the same {r['ranks']} ranks on 2 "
+        f"nodes whose daemons run on this machine and serve each other over loopback); "
         f"{r['cores']} cores; {r['date']}.",
         "",
         "| setup | epoch times (s) | epochs 2+ mean (s) | × no-io | speed-up vs DL-w4 (epochs 2+) "
@@ -78,7 +87,8 @@ def main():
     plot = [
         "set terminal pngcairo size 900,520 noenhanced",
         f"set output '{os.path.join(out, 'epochs.png')}'",
-        "set title 'Epoch time per epoch (1 node x %d ranks, emulated PFS)'" % r["ranks"],
+        "set title 'Epoch time per epoch (%d ranks on 1 node, or on 2 in the -2nodes row; "
+        "emulated PFS)'" % r["ranks"],
         "set xlabel 'epoch'", "set ylabel 'seconds'", "set key outside right", "set grid",
         "set xtics 1", "set yrange [0:*]",
         "plot " + ", ".join(f"'{os.path.join(out, 'epochs.dat')}' using 1:{i + 2} with "
