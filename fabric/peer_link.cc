@@ -87,7 +87,10 @@ struct PeerLink::State {
   std::deque<std::pair<uint32_t, std::vector<std::byte>>> outbox;  // (node, message)
   uint64_t next_id = 1;
   // Exchange buffers waiting for their peer's handshake, and buffers received per (round, node).
-  std::deque<std::pair<uint32_t, ExchangeData>> exchange_out;
+  // Exchange buffers and class-done notices waiting for their peer's handshake.
+  std::deque<std::pair<uint32_t, PeerMessage>> exchange_out;
+  // Per node, the classes it reported done (bit c: class c < 64; larger classes never count).
+  std::vector<uint64_t> peer_done;
   std::map<std::pair<uint64_t, uint32_t>, std::vector<std::byte>> exchange_in;
   PeerLinkCounters counters;
   bool stop = false;
@@ -204,6 +207,14 @@ struct PeerLink::State {
         return;
       }
       cv.notify_all();
+    } else if (auto* d = std::get_if<ClassDone>(&m)) {
+      std::lock_guard lock(mu);
+      if (st.state != In::kAuthed) {
+        ++counters.auth_refused;
+        spdlog::warn("nopfsd: class-done notice from unauthenticated node {} refused", node);
+        return;
+      }
+      if (d->cls < 64) peer_done[node] |= uint64_t{1} << d->cls;
     } else if (auto* q = std::get_if<ReadRequest>(&m)) {
       if (st.state != In::kAuthed) {
         std::lock_guard lock(mu);
@@ -359,7 +370,8 @@ struct PeerLink::State {
       }
       if (std::holds_alternative<Hello>(*decoded) || std::holds_alternative<Auth>(*decoded) ||
           std::holds_alternative<ReadRequest>(*decoded) ||
-          std::holds_alternative<ExchangeData>(*decoded)) {
+          std::holds_alternative<ExchangeData>(*decoded) ||
+          std::holds_alternative<ClassDone>(*decoded)) {
         HandleServer(node, *decoded);
       } else {
         HandleClient(node, *decoded);
@@ -390,6 +402,7 @@ Result<std::unique_ptr<PeerLink>> PeerLink::Start(const PeerLinkOptions& options
   }
   s->in.resize(options.peers.size());
   s->out.resize(options.peers.size());
+  s->peer_done.assign(options.peers.size(), 0);
   State* raw = s.get();
   s->thread = std::thread([raw] { raw->Run(); });
   for (uint32_t i = 0; i < options.serve_threads; ++i)
@@ -398,8 +411,13 @@ Result<std::unique_ptr<PeerLink>> PeerLink::Start(const PeerLinkOptions& options
 }
 
 PeerLink::~PeerLink() {
+  Stop();
+}
+
+void PeerLink::Stop() {
   {
     std::lock_guard lock(s_->mu);
+    if (s_->stop && !s_->thread.joinable()) return;
     s_->stop = true;
     s_->wake.store(true);
     s_->ep->Wake();
@@ -412,8 +430,25 @@ PeerLink::~PeerLink() {
     s_->serve_cv.notify_all();
   }
   for (std::thread& t : s_->servers)
-    t.join();
-  s_->thread.join();
+    if (t.joinable()) t.join();
+  if (s_->thread.joinable()) s_->thread.join();
+}
+
+void PeerLink::AnnounceClassDone(uint32_t cls) {
+  std::lock_guard lock(s_->mu);
+  if (s_->stop || cls > 0xFFFF) return;
+  for (uint32_t k = 0; k < s_->out.size(); ++k) {
+    if (k != s_->opts.node && s_->out[k].state != State::Out::kDead) {
+      s_->exchange_out.emplace_back(k, ClassDone{cls});
+    }
+  }
+  s_->wake.store(true);
+  s_->ep->Wake();
+}
+
+bool PeerLink::PeerClassDone(uint32_t peer, uint32_t cls) const {
+  std::lock_guard lock(s_->mu);
+  return peer < s_->peer_done.size() && cls < 64 && (s_->peer_done[peer] >> cls & 1) != 0;
 }
 
 Result<std::vector<std::byte>> PeerLink::Read(uint32_t peer, uint64_t sample) {

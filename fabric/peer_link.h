@@ -82,7 +82,11 @@ class PeerLink {
  public:
   // Opens the endpoint on peers[node] and starts the progress thread.
   static Result<std::unique_ptr<PeerLink>> Start(const PeerLinkOptions& options, ServeFn serve);
-  ~PeerLink();  // stops the thread, fails outstanding reads, closes the endpoint
+  ~PeerLink();  // Stop(), then closes the endpoint
+
+  // Stops the threads and fails outstanding reads; later Reads fail at once with Unavailable
+  // and nothing more is served. Idempotent.
+  void Stop();
   PeerLink(const PeerLink&) = delete;
   PeerLink& operator=(const PeerLink&) = delete;
 
@@ -96,6 +100,12 @@ class PeerLink {
   // out.size() == nodes(). Unavailable if a peer is dead or refused us, TimedOut after 5 x timeout.
   Result<std::vector<std::vector<std::byte>>> Exchange(uint64_t round,
                                                        std::vector<std::vector<std::byte>> out);
+
+  // Tells every other node that this node's class `cls` is filled (peer_protocol.h, kClassDone);
+  // sent once each peer's handshake is done.
+  void AnnounceClassDone(uint32_t cls);
+  // Whether node `peer` reported class `cls` done (classes 0..63).
+  bool PeerClassDone(uint32_t peer, uint32_t cls) const;
 
   bool IsDead(uint32_t peer) const;
   PeerLinkCounters counters() const;

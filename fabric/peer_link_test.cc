@@ -106,6 +106,26 @@ TEST(PeerLinkTest, ASlowServeDoesNotBlockTheOthers) {
   EXPECT_TRUE(first_saw_it.load());
 }
 
+TEST(PeerLinkTest, ClassDoneReachesTheOtherNodeAndStopFailsReadsAtOnce) {
+  std::vector<PeerAddress> peers{{"127.0.0.1", FreePort()}, {"127.0.0.1", FreePort()}};
+  auto n0 = PeerLink::Start(Options(0, peers, 6), Holder(0));
+  ASSERT_TRUE(n0.ok()) << n0.status().ToString();
+  auto n1 = PeerLink::Start(Options(1, peers, 6), Holder(1));
+  ASSERT_TRUE(n1.ok()) << n1.status().ToString();
+  EXPECT_FALSE((*n1)->PeerClassDone(0, 2));
+  (*n0)->AnnounceClassDone(2);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!(*n1)->PeerClassDone(0, 2) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(milliseconds(2));
+  EXPECT_TRUE((*n1)->PeerClassDone(0, 2));
+  EXPECT_FALSE((*n1)->PeerClassDone(0, 1));
+  EXPECT_FALSE((*n0)->PeerClassDone(1, 2));  // only the announcer's classes
+  (*n1)->Stop();
+  (*n1)->Stop();  // idempotent
+  auto r = (*n1)->Read(0, 4);
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+}
+
 TEST(PeerLinkTest, TwoNodesServeEachOtherExactBytes) {
   std::vector<PeerAddress> peers{{"127.0.0.1", FreePort()}, {"127.0.0.1", FreePort()}};
   auto n0 = PeerLink::Start(Options(0, peers, 9), Holder(0));

@@ -88,6 +88,10 @@ std::vector<std::byte> Encode(const PeerMessage& m) {
     type = PeerType::kReadRequest;
     body.U64(q->request_id);
     body.U64(q->sample);
+  } else if (const auto* d = std::get_if<ClassDone>(&m)) {
+    if (d->cls > 0xFFFF) throw std::invalid_argument("class above 65535");
+    type = PeerType::kClassDone;
+    body.U32(d->cls);
   } else if (const auto* x = std::get_if<ExchangeData>(&m)) {
     if (x->data.size() > kMaxSampleBytes) throw std::invalid_argument("exchange data too large");
     type = PeerType::kExchange;
@@ -188,6 +192,12 @@ Result<PeerMessage> Decode(std::span<const std::byte> buf) {
       if (p.status != ReadStatus::kOk && !rest.empty()) return Bad("data with a non-ok status");
       p.data.assign(rest.begin(), rest.end());
       return PeerMessage(std::move(p));
+    }
+    case PeerType::kClassDone: {
+      NOPFS_RETURN_IF_ERROR(expect(4));
+      const uint64_t cls = r.Int(4);
+      if (cls > 0xFFFF) return Bad("class " + std::to_string(cls) + " above 65535");
+      return PeerMessage(ClassDone{static_cast<uint32_t>(cls)});
     }
     case PeerType::kExchange: {
       if (body_len < 8) return Bad("exchange shorter than 8 bytes");

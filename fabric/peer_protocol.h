@@ -2,7 +2,7 @@
 // and the per-job HMAC-SHA256 challenge/response that admits a peer.
 //
 // Wire format (all integers little-endian), one message per fabric message:
-//   header (16 bytes): magic u32 = 0x5046504E ("NPFP"), version u8 = 1, type u8, reserved u16 = 0,
+//   header (16 bytes): magic u32 = 0x5046504E ("NPFP"), version u8 = 2, type u8, reserved u16 = 0,
 //                      body_len u32, reserved u32 = 0
 //   body (body_len bytes), by type:
 //     kHello       node u32, client_nonce[32]                      (36 bytes)
@@ -12,6 +12,9 @@
 //     kReadRequest request_id u64, sample u64                      (16 bytes)
 //     kReadReply   request_id u64, sample u64, status u32, reserved u32 = 0, data (24 + n bytes)
 //     kExchange    round u64, data (8 + n bytes; one node's buffer of a collective all-to-all)
+//     kClassDone   cls u32 (<= 65535): the sender has filled every entry of its class-cls list
+//                  (ALGORITHM.md §6: the receiver then presumes all of them ready) (4 bytes)
+// Version 1 had no kClassDone.
 //
 // What it promises: Decode accepts exactly the buffers Encode produces and rejects every other
 // buffer with Corruption (wrong magic, version, type, length, non-zero reserved field, unknown
@@ -35,7 +38,7 @@
 namespace nopfs::fabric {
 
 inline constexpr uint32_t kPeerMagic = 0x5046504E;
-inline constexpr uint8_t kPeerVersion = 1;
+inline constexpr uint8_t kPeerVersion = 2;
 inline constexpr uint64_t kPeerHeaderBytes = 16;
 inline constexpr uint64_t kMaxSampleBytes = uint64_t{64} << 20;  // largest sample served to a peer
 inline constexpr uint64_t kMaxPeerMessageBytes = kPeerHeaderBytes + 24 + kMaxSampleBytes;
@@ -52,6 +55,7 @@ enum class PeerType : uint8_t {
   kReadRequest = 5,
   kReadReply = 6,
   kExchange = 7,
+  kClassDone = 8,
 };
 
 enum class ReadStatus : uint32_t {
@@ -97,11 +101,16 @@ struct ExchangeData {
   bool operator==(const ExchangeData&) const = default;
 };
 
-using PeerMessage =
-    std::variant<Hello, Challenge, Auth, AuthResult, ReadRequest, ReadReply, ExchangeData>;
+struct ClassDone {
+  uint32_t cls = 0;  // at most 65535
+  bool operator==(const ClassDone&) const = default;
+};
+
+using PeerMessage = std::variant<Hello, Challenge, Auth, AuthResult, ReadRequest, ReadReply,
+                                 ExchangeData, ClassDone>;
 
 // Encodes `m`; throws std::invalid_argument for a reply whose data exceeds kMaxSampleBytes or
-// carries data with a non-ok status (a caller bug, not a peer's).
+// carries data with a non-ok status, or a class above 65535 (a caller bug, not a peer's).
 std::vector<std::byte> Encode(const PeerMessage& m);
 
 // Decodes exactly one message occupying all of `buf`.

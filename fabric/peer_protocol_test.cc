@@ -33,7 +33,9 @@ std::vector<PeerMessage> Samples() {
           ReadReply{11, 7, ReadStatus::kNotAvailable, {}},
           ReadReply{12, 8, ReadStatus::kError, {}},
           ExchangeData{2, data},
-          ExchangeData{3, {}}};
+          ExchangeData{3, {}},
+          ClassDone{0},
+          ClassDone{65535}};
 }
 
 TEST(PeerProtocolTest, RoundTripsEveryType) {
@@ -65,7 +67,8 @@ TEST(PeerProtocolTest, RejectsEveryMalformation) {
     return Decode(b).status().code();
   };
   EXPECT_EQ(bad(0, 0), StatusCode::kCorruption);   // magic
-  EXPECT_EQ(bad(4, 2), StatusCode::kCorruption);   // version
+  EXPECT_EQ(bad(4, 1), StatusCode::kCorruption);   // version 1 (no kClassDone)
+  EXPECT_EQ(bad(4, 3), StatusCode::kCorruption);   // version 3
   EXPECT_EQ(bad(5, 99), StatusCode::kCorruption);  // type
   EXPECT_EQ(bad(5, 0), StatusCode::kCorruption);   // type 0
   EXPECT_EQ(bad(6, 1), StatusCode::kCorruption);   // reserved
@@ -88,6 +91,15 @@ TEST(PeerProtocolTest, RejectsEveryMalformation) {
   EXPECT_EQ(Decode(req).status().code(), StatusCode::kCorruption);
   EXPECT_THROW(Encode(ReadReply{1, 1, ReadStatus::kNotAvailable, std::vector<std::byte>(1)}),
                std::invalid_argument);
+  // ClassDone: a class above 65535; a body of the wrong size.
+  auto done = Encode(ClassDone{7});
+  done[18] = std::byte{1};  // cls = 7 + 65536
+  EXPECT_EQ(Decode(done).status().code(), StatusCode::kCorruption);
+  auto done_long = Encode(ClassDone{7});
+  done_long.push_back(std::byte{0});
+  done_long[8] = std::byte{5};
+  EXPECT_EQ(Decode(done_long).status().code(), StatusCode::kCorruption);
+  EXPECT_THROW(Encode(ClassDone{65536}), std::invalid_argument);
 }
 
 TEST(PeerProtocolTest, FuzzedDecodeNeverCrashesAndOnlyAcceptsCanonicalBuffers) {

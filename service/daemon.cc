@@ -229,6 +229,15 @@ Status Daemon::Init() {
     (void)peers_->Attach(plan_, counts, tier_refs_, pf, *catalog_, *reader_);
   }
   counts = {};
+  if (peers_) {
+    // A filled class is announced, so that the other nodes stop guessing (ALGORITHM.md §6).
+    PeerService* ps = peers_.get();
+    for (size_t j = 0; j < prefetchers_.size(); ++j) {
+      if (prefetchers_[j]) {
+        prefetchers_[j]->SetOnDone([ps, j] { ps->AnnounceClassDone(static_cast<uint32_t>(j)); });
+      }
+    }
+  }
   for (auto& p : prefetchers_)
     if (p) NOPFS_RETURN_IF_ERROR(p->Start());
 
@@ -270,9 +279,15 @@ void Daemon::Stop() {
   for (auto& [id, s] : streams)
     s->Cancel();
   streams.clear();
-  peers_.reset();  // stops serving peers before the tiers go
+  // The prefetchers may be waiting on a peer (copying from a filler), and the peer service on
+  // the tiers: tell the prefetchers to stop, stop the link (their peer reads then fail at once),
+  // join the prefetchers, and only then let the peer service go, before the tiers.
+  for (auto& p : prefetchers_)
+    if (p) p->RequestStop();
+  if (peers_) peers_->Stop();
   for (auto& p : prefetchers_)
     if (p) p->Stop();
+  peers_.reset();
   prefetchers_.clear();
   reader_.reset();
   for (auto& t : ssd_tiers_) {

@@ -35,7 +35,16 @@ Result<std::unique_ptr<PeerService>> PeerService::Start(const PeerServiceOptions
 PeerService::PeerService(PeerServiceOptions options) : options_(std::move(options)) {}
 
 PeerService::~PeerService() {
-  link_.reset();  // stops the progress thread (and so Serve) before the rest goes
+  Stop();  // stops the progress and serving threads (and so Serve) before the rest goes
+}
+
+void PeerService::Stop() {
+  if (link_) link_->Stop();
+}
+
+void PeerService::AnnounceClassDone(uint32_t cls) {
+  spdlog::info("peers: class {} filled; telling the other nodes", cls);
+  link_->AnnounceClassDone(cls);
 }
 
 fabric::ServeResult PeerService::Serve(uint64_t sample) {
@@ -74,7 +83,9 @@ std::optional<dir::Location> PeerService::Where(policy::SampleId sample) const {
 }
 
 bool PeerService::PresumedReady(const dir::Location& loc, uint64_t margin) const {
-  if (loc.cls >= prefetchers_.size() || link_->IsDead(loc.node)) return false;
+  if (link_->IsDead(loc.node)) return false;
+  if (link_->PeerClassDone(loc.node, loc.cls)) return true;  // the holder said so
+  if (loc.cls >= prefetchers_.size()) return false;
   // §6: the holder's list is filled at about the pace of this node's own list of that class.
   const Prefetcher* own = prefetchers_[loc.cls];
   if (own == nullptr) return false;
@@ -196,22 +207,27 @@ Status PeerService::Attach(const policy::NodePlan& plan, const policy::NodeAcces
 std::string PeerService::StatusText() const {
   const fabric::PeerLinkCounters c = link_->counters();
   std::string dead;
+  uint64_t done_reports = 0;
   for (uint32_t n = 0; n < link_->nodes(); ++n) {
-    if (n != options_.node && link_->IsDead(n))
-      dead += (dead.empty() ? "" : ",") + std::to_string(n);
+    if (n == options_.node) continue;
+    if (link_->IsDead(n)) dead += (dead.empty() ? "" : ",") + std::to_string(n);
+    for (uint32_t j = 0; j < 64; ++j)
+      done_reports += link_->PeerClassDone(n, j) ? 1 : 0;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  char buf[512];
-  std::snprintf(
-      buf, sizeof buf,
-      "peers: node %u of %zu, %s\n"
-      "peers served: %" PRIu64 " samples, %" PRIu64 " bytes, %" PRIu64
-      " not available\n"
-      "peers fetched: %" PRIu64 " samples, %" PRIu64 " bytes, %" PRIu64 " not available, %" PRIu64
-      " timeouts, %" PRIu64 " refused, %" PRIu64 " malformed; dead: %s\n",
-      options_.node, options_.peers.size(), state_.c_str(), c.served_reads, c.served_bytes,
-      c.served_not_available, c.fetched_reads, c.fetched_bytes, c.fetch_not_available, c.timeouts,
-      c.auth_refused, c.malformed, dead.empty() ? "none" : dead.c_str());
+  char buf[1024];
+  std::snprintf(buf, sizeof buf,
+                "peers: node %u of %zu, %s\n"
+                "peers served: %" PRIu64 " samples, %" PRIu64 " bytes, %" PRIu64
+                " not available\n"
+                "peers fetched: %" PRIu64 " samples, %" PRIu64 " bytes, %" PRIu64
+                " not available, %" PRIu64 " timeouts, %" PRIu64 " refused, %" PRIu64
+                " malformed; dead: %s\n"
+                "peers done: %" PRIu64 " classes reported filled by the other nodes\n",
+                options_.node, options_.peers.size(), state_.c_str(), c.served_reads,
+                c.served_bytes, c.served_not_available, c.fetched_reads, c.fetched_bytes,
+                c.fetch_not_available, c.timeouts, c.auth_refused, c.malformed,
+                dead.empty() ? "none" : dead.c_str(), done_reports);
   return buf;
 }
 

@@ -21,7 +21,8 @@
 // about once.
 //
 // Readiness (§6): a holder is presumed to have filled the q-th entry of its class-j list once
-// this node's own prefetcher of class j has settled past q + margin, or has finished; a wrong
+// this node's own prefetcher of class j has settled past q + margin, or has finished, or the
+// holder has reported class j done (AnnounceClassDone, sent when its prefetcher finishes); a wrong
 // guess costs one "not available" reply, after which the reader reads the PFS. A peer that does
 // not answer within the timeout is dead for the rest of the job (PeerLink), and never asked again.
 //
@@ -77,6 +78,14 @@ class PeerService {
 
   // "peers: ..." lines for `nopfs status`.
   std::string StatusText() const;
+
+  // Tells the other nodes that this node's class `cls` is filled (its prefetcher finished): they
+  // then presume every entry of it ready (ALGORITHM.md §6).
+  void AnnounceClassDone(uint32_t cls);
+
+  // Stops the link: nothing more is served, and peer reads (by prefetchers still running) fail at
+  // once, so that they can be joined before the service goes. Idempotent; the destructor calls it.
+  void Stop();
 
  private:
   explicit PeerService(PeerServiceOptions options);

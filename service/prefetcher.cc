@@ -42,7 +42,7 @@ Status Prefetcher::Start() {
 }
 
 void Prefetcher::Stop() {
-  stop_.store(true);
+  RequestStop();
   Wait();
 }
 
@@ -143,7 +143,7 @@ void Prefetcher::Run(uint32_t index) {
     }
     (void)FillSlot(slot, retry_, bounce, /*may_defer=*/false);
   }
-  running_.fetch_sub(1);
+  if (running_.fetch_sub(1) == 1 && !stop_.load() && on_done_) on_done_();
 }
 
 }  // namespace nopfs::service

@@ -25,6 +25,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -62,6 +63,12 @@ class Prefetcher {
   Status Start();
   // No new fetch starts; joins every thread. Idempotent.
   void Stop();
+  // The first half of Stop: no new fetch starts, nothing is joined (so that several prefetchers,
+  // and what their fetches wait on, can be told first and joined after).
+  void RequestStop() { stop_.store(true); }
+  // Called once, on the thread that finishes last, when every slot has been visited (not after
+  // Stop). Set before Start.
+  void SetOnDone(std::function<void()> on_done) { on_done_ = std::move(on_done); }
   // Joins the threads after they have visited every slot (or were stopped).
   void Wait();
   bool stop_requested() const { return stop_.load(std::memory_order_relaxed); }
@@ -79,6 +86,7 @@ class Prefetcher {
   Tier& tier_;
   FetchFn fetch_;
   FetchFn retry_;
+  std::function<void()> on_done_;
   uint32_t threads_;
   std::vector<std::thread> workers_;
   std::vector<std::byte*> bounce_;  // one aligned buffer per thread, or none

@@ -196,6 +196,8 @@ class FabricTest(unittest.TestCase):
         for s in statuses:
             self.assertRegex(s, r"(?m)^peers: node \d of 2, directory of \d+ samples", s)
             self.assertEqual(self.counter(s, r"refused, (\d+) malformed"), 0, s)
+            # The other node's one class (ram) was reported filled.
+            self.assertEqual(self.counter(s, r"(?m)^peers done: (\d+) classes"), 1, s)
         for s in statuses:
             # With both tiers filled, no staged read went to the PFS: the tiers together hold
             # the dataset, and what a node lacks its peer has.
@@ -209,6 +211,18 @@ class FabricTest(unittest.TestCase):
         print(f"\n2 nodes, tiers of 0.6 of the dataset each: {copied} samples copied, PFS read "
               f"{pfs / self.total:.3f} datasets", file=sys.stderr)
         self.assertLessEqual(pfs, 1.05 * self.total, statuses)
+        self.stop_all()
+
+    def test_sigterm_while_the_nodes_prefetch_from_each_other(self):
+        # Stopped as soon as they serve, while their prefetchers copy from each other: each exits
+        # 0 and leaves nothing (under ASan this also checks that no prefetcher touches the peer
+        # service after it is gone).
+        data = st.Dataset(os.path.join(self.work, "big"), files=3000, seed=11)
+        total = sum(os.path.getsize(f) for f in data.files)
+        self.data, saved = data, self.data
+        self.addCleanup(setattr, self, "data", saved)
+        secret = self.private_file("secret", os.urandom(32))
+        self.start(2, self.config(str(int(total * 0.6))), [secret, secret])
         self.stop_all()
 
     def test_wrong_secret_is_refused_and_ranks_still_get_every_byte(self):
