@@ -154,7 +154,8 @@ struct Endpoint::Impl {
     }
   }
 
-  // Posts a send of a copy of `data`; retries while the queue is full until `deadline`.
+  // Posts a send of `data` (kept by the operation until it completes); retries while the queue
+  // is full until `deadline`.
   Result<Op*> PostSend(PeerAddr peer, uint64_t tag, std::vector<std::byte> data,
                        std::chrono::steady_clock::time_point deadline);
 
