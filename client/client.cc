@@ -33,6 +33,12 @@ class Connection {
     Status st = wire::SendMessage(fd_.get(), wire::Message{id, std::move(body)});
     if (!st.ok()) {
       broken_ = true;
+      // A service that refuses the connection says why and shuts it down at once, possibly
+      // before this request is sent: its reason, already in the socket, is the better error.
+      Result<wire::Received> why = wire::RecvMessage(fd_.get(), std::chrono::milliseconds(100));
+      if (why.ok() && why->message.request_id == 0) {
+        if (auto* e = std::get_if<wire::Error>(&why->message.body)) return wire::ToStatus(*e);
+      }
       return st.WithContext("nopfs client");
     }
     Result<wire::Received> r = wire::RecvMessage(fd_.get(), timeout_);
