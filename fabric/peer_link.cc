@@ -223,7 +223,7 @@ struct PeerLink::State {
         return;
       }
       const ServeJob job{node, q->request_id, q->sample};
-      if (servers.empty()) {
+      if (servers.empty() || (opts.serve_inline && opts.serve_inline(q->sample))) {
         Answer(job);
         return;
       }

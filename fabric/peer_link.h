@@ -55,6 +55,10 @@ struct PeerLinkOptions {
   std::chrono::milliseconds timeout{2000};  // per request (and per handshake)
   // Threads that answer read requests (0: the progress thread answers them itself).
   uint32_t serve_threads = 2;
+  // Requests for which this returns true are answered on the progress thread itself (a read from
+  // memory: the hand-off to a serving thread and back would cost more than the read); the others
+  // by the serving threads (a read that may block, e.g. from an SSD). Unset: all by the threads.
+  std::function<bool(uint64_t sample)> serve_inline;
 };
 
 // Answers a peer's request for `sample`: status kOk with the bytes, kNotAvailable when the slot

@@ -22,6 +22,7 @@ Result<std::unique_ptr<PeerService>> PeerService::Start(const PeerServiceOptions
   lo.secret = options.secret;
   lo.timeout = options.timeout;
   PeerService* self = p.get();
+  lo.serve_inline = [self](uint64_t sample) { return self->ServesFromMemory(sample); };
   Result<std::unique_ptr<fabric::PeerLink>> link =
       fabric::PeerLink::Start(lo, [self](uint64_t sample) { return self->Serve(sample); });
   if (!link.ok()) return link.status().WithContext("peers");
@@ -45,6 +46,14 @@ void PeerService::Stop() {
 void PeerService::AnnounceClassDone(uint32_t cls) {
   spdlog::info("peers: class {} filled; telling the other nodes", cls);
   link_->AnnounceClassDone(cls);
+}
+
+bool PeerService::ServesFromMemory(uint64_t sample) const {
+  // Before Attach every answer is "not available", at once.
+  if (!serving_.load(std::memory_order_acquire) || sample >= plan_->location.size()) return true;
+  const int8_t cls = plan_->location[sample];
+  return cls == policy::kNotCached || static_cast<size_t>(cls) >= tiers_.size() ||
+         tiers_[static_cast<size_t>(cls)].ram != nullptr;
 }
 
 fabric::ServeResult PeerService::Serve(uint64_t sample) {

@@ -90,6 +90,9 @@ class PeerService {
  private:
   explicit PeerService(PeerServiceOptions options);
   fabric::ServeResult Serve(uint64_t sample);
+  // Whether a request for `sample` is answered from memory (a RAM tier, or "not available"):
+  // then the link's progress thread answers it; an SSD read goes to the serving threads.
+  bool ServesFromMemory(uint64_t sample) const;
   // The peer to read `sample` from: its holder if this node does not hold it, else its filler if
   // that is another node.
   std::optional<dir::Location> Where(policy::SampleId sample) const;
