@@ -387,6 +387,10 @@ class FabricTest(unittest.TestCase):
     def test_nopfs_run_nodes_serve_each_other(self):
         self.run_nodes([])
 
+    def test_nopfs_run_nodes_on_their_own_addresses(self):
+        # --hosts without namespaces: two loopback addresses (all of 127/8 is local on Linux).
+        self.run_nodes(["--hosts", "127.0.0.1,127.0.0.2"])
+
     def test_nopfs_run_nodes_in_their_own_network_namespaces(self):
         if not st.AS_ROOT:
             self.skipTest("network namespaces need root (CI runs this as root)")
