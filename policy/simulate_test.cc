@@ -192,8 +192,8 @@ TEST(SimulateTest, FrequencyBeatsStagingWhenTheCacheHoldsTheData) {
   const PolicyResult& staging = Of(rs, SimPolicy::kStaging);
   const PolicyResult& bound = Of(rs, SimPolicy::kNoIo);
   EXPECT_GT(staging.total_seconds, 1.3 * bound.total_seconds);  // staging is I/O-bound
-  // Without fetch-and-cache (only prefetchers fill the tiers): the prefetchers (2 threads of 36 PFS readers) lag behind the
-  // consumers, and each later epoch finds more of the data local.
+  // Without fetch-and-cache (only prefetchers fill the tiers): the prefetchers (2 threads of 36 PFS
+  // readers) lag behind the consumers, and each later epoch finds more of the data local.
   EXPECT_LT(freq.total_seconds, staging.total_seconds);
   for (uint32_t e = 1; e < job.epochs; ++e) {
     EXPECT_LT(freq.epoch_seconds[e], staging.epoch_seconds[e]) << "epoch " << e;
