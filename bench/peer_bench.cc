@@ -12,9 +12,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -24,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "fabric/loopback_port.h"
 #include "fabric/peer_link.h"
 
 namespace {
@@ -32,21 +30,6 @@ using nopfs::fabric::PeerLink;
 using nopfs::fabric::ReadStatus;
 using nopfs::fabric::ServeResult;
 using Clock = std::chrono::steady_clock;
-
-uint16_t FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    std::fprintf(stderr, "peer_bench: no free port\n");
-    std::exit(1);
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 // Sample s is `size` bytes, byte i = (s + i) mod 251; sizes are encoded in the sample id's top
 // bits. The bytes are a slice of one precomputed pattern, so that making and checking them costs
@@ -90,7 +73,7 @@ std::string Run(const std::string& cmd) {
 
 // iperf3 throughput in bytes/s (receiver side), or 0 if iperf3 is missing.
 double Iperf(int seconds) {
-  uint16_t port = FreePort();
+  uint16_t port = nopfs::fabric::FreeLoopbackPort();
   std::fflush(stdout);
   pid_t server = ::fork();
   if (server == 0) {
@@ -133,8 +116,8 @@ int main(int argc, char** argv) {
     }
   }
   spdlog::set_level(spdlog::level::warn);
-  std::vector<nopfs::fabric::PeerAddress> peers{{"127.0.0.1", FreePort()},
-                                                {"127.0.0.1", FreePort()}};
+  std::vector<nopfs::fabric::PeerAddress> peers{{"127.0.0.1", nopfs::fabric::FreeLoopbackPort()},
+                                                {"127.0.0.1", nopfs::fabric::FreeLoopbackPort()}};
   auto opts = [&](uint32_t node) {
     nopfs::fabric::PeerLinkOptions o;
     o.node = node;

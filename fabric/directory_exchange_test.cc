@@ -1,12 +1,10 @@
 // The peer directory (service/directory.h) built over the fabric: three nodes run
 // dir::BuildDirectory with PeerLink::Exchange as the all-to-all.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <thread>
 
+#include "fabric/loopback_port.h"
 #include "fabric/peer_link.h"
 #include "service/directory.h"
 
@@ -15,26 +13,12 @@ namespace {
 
 namespace dir = nopfs::service::dir;
 
-uint16_t FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    throw std::runtime_error("no free port");
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 TEST(DirectoryExchangeTest, EveryNodeFindsTheHolderOfWhatItNeeds) {
   constexpr uint32_t kNodes = 3;
   constexpr uint32_t kSamples = 3000;
   std::vector<PeerAddress> peers;
   for (uint32_t n = 0; n < kNodes; ++n)
-    peers.push_back({"127.0.0.1", FreePort()});
+    peers.push_back({"127.0.0.1", FreeLoopbackPort()});
   std::vector<std::unique_ptr<PeerLink>> links;
   for (uint32_t n = 0; n < kNodes; ++n) {
     PeerLinkOptions o;

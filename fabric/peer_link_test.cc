@@ -1,34 +1,17 @@
 // Tests of fabric::PeerLink: two authenticated nodes in one process over loopback.
 #include "fabric/peer_link.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <thread>
+
+#include "fabric/loopback_port.h"
 
 namespace nopfs::fabric {
 namespace {
 
 using std::chrono::milliseconds;
-
-// A port free right now on 127.0.0.1 (the kernel picks it).
-uint16_t FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    throw std::runtime_error("no free port");
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 std::vector<std::byte> SampleBytes(uint32_t node, uint64_t sample) {
   // Every fifth sample is large enough for the provider's rendezvous path (both nodes send such
@@ -72,7 +55,8 @@ TEST(PeerLinkTest, ParsePeerList) {
 // A slow tier read (sample 1 is served only once sample 2 has been) does not hold up the other
 // requests: with a single server the two reads would wait on each other until the timeout.
 TEST(PeerLinkTest, ASlowServeDoesNotBlockTheOthers) {
-  std::vector<PeerAddress> peers{{"127.0.0.1", FreePort()}, {"127.0.0.1", FreePort()}};
+  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()}};
   std::atomic<bool> second_served{false};
   std::atomic<bool> first_saw_it{false};
   ServeFn serve = [&](uint64_t sample) {
@@ -107,7 +91,8 @@ TEST(PeerLinkTest, ASlowServeDoesNotBlockTheOthers) {
 }
 
 TEST(PeerLinkTest, ClassDoneReachesTheOtherNodeAndStopFailsReadsAtOnce) {
-  std::vector<PeerAddress> peers{{"127.0.0.1", FreePort()}, {"127.0.0.1", FreePort()}};
+  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()}};
   auto n0 = PeerLink::Start(Options(0, peers, 6), Holder(0));
   ASSERT_TRUE(n0.ok()) << n0.status().ToString();
   auto n1 = PeerLink::Start(Options(1, peers, 6), Holder(1));
@@ -127,7 +112,8 @@ TEST(PeerLinkTest, ClassDoneReachesTheOtherNodeAndStopFailsReadsAtOnce) {
 }
 
 TEST(PeerLinkTest, TwoNodesServeEachOtherExactBytes) {
-  std::vector<PeerAddress> peers{{"127.0.0.1", FreePort()}, {"127.0.0.1", FreePort()}};
+  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()}};
   auto n0 = PeerLink::Start(Options(0, peers, 9), Holder(0));
   ASSERT_TRUE(n0.ok()) << n0.status().ToString();
   auto n1 = PeerLink::Start(Options(1, peers, 9), Holder(1));
@@ -169,7 +155,8 @@ TEST(PeerLinkTest, TwoNodesServeEachOtherExactBytes) {
 }
 
 TEST(PeerLinkTest, WrongSecretIsRefusedAndServesNothing) {
-  std::vector<PeerAddress> peers{{"127.0.0.1", FreePort()}, {"127.0.0.1", FreePort()}};
+  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()}};
   auto n0 = PeerLink::Start(Options(0, peers, 1), Holder(0));
   ASSERT_TRUE(n0.ok()) << n0.status().ToString();
   auto intruder = PeerLink::Start(Options(1, peers, 2), Holder(1));
@@ -185,7 +172,8 @@ TEST(PeerLinkTest, WrongSecretIsRefusedAndServesNothing) {
 }
 
 TEST(PeerLinkTest, DeadPeerCostsOneTimeout) {
-  std::vector<PeerAddress> peers{{"127.0.0.1", FreePort()}, {"127.0.0.1", FreePort()}};
+  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()}};
   auto n0 = PeerLink::Start(Options(0, peers, 3), Holder(0));  // node 1 never starts
   ASSERT_TRUE(n0.ok());
   auto t0 = std::chrono::steady_clock::now();
@@ -201,8 +189,9 @@ TEST(PeerLinkTest, DeadPeerCostsOneTimeout) {
 }
 
 TEST(PeerLinkTest, MalformedMessagesAreRejectedAndServiceContinues) {
-  std::vector<PeerAddress> peers{
-      {"127.0.0.1", FreePort()}, {"127.0.0.1", FreePort()}, {"127.0.0.1", FreePort()}};
+  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()}};
   auto n0 = PeerLink::Start(Options(0, peers, 5), Holder(0));
   ASSERT_TRUE(n0.ok());
   auto n1 = PeerLink::Start(Options(1, peers, 5), Holder(1));
@@ -241,8 +230,9 @@ TEST(PeerLinkTest, MalformedMessagesAreRejectedAndServiceContinues) {
 }
 
 TEST(PeerLinkTest, ExchangeIsAnAllToAllAmongThreeNodes) {
-  std::vector<PeerAddress> peers{
-      {"127.0.0.1", FreePort()}, {"127.0.0.1", FreePort()}, {"127.0.0.1", FreePort()}};
+  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()}};
   std::vector<std::unique_ptr<PeerLink>> links;
   for (uint32_t n = 0; n < 3; ++n) {
     auto l = PeerLink::Start(Options(n, peers, 6), Holder(n % 2));
@@ -290,7 +280,8 @@ TEST(PeerLinkTest, ExchangeIsAnAllToAllAmongThreeNodes) {
 }
 
 TEST(PeerLinkTest, ExchangeWithADeadNodeFails) {
-  std::vector<PeerAddress> peers{{"127.0.0.1", FreePort()}, {"127.0.0.1", FreePort()}};
+  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()}};
   auto n0 = PeerLink::Start(Options(0, peers, 7), Holder(0));
   ASSERT_TRUE(n0.ok());
   auto in = (*n0)->Exchange(1, std::vector<std::vector<std::byte>>(2));
