@@ -389,7 +389,9 @@ class FabricTest(unittest.TestCase):
 
     def test_nopfs_run_nodes_on_their_own_addresses(self):
         # --hosts without namespaces: two loopback addresses (all of 127/8 is local on Linux).
-        self.run_nodes(["--hosts", "127.0.0.1,127.0.0.2"])
+        self.run_nodes(["--hosts", "127.0.0.1,127.0.0.2", "--keep-run-dir"])
+        log = st.read(os.path.join(self.work, "runs", "run", "node1", "nopfsd.log"))
+        self.assertIn("listening on 127.0.0.2:", log)
 
     def test_nopfs_run_nodes_in_their_own_network_namespaces(self):
         if not st.AS_ROOT:
