@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
 
 namespace nopfs::fabric {
@@ -91,6 +92,27 @@ TEST(EndpointTest, RecvTimesOutAndCancels) {
   auto again = (*a)->Recv(1, 0, 64, milliseconds(2000));
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(again->data, data);
+}
+
+// An idle endpoint sleeps on its completion queue's descriptor (tcp;ofi_rxm has one) instead of
+// spinning, and a Recv sleeping there still honours its interrupt (signalled with Wake, as the
+// peer link does): it returns long before its timeout.
+TEST(EndpointTest, IdleRecvWaitsOnTheQueueAndHonoursItsInterrupt) {
+  auto a = Endpoint::Open({});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_TRUE((*a)->waits_on_fd());
+  std::atomic<bool> stop{false};
+  std::thread waker([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    stop.store(true);
+    (*a)->Wake();
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  auto m = (*a)->Recv(1, 0, 64, milliseconds(20000), [&] { return stop.load(); });
+  const auto took = std::chrono::steady_clock::now() - t0;
+  waker.join();
+  EXPECT_EQ(m.status().code(), StatusCode::kTimedOut);
+  EXPECT_LT(took, std::chrono::seconds(10));  // ended by the interrupt, not the 20 s timeout
 }
 
 TEST(EndpointTest, OversizedMessageIsRejectedNotTruncated) {
