@@ -32,11 +32,16 @@ struct SharedHeader {
   std::atomic<uint32_t> prod_event;  // futex: bumped on every publish, Finish and Cancel
   std::atomic<uint32_t> cancelled;
   std::atomic<uint64_t> end_seq;  // UINT64_MAX until Finish()
-  uint8_t pad1[48];
+  // The producer's sleep (offset 80): how many producer threads sleep on cons_event, and the
+  // `released` value at which the consumer wakes them (a batch of space, not every slot).
+  std::atomic<uint32_t> space_waiters;
+  uint32_t reserved2;
+  std::atomic<uint64_t> space_wanted;
+  uint8_t pad1[32];
   // Consumer-written (offset 128).
-  std::atomic<uint32_t> cons_event;  // futex: bumped on every release
-  uint32_t reserved1;
-  std::atomic<uint64_t> released;  // every seq below this is released
+  std::atomic<uint32_t> cons_event;    // futex: bumped on every release
+  std::atomic<uint32_t> data_waiters;  // consumer threads asleep on prod_event
+  std::atomic<uint64_t> released;      // every seq below this is released
   std::atomic<uint64_t> samples;
   std::atomic<uint64_t> bytes;
   std::atomic<uint64_t> next_calls;
@@ -66,7 +71,10 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(sizeof(std::atomic<uint64_t>) == 8 && sizeof(std::atomic<uint32_t>) == 4);
 static_assert(offsetof(SharedHeader, prod_event) == 64);
 static_assert(offsetof(SharedHeader, end_seq) == 72);
+static_assert(offsetof(SharedHeader, space_waiters) == 80);
+static_assert(offsetof(SharedHeader, space_wanted) == 88);
 static_assert(offsetof(SharedHeader, cons_event) == 128);
+static_assert(offsetof(SharedHeader, data_waiters) == 132);
 static_assert(offsetof(SharedHeader, released) == 136);
 static_assert(offsetof(SharedHeader, histogram) == 192);
 static_assert(sizeof(SharedHeader) <= kHeaderBytes);
@@ -103,6 +111,15 @@ void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nano
 
 void FutexWake(std::atomic<uint32_t>* word) {
   ::syscall(SYS_futex, FutexWord(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// Bumps the producer's event and wakes the consumer if it sleeps on it. A waiter reads the event
+// before it checks its condition, then counts itself, then sleeps only while the event still has
+// the value it read (FUTEX_WAIT); with sequentially consistent operations on both sides a sleeper
+// is never missed: either the waker sees the count, or the sleeper sees the bumped event.
+void WakeConsumer(SharedHeader* h) {
+  h->prod_event.fetch_add(1, std::memory_order_seq_cst);
+  if (h->data_waiters.load(std::memory_order_seq_cst) != 0) FutexWake(&h->prod_event);
 }
 
 // Bounded wait slices: a cancelled or dead peer is noticed within this time even if no one wakes
@@ -267,8 +284,14 @@ Result<RingWriter::Reservation> RingWriter::Reserve(
       lock.lock();
       continue;
     }
+    // Sleep until a batch of samples is released (or the consumer itself runs dry and wakes us):
+    // one wake-up per batch instead of one per released sample.
+    const uint64_t batch = std::clamp<uint64_t>(slot_count_ / 4, 1, 16);
+    h->space_wanted.store(reclaimed_ + batch, std::memory_order_seq_cst);
+    h->space_waiters.fetch_add(1, std::memory_order_seq_cst);
     lock.unlock();
     FutexWait(&h->cons_event, ev, std::min<std::chrono::nanoseconds>(deadline - now, kWaitSlice));
+    h->space_waiters.fetch_sub(1, std::memory_order_seq_cst);
     lock.lock();
   }
 }
@@ -301,8 +324,7 @@ Status RingWriter::Publish(uint64_t seq, uint64_t size) {
     s->region = 0;
     s->state.store(seq << 2 | kKindReady, std::memory_order_release);
   }
-  h->prod_event.fetch_add(1, std::memory_order_release);
-  FutexWake(&h->prod_event);
+  WakeConsumer(h);
   return Status::Ok();
 }
 
@@ -323,8 +345,7 @@ Status RingWriter::PublishInRegion(uint64_t seq, uint64_t offset, uint64_t size)
     s->region = 1;
     s->state.store(seq << 2 | kKindReady, std::memory_order_release);
   }
-  h->prod_event.fetch_add(1, std::memory_order_release);
-  FutexWake(&h->prod_event);
+  WakeConsumer(h);
   return Status::Ok();
 }
 
@@ -348,8 +369,7 @@ Status RingWriter::PublishError(uint64_t seq, const Status& error) {
     s->code = static_cast<uint32_t>(error.ok() ? StatusCode::kInternal : error.code());
     s->state.store(seq << 2 | kKindError, std::memory_order_release);
   }
-  h->prod_event.fetch_add(1, std::memory_order_release);
-  FutexWake(&h->prod_event);
+  WakeConsumer(h);
   return Status::Ok();
 }
 
@@ -526,11 +546,21 @@ Result<std::optional<View>> RingReader::Next(std::chrono::nanoseconds timeout) {
       return Status::TimedOut("ring: no sample arrived within the timeout (seq " +
                               std::to_string(seq) + ")");
     }
+    // Nothing to read: a producer asleep waiting for a batch of space must use whatever space
+    // there is now. Checked at once (not after the spin: it may be what we wait for) and before
+    // every sleep.
+    if ((spin == 0 || spin >= kSpins) && h->space_waiters.load(std::memory_order_seq_cst) != 0) {
+      h->cons_event.fetch_add(1, std::memory_order_seq_cst);
+      FutexWake(&h->cons_event);
+      producer_wakes_.fetch_add(1, std::memory_order_relaxed);
+    }
     if (spin < kSpins) {
       std::this_thread::yield();
       continue;
     }
+    h->data_waiters.fetch_add(1, std::memory_order_seq_cst);
     FutexWait(&h->prod_event, ev, std::min<std::chrono::nanoseconds>(deadline - now, kWaitSlice));
+    h->data_waiters.fetch_sub(1, std::memory_order_seq_cst);
   }
   // Copy the slot out once, then validate what we copied (the memory is shared).
   const uint64_t offset = s->offset;
@@ -570,6 +600,10 @@ Result<std::optional<View>> RingReader::Next(std::chrono::nanoseconds timeout) {
   return std::optional<View>(v);
 }
 
+bool RingReader::producer_asleep() const {
+  return HeaderAt(ctl_)->space_waiters.load(std::memory_order_seq_cst) != 0;
+}
+
 void RingReader::AdvanceReleasedLocked() {
   uint64_t before = released_;
   while (released_ < delivered_ && done_[released_ % slot_count_]) {
@@ -579,8 +613,12 @@ void RingReader::AdvanceReleasedLocked() {
   if (released_ == before) return;
   SharedHeader* h = HeaderAt(ctl_);
   h->released.store(released_, std::memory_order_release);
-  h->cons_event.fetch_add(1, std::memory_order_release);
-  FutexWake(&h->cons_event);
+  h->cons_event.fetch_add(1, std::memory_order_seq_cst);
+  if (h->space_waiters.load(std::memory_order_seq_cst) != 0 &&
+      released_ >= h->space_wanted.load(std::memory_order_seq_cst)) {
+    FutexWake(&h->cons_event);
+    producer_wakes_.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 Status RingReader::Release(uint64_t seq) {

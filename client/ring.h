@@ -20,7 +20,9 @@
 // size it reads against the mapping before forming a pointer.
 //
 // Waiting uses shared (non-private) futexes on 32-bit words in the mapping, with bounded waits, so
-// a dead or cancelled peer is noticed.
+// a dead or cancelled peer is noticed. A side calls FUTEX_WAKE only when the other sleeps (each
+// counts its sleepers in the header), and a producer out of space sleeps until a batch of samples
+// is released or the consumer runs dry: no system call per sample in the steady state.
 #pragma once
 
 #include <array>
@@ -41,7 +43,7 @@
 namespace nopfs::ring {
 
 inline constexpr uint32_t kRingMagic = 0x474E5252;  // "RRNG"
-inline constexpr uint32_t kRingVersion = 1;
+inline constexpr uint32_t kRingVersion = 2;         // 2: the waiter counts (docs/wire.md)
 inline constexpr uint64_t kAlign = 64;
 inline constexpr uint64_t kHeaderBytes = 4096;
 inline constexpr uint64_t kSlotBytes = 64;
@@ -198,6 +200,10 @@ class RingReader {
   // without it such a slot is a Corruption error. Its views stay valid while the reader lives.
   Status AttachRegion(wire::UniqueFd fd, uint64_t bytes);
   RingStats stats() const;
+  // FUTEX_WAKE calls this reader made to wake the producer, and whether a producer sleeps now
+  // waiting for space (for tests of the wake-up protocol).
+  uint64_t producer_wakes() const { return producer_wakes_.load(std::memory_order_relaxed); }
+  bool producer_asleep() const;
 
  private:
   RingReader() = default;
@@ -219,6 +225,7 @@ class RingReader {
   uint64_t delivered_ = 0;  // GUARDED_BY(mu_): seqs < delivered_ have been handed out
   uint64_t released_ = 0;   // GUARDED_BY(mu_): all seqs < released_ are released
   std::vector<bool> done_;  // GUARDED_BY(mu_): per slot, released but not yet in the prefix
+  std::atomic<uint64_t> producer_wakes_{0};
 };
 
 }  // namespace nopfs::ring
