@@ -9,6 +9,7 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -35,7 +36,10 @@ struct InfoDeleter {
 };
 using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
 
-InfoPtr MakeHints(const std::string& provider) {
+// With `remote_read`, the endpoint also does RMA reads, and registrations take the key the caller
+// gives (no FI_MR_PROV_KEY: a provider's keys may be a counter, and with tcp the key is all that
+// stands between a stranger on the port and the registered memory).
+InfoPtr MakeHints(const std::string& provider, bool remote_read) {
   InfoPtr hints(fi_allocinfo());
   if (!hints) throw std::bad_alloc();
   hints->ep_attr->type = FI_EP_RDM;
@@ -43,6 +47,11 @@ InfoPtr MakeHints(const std::string& provider) {
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->domain_attr->threading = FI_THREAD_DOMAIN;
   hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+  if (remote_read) {
+    hints->caps |= FI_RMA | FI_READ | FI_REMOTE_READ;
+    hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_ENDPOINT;
+    hints->domain_attr->mr_key_size = 8;
+  }
   hints->addr_format = FI_SOCKADDR_IN;
   hints->fabric_attr->prov_name = strdup(provider.c_str());
   if (hints->fabric_attr->prov_name == nullptr) throw std::bad_alloc();
@@ -62,6 +71,8 @@ struct Op {
   int error = 0;           // positive fi errno, 0 on success
   uint64_t len = 0;
   uint64_t tag = 0;
+  bool is_read = false;  // an RMA read (PostRead): handed to TakeReads on completion
+  uint64_t cookie = 0;
 };
 
 struct Endpoint::Impl {
@@ -72,6 +83,9 @@ struct Endpoint::Impl {
   fid_cq* cq = nullptr;
   fid_ep* ep = nullptr;
   std::list<std::unique_ptr<Op>> ops;
+  std::vector<fid_mr*> regions;  // registered for remote reads; closed after the endpoint
+  bool remote_read = false;
+  std::vector<ReadCompletion> reads_done;
   uint64_t failed_posts = 0;
   // The buffer of the last completed receive, reused by the next one of at most its size (a
   // peer link receives with a 64 MiB limit every few milliseconds).
@@ -90,6 +104,8 @@ struct Endpoint::Impl {
   ~Impl() {
     if (wake_fd >= 0) ::close(wake_fd);
     if (ep != nullptr) fi_close(&ep->fid);
+    for (fid_mr* mr : regions)
+      fi_close(&mr->fid);
     if (av != nullptr) fi_close(&av->fid);
     if (cq != nullptr) fi_close(&cq->fid);
     if (domain != nullptr) fi_close(&domain->fid);
@@ -99,6 +115,11 @@ struct Endpoint::Impl {
   void Finish(Op* op) {
     op->done = true;
     last_completion = std::chrono::steady_clock::now();
+    if (op->is_read) {
+      reads_done.push_back({op->cookie, op->error, std::move(op->buffer), op->capacity});
+      Drop(op);
+      return;
+    }
     if (op->abandoned && op->error != 0 && op->error != FI_ECANCELED) ++failed_posts;
     if (op->abandoned) ops.remove_if([op](const std::unique_ptr<Op>& o) { return o.get() == op; });
   }
@@ -173,11 +194,22 @@ Endpoint::Endpoint(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Endpoint::~Endpoint() = default;
 
 Result<std::unique_ptr<Endpoint>> Endpoint::Open(const EndpointOptions& options) {
-  InfoPtr hints = MakeHints(options.provider);
   std::string service = std::to_string(options.port);
   fi_info* raw = nullptr;
-  int rc = fi_getinfo(kFabricVersion, options.host.c_str(), service.c_str(), FI_SOURCE, hints.get(),
-                      &raw);
+  bool remote_read = options.remote_read;
+  int rc = -FI_ENODATA;
+  if (remote_read) {
+    InfoPtr hints = MakeHints(options.provider, true);
+    rc = fi_getinfo(kFabricVersion, options.host.c_str(), service.c_str(), FI_SOURCE, hints.get(),
+                    &raw);
+    // Cannot do RMA with keys of our choosing: tagged messages only.
+    if (rc != 0) remote_read = false;
+  }
+  if (!remote_read) {
+    InfoPtr hints = MakeHints(options.provider, false);
+    rc = fi_getinfo(kFabricVersion, options.host.c_str(), service.c_str(), FI_SOURCE, hints.get(),
+                    &raw);
+  }
   if (rc != 0) {
     return Status::Unavailable(FiError(("fabric: provider \"" + options.provider +
                                         "\" cannot listen on " + options.host + ":" + service)
@@ -186,6 +218,7 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Open(const EndpointOptions& options)
   }
   auto impl = std::make_unique<Impl>();
   impl->info.reset(raw);
+  impl->remote_read = remote_read;
   fi_info* info = impl->info.get();
   if ((rc = fi_fabric(info->fabric_attr, &impl->fabric, nullptr)) != 0) {
     return Status::IoError(FiError("fabric: fi_fabric", rc));
@@ -239,7 +272,7 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Open(const EndpointOptions& options)
 }
 
 Result<PeerAddr> Endpoint::AddPeer(const std::string& host, uint16_t port) {
-  InfoPtr hints = MakeHints(provider_);
+  InfoPtr hints = MakeHints(provider_, impl_->remote_read);
   std::string service = std::to_string(port);
   fi_info* raw = nullptr;
   int rc = fi_getinfo(kFabricVersion, host.c_str(), service.c_str(), 0, hints.get(), &raw);
@@ -391,6 +424,81 @@ Result<Message> Endpoint::Recv(uint64_t tag, uint64_t ignore, uint64_t max_len,
   impl_->spare_capacity = op->capacity;
   impl_->Drop(op);
   return m;
+}
+
+bool Endpoint::supports_remote_read() const {
+  return impl_->remote_read;
+}
+
+Result<ExposedRegion> Endpoint::ExposeForRemoteRead(std::span<const std::byte> region,
+                                                    uint64_t key) {
+  if (!impl_->remote_read) {
+    return Status::FailedPrecondition("fabric: this endpoint does not do RMA reads");
+  }
+  if (region.empty()) return Status::InvalidArgument("fabric: an empty region");
+  fid_mr* mr = nullptr;
+  int rc = fi_mr_reg(impl_->domain, region.data(), region.size(), FI_REMOTE_READ, 0, key, 0, &mr,
+                     nullptr);
+  if (rc != 0) return Status::IoError(FiError("fabric: fi_mr_reg", rc));
+  if ((impl_->info->domain_attr->mr_mode & FI_MR_ENDPOINT) != 0) {
+    if ((rc = fi_mr_bind(mr, &impl_->ep->fid, 0)) != 0 || (rc = fi_mr_enable(mr)) != 0) {
+      fi_close(&mr->fid);
+      return Status::IoError(FiError("fabric: binding a registration to the endpoint", rc));
+    }
+  }
+  if (fi_mr_key(mr) != key) {  // the provider ignored the requested key: do not use it
+    fi_close(&mr->fid);
+    return Status::FailedPrecondition("fabric: the provider chose its own registration key");
+  }
+  impl_->regions.push_back(mr);
+  ExposedRegion out;
+  out.key = key;
+  const bool virt = (impl_->info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
+  out.wire_base = virt ? reinterpret_cast<uint64_t>(region.data()) : 0;
+  return out;
+}
+
+Status Endpoint::PostRead(PeerAddr peer, uint64_t addr, uint64_t key, uint64_t length,
+                          uint64_t cookie, std::chrono::milliseconds timeout) {
+  if (!impl_->remote_read) {
+    return Status::FailedPrecondition("fabric: this endpoint does not do RMA reads");
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  Op* op = impl_->NewOp();
+  op->is_read = true;
+  op->cookie = cookie;
+  op->capacity = length;
+  op->buffer.reset(new std::byte[length == 0 ? 1 : length]);  // uninitialised: no zeroing
+  if (length == 0) {                                          // nothing to read: complete at once
+    impl_->Finish(op);
+    return Status::Ok();
+  }
+  for (;;) {
+    ssize_t rc = fi_read(impl_->ep, op->buffer.get(), length, nullptr, peer, addr, key, &op->ctx);
+    if (rc == 0) break;
+    if (rc != -FI_EAGAIN) {
+      impl_->Drop(op);
+      return Status::IoError(FiError("fabric: fi_read", rc));
+    }
+    impl_->Poll();
+    if (std::chrono::steady_clock::now() >= deadline) {
+      impl_->Drop(op);
+      return Status::TimedOut("fabric: read queue full until the timeout");
+    }
+  }
+  impl_->Poll();
+  return Status::Ok();
+}
+
+std::vector<ReadCompletion> Endpoint::TakeReads() {
+  impl_->Poll();
+  std::vector<ReadCompletion> out;
+  out.swap(impl_->reads_done);
+  return out;
+}
+
+bool Endpoint::has_reads() const {
+  return !impl_->reads_done.empty();
 }
 
 void Endpoint::Progress() {

@@ -13,8 +13,12 @@
 //   - A message longer than the receive limit is reported as an error, never truncated silently.
 //   - The destructor closes every libfabric object in the right order, endpoint first.
 //
+//   - An RMA read (PostRead) lands in a buffer the endpoint owns and hands over only once it has
+//     completed, so a read that outlives its caller's patience can never write into the caller's
+//     memory.
+//
 // Thread safety: none. One thread drives an Endpoint (the peer layer's progress thread); the
-// completion queue is polled only from inside Send/Recv/Progress.
+// completion queue is polled only from inside Send/Recv/Progress/PostRead.
 #pragma once
 
 #include <chrono>
@@ -34,6 +38,24 @@ struct EndpointOptions {
   std::string provider = "tcp;ofi_rxm";  // fi_info provider name, as fi_info -p accepts it
   std::string host = "127.0.0.1";        // address to listen on
   uint16_t port = 0;                     // port to listen on; 0 lets the provider pick
+  // Ask for RMA reads (FI_RMA, with keys the caller chooses); an endpoint whose provider cannot
+  // do them opens without (supports_remote_read() says which). Every node of a job must agree.
+  bool remote_read = true;
+};
+
+// Memory registered for remote reads: a peer reads [base, base + length) of it with
+// Endpoint::PostRead(addr = wire_base + offset, key).
+struct ExposedRegion {
+  uint64_t key = 0;
+  uint64_t wire_base = 0;  // the region's first byte as a remote address (0: offset-based keys)
+};
+
+// A finished RMA read (PostRead): its cookie, its bytes, or the error.
+struct ReadCompletion {
+  uint64_t cookie = 0;
+  int error = 0;  // positive fi errno, 0 on success
+  std::unique_ptr<std::byte[]> data;
+  uint64_t length = 0;
 };
 
 // A received message: its tag and its bytes.
@@ -79,6 +101,26 @@ class Endpoint {
   Result<Message> Recv(uint64_t tag, uint64_t ignore, uint64_t max_len,
                        std::chrono::milliseconds timeout,
                        const std::function<bool()>& interrupt = nullptr);
+
+  // Whether the endpoint was opened with RMA reads (EndpointOptions::remote_read and a provider
+  // that accepts keys chosen by the caller).
+  bool supports_remote_read() const;
+
+  // Registers `region` for remote reads only (FI_REMOTE_READ: peers can never write it) under
+  // `key`, which the caller draws at random and tells only authenticated peers (a key is the
+  // capability: with tcp anybody who can reach the port and guesses it could read the region).
+  // The registration lasts as long as the endpoint. FailedPrecondition without RMA support.
+  Result<ExposedRegion> ExposeForRemoteRead(std::span<const std::byte> region, uint64_t key);
+
+  // Posts an RMA read of `length` bytes at (addr, key) of `peer` into a buffer the endpoint
+  // allocates; its completion is collected by TakeReads() under `cookie`. TimedOut if the queue
+  // stays full for `timeout`.
+  Status PostRead(PeerAddr peer, uint64_t addr, uint64_t key, uint64_t length, uint64_t cookie,
+                  std::chrono::milliseconds timeout);
+  // The reads completed since the last call (successful or not).
+  std::vector<ReadCompletion> TakeReads();
+  // Whether TakeReads() has something (a cheap check for a receive's interrupt).
+  bool has_reads() const;
 
   // Drives the completion queue once (reaps finished and abandoned operations).
   void Progress();

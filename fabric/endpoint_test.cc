@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
 #include <thread>
 
 namespace nopfs::fabric {
@@ -123,6 +124,96 @@ TEST(EndpointTest, OversizedMessageIsRejectedNotTruncated) {
   (void)(*a)->Send(*self, 5, Pattern(4096, 2), milliseconds(200));
   auto m = (*a)->Recv(5, 0, 16, milliseconds(2000));
   EXPECT_FALSE(m.ok());
+}
+
+// Drives `ep` (a target of RMA reads needs progress of its own over tcp) until `stop`.
+std::thread Drive(Endpoint* ep, std::atomic<bool>& stop) {
+  return std::thread([ep, &stop] {
+    while (!stop.load())
+      (void)ep->Recv(77, 0, 64, milliseconds(20), [&] { return stop.load(); });
+  });
+}
+
+// Waits for the completion of the read posted under `cookie`.
+ReadCompletion WaitRead(Endpoint& ep, uint64_t cookie) {
+  auto until = std::chrono::steady_clock::now() + milliseconds(5000);
+  while (std::chrono::steady_clock::now() < until) {
+    for (ReadCompletion& c : ep.TakeReads())
+      if (c.cookie == cookie) return std::move(c);
+  }
+  ReadCompletion none;
+  none.cookie = cookie;
+  none.error = -1;
+  return none;
+}
+
+// RMA: a region exposed read-only under a random key is read byte for byte by a peer; a wrong key
+// and a range past the region's end are refused (the tcp provider then drops that reader's
+// connection), the target keeps serving its other peers, and the region is never changed.
+TEST(EndpointTest, RemoteReadsOfAnExposedRegion) {
+  auto a = Endpoint::Open({});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto b = Endpoint::Open({});
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  auto c = Endpoint::Open({});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE((*a)->supports_remote_read()) << "tcp;ofi_rxm does RMA reads with chosen keys";
+  const std::vector<std::byte> region = Pattern(uint64_t{3} << 20, 5);
+  const std::vector<std::byte> before = region;
+  const uint64_t key = 0x9e3779b97f4a7c15ull;
+  auto exposed = (*a)->ExposeForRemoteRead(region, key);
+  ASSERT_TRUE(exposed.ok()) << exposed.status().ToString();
+  EXPECT_EQ(exposed->key, key);
+  auto b_to_a = (*b)->AddPeer("127.0.0.1", (*a)->port());
+  auto c_to_a = (*c)->AddPeer("127.0.0.1", (*a)->port());
+  ASSERT_TRUE(b_to_a.ok() && c_to_a.ok());
+  std::atomic<bool> stop{false};
+  std::thread driver = Drive(a->get(), stop);
+  struct Join {
+    std::atomic<bool>& stop;
+    Endpoint& ep;
+    std::thread& t;
+    ~Join() {
+      stop.store(true);
+      ep.Wake();
+      t.join();
+    }
+  } join{stop, **a, driver};
+
+  const uint64_t off = 12345, len = uint64_t{1} << 20;
+  ASSERT_TRUE(
+      (*b)->PostRead(*b_to_a, exposed->wire_base + off, key, len, 1, milliseconds(2000)).ok());
+  ReadCompletion got = WaitRead(**b, 1);
+  ASSERT_EQ(got.error, 0) << "the read did not complete";
+  ASSERT_EQ(got.length, len);
+  EXPECT_EQ(0, std::memcmp(got.data.get(), region.data() + off, len));
+
+  // A wrong key and a range past the end complete with an error and deliver nothing.
+  ASSERT_TRUE(
+      (*b)->PostRead(*b_to_a, exposed->wire_base + off, key ^ 1, 4096, 2, milliseconds(2000)).ok());
+  EXPECT_NE(WaitRead(**b, 2).error, 0);
+  ASSERT_TRUE((*b)->PostRead(*b_to_a, exposed->wire_base + region.size() - 100, key, 4096, 3,
+                             milliseconds(2000))
+                  .ok());
+  EXPECT_NE(WaitRead(**b, 3).error, 0);
+  // The target is unharmed: another peer reads it as before.
+  ASSERT_TRUE((*c)->PostRead(*c_to_a, exposed->wire_base, key, 4096, 4, milliseconds(2000)).ok());
+  ReadCompletion again = WaitRead(**c, 4);
+  ASSERT_EQ(again.error, 0);
+  EXPECT_EQ(0, std::memcmp(again.data.get(), region.data(), 4096));
+  EXPECT_EQ(region, before);
+}
+
+TEST(EndpointTest, WithoutRemoteReadNothingIsExposed) {
+  EndpointOptions o;
+  o.remote_read = false;
+  auto a = Endpoint::Open(o);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_FALSE((*a)->supports_remote_read());
+  std::vector<std::byte> region(4096);
+  EXPECT_EQ((*a)->ExposeForRemoteRead(region, 7).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*a)->PostRead(0, 0, 7, 16, 1, milliseconds(10)).code(),
+            StatusCode::kFailedPrecondition);
 }
 
 TEST(EndpointTest, UnknownProviderAndBusyPortFail) {

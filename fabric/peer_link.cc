@@ -1,11 +1,14 @@
 #include "fabric/peer_link.h"
 
 #include <spdlog/spdlog.h>
+#include <xxhash.h>
 
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -49,6 +52,24 @@ Result<std::vector<PeerAddress>> ParsePeerList(const std::string& list) {
   return out;
 }
 
+// One Read waiting for its reply (on the reader's stack; in State::pending until answered).
+struct PeerLink::Pending {
+  uint32_t peer = 0;
+  uint64_t sample = 0;
+  bool sent = false;
+  bool done = false;
+  std::condition_variable cv;  // signalled (under the link's mutex) when done is set
+  bool remote_posted = false;  // a kRemoteReply came: an RMA read is under way
+  Status status;
+  std::vector<std::byte> data;
+  // The RMA path: the bytes as the read delivered them and the xxh3 they must have.
+  std::unique_ptr<std::byte[]> remote;
+  uint64_t remote_len = 0;
+  uint64_t remote_xxh3 = 0;
+  bool is_remote = false;
+  std::chrono::steady_clock::time_point deadline{};
+};
+
 struct PeerLink::State {
   PeerLinkOptions opts;
   ServeFn serve;
@@ -71,17 +92,9 @@ struct PeerLink::State {
     Nonce client_nonce{};
     std::chrono::steady_clock::time_point handshake_deadline{};
   };
-  struct Pending {
-    uint32_t peer = 0;
-    uint64_t sample = 0;
-    bool sent = false;
-    bool done = false;
-    Status status;
-    std::vector<std::byte> data;
-    std::chrono::steady_clock::time_point deadline{};
-  };
+  using Pending = PeerLink::Pending;
   mutable std::mutex mu;
-  std::condition_variable cv;
+  std::condition_variable cv;  // exchanges, registrations and dead peers (each Read has its own)
   std::vector<OutState> out;
   std::map<uint64_t, Pending*> pending;
   std::deque<std::pair<uint32_t, std::vector<std::byte>>> outbox;  // (node, message)
@@ -102,10 +115,40 @@ struct PeerLink::State {
     uint32_t node;
     uint64_t request_id;
     uint64_t sample;
+    bool remote_ok;     // the reader asked with kAcceptsRemoteRead
+    bool push = false;  // a Push to hand to on_push, not a read request
+    uint64_t push_xxh3 = 0;
+    std::vector<std::byte> push_data;
   };
+  uint64_t push_queued_bytes = 0;  // pushes waiting in exchange_out (guarded by mu)
+  static constexpr uint64_t kMaxPushQueued = uint64_t{64} << 20;
   std::deque<ServeJob> serve_queue;
   std::condition_variable serve_cv;
   std::vector<std::thread> servers;
+  // RMA: memory exposed for peers' reads (guarded by mu; registered by the progress thread).
+  struct Region {
+    const std::byte* begin = nullptr;
+    uint64_t size = 0;
+    bool registered = false;
+    bool tried = false;  // the progress thread has tried to register it
+    Status status;       // why not, if it failed
+    ExposedRegion exposed;
+  };
+  std::deque<Region> regions;  // a deque: the progress thread keeps pointers while others append
+  bool regions_pending = false;
+  // RemoteReplies whose RMA read the progress thread must post: (node, reply).
+  std::deque<std::pair<uint32_t, RemoteReply>> reads_to_post;
+
+  // With mu held: the registered region holding [p, p + n), if any.
+  const Region* RegionOfLocked(const std::byte* p, uint64_t n) const {
+    for (const Region& r : regions) {
+      if (r.registered && p >= r.begin && n <= r.size &&
+          static_cast<uint64_t>(p - r.begin) <= r.size - n) {
+        return &r;
+      }
+    }
+    return nullptr;
+  }
 
   void ServeLoop() {
     for (;;) {
@@ -114,10 +157,14 @@ struct PeerLink::State {
         std::unique_lock lock(mu);
         serve_cv.wait(lock, [&] { return stop || !serve_queue.empty(); });
         if (stop) return;
-        job = serve_queue.front();
+        job = std::move(serve_queue.front());
         serve_queue.pop_front();
       }
-      Answer(job);
+      if (job.push) {
+        opts.on_push(job.node, job.sample, job.push_xxh3, job.push_data);
+      } else {
+        Answer(job);
+      }
     }
   }
 
@@ -125,15 +172,46 @@ struct PeerLink::State {
   void Answer(const ServeJob& job) {
     ServeResult r = serve(job.sample);
     ReadReply reply{job.request_id, job.sample, r.status, {}};
-    if (r.status == ReadStatus::kOk && r.data.size() > kMaxSampleBytes) {
+    std::optional<RemoteReply> remote;
+    if (r.status == ReadStatus::kOk && !r.in_place.empty()) {
+      if (r.in_place.size() > kMaxSampleBytes) {
+        reply.status = ReadStatus::kError;
+      } else {
+        if (job.remote_ok && r.in_place.size() >= opts.remote_read_min) {
+          std::lock_guard lock(mu);
+          if (const Region* g = RegionOfLocked(r.in_place.data(), r.in_place.size())) {
+            remote = RemoteReply{
+                job.request_id,
+                job.sample,
+                r.in_place.size(),
+                g->exposed.wire_base + static_cast<uint64_t>(r.in_place.data() - g->begin),
+                g->exposed.key,
+                r.xxh3};
+          }
+        }
+        if (!remote) {  // copy it into the reply, checked as a tier read would be
+          reply.data.assign(r.in_place.begin(), r.in_place.end());
+          if (XXH3_64bits(reply.data.data(), reply.data.size()) != r.xxh3) {
+            spdlog::warn("nopfsd: sample {} failed its checksum while being served to node {}",
+                         job.sample, job.node);
+            reply.status = ReadStatus::kError;
+            reply.data.clear();
+          }
+        }
+      }
+    } else if (r.status == ReadStatus::kOk && r.data.size() > kMaxSampleBytes) {
       reply.status = ReadStatus::kError;
     } else if (r.status == ReadStatus::kOk) {
       reply.data = std::move(r.data);
     }
-    std::vector<std::byte> bytes = Encode(reply);
+    std::vector<std::byte> bytes = remote ? Encode(*remote) : Encode(reply);
     {
       std::lock_guard lock(mu);
-      if (reply.status == ReadStatus::kOk) {
+      if (remote) {
+        ++counters.served_reads;
+        ++counters.served_remote;
+        counters.served_bytes += remote->length;
+      } else if (reply.status == ReadStatus::kOk) {
         ++counters.served_reads;
         counters.served_bytes += reply.data.size();
       } else {
@@ -143,6 +221,75 @@ struct PeerLink::State {
     }
     wake.store(true);
     ep->Wake();
+  }
+
+  // Progress thread: registers exposed regions, posts the RMA reads of RemoteReplies, and hands
+  // completed reads to their waiting Read calls.
+  void DriveRemote() {
+    std::vector<Region*> todo;
+    std::deque<std::pair<uint32_t, RemoteReply>> posts;
+    {
+      std::lock_guard lock(mu);
+      if (regions_pending) {
+        for (Region& g : regions)
+          if (!g.registered) todo.push_back(&g);
+        regions_pending = false;
+      }
+      posts.swap(reads_to_post);
+    }
+    for (Region* g : todo) {
+      const Nonce n = RandomNonce();
+      uint64_t key = 0;
+      std::memcpy(&key, n.data(), sizeof key);
+      Result<ExposedRegion> e = ep->ExposeForRemoteRead({g->begin, g->size}, key);
+      std::lock_guard lock(mu);
+      g->tried = true;
+      if (e.ok()) {
+        g->exposed = *e;
+        g->registered = true;
+      } else {
+        g->status = e.status();
+      }
+      cv.notify_all();
+    }
+    for (auto& [node, v] : posts) {
+      Status st = ep->PostRead(addr[node], v.addr, v.key, v.length, v.request_id, opts.timeout);
+      if (!st.ok()) {
+        std::lock_guard lock(mu);
+        ++counters.remote_failed;
+        auto it = pending.find(v.request_id);
+        if (it != pending.end()) {
+          it->second->done = true;
+          it->second->status =
+              Status::IoError("RMA read of sample " + std::to_string(v.sample) + " from node " +
+                              std::to_string(node) + " not posted: " + st.ToString());
+          it->second->cv.notify_one();
+          pending.erase(it);
+        }
+      }
+    }
+    std::vector<ReadCompletion> done = ep->TakeReads();
+    if (done.empty()) return;
+    std::lock_guard lock(mu);
+    for (ReadCompletion& c : done) {
+      auto it = pending.find(c.cookie);
+      if (it == pending.end()) continue;  // timed out or its peer died meanwhile
+      Pending* w = it->second;
+      pending.erase(it);
+      w->done = true;
+      w->cv.notify_one();  // wakes it once the mutex is released, after the fields below are set
+      if (c.error != 0) {
+        ++counters.remote_failed;
+        w->status = Status::IoError("RMA read of sample " + std::to_string(w->sample) +
+                                    " from node " + std::to_string(w->peer) + " failed");
+        // The provider drops the connection on a failed RMA read: treat the peer as gone.
+        KillLocked(w->peer, "an RMA read failed (error " + std::to_string(c.error) + ")");
+      } else {
+        w->is_remote = true;
+        w->remote = std::move(c.data);
+        w->remote_len = c.length;
+      }
+    }
   }
 
   void Queue(uint32_t node, const PeerMessage& m) { outbox.emplace_back(node, Encode(m)); }
@@ -156,6 +303,7 @@ struct PeerLink::State {
     for (auto it = pending.begin(); it != pending.end();) {
       if (it->second->peer == peer) {
         it->second->done = true;
+        it->second->cv.notify_one();
         it->second->status =
             Status::Unavailable("peer node " + std::to_string(peer) + " is dead: " + why);
         it = pending.erase(it);
@@ -215,6 +363,26 @@ struct PeerLink::State {
         return;
       }
       if (d->cls < 64) peer_done[node] |= uint64_t{1} << d->cls;
+    } else if (auto* u = std::get_if<PushSample>(&m)) {
+      std::unique_lock lock(mu);
+      if (st.state != In::kAuthed) {
+        ++counters.auth_refused;
+        spdlog::warn("nopfsd: pushed sample from unauthenticated node {} refused", node);
+        return;
+      }
+      if (!opts.on_push) {
+        ++counters.pushes_dropped;
+        return;
+      }
+      ++counters.pushes_received;
+      ServeJob job{node, 0, u->sample, false, true, u->xxh3, std::move(u->data)};
+      if (servers.empty()) {
+        lock.unlock();
+        opts.on_push(job.node, job.sample, job.push_xxh3, job.push_data);
+        return;
+      }
+      serve_queue.push_back(std::move(job));
+      serve_cv.notify_one();
     } else if (auto* q = std::get_if<ReadRequest>(&m)) {
       if (st.state != In::kAuthed) {
         std::lock_guard lock(mu);
@@ -222,7 +390,8 @@ struct PeerLink::State {
         spdlog::warn("nopfsd: read request from unauthenticated node {} refused", node);
         return;
       }
-      const ServeJob job{node, q->request_id, q->sample};
+      const ServeJob job{
+          node, q->request_id, q->sample, (q->flags & kAcceptsRemoteRead) != 0, false, 0, {}};
       if (servers.empty() || (opts.serve_inline && opts.serve_inline(q->sample))) {
         Answer(job);
         return;
@@ -261,6 +430,16 @@ struct PeerLink::State {
         return;
       }
       st.state = Out::kAuthed;
+    } else if (auto* v = std::get_if<RemoteReply>(&m)) {
+      auto it = pending.find(v->request_id);
+      if (it == pending.end() || it->second->peer != node || it->second->sample != v->sample ||
+          it->second->remote_posted || !ep->supports_remote_read()) {
+        lock.unlock();
+        return Malformed(node, "remote reply to no outstanding request");
+      }
+      it->second->remote_posted = true;
+      it->second->remote_xxh3 = v->xxh3;
+      reads_to_post.emplace_back(node, *v);
     } else if (auto* p = std::get_if<ReadReply>(&m)) {
       auto it = pending.find(p->request_id);
       if (it == pending.end() || it->second->peer != node || it->second->sample != p->sample) {
@@ -270,6 +449,7 @@ struct PeerLink::State {
       Pending* w = it->second;
       pending.erase(it);
       w->done = true;
+      w->cv.notify_one();  // wakes it once the mutex is released, after the fields below are set
       if (p->status == ReadStatus::kOk) {
         w->data = std::move(p->data);
       } else if (p->status == ReadStatus::kNotAvailable) {
@@ -279,7 +459,6 @@ struct PeerLink::State {
         w->status = Status::IoError("peer node " + std::to_string(node) +
                                     " failed reading sample " + std::to_string(p->sample));
       }
-      cv.notify_all();
     }
   }
 
@@ -296,7 +475,8 @@ struct PeerLink::State {
       }
       if (st.state == Out::kAuthed && !w->sent) {
         w->sent = true;
-        Queue(w->peer, ReadRequest{id, w->sample});
+        Queue(w->peer,
+              ReadRequest{id, w->sample, ep->supports_remote_read() ? kAcceptsRemoteRead : 0u});
       }
     }
     for (auto it = exchange_out.begin(); it != exchange_out.end();) {
@@ -307,10 +487,12 @@ struct PeerLink::State {
         st.state = Out::kHelloSent;
         Queue(it->first, Hello{opts.node, st.client_nonce});
       }
-      if (st.state == Out::kAuthed) {
-        Queue(it->first, it->second);
-        it = exchange_out.erase(it);
-      } else if (st.state == Out::kDead) {
+      if (st.state == Out::kAuthed || st.state == Out::kDead) {
+        if (const auto* u = std::get_if<PushSample>(&it->second)) {
+          push_queued_bytes -= u->data.size();
+          if (st.state == Out::kDead) ++counters.pushes_dropped;
+        }
+        if (st.state == Out::kAuthed) Queue(it->first, it->second);
         it = exchange_out.erase(it);
       } else {
         ++it;
@@ -351,8 +533,11 @@ struct PeerLink::State {
           KillLocked(node, st.ToString());
         }
       }
-      auto msg = ep->Recv(0, ~uint64_t{0}, kMaxPeerMessageBytes, kPollSlice,
-                          [this] { return wake.load(std::memory_order_relaxed); });
+      DriveRemote();
+      auto msg = ep->Recv(0, ~uint64_t{0}, kMaxPeerMessageBytes, kPollSlice, [this] {
+        return wake.load(std::memory_order_relaxed) || ep->has_reads();
+      });
+      DriveRemote();
       if (!msg.ok()) {
         if (msg.status().code() == StatusCode::kCorruption) Malformed(~0u, msg.status().ToString());
         continue;
@@ -371,7 +556,8 @@ struct PeerLink::State {
       if (std::holds_alternative<Hello>(*decoded) || std::holds_alternative<Auth>(*decoded) ||
           std::holds_alternative<ReadRequest>(*decoded) ||
           std::holds_alternative<ExchangeData>(*decoded) ||
-          std::holds_alternative<ClassDone>(*decoded)) {
+          std::holds_alternative<ClassDone>(*decoded) ||
+          std::holds_alternative<PushSample>(*decoded)) {
         HandleServer(node, *decoded);
       } else {
         HandleClient(node, *decoded);
@@ -392,7 +578,7 @@ Result<std::unique_ptr<PeerLink>> PeerLink::Start(const PeerLinkOptions& options
   s->opts = options;
   s->serve = std::move(serve);
   const PeerAddress& self = options.peers[options.node];
-  auto ep = Endpoint::Open({options.provider, self.host, self.port});
+  auto ep = Endpoint::Open({options.provider, self.host, self.port, options.remote_read});
   if (!ep.ok()) return ep.status();
   s->ep = std::move(*ep);
   for (const PeerAddress& p : options.peers) {
@@ -423,6 +609,7 @@ void PeerLink::Stop() {
     s_->ep->Wake();
     for (auto& [id, w] : s_->pending) {
       w->done = true;
+      w->cv.notify_one();
       w->status = Status::Unavailable("peer link stopped");
     }
     s_->pending.clear();
@@ -446,16 +633,38 @@ void PeerLink::AnnounceClassDone(uint32_t cls) {
   s_->ep->Wake();
 }
 
+void PeerLink::Push(uint32_t peer, uint64_t sample, uint64_t xxh3,
+                    std::span<const std::byte> data) {
+  if (data.size() > kMaxSampleBytes) {
+    std::lock_guard lock(s_->mu);
+    ++s_->counters.pushes_dropped;
+    return;
+  }
+  PushSample m{sample, xxh3, {data.begin(), data.end()}};  // copied before taking the lock
+  std::lock_guard lock(s_->mu);
+  if (s_->stop || peer >= s_->out.size() || peer == s_->opts.node) return;
+  if (s_->out[peer].state == State::Out::kDead ||
+      s_->push_queued_bytes + m.data.size() > State::kMaxPushQueued) {
+    ++s_->counters.pushes_dropped;
+    return;
+  }
+  s_->push_queued_bytes += m.data.size();
+  ++s_->counters.pushes_sent;
+  s_->counters.push_bytes_sent += m.data.size();
+  s_->exchange_out.emplace_back(peer, std::move(m));
+  s_->wake.store(true);
+  s_->ep->Wake();
+}
+
 bool PeerLink::PeerClassDone(uint32_t peer, uint32_t cls) const {
   std::lock_guard lock(s_->mu);
   return peer < s_->peer_done.size() && cls < 64 && (s_->peer_done[peer] >> cls & 1) != 0;
 }
 
-Result<std::vector<std::byte>> PeerLink::Read(uint32_t peer, uint64_t sample) {
+Status PeerLink::Await(uint32_t peer, uint64_t sample, Pending& w) {
   if (peer >= s_->out.size() || peer == s_->opts.node) {
     return Status::InvalidArgument("peer link: no peer node " + std::to_string(peer));
   }
-  State::Pending w;
   w.peer = peer;
   w.sample = sample;
   std::unique_lock lock(s_->mu);
@@ -469,14 +678,79 @@ Result<std::vector<std::byte>> PeerLink::Read(uint32_t peer, uint64_t sample) {
   s_->pending.emplace(id, &w);
   s_->wake.store(true);
   s_->ep->Wake();
-  s_->cv.wait(lock, [&] { return w.done; });
+  w.cv.wait(lock, [&] { return w.done; });
   if (!w.status.ok()) {
     if (w.status.code() == StatusCode::kNotFound) ++s_->counters.fetch_not_available;
     return w.status;
   }
   ++s_->counters.fetched_reads;
-  s_->counters.fetched_bytes += w.data.size();
-  return std::move(w.data);
+  s_->counters.fetched_bytes += w.is_remote ? w.remote_len : w.data.size();
+  if (w.is_remote) ++s_->counters.fetched_remote;
+  return Status::Ok();
+}
+
+namespace {
+
+Status RemoteMismatch(uint32_t peer, uint64_t sample) {
+  return Status::Corruption("sample " + std::to_string(sample) + " read from node " +
+                            std::to_string(peer) + " by RMA failed its checksum");
+}
+
+}  // namespace
+
+Result<std::vector<std::byte>> PeerLink::Read(uint32_t peer, uint64_t sample) {
+  Pending w;
+  NOPFS_RETURN_IF_ERROR(Await(peer, sample, w));
+  if (!w.is_remote) return std::move(w.data);
+  if (XXH3_64bits(w.remote.get(), w.remote_len) != w.remote_xxh3) {
+    std::lock_guard lock(s_->mu);
+    ++s_->counters.remote_failed;
+    return RemoteMismatch(peer, sample);
+  }
+  return std::vector<std::byte>(w.remote.get(), w.remote.get() + w.remote_len);
+}
+
+Result<uint64_t> PeerLink::ReadInto(uint32_t peer, uint64_t sample, std::span<std::byte> dst) {
+  Pending w;
+  NOPFS_RETURN_IF_ERROR(Await(peer, sample, w));
+  const std::byte* src = w.is_remote ? w.remote.get() : w.data.data();
+  const uint64_t len = w.is_remote ? w.remote_len : w.data.size();
+  if (len != dst.size()) {
+    return Status::Corruption("peer node " + std::to_string(peer) + " sent " + std::to_string(len) +
+                              " bytes of sample " + std::to_string(sample) + ", which has " +
+                              std::to_string(dst.size()));
+  }
+  if (len > 0) std::memcpy(dst.data(), src, len);
+  const uint64_t h = XXH3_64bits(dst.data(), dst.size());
+  if (w.is_remote && h != w.remote_xxh3) {
+    std::lock_guard lock(s_->mu);
+    ++s_->counters.remote_failed;
+    return RemoteMismatch(peer, sample);
+  }
+  return h;
+}
+
+Status PeerLink::ExposeForRemoteRead(std::span<const std::byte> region) {
+  if (region.empty()) return Status::InvalidArgument("peer link: an empty region");
+  if (!s_->ep->supports_remote_read()) {
+    return Status::FailedPrecondition("provider " + s_->ep->provider() +
+                                      " does no RMA reads with keys of our choosing");
+  }
+  std::unique_lock lock(s_->mu);
+  if (s_->stop) return Status::Unavailable("peer link stopped");
+  State::Region& g = s_->regions.emplace_back();
+  g.begin = region.data();
+  g.size = region.size();
+  s_->regions_pending = true;
+  s_->wake.store(true);
+  s_->ep->Wake();
+  s_->cv.wait(lock, [&] { return g.tried || s_->stop; });
+  if (!g.tried) return Status::Unavailable("peer link stopped");
+  return g.status;
+}
+
+bool PeerLink::supports_remote_read() const {
+  return s_->ep->supports_remote_read();
 }
 
 Result<std::vector<std::vector<std::byte>>> PeerLink::Exchange(

@@ -3,9 +3,10 @@
 //
 // What it is: a node `node` of `peers.size()` nodes listens on peers[node] and knows every other
 // node by its HOST:PORT (node i = i-th entry of `--peers`). A progress thread owns the endpoint:
-// it sends queued messages, receives every incoming one, hands authenticated read requests to a
-// few serving threads (which answer them through the ServeFn) and hands replies to the waiting
-// Read calls.
+// it sends queued messages, receives every incoming one, hands authenticated read requests and
+// pushed samples to a few serving threads (which answer them through the ServeFn, or pass them
+// to on_push), posts the RMA reads that remote replies ask for, and hands replies and finished
+// reads to the waiting Read calls.
 //
 // What it promises:
 //   - No request is served to, and no reply accepted from, a node that has not passed the HMAC
@@ -19,10 +20,17 @@
 //     every later Read to it fails at once with Unavailable (callers fall back to local/PFS).
 //   - The tag of every message carries the sending node in its high 32 bits; replies always go to
 //     the address the `--peers` list gives for that node, so a forged tag earns no data.
+//   - RMA (where the provider does it, remote_read): memory given to ExposeForRemoteRead is
+//     registered for remote reads only, under a random 64-bit key that only authenticated peers
+//     learn (in a kRemoteReply). A sample served in place from such memory is answered with its
+//     address, key, length and xxh3; the reader fetches it with an RMA read into a buffer of its
+//     endpoint and checks the xxh3 before the caller sees a byte. A failed RMA read kills the
+//     peer like a timeout. Peers without RMA (or memory not exposed) get the bytes in the reply.
 //
-// Thread safety: Read, IsDead and counters() may be called from any number of threads; the
-// ServeFn is called from the serving threads concurrently (or from the progress thread alone
-// when serve_threads is 0), and must be thread-safe.
+// Thread safety: Read, ReadInto, Push, IsDead and counters() may be called from any number of
+// threads; the ServeFn and on_push are called from the serving threads concurrently (or from the
+// progress thread alone when serve_threads is 0, or for serve_inline requests), and must be
+// thread-safe.
 #pragma once
 
 #include <atomic>
@@ -30,6 +38,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -59,14 +68,54 @@ struct PeerLinkOptions {
   // memory: the hand-off to a serving thread and back would cost more than the read); the others
   // by the serving threads (a read that may block, e.g. from an SSD). Unset: all by the threads.
   std::function<bool(uint64_t sample)> serve_inline;
+  // Use RMA reads where the provider does them (every node of a job must agree; off: tagged
+  // replies only).
+  bool remote_read = true;
+  // In-place samples smaller than this go in the reply even to a reader that does RMA: one round
+  // trip instead of two (the RMA read is a second one). 16 KiB is ofi_rxm's eager limit, above
+  // which a tagged reply takes a rendezvous round trip of its own anyway.
+  uint64_t remote_read_min = 16 << 10;
+  // Receives the samples other nodes push (Push): runs on the serving threads (several at once),
+  // or the progress thread when serve_threads is 0; must be thread-safe. Unset: pushes are
+  // dropped.
+  std::function<void(uint32_t node, uint64_t sample, uint64_t xxh3,
+                     std::span<const std::byte> data)>
+      on_push;
 };
 
 // Answers a peer's request for `sample`: status kOk with the bytes, kNotAvailable when the slot
 // is not ready, kError when the tier failed. Runs on the serving threads (several at once), or on
 // the progress thread when serve_threads is 0.
+//
+// The bytes come either copied (`data`, verified by the server) or in place (`in_place`: memory
+// that stays valid and unchanged while the link serves, with the xxh3 recorded when it was
+// filled). In place, the link answers with an RMA descriptor when the memory lies in a region
+// given to ExposeForRemoteRead and the reader does RMA, and otherwise copies the bytes into the
+// reply and checks them against `xxh3` first (kError on a mismatch).
 struct ServeResult {
   ReadStatus status = ReadStatus::kNotAvailable;
   std::vector<std::byte> data;
+  std::span<const std::byte> in_place;
+  uint64_t xxh3 = 0;  // of in_place
+
+  static ServeResult Copied(std::vector<std::byte> bytes) {
+    ServeResult r;
+    r.status = ReadStatus::kOk;
+    r.data = std::move(bytes);
+    return r;
+  }
+  static ServeResult InPlace(std::span<const std::byte> bytes, uint64_t xxh3) {
+    ServeResult r;
+    r.status = ReadStatus::kOk;
+    r.in_place = bytes;
+    r.xxh3 = xxh3;
+    return r;
+  }
+  static ServeResult Refused(ReadStatus status) {  // kNotAvailable or kError
+    ServeResult r;
+    r.status = status;
+    return r;
+  }
 };
 using ServeFn = std::function<ServeResult(uint64_t sample)>;
 
@@ -77,9 +126,16 @@ struct PeerLinkCounters {
   uint64_t fetched_reads = 0;  // Read calls that returned data
   uint64_t fetched_bytes = 0;
   uint64_t fetch_not_available = 0;
-  uint64_t timeouts = 0;      // requests or handshakes that timed out (peer then dead)
-  uint64_t auth_refused = 0;  // handshakes refused (wrong secret) or requests before auth
-  uint64_t malformed = 0;     // messages rejected by the codec or unmatched replies
+  uint64_t timeouts = 0;        // requests or handshakes that timed out (peer then dead)
+  uint64_t auth_refused = 0;    // handshakes refused (wrong secret) or requests before auth
+  uint64_t malformed = 0;       // messages rejected by the codec or unmatched replies
+  uint64_t served_remote = 0;   // of served_reads: answered with an RMA descriptor
+  uint64_t fetched_remote = 0;  // of fetched_reads: fetched with an RMA read
+  uint64_t remote_failed = 0;   // RMA reads that failed or delivered bytes failing their xxh3
+  uint64_t pushes_sent = 0;     // Push messages queued to a peer
+  uint64_t push_bytes_sent = 0;
+  uint64_t pushes_dropped = 0;   // not sent: peer dead, or too many bytes waiting
+  uint64_t pushes_received = 0;  // handed to on_push
 };
 
 class PeerLink {
@@ -95,8 +151,20 @@ class PeerLink {
   PeerLink& operator=(const PeerLink&) = delete;
 
   // Fetches `sample` from node `peer`: the bytes, NotFound if the peer does not have it ready,
-  // Unavailable if the peer is dead or refused us, TimedOut on the timeout that kills it.
+  // Unavailable if the peer is dead or refused us, TimedOut on the timeout that kills it,
+  // Corruption if RMA-read bytes fail their xxh3.
   Result<std::vector<std::byte>> Read(uint32_t peer, uint64_t sample);
+  // The same into `dst`, which must be the sample's exact size (Corruption otherwise); returns
+  // the xxh3 of the bytes now in `dst`. One copy fewer than Read on the RMA path.
+  Result<uint64_t> ReadInto(uint32_t peer, uint64_t sample, std::span<std::byte> dst);
+
+  // Registers `region` for peers' RMA reads (see the class comment); in-place answers inside it
+  // then go by RMA (the progress thread registers it; the call waits for that). Without RMA
+  // support (FailedPrecondition) or if registration fails, in-place answers are copied into
+  // replies. `region` must outlive the link.
+  Status ExposeForRemoteRead(std::span<const std::byte> region);
+  // Whether this link's endpoint does RMA reads.
+  bool supports_remote_read() const;
 
   // One collective all-to-all round (the shape of service/directory.h's dir::Exchange): sends
   // out[k] to node k and returns in[k] from node k (in[node] = out[node]). Every node must call it
@@ -108,6 +176,11 @@ class PeerLink {
   // Tells every other node that this node's class `cls` is filled (peer_protocol.h, kClassDone);
   // sent once each peer's handshake is done.
   void AnnounceClassDone(uint32_t cls);
+  // Offers node `peer` the bytes of `sample` (xxh3 `xxh3`), read here from the PFS before that
+  // node had them: best effort, never blocks; dropped (and counted) when the peer is dead or more
+  // than 64 MiB of pushes wait to be sent.
+  void Push(uint32_t peer, uint64_t sample, uint64_t xxh3, std::span<const std::byte> data);
+
   // Whether node `peer` reported class `cls` done (classes 0..63).
   bool PeerClassDone(uint32_t peer, uint32_t cls) const;
 
@@ -119,7 +192,10 @@ class PeerLink {
 
  private:
   struct State;
+  struct Pending;
   explicit PeerLink(std::unique_ptr<State> state);
+  // Queues a read of `sample` from `peer` and waits for its reply (w's status and bytes).
+  Status Await(uint32_t peer, uint64_t sample, Pending& w);
   std::unique_ptr<State> s_;
 };
 

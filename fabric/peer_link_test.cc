@@ -3,8 +3,13 @@
 
 #include <gtest/gtest.h>
 
+#include <xxhash.h>
+
+#include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "fabric/loopback_port.h"
 
@@ -25,8 +30,8 @@ std::vector<std::byte> SampleBytes(uint32_t node, uint64_t sample) {
 // Node n holds the samples s with s % 2 == n and serves them; others are "not ready".
 ServeFn Holder(uint32_t node) {
   return [node](uint64_t sample) {
-    if (sample % 2 != node) return ServeResult{ReadStatus::kNotAvailable, {}};
-    return ServeResult{ReadStatus::kOk, SampleBytes(node, sample)};
+    if (sample % 2 != node) return ServeResult::Refused(ReadStatus::kNotAvailable);
+    return ServeResult::Copied(SampleBytes(node, sample));
   };
 }
 
@@ -68,7 +73,7 @@ TEST(PeerLinkTest, ASlowServeDoesNotBlockTheOthers) {
     } else {
       second_served.store(true);
     }
-    return ServeResult{ReadStatus::kOk, SampleBytes(0, sample)};
+    return ServeResult::Copied(SampleBytes(0, sample));
   };
   auto n0 = PeerLink::Start(Options(0, peers, 4), serve);
   ASSERT_TRUE(n0.ok()) << n0.status().ToString();
@@ -207,18 +212,24 @@ TEST(PeerLinkTest, MalformedMessagesAreRejectedAndServiceContinues) {
   ASSERT_TRUE((*raw)->Send(*to0, tag2, junk, milliseconds(2000)).ok());
   auto reply = Encode(ReadReply{777, 1, ReadStatus::kOk, std::vector<std::byte>(3)});
   ASSERT_TRUE((*raw)->Send(*to0, tag2, reply, milliseconds(2000)).ok());
+  auto remote = Encode(RemoteReply{778, 1, 16, 0, 0, 0});
+  ASSERT_TRUE((*raw)->Send(*to0, tag2, remote, milliseconds(2000)).ok());
+  auto pushed = Encode(PushSample{3, 0, std::vector<std::byte>(10)});
+  ASSERT_TRUE((*raw)->Send(*to0, tag2, pushed, milliseconds(2000)).ok());
   ASSERT_TRUE(
       (*raw)->Send(*to0, uint64_t{99} << 32, Encode(ReadRequest{1, 0}), milliseconds(2000)).ok());
   ASSERT_TRUE((*raw)->Send(*to0, tag2, Encode(ReadRequest{1, 0}), milliseconds(2000)).ok());
   auto deadline = std::chrono::steady_clock::now() + milliseconds(3000);
   while (std::chrono::steady_clock::now() < deadline &&
-         ((*n0)->counters().malformed < 3 || (*n0)->counters().auth_refused < 1)) {
+         ((*n0)->counters().malformed < 4 || (*n0)->counters().auth_refused < 2)) {
     (*raw)->Progress();
     std::this_thread::sleep_for(milliseconds(5));
   }
   auto c = (*n0)->counters();
-  EXPECT_EQ(c.malformed, 3u);
-  EXPECT_EQ(c.auth_refused, 1u);
+  EXPECT_EQ(c.malformed, 4u);
+  EXPECT_EQ(c.auth_refused, 2u);  // the read request and the push, both before authentication
+  EXPECT_EQ(c.pushes_received, 0u);
+  EXPECT_EQ(c.fetched_reads + c.fetched_remote, 0u);  // the forged remote reply read nothing
   EXPECT_EQ(c.served_reads, 0u);
   // The raw endpoint got nothing back: no data for an unauthenticated request.
   EXPECT_EQ((*raw)->Recv(0, ~uint64_t{0}, 1 << 20, milliseconds(100)).status().code(),
@@ -227,6 +238,190 @@ TEST(PeerLinkTest, MalformedMessagesAreRejectedAndServiceContinues) {
   auto got = (*n1)->Read(0, 10);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_EQ(*got, SampleBytes(0, 10));
+}
+
+// A tier held in one region of memory: sample s is [offset(s), offset(s) + size(s)), sizes from
+// 1 byte to 300 KiB (beyond the provider's eager limit), each with the xxh3 recorded at "fill".
+struct Region {
+  std::vector<std::byte> bytes;
+  std::vector<uint64_t> offset, size, xxh3;
+  explicit Region(uint64_t samples) {
+    for (uint64_t k = 0; k < samples; ++k) {
+      offset.push_back(bytes.size());
+      size.push_back(k % 7 == 0 ? (300 << 10) + k : 1 + (k * 977) % 40000);
+      for (uint64_t i = 0; i < size.back(); ++i)
+        bytes.push_back(static_cast<std::byte>((k * 131 + i * 7) & 0xff));
+      xxh3.push_back(XXH3_64bits(bytes.data() + offset.back(), size.back()));
+    }
+  }
+  std::span<const std::byte> Sample(uint64_t k) const {
+    return {bytes.data() + offset[k], size[k]};
+  }
+  // Serves in place; `bad_hash` records a wrong xxh3 for that sample (a corrupted tier).
+  ServeFn Serve(uint64_t bad_hash = ~uint64_t{0}) const {
+    return [this, bad_hash](uint64_t k) {
+      if (k >= size.size()) return ServeResult::Refused(ReadStatus::kNotAvailable);
+      return ServeResult::InPlace(Sample(k), xxh3[k] + (k == bad_hash ? 1 : 0));
+    };
+  }
+};
+
+// Samples served in place from exposed memory go by RMA reads: the reader gets exactly the bytes
+// (Read and ReadInto), the counters say RMA on both sides, and the memory is not changed.
+TEST(PeerLinkTest, InPlaceSamplesGoByRmaReadsIntact) {
+  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()}};
+  const Region tier(60);
+  const std::vector<std::byte> before = tier.bytes;
+  auto n0 = PeerLink::Start(Options(0, peers, 11), tier.Serve());
+  ASSERT_TRUE(n0.ok()) << n0.status().ToString();
+  auto n1 = PeerLink::Start(Options(1, peers, 11), Holder(1));
+  ASSERT_TRUE(n1.ok()) << n1.status().ToString();
+  ASSERT_TRUE((*n0)->supports_remote_read());
+  ASSERT_TRUE((*n0)->ExposeForRemoteRead(tier.bytes).ok());
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 3; ++t) {
+    readers.emplace_back([&, t] {
+      std::vector<std::byte> dst;
+      for (uint64_t k = static_cast<uint64_t>(t); k < 60; k += 3) {
+        if (k % 2 == 0) {
+          auto got = (*n1)->Read(0, k);
+          ASSERT_TRUE(got.ok()) << got.status().ToString();
+          EXPECT_TRUE(
+              std::equal(got->begin(), got->end(), tier.Sample(k).begin(), tier.Sample(k).end()));
+        } else {
+          dst.assign(tier.size[k], std::byte{0});
+          auto h = (*n1)->ReadInto(0, k, dst);
+          ASSERT_TRUE(h.ok()) << h.status().ToString();
+          EXPECT_EQ(*h, tier.xxh3[k]);
+          EXPECT_TRUE(std::equal(dst.begin(), dst.end(), tier.Sample(k).begin()));
+        }
+      }
+    });
+  }
+  for (auto& t : readers)
+    t.join();
+  // A destination of the wrong size is refused, whatever came over the wire.
+  std::vector<std::byte> small(3);
+  EXPECT_EQ((*n1)->ReadInto(0, 7, small).status().code(), StatusCode::kCorruption);
+  const PeerLinkCounters c0 = (*n0)->counters(), c1 = (*n1)->counters();
+  // Samples under remote_read_min (16 KiB) came in replies: one round trip, not two.
+  uint64_t big = 0;
+  for (uint64_t k = 0; k < 60; ++k)
+    big += tier.size[k] >= (16 << 10) ? 1 : 0;
+  big += 1;  // sample 7 again, for the wrong-size destination
+  ASSERT_GE(big, 10u);
+  EXPECT_EQ(c0.served_remote, big);
+  EXPECT_EQ(c1.fetched_remote, big);
+  EXPECT_EQ(c1.fetched_reads, 61u);
+  EXPECT_EQ(c1.remote_failed, 0u);
+  EXPECT_EQ(c0.served_bytes, c1.fetched_bytes);
+  EXPECT_EQ(tier.bytes, before);
+}
+
+// In-place samples still reach a reader without RMA, and any reader when the memory was never
+// exposed: copied into the reply, same bytes, no RMA counted.
+TEST(PeerLinkTest, InPlaceSamplesAreCopiedForReadersWithoutRma) {
+  for (const bool expose : {true, false}) {
+    std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
+                                   {"127.0.0.1", FreeLoopbackPort()}};
+    const Region tier(20);
+    auto n0 = PeerLink::Start(Options(0, peers, 12), tier.Serve());
+    ASSERT_TRUE(n0.ok()) << n0.status().ToString();
+    PeerLinkOptions o1 = Options(1, peers, 12);
+    o1.remote_read = expose ? false : true;  // exposed: the reader cannot RMA; else it could
+    auto n1 = PeerLink::Start(o1, Holder(1));
+    ASSERT_TRUE(n1.ok()) << n1.status().ToString();
+    if (expose) {
+      ASSERT_TRUE((*n0)->ExposeForRemoteRead(tier.bytes).ok());
+    }
+    EXPECT_EQ((*n1)->supports_remote_read(), !expose);
+    for (uint64_t k = 0; k < 20; ++k) {
+      auto got = (*n1)->Read(0, k);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      EXPECT_TRUE(
+          std::equal(got->begin(), got->end(), tier.Sample(k).begin(), tier.Sample(k).end()));
+    }
+    EXPECT_EQ((*n0)->counters().served_remote, 0u);
+    EXPECT_EQ((*n0)->counters().served_reads, 20u);
+    EXPECT_EQ((*n1)->counters().fetched_remote, 0u);
+  }
+}
+
+// A sample whose bytes no longer match the recorded xxh3 (a corrupted tier) never reaches the
+// caller: by RMA the reader's check fails (Corruption); copied, the server's does (IoError).
+TEST(PeerLinkTest, ACorruptedInPlaceSampleIsCaughtOnBothPaths) {
+  for (const bool rma : {true, false}) {
+    std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
+                                   {"127.0.0.1", FreeLoopbackPort()}};
+    const Region tier(10);
+    auto n0 = PeerLink::Start(Options(0, peers, 13), tier.Serve(/*bad_hash=*/7));
+    ASSERT_TRUE(n0.ok()) << n0.status().ToString();
+    PeerLinkOptions o1 = Options(1, peers, 13);
+    o1.remote_read = rma;
+    auto n1 = PeerLink::Start(o1, Holder(1));
+    ASSERT_TRUE(n1.ok()) << n1.status().ToString();
+    ASSERT_TRUE((*n0)->ExposeForRemoteRead(tier.bytes).ok());
+    std::vector<std::byte> dst(tier.size[7]);  // 300 KiB: by RMA when the reader can
+    auto bad = (*n1)->ReadInto(0, 7, dst);
+    EXPECT_EQ(bad.status().code(), rma ? StatusCode::kCorruption : StatusCode::kIoError)
+        << bad.status().ToString();
+    EXPECT_EQ((*n1)->Read(0, 7).status().code(),
+              rma ? StatusCode::kCorruption : StatusCode::kIoError);
+    auto good = (*n1)->Read(0, 4);  // the peer is still good for the others
+    ASSERT_TRUE(good.ok()) << good.status().ToString();
+    EXPECT_TRUE(
+        std::equal(good->begin(), good->end(), tier.Sample(4).begin(), tier.Sample(4).end()));
+    EXPECT_EQ((*n1)->counters().remote_failed, rma ? 2u : 0u);
+    EXPECT_FALSE((*n1)->IsDead(0));
+  }
+}
+
+// A push reaches the other node's handler intact (after the handshake it triggers), on a serving
+// thread; a push to a dead node is dropped and counted, never blocks.
+TEST(PeerLinkTest, PushesReachTheOtherNodeAndDeadNodesCostNothing) {
+  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()}};
+  std::mutex mu;
+  std::vector<std::tuple<uint32_t, uint64_t, uint64_t, std::vector<std::byte>>> got;
+  PeerLinkOptions o0 = Options(0, peers, 14);
+  o0.on_push = [&](uint32_t node, uint64_t sample, uint64_t xxh3, std::span<const std::byte> data) {
+    std::lock_guard lock(mu);
+    got.emplace_back(node, sample, xxh3, std::vector<std::byte>(data.begin(), data.end()));
+  };
+  auto n0 = PeerLink::Start(o0, Holder(0));
+  ASSERT_TRUE(n0.ok()) << n0.status().ToString();
+  auto n1 = PeerLink::Start(Options(1, peers, 14), Holder(1));  // node 2 never starts
+  ASSERT_TRUE(n1.ok()) << n1.status().ToString();
+  const std::vector<std::byte> big = SampleBytes(0, 5);  // 128 KiB: the rendezvous path
+  const std::vector<std::byte> small = SampleBytes(0, 6);
+  (*n1)->Push(0, 5, 55, big);
+  (*n1)->Push(0, 6, 66, small);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    {
+      std::lock_guard lock(mu);
+      if (got.size() == 2 || std::chrono::steady_clock::now() > until) break;
+    }
+    std::this_thread::sleep_for(milliseconds(2));
+  }
+  {
+    std::lock_guard lock(mu);
+    ASSERT_EQ(got.size(), 2u);
+    std::sort(got.begin(), got.end());
+    EXPECT_EQ(got[0], std::make_tuple(1u, uint64_t{5}, uint64_t{55}, big));
+    EXPECT_EQ(got[1], std::make_tuple(1u, uint64_t{6}, uint64_t{66}, small));
+  }
+  EXPECT_EQ((*n1)->counters().pushes_sent, 2u);
+  EXPECT_EQ((*n1)->counters().push_bytes_sent, big.size() + small.size());
+  EXPECT_EQ((*n0)->counters().pushes_received, 2u);
+  // Node 2 is dead once a read to it has timed out; a push to it is dropped at once.
+  EXPECT_FALSE((*n1)->Read(2, 1).ok());
+  ASSERT_TRUE((*n1)->IsDead(2));
+  (*n1)->Push(2, 7, 0, small);
+  EXPECT_EQ((*n1)->counters().pushes_dropped, 1u);
+  EXPECT_EQ((*n1)->counters().pushes_sent, 2u);
 }
 
 TEST(PeerLinkTest, ExchangeIsAnAllToAllAmongThreeNodes) {

@@ -85,13 +85,31 @@ std::vector<std::byte> Encode(const PeerMessage& m) {
     type = PeerType::kAuthResult;
     body.U32(r->accepted ? 1 : 0);
   } else if (const auto* q = std::get_if<ReadRequest>(&m)) {
+    if ((q->flags & ~kAcceptsRemoteRead) != 0) throw std::invalid_argument("unknown read flags");
     type = PeerType::kReadRequest;
     body.U64(q->request_id);
     body.U64(q->sample);
+    body.U32(q->flags);
+    body.U32(0);
+  } else if (const auto* v = std::get_if<RemoteReply>(&m)) {
+    if (v->length > kMaxSampleBytes) throw std::invalid_argument("remote reply too long");
+    type = PeerType::kRemoteReply;
+    body.U64(v->request_id);
+    body.U64(v->sample);
+    body.U64(v->length);
+    body.U64(v->addr);
+    body.U64(v->key);
+    body.U64(v->xxh3);
   } else if (const auto* d = std::get_if<ClassDone>(&m)) {
     if (d->cls > 0xFFFF) throw std::invalid_argument("class above 65535");
     type = PeerType::kClassDone;
     body.U32(d->cls);
+  } else if (const auto* u = std::get_if<PushSample>(&m)) {
+    if (u->data.size() > kMaxSampleBytes) throw std::invalid_argument("pushed sample too large");
+    type = PeerType::kPush;
+    body.U64(u->sample);
+    body.U64(u->xxh3);
+    body.Bytes(u->data);
   } else if (const auto* x = std::get_if<ExchangeData>(&m)) {
     if (x->data.size() > kMaxSampleBytes) throw std::invalid_argument("exchange data too large");
     type = PeerType::kExchange;
@@ -170,11 +188,28 @@ Result<PeerMessage> Decode(std::span<const std::byte> buf) {
       return PeerMessage(AuthResult{v == 1});
     }
     case PeerType::kReadRequest: {
-      NOPFS_RETURN_IF_ERROR(expect(16));
+      NOPFS_RETURN_IF_ERROR(expect(24));
       ReadRequest q;
       q.request_id = r.Int(8);
       q.sample = r.Int(8);
+      q.flags = static_cast<uint32_t>(r.Int(4));
+      if ((q.flags & ~kAcceptsRemoteRead) != 0) {
+        return Bad("unknown read request flags " + std::to_string(q.flags));
+      }
+      if (r.Int(4) != 0) return Bad("reserved request field not zero");
       return PeerMessage(q);
+    }
+    case PeerType::kRemoteReply: {
+      NOPFS_RETURN_IF_ERROR(expect(48));
+      RemoteReply v;
+      v.request_id = r.Int(8);
+      v.sample = r.Int(8);
+      v.length = r.Int(8);
+      v.addr = r.Int(8);
+      v.key = r.Int(8);
+      v.xxh3 = r.Int(8);
+      if (v.length > kMaxSampleBytes) return Bad("remote reply longer than the sample limit");
+      return PeerMessage(v);
     }
     case PeerType::kReadReply: {
       if (body_len < 24) return Bad("read reply shorter than 24 bytes");
@@ -198,6 +233,16 @@ Result<PeerMessage> Decode(std::span<const std::byte> buf) {
       const uint64_t cls = r.Int(4);
       if (cls > 0xFFFF) return Bad("class " + std::to_string(cls) + " above 65535");
       return PeerMessage(ClassDone{static_cast<uint32_t>(cls)});
+    }
+    case PeerType::kPush: {
+      if (body_len < 16) return Bad("push shorter than 16 bytes");
+      if (body_len - 16 > kMaxSampleBytes) return Bad("pushed data over the sample limit");
+      PushSample u;
+      u.sample = r.Int(8);
+      u.xxh3 = r.Int(8);
+      auto rest = r.Rest();
+      u.data.assign(rest.begin(), rest.end());
+      return PeerMessage(std::move(u));
     }
     case PeerType::kExchange: {
       if (body_len < 8) return Bad("exchange shorter than 8 bytes");

@@ -28,6 +28,11 @@ std::vector<PeerMessage> Samples() {
           AuthResult{true},
           AuthResult{false},
           ReadRequest{9, 123456789012ull},
+          ReadRequest{9, 5, kAcceptsRemoteRead},
+          RemoteReply{9, 5, 131072, 0x7f0012345000ull, 0xfedcba9876543210ull, 42},
+          RemoteReply{10, 6, 0, 0, 0, 0},
+          PushSample{77, 0x1234, data},
+          PushSample{78, 0, {}},
           ReadReply{9, 5, ReadStatus::kOk, data},
           ReadReply{10, 6, ReadStatus::kOk, {}},
           ReadReply{11, 7, ReadStatus::kNotAvailable, {}},
@@ -48,15 +53,16 @@ TEST(PeerProtocolTest, RoundTripsEveryType) {
 }
 
 TEST(PeerProtocolTest, HeaderLayoutIsLittleEndian) {
-  auto b = Encode(ReadRequest{1, 2});
-  ASSERT_EQ(b.size(), kPeerHeaderBytes + 16);
+  auto b = Encode(ReadRequest{1, 2, kAcceptsRemoteRead});
+  ASSERT_EQ(b.size(), kPeerHeaderBytes + 24);
   EXPECT_EQ(std::to_integer<int>(b[0]), 0x4E);  // "NPFP"
   EXPECT_EQ(std::to_integer<int>(b[3]), 0x50);
   EXPECT_EQ(std::to_integer<int>(b[4]), kPeerVersion);
   EXPECT_EQ(std::to_integer<int>(b[5]), static_cast<int>(PeerType::kReadRequest));
-  EXPECT_EQ(std::to_integer<int>(b[8]), 16);
+  EXPECT_EQ(std::to_integer<int>(b[8]), 24);
   EXPECT_EQ(std::to_integer<int>(b[16]), 1);
   EXPECT_EQ(std::to_integer<int>(b[24]), 2);
+  EXPECT_EQ(std::to_integer<int>(b[32]), 1);  // flags
 }
 
 TEST(PeerProtocolTest, RejectsEveryMalformation) {
@@ -68,7 +74,8 @@ TEST(PeerProtocolTest, RejectsEveryMalformation) {
   };
   EXPECT_EQ(bad(0, 0), StatusCode::kCorruption);   // magic
   EXPECT_EQ(bad(4, 1), StatusCode::kCorruption);   // version 1 (no kClassDone)
-  EXPECT_EQ(bad(4, 3), StatusCode::kCorruption);   // version 3
+  EXPECT_EQ(bad(4, 2), StatusCode::kCorruption);   // version 2 (16-byte requests)
+  EXPECT_EQ(bad(4, 4), StatusCode::kCorruption);   // version 4
   EXPECT_EQ(bad(5, 99), StatusCode::kCorruption);  // type
   EXPECT_EQ(bad(5, 0), StatusCode::kCorruption);   // type 0
   EXPECT_EQ(bad(6, 1), StatusCode::kCorruption);   // reserved
@@ -87,8 +94,30 @@ TEST(PeerProtocolTest, RejectsEveryMalformation) {
   // A fixed-size type with a consistent header but the wrong body size.
   auto req = Encode(ReadRequest{1, 2});
   req.push_back(std::byte{0});
-  req[8] = std::byte{17};
+  req[8] = std::byte{25};
   EXPECT_EQ(Decode(req).status().code(), StatusCode::kCorruption);
+  // ReadRequest: an unknown flag; a non-zero reserved field.
+  auto flagged = Encode(ReadRequest{1, 2});
+  flagged[32] = std::byte{2};
+  EXPECT_EQ(Decode(flagged).status().code(), StatusCode::kCorruption);
+  flagged[32] = std::byte{0};
+  flagged[36] = std::byte{1};
+  EXPECT_EQ(Decode(flagged).status().code(), StatusCode::kCorruption);
+  EXPECT_THROW(Encode(ReadRequest{1, 2, 2}), std::invalid_argument);
+  // RemoteReply: a length over the sample limit; a body of the wrong size.
+  auto remote = Encode(RemoteReply{1, 2, 3, 4, 5, 6});
+  remote[16 + 16 + 7] = std::byte{1};  // length's top byte
+  EXPECT_EQ(Decode(remote).status().code(), StatusCode::kCorruption);
+  auto remote_short = Encode(RemoteReply{1, 2, 3, 4, 5, 6});
+  remote_short.pop_back();
+  remote_short[8] = std::byte{47};
+  EXPECT_EQ(Decode(remote_short).status().code(), StatusCode::kCorruption);
+  EXPECT_THROW(Encode(RemoteReply{1, 2, kMaxSampleBytes + 1, 0, 0, 0}), std::invalid_argument);
+  // Push: shorter than its fixed part.
+  auto push = Encode(PushSample{1, 2, {}});
+  push.pop_back();
+  push[8] = std::byte{15};
+  EXPECT_EQ(Decode(push).status().code(), StatusCode::kCorruption);
   EXPECT_THROW(Encode(ReadReply{1, 1, ReadStatus::kNotAvailable, std::vector<std::byte>(1)}),
                std::invalid_argument);
   // ClassDone: a class above 65535; a body of the wrong size.

@@ -415,14 +415,16 @@ std::string Daemon::StatusText() {
     const PrefetchCounters pc = prefetchers_[j]->counters();
     const uint64_t on_read = reader_->cached_on_read(j).reads.load();
     const uint64_t on_read_bytes = reader_->cached_on_read(j).bytes.load();
-    out +=
-        Line("tier %s: %" PRIu64 " of %zu samples ready (%" PRIu64
-             " kept from staging reads), %s of %s (capacity %s), %" PRIu64 " failed, prefetch %s",
-             c.name.c_str(), pc.filled + on_read, tp.prefetch_order.size(), on_read,
-             FormatBytes(static_cast<double>(pc.bytes + on_read_bytes)).c_str(),
-             FormatBytes(static_cast<double>(tp.bytes)).c_str(),
-             FormatBytes(static_cast<double>(c.capacity)).c_str(), pc.failures,
-             pc.done ? "done" : "running");
+    const uint64_t pushed = reader_->pushed_kept(j).reads.load();
+    const uint64_t pushed_bytes = reader_->pushed_kept(j).bytes.load();
+    out += Line(
+        "tier %s: %" PRIu64 " of %zu samples ready (%" PRIu64 " kept from staging reads, %" PRIu64
+        " pushed by peers), %s of %s (capacity %s), %" PRIu64 " failed, prefetch %s",
+        c.name.c_str(), pc.filled + on_read + pushed, tp.prefetch_order.size(), on_read, pushed,
+        FormatBytes(static_cast<double>(pc.bytes + on_read_bytes + pushed_bytes)).c_str(),
+        FormatBytes(static_cast<double>(tp.bytes)).c_str(),
+        FormatBytes(static_cast<double>(c.capacity)).c_str(), pc.failures,
+        pc.done ? "done" : "running");
   }
   ring::RingStats stall;
   {

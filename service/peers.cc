@@ -1,7 +1,5 @@
 #include "service/peers.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -23,6 +21,8 @@ Result<std::unique_ptr<PeerService>> PeerService::Start(const PeerServiceOptions
   lo.timeout = options.timeout;
   PeerService* self = p.get();
   lo.serve_inline = [self](uint64_t sample) { return self->ServesFromMemory(sample); };
+  lo.on_push = [self](uint32_t node, uint64_t sample, uint64_t xxh3,
+                      std::span<const std::byte> data) { self->OnPush(node, sample, xxh3, data); };
   Result<std::unique_ptr<fabric::PeerLink>> link =
       fabric::PeerLink::Start(lo, [self](uint64_t sample) { return self->Serve(sample); });
   if (!link.ok()) return link.status().WithContext("peers");
@@ -63,14 +63,18 @@ fabric::ServeResult PeerService::Serve(uint64_t sample) {
   if (cls == policy::kNotCached || static_cast<size_t>(cls) >= tiers_.size()) return r;
   const TierRef& t = tiers_[static_cast<size_t>(cls)];
   const auto id = static_cast<policy::SampleId>(sample);
-  if (t.ram != nullptr ? !t.ram->IsReady(id) : (t.ssd == nullptr || !t.ssd->IsReady(id))) {
-    return r;
+  if (t.ram != nullptr) {
+    // In place: the link answers with an RMA descriptor (the reader checks the recorded xxh3),
+    // or copies the bytes into its reply and checks them itself.
+    Result<std::span<const std::byte>> v = t.ram->View(id);
+    if (!v.ok()) return r;  // not ready
+    return fabric::ServeResult::InPlace(*v, t.ram->RecordedXxh3(id));
   }
-  const uint64_t size = t.ram != nullptr ? t.ram->layout().SizeOf(t.ram->layout().SlotOf(id))
-                                         : t.ssd->layout().SizeOf(t.ssd->layout().SlotOf(id));
+  if (t.ssd == nullptr || !t.ssd->IsReady(id)) return r;
+  const uint64_t size = t.ssd->layout().SizeOf(t.ssd->layout().SlotOf(id));
   r.data.resize(size);
-  // Both reads verify the copy against the checksum recorded at fill.
-  const Status s = t.ram != nullptr ? t.ram->Read(id, r.data) : t.ssd->Read(id, r.data);
+  // The read verifies the copy against the checksum recorded at fill.
+  const Status s = t.ssd->Read(id, r.data);
   if (s.ok()) {
     r.status = fabric::ReadStatus::kOk;
   } else {
@@ -111,16 +115,8 @@ int PeerService::Lookup(policy::SampleId sample) const {
 }
 
 Result<uint64_t> PeerService::ReadFrom(const dir::Location& loc, std::span<std::byte> dst) {
-  Result<std::vector<std::byte>> data = link_->Read(loc.node, loc.sample);
-  if (!data.ok()) return data.status();
-  if (data->size() != dst.size()) {
-    return Status::Corruption("peers: node " + std::to_string(loc.node) + " sent " +
-                              std::to_string(data->size()) + " bytes of sample " +
-                              std::to_string(loc.sample) + ", which has " +
-                              std::to_string(dst.size()));
-  }
-  std::memcpy(dst.data(), data->data(), dst.size());
-  return XXH3_64bits(dst.data(), dst.size());
+  // The xxh3 of the bytes in dst (a wrong size or an RMA read failing its checksum: Corruption).
+  return link_->ReadInto(loc.node, loc.sample, dst);
 }
 
 Result<uint64_t> PeerService::Fetch(policy::SampleId sample, std::span<std::byte> dst) {
@@ -156,6 +152,24 @@ Result<uint64_t> PeerService::FetchCopy(policy::SampleId sample, std::span<std::
   return h;
 }
 
+void PeerService::Push(policy::SampleId sample, std::span<const std::byte> bytes, uint64_t xxh3) {
+  const std::optional<dir::Location> loc = Where(sample);
+  // Not when the node said it has the whole class; otherwise it may well lack it (a staging read
+  // reaches the PFS only when the node was not presumed ready, answered "not available", or the
+  // model preferred the PFS), and keeps the bytes only if its slot is still empty.
+  if (!loc || link_->IsDead(loc->node) || link_->PeerClassDone(loc->node, loc->cls)) return;
+  link_->Push(loc->node, sample, xxh3, bytes);
+}
+
+void PeerService::OnPush(uint32_t node, uint64_t sample, uint64_t xxh3,
+                         std::span<const std::byte> bytes) {
+  SampleReader* reader = reader_.load(std::memory_order_acquire);
+  const bool kept = reader != nullptr && sample < plan_->location.size() &&
+                    reader->KeepPushed(static_cast<policy::SampleId>(sample), bytes, xxh3);
+  (kept ? pushes_kept_ : pushes_ignored_).fetch_add(1, std::memory_order_relaxed);
+  if (kept) spdlog::debug("peers: kept sample {} pushed by node {}", sample, node);
+}
+
 Status PeerService::Attach(const policy::NodePlan& plan, const policy::NodeAccessCounts& counts,
                            const std::vector<TierRef>& tiers,
                            const std::vector<const Prefetcher*>& prefetchers,
@@ -165,6 +179,23 @@ Status PeerService::Attach(const policy::NodePlan& plan, const policy::NodeAcces
   tiers_ = tiers;
   prefetchers_ = prefetchers;
   serving_.store(true, std::memory_order_release);
+  // RAM tiers are read by the other nodes with RMA where the provider does it.
+  std::string rma;
+  for (const TierRef& t : tiers) {
+    if (t.ram == nullptr) continue;
+    const Status s = link_->ExposeForRemoteRead(t.ram->mapping());
+    if (s.ok()) {
+      spdlog::info("peers: {} ({}) exposed to the job's peers for RMA reads", t.name,
+                   FormatBytes(static_cast<double>(t.ram->mapping().size())));
+    } else {
+      spdlog::info("peers: {} served in replies, not by RMA: {}", t.name, s.message());
+    }
+    rma += (rma.empty() ? "" : ", ") + t.name + (s.ok() ? " by RMA reads" : " in replies");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    rma_ = rma.empty() ? "no RAM tier" : rma;
+  }
 
   // What this node holds (class, position in the class's fill order) and what it will read
   // without holding it.
@@ -209,7 +240,11 @@ Status PeerService::Attach(const policy::NodePlan& plan, const policy::NodeAcces
   reader.SetPeerSource(
       [this](policy::SampleId s) { return Lookup(s); },
       [this](policy::SampleId s, std::span<std::byte> dst) { return Fetch(s, dst); },
-      [this](policy::SampleId s, std::span<std::byte> dst) { return FetchCopy(s, dst); });
+      [this](policy::SampleId s, std::span<std::byte> dst) { return FetchCopy(s, dst); },
+      [this](policy::SampleId s, std::span<const std::byte> bytes, uint64_t h) {
+        Push(s, bytes, h);
+      });
+  reader_.store(&reader, std::memory_order_release);
   return Status::Ok();
 }
 
@@ -224,19 +259,27 @@ std::string PeerService::StatusText() const {
       done_reports += link_->PeerClassDone(n, j) ? 1 : 0;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  char buf[1024];
-  std::snprintf(buf, sizeof buf,
-                "peers: node %u of %zu, %s\n"
-                "peers served: %" PRIu64 " samples, %" PRIu64 " bytes, %" PRIu64
-                " not available\n"
-                "peers fetched: %" PRIu64 " samples, %" PRIu64 " bytes, %" PRIu64
-                " not available, %" PRIu64 " timeouts, %" PRIu64 " refused, %" PRIu64
-                " malformed; dead: %s\n"
-                "peers done: %" PRIu64 " classes reported filled by the other nodes\n",
-                options_.node, options_.peers.size(), state_.c_str(), c.served_reads,
-                c.served_bytes, c.served_not_available, c.fetched_reads, c.fetched_bytes,
-                c.fetch_not_available, c.timeouts, c.auth_refused, c.malformed,
-                dead.empty() ? "none" : dead.c_str(), done_reports);
+  char buf[2048];
+  std::snprintf(
+      buf, sizeof buf,
+      "peers: node %u of %zu, %s\n"
+      "peers served: %" PRIu64 " samples, %" PRIu64 " bytes, %" PRIu64
+      " not available\n"
+      "peers fetched: %" PRIu64 " samples, %" PRIu64 " bytes, %" PRIu64 " not available, %" PRIu64
+      " timeouts, %" PRIu64 " refused, %" PRIu64
+      " malformed; dead: %s\n"
+      "peers done: %" PRIu64
+      " classes reported filled by the other nodes\n"
+      "peers rma: %s; served %" PRIu64 " and fetched %" PRIu64 " samples by RMA reads, %" PRIu64
+      " failed\n"
+      "peers pushed: %" PRIu64 " samples, %" PRIu64
+      " bytes read from the PFS here before their holder had them (%" PRIu64 " dropped); %" PRIu64
+      " received, %" PRIu64 " kept\n",
+      options_.node, options_.peers.size(), state_.c_str(), c.served_reads, c.served_bytes,
+      c.served_not_available, c.fetched_reads, c.fetched_bytes, c.fetch_not_available, c.timeouts,
+      c.auth_refused, c.malformed, dead.empty() ? "none" : dead.c_str(), done_reports, rma_.c_str(),
+      c.served_remote, c.fetched_remote, c.remote_failed, c.pushes_sent, c.push_bytes_sent,
+      c.pushes_dropped, c.pushes_received, pushes_kept_.load());
   return buf;
 }
 

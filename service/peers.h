@@ -20,6 +20,11 @@
 // does not have it (or is dead) makes it read the PFS. So the job reads such a sample from the PFS
 // about once.
 //
+// Pushes: a staging read that had to read the PFS for a sample another node holds (or fills for
+// the job) but was not presumed to have yet offers that node the bytes, which it keeps if its slot
+// is still empty; so the sample is read from the PFS once even when staging outruns a holder's
+// prefetcher (the fill order and the stream order differ).
+//
 // Readiness (§6): a holder is presumed to have filled the q-th entry of its class-j list once
 // this node's own prefetcher of class j has settled past q + margin, or has finished, or the
 // holder has reported class j done (AnnounceClassDone, sent when its prefetcher finishes); a wrong
@@ -102,6 +107,11 @@ class PeerService {
   Result<uint64_t> Fetch(policy::SampleId sample, std::span<std::byte> dst);
   Result<uint64_t> FetchCopy(policy::SampleId sample, std::span<std::byte> dst);
   Result<uint64_t> ReadFrom(const dir::Location& loc, std::span<std::byte> dst);
+  // The reader's push: offers a sample a staging read took from the PFS to the node the directory
+  // names for it (its holder, or its filler) unless that node reported its class filled.
+  void Push(policy::SampleId sample, std::span<const std::byte> bytes, uint64_t xxh3);
+  // A push from node `node`: kept in this node's tier if planned here and not filled yet.
+  void OnPush(uint32_t node, uint64_t sample, uint64_t xxh3, std::span<const std::byte> bytes);
 
   PeerServiceOptions options_;
   std::unique_ptr<fabric::PeerLink> link_;
@@ -110,11 +120,15 @@ class PeerService {
   std::vector<TierRef> tiers_;
   std::vector<const Prefetcher*> prefetchers_;
   dir::PeerDirectory directory_;
-  std::atomic<bool> serving_{false};         // tiers known: reads are served
-  std::atomic<bool> have_directory_{false};  // directory built: peers are read
+  std::atomic<bool> serving_{false};            // tiers known: reads are served
+  std::atomic<bool> have_directory_{false};     // directory built: peers are read
+  std::atomic<SampleReader*> reader_{nullptr};  // set by Attach: pushes are kept through it
+  std::atomic<uint64_t> pushes_kept_{0};
+  std::atomic<uint64_t> pushes_ignored_{0};
   mutable std::mutex mu_;
-  std::string state_ = "starting";  // GUARDED_BY(mu_): for the status
-  dir::DirectoryStats stats_;       // GUARDED_BY(mu_)
+  std::string state_ = "starting";    // GUARDED_BY(mu_): for the status
+  dir::DirectoryStats stats_;         // GUARDED_BY(mu_)
+  std::string rma_ = "not attached";  // GUARDED_BY(mu_): how RAM tiers are served, for the status
   uint64_t round_ = 0;
 };
 

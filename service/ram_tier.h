@@ -44,6 +44,12 @@ class RamTier final : public Tier {
   // A new read-only descriptor of the same memory, for a client; the caller owns and closes it.
   Result<int> OpenReadOnlyFd() const;
   uint64_t mapped_bytes() const { return mapped_bytes_; }
+  // The whole mapping (every slot), e.g. to register it for peers' RMA reads.
+  std::span<const std::byte> mapping() const { return {base_, mapped_bytes_}; }
+  // The xxh3 recorded when `sample`'s slot was filled; meaningful once IsReady(sample).
+  uint64_t RecordedXxh3(policy::SampleId sample) const {
+    return slots_.expected(layout_.SlotOf(sample));
+  }
 
   // Whether the tier holds `sample` and it is ready to read.
   bool IsReady(policy::SampleId sample) const;

@@ -42,6 +42,7 @@ SampleReader::SampleReader(Catalog& catalog, const policy::NodePlan& plan,
     if (region_class_ < 0 && tiers_[j].ram != nullptr) region_class_ = static_cast<int>(j);
     per_class_.push_back(std::make_unique<SourceCounters>());
     cached_on_read_.push_back(std::make_unique<SourceCounters>());
+    pushed_kept_.push_back(std::make_unique<SourceCounters>());
   }
 }
 
@@ -55,7 +56,8 @@ Tier* SampleReader::ClaimForCache(size_t j, policy::SampleId sample) {
 }
 
 void SampleReader::CacheAfterRead(size_t j, Tier* tier, policy::SampleId sample,
-                                  std::span<const std::byte> bytes, uint64_t hash) {
+                                  std::span<const std::byte> bytes, uint64_t hash,
+                                  SourceCounters& counter) {
   const TierRef& t = tiers_[j];
   const uint32_t slot = tier->layout().SlotOf(sample);
   // The bytes are at hand: the tier's fill copies them instead of reading the PFS again.
@@ -84,7 +86,7 @@ void SampleReader::CacheAfterRead(size_t j, Tier* tier, policy::SampleId sample,
   Result<uint64_t> h = tier->Fill(slot, from_memory, {bounce.get(), need});
   if (h.ok()) {
     tier->slots().MarkReady(slot, *h);
-    Count(*cached_on_read_[j], bytes.size(), 0);
+    Count(counter, bytes.size(), 0);
   } else {
     tier->slots().Abandon(slot);  // the prefetcher tries again from the PFS
     spdlog::warn("sample {} ({}): could not keep it in the {} tier after reading it: {}", sample,
@@ -92,11 +94,38 @@ void SampleReader::CacheAfterRead(size_t j, Tier* tier, policy::SampleId sample,
   }
 }
 
-void SampleReader::SetPeerSource(PeerLookupFn lookup, PeerFetchFn fetch, PeerFetchFn fill) {
+void SampleReader::SetPeerSource(PeerLookupFn lookup, PeerFetchFn fetch, PeerFetchFn fill,
+                                 PeerPushFn push) {
   peer_lookup_ = std::move(lookup);
   peer_fetch_ = std::move(fetch);
   peer_fill_fetch_ = std::move(fill);
+  peer_push_ = std::move(push);
   peer_set_.store(true, std::memory_order_release);
+}
+
+bool SampleReader::KeepPushed(policy::SampleId sample, std::span<const std::byte> bytes,
+                              uint64_t xxh3) {
+  if (sample >= plan_.location.size()) return false;
+  const int8_t klass = plan_.location[sample];
+  if (klass == policy::kNotCached || static_cast<size_t>(klass) >= tiers_.size()) return false;
+  if (bytes.size() != catalog_.length(sample) || XXH3_64bits(bytes.data(), bytes.size()) != xxh3) {
+    spdlog::warn("sample {}: a peer pushed {} bytes that do not match it; ignored", sample,
+                 bytes.size());
+    return false;
+  }
+  const std::optional<uint64_t> known = catalog_.checksum(sample);
+  if (known && *known != xxh3) {
+    spdlog::warn(
+        "sample {} ({}): a peer pushed bytes whose checksum differs from the one "
+        "recorded here; ignored",
+        sample, catalog_.path(sample));
+    return false;
+  }
+  Tier* claimed = ClaimForCache(static_cast<size_t>(klass), sample);
+  if (claimed == nullptr) return false;  // filled, or being filled: nothing to spare
+  CacheAfterRead(static_cast<size_t>(klass), claimed, sample, bytes, xxh3,
+                 *pushed_kept_[static_cast<size_t>(klass)]);
+  return claimed->slots().state(claimed->layout().SlotOf(sample)) == SlotState::kReady;
 }
 
 Result<uint64_t> SampleReader::FetchForFill(policy::SampleId sample, std::span<std::byte> dst,
@@ -118,7 +147,14 @@ Result<uint64_t> SampleReader::FetchForFill(policy::SampleId sample, std::span<s
                    h.ok() ? std::string("checksum differs") : h.status().message());
     }
   }
-  return FetchFromPfs(sample, dst, /*staging=*/false);
+  Result<uint64_t> h = FetchFromPfs(sample, dst, /*staging=*/false);
+  // When another node fills this sample for the job and did not have it (a copy given up on), it
+  // will read the PFS too unless it is offered these bytes (for a sample this node fills itself,
+  // the peer service finds nobody to offer them to).
+  if (h.ok() && peer_set_.load(std::memory_order_acquire) && peer_push_) {
+    peer_push_(sample, dst, *h);
+  }
+  return h;
 }
 
 bool SampleReader::TierReady(const TierRef& t, policy::SampleId sample) const {
@@ -253,8 +289,10 @@ Result<SourceId> SampleReader::Read(policy::SampleId sample, std::span<std::byte
       const std::optional<uint64_t> known = catalog_.checksum(sample);
       if (h.ok() && (!known || *known == *h)) {
         Count(peer_, dst.size(), NowNanos() - t0);
-        if (claimed != nullptr)
-          CacheAfterRead(static_cast<size_t>(klass), claimed, sample, dst, *h);
+        if (claimed != nullptr) {
+          CacheAfterRead(static_cast<size_t>(klass), claimed, sample, dst, *h,
+                         *cached_on_read_[static_cast<size_t>(klass)]);
+        }
         return SourceId{SourceId::kPeer};
       }
       // "Not available" is a readiness guess that missed (ALGORITHM.md §6): expected, quiet.
@@ -275,7 +313,13 @@ Result<SourceId> SampleReader::Read(policy::SampleId sample, std::span<std::byte
     if (claimed != nullptr) claimed->slots().Abandon(claimed->layout().SlotOf(sample));
     return h.status();
   }
-  if (claimed != nullptr) CacheAfterRead(static_cast<size_t>(klass), claimed, sample, dst, *h);
+  if (claimed != nullptr) {
+    CacheAfterRead(static_cast<size_t>(klass), claimed, sample, dst, *h,
+                   *cached_on_read_[static_cast<size_t>(klass)]);
+  }
+  // The node that holds it (or fills it for the job) will read it from the PFS too unless it is
+  // offered these bytes.
+  if (peer_set_.load(std::memory_order_acquire) && peer_push_) peer_push_(sample, dst, *h);
   return SourceId{SourceId::kPfs};
 }
 

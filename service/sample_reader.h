@@ -64,6 +64,10 @@ using PeerFetchFn = std::function<Result<uint64_t>(policy::SampleId, std::span<s
 // class index or -1. For a sample this node holds but has not filled yet, the peer is its filler
 // (the holder that reads it from the PFS; service/directory.h).
 using PeerLookupFn = std::function<int(policy::SampleId)>;
+// Offers a sample just read from the PFS by a staging read to the peer that holds it (or fills it
+// for the job) but was not presumed to have it yet; best effort, must not block.
+using PeerPushFn =
+    std::function<void(policy::SampleId, std::span<const std::byte> bytes, uint64_t xxh3)>;
 
 class SampleReader {
  public:
@@ -102,8 +106,18 @@ class SampleReader {
   // Installs the peer source: `lookup` and `fetch` for staging reads, `fill` for prefetches, which
   // answers kUnavailable when the filler is not ready yet (not presumed, or "not available") and
   // NotFound when this node reads the sample itself; any other error is logged and the PFS read.
-  // Safe to call once while prefetchers run; staging reads must not have started.
-  void SetPeerSource(PeerLookupFn lookup, PeerFetchFn fetch, PeerFetchFn fill);
+  // `push` (may be empty) is offered every sample a staging read took from the PFS. Safe to call
+  // once while prefetchers run; staging reads must not have started.
+  void SetPeerSource(PeerLookupFn lookup, PeerFetchFn fetch, PeerFetchFn fill,
+                     PeerPushFn push = nullptr);
+
+  // A peer pushed `sample` (read from the PFS there before this node had it): when the plan
+  // places it in a tier whose slot is still empty, stores it there (as fetch-and-cache does) and
+  // returns true; otherwise (not planned here, filled or being filled, wrong size or checksum)
+  // false. The bytes are checked against `xxh3` and the catalog's checksum when one is known.
+  bool KeepPushed(policy::SampleId sample, std::span<const std::byte> bytes, uint64_t xxh3);
+  // Pushed samples stored in class j's tier.
+  const SourceCounters& pushed_kept(size_t j) const { return *pushed_kept_[j]; }
 
   // Per class (index j), then the peer, then the PFS (staging reads).
   const SourceCounters& class_counters(size_t j) const { return *per_class_[j]; }
@@ -132,7 +146,7 @@ class SampleReader {
   // `tier` (class j) and marks it ready. Failures are logged and the slot given back; the read
   // itself has succeeded.
   void CacheAfterRead(size_t j, Tier* tier, policy::SampleId sample,
-                      std::span<const std::byte> bytes, uint64_t hash);
+                      std::span<const std::byte> bytes, uint64_t hash, SourceCounters& counter);
 
   Catalog& catalog_;
   const policy::NodePlan& plan_;
@@ -144,6 +158,8 @@ class SampleReader {
   PeerLookupFn peer_lookup_;
   PeerFetchFn peer_fetch_;
   PeerFetchFn peer_fill_fetch_;
+  PeerPushFn peer_push_;
+  std::vector<std::unique_ptr<SourceCounters>> pushed_kept_;
   std::atomic<bool> peer_set_{false};
   SourceCounters peer_fill_;
   std::atomic<uint64_t> peer_fill_gave_up_{0};

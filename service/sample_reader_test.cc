@@ -3,6 +3,7 @@
 #include "service/sample_reader.h"
 
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include <filesystem>
 #include <fstream>
@@ -147,6 +148,48 @@ TEST_F(SampleReaderTest, FetchAndCacheReadsThePfsOncePerPlannedSample) {
   EXPECT_EQ(reader_->class_counters(0).reads.load(), 8u);
   EXPECT_EQ(reader_->class_counters(1).reads.load(), 6u);
   EXPECT_EQ(reader_->corruptions(), 0u);
+}
+
+// A sample a peer pushed (read from the PFS there first) is kept in its planned tier, RAM or SSD,
+// when the slot is empty, so this node never reads it from the PFS; a push that does not match
+// (size, xxh3, the catalog's checksum), of an unplanned sample or of a filled slot changes
+// nothing.
+TEST_F(SampleReaderTest, PushedSamplesAreKeptOnlyInAnEmptyPlannedSlot) {
+  auto push = [&](policy::SampleId k, const std::string& bytes, uint64_t xxh3) {
+    return reader_->KeepPushed(k, {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()},
+                               xxh3);
+  };
+  auto hash = [](const std::string& b) { return XXH3_64bits(b.data(), b.size()); };
+  EXPECT_TRUE(push(2, Bytes(2), hash(Bytes(2))));      // RAM
+  EXPECT_TRUE(push(9, Bytes(9), hash(Bytes(9))));      // SSD
+  EXPECT_FALSE(push(2, Bytes(2), hash(Bytes(2))));     // filled already
+  EXPECT_FALSE(push(20, Bytes(20), hash(Bytes(20))));  // not planned here
+  std::string wrong = Bytes(3);
+  wrong[0] = static_cast<char>(wrong[0] ^ 1);
+  EXPECT_FALSE(push(3, wrong, hash(Bytes(3))));  // bytes that do not hash to the xxh3 given
+  EXPECT_FALSE(push(4, Bytes(4) + "x", hash(Bytes(4) + "x")));  // wrong size
+  // Once this node knows a sample's checksum (here from a PFS read that did not keep it), a push
+  // must match it; before, the job's own authenticated nodes are believed, as for peer reads.
+  std::string five(catalog_->length(5), '\0');
+  ASSERT_TRUE(
+      reader_->FetchFromPfs(5, {reinterpret_cast<std::byte*>(five.data()), five.size()}, false)
+          .ok());
+  std::string wrong5 = Bytes(5);
+  wrong5[0] = static_cast<char>(wrong5[0] ^ 1);
+  EXPECT_FALSE(push(5, wrong5, hash(wrong5)));
+  EXPECT_FALSE(ram_->IsReady(3));
+  EXPECT_FALSE(ram_->IsReady(4));
+  EXPECT_FALSE(ram_->IsReady(5));
+  EXPECT_EQ(reader_->pushed_kept(0).reads.load(), 1u);
+  EXPECT_EQ(reader_->pushed_kept(1).reads.load(), 1u);
+  EXPECT_EQ(reader_->cached_on_read(0).reads.load(), 0u);  // not counted as staging's
+  // The kept ones are served from their tiers, checked against the pushed xxh3; no PFS read.
+  SourceId from;
+  EXPECT_EQ(Read(2, &from), Bytes(2));
+  EXPECT_EQ(from.index, 0);
+  EXPECT_EQ(Read(9, &from), Bytes(9));
+  EXPECT_EQ(from.index, 1);
+  EXPECT_EQ(reader_->pfs_bytes_total(), five.size());  // only the read above
 }
 
 TEST_F(SampleReaderTest, AFillUnderWayIsWaitedForNotDuplicated) {

@@ -105,9 +105,11 @@ class FabricTest(unittest.TestCase):
         os.chmod(path, 0o644)
         return path
 
-    def start(self, nodes, conf, secrets, timeout_ms=1500, hosts=None, netns=None, job=JOB):
+    def start(self, nodes, conf, secrets, timeout_ms=1500, hosts=None, netns=None, job=JOB,
+              datasets=None):
         """Starts `nodes` daemons, node n listening on hosts[n] (default 127.0.0.1) inside network
-        namespace netns[n] (default this one)."""
+        namespace netns[n] (default this one), reading the dataset at datasets[n] (default the
+        test's)."""
         if hosts is None:
             base = free_port_base(nodes)
             addrs = [f"127.0.0.1:{base + n}" for n in range(nodes)]
@@ -120,7 +122,8 @@ class FabricTest(unittest.TestCase):
             if st.AS_ROOT:
                 shutil.chown(run, "nobody", "nogroup")
             argv = st.demote_argv([
-                os.path.join(BIN, "nopfsd"), "--run-dir", run, "--dataset", self.data.root, *job,
+                os.path.join(BIN, "nopfsd"), "--run-dir", run, "--dataset",
+                datasets[n] if datasets else self.data.root, *job,
                 "--node", str(n), "--config", conf, "--job-id", "fabrictest",
                 "--peers", peers, "--peer-listen", addrs[n],
                 "--peer-secret-file", secrets[n], "--peer-timeout-ms", str(timeout_ms)])
@@ -193,11 +196,23 @@ class FabricTest(unittest.TestCase):
         given = sum(self.counter(s, r"(?m)^peers served: (\d+) samples") for s in statuses)
         self.assertGreater(fetched, 0, statuses)
         self.assertEqual(fetched, given, statuses)
+        by_rma = [(self.counter(s, r"(?m)^peers rma: .*; served (\d+)"),
+                   self.counter(s, r"(?m)^peers rma: .* fetched (\d+)")) for s in statuses]
+        self.assertEqual(by_rma[0][0], by_rma[1][1], statuses)  # served by 0 = fetched by 1
+        self.assertEqual(by_rma[1][0], by_rma[0][1], statuses)
         for s in statuses:
             self.assertRegex(s, r"(?m)^peers: node \d of 2, directory of \d+ samples", s)
             self.assertEqual(self.counter(s, r"refused, (\d+) malformed"), 0, s)
             # The other node's one class (ram) was reported filled.
             self.assertEqual(self.counter(s, r"(?m)^peers done: (\d+) classes"), 1, s)
+            # The RAM tier is registered for RMA, and the samples of 16 KiB and more that a node
+            # fetched came by RMA reads (smaller ones come in the reply); read_rank checked every
+            # byte against the files either way.
+            self.assertRegex(s, r"(?m)^peers rma: ram by RMA reads;", s)
+            rma = self.counter(s, r"(?m)^peers rma: .* fetched (\d+) samples")
+            self.assertGreater(rma, 0, s)
+            self.assertLessEqual(rma, self.counter(s, r"(?m)^peers fetched: (\d+) samples"), s)
+            self.assertEqual(self.counter(s, r"(?m)^peers rma: .* (\d+) failed"), 0, s)
         for s in statuses:
             # With both tiers filled, no staged read went to the PFS: the tiers together hold
             # the dataset, and what a node lacks its peer has.
@@ -209,6 +224,66 @@ class FabricTest(unittest.TestCase):
         pfs = sum(self.counter(s, r"(?m)^pfs read: (\d+) bytes") for s in statuses)
         # Over the whole 3-epoch run the job read the PFS about once per sample.
         print(f"\n2 nodes, tiers of 0.6 of the dataset each: {copied} samples copied, PFS read "
+              f"{pfs / self.total:.3f} datasets", file=sys.stderr)
+        self.assertLessEqual(pfs, 1.05 * self.total, statuses)
+        self.stop_all()
+
+    def mount_slow_pfs(self, mbps):
+        """The test's dataset through nopfs_pfsemu (a throttled FUSE passthrough) at `mbps` MB/s;
+        returns the mount point."""
+        emu = os.path.join(BIN, "nopfs_pfsemu")
+        self.assertTrue(os.path.exists(emu), "nopfs_pfsemu is built in every tree with tests")
+        mnt = os.path.join(self.work, "slow-pfs")
+        os.mkdir(mnt, 0o755)
+        proc = subprocess.Popen([emu, "--bandwidth", str(mbps), "--open-latency-us", "0",
+                                 "--burst-bytes", "0", self.data.root, mnt],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def unmount():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            subprocess.run(["fusermount3", "-u", "-z", mnt], stderr=subprocess.DEVNULL,
+                           check=False)
+        self.addCleanup(unmount)
+        deadline = time.time() + 20
+        while not any(line.split()[1] == mnt for line in open("/proc/mounts")):
+            self.assertIsNone(proc.poll(), "nopfs_pfsemu exited")
+            self.assertLess(time.time(), deadline, "nopfs_pfsemu did not mount")
+            time.sleep(0.02)
+        return mnt
+
+    @unittest.skipUnless(st.AS_ROOT, "mounting the emulated PFS needs root")
+    def test_a_sample_read_before_its_holder_had_it_is_pushed_not_read_again(self):
+        # Node 1 reads the PFS at 2 MB/s, node 0 at full speed: node 0's ranks read samples that
+        # node 1 holds long before node 1's prefetcher gets to them. Node 0 reads them from the
+        # PFS and pushes them to node 1, which keeps them; so the job still reads the PFS about
+        # once per sample (without the pushes: about 1.4 datasets here).
+        mnt = self.mount_slow_pfs(2)
+        secret = self.private_file("secret", os.urandom(32))
+        self.start(2, self.config(str(int(self.total * 0.6))), [secret, secret],
+                   timeout_ms=5000, datasets=[self.data.root, mnt])
+        for rank in (0, 1):
+            self.read_rank(0, rank)
+        while "prefetch done" not in self.status(1):
+            time.sleep(0.05)
+        for rank in (2, 3):
+            self.read_rank(1, rank)
+        statuses = [self.status(n) for n in range(2)]
+        pushes = r"(?m)^peers pushed: (\d+) samples, (\d+) bytes .*; (\d+) received, (\d+) kept"
+        sent = re.search(pushes, statuses[0])
+        got = re.search(pushes, statuses[1])
+        self.assertIsNotNone(sent, statuses[0])
+        self.assertIsNotNone(got, statuses[1])
+        self.assertGreater(int(sent.group(1)), 0, statuses)
+        self.assertGreater(int(got.group(4)), 0, statuses)  # node 1 kept some
+        self.assertLessEqual(int(got.group(4)), int(got.group(3)), statuses)
+        pfs = sum(self.counter(s, r"(?m)^pfs read: (\d+) bytes") for s in statuses)
+        print(f"\na slow holder: {sent.group(1)} samples pushed, {got.group(4)} kept, PFS read "
               f"{pfs / self.total:.3f} datasets", file=sys.stderr)
         self.assertLessEqual(pfs, 1.05 * self.total, statuses)
         self.stop_all()
