@@ -8,6 +8,7 @@ nopfs (docs/python.md shows the diff and the commands).
 import argparse
 import hashlib
 import os
+import sys
 import time
 
 import torch
@@ -77,8 +78,12 @@ def main():
             seen += len(y)
             total += loss.item() * len(y)
         dt = time.monotonic() - t0
-        print(f"rank {rank} epoch {epoch}: {seen} samples, loss {total / max(seen, 1):.4f}, "
-              f"{seen / dt:.1f} samples/s, data {digest.hexdigest()[:16]}", flush=True)
+        # One write per line: ranks share stdout, and print() may write the text and its newline
+        # separately (unbuffered, as with PYTHONUNBUFFERED), which interleaves the ranks' lines.
+        sys.stdout.write(f"rank {rank} epoch {epoch}: {seen} samples, "
+                         f"loss {total / max(seen, 1):.4f}, {seen / dt:.1f} samples/s, "
+                         f"data {digest.hexdigest()[:16]}\n")
+        sys.stdout.flush()
     if world > 1:
         dist.destroy_process_group()
 
