@@ -15,9 +15,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <list>
+#include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -60,10 +63,66 @@ InfoPtr MakeHints(const std::string& provider, bool remote_read) {
 
 }  // namespace
 
+// Free read buffers by size class (a power of two, at least 4 KiB), up to kKeepBytes in all;
+// beyond that a released buffer is freed.
+class ReadBufferPool {
+ public:
+  static constexpr uint64_t kKeepBytes = uint64_t{64} << 20;
+
+  static ReadBuffer Get(const std::shared_ptr<ReadBufferPool>& self, uint64_t length) {
+    const uint64_t cap = std::bit_ceil(std::max<uint64_t>(length, 4096));
+    std::byte* p = nullptr;
+    {
+      std::lock_guard lock(self->mu_);
+      auto it = self->free_.find(cap);
+      if (it != self->free_.end() && !it->second.empty()) {
+        p = it->second.back();
+        it->second.pop_back();
+        self->kept_ -= cap;
+      }
+    }
+    if (p == nullptr) p = new std::byte[cap];  // uninitialised: no zeroing
+    return ReadBuffer(p, ReturnToPool{self, cap});
+  }
+
+  void Put(std::byte* p, uint64_t cap) {
+    {
+      std::lock_guard lock(mu_);
+      if (kept_ + cap <= kKeepBytes) {
+        free_[cap].push_back(p);
+        kept_ += cap;
+        return;
+      }
+    }
+    delete[] p;
+  }
+
+  ~ReadBufferPool() {
+    for (auto& [cap, list] : free_)
+      for (std::byte* p : list)
+        delete[] p;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<uint64_t, std::vector<std::byte*>> free_;
+  uint64_t kept_ = 0;
+};
+
+void ReturnToPool::operator()(std::byte* p) const {
+  if (p == nullptr) return;
+  if (pool) {
+    pool->Put(p, capacity);
+  } else {
+    delete[] p;
+  }
+}
+
 // One posted operation. `ctx` must come first: providers asking for FI_CONTEXT2 use it.
 struct Op {
   fi_context2 ctx{};
   std::unique_ptr<std::byte[]> buffer;  // owned until libfabric completes the operation
+  ReadBuffer read_buffer;               // an RMA read's destination, likewise
   std::vector<std::byte> message;       // a send's bytes, moved in by the caller (not copied)
   uint64_t capacity = 0;
   bool done = false;
@@ -91,6 +150,7 @@ struct Endpoint::Impl {
   // peer link receives with a 64 MiB limit every few milliseconds).
   std::unique_ptr<std::byte[]> spare;
   uint64_t spare_capacity = 0;
+  std::shared_ptr<ReadBufferPool> read_pool = std::make_shared<ReadBufferPool>();
   // Waiting without spinning: the completion queue's file descriptor (FI_WAIT_FD; -1 if the
   // provider has none, then idle waits sleep briefly) and an eventfd that Wake() signals.
   int cq_fd = -1;
@@ -116,7 +176,7 @@ struct Endpoint::Impl {
     op->done = true;
     last_completion = std::chrono::steady_clock::now();
     if (op->is_read) {
-      reads_done.push_back({op->cookie, op->error, std::move(op->buffer), op->capacity});
+      reads_done.push_back({op->cookie, op->error, std::move(op->read_buffer), op->capacity});
       Drop(op);
       return;
     }
@@ -187,6 +247,18 @@ struct Endpoint::Impl {
 
   void Drop(Op* op) {
     ops.remove_if([op](const std::unique_ptr<Op>& o) { return o.get() == op; });
+  }
+
+  // Drops a finished receive and keeps its buffer as the spare for the next Recv. A receive
+  // buffer is as large as the largest message (tens of MiB): freeing it is a munmap with a TLB
+  // shootdown, and a fresh one page-faults in again, which cost about a tenth of a busy peer
+  // link's time while every interrupted Recv gave its buffer back.
+  void Recycle(Op* op) {
+    if (op->buffer && (!spare || op->capacity >= spare_capacity)) {
+      spare = std::move(op->buffer);
+      spare_capacity = op->capacity;
+    }
+    Drop(op);
   }
 };
 
@@ -400,7 +472,7 @@ Result<Message> Endpoint::Recv(uint64_t tag, uint64_t ignore, uint64_t max_len,
         impl_->Poll();
       if (op->done && op->error == 0) break;  // the message arrived while cancelling
       if (op->done) {
-        impl_->Drop(op);
+        impl_->Recycle(op);  // cancelled: libfabric is done with the buffer
       } else {
         op->abandoned = true;  // freed when the cancellation completes or the endpoint closes
       }
@@ -410,7 +482,7 @@ Result<Message> Endpoint::Recv(uint64_t tag, uint64_t ignore, uint64_t max_len,
   }
   if (op->error != 0) {
     int err = op->error;
-    impl_->Drop(op);
+    impl_->Recycle(op);
     if (err == FI_ETRUNC) {
       return Status::Corruption("fabric: message longer than " + std::to_string(max_len) +
                                 " bytes rejected");
@@ -420,9 +492,7 @@ Result<Message> Endpoint::Recv(uint64_t tag, uint64_t ignore, uint64_t max_len,
   Message m;
   m.tag = op->tag;
   m.data.assign(op->buffer.get(), op->buffer.get() + std::min(op->len, max_len));
-  impl_->spare = std::move(op->buffer);
-  impl_->spare_capacity = op->capacity;
-  impl_->Drop(op);
+  impl_->Recycle(op);
   return m;
 }
 
@@ -468,13 +538,14 @@ Status Endpoint::PostRead(PeerAddr peer, uint64_t addr, uint64_t key, uint64_t l
   op->is_read = true;
   op->cookie = cookie;
   op->capacity = length;
-  op->buffer.reset(new std::byte[length == 0 ? 1 : length]);  // uninitialised: no zeroing
-  if (length == 0) {                                          // nothing to read: complete at once
+  op->read_buffer = ReadBufferPool::Get(impl_->read_pool, length);
+  if (length == 0) {  // nothing to read: complete at once
     impl_->Finish(op);
     return Status::Ok();
   }
   for (;;) {
-    ssize_t rc = fi_read(impl_->ep, op->buffer.get(), length, nullptr, peer, addr, key, &op->ctx);
+    ssize_t rc =
+        fi_read(impl_->ep, op->read_buffer.get(), length, nullptr, peer, addr, key, &op->ctx);
     if (rc == 0) break;
     if (rc != -FI_EAGAIN) {
       impl_->Drop(op);

@@ -50,11 +50,23 @@ struct ExposedRegion {
   uint64_t wire_base = 0;  // the region's first byte as a remote address (0: offset-based keys)
 };
 
+// RMA reads land in buffers from a pool that the endpoint and every buffer it handed out share:
+// releasing a buffer, on whatever thread and after the endpoint is gone, returns it to the pool.
+// A fresh 128 KiB buffer per read cost a page fault per page as the read wrote into it (a tenth
+// of a busy link's time); a recycled one is already mapped.
+class ReadBufferPool;
+struct ReturnToPool {
+  std::shared_ptr<ReadBufferPool> pool;
+  uint64_t capacity = 0;
+  void operator()(std::byte* p) const;
+};
+using ReadBuffer = std::unique_ptr<std::byte[], ReturnToPool>;
+
 // A finished RMA read (PostRead): its cookie, its bytes, or the error.
 struct ReadCompletion {
   uint64_t cookie = 0;
   int error = 0;  // positive fi errno, 0 on success
-  std::unique_ptr<std::byte[]> data;
+  ReadBuffer data;
   uint64_t length = 0;
 };
 

@@ -204,6 +204,52 @@ TEST(EndpointTest, RemoteReadsOfAnExposedRegion) {
   EXPECT_EQ(region, before);
 }
 
+// Read buffers come from a pool: a released buffer carries the next read of its size class (its
+// old bytes fully replaced), and a buffer held past the endpoint's end stays valid.
+TEST(EndpointTest, ReadBuffersAreRecycledAndOutliveTheirEndpoint) {
+  auto a = Endpoint::Open({});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto b = Endpoint::Open({});
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  const std::vector<std::byte> region = Pattern(uint64_t{1} << 20, 9);
+  const uint64_t key = 0x51ed270b27a5f1c3ull;
+  auto exposed = (*a)->ExposeForRemoteRead(region, key);
+  ASSERT_TRUE(exposed.ok()) << exposed.status().ToString();
+  auto b_to_a = (*b)->AddPeer("127.0.0.1", (*a)->port());
+  ASSERT_TRUE(b_to_a.ok());
+  std::atomic<bool> stop{false};
+  std::thread driver = Drive(a->get(), stop);
+  struct Join {
+    std::atomic<bool>& stop;
+    Endpoint& ep;
+    std::thread& t;
+    ~Join() {
+      stop.store(true);
+      ep.Wake();
+      t.join();
+    }
+  } join{stop, **a, driver};
+
+  const uint64_t len = 128 << 10;
+  ASSERT_TRUE((*b)->PostRead(*b_to_a, exposed->wire_base, key, len, 1, milliseconds(2000)).ok());
+  ReadCompletion first = WaitRead(**b, 1);
+  ASSERT_EQ(first.error, 0);
+  ASSERT_EQ(0, std::memcmp(first.data.get(), region.data(), len));
+  const std::byte* buffer = first.data.get();
+  first.data.reset();  // back to the pool, not to the allocator, which would hand it to this:
+  std::unique_ptr<std::byte[]> other(new std::byte[len]);
+  const uint64_t off = 300001;
+  ASSERT_TRUE(
+      (*b)->PostRead(*b_to_a, exposed->wire_base + off, key, len - 7, 2, milliseconds(2000)).ok());
+  ReadCompletion second = WaitRead(**b, 2);
+  ASSERT_EQ(second.error, 0);
+  EXPECT_EQ(second.data.get(), buffer) << "a read of the same size class reuses the buffer";
+  EXPECT_EQ(0, std::memcmp(second.data.get(), region.data() + off, len - 7));
+
+  b->reset();  // the endpoint goes; the buffer it handed out stays the reader's
+  EXPECT_EQ(0, std::memcmp(second.data.get(), region.data() + off, len - 7));
+}
+
 TEST(EndpointTest, WithoutRemoteReadNothingIsExposed) {
   EndpointOptions o;
   o.remote_read = false;

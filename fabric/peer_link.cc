@@ -63,7 +63,7 @@ struct PeerLink::Pending {
   Status status;
   std::vector<std::byte> data;
   // The RMA path: the bytes as the read delivered them and the xxh3 they must have.
-  std::unique_ptr<std::byte[]> remote;
+  ReadBuffer remote;
   uint64_t remote_len = 0;
   uint64_t remote_xxh3 = 0;
   bool is_remote = false;
