@@ -1,11 +1,12 @@
 // nopfs_serve_bench: what a training process gets out of nopfsd, against the physical limits
 // measured in the same run.
 //
-//   nopfs_serve_bench [--dir /var/tmp] [--mib 512] [--epochs 3] [--rounds 3]
+//   nopfs_serve_bench [--dir /var/tmp] [--mib N] [--epochs 3] [--rounds 3]
+//                     [--sizes 4KiB,128KiB,4MiB]
 //
-// For samples of 4 KiB, 128 KiB and 4 MiB (--mib MiB of samples per size, one ImageFolder class
-// of files under --dir), it starts a real nopfsd (beside this program) whose RAM tier holds the
-// whole dataset and:
+// For samples of each size (--mib MiB of them per size, by default twice the last-level cache and
+// at least 512; one ImageFolder class of files under --dir), it starts a real nopfsd (beside this
+// program) whose RAM tier holds the whole dataset and:
 //  1. prefetch: times the RAM tier's fill from the directory (page cache dropped per file with
 //     POSIX_FADV_DONTNEED before), against reading the same files directly with the same number
 //     of threads (cache dropped the same way);
@@ -43,10 +44,13 @@
 
 #include "cli/process.h"
 #include "client/client.h"
+#include "common/units.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using nopfs::ParseSize;
+using nopfs::Result;
 using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t0) {
@@ -84,10 +88,24 @@ double CpuSeconds(pid_t pid) {
 
 struct Args {
   std::string dir = "/var/tmp";
-  uint64_t mib = 512;  // beyond this machine's 260 MiB L3: the tier is read from DRAM
+  uint64_t mib = 0;  // 0: twice the last-level cache, at least 512 (the tier is read from DRAM)
+  std::vector<uint64_t> sizes = {uint64_t{4} << 10, uint64_t{128} << 10, uint64_t{4} << 20};
   uint32_t epochs = 3;
   uint32_t rounds = 3;
 };
+
+// The largest cache's size from sysfs (cpu0's highest index), 0 if unknown.
+uint64_t LastLevelCacheBytes() {
+  uint64_t best = 0;
+  for (int i = 0; i < 8; ++i) {
+    std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/size");
+    std::string text;
+    if (!(in >> text)) break;
+    if (Result<uint64_t> n = ParseSize(text.back() == 'K' ? text + "iB" : text); n.ok())
+      best = std::max(best, *n);
+  }
+  return best;
+}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -311,16 +329,27 @@ int main(int argc, char** argv) {
       a.epochs = static_cast<uint32_t>(std::stoul(v));
     } else if (k == "--rounds") {
       a.rounds = std::max<uint32_t>(1, static_cast<uint32_t>(std::stoul(v)));
+    } else if (k == "--sizes") {
+      a.sizes.clear();
+      for (size_t at = 0; at <= v.size();) {
+        const size_t comma = std::min(v.find(',', at), v.size());
+        Result<uint64_t> n = ParseSize(v.substr(at, comma - at));
+        if (!n.ok() || *n == 0) Die("--sizes: write sizes separated by commas, e.g. 4KiB,128KiB");
+        a.sizes.push_back(*n);
+        at = comma + 1;
+      }
     } else {
-      Die("unknown flag " + k + "; flags: --dir DIR --mib N --epochs E --rounds R");
+      Die("unknown flag " + k +
+          "; flags: --dir DIR --mib N --epochs E --rounds R --sizes 4KiB,128KiB,4MiB");
     }
   }
+  if (a.mib == 0) a.mib = std::max<uint64_t>(512, 2 * (LastLevelCacheBytes() >> 20));
   const std::string bin = fs::read_symlink("/proc/self/exe").parent_path().string();
   std::printf(
       "nopfs_serve_bench: %llu MiB per size under %s, %u epochs, one client, RAM tier, %u "
       "rounds\n",
       static_cast<unsigned long long>(a.mib), a.dir.c_str(), a.epochs, a.rounds);
-  for (uint64_t size : {uint64_t{4} << 10, uint64_t{128} << 10, uint64_t{4} << 20})
+  for (uint64_t size : a.sizes)
     RunSize(a, bin, size);
   return 0;
 }
