@@ -683,10 +683,14 @@ Status PeerLink::Await(uint32_t peer, uint64_t sample, Pending& w) {
     if (w.status.code() == StatusCode::kNotFound) ++s_->counters.fetch_not_available;
     return w.status;
   }
+  return Status::Ok();  // counted as fetched by the caller, once the bytes are handed over
+}
+
+void PeerLink::CountFetched(uint64_t bytes, bool remote) {
+  std::lock_guard lock(s_->mu);
   ++s_->counters.fetched_reads;
-  s_->counters.fetched_bytes += w.is_remote ? w.remote_len : w.data.size();
-  if (w.is_remote) ++s_->counters.fetched_remote;
-  return Status::Ok();
+  s_->counters.fetched_bytes += bytes;
+  if (remote) ++s_->counters.fetched_remote;
 }
 
 namespace {
@@ -701,12 +705,16 @@ Status RemoteMismatch(uint32_t peer, uint64_t sample) {
 Result<std::vector<std::byte>> PeerLink::Read(uint32_t peer, uint64_t sample) {
   Pending w;
   NOPFS_RETURN_IF_ERROR(Await(peer, sample, w));
-  if (!w.is_remote) return std::move(w.data);
+  if (!w.is_remote) {
+    CountFetched(w.data.size(), false);
+    return std::move(w.data);
+  }
   if (XXH3_64bits(w.remote.get(), w.remote_len) != w.remote_xxh3) {
     std::lock_guard lock(s_->mu);
     ++s_->counters.remote_failed;
     return RemoteMismatch(peer, sample);
   }
+  CountFetched(w.remote_len, true);
   return std::vector<std::byte>(w.remote.get(), w.remote.get() + w.remote_len);
 }
 
@@ -727,6 +735,7 @@ Result<uint64_t> PeerLink::ReadInto(uint32_t peer, uint64_t sample, std::span<st
     ++s_->counters.remote_failed;
     return RemoteMismatch(peer, sample);
   }
+  CountFetched(len, w.is_remote);
   return h;
 }
 

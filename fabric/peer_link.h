@@ -123,7 +123,7 @@ struct PeerLinkCounters {
   uint64_t served_reads = 0;  // requests answered with data
   uint64_t served_bytes = 0;
   uint64_t served_not_available = 0;
-  uint64_t fetched_reads = 0;  // Read calls that returned data
+  uint64_t fetched_reads = 0;  // Read/ReadInto calls that handed bytes over (checks passed)
   uint64_t fetched_bytes = 0;
   uint64_t fetch_not_available = 0;
   uint64_t timeouts = 0;        // requests or handshakes that timed out (peer then dead)
@@ -196,6 +196,8 @@ class PeerLink {
   explicit PeerLink(std::unique_ptr<State> state);
   // Queues a read of `sample` from `peer` and waits for its reply (w's status and bytes).
   Status Await(uint32_t peer, uint64_t sample, Pending& w);
+  // Counts a read whose bytes reach the caller (of the right size; by RMA, checksum passed).
+  void CountFetched(uint64_t bytes, bool remote);
   std::unique_ptr<State> s_;
 };
 
