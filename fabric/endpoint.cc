@@ -260,6 +260,27 @@ struct Endpoint::Impl {
     }
     Drop(op);
   }
+
+  // Posts `op` by calling `post` (an fi_tsend/fi_trecv/fi_read), again while the provider's queue
+  // is full (-FI_EAGAIN), until `deadline`; an op that was never posted is dropped. `call` names
+  // the function in an error, `queue` the queue in a timeout.
+  template <typename PostFn>
+  Status PostRetrying(Op* op, std::chrono::steady_clock::time_point deadline, const char* call,
+                      const char* queue, PostFn post) {
+    for (;;) {
+      const ssize_t rc = post();
+      if (rc == 0) return Status::Ok();
+      if (rc != -FI_EAGAIN) {
+        Drop(op);
+        return Status::IoError(FiError(call, rc));
+      }
+      Poll();
+      if (std::chrono::steady_clock::now() >= deadline) {
+        Drop(op);
+        return Status::TimedOut(std::string("fabric: ") + queue + " queue full until the timeout");
+      }
+    }
+  }
 };
 
 Endpoint::Endpoint(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -372,19 +393,10 @@ Result<Op*> Endpoint::Impl::PostSend(PeerAddr peer, uint64_t tag, std::vector<st
   op->capacity = data.size();
   op->message = std::move(data);
   if (op->message.empty()) op->message.resize(1);  // a valid buffer for an empty message
-  for (;;) {
-    ssize_t rc = fi_tsend(impl->ep, op->message.data(), op->capacity, nullptr, peer, tag, &op->ctx);
-    if (rc == 0) return op;
-    if (rc != -FI_EAGAIN) {
-      impl->Drop(op);
-      return Status::IoError(FiError("fabric: fi_tsend", rc));
-    }
-    impl->Poll();
-    if (std::chrono::steady_clock::now() >= deadline) {
-      impl->Drop(op);  // never posted
-      return Status::TimedOut("fabric: send queue full until the timeout");
-    }
-  }
+  NOPFS_RETURN_IF_ERROR(impl->PostRetrying(op, deadline, "fabric: fi_tsend", "send", [&] {
+    return fi_tsend(impl->ep, op->message.data(), op->capacity, nullptr, peer, tag, &op->ctx);
+  }));
+  return op;
 }
 
 Status Endpoint::Post(PeerAddr peer, uint64_t tag, std::span<const std::byte> data,
@@ -436,20 +448,10 @@ Result<Message> Endpoint::Recv(uint64_t tag, uint64_t ignore, uint64_t max_len,
   } else {
     op->buffer.reset(new std::byte[max_len == 0 ? 1 : max_len]);  // uninitialised: no zeroing
   }
-  for (;;) {
-    ssize_t rc = fi_trecv(impl_->ep, op->buffer.get(), max_len, nullptr, FI_ADDR_UNSPEC, tag,
-                          ignore, &op->ctx);
-    if (rc == 0) break;
-    if (rc != -FI_EAGAIN) {
-      impl_->Drop(op);
-      return Status::IoError(FiError("fabric: fi_trecv", rc));
-    }
-    impl_->Poll();
-    if (std::chrono::steady_clock::now() >= deadline) {
-      impl_->Drop(op);
-      return Status::TimedOut("fabric: receive queue full until the timeout");
-    }
-  }
+  NOPFS_RETURN_IF_ERROR(impl_->PostRetrying(op, deadline, "fabric: fi_trecv", "receive", [&] {
+    return fi_trecv(impl_->ep, op->buffer.get(), max_len, nullptr, FI_ADDR_UNSPEC, tag, ignore,
+                    &op->ctx);
+  }));
   while (!op->done) {
     impl_->Poll();
     if (op->done) break;
@@ -543,20 +545,9 @@ Status Endpoint::PostRead(PeerAddr peer, uint64_t addr, uint64_t key, uint64_t l
     impl_->Finish(op);
     return Status::Ok();
   }
-  for (;;) {
-    ssize_t rc =
-        fi_read(impl_->ep, op->read_buffer.get(), length, nullptr, peer, addr, key, &op->ctx);
-    if (rc == 0) break;
-    if (rc != -FI_EAGAIN) {
-      impl_->Drop(op);
-      return Status::IoError(FiError("fabric: fi_read", rc));
-    }
-    impl_->Poll();
-    if (std::chrono::steady_clock::now() >= deadline) {
-      impl_->Drop(op);
-      return Status::TimedOut("fabric: read queue full until the timeout");
-    }
-  }
+  NOPFS_RETURN_IF_ERROR(impl_->PostRetrying(op, deadline, "fabric: fi_read", "read", [&] {
+    return fi_read(impl_->ep, op->read_buffer.get(), length, nullptr, peer, addr, key, &op->ctx);
+  }));
   impl_->Poll();
   return Status::Ok();
 }

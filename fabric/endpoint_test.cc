@@ -126,13 +126,26 @@ TEST(EndpointTest, OversizedMessageIsRejectedNotTruncated) {
   EXPECT_FALSE(m.ok());
 }
 
-// Drives `ep` (a target of RMA reads needs progress of its own over tcp) until `stop`.
-std::thread Drive(Endpoint* ep, std::atomic<bool>& stop) {
-  return std::thread([ep, &stop] {
-    while (!stop.load())
-      (void)ep->Recv(77, 0, 64, milliseconds(20), [&] { return stop.load(); });
-  });
-}
+// Drives `ep` (a target of RMA reads needs progress of its own over tcp) on a thread of its own
+// until destroyed.
+class Driver {
+ public:
+  explicit Driver(Endpoint& ep)
+      : ep_(ep), thread_([this] {
+          while (!stop_.load())
+            (void)ep_.Recv(77, 0, 64, milliseconds(20), [this] { return stop_.load(); });
+        }) {}
+  ~Driver() {
+    stop_.store(true);
+    ep_.Wake();
+    thread_.join();
+  }
+
+ private:
+  Endpoint& ep_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
 
 // Waits for the completion of the read posted under `cookie`.
 ReadCompletion WaitRead(Endpoint& ep, uint64_t cookie) {
@@ -167,18 +180,7 @@ TEST(EndpointTest, RemoteReadsOfAnExposedRegion) {
   auto b_to_a = (*b)->AddPeer("127.0.0.1", (*a)->port());
   auto c_to_a = (*c)->AddPeer("127.0.0.1", (*a)->port());
   ASSERT_TRUE(b_to_a.ok() && c_to_a.ok());
-  std::atomic<bool> stop{false};
-  std::thread driver = Drive(a->get(), stop);
-  struct Join {
-    std::atomic<bool>& stop;
-    Endpoint& ep;
-    std::thread& t;
-    ~Join() {
-      stop.store(true);
-      ep.Wake();
-      t.join();
-    }
-  } join{stop, **a, driver};
+  const Driver driver(**a);
 
   const uint64_t off = 12345, len = uint64_t{1} << 20;
   ASSERT_TRUE(
@@ -217,18 +219,7 @@ TEST(EndpointTest, ReadBuffersAreRecycledAndOutliveTheirEndpoint) {
   ASSERT_TRUE(exposed.ok()) << exposed.status().ToString();
   auto b_to_a = (*b)->AddPeer("127.0.0.1", (*a)->port());
   ASSERT_TRUE(b_to_a.ok());
-  std::atomic<bool> stop{false};
-  std::thread driver = Drive(a->get(), stop);
-  struct Join {
-    std::atomic<bool>& stop;
-    Endpoint& ep;
-    std::thread& t;
-    ~Join() {
-      stop.store(true);
-      ep.Wake();
-      t.join();
-    }
-  } join{stop, **a, driver};
+  const Driver driver(**a);
 
   const uint64_t len = 128 << 10;
   ASSERT_TRUE((*b)->PostRead(*b_to_a, exposed->wire_base, key, len, 1, milliseconds(2000)).ok());

@@ -320,6 +320,15 @@ struct PeerLink::State {
     spdlog::warn("nopfsd: peer message from node {} rejected: {}", node, why);
   }
 
+  // With mu held: whether `node` has not passed the handshake, in which case its `what` is
+  // refused, counted and logged.
+  bool RefusedLocked(const InState& st, uint32_t node, const char* what) {
+    if (st.state == In::kAuthed) return false;
+    ++counters.auth_refused;
+    spdlog::warn("nopfsd: {} from unauthenticated node {} refused", what, node);
+    return true;
+  }
+
   void HandleServer(uint32_t node, PeerMessage& m) {
     InState& st = in[node];
     if (auto* h = std::get_if<Hello>(&m)) {
@@ -344,11 +353,7 @@ struct PeerLink::State {
       Queue(node, AuthResult{ok});
     } else if (auto* x = std::get_if<ExchangeData>(&m)) {
       std::lock_guard lock(mu);
-      if (st.state != In::kAuthed) {
-        ++counters.auth_refused;
-        spdlog::warn("nopfsd: exchange buffer from unauthenticated node {} refused", node);
-        return;
-      }
+      if (RefusedLocked(st, node, "exchange buffer")) return;
       if (!exchange_in.emplace(std::make_pair(x->round, node), std::move(x->data)).second) {
         ++counters.malformed;
         spdlog::warn("nopfsd: peer node {} sent exchange round {} twice", node, x->round);
@@ -357,19 +362,11 @@ struct PeerLink::State {
       cv.notify_all();
     } else if (auto* d = std::get_if<ClassDone>(&m)) {
       std::lock_guard lock(mu);
-      if (st.state != In::kAuthed) {
-        ++counters.auth_refused;
-        spdlog::warn("nopfsd: class-done notice from unauthenticated node {} refused", node);
-        return;
-      }
+      if (RefusedLocked(st, node, "class-done notice")) return;
       if (d->cls < 64) peer_done[node] |= uint64_t{1} << d->cls;
     } else if (auto* u = std::get_if<PushSample>(&m)) {
       std::unique_lock lock(mu);
-      if (st.state != In::kAuthed) {
-        ++counters.auth_refused;
-        spdlog::warn("nopfsd: pushed sample from unauthenticated node {} refused", node);
-        return;
-      }
+      if (RefusedLocked(st, node, "pushed sample")) return;
       if (!opts.on_push) {
         ++counters.pushes_dropped;
         return;
@@ -386,8 +383,7 @@ struct PeerLink::State {
     } else if (auto* q = std::get_if<ReadRequest>(&m)) {
       if (st.state != In::kAuthed) {
         std::lock_guard lock(mu);
-        ++counters.auth_refused;
-        spdlog::warn("nopfsd: read request from unauthenticated node {} refused", node);
+        RefusedLocked(st, node, "read request");
         return;
       }
       const ServeJob job{

@@ -166,8 +166,9 @@ void PeerService::OnPush(uint32_t node, uint64_t sample, uint64_t xxh3,
   SampleReader* reader = reader_.load(std::memory_order_acquire);
   const bool kept = reader != nullptr && sample < plan_->location.size() &&
                     reader->KeepPushed(static_cast<policy::SampleId>(sample), bytes, xxh3);
-  (kept ? pushes_kept_ : pushes_ignored_).fetch_add(1, std::memory_order_relaxed);
-  if (kept) spdlog::debug("peers: kept sample {} pushed by node {}", sample, node);
+  if (!kept) return;  // received minus kept, in the status line
+  pushes_kept_.fetch_add(1, std::memory_order_relaxed);
+  spdlog::debug("peers: kept sample {} pushed by node {}", sample, node);
 }
 
 Status PeerService::Attach(const policy::NodePlan& plan, const policy::NodeAccessCounts& counts,

@@ -124,7 +124,6 @@ class PeerService {
   std::atomic<bool> have_directory_{false};     // directory built: peers are read
   std::atomic<SampleReader*> reader_{nullptr};  // set by Attach: pushes are kept through it
   std::atomic<uint64_t> pushes_kept_{0};
-  std::atomic<uint64_t> pushes_ignored_{0};
   mutable std::mutex mu_;
   std::string state_ = "starting";    // GUARDED_BY(mu_): for the status
   dir::DirectoryStats stats_;         // GUARDED_BY(mu_)
