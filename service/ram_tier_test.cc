@@ -96,6 +96,21 @@ TEST(RamTier, CorruptionDetectedAndSlotFailed) {
   EXPECT_EQ(tier->slots().state(slot), SlotState::kFailed);
 }
 
+// Verify hashes a 1 MiB sample in prefetched steps (common/checksum.h): a flip in any of them,
+// the last byte included, fails it.
+TEST(RamTier, VerifySeesAFlipAnywhereInALargeSample) {
+  for (const uint64_t at : {uint64_t{0}, uint64_t{1024}, uint64_t{524287}, kSizes[9] - 1}) {
+    auto tier = MakeFilled({9});
+    const SlotExtent e = tier->layout().Extent(tier->layout().SlotOf(9));
+    ASSERT_TRUE(tier->Verify(9).ok());
+    std::byte b{};
+    ASSERT_EQ(pread(tier->fd(), &b, 1, static_cast<off_t>(e.offset + at)), 1);
+    b ^= std::byte{0x01};
+    ASSERT_EQ(pwrite(tier->fd(), &b, 1, static_cast<off_t>(e.offset + at)), 1);
+    EXPECT_EQ(tier->Verify(9).code(), StatusCode::kCorruption) << "byte " << at;
+  }
+}
+
 TEST(RamTier, ReadOnlyFdAndSealedSize) {
   auto tier = MakeFilled({1, 3});
   auto ro = tier->OpenReadOnlyFd();

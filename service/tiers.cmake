@@ -12,7 +12,7 @@ add_library(nopfs_tiers STATIC
 nopfs_target_defaults(nopfs_tiers)
 target_link_libraries(nopfs_tiers
   PUBLIC nopfs_policy nopfs_common Threads::Threads
-  PRIVATE spdlog::spdlog PkgConfig::XXHASH)
+  PRIVATE nopfs_checksum spdlog::spdlog PkgConfig::XXHASH)
 
 nopfs_test(NAME tiers_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/tier_layout_test.cc

@@ -1,0 +1,35 @@
+#include "common/checksum.h"
+
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
+#include <xxhash.h>
+
+#include <algorithm>
+
+namespace nopfs {
+namespace {
+constexpr size_t kStep = 1024;          // bytes hashed per update
+constexpr size_t kAhead = 1536;         // prefetch distance ahead of the update
+constexpr size_t kLine = 64;            // prefetch granularity
+constexpr size_t kMinStreamed = 16384;  // below this the one-shot form is as fast
+}  // namespace
+
+uint64_t ColdXxh3(std::span<const std::byte> bytes) {
+  const std::byte* p = bytes.data();
+  const size_t n = bytes.size();
+  if (n < kMinStreamed) return XXH3_64bits(p, n);
+  // The first kAhead bytes are requested at once; then each step requests the lines kAhead past
+  // its own end, so that memory works on the next steps while this one is hashed.
+  for (size_t k = 0; k < kAhead; k += kLine)
+    __builtin_prefetch(p + k);
+  XXH3_state_t state;
+  XXH3_64bits_reset(&state);
+  for (size_t off = 0; off < n; off += kStep) {
+    const size_t len = std::min(kStep, n - off);
+    for (size_t k = off + kAhead; k < std::min(off + kAhead + kStep, n); k += kLine)
+      __builtin_prefetch(p + k);
+    XXH3_64bits_update(&state, p + off, len);
+  }
+  return XXH3_64bits_digest(&state);
+}
+
+}  // namespace nopfs

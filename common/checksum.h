@@ -1,0 +1,23 @@
+// The checksum nopfs keeps for every sample: XXH3 64-bit (Debian's libxxhash), seed 0.
+//
+// ColdXxh3 hashes bytes that are most likely not in any cache, such as a RAM-tier copy visited in
+// the shuffled order of a stream: the hardware prefetcher starts over at every sample and a plain
+// XXH3_64bits then waits on memory for much of each sample (5.4 GB/s from DRAM, against 8.4 GB/s
+// for memcpy, on the 2-core benchmark machine; docs/PERFORMANCE.md). ColdXxh3 runs the streaming
+// XXH3 over 1 KiB steps and prefetches 1.5 KiB ahead of them (8.7-9.4 GB/s there). The value is
+// the same as XXH3_64bits of the same bytes (the streaming and one-shot forms agree by
+// definition); small inputs are hashed in one call.
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace nopfs {
+
+// XXH3_64bits(bytes), computed with software prefetch for bytes that are not in cache.
+uint64_t ColdXxh3(std::span<const std::byte> bytes);
+
+}  // namespace nopfs

@@ -1,0 +1,39 @@
+#include "common/checksum.h"
+
+#include <gtest/gtest.h>
+#include <xxhash.h>
+
+#include <random>
+#include <vector>
+
+namespace nopfs {
+namespace {
+
+// ColdXxh3 must be XXH3_64bits exactly: tiers record one and verify with the other.
+TEST(ColdXxh3, EqualsTheOneShotXxh3AtEverySizeAroundItsSteps) {
+  std::vector<std::byte> bytes((4u << 20) + 4096);
+  std::mt19937_64 rng(7);
+  for (std::byte& b : bytes)
+    b = static_cast<std::byte>(rng());
+  for (size_t n : {0, 1, 63, 64, 1023, 1024, 1025, 1535, 1536, 1537, 16383, 16384, 16385, 65536,
+                   131072, 131072 + 7, 1 << 20, 4 << 20, (4 << 20) + 4095}) {
+    for (size_t at : {0, 1, 13}) {
+      const std::span<const std::byte> s(bytes.data() + at, n);
+      EXPECT_EQ(ColdXxh3(s), XXH3_64bits(s.data(), s.size())) << n << " bytes at +" << at;
+    }
+  }
+}
+
+TEST(ColdXxh3, SeesAFlippedBitAnywhere) {
+  std::vector<std::byte> bytes(131072, std::byte{0x5a});
+  const uint64_t clean = ColdXxh3(bytes);
+  for (size_t at : {size_t{0}, size_t{1023}, size_t{1024}, size_t{70000}, bytes.size() - 1}) {
+    bytes[at] ^= std::byte{1};
+    EXPECT_NE(ColdXxh3(bytes), clean) << "bit flipped at " << at;
+    bytes[at] ^= std::byte{1};
+  }
+  EXPECT_EQ(ColdXxh3(bytes), clean);
+}
+
+}  // namespace
+}  // namespace nopfs
