@@ -42,6 +42,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "cli/process.h"
 #include "client/client.h"
 #include "common/units.h"
@@ -51,11 +52,18 @@ namespace {
 namespace fs = std::filesystem;
 using nopfs::ParseSize;
 using nopfs::Result;
+using nopfs::bench::Max;
+using nopfs::bench::Median;
+using nopfs::bench::Min;
 using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
+
+const char* const kUsage =
+    "usage: nopfs_serve_bench [--dir DIR] [--mib N] [--epochs E] [--rounds R] [--sizes "
+    "4KiB,128KiB,4MiB]\n";
 
 [[noreturn]] void Die(const std::string& msg) {
   std::fprintf(stderr, "serve_bench: %s\n", msg.c_str());
@@ -93,30 +101,6 @@ struct Args {
   uint32_t epochs = 3;
   uint32_t rounds = 3;
 };
-
-// The largest cache's size from sysfs (cpu0's highest index), 0 if unknown.
-uint64_t LastLevelCacheBytes() {
-  uint64_t best = 0;
-  for (int i = 0; i < 8; ++i) {
-    std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/size");
-    std::string text;
-    if (!(in >> text)) break;
-    if (Result<uint64_t> n = ParseSize(text.back() == 'K' ? text + "iB" : text); n.ok())
-      best = std::max(best, *n);
-  }
-  return best;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-double Min(const std::vector<double>& v) {
-  return v.empty() ? 0 : *std::min_element(v.begin(), v.end());
-}
-double Max(const std::vector<double>& v) {
-  return v.empty() ? 0 : *std::max_element(v.begin(), v.end());
-}
 
 void RunSize(const Args& a, const std::string& bin, uint64_t size) {
   const uint64_t count = std::max<uint64_t>(8, (a.mib << 20) / size);
@@ -319,8 +303,14 @@ void RunSize(const Args& a, const std::string& bin, uint64_t size) {
 
 int main(int argc, char** argv) {
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
+  for (int i = 1; i < argc; i += 2) {
+    const std::string k = argv[i];
+    if (k == "--help" || k == "-h") {
+      std::printf("%s", kUsage);
+      return 0;
+    }
+    if (i + 1 == argc) Die("flag " + k + " needs a value; " + kUsage);
+    const std::string v = argv[i + 1];
     if (k == "--dir") {
       a.dir = v;
     } else if (k == "--mib") {
@@ -339,11 +329,10 @@ int main(int argc, char** argv) {
         at = comma + 1;
       }
     } else {
-      Die("unknown flag " + k +
-          "; flags: --dir DIR --mib N --epochs E --rounds R --sizes 4KiB,128KiB,4MiB");
+      Die("unknown flag " + k + "; " + kUsage);
     }
   }
-  if (a.mib == 0) a.mib = std::max<uint64_t>(512, 2 * (LastLevelCacheBytes() >> 20));
+  if (a.mib == 0) a.mib = nopfs::bench::DefaultDatasetMiB();
   const std::string bin = fs::read_symlink("/proc/self/exe").parent_path().string();
   std::printf(
       "nopfs_serve_bench: %llu MiB per size under %s, %u epochs, one client, RAM tier, %u "
