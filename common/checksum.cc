@@ -10,7 +10,7 @@ namespace {
 constexpr size_t kStep = 1024;          // bytes hashed per update
 constexpr size_t kAhead = 1536;         // prefetch distance ahead of the update
 constexpr size_t kLine = 64;            // prefetch granularity
-constexpr size_t kMinStreamed = 16384;  // below this the one-shot form is as fast
+constexpr size_t kMinStreamed = 16384;  // below this, one call (see checksum.h)
 }  // namespace
 
 uint64_t ColdXxh3(std::span<const std::byte> bytes) {
