@@ -288,6 +288,16 @@ int RunJob(RunFlags& f, bool ranks_per_node_given) {
     return Status::Ok();
   };
 
+  // From here on, every way out (a failed start included) removes the run directory this command
+  // made, unless --keep-run-dir: a failure quotes the log's tail in its message instead.
+  const bool remove_run_dir = made_run_dir && !f.keep_run_dir;
+  struct RemoveOnExit {
+    std::string path;
+    ~RemoveOnExit() {
+      std::error_code ignored;
+      if (!path.empty()) fs::remove_all(path, ignored);
+    }
+  } remove_on_exit{remove_run_dir ? f.run_dir : std::string()};
   if (Status s = service::PrepareRunDir(f.run_dir); !s.ok()) return Fail(s.message());
   if (Status s = own(f.run_dir); !s.ok()) return Fail(s.message());
 
@@ -408,7 +418,9 @@ int RunJob(RunFlags& f, bool ranks_per_node_given) {
         if (!failed.empty()) msg += ": " + failed;
         if (exited.ok()) msg += " (" + DescribeWaitStatus(*exited) + ")";
         msg +=
-            "\nlast lines of " + r.run_dir + "/" + service::kLogName + ":\n" + LogTail(r.run_dir);
+            "\nlast lines of " + r.run_dir + "/" + service::kLogName +
+            (remove_run_dir ? " (removed with the run directory; --keep-run-dir keeps it)" : "") +
+            ":\n" + LogTail(r.run_dir);
         return Fail(msg);
       }
       if (g_signal.load() != 0 || std::chrono::steady_clock::now() - start >
@@ -551,8 +563,7 @@ int RunJob(RunFlags& f, bool ranks_per_node_given) {
     }
   }
   if (!secret.empty()) ::unlink(secret.c_str());
-  if (made_run_dir && !f.keep_run_dir) fs::remove_all(f.run_dir, ec);
-  return exit_code;
+  return exit_code;  // remove_on_exit removes the run directory
 }
 
 }  // namespace

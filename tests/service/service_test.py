@@ -383,9 +383,16 @@ class ServiceTest(unittest.TestCase):
         empty = os.path.join(self.work, "empty")
         os.mkdir(empty)
         os.chmod(empty, 0o755)
-        p = nopfs("run", "--dataset", empty, "--ranks", 1, *self.JOB, "--", "true", check=False)
+        # The default run directory goes under $TMPDIR; a failed start removes it too.
+        tmpdir = os.path.join(self.work, "tmpdir")
+        os.mkdir(tmpdir)
+        os.chmod(tmpdir, 0o1777)
+        p = nopfs("run", "--dataset", empty, "--ranks", 1, *self.JOB, "--", "true", check=False,
+                  env=dict(os.environ, TMPDIR=tmpdir))
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("nopfsd did not start", p.stderr)
+        self.assertIn("no class directories", p.stderr)
+        self.assertEqual(os.listdir(tmpdir), [], "a failed start left its run directory")
 
 
 if __name__ == "__main__":
