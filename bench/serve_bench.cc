@@ -2,11 +2,13 @@
 // measured in the same run.
 //
 //   nopfs_serve_bench [--dir /var/tmp] [--mib N] [--epochs 3] [--rounds 3]
-//                     [--sizes 4KiB,128KiB,4MiB]
+//                     [--sizes 4KiB,128KiB,4MiB] [--staging-threads N]
 //
 // For samples of each size (--mib MiB of them per size, by default twice the last-level cache and
 // at least 512; one ImageFolder class of files under --dir), it starts a real nopfsd (beside this
-// program) whose RAM tier holds the whole dataset and:
+// program) whose RAM tier holds the whole dataset, with --staging-threads staging threads (by
+// default one core is left to the client and nopfsd gets the others, at least 1: threads that
+// take the client's core slow it down more than they help; docs/PERFORMANCE.md), and:
 //  1. prefetch: times the RAM tier's fill from the directory (page cache dropped per file with
 //     POSIX_FADV_DONTNEED before), against reading the same files directly with the same number
 //     of threads (cache dropped the same way);
@@ -16,8 +18,10 @@
 //     ("zero-copy", the default); against memcpy of the same samples from a dataset-sized
 //     buffer of shared memory (a memfd, like the tier), twice: streaming through it in address
 //     order ("memcpy"), and visiting it in the stream's own shuffled order ("memcpy in stream
-//     order"); the dataset should exceed the last-level cache (--mib), or the baselines and the
-//     client run from the cache;
+//     order"), and a verified serve's baseline ("verified": the same copies in stream order, each
+//     sample first checked by a second thread with nopfsd's in-place check, ColdXxh3, up to
+//     64 MiB ahead, as nopfsd's ring allows); the dataset should exceed the last-level cache
+//     (--mib), or the baselines and the client run from the cache;
 //  3. CPU: nopfsd's user+system CPU seconds (from /proc) per GB served (the stream's open, which
 //     maps and populates the ring, is timed apart).
 // The serves and their baselines run --rounds times, alternating, each serve's ratio taken to the
@@ -45,6 +49,7 @@
 #include "bench/bench_util.h"
 #include "cli/process.h"
 #include "client/client.h"
+#include "common/checksum.h"
 #include "common/units.h"
 
 namespace {
@@ -63,7 +68,7 @@ double Since(Clock::time_point t0) {
 
 const char* const kUsage =
     "usage: nopfs_serve_bench [--dir DIR] [--mib N] [--epochs E] [--rounds R] [--sizes "
-    "4KiB,128KiB,4MiB]\n";
+    "4KiB,128KiB,4MiB] [--staging-threads N]\n";
 
 [[noreturn]] void Die(const std::string& msg) {
   std::fprintf(stderr, "serve_bench: %s\n", msg.c_str());
@@ -100,6 +105,7 @@ struct Args {
   std::vector<uint64_t> sizes = {uint64_t{4} << 10, uint64_t{128} << 10, uint64_t{4} << 20};
   uint32_t epochs = 3;
   uint32_t rounds = 3;
+  uint32_t staging_threads = 0;  // 0: one core for the client, the others for nopfsd (at least 1)
 };
 
 void RunSize(const Args& a, const std::string& bin, uint64_t size) {
@@ -126,7 +132,7 @@ void RunSize(const Args& a, const std::string& bin, uint64_t size) {
   const double dataset = static_cast<double>(count * size);
   {
     std::ofstream(root + "/bench.conf.lua")
-        << "staging = { capacity = \"256MB\", threads = 2 }\n"
+        << "staging = { capacity = \"256MB\", threads = " << a.staging_threads << " }\n"
         << "classes = { ram { capacity = \"" << (count * (size + 64) + (1 << 20))
         << "\", threads = 2 } }\n";
   }
@@ -249,27 +255,61 @@ void RunSize(const Args& a, const std::string& bin, uint64_t size) {
     }
     return static_cast<double>(order.size()) * static_cast<double>(size) / Since(t) / 1e9;
   };
+  // A verified serve's baseline: the same copies in stream order, each sample first checked by a
+  // second thread with nopfsd's in-place check (ColdXxh3) as far ahead of the copy as nopfsd's
+  // ring lets it run (the 256 MB of staging for one rank, capped at 64 MiB), and no sample copied
+  // before its check is done. (A lead of a few MiB would let the copy hit the last-level cache
+  // and run faster than memcpy from memory; docs/PERFORMANCE.md.)
+  uint64_t check_sink = 0;
+  auto verified_gbs = [&] {
+    const uint64_t lead = std::max<uint64_t>(1, (uint64_t{64} << 20) / size);
+    std::atomic<uint64_t> checked{0}, copied{0};
+    std::thread checker([&] {
+      uint64_t acc = 0;
+      for (uint64_t k = 0; k < order.size(); ++k) {
+        while (k >= copied.load(std::memory_order_acquire) + lead)
+          std::this_thread::yield();
+        acc += nopfs::ColdXxh3({src + (order[k] % per_buf) * size, size});
+        checked.store(k + 1, std::memory_order_release);
+      }
+      check_sink += acc;
+    });
+    const auto t = Clock::now();
+    for (uint64_t k = 0; k < order.size(); ++k) {
+      while (checked.load(std::memory_order_acquire) <= k)
+        std::this_thread::yield();
+      std::memcpy(sink.data(), src + (order[k] % per_buf) * size, size);
+      copied.store(k + 1, std::memory_order_release);
+    }
+    const double secs = Since(t);
+    checker.join();
+    return static_cast<double>(order.size()) * static_cast<double>(size) / secs / 1e9;
+  };
   struct Row {
-    std::vector<double> samples_s, gbs, ratio, ratio_order, cpu_gb, open_ms, stalled;
+    std::vector<double> samples_s, gbs, ratio, ratio_order, ratio_verified, cpu_gb, open_ms,
+        stalled;
   };
   Row rows[2];  // copy, zero-copy
-  std::vector<double> mem_all, order_all;
+  std::vector<double> mem_all, order_all, verified_all;
   for (uint32_t round = 0; round < a.rounds; ++round) {
     for (int zc = 0; zc < 2; ++zc) {
       const Served r = serve(zc == 1);
       const double mem = memcpy_gbs(false);
       const double in_order = memcpy_gbs(true);
+      const double verified = verified_gbs();
       const double gbs = static_cast<double>(r.bytes) / r.seconds / 1e9;
       Row& row = rows[zc];
       row.samples_s.push_back(static_cast<double>(r.samples) / r.seconds);
       row.gbs.push_back(gbs);
       row.ratio.push_back(gbs / mem);
       row.ratio_order.push_back(gbs / in_order);
+      row.ratio_verified.push_back(gbs / verified);
       row.cpu_gb.push_back(r.cpu / (static_cast<double>(r.bytes) / 1e9));
       row.open_ms.push_back(r.opened * 1e3);
       row.stalled.push_back(r.stalled / r.seconds);
       mem_all.push_back(mem);
       order_all.push_back(in_order);
+      verified_all.push_back(verified);
     }
   }
   d->Signal(SIGTERM);
@@ -282,19 +322,21 @@ void RunSize(const Args& a, const std::string& bin, uint64_t size) {
                                                : std::to_string(size >> 10) + " KiB";
   std::printf(
       "%8s  prefetch %6.2f GB/s (direct read %6.2f GB/s, ratio %.2f)   memcpy %6.2f GB/s, in "
-      "stream order %6.2f GB/s (medians of %u rounds)\n",
+      "stream order %6.2f GB/s, verified %6.2f GB/s (medians of %u rounds)\n",
       label.c_str(), dataset / prefetch / 1e9, dataset / direct / 1e9, direct / prefetch,
-      Median(mem_all), Median(order_all), a.rounds);
+      Median(mem_all), Median(order_all), Median(verified_all), a.rounds);
   for (int zc = 0; zc < 2; ++zc) {
     const Row& r = rows[zc];
     std::printf(
         "%8s  serve %-9s %8.0f samples/s %6.2f GB/s (ratio to memcpy %.2f [%.2f-%.2f], in "
-        "stream order %.2f [%.2f-%.2f])   nopfsd CPU %.2f s/GB, open %.0f ms, client waited "
-        "%.0f %%\n",
+        "stream order %.2f [%.2f-%.2f], verified %.2f [%.2f-%.2f])   nopfsd CPU %.2f s/GB, open "
+        "%.0f ms, client waited %.0f %%\n",
         "", zc == 0 ? "copy" : "zero-copy", Median(r.samples_s), Median(r.gbs), Median(r.ratio),
         Min(r.ratio), Max(r.ratio), Median(r.ratio_order), Min(r.ratio_order), Max(r.ratio_order),
-        Median(r.cpu_gb), Median(r.open_ms), 100 * Median(r.stalled));
+        Median(r.ratio_verified), Min(r.ratio_verified), Max(r.ratio_verified), Median(r.cpu_gb),
+        Median(r.open_ms), 100 * Median(r.stalled));
   }
+  if (check_sink == 1) std::printf(" ");  // keeps the checks from being optimized away
   std::fflush(stdout);
   fs::remove_all(root);
 }
@@ -319,6 +361,9 @@ int main(int argc, char** argv) {
       a.epochs = static_cast<uint32_t>(std::stoul(v));
     } else if (k == "--rounds") {
       a.rounds = std::max<uint32_t>(1, static_cast<uint32_t>(std::stoul(v)));
+    } else if (k == "--staging-threads") {
+      a.staging_threads = static_cast<uint32_t>(std::stoul(v));
+      if (a.staging_threads == 0) Die("--staging-threads: write 1 or more");
     } else if (k == "--sizes") {
       a.sizes.clear();
       for (size_t at = 0; at <= v.size();) {
@@ -333,11 +378,15 @@ int main(int argc, char** argv) {
     }
   }
   if (a.mib == 0) a.mib = nopfs::bench::DefaultDatasetMiB();
+  if (a.staging_threads == 0) {
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    a.staging_threads = static_cast<uint32_t>(std::max(1L, cores - 1));
+  }
   const std::string bin = fs::read_symlink("/proc/self/exe").parent_path().string();
   std::printf(
       "nopfs_serve_bench: %llu MiB per size under %s, %u epochs, one client, RAM tier, %u "
-      "rounds\n",
-      static_cast<unsigned long long>(a.mib), a.dir.c_str(), a.epochs, a.rounds);
+      "staging thread(s), %u rounds\n",
+      static_cast<unsigned long long>(a.mib), a.dir.c_str(), a.epochs, a.staging_threads, a.rounds);
   for (uint64_t size : a.sizes)
     RunSize(a, bin, size);
   return 0;
