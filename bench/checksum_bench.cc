@@ -128,31 +128,21 @@ void RunSize(const Args& a, uint64_t size) {
 
 int main(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string k = argv[i];
-    if (k == "--help" || k == "-h") {
-      std::printf("%s", kUsage);
-      return 0;
-    }
-    if (i + 1 == argc) Die("flag " + k + " needs a value; " + kUsage);
-    const std::string v = argv[i + 1];
-    if (k == "--mib") {
-      a.mib = std::stoull(v);
-    } else if (k == "--rounds") {
-      a.rounds = std::max<uint32_t>(1, static_cast<uint32_t>(std::stoul(v)));
-    } else if (k == "--sizes") {
-      a.sizes.clear();
-      for (size_t at = 0; at <= v.size();) {
-        const size_t comma = std::min(v.find(',', at), v.size());
-        nopfs::Result<uint64_t> n = nopfs::ParseSize(v.substr(at, comma - at));
-        if (!n.ok() || *n == 0) Die("--sizes: write sizes separated by commas, e.g. 4KiB,128KiB");
-        a.sizes.push_back(*n);
-        at = comma + 1;
-      }
-    } else {
-      Die("unknown flag " + k + "; " + kUsage);
-    }
-  }
+  nopfs::bench::ParseFlags(
+      argc, argv, "checksum_bench", kUsage, [&](const std::string& k, const std::string& v) {
+        if (k == "--mib") {
+          a.mib = std::stoull(v);
+        } else if (k == "--rounds") {
+          a.rounds = std::max<uint32_t>(1, static_cast<uint32_t>(std::stoul(v)));
+        } else if (k == "--sizes") {
+          std::optional<std::vector<uint64_t>> sizes = nopfs::bench::ParseSizeList(v);
+          if (!sizes) Die("--sizes: write sizes separated by commas, e.g. 4KiB,128KiB");
+          a.sizes = std::move(*sizes);
+        } else {
+          return false;
+        }
+        return true;
+      });
   if (a.mib == 0) a.mib = nopfs::bench::DefaultDatasetMiB();
   std::printf(
       "nopfs_checksum_bench: %llu MiB per size in a memfd, shuffled order, %u rounds (GB/s, "
