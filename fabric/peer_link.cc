@@ -381,6 +381,8 @@ struct PeerLink::State {
       serve_queue.push_back(std::move(job));
       serve_cv.notify_one();
     } else if (auto* q = std::get_if<ReadRequest>(&m)) {
+      // in[] changes only on this thread (the progress thread runs every HandleServer), so the
+      // check needs no lock: mu is taken only to count a refusal, not on every served read.
       if (st.state != In::kAuthed) {
         std::lock_guard lock(mu);
         RefusedLocked(st, node, "read request");
