@@ -1,0 +1,215 @@
+"""Shared pieces of the cluster tests (tests/slurm/*_test.py): the local cluster's paths, running
+commands as the test users, submitting and waiting for jobs, and ClusterCase, the base class that
+brings a real 3-node Slurm cluster (slurmctld, three slurmd, MUNGE) up once per test class and
+down at the end, with a dataset every test can read.
+
+Run as root. NOPFS_BINARY_DIR names the build (plugin in lib/, nopfs-job, nopfsd and nopfs in bin/).
+"""
+import glob
+import os
+import pwd
+import re
+import subprocess
+import time
+import unittest
+
+SRC = os.environ.get("NOPFS_SOURCE_DIR",
+                     os.path.abspath(os.path.join(os.path.dirname(__file__), "../..")))
+BUILD = os.environ.get("NOPFS_BINARY_DIR", os.path.join(SRC, "build"))
+DIR = os.environ.get("NOPFS_TEST_CLUSTER_DIR", "/tmp/nopfs-cluster-test")
+CLUSTER = os.path.join(SRC, "contrib/slurm/local-cluster")
+CONF = os.path.join(DIR, "etc/slurm.conf")
+NODES = ["n1", "n2", "n3"]
+DATASET = os.path.join(DIR, "data/ds")
+JOBS = os.path.join(DIR, "jobs")
+RUN = os.path.join(DIR, "run")
+SSD = os.path.join(DIR, "ssd")
+MiB = 1 << 20
+RAM_CAPACITY = 512 * 1000 * 1000  # the local cluster's config: classes.ram capacity
+# Developer hook: a stand-in daemon before nopfsd is built. The byte check needs the real one.
+NOPFSD = os.environ.get("NOPFS_TEST_NOPFSD", os.path.join(BUILD, "bin/nopfsd"))
+REAL_NOPFSD = NOPFSD == os.path.join(BUILD, "bin/nopfsd")
+
+
+def env():
+    e = dict(os.environ, NOPFS_CLUSTER_DIR=DIR, NOPFS_BUILD_DIR=BUILD,
+             NOPFS_CLUSTER_PORT="18817", SLURM_CONF=CONF)
+    return e
+
+
+def cluster(*args, extra_args=""):
+    e = env()
+    e["NOPFS_PLUGIN_ARGS"] = f"nopfsd={NOPFSD} {extra_args}".strip()
+    return subprocess.run([CLUSTER, *args], env=e, capture_output=True, text=True, timeout=120)
+
+
+def as_user(user, command, check=False, timeout=60):
+    """Runs `command` in a login-less shell as `user` in the jobs directory."""
+    full = f"cd {JOBS} && export SLURM_CONF={CONF} && {command}"
+    return subprocess.run(["runuser", "-u", user, "--", "/bin/bash", "-c", full],
+                          capture_output=True, text=True, timeout=timeout, check=check)
+
+
+def sbatch(user, options, script):
+    path = os.path.join(JOBS, f"{user}-{time.monotonic_ns()}.sh")
+    with open(path, "w") as f:
+        f.write("#!/bin/bash\n" + script)
+    os.chmod(path, 0o755)
+    r = as_user(user, f"sbatch --parsable -o {JOBS}/job-%j.out {options} {path}")
+    return r
+
+
+def submit(user, options, script):
+    r = sbatch(user, options, script)
+    if r.returncode != 0:
+        raise AssertionError(f"sbatch {options} failed: {r.stderr}")
+    return int(r.stdout.strip().split(";")[0])
+
+
+def job_state(job):
+    r = subprocess.run(["scontrol", "-o", "show", "job", str(job)], env=env(),
+                       capture_output=True, text=True)
+    m = re.search(r"JobState=(\S+)", r.stdout)
+    return m.group(1) if m else "GONE"
+
+
+def wait_state(job, states, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = job_state(job)
+        if s in states:
+            return s
+        time.sleep(0.2)
+    raise AssertionError(f"job {job} is {job_state(job)}, not one of {states}, after {timeout}s")
+
+
+def wait_done(job, timeout=90):
+    return wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                            "OUT_OF_MEMORY", "GONE"}, timeout)
+
+
+def wait_file(path, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{path} did not appear within {timeout}s")
+
+
+def release(job):
+    open(os.path.join(JOBS, f"release-{job}"), "w").close()
+
+
+def output(job):
+    with open(os.path.join(JOBS, f"job-{job}.out")) as f:
+        return f.read()
+
+
+def daemons():
+    """{pid: (user, argv)} of every living process started with --run-dir under the cluster."""
+    out = {}
+    for d in glob.glob("/proc/[0-9]*"):
+        try:
+            with open(d + "/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+            with open(d + "/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            uid = os.stat(d).st_uid
+        except (OSError, IndexError):
+            continue
+        argv = [a.decode(errors="replace") for a in argv if a]
+        if "--run-dir" in argv and argv[argv.index("--run-dir") + 1].startswith(RUN + "/"):
+            out[int(d[6:])] = (pwd.getpwuid(uid).pw_name, argv)
+    return out
+
+
+def ledger(node):
+    entries = {}
+    for p in glob.glob(os.path.join(RUN, node, ".ledger", "[0-9]*")):
+        if p.endswith(".tmp"):
+            continue
+        with open(p) as f:
+            entries[int(os.path.basename(p))] = dict(
+                line.split("=", 1) for line in f.read().split("\n") if line)
+    return entries
+
+
+# Holds a job until the test releases it; prints the task's NOPFS_* and checks the bytes.
+HOLD = "while [ ! -e {jobs}/release-$SLURM_JOB_ID ]; do sleep 0.2; done\n"
+TASK = ("env | grep ^NOPFS_ | sed \"s/^/$SLURMD_NODENAME: /\" | sort; "
+        "if [ -n \"$NOPFS_SOCKET\" ] && [ \"$VERIFY\" = 1 ]; then "
+        "{build}/bin/nopfs status | grep '^peers:' | sed \"s/^/$SLURMD_NODENAME: /\"; "
+        "{build}/bin/nopfs cat --verify 2>&1 | tail -n 1 | sed \"s/^/$SLURMD_NODENAME: verify: /\"; fi")
+
+
+
+class ClusterCase(unittest.TestCase):
+    """Brings the 3-node cluster up once per test class (with the test dataset), down at the end;
+    cancels every job of the test users after each test."""
+    @classmethod
+    def setUpClass(cls):
+        if os.geteuid() != 0:
+            raise unittest.SkipTest("the cluster tests run as root (they start slurmd)")
+        for f in (os.path.join(BUILD, "lib/spank_nopfs.so"), os.path.join(BUILD, "bin/nopfs-job"),
+                  NOPFSD, os.path.join(BUILD, "bin/nopfs")):
+            if not os.path.exists(f):
+                raise AssertionError(f"{f} is missing: build spank_nopfs, nopfs-job, nopfsd and nopfs")
+        r = cluster("up", "3")
+        if r.returncode != 0:
+            raise AssertionError("local-cluster up failed:\n" + r.stdout + r.stderr)
+        os.makedirs(DATASET, exist_ok=True)
+        # An ImageFolder dataset: 3 classes x 40 files of 1..64 KiB of known bytes.
+        for c in range(3):
+            os.makedirs(os.path.join(DATASET, f"class{c}"), exist_ok=True)
+            for i in range(40):
+                with open(os.path.join(DATASET, f"class{c}", f"{i:04d}.bin"), "wb") as f:
+                    f.write(os.urandom(1024 * (1 + (i * 7 + c) % 64)))
+        subprocess.run(["chmod", "-R", "a+rX", os.path.join(DIR, "data")], check=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        r = cluster("down")
+        if r.returncode != 0:
+            print(r.stderr)
+
+    def set_plugin_args(self, extra):
+        r = cluster("plugstack", extra_args=extra)
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    def setUp(self):
+        self.set_plugin_args("")
+
+    def tearDown(self):
+        # A failed test must not leave jobs that block the next one.
+        for f in glob.glob(os.path.join(JOBS, "job-*.out")):
+            release(int(re.search(r"job-(\d+)", f).group(1)))
+        subprocess.run(["scancel", "-u", "nopfs-alice"], env=env())
+        subprocess.run(["scancel", "-u", "nopfs-bob"], env=env())
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            r = subprocess.run(["squeue", "-h", "-o", "%i"], env=env(), capture_output=True,
+                               text=True)
+            if not r.stdout.strip():
+                break
+            time.sleep(0.5)
+
+    def assertNothingLeft(self, jobs):
+        deadline = time.monotonic() + 30
+        while True:
+            left = []
+            for pid, (user, argv) in daemons().items():
+                left.append(f"process {pid} of {user}: {' '.join(argv[:4])}")
+            for node in NODES:
+                for job in jobs:
+                    if os.path.lexists(os.path.join(RUN, node, str(job))):
+                        left.append(f"run dir {node}/{job}")
+                    if job in ledger(node):
+                        left.append(f"ledger entry {node}/{job}")
+            for job in jobs:
+                left += glob.glob(os.path.join(SSD, "nopfs-*", f"{job}.*"))
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        self.assertEqual(left, [], "left behind after the job")
