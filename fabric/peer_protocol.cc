@@ -1,9 +1,11 @@
 #include "fabric/peer_protocol.h"
 
 #include <fcntl.h>
+#include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <openssl/params.h>
 #include <openssl/rand.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -65,7 +67,52 @@ Status Bad(const std::string& why) {
   return Status::Corruption("peer message rejected: " + why);
 }
 
+// The bytes of a sealed type's fixed fields, before its authentication block.
+uint64_t FixedBytes(PeerType type) {
+  switch (type) {
+    case PeerType::kAuthResult:
+    case PeerType::kClassDone:
+      return 4;
+    case PeerType::kReadRequest:
+      return 24;
+    case PeerType::kReadReply:
+      return 32;
+    case PeerType::kExchange:
+    case PeerType::kPush:
+      return 16;
+    case PeerType::kRemoteReply:
+      return 48;
+    default:
+      return 0;
+  }
+}
+
+constexpr uint64_t kRemoteKeyOffset = kPeerHeaderBytes + 32;  // RemoteReply's key field
+
+void PutU64(std::span<std::byte> b, uint64_t at, uint64_t v) {
+  for (int i = 0; i < 8; ++i)
+    b[at + static_cast<uint64_t>(i)] = static_cast<std::byte>(v >> (8 * i));
+}
+
+uint64_t GetU64(std::span<const std::byte> b, uint64_t at) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i)
+    v |= uint64_t{std::to_integer<uint8_t>(b[at + static_cast<uint64_t>(i)])} << (8 * i);
+  return v;
+}
+
 }  // namespace
+
+uint64_t RemoteKeyMask(SessionKey& key, uint64_t seq) {
+  std::array<std::byte, 21> in{};
+  constexpr std::string_view kLabel = "nopfs-rma-key";
+  std::memcpy(in.data(), kLabel.data(), kLabel.size());
+  PutU64(in, kLabel.size(), seq);
+  const SealMac m = key.Compute(in);
+  uint64_t v = 0;
+  std::memcpy(&v, m.data(), sizeof v);
+  return v;
+}
 
 std::vector<std::byte> Encode(const PeerMessage& m) {
   Writer body;
@@ -80,6 +127,8 @@ std::vector<std::byte> Encode(const PeerMessage& m) {
     body.Bytes(c->server_mac);
   } else if (const auto* a = std::get_if<Auth>(&m)) {
     type = PeerType::kAuth;
+    body.Bytes(a->client_nonce);
+    body.Bytes(a->server_nonce);
     body.Bytes(a->client_mac);
   } else if (const auto* r = std::get_if<AuthResult>(&m)) {
     type = PeerType::kAuthResult;
@@ -109,11 +158,18 @@ std::vector<std::byte> Encode(const PeerMessage& m) {
     type = PeerType::kPush;
     body.U64(u->sample);
     body.U64(u->xxh3);
+    body.U64(0);  // the authentication block, filled by Seal
+    body.U64(0);
+    body.U64(0);
     body.Bytes(u->data);
   } else if (const auto* x = std::get_if<ExchangeData>(&m)) {
     if (x->data.size() > kMaxSampleBytes) throw std::invalid_argument("exchange data too large");
     type = PeerType::kExchange;
     body.U64(x->round);
+    body.U64(x->xxh3);
+    body.U64(0);  // the authentication block, filled by Seal
+    body.U64(0);
+    body.U64(0);
     body.Bytes(x->data);
   } else {
     const auto& p = std::get<ReadReply>(m);
@@ -121,12 +177,22 @@ std::vector<std::byte> Encode(const PeerMessage& m) {
     if (p.status != ReadStatus::kOk && !p.data.empty()) {
       throw std::invalid_argument("peer reply carries data with a non-ok status");
     }
+    if (p.data.empty() && p.xxh3 != 0) throw std::invalid_argument("a checksum without data");
     type = PeerType::kReadReply;
     body.U64(p.request_id);
     body.U64(p.sample);
     body.U32(static_cast<uint32_t>(p.status));
     body.U32(0);
+    body.U64(p.xxh3);
+    body.U64(0);  // the authentication block, filled by Seal
+    body.U64(0);
+    body.U64(0);
     body.Bytes(p.data);
+  }
+  if (type == PeerType::kAuthResult || type == PeerType::kReadRequest ||
+      type == PeerType::kRemoteReply || type == PeerType::kClassDone) {
+    for (int i = 0; i < 3; ++i)
+      body.U64(0);  // the authentication block, filled by Seal
   }
   Writer out;
   out.U32(kPeerMagic);
@@ -176,19 +242,21 @@ Result<PeerMessage> Decode(std::span<const std::byte> buf) {
       return PeerMessage(c);
     }
     case PeerType::kAuth: {
-      NOPFS_RETURN_IF_ERROR(expect(32));
+      NOPFS_RETURN_IF_ERROR(expect(96));
       Auth a;
+      r.Array(a.client_nonce);
+      r.Array(a.server_nonce);
       r.Array(a.client_mac);
       return PeerMessage(a);
     }
     case PeerType::kAuthResult: {
-      NOPFS_RETURN_IF_ERROR(expect(4));
+      NOPFS_RETURN_IF_ERROR(expect(4 + kAuthBlockBytes));
       uint64_t v = r.Int(4);
       if (v > 1) return Bad("auth result " + std::to_string(v));
       return PeerMessage(AuthResult{v == 1});
     }
     case PeerType::kReadRequest: {
-      NOPFS_RETURN_IF_ERROR(expect(24));
+      NOPFS_RETURN_IF_ERROR(expect(24 + kAuthBlockBytes));
       ReadRequest q;
       q.request_id = r.Int(8);
       q.sample = r.Int(8);
@@ -200,7 +268,7 @@ Result<PeerMessage> Decode(std::span<const std::byte> buf) {
       return PeerMessage(q);
     }
     case PeerType::kRemoteReply: {
-      NOPFS_RETURN_IF_ERROR(expect(48));
+      NOPFS_RETURN_IF_ERROR(expect(48 + kAuthBlockBytes));
       RemoteReply v;
       v.request_id = r.Int(8);
       v.sample = r.Int(8);
@@ -212,8 +280,10 @@ Result<PeerMessage> Decode(std::span<const std::byte> buf) {
       return PeerMessage(v);
     }
     case PeerType::kReadReply: {
-      if (body_len < 24) return Bad("read reply shorter than 24 bytes");
-      if (body_len - 24 > kMaxSampleBytes) return Bad("read reply data over the sample limit");
+      if (body_len < 32 + kAuthBlockBytes) return Bad("read reply shorter than 56 bytes");
+      if (body_len - 32 - kAuthBlockBytes > kMaxSampleBytes) {
+        return Bad("read reply data over the sample limit");
+      }
       ReadReply p;
       p.request_id = r.Int(8);
       p.sample = r.Int(8);
@@ -223,32 +293,42 @@ Result<PeerMessage> Decode(std::span<const std::byte> buf) {
       }
       p.status = static_cast<ReadStatus>(status);
       if (r.Int(4) != 0) return Bad("reserved reply field not zero");
+      p.xxh3 = r.Int(8);
+      r.Int(8), r.Int(8), r.Int(8);  // the authentication block (Unseal checks it)
       auto rest = r.Rest();
       if (p.status != ReadStatus::kOk && !rest.empty()) return Bad("data with a non-ok status");
+      if (rest.empty() && p.xxh3 != 0) return Bad("a checksum without data");
       p.data.assign(rest.begin(), rest.end());
       return PeerMessage(std::move(p));
     }
     case PeerType::kClassDone: {
-      NOPFS_RETURN_IF_ERROR(expect(4));
+      NOPFS_RETURN_IF_ERROR(expect(4 + kAuthBlockBytes));
       const uint64_t cls = r.Int(4);
       if (cls > 0xFFFF) return Bad("class " + std::to_string(cls) + " above 65535");
       return PeerMessage(ClassDone{static_cast<uint32_t>(cls)});
     }
     case PeerType::kPush: {
-      if (body_len < 16) return Bad("push shorter than 16 bytes");
-      if (body_len - 16 > kMaxSampleBytes) return Bad("pushed data over the sample limit");
+      if (body_len < 16 + kAuthBlockBytes) return Bad("push shorter than 40 bytes");
+      if (body_len - 16 - kAuthBlockBytes > kMaxSampleBytes) {
+        return Bad("pushed data over the sample limit");
+      }
       PushSample u;
       u.sample = r.Int(8);
       u.xxh3 = r.Int(8);
+      r.Int(8), r.Int(8), r.Int(8);  // the authentication block
       auto rest = r.Rest();
       u.data.assign(rest.begin(), rest.end());
       return PeerMessage(std::move(u));
     }
     case PeerType::kExchange: {
-      if (body_len < 8) return Bad("exchange shorter than 8 bytes");
-      if (body_len - 8 > kMaxSampleBytes) return Bad("exchange data over the limit");
+      if (body_len < 16 + kAuthBlockBytes) return Bad("exchange shorter than 40 bytes");
+      if (body_len - 16 - kAuthBlockBytes > kMaxSampleBytes) {
+        return Bad("exchange data over the limit");
+      }
       ExchangeData x;
       x.round = r.Int(8);
+      x.xxh3 = r.Int(8);
+      r.Int(8), r.Int(8), r.Int(8);  // the authentication block
       auto rest = r.Rest();
       x.data.assign(rest.begin(), rest.end());
       return PeerMessage(std::move(x));
@@ -313,12 +393,14 @@ Nonce RandomNonce() {
 }
 
 Mac PeerMac(const Secret& secret, std::string_view label, const Nonce& client_nonce,
-            const Nonce& server_nonce, uint32_t node) {
+            const Nonce& server_nonce, uint32_t client_node, uint32_t server_node) {
   std::vector<uint8_t> msg(label.begin(), label.end());
   msg.insert(msg.end(), client_nonce.begin(), client_nonce.end());
   msg.insert(msg.end(), server_nonce.begin(), server_nonce.end());
-  for (int i = 0; i < 4; ++i)
-    msg.push_back(static_cast<uint8_t>(node >> (8 * i)));
+  for (uint32_t v : {client_node, server_node}) {
+    for (int i = 0; i < 4; ++i)
+      msg.push_back(static_cast<uint8_t>(v >> (8 * i)));
+  }
   Mac mac{};
   unsigned int len = 0;
   if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), msg.data(), msg.size(),
@@ -327,6 +409,107 @@ Mac PeerMac(const Secret& secret, std::string_view label, const Nonce& client_no
     throw std::runtime_error("OpenSSL HMAC-SHA256 failed");
   }
   return mac;
+}
+
+Mac SessionKeyOf(const Secret& secret, const Nonce& client_nonce, const Nonce& server_nonce,
+                 uint32_t client_node, uint32_t server_node) {
+  return PeerMac(secret, "nopfs-peer-session", client_nonce, server_nonce, client_node,
+                 server_node);
+}
+
+// One EVP_MAC context keyed once; each Compute re-initialises it with the same key, which costs
+// no key schedule (OpenSSL keeps the keyed inner and outer digests).
+struct SessionKey::Impl {
+  EVP_MAC* mac = nullptr;
+  EVP_MAC_CTX* ctx = nullptr;
+};
+
+SessionKey::SessionKey(const Mac& key) : impl_(std::make_unique<Impl>()) {
+  impl_->mac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  if (impl_->mac != nullptr) impl_->ctx = EVP_MAC_CTX_new(impl_->mac);
+  char digest[] = "SHA256";
+  OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+                         OSSL_PARAM_construct_end()};
+  if (impl_->ctx == nullptr || EVP_MAC_init(impl_->ctx, key.data(), key.size(), params) != 1) {
+    EVP_MAC_CTX_free(impl_->ctx);
+    EVP_MAC_free(impl_->mac);
+    throw std::runtime_error("OpenSSL HMAC-SHA256 unavailable");
+  }
+}
+
+SessionKey::~SessionKey() {
+  EVP_MAC_CTX_free(impl_->ctx);
+  EVP_MAC_free(impl_->mac);
+}
+
+SealMac SessionKey::Compute(std::span<const std::byte> bytes) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  size_t len = 0;
+  if (EVP_MAC_init(impl_->ctx, nullptr, 0, nullptr) != 1 ||
+      EVP_MAC_update(impl_->ctx, reinterpret_cast<const unsigned char*>(bytes.data()),
+                     bytes.size()) != 1 ||
+      EVP_MAC_final(impl_->ctx, out, &len, sizeof out) != 1 || len < 16) {
+    throw std::runtime_error("OpenSSL HMAC-SHA256 failed");
+  }
+  SealMac m{};
+  std::memcpy(m.data(), out, m.size());
+  return m;
+}
+
+bool IsSealed(PeerType type) {
+  return type != PeerType::kHello && type != PeerType::kChallenge && type != PeerType::kAuth;
+}
+
+std::optional<PeerType> TypeOf(std::span<const std::byte> buf) {
+  if (buf.size() < kPeerHeaderBytes) return std::nullopt;
+  return static_cast<PeerType>(std::to_integer<uint8_t>(buf[5]));
+}
+
+void Seal(std::span<std::byte> msg, uint64_t seq, SessionKey& key) {
+  const PeerType type = *TypeOf(msg);
+  const uint64_t at = kPeerHeaderBytes + FixedBytes(type);
+  if (!IsSealed(type) || msg.size() < at + kAuthBlockBytes) {
+    throw std::invalid_argument("Seal: not an encoded sealed message");
+  }
+  if (type == PeerType::kRemoteReply) {
+    PutU64(msg, kRemoteKeyOffset, GetU64(msg, kRemoteKeyOffset) ^ RemoteKeyMask(key, seq));
+  }
+  PutU64(msg, at, seq);
+  const SealMac m = key.Compute(msg.first(at + 8));
+  std::memcpy(msg.data() + at + 8, m.data(), m.size());
+}
+
+Result<uint64_t> Unseal(std::span<const std::byte> msg, SessionKey& key) {
+  const std::optional<PeerType> type = TypeOf(msg);
+  if (!type || !IsSealed(*type) || FixedBytes(*type) == 0) return Bad("not a sealed type");
+  const uint64_t at = kPeerHeaderBytes + FixedBytes(*type);
+  if (msg.size() < at + kAuthBlockBytes) return Bad("too short for its authentication block");
+  const SealMac m = key.Compute(msg.first(at + 8));
+  if (CRYPTO_memcmp(m.data(), msg.data() + at + 8, m.size()) != 0) {
+    return Status::PermissionDenied("peer message rejected: its MAC does not verify");
+  }
+  return GetU64(msg, at);
+}
+
+bool ReplayWindow::Accept(uint64_t seq) {
+  if (seq == 0) return false;
+  if (seq > top_) {
+    const uint64_t shift = seq - top_;
+    if (shift >= kReplayWindow) {
+      seen_.fill(0);
+    } else {
+      for (uint64_t s = top_ + 1; s <= seq; ++s)
+        seen_[(s / 64) % seen_.size()] &= ~(uint64_t{1} << (s % 64));
+    }
+    top_ = seq;
+  } else if (top_ - seq >= kReplayWindow) {
+    return false;
+  }
+  uint64_t& word = seen_[(seq / 64) % seen_.size()];
+  const uint64_t bit = uint64_t{1} << (seq % 64);
+  if ((word & bit) != 0) return false;
+  word |= bit;
+  return true;
 }
 
 bool MacEqual(const Mac& a, const Mac& b) {
