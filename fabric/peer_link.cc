@@ -18,6 +18,9 @@ namespace {
 constexpr std::string_view kServerLabel = "nopfs-peer-server";
 constexpr std::string_view kClientLabel = "nopfs-peer-client";
 constexpr auto kPollSlice = std::chrono::milliseconds(50);
+// Exchange rounds a node may send before this node asks for them (Exchange is collective, so a
+// node runs at most a round or two ahead); more are dropped, so that buffers cannot pile up.
+constexpr uint32_t kMaxEarlyExchanges = 4;
 
 uint64_t TagOf(uint32_t node) {
   return uint64_t{node} << 32;
@@ -62,6 +65,7 @@ struct PeerLink::Pending {
   bool remote_posted = false;  // a kRemoteReply came: an RMA read is under way
   Status status;
   std::vector<std::byte> data;
+  uint64_t data_xxh3 = 0;  // what the sealed reply says data hashes to
   // The RMA path: the bytes as the read delivered them and the xxh3 they must have.
   ReadBuffer remote;
   uint64_t remote_len = 0;
@@ -76,21 +80,30 @@ struct PeerLink::State {
   std::unique_ptr<Endpoint> ep;
   std::vector<PeerAddr> addr;  // fi_addr of every node
 
-  // Server side, per client node (progress thread only).
-  enum class In { kNone, kChallenged, kAuthed };
+  // Server side, per client node: the session its last successful handshake opened (written
+  // and read by the progress thread only). The server keeps no state per Hello: its nonce is a
+  // MAC of the client's under `cookie`, and the Auth echoes both, so that a forged Hello changes
+  // nothing.
   struct InState {
-    In state = In::kNone;
+    bool authed = false;
     Nonce client_nonce{};
-    Nonce server_nonce{};
+    std::unique_ptr<SessionKey> key;
+    ReplayWindow window;    // the client's requests
+    uint64_t send_seq = 0;  // our replies
   };
   std::vector<InState> in;
+  Secret cookie{};
 
-  // Client side, guarded by mu.
+  // Client side, one per server node. `state` is guarded by mu; the session (key, window,
+  // send_seq) is written and read by the progress thread only.
   enum class Out { kNone, kHelloSent, kAuthSent, kAuthed, kDead };
   struct OutState {
     Out state = Out::kNone;
     Nonce client_nonce{};
     std::chrono::steady_clock::time_point handshake_deadline{};
+    std::unique_ptr<SessionKey> key;  // from the server's challenge on
+    ReplayWindow window;              // the server's replies
+    uint64_t send_seq = 0;            // our requests, exchanges, notices and pushes
   };
   using Pending = PeerLink::Pending;
   mutable std::mutex mu;
@@ -171,7 +184,7 @@ struct PeerLink::State {
   // Serves one request and queues its reply (any thread).
   void Answer(const ServeJob& job) {
     ServeResult r = serve(job.sample);
-    ReadReply reply{job.request_id, job.sample, r.status, {}};
+    ReadReply reply{job.request_id, job.sample, r.status, 0, {}};
     std::optional<RemoteReply> remote;
     if (r.status == ReadStatus::kOk && !r.in_place.empty()) {
       if (r.in_place.size() > kMaxSampleBytes) {
@@ -191,11 +204,13 @@ struct PeerLink::State {
         }
         if (!remote) {  // copy it into the reply, checked as a tier read would be
           reply.data.assign(r.in_place.begin(), r.in_place.end());
+          reply.xxh3 = r.xxh3;
           if (XXH3_64bits(reply.data.data(), reply.data.size()) != r.xxh3) {
             spdlog::warn("nopfsd: sample {} failed its checksum while being served to node {}",
                          job.sample, job.node);
             reply.status = ReadStatus::kError;
             reply.data.clear();
+            reply.xxh3 = 0;
           }
         }
       }
@@ -203,6 +218,7 @@ struct PeerLink::State {
       reply.status = ReadStatus::kError;
     } else if (r.status == ReadStatus::kOk) {
       reply.data = std::move(r.data);
+      if (!reply.data.empty()) reply.xxh3 = XXH3_64bits(reply.data.data(), reply.data.size());
     }
     std::vector<std::byte> bytes = remote ? Encode(*remote) : Encode(reply);
     {
@@ -320,40 +336,61 @@ struct PeerLink::State {
     spdlog::warn("nopfsd: peer message from node {} rejected: {}", node, why);
   }
 
-  // With mu held: whether `node` has not passed the handshake, in which case its `what` is
-  // refused, counted and logged.
-  bool RefusedLocked(const InState& st, uint32_t node, const char* what) {
-    if (st.state == In::kAuthed) return false;
+  // Logs and counts a message refused for want of authentication.
+  void Refused(uint32_t node, const std::string& why) {
+    std::lock_guard lock(mu);
     ++counters.auth_refused;
-    spdlog::warn("nopfsd: {} from unauthenticated node {} refused", what, node);
-    return true;
+    spdlog::warn("nopfsd: peer message claiming to be from node {} refused: {}", node, why);
   }
 
+  // Messages to this node as a server. Every one but Hello and Auth has passed its session's MAC
+  // and replay check (Admit) before it gets here.
   void HandleServer(uint32_t node, PeerMessage& m) {
     InState& st = in[node];
     if (auto* h = std::get_if<Hello>(&m)) {
       if (h->node != node) return Malformed(node, "hello names another node");
-      st.state = In::kChallenged;
-      st.client_nonce = h->client_nonce;
-      st.server_nonce = RandomNonce();
-      Challenge c{st.server_nonce,
-                  PeerMac(opts.secret, kServerLabel, st.client_nonce, st.server_nonce, node)};
+      const Nonce server_nonce = CookieNonce(h->client_nonce, node);
+      Challenge c{server_nonce, PeerMac(opts.secret, kServerLabel, h->client_nonce, server_nonce,
+                                        node, opts.node)};
       std::lock_guard lock(mu);
       Queue(node, c);
     } else if (auto* a = std::get_if<Auth>(&m)) {
-      bool ok = st.state == In::kChallenged &&
-                MacEqual(a->client_mac, PeerMac(opts.secret, kClientLabel, st.client_nonce,
-                                                st.server_nonce, node));
-      st.state = ok ? In::kAuthed : In::kNone;
-      std::lock_guard lock(mu);
+      const bool ok = a->server_nonce == CookieNonce(a->client_nonce, node) &&
+                      MacEqual(a->client_mac, PeerMac(opts.secret, kClientLabel, a->client_nonce,
+                                                      a->server_nonce, node, opts.node));
       if (!ok) {
-        ++counters.auth_refused;
-        spdlog::warn("nopfsd: peer node {} refused: failed the challenge (wrong secret?)", node);
+        Refused(node, "failed the challenge (wrong secret, or not that node)");
+        std::lock_guard lock(mu);
+        Queue(node, AuthResult{false});  // unsealed: a courtesy the client cannot trust
+        return;
       }
-      Queue(node, AuthResult{ok});
+      if (st.authed && st.client_nonce == a->client_nonce) return;  // a duplicate
+      st.authed = true;
+      st.client_nonce = a->client_nonce;
+      st.key = std::make_unique<SessionKey>(
+          SessionKeyOf(opts.secret, a->client_nonce, a->server_nonce, node, opts.node));
+      st.window = ReplayWindow();
+      st.send_seq = 0;
+      std::lock_guard lock(mu);
+      Queue(node, AuthResult{true});
     } else if (auto* x = std::get_if<ExchangeData>(&m)) {
       std::lock_guard lock(mu);
-      if (RefusedLocked(st, node, "exchange buffer")) return;
+      if (XXH3_64bits(x->data.data(), x->data.size()) != x->xxh3) {
+        ++counters.malformed;
+        spdlog::warn("nopfsd: exchange round {} from node {} failed its checksum", x->round, node);
+        return;
+      }
+      uint32_t held = 0;
+      for (const auto& [key, buf] : exchange_in)
+        held += key.second == node ? 1 : 0;
+      if (held >= kMaxEarlyExchanges) {
+        ++counters.malformed;
+        spdlog::warn(
+            "nopfsd: node {} sent exchange round {} with {} of its rounds unclaimed; "
+            "dropped",
+            node, x->round, held);
+        return;
+      }
       if (!exchange_in.emplace(std::make_pair(x->round, node), std::move(x->data)).second) {
         ++counters.malformed;
         spdlog::warn("nopfsd: peer node {} sent exchange round {} twice", node, x->round);
@@ -362,11 +399,9 @@ struct PeerLink::State {
       cv.notify_all();
     } else if (auto* d = std::get_if<ClassDone>(&m)) {
       std::lock_guard lock(mu);
-      if (RefusedLocked(st, node, "class-done notice")) return;
       if (d->cls < 64) peer_done[node] |= uint64_t{1} << d->cls;
     } else if (auto* u = std::get_if<PushSample>(&m)) {
       std::unique_lock lock(mu);
-      if (RefusedLocked(st, node, "pushed sample")) return;
       if (!opts.on_push) {
         ++counters.pushes_dropped;
         return;
@@ -381,13 +416,6 @@ struct PeerLink::State {
       serve_queue.push_back(std::move(job));
       serve_cv.notify_one();
     } else if (auto* q = std::get_if<ReadRequest>(&m)) {
-      // in[] changes only on this thread (the progress thread runs every HandleServer), so the
-      // check needs no lock: mu is taken only to count a refusal, not on every served read.
-      if (st.state != In::kAuthed) {
-        std::lock_guard lock(mu);
-        RefusedLocked(st, node, "read request");
-        return;
-      }
       const ServeJob job{
           node, q->request_id, q->sample, (q->flags & kAcceptsRemoteRead) != 0, false, 0, {}};
       if (servers.empty() || (opts.serve_inline && opts.serve_inline(q->sample))) {
@@ -400,7 +428,66 @@ struct PeerLink::State {
     }
   }
 
-  void HandleClient(uint32_t node, PeerMessage& m) {
+  // The server nonce for a client's Hello: a MAC of its nonce under this link's own random
+  // cookie, so that an Auth proves which Hello it answers without the server keeping any state.
+  Nonce CookieNonce(const Nonce& client_nonce, uint32_t client) const {
+    return PeerMac(cookie, "nopfs-peer-cookie", client_nonce, Nonce{}, client, opts.node);
+  }
+
+  // Progress thread: checks a sealed message's MAC and sequence number under the session it
+  // belongs to (the sender's requests: the session the sender opened with us; replies: ours with
+  // it) and returns its seq; nullopt (refused, counted and logged) for anything else.
+  std::optional<uint64_t> Admit(uint32_t node, PeerType type, std::span<const std::byte> bytes) {
+    const bool reply = type == PeerType::kAuthResult || type == PeerType::kReadReply ||
+                       type == PeerType::kRemoteReply;
+    SessionKey* key = nullptr;
+    ReplayWindow* window = nullptr;
+    if (reply) {
+      OutState& st = out[node];  // state is written by this thread only: read without mu
+      const Out want = type == PeerType::kAuthResult ? Out::kAuthSent : Out::kAuthed;
+      if (st.state == want && st.key) key = st.key.get(), window = &st.window;
+    } else if (in[node].authed) {
+      key = in[node].key.get(), window = &in[node].window;
+    }
+    if (key == nullptr) {
+      Refused(node, "no session with that node");
+      return std::nullopt;
+    }
+    Result<uint64_t> seq = Unseal(bytes, *key);
+    if (!seq.ok()) {
+      Refused(node, seq.status().message());
+      return std::nullopt;
+    }
+    if (!window->Accept(*seq)) {
+      Refused(node, "sequence number " + std::to_string(*seq) + " replayed or too old");
+      return std::nullopt;
+    }
+    return *seq;
+  }
+
+  // Progress thread: seals an outgoing message under its session; false if it has none (the
+  // session it answers is gone), and then it is not sent.
+  bool SealOutgoing(uint32_t node, std::vector<std::byte>& bytes) {
+    const PeerType type = *TypeOf(bytes);
+    if (!IsSealed(type)) return true;
+    if (type == PeerType::kAuthResult || type == PeerType::kReadReply ||
+        type == PeerType::kRemoteReply) {
+      InState& st = in[node];
+      if (type == PeerType::kAuthResult && std::to_integer<uint8_t>(bytes[kPeerHeaderBytes]) == 0) {
+        return true;  // a refusal: there is no session to seal it with
+      }
+      if (!st.authed) return false;
+      Seal(bytes, ++st.send_seq, *st.key);
+      return true;
+    }
+    OutState& st = out[node];
+    if (!st.key) return false;
+    Seal(bytes, ++st.send_seq, *st.key);
+    return true;
+  }
+
+  // Replies to this node as a client; a sealed one has passed Admit with sequence number `seq`.
+  void HandleClient(uint32_t node, uint64_t seq, PeerMessage& m) {
     std::unique_lock lock(mu);
     OutState& st = out[node];
     if (auto* c = std::get_if<Challenge>(&m)) {
@@ -408,20 +495,28 @@ struct PeerLink::State {
         lock.unlock();
         return Malformed(node, "unexpected challenge");
       }
-      Mac expect = PeerMac(opts.secret, kServerLabel, st.client_nonce, c->server_nonce, opts.node);
+      Mac expect =
+          PeerMac(opts.secret, kServerLabel, st.client_nonce, c->server_nonce, opts.node, node);
       if (!MacEqual(expect, c->server_mac)) {
+        // Not proof that node is bad: anybody can send a challenge in its name. The handshake's
+        // deadline decides.
         ++counters.auth_refused;
-        KillLocked(node, "its challenge does not prove the job secret");
+        spdlog::warn(
+            "nopfsd: a challenge in the name of node {} does not prove the job secret; "
+            "ignored",
+            node);
         return;
       }
-      Queue(node,
-            Auth{PeerMac(opts.secret, kClientLabel, st.client_nonce, c->server_nonce, opts.node)});
+      st.key = std::make_unique<SessionKey>(
+          SessionKeyOf(opts.secret, st.client_nonce, c->server_nonce, opts.node, node));
+      st.window = ReplayWindow();
+      st.send_seq = 0;
+      Queue(node, Auth{st.client_nonce, c->server_nonce,
+                       PeerMac(opts.secret, kClientLabel, st.client_nonce, c->server_nonce,
+                               opts.node, node)});
       st.state = Out::kAuthSent;
     } else if (auto* r = std::get_if<AuthResult>(&m)) {
-      if (st.state != Out::kAuthSent) {
-        lock.unlock();
-        return Malformed(node, "unexpected auth result");
-      }
+      // Admit has checked it under the session of our Auth: only that server could seal it.
       if (!r->accepted) {
         ++counters.auth_refused;
         KillLocked(node, "it refused our authentication");
@@ -437,6 +532,7 @@ struct PeerLink::State {
       }
       it->second->remote_posted = true;
       it->second->remote_xxh3 = v->xxh3;
+      v->key ^= RemoteKeyMask(*st.key, seq);
       reads_to_post.emplace_back(node, *v);
     } else if (auto* p = std::get_if<ReadReply>(&m)) {
       auto it = pending.find(p->request_id);
@@ -450,6 +546,7 @@ struct PeerLink::State {
       w->cv.notify_one();  // wakes it once the mutex is released, after the fields below are set
       if (p->status == ReadStatus::kOk) {
         w->data = std::move(p->data);
+        w->data_xxh3 = p->xxh3;
       } else if (p->status == ReadStatus::kNotAvailable) {
         w->status = Status::NotFound("sample " + std::to_string(p->sample) +
                                      " not ready on peer node " + std::to_string(node));
@@ -524,6 +621,7 @@ struct PeerLink::State {
         wake.store(false);
       }
       for (auto& [node, bytes] : sends) {
+        if (!SealOutgoing(node, bytes)) continue;  // its session is gone
         Status st = ep->Post(addr[node], TagOf(opts.node), std::move(bytes), opts.timeout);
         if (!st.ok()) {
           std::lock_guard lock(mu);
@@ -551,6 +649,13 @@ struct PeerLink::State {
         Malformed(node, decoded.status().ToString());
         continue;
       }
+      const PeerType type = *TypeOf(msg->data);
+      uint64_t seq = 0;
+      if (IsSealed(type)) {
+        std::optional<uint64_t> admitted = Admit(node, type, msg->data);
+        if (!admitted) continue;
+        seq = *admitted;
+      }
       if (std::holds_alternative<Hello>(*decoded) || std::holds_alternative<Auth>(*decoded) ||
           std::holds_alternative<ReadRequest>(*decoded) ||
           std::holds_alternative<ExchangeData>(*decoded) ||
@@ -558,7 +663,7 @@ struct PeerLink::State {
           std::holds_alternative<PushSample>(*decoded)) {
         HandleServer(node, *decoded);
       } else {
-        HandleClient(node, *decoded);
+        HandleClient(node, seq, *decoded);
       }
     }
   }
@@ -585,6 +690,8 @@ Result<std::unique_ptr<PeerLink>> PeerLink::Start(const PeerLinkOptions& options
     s->addr.push_back(*a);
   }
   s->in.resize(options.peers.size());
+  const Nonce cookie = RandomNonce();
+  std::copy(cookie.begin(), cookie.end(), s->cookie.begin());
   s->out.resize(options.peers.size());
   s->peer_done.assign(options.peers.size(), 0);
   State* raw = s.get();
@@ -704,6 +811,10 @@ Result<std::vector<std::byte>> PeerLink::Read(uint32_t peer, uint64_t sample) {
   Pending w;
   NOPFS_RETURN_IF_ERROR(Await(peer, sample, w));
   if (!w.is_remote) {
+    if (!w.data.empty() && XXH3_64bits(w.data.data(), w.data.size()) != w.data_xxh3) {
+      return Status::Corruption("sample " + std::to_string(sample) + " from node " +
+                                std::to_string(peer) + " failed its checksum");
+    }
     CountFetched(w.data.size(), false);
     return std::move(w.data);
   }
@@ -732,6 +843,10 @@ Result<uint64_t> PeerLink::ReadInto(uint32_t peer, uint64_t sample, std::span<st
     std::lock_guard lock(s_->mu);
     ++s_->counters.remote_failed;
     return RemoteMismatch(peer, sample);
+  }
+  if (!w.is_remote && len > 0 && h != w.data_xxh3) {
+    return Status::Corruption("sample " + std::to_string(sample) + " from node " +
+                              std::to_string(peer) + " failed its checksum");
   }
   CountFetched(len, w.is_remote);
   return h;
@@ -777,7 +892,8 @@ Result<std::vector<std::vector<std::byte>>> PeerLink::Exchange(
   std::unique_lock lock(s_->mu);
   for (uint32_t k = 0; k < nodes; ++k) {
     if (k == self) continue;
-    s_->exchange_out.emplace_back(k, ExchangeData{round, std::move(out[k])});
+    const uint64_t h = XXH3_64bits(out[k].data(), out[k].size());
+    s_->exchange_out.emplace_back(k, ExchangeData{round, h, std::move(out[k])});
   }
   s_->wake.store(true);
   s_->ep->Wake();

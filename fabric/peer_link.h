@@ -11,21 +11,28 @@
 // What it promises:
 //   - No request is served to, and no reply accepted from, a node that has not passed the HMAC
 //     challenge/response on the per-job secret (both directions are proven: the server signs the
-//     client's nonce, the client the server's). A refused peer is counted and logged.
+//     client's nonce, the client the server's). After it, every message is sealed with the
+//     session's key (a MAC over its header, fixed fields and sequence number; its data bound by
+//     the xxh3 it carries, checked before use), and one that fails the MAC, repeats a sequence
+//     number or belongs to no session is refused, counted and logged: a process without the
+//     secret can make the link accept, keep, serve, drop or reset nothing. Forged Hellos and
+//     challenges in a node's name change no state (the server keeps none per Hello).
 //   - Every incoming message is length- and type-checked (peer_protocol.h); a malformed one is
 //     counted, logged and dropped; nothing a peer sends can crash the daemon.
 //   - A reply must match an outstanding request id, the node it was sent to, and the sample asked
 //     for; any other reply is dropped as malformed.
 //   - A peer that does not answer within `timeout` costs that one timeout: it is marked dead and
 //     every later Read to it fails at once with Unavailable (callers fall back to local/PFS).
-//   - The tag of every message carries the sending node in its high 32 bits; replies always go to
-//     the address the `--peers` list gives for that node, so a forged tag earns no data.
+//   - The tag of every message carries the sending node in its high 32 bits, a claim that only
+//     the session's MAC proves; replies always go to the address the `--peers` list gives for
+//     that node. Exchange buffers of rounds not yet asked for are kept up to 4 per node.
 //   - RMA (where the provider does it, remote_read): memory given to ExposeForRemoteRead is
 //     registered for remote reads only, under a random 64-bit key that only authenticated peers
-//     learn (in a kRemoteReply). A sample served in place from such memory is answered with its
-//     address, key, length and xxh3; the reader fetches it with an RMA read into a buffer of its
-//     endpoint and checks the xxh3 before the caller sees a byte. A failed RMA read kills the
-//     peer like a timeout. Peers without RMA (or memory not exposed) get the bytes in the reply.
+//     learn (in a sealed kRemoteReply, masked on the wire). A sample served in place from such
+//     memory is answered with its address, key, length and xxh3; the reader fetches it with an RMA
+//     read into a buffer of its endpoint and checks the xxh3 before the caller sees a byte. A
+//     failed RMA read kills the peer like a timeout. Peers without RMA (or memory not exposed) get
+//     the bytes in the reply.
 //
 // Thread safety: Read, ReadInto, Push, IsDead and counters() may be called from any number of
 // threads; the ServeFn and on_push are called from the serving threads concurrently (or from the

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <future>
 #include <mutex>
 #include <thread>
 #include <tuple>
@@ -210,7 +211,7 @@ TEST(PeerLinkTest, MalformedMessagesAreRejectedAndServiceContinues) {
   const uint64_t tag2 = uint64_t{2} << 32;
   std::vector<std::byte> junk(40, std::byte{0x5a});
   ASSERT_TRUE((*raw)->Send(*to0, tag2, junk, milliseconds(2000)).ok());
-  auto reply = Encode(ReadReply{777, 1, ReadStatus::kOk, std::vector<std::byte>(3)});
+  auto reply = Encode(ReadReply{777, 1, ReadStatus::kOk, 0, std::vector<std::byte>(3)});
   ASSERT_TRUE((*raw)->Send(*to0, tag2, reply, milliseconds(2000)).ok());
   auto remote = Encode(RemoteReply{778, 1, 16, 0, 0, 0});
   ASSERT_TRUE((*raw)->Send(*to0, tag2, remote, milliseconds(2000)).ok());
@@ -221,13 +222,13 @@ TEST(PeerLinkTest, MalformedMessagesAreRejectedAndServiceContinues) {
   ASSERT_TRUE((*raw)->Send(*to0, tag2, Encode(ReadRequest{1, 0}), milliseconds(2000)).ok());
   auto deadline = std::chrono::steady_clock::now() + milliseconds(3000);
   while (std::chrono::steady_clock::now() < deadline &&
-         ((*n0)->counters().malformed < 4 || (*n0)->counters().auth_refused < 2)) {
+         ((*n0)->counters().malformed < 2 || (*n0)->counters().auth_refused < 4)) {
     (*raw)->Progress();
     std::this_thread::sleep_for(milliseconds(5));
   }
   auto c = (*n0)->counters();
-  EXPECT_EQ(c.malformed, 4u);
-  EXPECT_EQ(c.auth_refused, 2u);  // the read request and the push, both before authentication
+  EXPECT_EQ(c.malformed, 2u);     // the junk and the tag of no node
+  EXPECT_EQ(c.auth_refused, 4u);  // the two replies, the push and the request: no session
   EXPECT_EQ(c.pushes_received, 0u);
   EXPECT_EQ(c.fetched_reads + c.fetched_remote, 0u);  // the forged remote reply read nothing
   EXPECT_EQ(c.served_reads, 0u);
@@ -484,6 +485,93 @@ TEST(PeerLinkTest, ExchangeWithADeadNodeFails) {
   auto in = (*n0)->Exchange(1, std::vector<std::vector<std::byte>>(2));
   EXPECT_FALSE(in.ok());
   EXPECT_TRUE((*n0)->IsDead(1));
+}
+
+// Someone without the job's secret, on an address outside the job's list, sends every kind of
+// message in the name of node 1 while nodes 0 and 1 start and serve each other: forged Hellos
+// and Challenges during their handshakes, pushes of wrong bytes with their own correct xxh3,
+// read requests, exchange buffers of made-up rounds, a forged refusal. None is accepted, kept,
+// served or answered to the forger; the real nodes finish their handshakes, mark nobody dead,
+// and read each other's exact bytes.
+TEST(PeerLinkTest, ForgedMessagesInTheNameOfANodeChangeNothing) {
+  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()}};
+  auto forger = Endpoint::Open({"tcp;ofi_rxm", "127.0.0.1", FreeLoopbackPort()});
+  ASSERT_TRUE(forger.ok()) << forger.status().ToString();
+  auto to0 = (*forger)->AddPeer("127.0.0.1", peers[0].port);
+  auto to1 = (*forger)->AddPeer("127.0.0.1", peers[1].port);
+  ASSERT_TRUE(to0.ok() && to1.ok());
+  const uint64_t as0 = 0, as1 = uint64_t{1} << 32;
+  std::vector<std::byte> evil(8192, std::byte{0x66});
+  const uint64_t evil_xxh3 = XXH3_64bits(evil.data(), evil.size());
+  auto forge_round = [&](uint64_t i) {
+    Nonce n = RandomNonce();
+    std::vector<std::pair<PeerAddr, std::pair<uint64_t, std::vector<std::byte>>>> msgs = {
+        {*to0, {as1, Encode(Hello{1, n})}},
+        {*to1, {as0, Encode(Hello{0, n})}},
+        {*to0, {as1, Encode(Challenge{n, Mac{}})}},
+        {*to1, {as0, Encode(Challenge{n, Mac{}})}},
+        {*to0, {as1, Encode(Auth{n, n, Mac{}})}},
+        {*to0, {as1, Encode(AuthResult{false})}},
+        {*to0, {as1, Encode(PushSample{i % 40, evil_xxh3, evil})}},
+        {*to0, {as1, Encode(ReadRequest{i, i % 40, 0})}},
+        {*to0, {as1, Encode(ExchangeData{1000 + i, XXH3_64bits(evil.data(), evil.size()), evil})}},
+        {*to0, {as1, Encode(ClassDone{3})}},
+        {*to0, {as1, Encode(ReadReply{i, i % 40, ReadStatus::kOk, evil_xxh3, evil})}},
+    };
+    for (auto& [to, m] : msgs)
+      (void)(*forger)->Post(to, m.first, std::move(m.second), milliseconds(500));
+    (*forger)->Progress();
+  };
+  // The storm starts before the nodes do and goes on while they shake hands and serve.
+  std::atomic<bool> stop{false};
+  std::mutex forger_mu;  // an Endpoint is driven by one thread at a time
+  std::thread storm([&] {
+    for (uint64_t i = 1; !stop.load(); ++i) {
+      {
+        std::lock_guard lock(forger_mu);
+        forge_round(i);
+      }
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+  });
+  std::this_thread::sleep_for(milliseconds(200));
+  std::atomic<uint64_t> kept{0};
+  PeerLinkOptions o0 = Options(0, peers, 9);
+  o0.on_push = [&](uint32_t, uint64_t, uint64_t, std::span<const std::byte>) { ++kept; };
+  auto n0 = PeerLink::Start(o0, Holder(0));
+  ASSERT_TRUE(n0.ok()) << n0.status().ToString();
+  auto n1 = PeerLink::Start(Options(1, peers, 9), Holder(1));
+  ASSERT_TRUE(n1.ok()) << n1.status().ToString();
+  for (uint64_t k = 0; k < 40; ++k) {
+    const uint32_t holder = k % 2;
+    auto got = (holder == 0 ? *n1 : *n0)->Read(holder, k);
+    ASSERT_TRUE(got.ok()) << "sample " << k << ": " << got.status().ToString();
+    EXPECT_EQ(*got, SampleBytes(holder, k));
+  }
+  auto ex = std::async(std::launch::async, [&] {
+    return (*n1)->Exchange(7, {std::vector<std::byte>(5, std::byte{1}), {}});
+  });
+  auto mine = (*n0)->Exchange(7, {{}, std::vector<std::byte>(3, std::byte{2})});
+  ASSERT_TRUE(mine.ok()) << mine.status().ToString();
+  EXPECT_EQ((*mine)[1], std::vector<std::byte>(5, std::byte{1}));  // node 1's, not the forger's
+  ASSERT_TRUE(ex.get().ok());
+  stop.store(true);
+  storm.join();
+  auto c0 = (*n0)->counters();
+  auto c1 = (*n1)->counters();
+  EXPECT_FALSE((*n0)->IsDead(1));
+  EXPECT_FALSE((*n1)->IsDead(0));
+  EXPECT_EQ(kept.load(), 0u);
+  EXPECT_EQ(c0.pushes_received, 0u);
+  EXPECT_EQ(c0.served_reads, 20u);  // node 1's reads, none of the forger's
+  EXPECT_EQ(c1.served_reads, 20u);
+  EXPECT_FALSE((*n0)->PeerClassDone(1, 3));
+  EXPECT_GT(c0.auth_refused, 10u);  // counted, one by one
+  // The forger got nothing back: challenges went to the real nodes' addresses.
+  std::lock_guard lock(forger_mu);
+  EXPECT_EQ((*forger)->Recv(0, ~uint64_t{0}, 1 << 20, milliseconds(200)).status().code(),
+            StatusCode::kTimedOut);
 }
 
 }  // namespace
