@@ -341,17 +341,25 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Open(const EndpointOptions& options)
   if ((rc = fi_av_open(impl->domain, &av_attr, &impl->av, nullptr)) != 0) {
     return Status::IoError(FiError("fabric: fi_av_open", rc));
   }
+  // The port is bound at fi_endpoint (tcp) or fi_enable (others).
+  const auto listen_error = [&](const char* call, int code) {
+    std::string what =
+        std::string("fabric: ") + call + ": cannot listen on " + options.host + ":" + service;
+    if (code == -FI_EADDRINUSE) {
+      what +=
+          " (another process holds that port: another job's, or one bound on purpose to keep "
+          "this job from its peers)";
+    }
+    return Status::IoError(FiError(what.c_str(), code));
+  };
   if ((rc = fi_endpoint(impl->domain, info, &impl->ep, nullptr)) != 0) {
-    return Status::IoError(FiError("fabric: fi_endpoint", rc));
+    return listen_error("fi_endpoint", rc);
   }
   if ((rc = fi_ep_bind(impl->ep, &impl->cq->fid, FI_TRANSMIT | FI_RECV)) != 0 ||
       (rc = fi_ep_bind(impl->ep, &impl->av->fid, 0)) != 0) {
     return Status::IoError(FiError("fabric: fi_ep_bind", rc));
   }
-  if ((rc = fi_enable(impl->ep)) != 0) {
-    return Status::IoError(
-        FiError(("fabric: cannot listen on " + options.host + ":" + service).c_str(), rc));
-  }
+  if ((rc = fi_enable(impl->ep)) != 0) return listen_error("fi_enable", rc);
   sockaddr_in bound{};
   size_t len = sizeof(bound);
   if ((rc = fi_getname(&impl->ep->fid, &bound, &len)) != 0) {

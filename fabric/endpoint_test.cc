@@ -1,11 +1,17 @@
 // Tests of fabric::Endpoint over the default provider on loopback.
 #include "fabric/endpoint.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
 #include <thread>
+
+#include "fabric/loopback_port.h"
 
 namespace nopfs::fabric {
 namespace {
@@ -262,6 +268,24 @@ TEST(EndpointTest, UnknownProviderAndBusyPortFail) {
   EndpointOptions same;
   same.port = (*a)->port();
   EXPECT_FALSE(Endpoint::Open(same).ok());
+}
+
+// A port another process holds (here: a plain TCP socket, as another user would bind it) is an
+// error that says so, never a silent fallback to another port.
+TEST(EndpointTest, APortSomebodyElseHoldsIsRefusedWithTheReason) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(FreeLoopbackPort());
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  auto ep = Endpoint::Open({"tcp;ofi_rxm", "127.0.0.1", ntohs(a.sin_port)});
+  ::close(fd);
+  ASSERT_FALSE(ep.ok());
+  EXPECT_NE(ep.status().message().find("another process holds that port"), std::string::npos)
+      << "[" << ep.status().ToString() << "]";
 }
 
 }  // namespace
