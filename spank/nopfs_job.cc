@@ -341,6 +341,21 @@ Result<std::string> PeerSecret(const std::string& key_path, uint64_t job_id, uid
   return std::string(reinterpret_cast<const char*>(out), len);
 }
 
+// Where the job's peer ports start in the range (spank/options.h PeerPort): HMAC-SHA256 under
+// the job's secret, so that only who can read the secret can compute them.
+uint32_t PeerPortOffset(const std::string& secret) {
+  constexpr std::string_view kLabel = "nopfs peer ports v1";
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+           reinterpret_cast<const unsigned char*>(kLabel.data()), kLabel.size(), out,
+           &len) == nullptr ||
+      len < 4) {
+    return 0;
+  }
+  return (uint32_t{out[0]} | uint32_t{out[1]} << 8 | uint32_t{out[2]} << 16) % kPeerPortRange;
+}
+
 // The nopfsd arguments that make this node serve its peers, or none (with the reason in *why)
 // for a one-node job or a cluster without peer_key.
 std::vector<std::string> PeerArgs(const Job& job, std::string* why) {
@@ -359,7 +374,8 @@ std::vector<std::string> PeerArgs(const Job& job, std::string* why) {
     *why = "no peers: " + s.message();
     return {};
   }
-  const std::vector<std::string> peers = PeerEndpoints(job.args, job.names, job.job_id);
+  const std::vector<std::string> peers =
+      PeerEndpoints(job.args, job.names, PeerPortOffset(*secret));
   std::string list;
   for (const std::string& p : peers)
     list += (list.empty() ? "" : ",") + p;

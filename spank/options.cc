@@ -18,10 +18,8 @@
 namespace nopfs::spank {
 namespace {
 
-constexpr size_t kMaxPath = 4000;
-constexpr uint64_t kMaxPeerBase =
-    65535 - 64 * 64 +
-    1;  // PeerPort() stays <= 65535  // below PATH_MAX, with room for what nopfsd appends
+constexpr size_t kMaxPath = 4000;  // below PATH_MAX, with room for what nopfsd appends
+constexpr uint64_t kMaxPeerBase = 65536 - kPeerPortRange;  // PeerPort() stays <= 65535
 constexpr size_t kMaxValue = 64;
 
 enum Opt : uint32_t {
@@ -316,18 +314,18 @@ std::vector<std::string> ToArgs(const PluginArgs& args) {
   return out;
 }
 
-uint16_t PeerPort(uint32_t base, uint64_t job_id, uint32_t node_index) {
-  return static_cast<uint16_t>(base + (job_id % 64) * 64 + node_index % 64);
+uint16_t PeerPort(uint32_t base, uint32_t offset, uint32_t node_index) {
+  return static_cast<uint16_t>(base + (uint64_t{offset} + node_index) % kPeerPortRange);
 }
 
 std::vector<std::string> PeerEndpoints(const PluginArgs& args,
-                                       const std::vector<std::string>& nodes, uint64_t job_id) {
+                                       const std::vector<std::string>& nodes, uint32_t offset) {
   std::vector<std::string> out;
   out.reserve(nodes.size());
   for (size_t i = 0; i < nodes.size(); ++i) {
     const std::string& host = args.peer_host.empty() ? nodes[i] : args.peer_host;
     out.push_back(host + ":" +
-                  std::to_string(PeerPort(args.peer_port, job_id, static_cast<uint32_t>(i))));
+                  std::to_string(PeerPort(args.peer_port, offset, static_cast<uint32_t>(i))));
   }
   return out;
 }

@@ -20,7 +20,7 @@
 // timeout=SECONDS grace=SECONDS peer_key=FILE peer_port=PORT peer_host=ADDR.
 // With peer_key, the nopfsd of a multi-node job serve each other (docs/fabric.md): each listens
 // on PeerPort(), knows the others by PeerEndpoints(), and authenticates them with a per-job
-// secret derived from the site key (docs/admin.md).
+// secret derived from the site key (docs/admin.md), from which its ports are derived too.
 //
 // Thread safety: pure functions over values.
 #pragma once
@@ -96,14 +96,18 @@ Result<std::vector<std::string>> ExpandHostlist(std::string_view list);
 // Index of `node` in the expanded list; NotFound when absent.
 Result<uint32_t> NodeIndex(std::string_view list, std::string_view node);
 
-// The port nopfsd of node `node_index` of job `job_id` listens on for its peers: base +
-// (job_id % 64) * 64 + node_index % 64, so that up to 64 jobs share a node, and up to 64 nodes
-// share one host (peer_host) without colliding. Two jobs whose ids are equal modulo 64 on one
-// node collide; the second's nopfsd then runs without peers (it logs why).
-uint16_t PeerPort(uint32_t base, uint64_t job_id, uint32_t node_index);
+// The peer ports of a job lie in [base, base + kPeerPortRange): node i of the job listens on
+// base + (offset + i) mod kPeerPortRange, where `offset` comes from the job's peer secret
+// (PeerPortOffset in nopfs-job), which only root and the job's user can read. So another user
+// can neither predict a job's ports nor bind them before it starts; the nodes of one job never
+// collide even when they share a host (peer_host); two jobs on one node collide with probability
+// about (their nodes) / kPeerPortRange, and the second then runs without peers (nopfsd logs that
+// its port is taken).
+inline constexpr uint32_t kPeerPortRange = 4096;
+uint16_t PeerPort(uint32_t base, uint32_t offset, uint32_t node_index);
 // "host:port" of every node of the job, in node-list order.
 std::vector<std::string> PeerEndpoints(const PluginArgs& args,
-                                       const std::vector<std::string>& nodes, uint64_t job_id);
+                                       const std::vector<std::string>& nodes, uint32_t offset);
 
 // <rundir>/<node>/<jobid>.
 std::string RunDir(const std::string& rundir, std::string_view node, uint64_t job_id);

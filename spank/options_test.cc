@@ -179,28 +179,29 @@ TEST(PluginArgsTest, ParsesEveryKey) {
   EXPECT_TRUE(d->peer_host.empty());
 }
 
-TEST(PluginArgsTest, PeerEndpointsAreDistinctPerNodeAndJob) {
+TEST(PluginArgsTest, PeerEndpointsAreDistinctPerNodeOfAJob) {
   PluginArgs a;
   a.peer_port = 41000;
   const std::vector<std::string> nodes = {"n1", "n2", "n3"};
-  EXPECT_EQ(PeerEndpoints(a, nodes, 7),
+  EXPECT_EQ(PeerEndpoints(a, nodes, 448),
             (std::vector<std::string>{"n1:41448", "n2:41449", "n3:41450"}));
   a.peer_host = "127.0.0.1";
-  const std::vector<std::string> one = PeerEndpoints(a, nodes, 7);
+  const std::vector<std::string> one = PeerEndpoints(a, nodes, 448);
   EXPECT_EQ(one[0], "127.0.0.1:41448");
   EXPECT_EQ(one[2], "127.0.0.1:41450");
-  // Jobs whose ids differ modulo 64 never share a port on one host (for up to 64 nodes).
-  for (uint64_t j = 0; j < 64; ++j) {
-    for (uint64_t k = j + 1; k < 64; ++k) {
-      for (uint32_t n = 0; n < 64; n += 9) {
-        for (uint32_t m = 0; m < 64; m += 7) {
-          EXPECT_NE(PeerPort(41000, j, n), PeerPort(41000, k, m));
-        }
-      }
+  // The range wraps: the nodes of a job never share a port on one host, up to the range's size.
+  EXPECT_EQ(PeerPort(41000, kPeerPortRange - 1, 0), 41000 + kPeerPortRange - 1);
+  EXPECT_EQ(PeerPort(41000, kPeerPortRange - 1, 1), 41000);
+  for (uint32_t offset : {0u, 1u, 4000u, kPeerPortRange - 1}) {
+    std::vector<bool> used(65536);
+    for (uint32_t n = 0; n < kPeerPortRange; ++n) {
+      const uint16_t p = PeerPort(41000, offset, n);
+      EXPECT_FALSE(used[p]) << offset << " " << n;
+      used[p] = true;
     }
   }
   // The highest base keeps every port valid.
-  EXPECT_EQ(PeerPort(65535 - 4095, 63, 63), 65535);
+  EXPECT_EQ(PeerPort(65535 - 4095, 4095, 0), 65535);
   EXPECT_TRUE(ParsePluginArgs({"peer_port=61440"}).ok());
   EXPECT_FALSE(ParsePluginArgs({"peer_port=61441"}).ok());
 }
