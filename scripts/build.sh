@@ -13,5 +13,9 @@ case "$flavor" in
   asan) dir=build-asan; args=(-DCMAKE_BUILD_TYPE=Debug -DNOPFS_SANITIZE=ON -DNOPFS_BUILD_BENCH=OFF) ;;
   *) echo "nopfs: build: unknown flavor '$flavor': write 'release' or 'asan'" >&2; exit 2 ;;
 esac
+# ccache, where installed, keeps rebuilds (and a second tree of the same sources) short.
+if command -v ccache >/dev/null; then
+  args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
 cmake -S . -B "$dir" "${args[@]}" "$@" >/dev/null
 cmake --build "$dir" -j "$jobs"
