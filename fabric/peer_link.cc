@@ -117,6 +117,7 @@ struct PeerLink::State {
   std::deque<std::pair<uint32_t, PeerMessage>> exchange_out;
   // Per node, the classes it reported done (bit c: class c < 64; larger classes never count).
   std::vector<uint64_t> peer_done;
+  std::chrono::steady_clock::time_point last_reject_log{};  // guarded by mu
   std::map<std::pair<uint64_t, uint32_t>, std::vector<std::byte>> exchange_in;
   PeerLinkCounters counters;
   bool stop = false;
@@ -333,14 +334,32 @@ struct PeerLink::State {
   void Malformed(uint32_t node, const std::string& why) {
     std::lock_guard lock(mu);
     ++counters.malformed;
-    spdlog::warn("nopfsd: peer message from node {} rejected: {}", node, why);
+    if (ShouldLogLocked())
+      spdlog::warn("nopfsd: peer message from node {} rejected: {}", node, why);
   }
 
   // Logs and counts a message refused for want of authentication.
   void Refused(uint32_t node, const std::string& why) {
     std::lock_guard lock(mu);
     ++counters.auth_refused;
-    spdlog::warn("nopfsd: peer message claiming to be from node {} refused: {}", node, why);
+    if (ShouldLogLocked()) {
+      spdlog::warn("nopfsd: peer message claiming to be from node {} refused: {}", node, why);
+    }
+  }
+
+  // With mu held: whether to log one more rejected message. A flood of forged messages must not
+  // fill the job's log: the first 20 are logged, then one line every 10 s with the totals (the
+  // counters count every one).
+  bool ShouldLogLocked() {
+    constexpr uint64_t kFirst = 20;
+    const uint64_t rejected = counters.auth_refused + counters.malformed;
+    if (rejected <= kFirst) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_reject_log < std::chrono::seconds(10)) return false;
+    last_reject_log = now;
+    spdlog::warn("nopfsd: {} peer messages refused and {} malformed so far (logging one in 10 s)",
+                 counters.auth_refused, counters.malformed);
+    return false;
   }
 
   // Messages to this node as a server. Every one but Hello and Auth has passed its session's MAC
