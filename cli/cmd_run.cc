@@ -281,11 +281,29 @@ int RunJob(RunFlags& f, bool ranks_per_node_given) {
     }
     netns_fds.push_back(fd);
   }
+  // Hands a path this command made as root to --user: opened without following a symbolic link
+  // (O_NONBLOCK: a FIFO put there does not block us), checked to be what was made (root's, a
+  // directory or a regular file with one link) and changed through that descriptor, so that a
+  // name the user swapped for a link to another file changes nothing but is refused. The run
+  // directory itself is handed over last: until then the user cannot replace anything inside.
   const auto own = [&](const std::string& path) -> Status {
-    if (as.switch_user && ::chown(path.c_str(), as.uid, as.gid) != 0) {
-      return Status::FromErrno(errno, "chown " + path);
+    if (!as.switch_user) return Status::Ok();
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return Status::FromErrno(errno, "opening " + path + " to hand it to " + f.user);
+    struct stat st {};
+    Status s = Status::Ok();
+    if (::fstat(fd, &st) != 0) {
+      s = Status::FromErrno(errno, "fstat " + path);
+    } else if (st.st_uid != 0 ||
+               !(S_ISDIR(st.st_mode) || (S_ISREG(st.st_mode) && st.st_nlink == 1))) {
+      s = Status::PermissionDenied(
+          path + " is not the directory or file nopfs run made (it is uid " +
+          std::to_string(st.st_uid) + "'s): something replaced it; remove it and run again");
+    } else if (::fchown(fd, as.uid, as.gid) != 0) {
+      s = Status::FromErrno(errno, "chown " + path);
     }
-    return Status::Ok();
+    ::close(fd);
+    return s;
   };
 
   // From here on, every way out (a failed start included) removes the run directory this command
@@ -299,7 +317,6 @@ int RunJob(RunFlags& f, bool ranks_per_node_given) {
     }
   } remove_on_exit{remove_run_dir ? f.run_dir : std::string()};
   if (Status s = service::PrepareRunDir(f.run_dir); !s.ok()) return Fail(s.message());
-  if (Status s = own(f.run_dir); !s.ok()) return Fail(s.message());
 
   // The nodes started here: --node alone, or with --nodes every node of the job, each with its
   // own run directory, all serving each other over loopback.
@@ -339,6 +356,7 @@ int RunJob(RunFlags& f, bool ranks_per_node_given) {
     if (Status s = own(secret); !s.ok()) return Fail(s.message());
     peer_args = {"--peers", list, "--peer-secret-file", secret};
   }
+  if (Status s = own(f.run_dir); !s.ok()) return Fail(s.message());
 
   struct sigaction sa {};
   sa.sa_handler = OnSignal;

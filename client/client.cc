@@ -19,6 +19,8 @@ class Connection {
       : fd_(std::move(fd)), timeout_(timeout), pid_(::getpid()) {}
 
   pid_t pid() const { return pid_; }
+  // The socket, to watch for the service's hang-up (RingReader::WatchProducer).
+  int fd() const { return fd_.get(); }
 
   // Sends `body` and waits for the answer of type `want` (an ERROR answer becomes its Status).
   Result<wire::Received> Call(wire::Body body, wire::MsgType want) {
@@ -217,6 +219,8 @@ Result<std::unique_ptr<Stream>> Client::Open(uint32_t rank, const OpenOptions& o
   Result<std::unique_ptr<ring::RingReader>> reader =
       ring::RingReader::Open(std::move(r->fd), ok.capacity, ok.slot_count);
   if (!reader.ok()) return abandon(reader.status());
+  // A killed nopfsd never finishes or cancels the ring: its socket's hang-up tells Next().
+  (*reader)->WatchProducer(conn_->fd());
   if (ok.region_bytes) {
     if (!options.zero_copy || !r->fd2.valid()) {
       return abandon(Status::Corruption(

@@ -13,7 +13,9 @@
 // names the sample id and its path; the stream goes on with the next sample.
 //
 // Lifetime: a Stream keeps its connection open (it may outlive its Client). When the process dies
-// the kernel closes the socket and the service releases everything the process held.
+// the kernel closes the socket and the service releases everything the process held. When the
+// service dies (killed, crashed), Next() delivers what it had published and then fails with
+// Unavailable ("nopfsd is gone ...") within 50 ms: it watches the socket for the hang-up.
 //
 // fork(): a Client or Stream must not be used across fork(). Their methods detect the use from a
 // child (a different pid) and fail with FailedPrecondition without touching the socket; destroying

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -126,6 +127,13 @@ void WakeConsumer(SharedHeader* h) {
 // us.
 constexpr std::chrono::milliseconds kWaitSlice{50};
 constexpr int kSpins = 64;
+
+// Whether the socket `fd` was hung up by its other end (the process that held it is gone).
+bool HungUp(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) != 1) return false;
+  return (p.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0;
+}
 
 }  // namespace
 
@@ -317,6 +325,8 @@ Status RingWriter::Publish(uint64_t seq, uint64_t size) {
       pending_[seq % slot_count_].size = size;
     }
     pending_[seq % slot_count_].published = true;
+    ++published_;
+    published_bytes_ += pending_[seq % slot_count_].size;
     // Rewrite the extent from private memory: the consumer may have scribbled on the slot.
     Slot* s = SlotAt(base_, seq % slot_count_);
     s->offset = pending_[seq % slot_count_].offset;
@@ -339,6 +349,8 @@ Status RingWriter::PublishInRegion(uint64_t seq, uint64_t offset, uint64_t size)
     // The reserved arena extent stays the seq's until it is released (the reclaim point walks
     // the private records), unused.
     pending_[seq % slot_count_].published = true;
+    ++published_;
+    published_bytes_ += size;
     Slot* s = SlotAt(base_, seq % slot_count_);
     s->offset = offset;
     s->size = size;
@@ -359,6 +371,7 @@ Status RingWriter::PublishError(uint64_t seq, const Status& error) {
     }
     Pending& p = pending_[seq % slot_count_];
     p.published = true;
+    ++published_;
     const std::string& msg = error.ok() ? std::string("error without a message") : error.message();
     uint64_t n = std::min<uint64_t>(msg.size(), p.size);
     std::memcpy(base_ + kHeaderBytes + SlotTableBytes(slot_count_) + p.offset, msg.data(), n);
@@ -400,16 +413,33 @@ bool RingWriter::cancelled() const {
 
 RingStats RingWriter::stats() const {
   const SharedHeader* h = HeaderAt(base_);
-  RingStats s;
-  s.samples = h->samples.load(std::memory_order_relaxed);
-  s.bytes = h->bytes.load(std::memory_order_relaxed);
-  s.next_calls = h->next_calls.load(std::memory_order_relaxed);
-  s.stall_ns_total = h->stall_ns_total.load(std::memory_order_relaxed);
-  for (int b = 0; b < kHistogramBuckets; ++b) {
-    // Forged counts must not overflow the summary: cap each bucket.
-    s.histogram[static_cast<size_t>(b)] =
-        std::min<uint64_t>(h->histogram[b].load(std::memory_order_relaxed), uint64_t{1} << 56);
+  uint64_t published = 0;
+  uint64_t published_bytes = 0;
+  {
+    std::lock_guard lock(mu_);
+    published = published_;
+    published_bytes = published_bytes_;
   }
+  // Next() calls are serialized: their stalls add up to at most the ring's age, and none is
+  // longer than it. Every figure below is clamped to what that and the private counters allow.
+  const auto age_ns = static_cast<uint64_t>(std::max<int64_t>(
+      1, std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                              created_)
+             .count()));
+  RingStats s;
+  s.samples = std::min(h->samples.load(std::memory_order_relaxed), published);
+  s.bytes = std::min(h->bytes.load(std::memory_order_relaxed), published_bytes);
+  s.stall_ns_total = std::min(h->stall_ns_total.load(std::memory_order_relaxed), age_ns);
+  uint64_t calls = 0;
+  for (int b = 0; b < kHistogramBuckets; ++b) {
+    // Bucket b >= 1 holds stalls of at least 2^(b-1) ns: at most age / 2^(b-1) of them, none at
+    // all once 2^(b-1) exceeds the age. Bucket 0 (0 ns) is bounded by the age in ns as well.
+    const uint64_t most = b == 0 ? age_ns : age_ns >> (b - 1);
+    const uint64_t n = std::min(h->histogram[b].load(std::memory_order_relaxed), most);
+    s.histogram[static_cast<size_t>(b)] = n;
+    calls += n;
+  }
+  s.next_calls = std::min(h->next_calls.load(std::memory_order_relaxed), calls);
   SummarizeStalls(&s);
   return s;
 }
@@ -557,6 +587,22 @@ Result<std::optional<View>> RingReader::Next(std::chrono::nanoseconds timeout) {
     if (spin < kSpins) {
       std::this_thread::yield();
       continue;
+    }
+    // Once per wait slice (a poll(2) with no timeout, only while nothing is ready).
+    if (watch_fd_ >= 0 && HungUp(watch_fd_)) {
+      // Published before the hang-up? Deliver it rather than report the death.
+      state = s->state.load(std::memory_order_acquire);
+      if (state == (seq << 2 | kKindReady) || state == (seq << 2 | kKindError)) break;
+      if (h->end_seq.load(std::memory_order_acquire) <= seq) {
+        RecordStall(elapsed(), false, 0);
+        return std::optional<View>();
+      }
+      RecordStall(elapsed(), false, 0);
+      return Status::Unavailable(
+          "nopfsd is gone (its socket hung up: it exited or was killed) before sample " +
+          std::to_string(seq) +
+          " of this stream arrived; the stream cannot go on (read the files directly, e.g. "
+          "NOPFS_FALLBACK=1 in Python, or run the job again)");
     }
     h->data_waiters.fetch_add(1, std::memory_order_seq_cst);
     FutexWait(&h->prod_event, ev, std::min<std::chrono::nanoseconds>(deadline - now, kWaitSlice));

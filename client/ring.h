@@ -20,7 +20,8 @@
 // size it reads against the mapping before forming a pointer.
 //
 // Waiting uses shared (non-private) futexes on 32-bit words in the mapping, with bounded waits, so
-// a dead or cancelled peer is noticed. A side calls FUTEX_WAKE only when the other sleeps (each
+// a dead or cancelled peer is noticed (a dead producer through the socket the consumer watches,
+// RingReader::WatchProducer). A side calls FUTEX_WAKE only when the other sleeps (each
 // counts its sleepers in the header), and a producer out of space sleeps until a batch of samples
 // is released or the consumer runs dry: no system call per sample in the steady state.
 #pragma once
@@ -128,8 +129,11 @@ class RingWriter {
   // Wakes and fails a blocked Reserve() and the consumer's Next(); used when the client leaves.
   void Cancel();
   bool cancelled() const;
-  // The consumer's statistics, read from the shared header (values the client could forge:
-  // display only).
+  // The consumer's statistics, read from the shared header and bounded by what the producer
+  // knows (the client can write anything there): samples by the seqs published, bytes by the
+  // bytes published, the stall total by the ring's age, the histogram to stalls no longer than
+  // the age (so median and p99, bucket upper bounds, stay below twice the age), next_calls by the
+  // histogram's count. A forged figure is at worst implausible, never beyond those bounds.
   RingStats stats() const;
   // Sequence numbers handed out so far / released by the consumer (clamped).
   uint64_t reserved() const;
@@ -158,7 +162,10 @@ class RingWriter {
     bool published = false;
   };
   std::vector<Pending> pending_;
-  bool finished_ = false;               // GUARDED_BY(mu_)
+  bool finished_ = false;         // GUARDED_BY(mu_)
+  uint64_t published_ = 0;        // GUARDED_BY(mu_): seqs published (samples and errors)
+  uint64_t published_bytes_ = 0;  // GUARDED_BY(mu_): payload bytes of published samples
+  std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
   std::atomic<bool> cancelled_{false};  // private copy: the client cannot forge it
 };
 
@@ -190,11 +197,18 @@ class RingReader {
 
   // The next sample in sequence order. std::nullopt at end of stream. An error slot becomes the
   // service's Status (the slot is consumed and released; the next call moves on). TimedOut if
-  // nothing arrives within `timeout`; Unavailable if the service cancelled the ring; Corruption
+  // nothing arrives within `timeout`; Unavailable if the service cancelled the ring or is gone
+  // (WatchProducer); Corruption
   // if the shared memory holds an impossible slot.
   Result<std::optional<View>> Next(std::chrono::nanoseconds timeout);
   // Gives a sample's space back. Any order; FailedPrecondition for a seq not outstanding.
   Status Release(uint64_t seq);
+  // Watches `fd` (the consumer's socket to the service, owned by the caller and open while the
+  // reader lives) for a hang-up: when nothing is ready, Next() polls it before every wait slice,
+  // so a producer that died without Finish() or Cancel() (killed, crashed) fails Next() with
+  // Unavailable within one slice (50 ms) instead of at its timeout. Samples published before
+  // the producer died are still delivered first. -1 (the default): no watch.
+  void WatchProducer(int fd) { watch_fd_ = fd; }
   // Maps `bytes` of a read-only region (a RAM cache tier's memfd, sealed against shrinking) that
   // slots may point into (RingWriter::PublishInRegion). At most once, before such slots arrive;
   // without it such a slot is a Corruption error. Its views stay valid while the reader lives.
@@ -218,6 +232,7 @@ class RingReader {
   uint64_t region_bytes_ = 0;
   uint64_t capacity_ = 0;
   uint32_t slot_count_ = 0;
+  int watch_fd_ = -1;  // WatchProducer; not owned
 
   mutable std::mutex mu_;
   std::mutex next_mu_;      // serializes Next() callers

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -448,6 +449,88 @@ TEST(Ring, ProducerDoesNotTrustTheSharedHeader) {
   RingStats s = (*w)->stats();
   EXPECT_GT(s.stall_ns_p99, 0u);
   ::munmap(p, RingBytes(1024, 4));
+}
+
+// A consumer that writes 2^64-1 into every counter of the header (as a rank can) does not make
+// the service report impossible figures: each is bounded by what the producer published and by
+// the ring's age.
+TEST(Ring, ForgedStatisticsAreBounded) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto w = RingWriter::Create(4096, 8);
+  ASSERT_TRUE(w.ok());
+  auto reader = ReaderFor(**w);
+  for (uint64_t i = 0; i < 3; ++i) {
+    auto r = (*w)->Reserve(100, {}, Deadline());
+    ASSERT_TRUE(r.ok());
+    ASSERT_TRUE((*w)->Publish(r->seq).ok());
+  }
+  for (uint64_t i = 0; i < 3; ++i) {
+    auto v = reader->Next(1s);
+    ASSERT_TRUE(v.ok() && v->has_value());
+    ASSERT_TRUE(reader->Release(i).ok());
+  }
+  void* p = ::mmap(nullptr, kHeaderBytes, PROT_READ | PROT_WRITE, MAP_SHARED, (*w)->fd(), 0);
+  ASSERT_NE(p, MAP_FAILED);
+  std::memset(static_cast<char*>(p) + 144, 0xff, 192 + 8 * kHistogramBuckets - 144);
+  const RingStats s = (*w)->stats();
+  const auto age = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
+  EXPECT_LE(s.samples, 3u);
+  EXPECT_LE(s.bytes, 300u);
+  EXPECT_LE(s.stall_ns_total, age);
+  EXPECT_LE(s.stall_ns_p99, 2 * age);  // a bucket's upper bound; was 2^63 ns (292 years)
+  EXPECT_LE(s.stall_ns_median, 2 * age);
+  uint64_t calls = 0;
+  for (uint64_t c : s.histogram)
+    calls += c;
+  EXPECT_LE(s.next_calls, calls);
+  ::munmap(p, kHeaderBytes);
+}
+
+// A producer killed with SIGKILL never finishes nor cancels its ring. The consumer, watching its
+// socket to the producer, gets what was published and then Unavailable within a second, not a
+// wait until its timeout.
+TEST(Ring, DeadProducerIsNoticedThroughItsSocket) {
+  auto w = RingWriter::Create(16 * 1024, 16);
+  ASSERT_TRUE(w.ok());
+  auto reader = ReaderFor(**w);
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  reader->WatchProducer(sv[0]);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(sv[0]);
+    for (int i = 0; i < 2; ++i) {
+      auto r = (*w)->Reserve(SizeOf(i), {}, Deadline());
+      if (!r.ok()) ::_exit(2);
+      Fill(r->dst, r->seq);
+      if (!(*w)->Publish(r->seq).ok()) ::_exit(3);
+    }
+    ::pause();  // killed below, holding its end of the socket
+    ::_exit(4);
+  }
+  ::close(sv[1]);
+  for (uint64_t i = 0; i < 2; ++i) {
+    auto v = reader->Next(10s);
+    ASSERT_TRUE(v.ok()) << v.status().ToString();
+    ASSERT_TRUE(v->has_value());
+    EXPECT_TRUE(Check(**v));
+    ASSERT_TRUE(reader->Release(i).ok());
+  }
+  // Still alive: a short wait times out as before.
+  EXPECT_EQ(reader->Next(100ms).status().code(), StatusCode::kTimedOut);
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto v = reader->Next(30s);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(v.status().code(), StatusCode::kUnavailable) << v.status().ToString();
+  EXPECT_NE(v.status().message().find("nopfsd is gone"), std::string::npos) << v.status().message();
+  EXPECT_LT(waited, 1s);
+  ::close(sv[0]);
 }
 
 // A slot corrupted to point outside the arena is reported, not dereferenced.

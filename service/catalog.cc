@@ -416,7 +416,11 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& options, En
   if (fresh.ok()) {
     cat->reused_ = true;
   } else {
-    cat->rescan_reason_ = fresh.message();
+    // nopfsd logs this reason: a damaged entry must not be rebuilt silently.
+    cat->rescan_reason_ =
+        fresh.code() == StatusCode::kCorruption
+            ? "the cached catalog " + s.entry + " is corrupt (" + fresh.message() + ")"
+            : fresh.message();
     contents = Contents();
 
     const int64_t scan_start = NowNs();

@@ -191,6 +191,33 @@ TEST_F(CatalogTest, ReusedWithoutScanningWhenUnchanged) {
   ExpectCatalog(**again, want);
 }
 
+// A damaged catalog DB is not used, and the reason nopfsd logs says it was corrupt and where.
+TEST_F(CatalogTest, CorruptEntryIsRebuiltAndSaysWhy) {
+  const std::vector<Expected> want = MakeImageFolder();
+  AgeTree();
+  std::string db_path;
+  {
+    Result<std::unique_ptr<Catalog>> cat = Catalog::Open(Options(false), Env::Default());
+    ASSERT_TRUE(cat.ok()) << cat.status().message();
+    db_path = (*cat)->db_path();
+  }
+  int damaged = 0;
+  for (const auto& e : fs::directory_iterator(db_path)) {
+    if (e.path().extension() != ".sst") continue;
+    const auto size = fs::file_size(e.path());
+    std::ofstream(e.path(), std::ios::binary | std::ios::trunc) << std::string(size, 'x');
+    ++damaged;
+  }
+  ASSERT_GT(damaged, 0) << "no table file in " << db_path;
+  Result<std::unique_ptr<Catalog>> again = Catalog::Open(Options(false), Env::Default());
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_FALSE((*again)->reused());
+  EXPECT_NE((*again)->rescan_reason().find("the cached catalog " + db_path + " is corrupt"),
+            std::string::npos)
+      << (*again)->rescan_reason();
+  ExpectCatalog(**again, want);
+}
+
 TEST_F(CatalogTest, AddedFileCausesRescan) {
   std::vector<Expected> want = MakeImageFolder();
   AgeTree();

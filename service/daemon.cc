@@ -120,6 +120,9 @@ Status Daemon::Init() {
   Result<std::unique_ptr<Catalog>> catalog = Catalog::Open(co, Env::Default());
   if (!catalog.ok()) return catalog.status().WithContext("dataset " + options_.dataset);
   catalog_ = std::move(*catalog);
+  if (!catalog_->reused()) {
+    spdlog::info("catalog: scanning the dataset: {}", catalog_->rescan_reason());
+  }
   spdlog::info("catalog: {} samples, {} ({}) in {:.2f} s", catalog_->size(),
                FormatBytes(static_cast<double>(std::accumulate(
                    catalog_->sizes().begin(), catalog_->sizes().end(), uint64_t{0}))),
@@ -414,17 +417,26 @@ std::string Daemon::StatusText() {
     }
     const PrefetchCounters pc = prefetchers_[j]->counters();
     const uint64_t on_read = reader_->cached_on_read(j).reads.load();
-    const uint64_t on_read_bytes = reader_->cached_on_read(j).bytes.load();
     const uint64_t pushed = reader_->pushed_kept(j).reads.load();
-    const uint64_t pushed_bytes = reader_->pushed_kept(j).bytes.load();
-    out += Line(
-        "tier %s: %" PRIu64 " of %zu samples ready (%" PRIu64 " kept from staging reads, %" PRIu64
-        " pushed by peers), %s of %s (capacity %s), %" PRIu64 " failed, prefetch %s",
-        c.name.c_str(), pc.filled + on_read + pushed, tp.prefetch_order.size(), on_read, pushed,
-        FormatBytes(static_cast<double>(pc.bytes + on_read_bytes + pushed_bytes)).c_str(),
-        FormatBytes(static_cast<double>(tp.bytes)).c_str(),
-        FormatBytes(static_cast<double>(c.capacity)).c_str(), pc.failures,
-        pc.done ? "done" : "running");
+    // Ready is what the slots say now: a slot filled, found corrupt and filled again is one
+    // sample (adding up the fill counters would count it twice).
+    Tier* tier = tier_refs_[j].ram != nullptr ? static_cast<Tier*>(tier_refs_[j].ram)
+                                              : static_cast<Tier*>(tier_refs_[j].ssd);
+    uint64_t ready = 0;
+    uint64_t ready_bytes = 0;
+    for (uint32_t slot = 0; tier != nullptr && slot < tier->slots().size(); ++slot) {
+      if (tier->slots().state(slot) != SlotState::kReady) continue;
+      ++ready;
+      ready_bytes += tier->layout().SizeOf(slot);
+    }
+    out += Line("tier %s: %" PRIu64 " of %zu samples ready (%" PRIu64
+                " kept from staging reads, %" PRIu64
+                " pushed by peers), %s of %s (capacity %s), %" PRIu64 " failed, prefetch %s",
+                c.name.c_str(), ready, tp.prefetch_order.size(), on_read, pushed,
+                FormatBytes(static_cast<double>(ready_bytes)).c_str(),
+                FormatBytes(static_cast<double>(tp.bytes)).c_str(),
+                FormatBytes(static_cast<double>(c.capacity)).c_str(), pc.failures,
+                pc.done ? "done" : "running");
   }
   ring::RingStats stall;
   {
@@ -468,6 +480,8 @@ std::string Daemon::StatusText() {
   out += Line("pfs read: %" PRIu64 " bytes in all, prefetch included", reader_->pfs_bytes_total());
   out += Line("corrupt: %" PRIu64 " tier reads failed their checksum and were refetched",
               reader_->corruptions());
+  out += Line("changed: %" PRIu64 " PFS reads found a sample's file rewritten during the job",
+              reader_->changed_on_pfs());
   out += Line("stall: %" PRIu64 " reads, total %.6f s, median %.6f s, p99 %.6f s", stall.samples,
               static_cast<double>(stall.stall_ns_total) / 1e9,
               static_cast<double>(stall.stall_ns_median) / 1e9,

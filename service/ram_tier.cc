@@ -41,14 +41,10 @@ Result<std::unique_ptr<RamTier>> RamTier::Create(const std::string& job, TierLay
       return Status::FromErrno(err, "ram tier: reserving memory for " + name);
     }
   }
-  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    const int err = errno;
-    close(fd);
-    return Status::FromErrno(err, "ram tier: sealing " + name);
-  }
   std::byte* base = nullptr;
   if (bytes > 0) {
-    // Populated: the prefetchers then write without a page fault per page.
+    // Populated: the prefetchers then write without a page fault per page. Mapped before the
+    // write seal below: this mapping is the only writable view of the tier there will ever be.
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (p == MAP_FAILED) {
       const int err = errno;
@@ -57,6 +53,19 @@ Result<std::unique_ptr<RamTier>> RamTier::Create(const std::string& job, TierLay
           err, "ram tier: mapping " + name + " (" + std::to_string(bytes) + " bytes)");
     }
     base = static_cast<std::byte*>(p);
+  }
+  // F_SEAL_FUTURE_WRITE (Linux 5.1): from now on no descriptor of this memfd, however reopened
+  // (/proc/PID/fd/N with O_RDWR), can write() it, map it writable or mprotect a mapping of it
+  // writable; the mapping made above stays writable. A kernel without it fails the job here
+  // rather than serve a tier that any process of the job could overwrite.
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) !=
+      0) {
+    const int err = errno;
+    if (base != nullptr) munmap(base, bytes);
+    close(fd);
+    return Status::FromErrno(err,
+                             "ram tier: sealing " + name +
+                                 " against writes (F_SEAL_FUTURE_WRITE needs Linux 5.1 or later)");
   }
   TierLog()->info("ram tier {}: {} samples, {} bytes mapped", name, layout.slot_count(), bytes);
   return std::unique_ptr<RamTier>(new RamTier(name, std::move(layout), fd, base, bytes));

@@ -2,11 +2,14 @@
 //
 // The daemon creates one memfd named "nopfs-<job>-ram" (MFD_CLOEXEC | MFD_ALLOW_SEALING), sizes it
 // to the layout's total bytes (rounded up to a page), reserves that memory (posix_fallocate:
-// ResourceExhausted when the node cannot provide it, rather than SIGBUS later), seals its size
-// (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) and maps it read-write. Prefetchers fetch straight
-// into the mapping. Clients of the same user receive a read-only descriptor (OpenReadOnlyFd, sent
-// over the local socket) and map it PROT_READ: zero copy, and they cannot write into the cache or
-// change its size.
+// ResourceExhausted when the node cannot provide it, rather than SIGBUS later), maps it read-write
+// and then seals it (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL): that one
+// mapping, the daemon's, is the only way to write the tier. Prefetchers fetch straight into it.
+// Clients of the same user receive a read-only descriptor (OpenReadOnlyFd, sent over the local
+// socket) and map it PROT_READ: zero copy. Neither they nor any other process can write into the
+// cache or change its size, even through a descriptor reopened read-write (/proc/PID/fd/N):
+// write() fails and a writable mmap or mprotect is refused (EPERM / EACCES). fd() cannot write
+// either.
 //
 // Nothing outlives the processes: a memfd has no name in any file system and disappears with its
 // last descriptor and mapping, so a crashed daemon leaves nothing once its clients exit.
@@ -39,7 +42,7 @@ class RamTier final : public Tier {
   RamTier(const RamTier&) = delete;
   RamTier& operator=(const RamTier&) = delete;
 
-  // The read-write memfd (owned by the tier; closed by the destructor).
+  // The memfd (owned by the tier; closed by the destructor). Sealed: write() through it fails.
   int fd() const { return fd_; }
   // A new read-only descriptor of the same memory, for a client; the caller owns and closes it.
   Result<int> OpenReadOnlyFd() const;

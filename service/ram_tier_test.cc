@@ -2,8 +2,13 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <string>
+
+#include <cstring>
 #include <filesystem>
 #include <thread>
 #include <vector>
@@ -19,6 +24,11 @@ using testing::OpenFdCount;
 using testing::PlanOf;
 
 const std::vector<uint64_t> kSizes = {1, 4096, 0, 100000, 63, 64, 65, 12345, 7, 1 << 20};
+
+// A stray write by the daemon itself, through its own (the only writable) mapping.
+std::byte* DaemonByte(RamTier& tier, uint64_t offset) {
+  return const_cast<std::byte*>(tier.mapping().data()) + offset;
+}
 
 std::unique_ptr<RamTier> MakeFilled(const std::vector<policy::SampleId>& order) {
   auto layout = TierLayout::Ram(PlanOf(order, kSizes), kSizes);
@@ -71,12 +81,9 @@ TEST(RamTier, NotReadyIsFailedPrecondition) {
 
 TEST(RamTier, CorruptionDetectedAndSlotFailed) {
   auto tier = MakeFilled({3, 7, 9});
-  // Flip one byte of sample 9 through the memfd, as a stray write would.
+  // Flip one byte of sample 9, as a stray write of the daemon would.
   const SlotExtent e = tier->layout().Extent(tier->layout().SlotOf(9));
-  std::byte b{};
-  ASSERT_EQ(pread(tier->fd(), &b, 1, static_cast<off_t>(e.offset + 777)), 1);
-  b ^= std::byte{0x5a};
-  ASSERT_EQ(pwrite(tier->fd(), &b, 1, static_cast<off_t>(e.offset + 777)), 1);
+  *DaemonByte(*tier, e.offset + 777) ^= std::byte{0x5a};
   std::vector<std::byte> got(kSizes[9]);
   EXPECT_EQ(tier->Read(9, got).code(), StatusCode::kCorruption);
   EXPECT_EQ(tier->slots().state(tier->layout().SlotOf(9)), SlotState::kFailed);
@@ -91,7 +98,7 @@ TEST(RamTier, CorruptionDetectedAndSlotFailed) {
   ASSERT_TRUE(tier->Read(9, got).ok());
   EXPECT_EQ(got, Content(9, kSizes[9]));
   // Verify (zero-copy path) detects corruption too.
-  ASSERT_EQ(pwrite(tier->fd(), &b, 1, static_cast<off_t>(e.offset + 777)), 1);
+  *DaemonByte(*tier, e.offset + 777) ^= std::byte{0x5a};
   EXPECT_EQ(tier->Verify(9).code(), StatusCode::kCorruption);
   EXPECT_EQ(tier->slots().state(slot), SlotState::kFailed);
 }
@@ -103,10 +110,7 @@ TEST(RamTier, VerifySeesAFlipAnywhereInALargeSample) {
     auto tier = MakeFilled({9});
     const SlotExtent e = tier->layout().Extent(tier->layout().SlotOf(9));
     ASSERT_TRUE(tier->Verify(9).ok());
-    std::byte b{};
-    ASSERT_EQ(pread(tier->fd(), &b, 1, static_cast<off_t>(e.offset + at)), 1);
-    b ^= std::byte{0x01};
-    ASSERT_EQ(pwrite(tier->fd(), &b, 1, static_cast<off_t>(e.offset + at)), 1);
+    *DaemonByte(*tier, e.offset + at) ^= std::byte{0x01};
     EXPECT_EQ(tier->Verify(9).code(), StatusCode::kCorruption) << "byte " << at;
   }
 }
@@ -124,6 +128,55 @@ TEST(RamTier, ReadOnlyFdAndSealedSize) {
   EXPECT_NE(ftruncate(tier->fd(), 0), 0);  // sealed
   EXPECT_EQ(fcntl(tier->fd(), F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
   close(*ro);
+}
+
+// A client that reopens its read-only descriptor read-write (as /proc/self/fd/N allows for a
+// memfd) gets nothing writable: not write(), not a writable shared mapping, not mprotect of a
+// read-only one. The tier's bytes stay intact and the daemon's own mapping still fills slots.
+TEST(RamTier, NoWritableViewThroughAReopenedDescriptor) {
+  auto tier = MakeFilled({1, 3, 9});
+  auto ro = tier->OpenReadOnlyFd();
+  ASSERT_TRUE(ro.ok()) << ro.status().ToString();
+  const std::string path = "/proc/self/fd/" + std::to_string(*ro);
+  const int rw = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(rw, 0) << "reopening " << path << ": " << std::strerror(errno);
+  const SlotExtent e = tier->layout().Extent(tier->layout().SlotOf(3));
+  const std::vector<std::byte> junk(4096, std::byte{0xee});
+
+  errno = 0;
+  EXPECT_LT(pwrite(rw, junk.data(), junk.size(), static_cast<off_t>(e.offset)), 0);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_LT(pwrite(tier->fd(), junk.data(), junk.size(), static_cast<off_t>(e.offset)), 0);
+
+  const size_t bytes = tier->mapped_bytes();
+  errno = 0;
+  void* w = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
+  EXPECT_EQ(w, MAP_FAILED);
+  EXPECT_EQ(errno, EPERM);
+  if (w != MAP_FAILED) {
+    std::memset(static_cast<std::byte*>(w) + e.offset, 0xee, e.size);  // what a stray rank did
+    munmap(w, bytes);
+  }
+
+  void* r = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, rw, 0);
+  ASSERT_NE(r, MAP_FAILED) << std::strerror(errno);
+  EXPECT_NE(mprotect(r, bytes, PROT_READ | PROT_WRITE), 0);
+  munmap(r, bytes);
+  close(rw);
+  close(*ro);
+
+  for (policy::SampleId k : {1u, 3u, 9u}) {
+    std::vector<std::byte> got(kSizes[k]);
+    ASSERT_TRUE(tier->Read(k, got).ok()) << k;
+    EXPECT_EQ(got, Content(k, kSizes[k])) << k;
+  }
+  const uint32_t slot = tier->layout().SlotOf(3);
+  tier->slots().MarkFailed(slot);
+  ASSERT_TRUE(tier->slots().TryBeginFill(slot));
+  auto h = tier->Fill(slot, FetchContent, {});
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  tier->slots().MarkReady(slot, *h);
+  EXPECT_TRUE(tier->Verify(3).ok());
 }
 
 TEST(RamTier, NothingLeftAfterDestruction) {

@@ -229,9 +229,12 @@ Result<uint64_t> SampleReader::FetchFromPfs(policy::SampleId sample, std::span<s
                    catalog_.path(sample), r.message());
     }
   } else if (*known != h) {
+    // Counted (nopfs status) and logged: a tier may still hold, and serve, the first bytes.
+    changed_on_pfs_.fetch_add(1, std::memory_order_relaxed);
     spdlog::warn(
         "sample {} ({}): the file changed on the PFS during the job (checksum {:016x}, "
-        "first seen {:016x}); serving the new bytes",
+        "first seen {:016x}); serving the new bytes from here, a cache tier that holds the "
+        "sample keeps the first ones",
         sample, catalog_.path(sample), h, *known);
     (void)catalog_.RecordChecksum(sample, h);
   }

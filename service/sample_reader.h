@@ -131,6 +131,9 @@ class SampleReader {
   // Every byte read from the PFS, prefetch included.
   uint64_t pfs_bytes_total() const { return pfs_total_.load(std::memory_order_relaxed); }
   uint64_t corruptions() const { return corruptions_.load(std::memory_order_relaxed); }
+  // PFS reads whose bytes differed from the checksum first recorded for the sample: its file
+  // was rewritten during the job (each is logged).
+  uint64_t changed_on_pfs() const { return changed_on_pfs_.load(std::memory_order_relaxed); }
   // Samples (reads) and bytes of class j stored by fetch-and-cache (not by its prefetcher).
   const SourceCounters& cached_on_read(size_t j) const { return *cached_on_read_[j]; }
   size_t class_count() const { return tiers_.size(); }
@@ -169,6 +172,7 @@ class SampleReader {
   SourceCounters pfs_;
   std::atomic<uint64_t> pfs_total_{0};
   std::atomic<uint64_t> corruptions_{0};
+  std::atomic<uint64_t> changed_on_pfs_{0};
   std::atomic<uint64_t> in_place_{0};
   std::atomic<uint32_t> pfs_active_{0};
 };

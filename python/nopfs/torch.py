@@ -20,7 +20,10 @@ and nothing has to agree at run time: the order is exact by construction.
 
 Without a service (NOPFS_SOCKET unset) the DataLoader raises nopfs.UnavailableError, unless the
 fallback is asked for (fallback=True or NOPFS_FALLBACK=1): then each worker reads the files itself,
-in the same order (the planner's, computed locally), with the same decoding.
+in the same order (the planner's, computed locally), with the same decoding. A service that dies
+during a pass (killed, crashed) is noticed within a second: with the fallback asked for, each
+worker warns and reads the rest of its share from the files, in the same order, from where its
+stream stopped; without it, the DataLoader raises nopfs.UnavailableError.
 """
 
 import io
@@ -217,11 +220,15 @@ class StreamDataset(tud.IterableDataset):
     that persistent workers follow set_epoch() too.
     """
 
-    def __init__(self, dataset, sampler, batch_size, fallback=False, socket=None, timeout=None):
+    def __init__(self, dataset, sampler, batch_size, fallback=False, socket=None, timeout=None,
+                 fallback_on_loss=False):
         self.dataset = dataset
         self.sampler = sampler
         self.batch_size = int(batch_size)
         self.fallback = fallback
+        # The service went away mid-pass (nopfs.UnavailableError): go on from the files, in the
+        # same order, from where the stream stopped; False: raise.
+        self.fallback_on_loss = fallback_on_loss
         self.socket = socket
         self.timeout = timeout
         self.pass_state = multiprocessing.RawArray("q", 2)  # epoch, start step of the next pass
@@ -243,25 +250,39 @@ class StreamDataset(tud.IterableDataset):
             yield from self._iter_service(epoch, step, worker, workers)
 
     def _iter_service(self, epoch, step, worker, workers):
-        client = _client.connect(self.socket)
-        with client.open(self.sampler.rank, epoch=epoch, step=step, worker=worker,
-                         workers=workers, batch=self.batch_size, epochs=1) as stream:
-            while True:
-                sample = stream.next(self.timeout)
-                if sample is None:
-                    return
-                view = sample.data
-                try:
-                    item = self.dataset.make_item(view, sample.label)
-                finally:
-                    view.release()
-                    sample.release()
-                yield item
+        delivered = 0
+        try:
+            client = _client.connect(self.socket)
+            with client.open(self.sampler.rank, epoch=epoch, step=step, worker=worker,
+                             workers=workers, batch=self.batch_size, epochs=1) as stream:
+                while True:
+                    sample = stream.next(self.timeout)
+                    if sample is None:
+                        return
+                    view = sample.data
+                    try:
+                        item = self.dataset.make_item(view, sample.label)
+                    finally:
+                        view.release()
+                        sample.release()
+                    delivered += 1
+                    yield item
+        except _client.UnavailableError as e:
+            if not self.fallback_on_loss:
+                raise
+            warnings.warn(f"nopfs: the service went away after {delivered} samples of this "
+                          f"pass ({e}); reading the rest from the files in the same order "
+                          "(NOPFS_FALLBACK)", RuntimeWarning, stacklevel=2)
+        yield from self._iter_files(epoch, step, worker, workers, skip=delivered)
 
-    def _iter_files(self, epoch, step, worker, workers):
+    def _iter_files(self, epoch, step, worker, workers, skip=0):
         order = self.sampler.job.order(epoch, step)
+        mine = 0
         for k, sample_id in enumerate(order.tolist()):
             if (k // self.batch_size) % workers != worker:
+                continue
+            mine += 1
+            if mine <= skip:
                 continue
             try:
                 data, label = self.dataset.read(sample_id)
@@ -319,7 +340,8 @@ class DataLoader(tud.DataLoader):
         self.nopfs_sampler = sampler
         self.nopfs_fallback = not use_service
         stream = StreamDataset(dataset, sampler, batch_size, fallback=not use_service,
-                               socket=socket, timeout=timeout_per_sample)
+                               socket=socket, timeout=timeout_per_sample,
+                               fallback_on_loss=bool(fallback))
         super().__init__(stream, batch_size=batch_size, num_workers=num_workers,
                          drop_last=drop_last, **kwargs)
 

@@ -43,7 +43,7 @@ def make_image_folder(root, files=90, classes=3, seed=3, size=(12, 10)):
 class Service:
     """`nopfs run --dataset D ... -- sleep`: a live nopfsd whose ranks sleep until stop()."""
 
-    def __init__(self, dataset, run_dir, samples, job=JOB):
+    def __init__(self, dataset, run_dir, samples, job=JOB, extra=()):
         self.dataset = dataset
         self.run_dir = run_dir
         self.samples = samples
@@ -52,8 +52,8 @@ class Service:
         self.proc = subprocess.Popen(
             [os.path.join(BIN, "nopfs"), "run", "--dataset", dataset, "--run-dir", run_dir,
              "--seed", str(job["seed"]), "--epochs", str(job["epochs"]), "--ranks",
-             str(job["ranks"]), "--batch", str(job["batch"]), "--scheme", job["scheme"], "--",
-             "sleep", "600"],
+             str(job["ranks"]), "--batch", str(job["batch"]), "--scheme", job["scheme"],
+             *extra, "--", "sleep", "600"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 60
         while not os.path.exists(os.path.join(run_dir, "ready")):

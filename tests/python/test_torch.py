@@ -1,12 +1,16 @@
 """nopfs.torch: the DataLoader over a live nopfsd, against the files and the plan."""
 
 import os
+import random
+import signal
+import time
 
 import pytest
 import torch
 
 import nopfs
 from nopfs.torch import DataLoader, DistributedSampler, ImageFolder
+from conftest import Service
 
 
 def file_bytes(path):
@@ -186,3 +190,61 @@ def test_length_comes_from_the_service_and_the_dataset_is_checked(service, image
     (other / "a" / "x").write_bytes(b"x")
     with pytest.raises(ValueError, match="serves"):
         DataLoader(ImageFolder(str(other)), batch_size=4)
+
+
+@pytest.fixture
+def doomed(tmp_path, monkeypatch):
+    """A service whose ring holds a few of its 60 samples of 256 KB (so that most of a pass is
+    still to come when it dies), and a function that kills its nopfsd with SIGKILL."""
+    rnd = random.Random(5)
+    root = tmp_path / "big"
+    paths = []
+    for k in range(60):
+        d = root / f"class{k % 2}"
+        d.mkdir(parents=True, exist_ok=True)
+        p = d / f"img{k:03d}.png"
+        p.write_bytes(rnd.randbytes(256 << 10))
+        paths.append(str(p))
+    conf = tmp_path / "small-ring.lua"
+    conf.write_text('staging = { capacity = "1MB", threads = 1 }\nclasses = { }\n')
+    job = {"seed": 3, "epochs": 1, "ranks": 1, "batch": 4, "scheme": "uniform"}
+    run = tmp_path / "run"
+    svc = Service(str(root), str(run), len(paths), job=job, extra=("--config", str(conf)))
+    for k, v in svc.env(0).items():
+        monkeypatch.setenv(k, v)
+
+    def kill():
+        with open(run / "nopfsd.pid") as fh:
+            os.kill(int(fh.read()), signal.SIGKILL)
+        return time.monotonic()
+
+    yield str(root), sorted(paths), kill
+    svc.proc.send_signal(signal.SIGTERM)
+    svc.proc.communicate(timeout=60)
+
+
+def test_a_killed_service_falls_back_to_the_files_in_the_same_order(doomed, monkeypatch):
+    root, paths, kill = doomed
+    monkeypatch.setenv("NOPFS_FALLBACK", "1")
+    _, sampler, loader = make_loader(root, timeout_per_sample=20)
+    order = list(sampler)
+    items = []
+    with pytest.warns(RuntimeWarning, match="the service went away after"):
+        for k, batch in enumerate(loader):
+            items.extend(batch)
+            if k == 1:
+                killed = kill()
+    assert time.monotonic() - killed < 5
+    check_pass(items, paths, order)
+
+
+def test_a_killed_service_without_fallback_raises_at_once(doomed):
+    root, paths, kill = doomed
+    _, sampler, loader = make_loader(root, timeout_per_sample=20)
+    it = iter(loader)
+    next(it)
+    killed = kill()
+    with pytest.raises(nopfs.UnavailableError, match="nopfsd is gone"):
+        for _ in it:
+            pass
+    assert time.monotonic() - killed < 2

@@ -82,6 +82,57 @@ class Dataset:
         make_world_readable(root)
 
 
+# Run as a rank: finds the RAM tier's memfd among nopfsd's descriptors, reopens it read-write
+# and tries to write it every way the kernel offers; reports each attempt.
+SCRIBBLER = r"""
+import mmap, os, sys, time
+pid = open(sys.argv[1]).read().strip()
+fd_dir = f"/proc/{pid}/fd"
+tier = None
+for n in os.listdir(fd_dir):
+    try:
+        target = os.readlink(os.path.join(fd_dir, n))
+    except OSError:
+        continue
+    if target.startswith("/memfd:nopfs-") and "-ram" in target:
+        tier = os.path.join(fd_dir, n)
+if tier is None:
+    sys.exit("no RAM tier memfd in " + fd_dir)
+fd = os.open(tier, os.O_RDWR)
+size = os.fstat(fd).st_size
+print("found the tier", tier, size, flush=True)
+junk = bytes([0xEE]) * 4096
+try:
+    os.pwrite(fd, junk, 0)
+    print("write: scribbled", flush=True)
+except PermissionError:
+    print("write: refused", flush=True)
+try:
+    m = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    print("mmap: scribbled", flush=True)
+    end = time.time() + 3
+    while time.time() < end:
+        for off in range(0, size - 4096, 1 << 16):
+            m[off:off + 4096] = junk
+except PermissionError:
+    print("mmap: refused", flush=True)
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_long]
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+if addr in (None, ctypes.c_void_p(-1).value):
+    print("mprotect: no read-only mapping", flush=True)
+elif libc.mprotect(addr, size, mmap.PROT_READ | mmap.PROT_WRITE) != 0:
+    print("mprotect: refused", flush=True)
+else:
+    print("mprotect: scribbled", flush=True)
+    ctypes.memset(addr, 0xEE, min(size, 1 << 20))
+"""
+
+
 def write_config(path, ram=None, ssd=None, ssd_path=None, staging="64MB", prefetch_threads=2,
                  staging_threads=2):
     classes = []
@@ -330,7 +381,98 @@ class ServiceTest(unittest.TestCase):
         m = re.search(r"corrupt: (\d+)", status)
         self.assertIsNotNone(m, status)
         self.assertGreaterEqual(int(m.group(1)), 1, status)
+        # The refetched samples are ready once, not counted again on top of the first fill.
+        m = re.search(r"tier ssd: (\d+) of (\d+) samples ready .*?, ([\d.]+ \w?B) of "
+                      r"([\d.]+ \w?B) ", status)
+        self.assertIsNotNone(m, status)
+        self.assertEqual(m.group(1), m.group(2), status)
+        self.assertEqual(m.group(3), m.group(4), status)
         self.assert_nothing_left()
+
+    def test_a_rank_cannot_write_the_ram_tier(self):
+        """A rank that finds the RAM tier's memfd (in nopfsd's /proc/PID/fd, as the user may) and
+        reopens it read-write can neither write() it nor map it writable, while another reader
+        verifies every byte it is served."""
+        conf = os.path.join(self.work, "ram.conf.lua")
+        write_config(conf, ram="1GB")
+        out = os.path.join(self.work, "out")
+        run = os.path.join(self.work, "run")
+        scribbler = os.path.join(self.work, "scribble.py")
+        with open(scribbler, "w") as fh:
+            fh.write(SCRIBBLER)
+        os.chmod(scribbler, 0o644)
+        nopfs_bin = os.path.join(BIN, "nopfs")
+        script = (f"until {nopfs_bin} status | grep -q 'tier ram: .*prefetch done'; do sleep 0.1; "
+                  f"done; python3 {scribbler} {run}/nopfsd.pid > {out}.scribble 2>&1 & "
+                  f"{nopfs_bin} cat --verify --print > {out} 2> {out}.err; wait")
+        nopfs("run", "--dataset", self.data.root, "--ranks", 1, *self.JOB, "--config", conf,
+              "--run-dir", run, "--", "sh", "-c", script)
+        report = read(out + ".scribble")
+        self.assertIn("found the tier", report)
+        for how in ("write", "mmap", "mprotect"):
+            self.assertIn(f"{how}: refused", report)
+        self.assertNotIn("scribbled", report)
+        self.check_rank_output(0, 1, read(out))
+
+    def test_a_killed_nopfsd_is_noticed_within_a_second(self):
+        """nopfsd killed with SIGKILL under a reading client: the client ends at once with an error
+        that says the service is gone, instead of waiting minutes on the ring."""
+        conf = os.path.join(self.work, "ram.conf.lua")
+        write_config(conf, ram="1MB", staging="1MB")
+        out = os.path.join(self.work, "out")
+        run = os.path.join(self.work, "run")
+        nopfs_bin = os.path.join(BIN, "nopfs")
+        # A slow reader (the ring cannot hold the whole stream), then kill -9 of nopfsd; the
+        # script records when the kill happened and when the reader ended.
+        script = (f"{nopfs_bin} cat --verify --print --pause-us 3000 > {out} 2> {out}.err & "
+                  f"cat=$!; sleep 1; kill -9 $(cat {run}/nopfsd.pid); date +%s.%N > {out}.killed; "
+                  f"wait $cat; echo $? > {out}.rc; date +%s.%N > {out}.ended")
+        t0 = time.time()
+        nopfs("run", "--dataset", self.data.root, "--ranks", 1, *self.JOB, "--config", conf,
+              "--run-dir", run, "--", "sh", "-c", script, check=False, timeout=120)
+        waited = float(read(out + ".ended")) - float(read(out + ".killed"))
+        # The client first reads what nopfsd had published (at most the 4 MiB ring, 3 ms a
+        # sample: about 1.5 s here), then notices within 50 ms; it used to wait 5 minutes.
+        self.assertLess(waited, 5.0, f"the client took {waited:.1f} s to notice")
+        self.assertLess(time.time() - t0, 60)
+        self.assertEqual(read(out + ".rc").strip(), "1")
+        err = read(out + ".err")
+        self.assertIn("nopfsd is gone", err)
+        # Everything delivered before the death was the file's bytes (the ones it could not
+        # verify once the service was gone are named as such, never as wrong bytes).
+        self.assertNotIn("differ from the file", err)
+        lines = read(out).strip().split("\n")
+        self.assertRegex(lines[-1], r"^\d+ samples, \d+ bytes, \d+ mismatches$")
+        self.assertLess(int(lines[-1].split()[0]), len(self.stream(0, 1)))
+
+    def test_a_file_rewritten_during_the_job_is_counted_and_logged(self):
+        conf = os.path.join(self.work, "none.conf.lua")
+        write_config(conf)
+        out = os.path.join(self.work, "out")
+        run = os.path.join(self.work, "run")
+        victim = self.data.files[5]
+        copy = os.path.join(self.work, "data")
+        shutil.copytree(self.data.root, copy)
+        make_world_readable(copy)
+        victim = os.path.join(copy, os.path.relpath(self.data.files[5], self.data.root))
+        os.chmod(victim, 0o666)
+        nopfs_bin = os.path.join(BIN, "nopfs")
+        per_epoch = len(self.stream(0, 1)) // 2
+        # Epoch 0 read (every sample from the PFS: no tier), the file rewritten in place with
+        # other bytes of the same size, epoch 1 read.
+        script = (f"{nopfs_bin} cat --count {per_epoch} > /dev/null; "
+                  f"python3 -c \"import sys; f=open(sys.argv[1],'r+b'); b=f.read(); f.seek(0); "
+                  f"f.write(bytes(x ^ 0x5a for x in b))\" {victim}; "
+                  f"{nopfs_bin} cat --start-epoch 1 --verify > {out} 2> {out}.err; "
+                  f"{nopfs_bin} status > {out}.status")
+        nopfs("run", "--dataset", copy, "--ranks", 1, *self.JOB, "--config", conf,
+              "--run-dir", run, "--keep-run-dir", "--", "sh", "-c", script)
+        self.assertRegex(read(out), r"0 mismatches")
+        m = re.search(r"changed: (\d+) PFS reads found", read(out + ".status"))
+        self.assertIsNotNone(m, read(out + ".status"))
+        self.assertEqual(int(m.group(1)), 1)
+        log = read(os.path.join(run, "nopfsd.log"))
+        self.assertIn(f"({victim}): the file changed on the PFS during the job", log)
 
     def test_client_killed_mid_epoch(self):
         conf = os.path.join(self.work, "ram.conf.lua")
