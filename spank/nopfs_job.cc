@@ -447,7 +447,7 @@ int Prolog(const Job& job, const char* self) {
   if (!config.ok()) {
     // Tell the job too: it gets a run directory with the reason in `failed`.
     if (::mkdir(job.run_dir.c_str(), 0700) == 0 &&
-        ::chown(job.run_dir.c_str(), job.uid, job.gid) == 0) {
+        ::lchown(job.run_dir.c_str(), job.uid, job.gid) == 0) {
       WriteStatus(job, "failed", where + "config: " + config.status().message());
     }
     return fail("config: " + config.status().message(), 1);

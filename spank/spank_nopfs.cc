@@ -302,6 +302,9 @@ int TaskInit(spank_t sp) {
     spank_setenv(sp, name, value.c_str(), 1);
   };
   if (why.empty() && local < per_node) set("NOPFS_SOCKET", dir + "/nopfsd.sock");
+  // A step inherits the batch script's environment: a task told it has no cache must not keep
+  // a socket from there.
+  if (!why.empty()) spank_unsetenv(sp, "NOPFS_SOCKET");
   // The catalog's size, from nopfsd's ready file ("samples=N"): what the Python package's len()
   // needs without asking the service. The file is the user's own: only digits are taken.
   if (why.empty()) {
