@@ -150,15 +150,13 @@ Status EnsureRootDir(const std::string& path, mode_t mode) {
 // Slurm's view of the job: its account, partition, QOS and memory on this node.
 struct SlurmJob {
   bool known = false;
-  bool answered = true;  // slurmctld answered (the job's state or "no such job")
-  bool active = true;    // pending, running, suspended or completing
+  bool active = true;  // pending, running, suspended or completing
   std::string account, partition, qos;
   uint64_t memory = 0;  // bytes on this node; 0: unknown/unlimited
 };
 
 SlurmJob QuerySlurm(uint64_t job_id, const std::string& node) {
   SlurmJob out;
-  out.answered = false;
   // libslurm exits the process when it finds no configuration: ask only when there is one.
   const char* conf = std::getenv("SLURM_CONF");
   if ((conf == nullptr || ::access(conf, R_OK) != 0) &&
@@ -170,10 +168,8 @@ SlurmJob QuerySlurm(uint64_t job_id, const std::string& node) {
     // A purged job is gone; any other error (controller unreachable) counts as alive, so that
     // a reservation is never released on a guess.
     out.active = slurm_get_errno() != ESLURM_INVALID_JOB_ID;
-    out.answered = !out.active;
     return out;
   }
-  out.answered = true;
   if (msg != nullptr && msg->record_count > 0) {
     const slurm_job_info_t& j = msg->job_array[0];
     out.known = true;
@@ -295,11 +291,7 @@ std::string Teardown(const std::string& node_dir, const Target& t,
       left += " " + node_dir + "/" + job;
     }
   }
-  // Look again.
-  if (t.daemon.pid > 0 && IsProcessAlive(t.daemon.pid, t.daemon.start_time) &&
-      left.find(" process ") == std::string::npos) {
-    left += " process " + std::to_string(t.daemon.pid);
-  }
+  // Look again (StopProcesses has looked at the process).
   if (t.index != kUnknownIndex) {
     for (const std::string& path : t.ssd_paths) {
       const std::string d =
@@ -496,12 +488,8 @@ int Prolog(const Job& job, const char* self) {
       if (e.job_id == job.job_id) continue;
       // An entry of an earlier boot is stale; so is one whose job slurmctld reports over or
       // unknown, even if its process still lives (an epilog that could not finish). Only when
-      // slurmctld cannot be asked is an entry kept on the word of its process, or kept anyway.
-      bool live = e.boot_id == boot;
-      if (live) {
-        const SlurmJob other = QuerySlurm(e.job_id, job.node);
-        live = other.answered ? other.active : true;
-      }
+      // slurmctld cannot be asked is an entry kept (QuerySlurm says active then).
+      const bool live = e.boot_id == boot && QuerySlurm(e.job_id, job.node).active;
       if (!live) {
         // Stale: its job is over and its epilog did not finish. Clean up after it.
         Target t = FromEntry(e);
@@ -707,12 +695,9 @@ int Epilog(const Job& job) {
       notes = "config: " + config.status().message() + "; ";
     }
   }
-  if (t.index == kUnknownIndex && entry == std::nullopt) {
-    t.ssd_paths.clear();  // never admitted here (no entry): no SSD directory either
-  } else if (t.index == kUnknownIndex) {
-    left += " SSD directory (the node list '" + job.nodelist.substr(0, 100) +
-            "' does not name this node, and the ledger has no index)";
-  }
+  // An unknown index means no entry (an entry has one) and a node list without this node: the
+  // job was never admitted here, so it has no SSD directory here either.
+  if (t.index == kUnknownIndex) t.ssd_paths.clear();
   left += Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace));
   if (entry) {
     Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s);
