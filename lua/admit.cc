@@ -87,7 +87,15 @@ Result<Admission> AdmitWithPolicyText(std::string_view policy_text, std::string_
     lua_pushcfunction(L, SizeFn);
     lua_setglobal(L, "size");
     NOPFS_RETURN_IF_ERROR(state.RunString(policy_text, name));
-    if (lua_getglobal(L, "admit") == LUA_TFUNCTION) {
+    // A policy file that runs but defines no admit() (a typo such as `function Admit`) would
+    // otherwise admit every job with the default: fail closed instead.
+    if (const int type = lua_getglobal(L, "admit"); type != LUA_TFUNCTION) {
+      return Status::InvalidArgument(
+          std::string(name) + ": defines no function admit (the global admit is " +
+          (type == LUA_TNIL ? std::string("not set") : "a " + std::string(lua_typename(L, type))) +
+          "); define function admit(job, node) (the name is lower case)");
+    }
+    {
       lua_newtable(L);
       SetInt(L, "id", job.job_id);
       SetInt(L, "uid", job.uid);

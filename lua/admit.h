@@ -12,8 +12,9 @@
 // job.memory = the job's memory allocation on the node, 0 when unknown);
 // size("32GB") converts a size to bytes.
 // The hook returns a table {ram = SIZE, ssd = SIZE} (sizes as numbers or strings like "20GB";
-// a missing field means "what was asked for"), or nil/false and a reason to refuse. A file
-// without `admit` has no opinion: the job gets what it asked for (RAM: half its memory allocation
+// a missing field means "what was asked for"), or nil/false and a reason to refuse. A policy
+// file that defines no `admit` function is an error (failing closed, like any policy error);
+// with no policy file at all the job gets what it asked for (RAM: half its memory allocation
 // when that is known and nothing was asked). Either way the grant is then clamped to what was
 // asked, the job's memory allocation (RAM), the config's per-job limits and what is free on the
 // node, in that order; a node already running limits.jobs_per_node jobs refuses before the hook is

@@ -153,11 +153,19 @@ TEST(AdmitTest, BrokenPoliciesFailWithFileAndLine) {
   EXPECT_EQ(a.status().code(), StatusCode::kResourceExhausted);
 }
 
-TEST(AdmitTest, FileWithoutAdmitHasNoOpinion) {
-  Result<Admission> a = AskPolicy("-- nothing here\nlocal x = 1", Job(), Node());
-  ASSERT_TRUE(a.ok());
-  EXPECT_TRUE(a->admitted);
-  EXPECT_EQ(a->ram, 100 * kGB);
+// A policy that runs but defines no admit() must not admit every job with the default: the
+// caller refuses the job with this error (failing closed), and the message names the fix.
+TEST(AdmitTest, FileWithoutAdmitIsAnError) {
+  for (const char* text :
+       {"-- nothing here\nlocal x = 1", "function Admit(job, node) return nil, 'no' end",
+        "admit = { ram = 1 }"}) {
+    Result<Admission> a = AskPolicy(text, Job(), Node());
+    ASSERT_FALSE(a.ok()) << text;
+    EXPECT_EQ(a.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(a.status().message().find("/etc/nopfs/policy.lua"), std::string::npos);
+    EXPECT_NE(a.status().message().find("define function admit(job, node)"), std::string::npos)
+        << a.status().message();
+  }
 }
 
 TEST(AdmitTest, RamComesFromTheJobsMemoryAllocation) {

@@ -1,5 +1,6 @@
 // nopfsd: the per-job per-node cache service. Started by the Slurm plugin at job start (as the
 // job's user) or by `nopfs run`; stopped by SIGTERM (or SIGINT, SIGHUP). See docs/architecture.md.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -30,13 +31,32 @@ struct Flags {
   bool allow_root = false;
 };
 
-// Start-up failed: say why where `nopfs run` and the Slurm plugin look (the `failed` file and
-// stderr) and in the log.
+// --ready-fd: the write end of a pipe that the Slurm plugin's launcher (root) created. nopfsd
+// writes "ready\n" plus the ready file's text, or "failed\n" and the reason, then closes it; the
+// launcher learns readiness there instead of reading files in the user's run directory.
+int g_ready_fd = -1;
+
+void TellLauncher(const std::string& text) {
+  if (g_ready_fd < 0) return;
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = write(g_ready_fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  close(g_ready_fd);
+  g_ready_fd = -1;
+}
+
+// Start-up failed: say why where `nopfs run` and the Slurm plugin look (the `failed` file, the
+// launcher's pipe and stderr) and in the log.
 int StartFailed(const std::string& run_dir, const Status& s) {
   spdlog::error("start-up failed: {}", s.message());
   std::fprintf(stderr, "nopfsd: %s\n", s.message().c_str());
   if (!run_dir.empty())
     (void)service::WriteFileAtomically(run_dir, service::kFailedName, s.message() + "\n");
+  TellLauncher("failed\n" + s.message() + "\n");
   return 1;
 }
 
@@ -70,6 +90,8 @@ int main(int argc, char** argv) {
   app.add_option("--peer-timeout-ms", f.daemon.peer_timeout_ms,
                  "A peer silent this long is dead for the rest of the job")
       ->capture_default_str();
+  app.add_option("--ready-fd", g_ready_fd,
+                 "Also say ready/failed on this inherited pipe (the Slurm launcher's)");
   app.add_flag("--allow-root", f.allow_root,
                "Run even as root (only for a personal machine: nopfsd is meant to run as the "
                "job's user)");
@@ -77,6 +99,10 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  if (g_ready_fd >= 0) {
+    signal(SIGPIPE, SIG_IGN);  // a launcher that gave up must not kill us with our answer
+    if (fcntl(g_ready_fd, F_SETFD, FD_CLOEXEC) != 0) g_ready_fd = -1;
   }
   if (geteuid() == 0 && !f.allow_root) {
     std::fprintf(stderr,
@@ -139,12 +165,12 @@ int main(int argc, char** argv) {
     return rc;
   }
   spdlog::set_level(spdlog::level::from_str((*daemon)->log_level()));
-  if (Status s = service::WriteFileAtomically(dir, service::kReadyName,
-                                              "pid=" + std::to_string(getpid()) + "\nsamples=" +
-                                                  std::to_string((*daemon)->samples()) + "\n");
-      !s.ok()) {
+  const std::string ready = "pid=" + std::to_string(getpid()) +
+                            "\nsamples=" + std::to_string((*daemon)->samples()) + "\n";
+  if (Status s = service::WriteFileAtomically(dir, service::kReadyName, ready); !s.ok()) {
     return StartFailed(dir, s);
   }
+  TellLauncher("ready\n" + ready);
   spdlog::info("ready");
 
   int sig = 0;

@@ -2,13 +2,13 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <charconv>
-#include <fstream>
 #include <thread>
 
 #include "spank/ledger.h"
@@ -17,6 +17,30 @@ namespace nopfs::spank {
 namespace {
 
 constexpr int kMaxDepth = 64;
+
+// glibc 2.36's <sys/pidfd.h> lacks extern "C"; the system calls are called directly.
+int PidfdOpen(pid_t pid) {
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+}
+int PidfdSignal(int pidfd, int sig) {
+  return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0));
+}
+
+std::string Kind(mode_t mode) {
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  return "not a regular file";
+}
+
+Status CheckName(const std::string& name) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
+    return Status::InvalidArgument("bad name '" + name + "'");
+  }
+  return Status::Ok();
+}
 
 Status RemoveAt(int parent_fd, const std::string& name, const std::string& shown, int depth) {
   if (depth > kMaxDepth) return Status::FailedPrecondition(shown + ": nested too deeply");
@@ -55,40 +79,168 @@ Status RemoveAt(int parent_fd, const std::string& name, const std::string& shown
   return first;
 }
 
+Result<UniqueFd> WalkTrusted(const std::string& path, bool create, mode_t mode,
+                             bool last_may_be_sticky) {
+  if (path.empty() || path[0] != '/') {
+    return Status::InvalidArgument("'" + path + "': not an absolute path");
+  }
+  const uid_t me = ::geteuid();
+  const std::string fix =
+      ": every directory of it must be owned by root and writable only by root (or have the "
+      "sticky bit, like /tmp, above the last one); fix its owner and mode, or choose another "
+      "path";
+  UniqueFd fd(::open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) return Status::FromErrno(errno, "open /");
+  std::string shown;
+  size_t pos = 0;
+  while (true) {
+    // The current component is checked before descending (the first round checks "/").
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "stat " + shown + "/");
+    const size_t next = path.find_first_not_of('/', pos);
+    const bool last = next == std::string::npos;
+    const bool sticky_ok = !last || last_may_be_sticky;
+    const std::string here = shown.empty() ? "/" : shown;
+    if (st.st_uid != 0 && st.st_uid != me) {
+      return Status::FailedPrecondition(path + ": " + here + " belongs to uid " +
+                                        std::to_string(st.st_uid) + fix);
+    }
+    if ((st.st_mode & 022) != 0 && !(sticky_ok && (st.st_mode & S_ISVTX) != 0)) {
+      return Status::FailedPrecondition(path + ": " + here + " is writable by group or others" +
+                                        fix);
+    }
+    if (last) return fd;
+    const size_t end = path.find('/', next);
+    const std::string name = path.substr(next, end == std::string::npos ? end : end - next);
+    pos = end == std::string::npos ? path.size() : end;
+    shown += "/" + name;
+    if (name == "." || name == "..") {
+      return Status::InvalidArgument(path + ": '" + name + "' in the path; write it without");
+    }
+    if (create && ::mkdirat(fd.get(), name.c_str(), mode) != 0 && errno != EEXIST) {
+      return Status::FromErrno(errno, "mkdir " + shown);
+    }
+    const int child =
+        ::openat(fd.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (child < 0) {
+      const int err = errno;
+      if (err == ENOENT) return Status::NotFound(shown + " does not exist");
+      if (err == ELOOP || err == ENOTDIR) {
+        return Status::FailedPrecondition(path + ": " + shown +
+                                          " is not a directory (a symbolic link or a file)" + fix);
+      }
+      return Status::FromErrno(err, "open " + shown);
+    }
+    fd = UniqueFd(child);
+  }
+}
+
 }  // namespace
 
+UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.release();
+  }
+  return *this;
+}
+
+UniqueFd::~UniqueFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Result<std::string> ReadUserFile(int dir_fd, const std::string& name, uid_t owner,
+                                 size_t max_bytes) {
+  const UniqueFd fd(
+      ::openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+  if (fd.get() < 0) {
+    const int err = errno;
+    if (err == ENOENT) return Status::NotFound(name + " does not exist");
+    if (err == ELOOP) return Status::PermissionDenied(name + " is a symbolic link; not reading it");
+    return Status::FromErrno(err, "open " + name);
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "stat " + name);
+  if (!S_ISREG(st.st_mode)) {
+    return Status::PermissionDenied(name + " is " + Kind(st.st_mode) + "; not reading it");
+  }
+  if (st.st_uid != owner) {
+    return Status::PermissionDenied(name + " belongs to uid " + std::to_string(st.st_uid) +
+                                    ", not " + std::to_string(owner) + "; not reading it");
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    return Status::PermissionDenied(name + " holds " + std::to_string(st.st_size) +
+                                    " bytes, more than " + std::to_string(max_bytes) +
+                                    "; not reading it");
+  }
+  // The file may grow after fstat: read at most the cap.
+  std::string out(max_bytes, '\0');
+  size_t got = 0;
+  while (got < out.size()) {
+    const ssize_t n = ::read(fd.get(), out.data() + got, out.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::FromErrno(errno, "read " + name);
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  out.resize(got);
+  return out;
+}
+
+Result<std::string> ReadUserFile(const std::string& path, uid_t owner, size_t max_bytes) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ReadUserFile(AT_FDCWD, path, owner, max_bytes);
+  const std::string dir = slash == 0 ? "/" : path.substr(0, slash);
+  const UniqueFd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dfd.get() < 0) {
+    if (errno == ENOENT) return Status::NotFound(dir + " does not exist");
+    return Status::FromErrno(errno, "open " + dir);
+  }
+  Result<std::string> r = ReadUserFile(dfd.get(), path.substr(slash + 1), owner, max_bytes);
+  if (!r.ok() && r.status().code() != StatusCode::kNotFound) {
+    return Status(r.status().code(), dir + "/" + r.status().message());
+  }
+  return r;
+}
+
+Result<UniqueFd> OpenTrustedDir(const std::string& path, bool last_may_be_sticky) {
+  return WalkTrusted(path, false, 0, last_may_be_sticky);
+}
+
+Result<UniqueFd> MakeTrustedDir(const std::string& path, mode_t mode) {
+  return WalkTrusted(path, true, mode, false);
+}
+
+Status RemoveBelowAt(int dir_fd, const std::string& name, const std::string& shown) {
+  NOPFS_RETURN_IF_ERROR(CheckName(name));
+  return RemoveAt(dir_fd, name, shown, 0);
+}
+
 Status RemoveBelow(const std::string& parent, const std::string& name) {
-  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
-    return Status::InvalidArgument("remove: bad name '" + name + "'");
+  if (Status s = CheckName(name); !s.ok()) return Status::InvalidArgument("remove: " + s.message());
+  Result<UniqueFd> pfd = OpenTrustedDir(parent, /*last_may_be_sticky=*/true);
+  if (!pfd.ok()) {
+    if (pfd.status().code() == StatusCode::kNotFound) return Status::Ok();
+    return pfd.status();
   }
-  const int pfd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (pfd < 0) {
-    if (errno == ENOENT) return Status::Ok();
-    return Status::FromErrno(errno, "open " + parent);
-  }
-  Status s = RemoveAt(pfd, name, parent + "/" + name, 0);
-  ::close(pfd);
-  return s;
+  return RemoveBelowAt(pfd->get(), name, parent + "/" + name);
 }
 
 Status RemoveBelowUserDir(const std::string& root, const std::string& user_dir, uid_t uid,
                           const std::string& name) {
   for (const std::string* n : {&user_dir, &name}) {
-    if (n->empty() || *n == "." || *n == ".." || n->find('/') != std::string::npos) {
-      return Status::InvalidArgument("remove: bad name '" + *n + "'");
-    }
+    if (Status s = CheckName(*n); !s.ok()) return Status::InvalidArgument("remove: " + s.message());
   }
-  const int rfd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (rfd < 0) {
-    if (errno == ENOENT) return Status::Ok();
-    return Status::FromErrno(errno, "open " + root);
+  Result<UniqueFd> rfd = OpenTrustedDir(root, /*last_may_be_sticky=*/true);
+  if (!rfd.ok()) {
+    if (rfd.status().code() == StatusCode::kNotFound) return Status::Ok();
+    return rfd.status();
   }
   const std::string shown = root + "/" + user_dir;
-  const int ufd =
-      ::openat(rfd, user_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-  if (ufd < 0) {
+  const UniqueFd ufd(::openat(rfd->get(), user_dir.c_str(),
+                              O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+  if (ufd.get() < 0) {
     const int err = errno;
-    ::close(rfd);
     if (err == ENOENT) return Status::Ok();
     if (err == ENOTDIR || err == ELOOP) {
       return Status::PermissionDenied(shown + " is not a directory; not touching it");
@@ -97,88 +249,69 @@ Status RemoveBelowUserDir(const std::string& root, const std::string& user_dir, 
   }
   struct stat st {};
   Status s;
-  if (::fstat(ufd, &st) != 0) {
+  if (::fstat(ufd.get(), &st) != 0) {
     s = Status::FromErrno(errno, "stat " + shown);
   } else if (st.st_uid != uid) {
     s = Status::PermissionDenied(shown + " belongs to uid " + std::to_string(st.st_uid) + ", not " +
                                  std::to_string(uid) + "; not touching it");
   } else {
-    s = RemoveAt(ufd, name, shown + "/" + name, 0);
+    s = RemoveBelowAt(ufd.get(), name, shown + "/" + name);
   }
-  ::close(ufd);
-  if (s.ok()) ::unlinkat(rfd, user_dir.c_str(), AT_REMOVEDIR);  // only when empty
-  ::close(rfd);
+  if (s.ok()) ::unlinkat(rfd->get(), user_dir.c_str(), AT_REMOVEDIR);  // only when empty
   return s;
 }
 
 Status WriteFileAs(const std::string& dir, const std::string& name, const std::string& text,
                    uid_t uid, gid_t gid, mode_t mode) {
-  const std::string tmp = dir + "/." + name + ".nopfs-job." + std::to_string(::getpid());
-  ::unlink(tmp.c_str());
-  const int fd =
-      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode & 0600);
-  if (fd < 0) return Status::FromErrno(errno, "create " + tmp);
+  NOPFS_RETURN_IF_ERROR(CheckName(name));
+  const UniqueFd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (dfd.get() < 0) return Status::FromErrno(errno, "open " + dir);
+  struct stat st {};
+  if (::fstat(dfd.get(), &st) != 0) return Status::FromErrno(errno, "stat " + dir);
+  if (st.st_uid != uid && st.st_uid != ::geteuid()) {
+    return Status::PermissionDenied(dir + " belongs to uid " + std::to_string(st.st_uid) +
+                                    "; not writing into it");
+  }
+  const std::string tmp = "." + name + ".nopfs-job." + std::to_string(::getpid());
+  ::unlinkat(dfd.get(), tmp.c_str(), 0);
+  const int fd = ::openat(dfd.get(), tmp.c_str(),
+                          O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode & 0600);
+  if (fd < 0) return Status::FromErrno(errno, "create " + dir + "/" + tmp);
   const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
                   ::fchown(fd, uid, gid) == 0 && ::fchmod(fd, mode) == 0;
   const int err = errno;
   ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), (dir + "/" + name).c_str()) != 0) {
+  if (!ok || ::renameat(dfd.get(), tmp.c_str(), dfd.get(), name.c_str()) != 0) {
     const int e = ok ? errno : err;
-    ::unlink(tmp.c_str());
+    ::unlinkat(dfd.get(), tmp.c_str(), 0);
     return Status::FromErrno(e, "write " + dir + "/" + name);
   }
   return Status::Ok();
 }
 
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::string out(64 * 1024, '\0');
-  in.read(out.data(), static_cast<std::streamsize>(out.size()));
-  out.resize(static_cast<size_t>(in.gcount()));
-  return out;
-}
-
-std::vector<pid_t> FindDaemons(uid_t uid, const std::string& run_dir) {
-  std::vector<pid_t> out;
-  DIR* d = ::opendir("/proc");
-  if (d == nullptr) return out;
-  while (dirent* ent = ::readdir(d)) {
-    const std::string_view name = ent->d_name;
-    pid_t pid = 0;
-    const auto r = std::from_chars(name.data(), name.data() + name.size(), pid);
-    if (r.ec != std::errc() || r.ptr != name.data() + name.size() || pid <= 0) continue;
-    struct stat st {};
-    const std::string base = "/proc/" + std::string(name);
-    if (::stat(base.c_str(), &st) != 0 || st.st_uid != uid) continue;
-    if (!ProcessStartTime(pid).has_value()) continue;  // gone or a zombie
-    const std::string cmdline = ReadText(base + "/cmdline");
-    const std::string want = std::string("--run-dir") + '\0' + run_dir + '\0';
-    const std::string want_eq = "--run-dir=" + run_dir + '\0';
-    if (cmdline.find(want) != std::string::npos || cmdline.find(want_eq) != std::string::npos) {
-      out.push_back(pid);
-    }
-  }
-  ::closedir(d);
-  return out;
-}
-
-std::vector<pid_t> StopProcesses(const std::vector<pid_t>& pids, std::chrono::milliseconds grace) {
+std::vector<pid_t> StopProcesses(const std::vector<ProcessId>& procs,
+                                 std::chrono::milliseconds grace) {
   struct Proc {
     pid_t pid;
-    uint64_t start;
+    UniqueFd pidfd;
   };
-  std::vector<Proc> procs;
-  for (pid_t p : pids) {
-    if (auto s = ProcessStartTime(p)) {
-      procs.push_back({p, *s});
-      ::kill(p, SIGTERM);
-    }
+  std::vector<Proc> open;
+  for (const ProcessId& p : procs) {
+    if (p.pid <= 0) continue;
+    UniqueFd pidfd(PidfdOpen(p.pid));
+    if (pidfd.get() < 0) continue;  // gone
+    // The pidfd now holds whatever process has this pid; it is ours only if it started when the
+    // ledger says. Checked after opening, so a pid reused in between is seen.
+    if (!IsProcessAlive(p.pid, p.start_time)) continue;
+    if (PidfdSignal(pidfd.get(), SIGTERM) != 0 && errno == ESRCH) continue;
+    open.push_back({p.pid, std::move(pidfd)});
   }
   auto alive = [&] {
     std::vector<pid_t> left;
-    for (const Proc& p : procs) {
+    for (const Proc& p : open) {
       ::waitpid(p.pid, nullptr, WNOHANG);  // reaps our own children (tests); others: no-op
-      if (IsProcessAlive(p.pid, p.start)) left.push_back(p.pid);
+      pollfd pfd{p.pidfd.get(), POLLIN, 0};
+      if (::poll(&pfd, 1, 0) == 0) left.push_back(p.pid);  // readable once it has exited
     }
     return left;
   };
@@ -186,8 +319,10 @@ std::vector<pid_t> StopProcesses(const std::vector<pid_t>& pids, std::chrono::mi
   while (!alive().empty() && std::chrono::steady_clock::now() < term_deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  for (pid_t p : alive())
-    ::kill(p, SIGKILL);
+  for (const Proc& p : open) {
+    pollfd pfd{p.pidfd.get(), POLLIN, 0};
+    if (::poll(&pfd, 1, 0) == 0) (void)PidfdSignal(p.pidfd.get(), SIGKILL);
+  }
   const auto kill_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   std::vector<pid_t> left = alive();
   while (!left.empty() && std::chrono::steady_clock::now() < kill_deadline) {
@@ -195,6 +330,14 @@ std::vector<pid_t> StopProcesses(const std::vector<pid_t>& pids, std::chrono::mi
     left = alive();
   }
   return left;
+}
+
+std::string Printable(std::string_view text, size_t max) {
+  std::string out(text.substr(0, max));
+  for (char& c : out) {
+    if (c < 0x20 || c > 0x7e) c = '?';
+  }
+  return out;
 }
 
 }  // namespace nopfs::spank

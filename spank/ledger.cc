@@ -8,7 +8,6 @@
 
 #include <charconv>
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 #include <thread>
 
@@ -20,20 +19,40 @@ bool ParseU64(std::string_view s, uint64_t* v) {
   return !s.empty() && r.ec == std::errc() && r.ptr == s.data() + s.size();
 }
 
+// Reads at most 64 KiB of a regular file (the ledger's entries, /proc files), never following a
+// link in its last component nor blocking on a FIFO; "" when it cannot.
 std::string ReadSmallFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return "";
+  struct stat st {};
+  std::string out;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    out.resize(64 * 1024);
+    size_t got = 0;
+    while (got < out.size()) {
+      const ssize_t n = ::read(fd, out.data() + got, out.size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    out.resize(got);
+  }
+  ::close(fd);
+  return out;
 }
 
 }  // namespace
 
 std::string FormatEntry(const LedgerEntry& e) {
-  return "job=" + std::to_string(e.job_id) + "\nuid=" + std::to_string(e.uid) +
-         "\nnode_index=" + std::to_string(e.node_index) + "\nram=" + std::to_string(e.ram) +
-         "\nssd=" + std::to_string(e.ssd) + "\nboot=" + e.boot_id +
-         "\npid=" + std::to_string(e.pid) + "\nstart=" + std::to_string(e.start_time) + "\n";
+  std::string out = "job=" + std::to_string(e.job_id) + "\nuid=" + std::to_string(e.uid) +
+                    "\nnode_index=" + std::to_string(e.node_index) +
+                    "\nram=" + std::to_string(e.ram) + "\nssd=" + std::to_string(e.ssd) +
+                    "\nboot=" + e.boot_id + "\npid=" + std::to_string(e.pid) +
+                    "\nstart=" + std::to_string(e.start_time) + "\n";
+  for (const std::string& p : e.ssd_paths) {
+    if (!p.empty() && p.find('\n') == std::string::npos) out += "ssd_path=" + p + "\n";
+  }
+  return out;
 }
 
 Result<LedgerEntry> ParseEntry(const std::string& text) {
@@ -50,6 +69,11 @@ Result<LedgerEntry> ParseEntry(const std::string& text) {
     if (key == "boot") {
       e.boot_id = std::string(value);
       seen |= 1u << 0;
+      continue;
+    }
+    if (key == "ssd_path") {
+      if (value.empty()) return Status::Corruption("ledger entry line '" + line + "'");
+      e.ssd_paths.emplace_back(value);
       continue;
     }
     if (!ParseU64(value, &v)) return Status::Corruption("ledger entry value '" + line + "'");

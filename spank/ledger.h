@@ -6,8 +6,9 @@
 // entry under one lock hold, so two prologs never both take the last free bytes: the sum of the
 // entries never exceeds what admission allowed. The directory belongs to root, mode 0700.
 //
-// Crash safety: an entry names the process that holds it (the prolog's launcher while nopfsd
-// starts, then nopfsd) by pid and start time, and the boot it was written in. A crash at any
+// Crash safety: an entry names the process that holds it (the prolog's launcher until it forks
+// nopfsd, then nopfsd) by pid and start time, and the boot it was written in, and holds what the
+// epilog needs to tear the job down without the node config (ssd_paths). A crash at any
 // point leaves either no entry or an entry whose staleness the next prolog can tell (nopfs-job
 // decides with IsProcessAlive, the boot id and the job's state in Slurm; see nopfs_job.cc).
 //
@@ -36,6 +37,11 @@ struct LedgerEntry {
   std::string boot_id;      // /proc/sys/kernel/random/boot_id when written
   int64_t pid = 0;          // the process that holds the reservation
   uint64_t start_time = 0;  // its start time (/proc/<pid>/stat field 22)
+  // The node config's SSD class paths when the job was admitted: the epilog removes the job's
+  // SSD directories below these even when the config no longer loads. Zero or more lines
+  // "ssd_path=PATH" (a path holding a newline is never recorded); entries written before this
+  // field existed have none.
+  std::vector<std::string> ssd_paths;
 };
 
 std::string FormatEntry(const LedgerEntry& e);

@@ -16,6 +16,11 @@ namespace {
 
 using namespace std::chrono_literals;
 
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
 class LedgerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -81,6 +86,21 @@ TEST_F(LedgerTest, EntriesRoundTripAndMalformedFilesAreDropped) {
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after->size(), 1u);
   EXPECT_FALSE(ParseEntry("job=1\n").ok());
+}
+
+// The epilog tears a job down from its entry alone (no node config): the SSD paths recorded at
+// admission come back, and an entry without them (an older launcher's) still parses.
+TEST_F(LedgerTest, EntryKeepsTheSsdPaths) {
+  LedgerEntry e = Entry(11, 100);
+  e.ssd_paths = {"/nvme0/nopfs", "/nvme1/nopfs", "bad\npath"};
+  Result<LedgerEntry> back = ParseEntry(FormatEntry(e));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->ssd_paths, (std::vector<std::string>{"/nvme0/nopfs", "/nvme1/nopfs"}));
+  e.ssd_paths.clear();
+  back = ParseEntry(FormatEntry(e));
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(back->ssd_paths.empty());
+  EXPECT_FALSE(ParseEntry(FormatEntry(e) + "ssd_path=\n").ok());
 }
 
 TEST_F(LedgerTest, LockExcludesOtherProcessesAndTimesOut) {
@@ -187,25 +207,6 @@ TEST_F(LedgerTest, WriteFileAsReplacesAPlantedLink) {
   EXPECT_EQ(ReadText(target), "precious");
   EXPECT_EQ(ReadText(root_ + "/failed"), "why\n");
   EXPECT_EQ(ReadText(root_ + "/refused"), "why\n");
-}
-
-TEST_F(LedgerTest, FindAndStopDaemonsByRunDir) {
-  const std::string run_dir = root_ + "/run";
-  const pid_t p = ::fork();
-  if (p == 0) {
-    ::execl("/bin/sh", "sh", "-c", "while :; do sleep 0.1; done", "sh", "--run-dir",
-            run_dir.c_str(), nullptr);
-    _exit(127);
-  }
-  std::vector<pid_t> found;
-  for (int i = 0; i < 200 && found.empty(); ++i) {
-    ::usleep(10000);
-    found = FindDaemons(::getuid(), run_dir);
-  }
-  ASSERT_EQ(found, std::vector<pid_t>{p});
-  EXPECT_TRUE(FindDaemons(::getuid(), run_dir + "x").empty());
-  EXPECT_TRUE(StopProcesses(found, 2s).empty());
-  EXPECT_TRUE(FindDaemons(::getuid(), run_dir).empty());
 }
 
 }  // namespace

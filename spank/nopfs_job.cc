@@ -16,6 +16,7 @@
 #include <grp.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <poll.h>
 #include <pwd.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -27,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -137,25 +139,11 @@ Result<Job> ParseCommandLine(int argc, char** argv) {
   return job;
 }
 
-// mkdir -p for root-owned directories that must not be links or writable by others.
+// mkdir -p for root-owned directories: every component from "/" is checked (job_files.h
+// MakeTrustedDir), so that no user can swap one for a link while root works below it.
 Status EnsureRootDir(const std::string& path, mode_t mode) {
-  std::string prefix;
-  size_t pos = 0;
-  while (pos != std::string::npos) {
-    pos = path.find('/', pos + 1);
-    prefix = path.substr(0, pos);
-    if (prefix.empty()) continue;
-    if (::mkdir(prefix.c_str(), mode) != 0 && errno != EEXIST) {
-      return Status::FromErrno(errno, "mkdir " + prefix);
-    }
-  }
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0) return Status::FromErrno(errno, "stat " + path);
-  if (!S_ISDIR(st.st_mode) || st.st_uid != 0 || (st.st_mode & 022) != 0) {
-    return Status::FailedPrecondition(path +
-                                      " must be a directory owned by root and writable only by "
-                                      "root");
-  }
+  Result<UniqueFd> fd = MakeTrustedDir(path, mode);
+  if (!fd.ok()) return Status(fd.status().code(), "rundir: " + fd.status().message());
   return Status::Ok();
 }
 
@@ -211,44 +199,107 @@ Result<lua::NodeConfig> LoadConfig(const Job& job) {
   return lua::LoadNodeConfig(job.args.config);
 }
 
-// Removes the job's SSD directory under each SSD class of the config.
-Status RemoveSsd(const lua::NodeConfig& config, uint64_t job_id, uid_t uid, uint32_t index) {
-  Status first;
+// The SSD class paths of `config`: where the job's SSD directories are.
+std::vector<std::string> SsdPaths(const lua::NodeConfig& config) {
+  std::vector<std::string> out;
   for (const policy::StorageClass& c : config.model().classes) {
-    if (c.kind != policy::ClassKind::kSsd || c.path.empty()) continue;
-    Status s = RemoveBelowUserDir(c.path, "nopfs-" + std::to_string(uid), uid,
+    if (c.kind == policy::ClassKind::kSsd && !c.path.empty()) out.push_back(c.path);
+  }
+  return out;
+}
+
+// Removes the job's SSD directory under each of `paths`.
+Status RemoveSsd(const std::vector<std::string>& paths, uint64_t job_id, uid_t uid,
+                 uint32_t index) {
+  Status first;
+  for (const std::string& path : paths) {
+    Status s = RemoveBelowUserDir(path, "nopfs-" + std::to_string(uid), uid,
                                   std::to_string(job_id) + "." + std::to_string(index));
     if (!s.ok() && first.ok()) first = s;
   }
   return first;
 }
 
-// Everything the epilog does for one job; also used on a stale ledger entry. Returns what is
-// left (empty when nothing).
-std::string Teardown(const std::string& node_dir, const lua::NodeConfig& config,
-                     const std::string& node, uint64_t job_id, uid_t uid, uint32_t index,
-                     std::chrono::milliseconds grace) {
-  const std::string run_dir = node_dir + "/" + std::to_string(job_id);
-  std::string left;
-  const std::vector<pid_t> still = StopProcesses(FindDaemons(uid, run_dir), grace);
-  for (pid_t p : still)
-    left += " process " + std::to_string(p);
-  if (Status s = RemoveSsd(config, job_id, uid, index); !s.ok()) left += " " + s.message();
-  if (Status s = RemoveBelow(node_dir, std::to_string(job_id)); !s.ok()) {
-    left += " " + s.message();
-  }
-  // Look again.
-  for (pid_t p : FindDaemons(uid, run_dir))
-    left += " process " + std::to_string(p);
+// What a teardown needs, all of it recorded in root-owned state (the ledger entry) or given by
+// Slurm; nothing from the node config nor from the user's files.
+struct Target {
+  uint64_t job_id = 0;
+  uid_t uid = 0;
+  uint32_t index = kUnknownIndex;  // the job's node index here; unknown: SSD not touched
+  ProcessId daemon;                // pid 0: none recorded
+  std::vector<std::string> ssd_paths;
+};
+
+Target FromEntry(const LedgerEntry& e) {
+  Target t;
+  t.job_id = e.job_id;
+  t.uid = e.uid;
+  t.index = e.node_index;
+  t.daemon = {static_cast<pid_t>(e.pid), e.start_time};
+  t.ssd_paths = e.ssd_paths;
+  return t;
+}
+
+// The ledger entry of `job_id`, if the ledger exists and has one.
+std::optional<LedgerEntry> FindEntry(const std::string& ledger_dir, uint64_t job_id,
+                                     std::string* error) {
   struct stat st {};
-  if (::lstat(run_dir.c_str(), &st) == 0) left += " " + run_dir;
-  for (const policy::StorageClass& c : config.model().classes) {
-    if (c.kind != policy::ClassKind::kSsd || c.path.empty()) continue;
-    const std::string d = c.path + "/nopfs-" + std::to_string(uid) + "/" + std::to_string(job_id) +
-                          "." + std::to_string(index);
-    if (::lstat(d.c_str(), &st) == 0) left += " " + d;
+  if (::lstat(ledger_dir.c_str(), &st) != 0) return std::nullopt;
+  Result<Ledger> l = Ledger::Lock(ledger_dir, 30s);
+  if (!l.ok()) {
+    *error = l.status().message();
+    return std::nullopt;
   }
-  (void)node;
+  Result<std::vector<LedgerEntry>> entries = l->Entries();
+  if (!entries.ok()) {
+    *error = entries.status().message();
+    return std::nullopt;
+  }
+  for (const LedgerEntry& e : *entries) {
+    if (e.job_id == job_id) return e;
+  }
+  return std::nullopt;
+}
+
+// Everything the epilog does for one job; also used on a stale ledger entry. Depends on nothing
+// that can fail but the removals themselves: the process is the one the ledger names (pid and
+// start time, never its command line), the run directory is reached through a checked walk of
+// `node_dir`. Returns what is left (empty when nothing).
+std::string Teardown(const std::string& node_dir, const Target& t,
+                     std::chrono::milliseconds grace) {
+  const std::string job = std::to_string(t.job_id);
+  std::string left;
+  if (t.daemon.pid > 0) {
+    for (pid_t p : StopProcesses({t.daemon}, grace))
+      left += " process " + std::to_string(p);
+  }
+  if (t.index != kUnknownIndex) {
+    if (Status s = RemoveSsd(t.ssd_paths, t.job_id, t.uid, t.index); !s.ok()) {
+      left += " " + s.message();
+    }
+  }
+  Result<UniqueFd> dir = OpenTrustedDir(node_dir);
+  if (!dir.ok()) {
+    if (dir.status().code() != StatusCode::kNotFound)
+      left += " run directory (" + dir.status().message() + ")";
+  } else {
+    if (Status s = RemoveBelowAt(dir->get(), job, node_dir + "/" + job); !s.ok()) {
+      left += " " + s.message();
+    }
+    struct stat st {};
+    if (::fstatat(dir->get(), job.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+      left += " " + node_dir + "/" + job;
+    }
+  }
+  // Look again (StopProcesses has looked at the process).
+  if (t.index != kUnknownIndex) {
+    for (const std::string& path : t.ssd_paths) {
+      const std::string d =
+          path + "/nopfs-" + std::to_string(t.uid) + "/" + job + "." + std::to_string(t.index);
+      struct stat st {};
+      if (::lstat(d.c_str(), &st) == 0) left += " " + d;
+    }
+  }
   return left;
 }
 
@@ -258,8 +309,9 @@ void WriteStatus(const Job& job, const char* name, const std::string& text) {
 }
 
 // The child: becomes the user and runs nopfsd. Never returns.
+// `ready_fd` becomes its descriptor 3 (nopfsd --ready-fd 3).
 [[noreturn]] void ExecDaemon(const Job& job, const std::string& nopfsd,
-                             const std::vector<std::string>& argv_s) {
+                             const std::vector<std::string>& argv_s, int ready_fd) {
   ::setsid();
   const passwd* pw = ::getpwuid(job.uid);
   const std::string home = pw != nullptr ? pw->pw_dir : "/";
@@ -275,13 +327,20 @@ void WriteStatus(const Job& job, const char* name, const std::string& text) {
   ::dup2(null_fd, 0);
   ::dup2(out_fd, 1);
   ::dup2(out_fd, 2);
-  ::close_range(3, ~0U, 0);
+  if (ready_fd == 3) {
+    ::fcntl(3, F_SETFD, 0);
+  } else if (::dup2(ready_fd, 3) != 3) {
+    _exit(126);
+  }
+  ::close_range(4, ~0U, 0);
   std::vector<std::string> env_s = {"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + home,
                                     "USER=" + name, "LOGNAME=" + name, "LANG=C.UTF-8"};
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(nopfsd.c_str()));
   for (const std::string& a : argv_s)
     argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(const_cast<char*>("--ready-fd"));
+  argv.push_back(const_cast<char*>("3"));
   argv.push_back(nullptr);
   std::vector<char*> envp;
   for (const std::string& e : env_s)
@@ -396,17 +455,22 @@ int Prolog(const Job& job, const char* self) {
   if (!config.ok()) {
     // Tell the job too: it gets a run directory with the reason in `failed`.
     if (::mkdir(job.run_dir.c_str(), 0700) == 0 &&
-        ::chown(job.run_dir.c_str(), job.uid, job.gid) == 0) {
+        ::lchown(job.run_dir.c_str(), job.uid, job.gid) == 0) {
       WriteStatus(job, "failed", where + "config: " + config.status().message());
     }
     return fail("config: " + config.status().message(), 1);
   }
 
   // A leftover of an earlier run of this job (a requeue) goes first.
-  (void)Teardown(job.node_dir, *config, job.node, job.job_id, job.uid, job.node_index,
-                 std::chrono::seconds(job.args.grace));
+  {
+    std::string error;
+    const std::optional<LedgerEntry> old = FindEntry(job.ledger_dir, job.job_id, &error);
+    Target t = old ? FromEntry(*old) : Target{job.job_id, job.uid, job.node_index, {}, {}};
+    if (t.ssd_paths.empty()) t.ssd_paths = SsdPaths(*config);
+    (void)Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace));
+  }
   if (::mkdir(job.run_dir.c_str(), 0700) != 0 ||
-      ::chown(job.run_dir.c_str(), job.uid, job.gid) != 0) {
+      ::lchown(job.run_dir.c_str(), job.uid, job.gid) != 0) {
     return fail(Status::FromErrno(errno, "create " + job.run_dir).message(), 1);
   }
 
@@ -438,12 +502,15 @@ int Prolog(const Job& job, const char* self) {
     const std::string boot = BootId();
     for (const LedgerEntry& e : *entries) {
       if (e.job_id == job.job_id) continue;
-      const bool live =
-          e.boot_id == boot && (IsProcessAlive(static_cast<pid_t>(e.pid), e.start_time) ||
-                                QuerySlurm(e.job_id, job.node).active);
+      // An entry of an earlier boot is stale; so is one whose job slurmctld reports over or
+      // unknown, even if its process still lives (an epilog that could not finish). Only when
+      // slurmctld cannot be asked is an entry kept (QuerySlurm says active then).
+      const bool live = e.boot_id == boot && QuerySlurm(e.job_id, job.node).active;
       if (!live) {
         // Stale: its job is over and its epilog did not finish. Clean up after it.
-        (void)Teardown(job.node_dir, *config, job.node, e.job_id, e.uid, e.node_index, 2s);
+        Target t = FromEntry(e);
+        if (t.ssd_paths.empty()) t.ssd_paths = SsdPaths(*config);
+        (void)Teardown(job.node_dir, t, 2s);
         (void)ledger->Remove(e.job_id);
         continue;
       }
@@ -468,6 +535,7 @@ int Prolog(const Job& job, const char* self) {
       e.boot_id = boot;
       e.pid = ::getpid();
       e.start_time = ProcessStartTime(::getpid()).value_or(0);
+      e.ssd_paths = SsdPaths(*config);
       if (Status s = ledger->Put(e); !s.ok()) return fail(s.message(), 1);
     }
   }
@@ -510,46 +578,36 @@ int Prolog(const Job& job, const char* self) {
   for (std::string& a : PeerArgs(job, &peers_note))
     dargs.push_back(std::move(a));
   const std::string nopfsd = DaemonPath(job, self);
-  std::fflush(nullptr);
-  const pid_t child = ::fork();
-  if (child < 0) return fail(Status::FromErrno(errno, "fork").message(), 1);
-  if (child == 0) ExecDaemon(job, nopfsd, dargs);
-
-  auto give_up = [&](const std::string& why) {
-    (void)StopProcesses({child}, std::chrono::seconds(job.args.grace));
-    ::waitpid(child, nullptr, WNOHANG);
-    if (ReadText(job.run_dir + "/failed").empty()) WriteStatus(job, "failed", where + why);
-    (void)RemoveSsd(*config, job.job_id, job.uid, job.node_index);
+  const std::vector<std::string> ssd_paths = SsdPaths(*config);
+  // Releases the reservation of a job that gets no cache after all.
+  auto release = [&] {
+    (void)RemoveSsd(ssd_paths, job.job_id, job.uid, job.node_index);
     if (Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s); l.ok()) {
       (void)l->Remove(job.job_id);
     }
-    return fail("nopfsd failed: " + why, 4);
   };
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(job.args.timeout);
-  while (true) {
-    if (!ReadText(job.run_dir + "/ready").empty()) break;
-    const std::string failed = ReadText(job.run_dir + "/failed");
-    if (!failed.empty()) return give_up(LastLine(failed));
-    int status = 0;
-    if (::waitpid(child, &status, WNOHANG) == child) {
-      if (!ReadText(job.run_dir + "/ready").empty()) break;
-      std::string why = WIFEXITED(status)
-                            ? "exited with status " + std::to_string(WEXITSTATUS(status))
-                            : "killed by signal " + std::to_string(WTERMSIG(status));
-      const std::string f = LastLine(ReadText(job.run_dir + "/failed"));
-      const std::string out = LastLine(ReadText(job.run_dir + "/nopfsd.out"));
-      if (!f.empty())
-        why += ": " + f;
-      else if (!out.empty())
-        why += ": " + out;
-      return give_up(why);
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      return give_up("not ready within timeout=" + std::to_string(job.args.timeout) + " s");
-    }
-    std::this_thread::sleep_for(50ms);
+  // nopfsd says ready or failed on a pipe this launcher made (nopfsd --ready-fd), never through
+  // a file in the user's run directory that the user could swap for a link or a FIFO.
+  int ready_pipe[2];
+  if (::pipe2(ready_pipe, O_CLOEXEC) != 0) {
+    const Status s = Status::FromErrno(errno, "pipe");
+    release();
+    return fail(s.message(), 1);
   }
-  // Serving: the reservation now names nopfsd, which outlives this launcher.
+  const UniqueFd ready_in(ready_pipe[0]);
+  std::fflush(nullptr);
+  const pid_t child = ::fork();
+  if (child < 0) {
+    const Status s = Status::FromErrno(errno, "fork");
+    ::close(ready_pipe[1]);
+    release();
+    return fail(s.message(), 1);
+  }
+  if (child == 0) ExecDaemon(job, nopfsd, dargs, ready_pipe[1]);
+  ::close(ready_pipe[1]);
+  // From here the reservation names nopfsd (by pid and start time, fixed at fork), so that an
+  // epilog stops it even if this launcher is killed while nopfsd starts.
+  const ProcessId daemon{child, ProcessStartTime(child).value_or(0)};
   if (Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s); l.ok()) {
     LedgerEntry e;
     e.job_id = job.job_id;
@@ -558,9 +616,59 @@ int Prolog(const Job& job, const char* self) {
     e.ram = adm.ram;
     e.ssd = adm.ssd;
     e.boot_id = BootId();
-    e.pid = child;
-    e.start_time = ProcessStartTime(child).value_or(0);
+    e.pid = daemon.pid;
+    e.start_time = daemon.start_time;
+    e.ssd_paths = ssd_paths;
     (void)l->Put(e);
+  }
+
+  auto give_up = [&](const std::string& why) {
+    (void)StopProcesses({daemon}, std::chrono::seconds(job.args.grace));
+    ::waitpid(child, nullptr, WNOHANG);
+    WriteStatus(job, "failed", where + why);
+    release();
+    return fail("nopfsd failed: " + why, 4);
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(job.args.timeout);
+  std::string said;  // what nopfsd wrote on the pipe, at most 4 KiB
+  bool closed = false;
+  while (!closed) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      return give_up("not ready within timeout=" + std::to_string(job.args.timeout) + " s");
+    }
+    pollfd p{ready_in.get(), POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    if (r <= 0) continue;
+    char buf[1024];
+    const ssize_t n = ::read(ready_in.get(), buf, sizeof(buf));
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) {
+      closed = true;
+    } else if (said.size() < 4096) {
+      said.append(buf, static_cast<size_t>(n));
+    }
+  }
+  if (said.rfind("failed\n", 0) == 0) return give_up(Printable(LastLine(said.substr(7))));
+  if (said.rfind("ready\n", 0) != 0) {
+    // Closed without a word: nopfsd exited early (a bad argument, a crash). Its exit status and
+    // the last line of its output say why; nopfsd.out is read with ReadUserFile (never a link
+    // or a FIFO, only the user's own regular file).
+    int status = 0;
+    pid_t waited = 0;
+    for (int i = 0; i < 40 && waited == 0; ++i) {
+      waited = ::waitpid(child, &status, WNOHANG);
+      if (waited == 0) std::this_thread::sleep_for(50ms);
+    }
+    std::string why = "closed its ready pipe without saying ready";
+    if (waited == child) {
+      why = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
+                              : "killed by signal " + std::to_string(WTERMSIG(status));
+    }
+    Result<std::string> out = ReadUserFile(job.run_dir + "/nopfsd.out", job.uid, 1 << 20);
+    if (out.ok() && !LastLine(*out).empty()) why += ": " + Printable(LastLine(*out));
+    return give_up(why);
   }
   std::printf("%sserving %s (partition %s, job memory %s) with RAM %s, SSD %s%s%s%s%s\n",
               where.c_str(), job.opts.dataset.c_str(),
@@ -574,30 +682,40 @@ int Prolog(const Job& job, const char* self) {
 
 int Epilog(const Job& job) {
   const std::string where = "nopfs: epilog: " + job.node + ": ";
-  Result<lua::NodeConfig> config = LoadConfig(job);
-  if (!config.ok()) {
-    std::printf("%sconfig: %s\n", where.c_str(), config.status().message().c_str());
+  // Teardown depends on nothing that can fail: the ledger entry written at prolog time names
+  // nopfsd, the node index and the SSD paths. The node config is only a fallback for the SSD
+  // paths of an entry that has none; a config that no longer loads is reported, not obeyed.
+  // The run directory and the ledger are reached only through a checked walk: a rundir that a
+  // user could rename or replace is refused, never followed.
+  if (Result<UniqueFd> dir = OpenTrustedDir(job.node_dir);
+      !dir.ok() && dir.status().code() != StatusCode::kNotFound) {
+    std::printf("%sleft behind: run directory, nopfsd and reservation, not looked at: %s\n",
+                where.c_str(), dir.status().message().c_str());
     return 1;
   }
-  uint32_t index = job.node_index;
-  if (index == kUnknownIndex) {
-    if (Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s); l.ok()) {
-      if (Result<std::vector<LedgerEntry>> entries = l->Entries(); entries.ok()) {
-        for (const LedgerEntry& e : *entries) {
-          if (e.job_id == job.job_id) index = e.node_index;
-        }
-      }
+  std::string notes;
+  std::string left;
+  std::string error;
+  const std::optional<LedgerEntry> entry = FindEntry(job.ledger_dir, job.job_id, &error);
+  if (!error.empty()) left += " reservation (" + error + ")";
+  Target t = entry ? FromEntry(*entry) : Target{job.job_id, job.uid, job.node_index, {}, {}};
+  if (t.ssd_paths.empty()) {
+    if (Result<lua::NodeConfig> config = LoadConfig(job); config.ok()) {
+      t.ssd_paths = SsdPaths(*config);
+    } else if (entry) {
+      // An entry without SSD paths was written by an older launcher; nothing else knows them.
+      left += " SSD directory (config: " + config.status().message() + ")";
+    } else {
+      // No entry: the job was never admitted here, or its prolog released it after removing
+      // the SSD directory, so there is none to remove.
+      notes = "config: " + config.status().message() + "; ";
     }
   }
-  std::string left;
-  if (index == kUnknownIndex) {
-    left += " SSD directory (the node list '" + job.nodelist.substr(0, 100) +
-            "' does not name this node, and the ledger has no entry)";
-  }
-  left += Teardown(job.node_dir, *config, job.node, job.job_id, job.uid, index,
-                   std::chrono::seconds(job.args.grace));
-  struct stat st {};
-  if (::lstat(job.ledger_dir.c_str(), &st) == 0) {
+  // An unknown index means no entry (an entry has one) and a node list without this node: the
+  // job was never admitted here, so it has no SSD directory here either.
+  if (t.index == kUnknownIndex) t.ssd_paths.clear();
+  left += Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace));
+  if (entry) {
     Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s);
     if (!l.ok()) {
       left += " reservation (" + l.status().message() + ")";
@@ -606,10 +724,10 @@ int Epilog(const Job& job) {
     }
   }
   if (!left.empty()) {
-    std::printf("%sleft behind:%s\n", where.c_str(), left.c_str());
+    std::printf("%s%sleft behind:%s\n", where.c_str(), notes.c_str(), left.c_str());
     return 1;
   }
-  std::printf("%sclean\n", where.c_str());
+  std::printf("%s%sclean\n", where.c_str(), notes.c_str());
   return 0;
 }
 

@@ -263,11 +263,20 @@ int TaskInit(spank_t sp) {
   }
   const uint32_t local = static_cast<uint32_t>(std::strtoul(local_s.c_str(), nullptr, 10));
   const std::string dir = RunDir(g_args.rundir, node, job_id);
+  // The run directory is the job user's: its files are read with ReadUserFile (never a link, a
+  // FIFO, another owner's file or more than 64 KiB), so nothing there can block this task or
+  // show it another file. A file that is refused counts as absent.
+  uid_t uid = ::getuid();
+  (void)spank_get_item(sp, S_JOB_UID, &uid);
+  const auto read = [&](const char* name) {
+    Result<std::string> r = ReadUserFile(dir + "/" + name, uid, 64 * 1024);
+    return r.ok() ? *r : std::string();
+  };
   std::string why;
-  const std::string ready = ReadText(dir + "/ready");
+  const std::string ready = read("ready");
   if (ready.empty()) {
-    why = ReadText(dir + "/refused");
-    if (why.empty()) why = ReadText(dir + "/failed");
+    why = read("refused");
+    if (why.empty()) why = read("failed");
     if (why.empty()) why = "nopfs: task: " + node + ": no cache was started (see slurmd's log)";
     while (!why.empty() && why.back() == '\n')
       why.pop_back();
@@ -293,6 +302,9 @@ int TaskInit(spank_t sp) {
     spank_setenv(sp, name, value.c_str(), 1);
   };
   if (why.empty() && local < per_node) set("NOPFS_SOCKET", dir + "/nopfsd.sock");
+  // A step inherits the batch script's environment: a task told it has no cache must not keep
+  // a socket from there.
+  if (!why.empty()) spank_unsetenv(sp, "NOPFS_SOCKET");
   // The catalog's size, from nopfsd's ready file ("samples=N"): what the Python package's len()
   // needs without asking the service. The file is the user's own: only digits are taken.
   if (why.empty()) {
