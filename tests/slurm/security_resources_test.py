@@ -184,6 +184,10 @@ class JobCgroupTest(ClusterCase):
             time.sleep(0.2)
         self.assertEqual(got.get("memory"), want, got)
         self.assertEqual(got.get("cpuset"), want, got)
+        # The kernel holds it to the job's --mem, as every other process of the job.
+        job_cg = f"/sys/fs/cgroup/memory/slurm_n1/uid_{uid}/job_{job}"
+        with open(job_cg + "/memory.limit_in_bytes") as f:
+            self.assertEqual(int(f.read()), 300 * MiB)
         release(job)
         self.assertEqual(wait_done(job, 120), "COMPLETED")
         self.assertRegex(output(job), r"verify: 120 samples, \d+ bytes, 0 mismatches")
