@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <set>
+#include <tuple>
 
 #include <lua.hpp>
 
@@ -362,15 +363,19 @@ class Reader {
     if (!lua_istable(L_, -1)) {
       return Status::InvalidArgument(where + ": expected a table like { jobs_per_node = 8 }");
     }
-    NOPFS_RETURN_IF_ERROR(
-        CheckKeys(L_, -1, {"jobs_per_node", "ram_per_job", "ssd_per_job"}, where));
-    if (lua_getfield(L_, -1, "jobs_per_node") != LUA_TNIL) {
-      Result<uint32_t> n = ReadCount(L_, -1, where + ": jobs_per_node", 0);
-      lua_pop(L_, 1);
-      if (!n.ok()) return n.status();
-      limits->jobs_per_node = *n;
-    } else {
-      lua_pop(L_, 1);
+    NOPFS_RETURN_IF_ERROR(CheckKeys(
+        L_, -1, {"jobs_per_node", "ram_per_job", "ssd_per_job", "streams_per_rank"}, where));
+    for (auto [field, value, least] :
+         {std::tuple{"jobs_per_node", &limits->jobs_per_node, 0u},
+          std::tuple{"streams_per_rank", &limits->streams_per_rank, 1u}}) {
+      if (lua_getfield(L_, -1, field) != LUA_TNIL) {
+        Result<uint32_t> n = ReadCount(L_, -1, where + ": " + field, least);
+        lua_pop(L_, 1);
+        if (!n.ok()) return n.status();
+        *value = *n;
+      } else {
+        lua_pop(L_, 1);
+      }
     }
     for (auto [field, value] : {std::pair{"ram_per_job", &limits->ram_per_job},
                                 std::pair{"ssd_per_job", &limits->ssd_per_job}}) {

@@ -5,7 +5,8 @@
 //   staging  = { capacity = "1GB", threads = 4, write = ... }
 //   pfs      = { {1, "250MB/s"}, {16, "2GB/s"} }      -- readers -> aggregate bytes/s
 //   network  = "10GB/s"
-//   limits   = { jobs_per_node = 8, ram_per_job = "64GB", ssd_per_job = "1TB" }
+//   limits   = { jobs_per_node = 8, ram_per_job = "64GB", ssd_per_job = "1TB",
+//                streams_per_rank = 8 }
 //   log_level, catalog_cache, preprocess
 //   planner  = "frequency"                             -- or "staging", "fill-once"
 // Unknown globals that look like misspellings of these and unknown fields are errors, so a typo
@@ -31,6 +32,9 @@ struct Limits {
   uint32_t jobs_per_node = 0;     // nopfs jobs at once on this node
   policy::Bytes ram_per_job = 0;  // bytes of RAM tier one job may hold on this node
   policy::Bytes ssd_per_job = 0;  // bytes of SSD tier one job may hold on this node
+  // Streams one rank may have open at once in nopfsd (one per DataLoader worker); each holds a
+  // ring and staging threads, so this bounds what a job's clients can make nopfsd allocate.
+  uint32_t streams_per_rank = 8;
 };
 
 class NodeConfig {

@@ -37,7 +37,8 @@ TEST(NodeConfigTest, FullConfig) {
       ssd { name = "nvme", path = "/local/scratch", capacity = "800GB", threads = 8,
             write = 1e9 },
     }
-    limits = { jobs_per_node = 4, ram_per_job = "50%", ssd_per_job = "1TB" }
+    limits = { jobs_per_node = 4, ram_per_job = "50%", ssd_per_job = "1TB",
+               streams_per_rank = 16 }
   )");
   ASSERT_TRUE(c.ok()) << c.status().message();
   const policy::SystemModel& m = c->model();
@@ -65,6 +66,7 @@ TEST(NodeConfigTest, FullConfig) {
   EXPECT_DOUBLE_EQ(m.classes[1].write.At(3), 1e9);
   EXPECT_FALSE(m.classes[1].read.empty());  // the default table
   EXPECT_EQ(c->limits().jobs_per_node, 4u);
+  EXPECT_EQ(c->limits().streams_per_rank, 16u);
   EXPECT_EQ(c->limits().ram_per_job, kHost / 2);
   EXPECT_EQ(c->limits().ssd_per_job, 1'000'000'000'000u);
   EXPECT_EQ(c->CapacityOf(policy::ClassKind::kRam), kHost / 4);
@@ -80,6 +82,7 @@ TEST(NodeConfigTest, EmptyFileMeansNoTiersAndDefaultModel) {
   EXPECT_EQ(c->model().network_bandwidth, 0);
   EXPECT_EQ(c->log_level(), "info");
   EXPECT_EQ(c->planner(), policy::Planner::kFrequency);
+  EXPECT_EQ(c->limits().streams_per_rank, 8u);
   EXPECT_TRUE(c->model().Validate().ok());
 }
 
@@ -116,6 +119,7 @@ TEST(NodeConfigTest, ErrorsNameTheFieldAndTheLine) {
               "unknown field 'capcity' (did you mean "
               "'capacity'?)");
   ExpectError("classes = { ram { } }", "no capacity");
+  ExpectError("limits = { streams_per_rank = 0 }", "limits: streams_per_rank: 0 is out of range");
   ExpectError("classes = { { capacity = \"1GB\" } }", "no kind; write ram { ... } or ssd");
   ExpectError("classes = { { kind = \"tape\", capacity = 1 } }", "kind \"tape\" is unknown");
   ExpectError("classes = { ram { capacity = \"1GB\", threads = 0 } }",

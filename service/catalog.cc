@@ -18,6 +18,7 @@
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
+#include <spdlog/spdlog.h>
 
 #include "service/catalog_codec.h"
 #include "service/catalog_scan.h"
@@ -71,13 +72,14 @@ Result<std::string> UserCacheDir(const std::string& cache_dir, uint32_t uid) {
   struct stat st {};
   if (::stat(cache_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     return Status::FailedPrecondition("catalog cache directory " + cache_dir +
-                                      " does not exist; the admin creates it (mode 1777 lets "
-                                      "every user keep a private subdirectory), or leave "
-                                      "cache_dir empty");
+                                      " does not exist; the admin creates it (root-owned, mode "
+                                      "0755: the prolog makes each user's subdirectory), or "
+                                      "leave catalog_cache out");
   }
   const std::string dir = cache_dir + "/" + std::to_string(uid);
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    return Status::FromErrno(errno, "creating catalog cache directory " + dir);
+    return Status::FromErrno(errno, "creating catalog cache directory " + dir +
+                                        " (in a root-owned cache directory the prolog makes it)");
   }
   if (::lstat(dir.c_str(), &st) != 0) return Status::FromErrno(errno, dir);
   if (!S_ISDIR(st.st_mode) || st.st_uid != uid || (st.st_mode & 0022) != 0) {
@@ -397,9 +399,15 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& options, En
   }
 
   NOPFS_RETURN_IF_ERROR(EnsureDir(options.work_dir, 0700));
+  Result<std::string> user_dir = std::string();
   if (!options.cache_dir.empty()) {
-    Result<std::string> user_dir = UserCacheDir(options.cache_dir, options.uid);
-    if (!user_dir.ok()) return user_dir.status();
+    // A cache that cannot be used safely is no cache: the job scans, it never fails for it.
+    user_dir = UserCacheDir(options.cache_dir, options.uid);
+    if (!user_dir.ok()) {
+      spdlog::warn("catalog cache not used, scanning instead: {}", user_dir.status().message());
+    }
+  }
+  if (user_dir.ok() && !user_dir->empty()) {
     s.tmp_parent = *user_dir;
     s.entry = *user_dir + "/" + Hex16(XXH3_64bits(s.real.data(), s.real.size()));
   } else {
@@ -417,10 +425,14 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& options, En
     cat->reused_ = true;
   } else {
     // nopfsd logs this reason: a damaged entry must not be rebuilt silently.
-    cat->rescan_reason_ =
-        fresh.code() == StatusCode::kCorruption
-            ? "the cached catalog " + s.entry + " is corrupt (" + fresh.message() + ")"
-            : fresh.message();
+    if (!user_dir.ok()) {
+      cat->rescan_reason_ = "catalog cache not used: " + user_dir.status().message();
+    } else if (fresh.code() == StatusCode::kCorruption) {
+      cat->rescan_reason_ =
+          "the cached catalog " + s.entry + " is corrupt (" + fresh.message() + ")";
+    } else {
+      cat->rescan_reason_ = fresh.message();
+    }
     contents = Contents();
 
     const int64_t scan_start = NowNs();

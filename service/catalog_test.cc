@@ -575,12 +575,45 @@ TEST_F(CatalogTest, RejectsBadOptions) {
   CatalogOptions o = Options();
   o.scan_threads = 0;
   EXPECT_EQ(Catalog::Open(o, Env::Default()).status().code(), StatusCode::kInvalidArgument);
-  o = Options();
+}
+
+// A cache directory that is missing, or a per-user directory that another user made first (in a
+// 1777 cache directory), means no cache: the catalog is scanned and correct, the job goes on.
+TEST_F(CatalogTest, UnusableCacheMeansScanningNotFailing) {
+  const std::vector<Expected> want = MakeImageFolder();
+  CatalogOptions o = Options();
   o.cache_dir = tmp_ + "/no-such-cache";
-  MakeImageFolder();
-  const Status s = Catalog::Open(o, Env::Default()).status();
-  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(s.message().find(o.cache_dir), std::string::npos);
+  Result<std::unique_ptr<Catalog>> cat = Catalog::Open(o, Env::Default());
+  ASSERT_TRUE(cat.ok()) << cat.status().ToString();
+  EXPECT_FALSE((*cat)->reused());
+  EXPECT_NE((*cat)->rescan_reason().find("catalog cache not used: catalog cache directory " +
+                                         o.cache_dir + " does not exist"),
+            std::string::npos)
+      << (*cat)->rescan_reason();
+  ExpectCatalog(**cat, want);
+  cat->reset();
+
+  // Squatted: <cache>/<uid> made by another uid, writable by all.
+  ASSERT_EQ(::chmod(cache_.c_str(), 01777), 0);
+  const uint32_t victim = 4242;
+  const std::string squat = cache_ + "/" + std::to_string(victim);
+  ASSERT_EQ(::mkdir(squat.c_str(), 0777), 0);
+  ASSERT_EQ(::chmod(squat.c_str(), 0777), 0);
+  o = Options();
+  o.uid = victim;
+  for (int run = 0; run < 2; ++run) {
+    cat = Catalog::Open(o, Env::Default());
+    ASSERT_TRUE(cat.ok()) << cat.status().ToString();
+    EXPECT_FALSE((*cat)->reused());
+    EXPECT_NE((*cat)->rescan_reason().find("catalog cache not used: " + squat +
+                                           " must be a directory owned by uid 4242"),
+              std::string::npos)
+        << (*cat)->rescan_reason();
+    ExpectCatalog(**cat, want);
+    cat->reset();
+  }
+  // Nothing was written into the squatted directory.
+  EXPECT_TRUE(fs::is_empty(squat));
 }
 
 }  // namespace

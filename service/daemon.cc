@@ -22,6 +22,8 @@ constexpr uint64_t kMinRingBytes = uint64_t{4} << 20;
 constexpr uint64_t kMaxRingBytes = uint64_t{64} << 20;
 constexpr uint32_t kMinRingSlots = 64;
 constexpr uint32_t kMaxRingSlots = 1u << 16;
+// Connections beyond one per stream: status queries, a client between two streams.
+constexpr size_t kSpareConnections = 16;
 
 // Adds b's counters and histogram to a (median and p99 are recomputed from the sum).
 void Merge(ring::RingStats* a, const ring::RingStats& b) {
@@ -258,10 +260,18 @@ Status Daemon::Init() {
   LocalServer::Options so;
   so.socket_path = options_.run_dir + "/nopfsd.sock";
   so.allowed_uid = options_.uid;
+  // One connection per stream a rank may open, and a few for `nopfs status` and the like.
+  so.max_connections = size_t{local_ranks} * config_.limits().streams_per_rank + kSpareConnections;
   server_ = std::make_unique<LocalServer>(so, this);
   NOPFS_RETURN_IF_ERROR(server_->Start());
-  spdlog::info("serving on {} (rings of {} each)", so.socket_path,
-               FormatBytes(static_cast<double>(ring_bytes_)));
+  spdlog::info(
+      "serving on {} (rings of {} each; at most {} streams per rank, {} of rings in all, "
+      "{} connections)",
+      so.socket_path, FormatBytes(static_cast<double>(ring_bytes_)),
+      config_.limits().streams_per_rank,
+      FormatBytes(static_cast<double>(ring_bytes_) * local_ranks *
+                  config_.limits().streams_per_rank),
+      so.max_connections);
   return Status::Ok();
 }
 
@@ -333,14 +343,35 @@ Result<StreamGrant> Daemon::OpenStream(const OpenStreamRequest& req, ConnectionI
   const uint32_t slots = static_cast<uint32_t>(std::clamp<double>(
       2.0 * static_cast<double>(ring_bytes_) / std::max(1.0, mean), kMinRingSlots, kMaxRingSlots));
   uint64_t id = 0;
+  const uint32_t most = config_.limits().streams_per_rank;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopped_) return Status::Unavailable("nopfsd is stopping");
+    uint32_t& open = open_per_rank_[req.rank];
+    if (open >= most) {
+      if (refused_streams_++ % 1000 == 0) {
+        spdlog::warn(
+            "refused a stream of rank {}: it has {} open, the most one rank may have "
+            "({} refused in all)",
+            req.rank, open, refused_streams_);
+      }
+      return Status::ResourceExhausted(
+          "nopfsd: rank " + std::to_string(req.rank) + " already has " + std::to_string(open) +
+          " streams open, the most one rank may have (limits.streams_per_rank in the node "
+          "config; each holds a ring of " +
+          FormatBytes(static_cast<double>(ring_bytes_)) +
+          "); close a stream first, or use fewer DataLoader workers");
+    }
+    ++open;
     id = next_stream_++;
   }
   Result<std::unique_ptr<ring::RingWriter>> ring = ring::RingWriter::Create(
       ring_bytes_, slots, "nopfs-" + options_.job_id + "-rank" + std::to_string(req.rank));
-  if (!ring.ok()) return ring.status();
+  if (!ring.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    --open_per_rank_[req.rank];
+    return ring.status();
+  }
   StreamGrant grant;
   grant.stream_id = id;
   grant.ring_fd = (*ring)->fd();
@@ -379,6 +410,7 @@ void Daemon::CloseStream(uint64_t stream_id) {
     if (it == streams_.end()) return;
     s = std::move(it->second);
     streams_.erase(it);
+    --open_per_rank_[s->rank()];
   }
   s->Cancel();
   const ring::RingStats st = s->ring().stats();
@@ -486,6 +518,16 @@ std::string Daemon::StatusText() {
               static_cast<double>(stall.stall_ns_total) / 1e9,
               static_cast<double>(stall.stall_ns_median) / 1e9,
               static_cast<double>(stall.stall_ns_p99) / 1e9);
+  uint64_t refused_streams = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    refused_streams = refused_streams_;
+  }
+  out += Line("limits: %u streams per rank; refused %" PRIu64 " streams, %" PRIu64
+              " connections (too many open); %" PRIu64 " connections timed out",
+              config_.limits().streams_per_rank, refused_streams,
+              server_ ? server_->refused_connections() : 0,
+              server_ ? server_->timed_out_connections() : 0);
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   out += Line(

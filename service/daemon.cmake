@@ -40,3 +40,5 @@ if(NOPFS_BUILD_TESTS)
             ${PROJECT_BINARY_DIR}/bin)
   set_tests_properties(fabric_test PROPERTIES LABELS "integration;fabric" TIMEOUT 600)
 endif()
+nopfs_test(NAME daemon_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/daemon_test.cc
+  LIBS nopfs_daemon nopfs_client)

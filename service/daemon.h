@@ -4,8 +4,11 @@
 // this node (policy::MakeNodePlan over the configured classes, capped by what the job was
 // granted), creates the RAM and SSD tiers and starts their prefetchers, and opens the local
 // server. From then on each client that opens a rank's stream gets a ring that a StagingStream
-// fills in that rank's order. Stop(): closes the server (cancelling every stream), stops the
-// prefetchers and destroys the tiers, so that nothing the job staged remains.
+// fills in that rank's order, at most limits().streams_per_rank streams per rank at once (one more
+// is refused with ResourceExhausted; the rank's open streams go on), and at most that many
+// connections per local rank plus a few (LocalServer::Options::max_connections). Stop(): closes the
+// server (cancelling every stream), stops the prefetchers and destroys the tiers, so that nothing
+// the job staged remains.
 //
 // Thread safety: Start/Stop from the main thread; the Handler methods are called by the server's
 // threads and are safe concurrently; StatusText from any thread.
@@ -104,6 +107,9 @@ class Daemon final : public Handler {
   std::mutex mu_;
   std::map<uint64_t, std::unique_ptr<StagingStream>> streams_;  // GUARDED_BY(mu_)
   uint64_t next_stream_ = 1;                                    // GUARDED_BY(mu_)
+  // Streams open or being opened, per local rank (at most limits().streams_per_rank each).
+  std::map<uint32_t, uint32_t> open_per_rank_;  // GUARDED_BY(mu_)
+  uint64_t refused_streams_ = 0;                // GUARDED_BY(mu_)
   // Finished streams' client statistics, kept for the status after their clients left.
   ring::RingStats closed_stats_;  // GUARDED_BY(mu_)
   bool stopped_ = false;

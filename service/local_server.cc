@@ -1,5 +1,6 @@
 #include "service/local_server.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -44,6 +45,16 @@ std::string FitStatusText(std::string text) {
   text.resize(cut == std::string::npos ? kLimit : cut + 1);
   text += "... (status truncated to fit one message)\n";
   return text;
+}
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int64_t DeadlineNs(std::chrono::milliseconds after) {
+  return NowNs() + std::chrono::duration_cast<std::chrono::nanoseconds>(after).count();
 }
 
 }  // namespace
@@ -163,13 +174,42 @@ void LocalServer::ReapLocked() {
   }
 }
 
+// Ends (SHUT_RD) every connection past its deadline; its thread then answers ERROR and closes.
+void LocalServer::ExpireLocked() {
+  const int64_t now = NowNs();
+  for (auto& c : conns_) {
+    const int64_t d = c->deadline_ns.load();
+    if (d == 0 || now < d || c->done.load() || c->timed_out.exchange(true)) continue;
+    ::shutdown(c->fd.get(), SHUT_RD);
+  }
+}
+
+// Answers a connection past max_connections and closes it, without starting a thread.
+void LocalServer::RefuseFull(int fd) {
+  const uint64_t n = ++refused_full_;
+  if (n == 1 || n % 1000 == 0) {
+    RpcLog()->warn("refused connection(s) ({} in all): {} are open, the most this service takes", n,
+                   options_.max_connections);
+  }
+  // A fresh socket's buffer takes one small message; never block the accept thread on it.
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) (void)::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  SendError(fd, 0,
+            Status::ResourceExhausted(
+                "nopfsd: " + std::to_string(options_.max_connections) +
+                " connections are open, the most this job's service takes; close clients "
+                "that are done (each DataLoader worker holds one) and connect again"));
+  ::close(fd);
+}
+
 void LocalServer::AcceptLoop() {
   pollfd fds[2] = {{listen_fd_.get(), POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
   for (;;) {
-    int rc = ::poll(fds, 2, 1000);
+    int rc = ::poll(fds, 2, 100);
     {
       std::lock_guard lock(mu_);
       ReapLocked();
+      ExpireLocked();
       if (stopping_) return;
     }
     if (rc < 0 && errno != EINTR) {
@@ -191,9 +231,15 @@ void LocalServer::AcceptLoop() {
       ::close(fd);
       return;
     }
+    ReapLocked();
+    if (conns_.size() >= options_.max_connections) {
+      RefuseFull(fd);
+      continue;
+    }
     auto conn = std::make_unique<Conn>();
     conn->id = ++next_id_;
     conn->fd.Reset(fd);
+    conn->deadline_ns.store(DeadlineNs(options_.hello_timeout));
     Conn* raw = conn.get();
     conns_.push_back(std::move(conn));
     raw->thread = std::thread([this, raw] { Serve(raw); });
@@ -226,15 +272,35 @@ void LocalServer::Serve(Conn* conn) {
   bool hello = false;
   uint32_t client_pid = 0;
   for (;;) {
+    if (hello) {
+      // Idle between requests is fine; a request, once begun, must arrive within the timeout.
+      pollfd p{fd, POLLIN, 0};
+      while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+      }
+      conn->deadline_ns.store(DeadlineNs(options_.request_timeout));
+    }
     Result<wire::Received> r = wire::RecvMessage(fd, std::chrono::milliseconds(-1));
     if (!r.ok()) {
-      if (r.status().code() == StatusCode::kInvalidArgument) {
+      if (conn->timed_out.load()) {
+        const std::string what =
+            hello
+                ? "a request begun more than " + std::to_string(options_.request_timeout.count()) +
+                      " ms ago is still incomplete"
+                : "no HELLO within " + std::to_string(options_.hello_timeout.count()) + " ms";
+        const uint64_t n = ++timed_out_;
+        if (n == 1 || n % 1000 == 0) {
+          RpcLog()->warn("connection {}: {}; closed ({} timed out in all)", conn->id, what, n);
+        }
+        SendError(fd, 0, Status::TimedOut("nopfsd: " + what + "; connection closed"));
+      } else if (r.status().code() == StatusCode::kInvalidArgument) {
         ++malformed_;
         RpcLog()->warn("connection {}: malformed message: {}", conn->id, r.status().message());
         SendError(fd, 0, r.status());
       }
       break;
     }
+    conn->deadline_ns.store(0);
+    if (conn->timed_out.load()) break;  // expired just as the request completed
     const uint32_t rid = r->message.request_id;
     const wire::MsgType type = wire::TypeOf(r->message.body);
     if (!hello && type != wire::MsgType::kHello) {

@@ -6,6 +6,13 @@
 // equal Options::allowed_uid; another uid gets an ERROR message, is logged and disconnected.
 //
 // Threads: one accept thread plus one thread per connection (a node has a handful of local ranks).
+// Bounds (docs/security.md, "What a client can make nopfsd allocate"): at most
+// Options::max_connections connections are open at once; one more is answered with ERROR
+// (resource exhausted) and closed by the accept thread, without a thread of its own. A connection
+// that has not completed HELLO within Options::hello_timeout, or that starts a request and does not
+// finish it within Options::request_timeout, gets ERROR (timed out) and is closed; the accept
+// thread checks both about every 100 ms. A connection idle between requests after HELLO is kept
+// (a rank reads its ring for hours without a request). Streams are bounded by the Handler.
 // Each connection is a strict request/answer loop. A malformed message (bad magic, version, type,
 // length over 64 KiB, truncated or trailing fields, a message only the service sends) gets an
 // ERROR answer and the connection is closed; other connections are unaffected. When a connection
@@ -17,6 +24,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -83,6 +91,12 @@ class LocalServer {
     std::string socket_path;   // inside the job's run directory (mode 0700)
     uint32_t allowed_uid = 0;  // the job's uid
     int backlog = 64;          // listen() backlog
+    // Connections open at once (each holds a thread); one more is refused with ERROR.
+    size_t max_connections = 64;
+    // From accept to a complete HELLO.
+    std::chrono::milliseconds hello_timeout{5000};
+    // From a request's first byte to its last.
+    std::chrono::milliseconds request_timeout{5000};
   };
 
   LocalServer(Options options, Handler* handler);
@@ -101,6 +115,9 @@ class LocalServer {
   // Peers refused for their uid, and malformed messages seen, since Start.
   uint64_t refused_peers() const { return refused_.load(); }
   uint64_t malformed_messages() const { return malformed_.load(); }
+  // Connections refused because max_connections were open, and closed for a timeout, since Start.
+  uint64_t refused_connections() const { return refused_full_.load(); }
+  uint64_t timed_out_connections() const { return timed_out_.load(); }
 
  private:
   struct Conn {
@@ -108,11 +125,17 @@ class LocalServer {
     wire::UniqueFd fd;
     std::thread thread;
     std::atomic<bool> done{false};
+    // Watched by the accept thread: the connection is closed when now passes `deadline_ns`
+    // (steady clock; 0 = no deadline): set at accept for HELLO and at each request's first byte.
+    std::atomic<int64_t> deadline_ns{0};
+    std::atomic<bool> timed_out{false};
   };
 
   void AcceptLoop();
   void Serve(Conn* conn);
   void ReapLocked();
+  void ExpireLocked();
+  void RefuseFull(int fd);
 
   Options options_;
   Handler* handler_;
@@ -128,6 +151,8 @@ class LocalServer {
   ConnectionId next_id_ = 0;                // GUARDED_BY(mu_)
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> malformed_{0};
+  std::atomic<uint64_t> refused_full_{0};
+  std::atomic<uint64_t> timed_out_{0};
 };
 
 }  // namespace nopfs::service

@@ -167,6 +167,13 @@ class LocalServerTest : public ::testing::Test {
     Status st = server_->Start();
     ASSERT_TRUE(st.ok()) << st.ToString();
   }
+  void StartServerWith(LocalServer::Options o) {
+    o.socket_path = path_;
+    o.allowed_uid = static_cast<uint32_t>(::getuid());
+    server_ = std::make_unique<LocalServer>(o, &handler_);
+    Status st = server_->Start();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
   // A raw connection for speaking malformed bytes.
   int RawConnect() {
     int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -504,6 +511,135 @@ TEST_F(LocalServerTest, StartRefusesUnsafePlacesAndCleansUp) {
   ASSERT_EQ(::chmod(dir_.c_str(), 0755), 0);
   LocalServer s3(LocalServer::Options{path_, 0, 4}, &handler_);
   EXPECT_EQ(s3.Start().code(), StatusCode::kPermissionDenied);
+}
+
+}  // namespace
+}  // namespace nopfs::service
+
+namespace nopfs::service {
+namespace {
+
+// Reads `n` samples of rank `rank`'s generated stream and checks every byte (TestHandler's
+// pattern).
+void ReadChecked(client::Stream* s, uint32_t rank, uint64_t from, uint64_t n) {
+  for (uint64_t i = from; i < from + n; ++i) {
+    auto r = s->Next(10s);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_TRUE(r->has_value()) << "stream ended at " << i;
+    const client::Sample& x = **r;
+    ASSERT_EQ(x.sample_id, rank * 1000 + i);
+    ASSERT_EQ(x.size, (i * 37) % 4000 + 1);
+    for (uint64_t b = 0; b < x.size; ++b)
+      ASSERT_EQ(static_cast<uint8_t>(x.data[b]), ByteOf(x.sample_id));
+    ASSERT_TRUE(s->Release(x).ok());
+  }
+}
+
+// Reads one message from a raw connection, waiting at most `timeout`.
+Result<wire::Received> RecvRaw(int fd, std::chrono::milliseconds timeout) {
+  return wire::RecvMessage(fd, timeout);
+}
+
+TEST_F(LocalServerTest, ConnectionsPastTheLimitAreRefusedWhileStreamsGoOn) {
+  handler_.count = 900;
+  LocalServer::Options o;
+  o.max_connections = 3;
+  o.hello_timeout = 60s;
+  StartServerWith(o);
+  auto c = client::Client::Connect(path_);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto s = (*c)->Open(1);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ReadChecked(s->get(), 1, 0, 300);
+
+  // Two idle connections fill the server; every further one is answered and closed at once.
+  std::vector<wire::UniqueFd> idle;
+  idle.emplace_back(RawConnect());
+  idle.emplace_back(RawConnect());
+  for (int i = 0; i < 50; ++i) {
+    wire::UniqueFd fd(RawConnect());
+    Result<wire::Received> r = RecvRaw(fd.get(), 5000ms);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    const auto* e = std::get_if<wire::Error>(&r->message.body);
+    ASSERT_NE(e, nullptr);
+    EXPECT_EQ(e->code, static_cast<uint32_t>(StatusCode::kResourceExhausted));
+    EXPECT_NE(e->message.find("3 connections are open, the most this job's service takes"),
+              std::string::npos)
+        << e->message;
+    char b;
+    EXPECT_EQ(::recv(fd.get(), &b, 1, 0), 0);  // closed
+  }
+  EXPECT_EQ(server_->refused_connections(), 50u);
+  EXPECT_EQ(server_->connections(), 3u);
+  auto refused = client::Client::Connect(path_);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("connections are open"), std::string::npos)
+      << refused.status().ToString();
+
+  ReadChecked(s->get(), 1, 300, 300);
+  // A slot freed is a slot usable again.
+  idle.pop_back();
+  for (int i = 0; i < 100 && server_->connections() > 2; ++i)
+    std::this_thread::sleep_for(20ms);
+  auto again = client::Client::Connect(path_);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ReadChecked(s->get(), 1, 600, 300);
+}
+
+TEST_F(LocalServerTest, HalfOpenConnectionsTimeOutWhileStreamsGoOn) {
+  handler_.count = 600;
+  LocalServer::Options o;
+  o.max_connections = 400;
+  o.hello_timeout = 300ms;
+  o.request_timeout = 300ms;
+  StartServerWith(o);
+  auto c = client::Client::Connect(path_);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto s = (*c)->Open(2);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+
+  // 300 connections that never say HELLO, and one that says HELLO and then half a request.
+  std::vector<wire::UniqueFd> half;
+  for (int i = 0; i < 300; ++i)
+    half.emplace_back(RawConnect());
+  wire::UniqueFd partial(RawConnect());
+  ASSERT_TRUE(
+      wire::SendMessage(partial.get(), wire::Message{1, wire::Hello{wire::kVersion, 1}}).ok());
+  Result<wire::Received> ok = RecvRaw(partial.get(), 5000ms);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  ASSERT_TRUE(std::holds_alternative<wire::HelloOk>(ok->message.body));
+  Result<std::vector<std::byte>> req = wire::Encode(wire::Message{2, wire::StatusRequest{}});
+  ASSERT_TRUE(req.ok());
+  ASSERT_EQ(::send(partial.get(), req->data(), 5, MSG_NOSIGNAL), 5);
+  EXPECT_GE(server_->connections(), 301u);
+
+  ReadChecked(s->get(), 2, 0, 300);
+  // Every one of them is told why and closed; the server's threads go with them.
+  for (wire::UniqueFd& fd : half) {
+    Result<wire::Received> r = RecvRaw(fd.get(), 5000ms);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    const auto* e = std::get_if<wire::Error>(&r->message.body);
+    ASSERT_NE(e, nullptr);
+    EXPECT_EQ(e->code, static_cast<uint32_t>(StatusCode::kTimedOut));
+    EXPECT_EQ(e->message, "nopfsd: no HELLO within 300 ms; connection closed");
+  }
+  Result<wire::Received> r = RecvRaw(partial.get(), 5000ms);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const auto* e = std::get_if<wire::Error>(&r->message.body);
+  ASSERT_NE(e, nullptr);
+  EXPECT_NE(e->message.find("a request begun more than 300 ms ago is still incomplete"),
+            std::string::npos)
+      << e->message;
+  for (int i = 0; i < 100 && server_->connections() > 1; ++i)
+    std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(server_->connections(), 1u);
+  EXPECT_EQ(server_->timed_out_connections(), 301u);
+
+  // The client that said HELLO and idles between requests is kept, and its stream goes on.
+  std::this_thread::sleep_for(500ms);
+  ReadChecked(s->get(), 2, 300, 300);
+  auto text = (*c)->StatusText();
+  EXPECT_TRUE(text.ok()) << text.status().ToString();
 }
 
 }  // namespace

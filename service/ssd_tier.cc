@@ -43,10 +43,17 @@ Status RemoveTree(const std::string& path) {
   return Status::Ok();
 }
 
-// Creates (or checks) the per-user directory: a real directory, owned by us, mode 0700.
+// Creates (or checks) the per-user directory: a real directory, owned by us, mode 0700. Under
+// Slurm the prolog has made it as root in a root-owned SSD directory (spank/user_dirs.h), so that
+// no other user can take its name first; `nopfs run` and a nopfsd started by hand make it here.
 Status EnsureUserDir(const std::string& path) {
   if (mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
-    return Status::FromErrno(errno, "ssd tier: creating " + path);
+    const Status s = Status::FromErrno(errno, "ssd tier: creating " + path);
+    if (errno != EACCES) return s;
+    return Status::PermissionDenied(s.message() +
+                                    "; in a root-owned SSD directory the job prolog makes it "
+                                    "(docs/admin.md); outside Slurm, use an SSD path this user "
+                                    "may write");
   }
   struct stat st {};
   if (lstat(path.c_str(), &st) != 0) return Status::FromErrno(errno, "ssd tier: " + path);
@@ -57,7 +64,9 @@ Status EnsureUserDir(const std::string& path) {
   if (st.st_uid != geteuid()) {
     return Status::PermissionDenied("ssd tier: " + path + " is owned by uid " +
                                     std::to_string(st.st_uid) + ", not by this daemon's uid " +
-                                    std::to_string(geteuid()) + "; remove it");
+                                    std::to_string(geteuid()) +
+                                    "; the job prolog moves such a directory aside, or the "
+                                    "admin removes it (docs/admin.md)");
   }
   if ((st.st_mode & 07777) != 0700 && chmod(path.c_str(), 0700) != 0) {
     return Status::FromErrno(errno, "ssd tier: chmod 0700 " + path);

@@ -41,9 +41,11 @@ extern "C" {
 #include "common/units.h"
 #include "lua/admit.h"
 #include "lua/config.h"
+#include "spank/job_cgroup.h"
 #include "spank/job_files.h"
 #include "spank/ledger.h"
 #include "spank/options.h"
+#include "spank/user_dirs.h"
 
 namespace nopfs::spank {
 namespace {
@@ -473,6 +475,8 @@ int Prolog(const Job& job, const char* self) {
       ::lchown(job.run_dir.c_str(), job.uid, job.gid) != 0) {
     return fail(Status::FromErrno(errno, "create " + job.run_dir).message(), 1);
   }
+  for (const std::string& line : PrepareUserDirs(*config, job.uid, job.gid))
+    std::printf("%suser directories: %s\n", where.c_str(), line.c_str());
 
   const SlurmJob sj = QuerySlurm(job.job_id, job.node);
   lua::JobRequest req;
@@ -670,6 +674,9 @@ int Prolog(const Job& job, const char* self) {
     if (out.ok() && !LastLine(*out).empty()) why += ": " + Printable(LastLine(*out));
     return give_up(why);
   }
+  // Under cgroups nopfsd joins the job's extern step once slurmd has made it (after the prolog).
+  (void)AdoptLater(JobCgroupOptions{.node = job.node}, job.job_id, job.uid, child,
+                   ProcessStartTime(child).value_or(0), std::chrono::seconds(job.args.timeout));
   std::printf("%sserving %s (partition %s, job memory %s) with RAM %s, SSD %s%s%s%s%s\n",
               where.c_str(), job.opts.dataset.c_str(),
               req.partition.empty() ? "?" : req.partition.c_str(),

@@ -9,8 +9,8 @@
 -- spdlog level of nopfsd's log (in the job's run directory).
 log_level = "info"
 
--- Where scanned dataset catalogs are kept for later jobs (one subdirectory per user, 0700).
--- Leave it out to rescan the dataset in every job.
+-- Where scanned dataset catalogs are kept for later jobs (one subdirectory per user, 0700, made
+-- by the job prolog). Owned by root, mode 0755. Leave it out to rescan the dataset in every job.
 catalog_cache = "/var/cache/nopfs"
 
 -- The parallel file system: aggregate read bandwidth against the number of concurrent readers
@@ -33,7 +33,7 @@ classes = {
     write = { {1, "5GB/s"}, {4, "12GB/s"} },
   },
   ssd {
-    path = "/local/scratch",                   -- each job gets its own 0700 directory below
+    path = "/local/scratch",                   -- root's, 0755; each job gets a 0700 directory below
     capacity = "800GB",
     threads = 8,
     read = { {1, "1.2GB/s"}, {8, "3GB/s"} },
@@ -42,4 +42,5 @@ classes = {
 }
 
 -- Caps on every job, whatever the policy says (0 or absent: none).
-limits = { jobs_per_node = 8, ram_per_job = "50%", ssd_per_job = "800GB" }
+limits = { jobs_per_node = 8, ram_per_job = "50%", ssd_per_job = "800GB",
+           streams_per_rank = 8 }                -- open streams per rank: one per DataLoader worker

@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""Cluster tests of docs/security.md's "Per-user directories" and "What a client can make nopfsd
+allocate": nopfs-bob attacks, nopfs-alice's job must run unharmed. Run as root (see
+clusterlib.py); NOPFS_CLUSTER_CGROUP=1 adds the job-cgroup test (cgroup v1, PrologFlags=Contain)."""
+import glob
+import os
+import pwd
+import re
+import shutil
+import stat
+import time
+import unittest
+
+from clusterlib import (BUILD, DATASET, DIR, JOBS, REAL_NOPFSD, SSD, ClusterCase, as_user,
+                        daemons, ledger, output, release, submit, wait_done, wait_file,
+                        wait_state)
+
+CACHE = os.path.join(DIR, "cache")
+MB = 1000 * 1000
+MiB = 1024 * 1024
+
+# What a rank of the job sends: HELLO, then OPEN_STREAM for its rank over and over on one
+# connection (docs/wire.md), never keeping the ring descriptors; prints what came back.
+FLOOD = r'''
+import os, socket, struct, sys
+n = int(sys.argv[2])
+s = socket.socket(socket.AF_UNIX)
+s.connect(os.environ["NOPFS_SOCKET"])
+def send(rid, mtype, payload):
+    s.sendall(b"NPFS" + struct.pack("<HHII", 1, mtype, len(payload), rid) + payload)
+def recv():
+    head = b""
+    while len(head) < 16:
+        head += s.recv(16 - len(head))
+    _, _, mtype, length, rid = struct.unpack("<4sHHII", head)
+    body = b""
+    while len(body) < length:
+        body += s.recv(length - len(body))
+    return mtype, body
+send(1, 1, struct.pack("<HI", 1, os.getpid()))
+assert recv()[0] == 2
+ok = refused = 0
+message = ""
+for i in range(n):
+    send(2 + i, 3, struct.pack("<IIQ", int(os.environ["NOPFS_RANK"]), 0, 0))
+    mtype, body = recv()
+    if mtype == 4:
+        ok += 1
+    else:
+        refused += 1
+        code, mlen = struct.unpack("<II", body[:8])
+        message = body[8:8 + mlen].decode()
+print(f"flood: {ok} opened, {refused} refused: {message}", flush=True)
+open(sys.argv[1], "w").close()
+import time
+while not os.path.exists(sys.argv[3]):
+    time.sleep(0.2)
+'''
+
+
+def rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1)) * 1024
+
+
+class SecurityResourcesTest(ClusterCase):
+    def test_squatted_ssd_and_cache_directories_do_not_stop_alices_job(self):
+        uid = pwd.getpwnam("nopfs-alice").pw_uid
+        bob = pwd.getpwnam("nopfs-bob").pw_uid
+        ssd_dir, cache_dir = os.path.join(SSD, f"nopfs-{uid}"), os.path.join(CACHE, str(uid))
+        # As the admin guide sets them up, the parents are root's, 0755: bob cannot squat at all.
+        for parent in (SSD, CACHE):
+            st = os.stat(parent)
+            self.assertEqual((st.st_uid, stat.S_IMODE(st.st_mode)), (0, 0o755), parent)
+        for path in (ssd_dir, cache_dir):
+            if os.path.lexists(path):
+                shutil.rmtree(path)  # left by an earlier job of alice's
+            r = as_user("nopfs-bob", f"mkdir -m 0755 {path}")
+            self.assertNotEqual(r.returncode, 0, path)
+            self.assertIn("Permission denied", r.stderr)
+        # The old setup (sticky, world-writable parents), with bob's directories in alice's
+        # names made before her job: the prolog moves them aside and makes hers.
+        try:
+            for parent in (SSD, CACHE):
+                os.chmod(parent, 0o1777)
+            for path in (ssd_dir, cache_dir):
+                if os.path.lexists(path):
+                    shutil.rmtree(path)
+            r = as_user("nopfs-bob", f"mkdir -m 0755 {ssd_dir} && mkdir -m 0777 {cache_dir} && "
+                        f"chmod 0777 {cache_dir}")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            script = ("srun bash -c '"
+                      f"{BUILD}/bin/nopfs status | grep -E \"^tier ssd\" | sed \"s/^/status: /\"; "
+                      f"{BUILD}/bin/nopfs cat --verify 2>&1 | tail -n 1 | sed \"s/^/verify: /\"; "
+                      f"stat -c \"dir: %n %u %a %F\" {ssd_dir} {cache_dir}'\n")
+            job = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs={DATASET} --nopfs-ram=1KB "
+                         "--nopfs-ssd=100MB", script)
+            self.assertEqual(wait_done(job, 120), "COMPLETED")
+            out = output(job)
+            if REAL_NOPFSD:
+                self.assertRegex(out, r"verify: 120 samples, \d+ bytes, 0 mismatches", out)
+                m = re.search(r"status: tier ssd: (\d+) of (\d+) samples ready", out)
+                self.assertIsNotNone(m, out)
+                self.assertGreater(int(m.group(2)), 0, out)
+            # While the job ran, both were alice's (the SSD one goes with her last job).
+            for path in (ssd_dir, cache_dir):
+                self.assertIn(f"dir: {path} {uid} 700 directory\n", out)
+            for parent, name in ((SSD, f"nopfs-{uid}"), (CACHE, str(uid))):
+                aside = glob.glob(os.path.join(parent, f".squatted.{name}.*"))
+                self.assertEqual(len(aside), 1, aside)
+                self.assertEqual(os.lstat(aside[0]).st_uid, bob)
+            if REAL_NOPFSD:
+                # The catalog was kept in alice's cache directory for her next job.
+                self.assertTrue(os.listdir(cache_dir), cache_dir)
+            self.assertNothingLeft([job])
+        finally:
+            for parent in (SSD, CACHE):
+                os.chmod(parent, 0o755)
+                for p in glob.glob(os.path.join(parent, ".squatted.*")):
+                    shutil.rmtree(p)
+
+    @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd")
+    def test_a_rank_flooding_open_stream_is_bounded_and_the_other_rank_verifies(self):
+        flood = os.path.join(JOBS, "flood.py")
+        with open(flood, "w") as f:
+            f.write(FLOOD)
+        os.chmod(flood, 0o644)
+        opts = (f"-w n1 -n2 --mem=1000 --nopfs={DATASET} --nopfs-ranks-per-node=2 "
+                "--nopfs-epochs=40")
+        # Rank 1 floods its own stream and holds what it got; rank 0 reads the whole stream
+        # after the flood, then lets rank 1 go.
+        flooded, done = f"{JOBS}/flooded-$SLURM_JOB_ID", f"{JOBS}/release-$SLURM_JOB_ID"
+        script = ("srun -n2 bash -c 'if [ $SLURM_PROCID = 1 ]; then "
+                  f"python3 {flood} {flooded} 300 {done}; else "
+                  f"while [ ! -e {flooded} ]; do sleep 0.2; done; "
+                  f"{BUILD}/bin/nopfs cat --verify 2>&1 | tail -n 1 | sed \"s/^/verify: /\"; "
+                  f"{BUILD}/bin/nopfs status | grep -E \"^limits\"; touch {done}; fi'\n")
+        job = submit("nopfs-alice", opts, script)
+        wait_state(job, {"RUNNING"})
+        wait_file(f"{JOBS}/flooded-{job}", 90)
+        pids = [p for p, (_, argv) in daemons().items() if f"/n1/{job}" in " ".join(argv)]
+        self.assertEqual(len(pids), 1)
+        rss = rss_bytes(pids[0])  # with the flood's streams held
+        ram = int(ledger("n1")[job]["ram"])
+        # The grant, the rings one rank may hold (2 ranks x 8 streams x 32 MiB rings: the local
+        # cluster's 64 MB of staging split between 2 ranks), and 200 MB of code, catalog, threads.
+        bound = ram + 2 * 8 * 32 * MiB + 200 * MB
+        print(f"nopfsd RSS after the flood: {rss / MB:.0f} MB (bound {bound / MB:.0f} MB, "
+              f"RAM grant {ram / MB:.0f} MB)")
+        self.assertLess(rss, bound)
+        self.assertEqual(wait_done(job, 120), "COMPLETED")
+        out = output(job)
+        m = re.search(r"flood: (\d+) opened, (\d+) refused: (.*)", out)
+        self.assertIsNotNone(m, out)
+        self.assertEqual((int(m.group(1)), int(m.group(2))), (8, 292), out)
+        self.assertIn("rank 1 already has 8 streams open, the most one rank may have", m.group(3))
+        # The other rank read its whole stream after the flood, byte for byte.
+        self.assertRegex(out, r"verify: [1-9]\d* samples, \d+ bytes, 0 mismatches", out)
+        self.assertIn("limits: 8 streams per rank; refused 292 streams", out)
+        self.assertNothingLeft([job])
+
+
+@unittest.skipUnless(os.environ.get("NOPFS_CLUSTER_CGROUP") == "1",
+                     "NOPFS_CLUSTER_CGROUP=1 runs the cluster with cgroup v1")
+class JobCgroupTest(ClusterCase):
+    def test_nopfsd_runs_in_the_jobs_cgroup(self):
+        uid = pwd.getpwnam("nopfs-alice").pw_uid
+        job = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs={DATASET}",
+                     f"srun bash -c '{BUILD}/bin/nopfs cat --verify 2>&1 | tail -n 1 | "
+                     "sed \"s/^/verify: /\"'\nwhile [ ! -e " + JOBS +
+                     "/release-$SLURM_JOB_ID ]; do sleep 0.2; done\n")
+        wait_state(job, {"RUNNING"})
+        want = f"/slurm_n1/uid_{uid}/job_{job}/step_extern"
+        deadline = time.monotonic() + 30
+        got = {}
+        while time.monotonic() < deadline:
+            pids = [p for p, (_, argv) in daemons().items() if f"/n1/{job}" in " ".join(argv)]
+            if pids:
+                with open(f"/proc/{pids[0]}/cgroup") as f:
+                    got = {line.split(":")[1]: line.split(":")[2].strip()
+                           for line in f.read().splitlines()}
+                if got.get("memory") == want:
+                    break
+            time.sleep(0.2)
+        self.assertEqual(got.get("memory"), want, got)
+        self.assertEqual(got.get("cpuset"), want, got)
+        # The kernel holds it to the job's --mem, as every other process of the job.
+        job_cg = f"/sys/fs/cgroup/memory/slurm_n1/uid_{uid}/job_{job}"
+        with open(job_cg + "/memory.limit_in_bytes") as f:
+            self.assertEqual(int(f.read()), 300 * MiB)
+        release(job)
+        self.assertEqual(wait_done(job, 120), "COMPLETED")
+        self.assertRegex(output(job), r"verify: 120 samples, \d+ bytes, 0 mismatches")
+        self.assertNothingLeft([job])
+
+
+if __name__ == "__main__":
+    unittest.main()
