@@ -11,6 +11,10 @@
 #include <sstream>
 #include <thread>
 
+extern "C" {
+#include <slurm/slurm.h>
+}
+
 namespace nopfs::spank {
 namespace {
 
@@ -67,6 +71,14 @@ Status AdoptInto(const std::vector<std::string>& dirs, pid_t pid) {
     }
   }
   return Status::Ok();
+}
+
+bool SlurmContainsJobs() {
+  slurm_conf_t* conf = nullptr;
+  if (slurm_load_ctl_conf(0, &conf) != SLURM_SUCCESS || conf == nullptr) return true;
+  const bool contain = (conf->prolog_flags & PROLOG_FLAG_CONTAIN) != 0;
+  slurm_free_ctl_conf(conf);
+  return contain;
 }
 
 bool AdoptLater(const JobCgroupOptions& o, uint64_t job_id, uid_t uid, pid_t pid,

@@ -36,6 +36,10 @@ std::vector<std::string> FindExternCgroups(const JobCgroupOptions& options, uint
 // Writes `pid` to cgroup.procs of every directory in `dirs`. An error names the file.
 Status AdoptInto(const std::vector<std::string>& dirs, pid_t pid);
 
+// Whether slurmctld's configuration has PrologFlags=Contain (an extern step per job, the only
+// cgroup nopfsd can join). True when slurmctld cannot be asked (AdoptLater then just waits).
+bool SlurmContainsJobs();
+
 // Forks a detached child (its own session, stdio on /dev/null) that waits up to `wait` for the
 // job's step_extern cgroups, adopts `pid` (if it still has `start_time`, its start in clock ticks
 // from /proc/<pid>/stat, so that a recycled pid is never moved) and logs the outcome to syslog.

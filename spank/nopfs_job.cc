@@ -675,8 +675,9 @@ int Prolog(const Job& job, const char* self) {
     return give_up(why);
   }
   // Under cgroups nopfsd joins the job's extern step once slurmd has made it (after the prolog).
-  (void)AdoptLater(JobCgroupOptions{.node = job.node}, job.job_id, job.uid, child,
-                   ProcessStartTime(child).value_or(0), std::chrono::seconds(job.args.timeout));
+  if (SlurmContainsJobs())
+    (void)AdoptLater(JobCgroupOptions{.node = job.node}, job.job_id, job.uid, child,
+                     ProcessStartTime(child).value_or(0), std::chrono::seconds(job.args.timeout));
   std::printf("%sserving %s (partition %s, job memory %s) with RAM %s, SSD %s%s%s%s%s\n",
               where.c_str(), job.opts.dataset.c_str(),
               req.partition.empty() ? "?" : req.partition.c_str(),
