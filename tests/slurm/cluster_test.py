@@ -47,13 +47,7 @@ class ClusterTest(ClusterCase):
         subprocess.run(["scancel", str(job)], env=env(), check=True)
 
     def test_job_gets_its_cache_on_every_node_and_nothing_is_left(self):
-        script = (f"export VERIFY={1 if REAL_NOPFSD else 0}\n"
-                  f"srun --ntasks-per-node=2 bash -c '{TASK.format(build=BUILD)}'\n"
-                  + HOLD.format(jobs=JOBS))
-        job = submit("nopfs-alice",
-                     f"-N2 -w n1,n3 --ntasks-per-node=2 --mem=600 --nopfs={DATASET} "
-                     "--nopfs-seed=7 --nopfs-epochs=2 --nopfs-batch=8 --nopfs-ranks-per-node=2 "
-                     "--nopfs-scheme=strided", script)
+        job = submit_two_node_job("nopfs-alice", verify=REAL_NOPFSD)
         wait_state(job, {"RUNNING"})
         # nopfsd as the user, one on each node of the allocation, none on n2.
         deadline = time.monotonic() + 20

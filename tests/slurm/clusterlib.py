@@ -145,6 +145,18 @@ TASK = ("env | grep ^NOPFS_ | sed \"s/^/$SLURMD_NODENAME: /\" | sort; "
 
 
 
+def submit_two_node_job(user, verify):
+    """A held 2-node job on n1 and n3 with peers, 2 tasks a node, each printing its NOPFS_* and,
+    with verify, its node's peers line and `nopfs cat --verify`'s last line."""
+    script = (f"export VERIFY={1 if verify else 0}\n"
+              f"srun --ntasks-per-node=2 bash -c '{TASK.format(build=BUILD)}'\n"
+              + HOLD.format(jobs=JOBS))
+    return submit(user,
+                  f"-N2 -w n1,n3 --ntasks-per-node=2 --mem=600 --nopfs={DATASET} "
+                  "--nopfs-seed=7 --nopfs-epochs=2 --nopfs-batch=8 --nopfs-ranks-per-node=2 "
+                  "--nopfs-scheme=strided", script)
+
+
 class ClusterCase(unittest.TestCase):
     """Brings the 3-node cluster up once per test class (with the test dataset), down at the end;
     cancels every job of the test users after each test."""

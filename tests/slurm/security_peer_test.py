@@ -62,13 +62,7 @@ class SecurityPeerTest(ClusterCase):
     def test_forged_peer_messages_change_nothing(self):
         if not REAL_NOPFSD:
             self.skipTest("needs the real nopfsd")
-        script = ("export VERIFY=1\n"
-                  f"srun --ntasks-per-node=2 bash -c '{TASK.format(build=BUILD)}'\n"
-                  + HOLD.format(jobs=JOBS))
-        job = submit("nopfs-alice",
-                     f"-N2 -w n1,n3 --ntasks-per-node=2 --mem=600 --nopfs={DATASET} "
-                     "--nopfs-seed=7 --nopfs-epochs=2 --nopfs-batch=8 --nopfs-ranks-per-node=2 "
-                     "--nopfs-scheme=strided", script)
+        job = submit_two_node_job("nopfs-alice", verify=True)
         peers = self.job_peers(job)
         ready = [os.path.exists(f"{RUN}/{node}/{job}/ready") for node in ("n1", "n3")]
         stop = os.path.join(JOBS, f"stop-forge-{job}")
