@@ -10,7 +10,7 @@
 //
 //   nopfs_peer_forge --to HOST:PORT [--to ...] --as NODE [--as ...] [--seconds S]
 //                    [--samples N | --dataset DIR] [--pushes-per-round P] [--large-bytes B]
-//                    [--max-messages M] [--stop-file PATH]
+//                    [--max-messages M] [--stop-file PATH [--min-rounds R]]
 //
 // With --dataset (an ImageFolder the attacker can list, as the job's users can), sample i's pushes
 // and replies have the length of the i-th file in the catalog's order (classes, then files, by
@@ -18,7 +18,8 @@
 //
 // Between rounds it receives whatever comes back to its endpoint and prints each message (a
 // daemon that answers a forger would show here). It ends after S seconds (default 10, at most
-// 120), after M messages (default 200000), or as soon as PATH exists, and prints
+// 120), after M messages (default 200000), or as soon as PATH exists and it has sent at least R
+// rounds (default 0; so that a slow machine still sees the whole attack), and prints
 //   peer_forge: sent N messages (...), F failed, H held back; received R messages
 // Targets must be loopback addresses (127.0.0.0/8): this is a test tool, not a scanner.
 //
@@ -65,13 +66,15 @@ struct Flags {
   uint64_t large_bytes = uint64_t{4} << 20;
   uint64_t max_messages = 200000;
   std::string stop_file;
+  uint64_t min_rounds = 0;
 };
 
 [[noreturn]] void Usage(const std::string& why) {
   std::fprintf(stderr,
                "peer_forge: %s\nusage: nopfs_peer_forge --to HOST:PORT [--to ...] --as NODE "
                "[--as ...] [--seconds S (1..120)] [--samples N | --dataset DIR] "
-               "[--pushes-per-round P] [--large-bytes B] [--max-messages M] [--stop-file PATH]\n",
+               "[--pushes-per-round P] [--large-bytes B] [--max-messages M] [--stop-file PATH "
+               "[--min-rounds R]]\n",
                why.c_str());
   std::exit(2);
 }
@@ -143,6 +146,8 @@ Flags Parse(int argc, char** argv) {
       f.max_messages = Number("--max-messages", v, 1, 10000000);
     } else if (a == "--stop-file") {
       f.stop_file = v;
+    } else if (a == "--min-rounds") {
+      f.min_rounds = Number("--min-rounds", v, 0, 100000);
     } else {
       Usage("unknown flag " + a);
     }
@@ -245,12 +250,14 @@ int main(int argc, char** argv) {
   uint64_t seq = 0, sent = 0, failed = 0, held = 0, received = 0;
   std::map<std::string, uint64_t> by_type;
   const auto deadline = Clock::now() + std::chrono::seconds(f.seconds);
+  uint64_t rounds = 0;
   auto stop = [&] {
     struct stat st {};
     return Clock::now() >= deadline || sent >= f.max_messages ||
-           (!f.stop_file.empty() && ::stat(f.stop_file.c_str(), &st) == 0);
+           (rounds >= f.min_rounds && !f.stop_file.empty() &&
+            ::stat(f.stop_file.c_str(), &st) == 0);
   };
-  for (uint64_t i = 1; !stop(); ++i) {
+  for (uint64_t i = 1; !stop(); ++i, ++rounds) {
     for (const Target& t : f.to) {
       bool reachable = true;  // a target not listening yet costs one post's timeout per round
       for (uint32_t as : f.as) {

@@ -70,7 +70,10 @@ class SecurityPeerTest(ClusterCase):
         # sample's length, which he can see in the dataset, with their correct xxh3) for every
         # sample id, read requests, replies, remote replies, exchange rounds of up to 4 MB and
         # ClassDones, to both nodes in the name of both nodes.
-        forge = [FORGE, "--seconds", "120", "--dataset", DATASET, "--stop-file", stop]
+        # At least 50 rounds (4 messages of each kind per round: 2 targets, 2 names), however
+        # fast the tasks are done.
+        forge = [FORGE, "--seconds", "120", "--dataset", DATASET, "--stop-file", stop,
+                 "--min-rounds", "50"]
         for p in peers:
             forge += ["--to", p]
         forge += ["--as", "0", "--as", "1"]
