@@ -161,7 +161,9 @@ Status LuaState::RunFile(const std::string& path) {
 }
 
 Status LuaState::RunString(std::string_view code, std::string_view name) {
-  return Load(code, "@" + std::string(name), name);
+  std::string chunk = "@";  // appended, not "@" + std::string: GCC 12 -O3 -Wrestrict (bug 105329)
+  chunk.append(name);
+  return Load(code, chunk, name);
 }
 
 Status LuaState::Call(int nargs, int nresults, std::string_view what) {

@@ -128,7 +128,7 @@ TEST(SystemModelTest, ValidateNamesTheClassAndTheField) {
   m = Model();
   m.classes.resize(128, m.classes[0]);
   for (size_t j = 0; j < m.classes.size(); ++j)
-    m.classes[j].name = "c" + std::to_string(j);
+    m.classes[j].name = std::string("c").append(std::to_string(j));
   ExpectMessage(m.Validate(), {"127"});
 }
 

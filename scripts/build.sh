@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Configures and builds nopfs. Usage: scripts/build.sh [release|asan] [extra cmake args...]
-#   release -> build/       (RelWithDebInfo)
+#   release -> build/       (Release: what packagers and admins build)
 #   asan    -> build-asan/  (ASan + UBSan)
 # Both treat warnings as errors (NOPFS_WERROR; off for a plain `cmake` build, so that a newer or
 # older compiler's new warning does not stop someone building a release).
@@ -11,7 +11,7 @@ shift || true
 scripts/install-deps.sh
 jobs=$(nproc)
 case "$flavor" in
-  release) dir=build; args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo) ;;
+  release) dir=build; args=(-DCMAKE_BUILD_TYPE=Release) ;;
   asan) dir=build-asan; args=(-DCMAKE_BUILD_TYPE=Debug -DNOPFS_SANITIZE=ON -DNOPFS_BUILD_BENCH=OFF) ;;
   *) echo "nopfs: build: unknown flavor '$flavor': write 'release' or 'asan'" >&2; exit 2 ;;
 esac
