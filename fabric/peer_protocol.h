@@ -18,7 +18,8 @@
 //     kExchange    round u64, xxh3 u64, data (16 + 24 + n bytes; one node's buffer of a
 //                  collective all-to-all)
 //     kClassDone   cls u32 (<= 65535): the sender has filled every entry of its class-cls list
-//                  (ALGORITHM.md §6: the receiver then presumes all of them ready) (4 + 24 bytes)
+//                  (docs/algorithm.md §7: the receiver then presumes all of them ready) (4 + 24
+//                  bytes)
 //     kRemoteReply request_id u64, sample u64, length u64, addr u64, key u64, xxh3 u64 (48 + 24
 //                  bytes): the sample is ready in memory the sender registered for remote reads;
 //                  the reader fetches `length` bytes at (addr, key) with an RMA read and checks

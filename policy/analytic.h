@@ -1,4 +1,4 @@
-// Closed-form and simulated access-frequency statistics (ALGORITHM.md §3, docs/algorithm.md §3).
+// Closed-form and simulated access-frequency statistics (docs/algorithm.md §3).
 //
 // Thread safety: pure functions; MeasuredFrequentSamples starts worker threads via
 // CountNodeAccesses.

@@ -1,4 +1,4 @@
-// Per-node access frequencies over all epochs (ALGORITHM.md §3, "node, not rank").
+// Per-node access frequencies over all epochs (docs/algorithm.md §3, "node, not rank").
 //
 // The node's concatenated stream orders its accesses by epoch, then step, then local rank (in rank
 // order), then entry: the order in which the node as a whole consumes samples when its ranks run in

@@ -1,4 +1,4 @@
-// The performance model of ALGORITHM.md §4: bandwidth tables, storage classes, the PFS curve
+// The performance model of docs/algorithm.md §4: bandwidth tables, storage classes, the PFS curve
 // t(gamma), per-sample fetch times, source selection and the readiness heuristic.
 //
 // Units: bytes and bytes per second (double) everywhere in code; configs may write MB/s, and the
@@ -70,7 +70,7 @@ struct SystemModel {
 enum class SourceKind : uint8_t { kLocal = 0, kPeer = 1, kPfs = 2 };
 const char* SourceKindName(SourceKind k);
 
-// Seconds to fetch `size` bytes from each source (ALGORITHM.md §4):
+// Seconds to fetch `size` bytes from each source (docs/algorithm.md §4):
 //   PFS: s / (t(gamma)/gamma); peer class j: s / min(b_c, r_j(p_j)/p_j); local: s / (r_j(p_j)/p_j).
 // gamma = 0 counts as 1. 0 bytes take 0 s; a zero rate (no network, an empty table) takes +inf.
 double PfsSeconds(const SystemModel& m, Bytes size, uint32_t gamma);
@@ -92,11 +92,11 @@ struct SourceChoice {
 SourceChoice ChooseSource(const SystemModel& m, Bytes size, int local_class, int peer_class,
                           uint32_t gamma);
 
-// ALGORITHM.md §6: a peer is presumed to hold the entry at `peer_position` (0-based) of its class
-// list once this node's own progress in the same class has passed peer_position + margin, or once
-// the peer has reported that class done. own_progress counts the entries of this node's list of
-// that class already prefetched (entries 0 .. own_progress-1), so the rule is
-// peer_class_done || own_progress > peer_position + margin. The seeds use margin = 20.
+// docs/algorithm.md §7: a peer is presumed to hold the entry at `peer_position` (0-based) of its
+// class list once this node's own progress in the same class has passed peer_position + margin, or
+// once the peer has reported that class done. own_progress counts the entries of this node's list
+// of that class already prefetched (entries 0 .. own_progress-1), so the rule is peer_class_done ||
+// own_progress > peer_position + margin. The seeds use margin = 20.
 inline constexpr uint64_t kDefaultReadinessMargin = 20;
 bool PeerPresumedReady(uint64_t own_progress, uint64_t peer_position, bool peer_class_done,
                        uint64_t margin = kDefaultReadinessMargin);

@@ -1,5 +1,5 @@
-// The plan of one node (ALGORITHM.md §5): which samples each cache class holds and the order in
-// which its prefetchers fill it.
+// The plan of one node (docs/algorithm.md §5): which samples each cache class holds and the order
+// in which its prefetchers fill it.
 //
 // Rule: samples the node reads (a_k(n) > 0) are ranked by a_k(n) descending, then first access
 // ascending, then id ascending. In that order each sample goes to the fastest class whose remaining

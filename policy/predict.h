@@ -1,5 +1,5 @@
-// The model's prediction for one node (ALGORITHM.md §4): each local rank consumes its stream at
-// compute rate c while a staging buffer with p_0 threads fetches ahead from the source the model
+// The model's prediction for one node (docs/algorithm.md §6): each local rank consumes its stream
+// at compute rate c while a staging buffer with p_0 threads fetches ahead from the source the model
 // picks; the prediction is the time the consumer waits (stall).
 //
 //   t_{i,f} = max(avail_i(f), t_{i,f-1} + s_{R_{f-1}}/c)

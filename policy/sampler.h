@@ -1,4 +1,4 @@
-// The portable epoch permutation (ALGORITHM.md §2, docs/algorithm.md).
+// The portable epoch permutation (docs/algorithm.md §2.1).
 //
 // pi_e is a Fisher-Yates shuffle of the identity [0, F): for i = F-1 down to 1, swap positions i
 // and j = Bounded(i+1), where Bounded() is Lemire's multiply-shift with rejection over a SplitMix64

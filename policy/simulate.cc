@@ -290,10 +290,10 @@ class PolicySim {
   // symmetry it keeps k with the probability that this node's plan keeps what it reads
   // (coverage), in a class drawn by this plan's bytes per class (a fixed hash of k). Its copy is
   // ready: under warm tiers, at once; where staging reads fill tiers (fetch-and-cache, fill-once
-  // on read), since it read k; otherwise once its prefetcher has reached k, which is ALGORITHM.md
-  // §6's rule: this node's own progress in that class (the peer's, by symmetry) passes k's
-  // position in the peer's list plus the margin. That position is estimated by symmetry too: the
-  // entries of this node's list first read before the step at which the peer first read k.
+  // on read), since it read k; otherwise once its prefetcher has reached k, which is
+  // docs/algorithm.md §7's rule: this node's own progress in that class (the peer's, by symmetry)
+  // passes k's position in the peer's list plus the margin. That position is estimated by symmetry
+  // too: the entries of this node's list first read before the step at which the peer first read k.
   int PeerClass(SampleId k, double start) {
     if (ctx_.first_other.empty() || plan_ == nullptr || coverage_ <= 0) return -1;
     const uint32_t peer_step = ctx_.first_other[k];

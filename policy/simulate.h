@@ -1,6 +1,6 @@
-// The simulator behind `nopfs simulate` (docs/simulate.md): the performance model of ALGORITHM.md
-// §4 run as a discrete-event simulation of t_{i,f}, the time rank i consumes the f-th entry of its
-// stream, under each data-loading policy the benchmarks compare:
+// The simulator behind `nopfs simulate` (docs/simulate.md): the performance model of
+// docs/algorithm.md §4 run as a discrete-event simulation of t_{i,f}, the time rank i consumes the
+// f-th entry of its stream, under each data-loading policy the benchmarks compare:
 //
 //   no-io       the consumer alone (synthetic data): the lower bound of every other policy;
 //   frequency   nopfs: tiers hold the node's most read samples (MakeNodePlan), filled ahead by
@@ -27,7 +27,7 @@
 // a peer is known once another node has read the sample at an earlier step (tracked exactly, in
 // one pass over each epoch); it keeps it with the probability that this node's own plan keeps
 // what it reads, in a class drawn by this plan's bytes (symmetry); its copy is ready by
-// ALGORITHM.md §6's rule with its prefetch progress taken as this node's (or at once where
+// docs/algorithm.md §7's rule with its prefetch progress taken as this node's (or at once where
 // staging reads fill tiers). Prefetchers read from the PFS only, as nopfsd's do.
 //
 // Thread safety: pure; starts up to `threads` worker threads (counting and permutations).
@@ -64,7 +64,7 @@ struct SimOptions {
   bool step_barrier = true;      // the node's ranks start each step together
   bool staging_window = true;    // staging runs at most one ring's capacity ahead
   bool warm_tiers = false;       // tiers are full at time 0 (PredictNode's assumption)
-  // A staged PFS read of a sample planned for a tier also writes it there (ALGORITHM.md §6's
+  // A staged PFS read of a sample planned for a tier also writes it there (docs/algorithm.md §7's
   // fetch-and-cache, as nopfsd does; off models a service whose tiers only prefetchers fill).
   bool fetch_and_cache = true;
   bool fill_once_on_read = false;  // fill-once: tiers filled by staging reads, not prefetchers

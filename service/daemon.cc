@@ -235,7 +235,7 @@ Status Daemon::Init() {
   }
   counts = {};
   if (peers_) {
-    // A filled class is announced, so that the other nodes stop guessing (ALGORITHM.md §6).
+    // A filled class is announced, so that the other nodes stop guessing (docs/algorithm.md §7).
     PeerService* ps = peers_.get();
     for (size_t j = 0; j < prefetchers_.size(); ++j) {
       if (prefetchers_[j]) {

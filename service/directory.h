@@ -1,6 +1,6 @@
 // The peer directory: for every sample this node will read and does not hold, which peer holds
 // it, in which storage class, and at which position of that peer's prefetch (fill) order
-// (ALGORITHM.md §6).
+// (docs/algorithm.md §7).
 //
 // The seeds allgather every node's full cache lists at start, which does not scale (1024 nodes x
 // 14 M samples). Here the directory is partitioned by sample id: node `sample % nodes` owns the

@@ -1,4 +1,4 @@
-// PeerService: what makes a node's cache part of the whole job's cache (ALGORITHM.md §6). It
+// PeerService: what makes a node's cache part of the whole job's cache (docs/algorithm.md §7). It
 // serves this node's ready tier copies to the job's other nodes over fabric::PeerLink, builds the
 // peer directory (service/directory.h) with the other nodes at start, and gives the SampleReader
 // its peer source: for a sample this node does not hold, the directory's holder if that holder is
@@ -85,7 +85,7 @@ class PeerService {
   std::string StatusText() const;
 
   // Tells the other nodes that this node's class `cls` is filled (its prefetcher finished): they
-  // then presume every entry of it ready (ALGORITHM.md §6).
+  // then presume every entry of it ready (docs/algorithm.md §7).
   void AnnounceClassDone(uint32_t cls);
 
   // Stops the link: nothing more is served, and peer reads (by prefetchers still running) fail at

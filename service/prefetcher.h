@@ -1,5 +1,5 @@
 // Prefetcher: fills one tier with its samples in first-access order using a fixed number of
-// threads (the storage class's `threads`, p_j in ALGORITHM.md).
+// threads (the storage class's `threads`, p_j in docs/algorithm.md §4).
 //
 // The threads share an atomic cursor over the tier's slots (slot order is the prefetch order):
 // each takes the next slot, claims it (SlotTable::TryBeginFill; a slot already ready or being

@@ -298,7 +298,7 @@ Result<SourceId> SampleReader::Read(policy::SampleId sample, std::span<std::byte
         }
         return SourceId{SourceId::kPeer};
       }
-      // "Not available" is a readiness guess that missed (ALGORITHM.md §6): expected, quiet.
+      // "Not available" is a readiness guess that missed (docs/algorithm.md §7): expected, quiet.
       if (!h.ok() && h.status().code() == StatusCode::kNotFound) {
         spdlog::debug("sample {}: not ready at its peer yet, reading the PFS", sample);
       } else {

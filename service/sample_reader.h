@@ -2,15 +2,15 @@
 // counts what each source served. Staging threads call it for every access of every local rank;
 // prefetchers use its PFS fetch to fill the tiers.
 //
-// Sources, per ALGORITHM.md §4: this node's tier holding the sample once it is ready (RAM: copy
-// out of the memfd; SSD: a read of its data file), a peer's tier (service/peers.h installs it:
+// Sources, per docs/algorithm.md §4: this node's tier holding the sample once it is ready (RAM:
+// copy out of the memfd; SSD: a read of its data file), a peer's tier (service/peers.h installs it:
 // SetPeerSource), or the PFS. policy::ChooseSource picks among those that can serve now. Every tier
 // read is checked against the xxh3 recorded when the tier was filled; a mismatch (a corrupted SSD
 // file, a stray write into shared memory) is logged, the slot is marked failed, and the sample is
 // read from the PFS instead. A PFS read records the sample's checksum in the catalog the first
 // time, and warns if a later read of the same file differs (the file changed during the job).
-// Fetch-and-cache (ALGORITHM.md §6): when a staging read has to go to the PFS for a sample that
-// the plan places in a tier not filled yet, the reader stores the bytes it already has in that
+// Fetch-and-cache (docs/algorithm.md §7): when a staging read has to go to the PFS for a sample
+// that the plan places in a tier not filled yet, the reader stores the bytes it already has in that
 // tier (claiming the slot, so that the prefetcher skips it), and the PFS is read once for it.
 //
 // Thread safety: Read and the fetch are safe from any number of threads.
@@ -60,9 +60,9 @@ struct SourceCounters {
 // A peer read (fabric/): fills dst with the sample's bytes and returns their xxh3, or an error
 // (the reader then falls back to the PFS). `peer_class` is the peer's class that holds it.
 using PeerFetchFn = std::function<Result<uint64_t>(policy::SampleId, std::span<std::byte> dst)>;
-// Whether some peer holds the sample and is presumed ready (ALGORITHM.md §6); returns the peer's
-// class index or -1. For a sample this node holds but has not filled yet, the peer is its filler
-// (the holder that reads it from the PFS; service/directory.h).
+// Whether some peer holds the sample and is presumed ready (docs/algorithm.md §7); returns the
+// peer's class index or -1. For a sample this node holds but has not filled yet, the peer is its
+// filler (the holder that reads it from the PFS; service/directory.h).
 using PeerLookupFn = std::function<int(policy::SampleId)>;
 // Offers a sample just read from the PFS by a staging read to the peer that holds it (or fills it
 // for the job) but was not presumed to have it yet; best effort, must not block.

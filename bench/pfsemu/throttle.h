@@ -2,10 +2,10 @@
 // aggregate read rate of all readers to t(γ) for the γ readers active at the moment.
 //
 // BandwidthCurve maps a number of concurrent readers γ ≥ 1 to an aggregate rate in bytes/s, by
-// linear interpolation between the given points and flat beyond the last one (ALGORITHM.md §4's
-// t(γ)). Throttle is a virtual-clock shaper: each read reserves `bytes / t(γ)` seconds of the one
-// shared pipe, starting no earlier than the previous reservation ended, and the caller waits until
-// its reservation ends. So over any interval longer than a read the bytes served stay within
+// linear interpolation between the given points and flat beyond the last one (docs/algorithm.md
+// §4's t(γ)). Throttle is a virtual-clock shaper: each read reserves `bytes / t(γ)` seconds of the
+// one shared pipe, starting no earlier than the previous reservation ended, and the caller waits
+// until its reservation ends. So over any interval longer than a read the bytes served stay within
 // t(γ)·interval plus a burst of at most `burst_bytes` accumulated while idle.
 //
 // Thread safety: BandwidthCurve is immutable after Parse and safe to share. Throttle::Reserve may
