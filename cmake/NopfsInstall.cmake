@@ -106,8 +106,15 @@ add_custom_command(OUTPUT ${_nopfs_man_dir}/nopfs-spank.8
     --see-also "**nopfs**(1), **nopfsd**(8), **spank**(8), **slurm.conf**(5)"
   DEPENDS ${PROJECT_SOURCE_DIR}/scripts/md2man.py ${_docs}/user.md ${_docs}/admin.md
   COMMENT "man page nopfs-spank(8)" VERBATIM)
-add_custom_target(nopfs_man ALL DEPENDS ${_nopfs_man_dir}/nopfs.1 ${_nopfs_man_dir}/nopfsd.8
-                                        ${_nopfs_man_dir}/nopfs-spank.8)
-install(FILES ${_nopfs_man_dir}/nopfs.1 DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
-install(FILES ${_nopfs_man_dir}/nopfsd.8 ${_nopfs_man_dir}/nopfs-spank.8
+# Compressed as Debian installs man pages (gzip -n: no name or time stamp, reproducible).
+set(_nopfs_man_gz)
+foreach(page nopfs.1 nopfsd.8 nopfs-spank.8)
+  add_custom_command(OUTPUT ${_nopfs_man_dir}/${page}.gz
+    COMMAND gzip -9 -n -c ${_nopfs_man_dir}/${page} > ${_nopfs_man_dir}/${page}.gz
+    DEPENDS ${_nopfs_man_dir}/${page} VERBATIM)
+  list(APPEND _nopfs_man_gz ${_nopfs_man_dir}/${page}.gz)
+endforeach()
+add_custom_target(nopfs_man ALL DEPENDS ${_nopfs_man_gz})
+install(FILES ${_nopfs_man_dir}/nopfs.1.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
+install(FILES ${_nopfs_man_dir}/nopfsd.8.gz ${_nopfs_man_dir}/nopfs-spank.8.gz
         DESTINATION ${CMAKE_INSTALL_MANDIR}/man8)

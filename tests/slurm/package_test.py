@@ -117,16 +117,21 @@ class PackageTest(cl.ClusterCase):
         self.assertNotIn(cl.BUILD, line)
         # Each task: which nopfsd serves it, the installed Python package (bytecode allowed, as
         # users run it), and every sample of its stream checked against its file.
-        task = ("exe=$(readlink /proc/$(pgrep -u $USER -x nopfsd | head -n 1)/exe); "
-                "echo \"$SLURMD_NODENAME: daemon $exe\"; "
-                "cd / && env -u PYTHONDONTWRITEBYTECODE /usr/bin/python3 -c "
-                "'import nopfs, nopfs.torch; print(\"python\", nopfs.__file__)' "
-                "| sed \"s/^/$SLURMD_NODENAME: /\"; "
-                "/usr/bin/nopfs cat --verify 2>&1 | tail -n 1 | sed \"s/^/$SLURMD_NODENAME: verify: /\"")
+        task = os.path.join(cl.JOBS, "package-task.sh")
+        with open(task, "w") as f:
+            f.write("#!/bin/bash\n"
+                    "exe=$(readlink /proc/$(pgrep -u $USER -x nopfsd | head -n 1)/exe)\n"
+                    "echo \"$SLURMD_NODENAME: daemon $exe\"\n"
+                    "cd / && env -u PYTHONDONTWRITEBYTECODE /usr/bin/python3 -c "
+                    "'import nopfs, nopfs.torch; print(\"python\", nopfs.__file__)' "
+                    "| sed \"s/^/$SLURMD_NODENAME: /\"\n"
+                    "/usr/bin/nopfs cat --verify 2>&1 | tail -n 1 "
+                    "| sed \"s/^/$SLURMD_NODENAME: verify: /\"\n")
+        os.chmod(task, 0o755)
         r = cl.submit("nopfs-alice",
                       f"-N2 -w n1,n2 --ntasks-per-node=1 --mem=600 --nopfs={cl.DATASET} "
                       "--nopfs-epochs=2 --nopfs-batch=8 --nopfs-scheme=strided",
-                      f"srun bash -c '{task}'\n")
+                      f"srun {task}\n")
         job = r
         cl.wait_done(job, timeout=120)
         out = cl.output(job)
