@@ -67,7 +67,8 @@ int Fail(const std::string& msg) {
   return 2;
 }
 
-// nopfsd sits beside nopfs (both land in <build>/bin and in <prefix>/bin).
+// nopfsd beside nopfs (the build tree: both in <build>/bin), else where it is installed
+// (<prefix>/sbin), else on PATH.
 std::string DaemonPath() {
   std::error_code ec;
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
@@ -75,7 +76,8 @@ std::string DaemonPath() {
     const fs::path beside = self.parent_path() / "nopfsd";
     if (access(beside.c_str(), X_OK) == 0) return beside.string();
   }
-  return "nopfsd";  // PATH
+  if (access(NOPFS_INSTALLED_NOPFSD, X_OK) == 0) return NOPFS_INSTALLED_NOPFSD;
+  return "nopfsd";
 }
 
 std::string ReadFileOr(const std::string& path, const std::string& fallback) {

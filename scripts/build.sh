@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Configures and builds nopfs. Usage: scripts/build.sh [release|asan] [extra cmake args...]
-#   release -> build/       (Release: what packagers and admins build)
+#   release -> build/       (Release, prefix /usr: what the .deb ships; cpack -G DEB packs it)
 #   asan    -> build-asan/  (ASan + UBSan)
 # Both treat warnings as errors (NOPFS_WERROR; off for a plain `cmake` build, so that a newer or
 # older compiler's new warning does not stop someone building a release).
@@ -11,7 +11,7 @@ shift || true
 scripts/install-deps.sh
 jobs=$(nproc)
 case "$flavor" in
-  release) dir=build; args=(-DCMAKE_BUILD_TYPE=Release) ;;
+  release) dir=build; args=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/usr) ;;
   asan) dir=build-asan; args=(-DCMAKE_BUILD_TYPE=Debug -DNOPFS_SANITIZE=ON -DNOPFS_BUILD_BENCH=OFF) ;;
   *) echo "nopfs: build: unknown flavor '$flavor': write 'release' or 'asan'" >&2; exit 2 ;;
 esac

@@ -368,7 +368,11 @@ std::string DaemonPath(const Job& job, const char* self) {
   const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
   if (n > 0) me.assign(buf, static_cast<size_t>(n));
   const size_t slash = me.rfind('/');
-  return (slash == std::string::npos ? std::string(".") : me.substr(0, slash)) + "/nopfsd";
+  const std::string beside =
+      (slash == std::string::npos ? std::string(".") : me.substr(0, slash)) + "/nopfsd";
+  // The build tree has nopfsd beside nopfs-job; an installed nopfs-job (libexec) has it in sbin.
+  if (::access(beside.c_str(), X_OK) == 0) return beside;
+  return NOPFS_INSTALLED_NOPFSD;
 }
 
 // The job's peer secret: HMAC-SHA256 under the site key (`peer_key`, a file only root may read)

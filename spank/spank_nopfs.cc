@@ -120,15 +120,18 @@ std::string SpankEnv(spank_t sp, const char* name) {
   return buf;
 }
 
+// The build tree's <build>/bin/nopfs-job beside <build>/lib/spank_nopfs.so, else the installed
+// launcher (<prefix>/libexec/nopfs/nopfs-job).
 std::string DefaultLauncher() {
   Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&DefaultLauncher), &info) == 0 || info.dli_fname == nullptr) {
-    return "/usr/libexec/nopfs/nopfs-job";
+  if (dladdr(reinterpret_cast<void*>(&DefaultLauncher), &info) != 0 && info.dli_fname != nullptr) {
+    const std::string so = info.dli_fname;
+    const size_t slash = so.rfind('/');
+    const std::string built =
+        (slash == std::string::npos ? std::string(".") : so.substr(0, slash)) + "/../bin/nopfs-job";
+    if (::access(built.c_str(), X_OK) == 0) return built;
   }
-  std::string so = info.dli_fname;
-  const size_t slash = so.rfind('/');
-  return (slash == std::string::npos ? std::string(".") : so.substr(0, slash)) +
-         "/../bin/nopfs-job";
+  return NOPFS_INSTALLED_LAUNCHER;
 }
 
 // Runs nopfs-job with a hard limit; returns its exit code (or -1) and its output in *out.

@@ -39,7 +39,10 @@ def env():
 
 def cluster(*args, extra_args=""):
     e = env()
-    e["NOPFS_PLUGIN_ARGS"] = f"nopfsd={NOPFSD} {extra_args}".strip()
+    # With NOPFS_PLUGIN (an installed plugin, tests/slurm/package_test.py) the plugin finds its
+    # installed launcher and nopfsd itself.
+    installed = bool(os.environ.get("NOPFS_PLUGIN"))
+    e["NOPFS_PLUGIN_ARGS"] = (extra_args if installed else f"nopfsd={NOPFSD} {extra_args}").strip()
     return subprocess.run([CLUSTER, *args], env=e, capture_output=True, text=True, timeout=120)
 
 

@@ -1,0 +1,120 @@
+# `cmake --install`: where every part of nopfs goes (GNUInstallDirs), and the man pages, generated
+# from docs/ and the programs' --help at build time. With CMAKE_INSTALL_PREFIX=/usr (the package,
+# cmake/NopfsPackage.cmake) the layout is Debian's:
+#
+#   /usr/bin/nopfs                               the user's command
+#   /usr/sbin/nopfsd                             the per-job cache service
+#   /usr/libexec/nopfs/nopfs-job                 the launcher the plugin runs as root
+#   /usr/lib/<multiarch>/slurm-wlm/spank_nopfs.so  the SPANK plugin, in Slurm's plugin directory
+#   /usr/lib/python3/dist-packages/nopfs/        the Python package (python/CMakeLists.txt)
+#   /etc/nopfs/{nopfs.conf.lua,policy.lua}       the node config and the admission policy
+#   /etc/slurm/plugstack.conf.d/nopfs.conf       the plugin's line (Debian's plugstack.conf
+#                                                includes plugstack.conf.d/*.conf)
+#   /usr/share/man/man1/nopfs.1, man8/nopfsd.8, man8/nopfs-spank.8
+#   /usr/share/doc/nopfs/                        README, docs/, the example job scripts
+#
+# /etc stays /etc under /usr (GNUInstallDirs' rule), and under any other prefix it is <prefix>/etc.
+# GNUInstallDirs is included at the top, before the targets: the programs are built knowing where
+# their partners are installed (NOPFS_INSTALLED_* below).
+
+# Slurm's plugin directory: Debian's packages use <libdir>/slurm-wlm, upstream's <libdir>/slurm.
+if(EXISTS /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/slurm-wlm AND CMAKE_INSTALL_PREFIX STREQUAL "/usr")
+  set(_nopfs_slurm_plugin_default ${CMAKE_INSTALL_LIBDIR}/slurm-wlm)
+else()
+  set(_nopfs_slurm_plugin_default ${CMAKE_INSTALL_LIBDIR}/slurm)
+endif()
+set(NOPFS_SLURM_PLUGIN_DIR ${_nopfs_slurm_plugin_default}
+    CACHE STRING "Where the SPANK plugin is installed (relative: under the prefix)")
+set(NOPFS_SLURM_SYSCONFDIR ${CMAKE_INSTALL_FULL_SYSCONFDIR}/slurm
+    CACHE STRING "Slurm's configuration directory (its plugstack.conf.d gets nopfs.conf)")
+set(NOPFS_SYSCONFDIR ${CMAKE_INSTALL_FULL_SYSCONFDIR}/nopfs)
+
+foreach(v NOPFS_SLURM_PLUGIN_DIR NOPFS_SLURM_SYSCONFDIR NOPFS_SYSCONFDIR)
+  if(IS_ABSOLUTE ${${v}})
+    set(${v}_FULL ${${v}})
+  else()
+    set(${v}_FULL ${CMAKE_INSTALL_PREFIX}/${${v}})
+  endif()
+endforeach()
+
+install(TARGETS nopfs RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(TARGETS nopfsd RUNTIME DESTINATION ${CMAKE_INSTALL_SBINDIR})
+if(TARGET spank_nopfs)
+  install(TARGETS nopfs-job RUNTIME DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/nopfs)
+  install(TARGETS spank_nopfs LIBRARY DESTINATION ${NOPFS_SLURM_PLUGIN_DIR})
+  # The plugin's line, with the installed paths; the plugin finds the launcher, and the launcher
+  # nopfsd, at their installed places without arguments.
+  configure_file(${PROJECT_SOURCE_DIR}/contrib/slurm/plugstack.conf.in
+                 ${PROJECT_BINARY_DIR}/contrib/plugstack.conf @ONLY)
+  install(FILES ${PROJECT_BINARY_DIR}/contrib/plugstack.conf
+          DESTINATION ${NOPFS_SLURM_SYSCONFDIR}/plugstack.conf.d RENAME nopfs.conf)
+  install(FILES ${PROJECT_SOURCE_DIR}/contrib/slurm/nopfs.conf.lua
+                ${PROJECT_SOURCE_DIR}/contrib/slurm/policy.lua
+          DESTINATION ${NOPFS_SYSCONFDIR})
+  install(FILES ${PROJECT_SOURCE_DIR}/contrib/slurm/slurm.conf.fragment
+                ${PROJECT_SOURCE_DIR}/contrib/slurm/examples/train.sbatch
+                ${PROJECT_SOURCE_DIR}/contrib/slurm/examples/verify.sbatch
+                ${PROJECT_SOURCE_DIR}/contrib/slurm/examples/epoch_task.py
+          DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples)
+endif()
+install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs
+        FILES_MATCHING PATTERN "*.md" PATTERN "*.png")
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/examples/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples
+        FILES_MATCHING PATTERN "*.py")
+
+# Man pages: the docs' sections and the programs' own --help, so that they cannot drift.
+set(_nopfs_man_dir ${PROJECT_BINARY_DIR}/man)
+set(_md2man /usr/bin/python3 ${PROJECT_SOURCE_DIR}/scripts/md2man.py
+    --version ${PROJECT_VERSION})
+set(_docs ${PROJECT_SOURCE_DIR}/docs)
+add_custom_command(OUTPUT ${_nopfs_man_dir}/nopfs.1
+  COMMAND ${CMAKE_COMMAND} -E make_directory ${_nopfs_man_dir}
+  COMMAND ${_md2man} --name nopfs --section 1 --out ${_nopfs_man_dir}/nopfs.1
+    --summary "read a training job's samples through nopfs, plan and simulate its cache"
+    --synopsis "`nopfs` *COMMAND* [*OPTIONS*]"
+    --md ${_docs}/user.md
+    --help-cmd "COMMANDS=$<TARGET_FILE:nopfs> --help"
+    --help-cmd "+nopfs run=$<TARGET_FILE:nopfs> run --help"
+    --help-cmd "+nopfs cat=$<TARGET_FILE:nopfs> cat --help"
+    --help-cmd "+nopfs status=$<TARGET_FILE:nopfs> status --help"
+    --help-cmd "+nopfs stream=$<TARGET_FILE:nopfs> stream --help"
+    --help-cmd "+nopfs plan=$<TARGET_FILE:nopfs> plan --help"
+    --help-cmd "+nopfs simulate=$<TARGET_FILE:nopfs> simulate --help"
+    --help-cmd "+nopfs config=$<TARGET_FILE:nopfs> config --help"
+    --see-also "**nopfsd**(8), **nopfs-spank**(8), **sbatch**(1); /usr/share/doc/nopfs/docs"
+  DEPENDS nopfs ${PROJECT_SOURCE_DIR}/scripts/md2man.py ${_docs}/user.md
+  COMMENT "man page nopfs(1)" VERBATIM)
+add_custom_command(OUTPUT ${_nopfs_man_dir}/nopfsd.8
+  COMMAND ${CMAKE_COMMAND} -E make_directory ${_nopfs_man_dir}
+  COMMAND ${_md2man} --name nopfsd --section 8 --out ${_nopfs_man_dir}/nopfsd.8
+    --summary "the cache service of one nopfs job on one node"
+    --synopsis "`nopfsd` `--dataset` *DIR* `--run-dir` *DIR* [*OPTIONS*]"
+    --md ${_docs}/service.md
+    --help-cmd "OPTIONS=$<TARGET_FILE:nopfsd> --help"
+    --see-also "**nopfs**(1), **nopfs-spank**(8)"
+  DEPENDS nopfsd ${PROJECT_SOURCE_DIR}/scripts/md2man.py ${_docs}/service.md
+  COMMENT "man page nopfsd(8)" VERBATIM)
+add_custom_command(OUTPUT ${_nopfs_man_dir}/nopfs-spank.8
+  COMMAND ${CMAKE_COMMAND} -E make_directory ${_nopfs_man_dir}
+  COMMAND ${_md2man} --name nopfs-spank --section 8 --out ${_nopfs_man_dir}/nopfs-spank.8
+    --summary "the nopfs SPANK plugin: sbatch options, plugstack.conf arguments, what a job gets"
+    --synopsis "`optional` *PLUGINDIR*`/spank_nopfs.so` [*KEY*`=`*VALUE* ...]  (plugstack.conf)"
+    --synopsis "`sbatch --nopfs=`*DATASET* [`--nopfs-`*OPTION*`=`*VALUE* ...] *SCRIPT*"
+    --md "${_docs}/user.md:The options,What your tasks see,When your job gets no cache"
+    --md "${_docs}/admin.md:plugstack.conf,Peers,The node config and the policy,Reservations,What happens to a job,Logs,Troubleshooting"
+    --see-also "**nopfs**(1), **nopfsd**(8), **spank**(8), **slurm.conf**(5)"
+  DEPENDS ${PROJECT_SOURCE_DIR}/scripts/md2man.py ${_docs}/user.md ${_docs}/admin.md
+  COMMENT "man page nopfs-spank(8)" VERBATIM)
+# Compressed as Debian installs man pages (gzip -n: no name or time stamp, reproducible).
+set(_nopfs_man_gz)
+foreach(page nopfs.1 nopfsd.8 nopfs-spank.8)
+  add_custom_command(OUTPUT ${_nopfs_man_dir}/${page}.gz
+    COMMAND gzip -9 -n -c ${_nopfs_man_dir}/${page} > ${_nopfs_man_dir}/${page}.gz
+    DEPENDS ${_nopfs_man_dir}/${page} VERBATIM)
+  list(APPEND _nopfs_man_gz ${_nopfs_man_dir}/${page}.gz)
+endforeach()
+add_custom_target(nopfs_man ALL DEPENDS ${_nopfs_man_gz})
+install(FILES ${_nopfs_man_dir}/nopfs.1.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
+install(FILES ${_nopfs_man_dir}/nopfsd.8.gz ${_nopfs_man_dir}/nopfs-spank.8.gz
+        DESTINATION ${CMAKE_INSTALL_MANDIR}/man8)
