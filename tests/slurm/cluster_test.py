@@ -55,7 +55,7 @@ class ClusterTest(ClusterCase):
                   (2, 2, "-N2 --ntasks-per-node=2"), (3, 2, "-N3 -n6")]
         task = ("echo \"$NOPFS_RANK env $NOPFS_RANKS $NOPFS_RANKS_PER_NODE $NOPFS_BATCH "
                 "$NOPFS_SCHEME $NOPFS_SEED $NOPFS_EPOCHS $NOPFS_SAMPLES\"; "
-                f"{BUILD}/bin/nopfs cat --print | sed \"s/^/$NOPFS_RANK: /\"")
+                f"{BUILD}/bin/nopfs cat --print --verify 2>&1 | sed \"s/^/$NOPFS_RANK: /\"")
         jobs = [submit("nopfs-alice", f"{opts} --mem=300 --nopfs={DATASET} "
                        "--nopfs-scheme=strided", f"srun bash -c '{task}'\n")
                 for _, _, opts in shapes]
@@ -71,9 +71,10 @@ class ClusterTest(ClusterCase):
                     env_line.group(1).split()
                 self.assertEqual((int(got_ranks), int(got_per_node)), (ranks, per_node), opts)
                 self.assertEqual(samples, "120", opts)
-                stream = [line.split()[1] for line in out.splitlines()
-                          if line.startswith(f"{rank}: ")]
+                stream = re.findall(rf"^{rank}: (\d+) -?\d+ \d+$", out, re.M)
                 self.assertTrue(stream, f"{opts}: rank {rank} read nothing\n{out}")
+                self.assertRegex(out, rf"\n{rank}: {len(stream)} samples, \d+ bytes, 0 mismatches",
+                                 opts)
                 want = subprocess.run(
                     [f"{BUILD}/bin/nopfs", "stream", "--samples", samples, "--ranks", got_ranks,
                      "--ranks-per-node", got_per_node, "--batch", batch, "--scheme", scheme,
@@ -93,7 +94,7 @@ class ClusterTest(ClusterCase):
             ("-N2 --ntasks-per-node=2 --nopfs-ranks-per-node=3", "echo TASK-RAN\n",
              "--nopfs-ranks-per-node=3: the job runs 2 tasks per node"),
             # a step that runs more tasks a node than the job was planned for
-            ("-N2", "srun --ntasks-per-node=2 echo TASK-RAN\n",
+            ("-N2", "srun --overcommit --ntasks-per-node=2 echo TASK-RAN\n",
              "this step runs 2 tasks on each node, but the job's ranks per node is 1"),
         ]
         jobs = [submit("nopfs-alice", f"{opts} --mem=300 --nopfs={DATASET}", script)
