@@ -101,7 +101,7 @@ add_custom_command(OUTPUT ${_nopfs_man_dir}/nopfs-spank.8
     --summary "the nopfs SPANK plugin: sbatch options, plugstack.conf arguments, what a job gets"
     --synopsis "`optional` *PLUGINDIR*`/spank_nopfs.so` [*KEY*`=`*VALUE* ...]  (plugstack.conf)"
     --synopsis "`sbatch --nopfs=`*DATASET* [`--nopfs-`*OPTION*`=`*VALUE* ...] *SCRIPT*"
-    --md "${_docs}/user.md:The options,What your tasks see,When your job gets no cache"
+    --md "${_docs}/user.md:The options,What your tasks see,Ranks,When your job gets no cache"
     --md "${_docs}/admin.md:plugstack.conf,Peers,The node config and the policy,Reservations,What happens to a job,Logs,Troubleshooting"
     --see-also "**nopfs**(1), **nopfsd**(8), **spank**(8), **slurm.conf**(5)"
   DEPENDS ${PROJECT_SOURCE_DIR}/scripts/md2man.py ${_docs}/user.md ${_docs}/admin.md

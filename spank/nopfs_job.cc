@@ -149,12 +149,13 @@ Status EnsureRootDir(const std::string& path, mode_t mode) {
   return Status::Ok();
 }
 
-// Slurm's view of the job: its account, partition, QOS and memory on this node.
+// Slurm's view of the job: its account, partition, QOS, memory on this node and task layout.
 struct SlurmJob {
   bool known = false;
   bool active = true;  // pending, running, suspended or completing
   std::string account, partition, qos;
   uint64_t memory = 0;  // bytes on this node; 0: unknown/unlimited
+  TaskLayout layout;    // nodes 0: unknown
 };
 
 SlurmJob QuerySlurm(uint64_t job_id, const std::string& node) {
@@ -191,6 +192,12 @@ SlurmJob QuerySlurm(uint64_t job_id, const std::string& node) {
       mb *= static_cast<uint64_t>(cpus > 0 ? cpus : 1);
     }
     out.memory = mb * 1024 * 1024;  // Slurm's MB are MiB
+    // A count the user did not ask for is 0 or NO_VAL (-n) and 0 or NO_VAL16
+    // (--ntasks-per-node).
+    out.layout.nodes = j.num_nodes;
+    out.layout.tasks = j.num_tasks == NO_VAL ? 0 : j.num_tasks;
+    out.layout.tasks_per_node =
+        j.ntasks_per_node == NO_VAL16 || j.ntasks_per_node == INFINITE16 ? 0 : j.ntasks_per_node;
   }
   slurm_free_job_info_msg(msg);
   return out;
@@ -483,6 +490,25 @@ int Prolog(const Job& job, const char* self) {
     std::printf("%suser directories: %s\n", where.c_str(), line.c_str());
 
   const SlurmJob sj = QuerySlurm(job.job_id, job.node);
+  // The ranks per node of nopfsd's plan come from the job's task layout (spank/options.h
+  // RanksPerNode). The answer goes to the job's tasks in <run dir>/layout: task_init sets
+  // NOPFS_RANKS_PER_NODE from it, or fails every task with the message.
+  uint32_t ranks_per_node = job.opts.ranks_per_node;
+  {
+    Result<uint32_t> rpn = Status::Unavailable(
+        "cannot ask slurmctld for the job's task layout; give --nopfs-ranks-per-node");
+    if (sj.layout.nodes != 0) {
+      rpn = RanksPerNode(sj.layout, job.opts);
+    } else if (OptionGiven(job.opts, "nopfs-ranks-per-node")) {
+      rpn = job.opts.ranks_per_node;
+    }
+    if (!rpn.ok()) {
+      WriteStatus(job, "layout", "error=nopfs: layout: " + rpn.status().message());
+      return fail("layout: " + rpn.status().message(), 3);
+    }
+    ranks_per_node = *rpn;
+    WriteStatus(job, "layout", "ranks_per_node=" + std::to_string(ranks_per_node));
+  }
   lua::JobRequest req;
   req.job_id = job.job_id;
   req.uid = job.uid;
@@ -562,13 +588,13 @@ int Prolog(const Job& job, const char* self) {
                                     "--epochs",
                                     std::to_string(job.opts.epochs),
                                     "--ranks",
-                                    std::to_string(job.nodes * job.opts.ranks_per_node),
+                                    std::to_string(job.nodes * ranks_per_node),
                                     "--batch",
                                     std::to_string(job.opts.batch),
                                     "--scheme",
                                     job.opts.scheme,
                                     "--ranks-per-node",
-                                    std::to_string(job.opts.ranks_per_node),
+                                    std::to_string(ranks_per_node),
                                     "--node",
                                     std::to_string(job.node_index),
                                     "--job-id",

@@ -102,7 +102,8 @@ const std::vector<OptionInfo>& UserOptions() {
       {"nopfs-batch", "N", "nopfs: global batch size, all ranks together (default 1)"},
       {"nopfs-scheme", "uniform|strided", "nopfs: how a batch is split across ranks"},
       {"nopfs-drop-last", nullptr, "nopfs: drop each epoch's last incomplete batch"},
-      {"nopfs-ranks-per-node", "N", "nopfs: training processes per node (default 1)"},
+      {"nopfs-ranks-per-node", "N",
+       "nopfs: training processes per node (default: the job's tasks per node)"},
       {"nopfs-ram", "SIZE", "nopfs: RAM cache per node, e.g. 16GB (default: site policy)"},
       {"nopfs-ssd", "SIZE", "nopfs: SSD cache per node, e.g. 400GB (default: site policy)"},
   };
@@ -210,6 +211,54 @@ Status ValidateJob(const JobOptions& opts) {
   return Status::Ok();
 }
 
+bool OptionGiven(const JobOptions& opts, std::string_view name) {
+  const auto& options = UserOptions();
+  for (uint32_t i = 0; i < options.size(); ++i) {
+    if (name == options[i].name) return (opts.given & (1u << i)) != 0;
+  }
+  return false;
+}
+
+Result<uint32_t> RanksPerNode(const TaskLayout& layout, const JobOptions& opts) {
+  if (layout.nodes == 0) return Status::InvalidArgument("the job has no nodes");
+  const std::string nodes = std::to_string(layout.nodes) + (layout.nodes == 1 ? " node" : " nodes");
+  uint32_t per_node = layout.tasks_per_node;
+  if (per_node != 0) {
+    if (layout.tasks != 0 && layout.tasks != uint64_t{per_node} * layout.nodes) {
+      return Status::InvalidArgument(
+          "the job's " + std::to_string(layout.tasks) + " tasks are not " +
+          std::to_string(per_node) + " on each of its " + nodes +
+          "; nopfs needs the same number of tasks on every node: write -N and "
+          "--ntasks-per-node, and leave out -n or make it their product");
+    }
+  } else if (layout.tasks == 0) {
+    per_node = 1;  // srun starts one task a node
+  } else if (layout.tasks % layout.nodes != 0) {
+    return Status::InvalidArgument(
+        "the job's " + std::to_string(layout.tasks) + " tasks do not spread evenly over its " +
+        nodes +
+        "; nopfs needs the same number of tasks on every node: write -N and "
+        "--ntasks-per-node (e.g. -N" +
+        std::to_string(layout.nodes) +
+        " --ntasks-per-node=" + std::to_string((layout.tasks + layout.nodes - 1) / layout.nodes) +
+        "), or an -n that is a multiple of -N");
+  } else {
+    per_node = layout.tasks / layout.nodes;
+  }
+  if (!OptionGiven(opts, "nopfs-ranks-per-node")) return per_node;
+  const uint32_t given = opts.ranks_per_node;
+  if (given % per_node != 0) {
+    const std::string t = std::to_string(per_node);
+    return Status::InvalidArgument(
+        "--nopfs-ranks-per-node=" + std::to_string(given) + ": the job runs " + t +
+        (per_node == 1 ? " task" : " tasks") +
+        " per node; leave the option out (one training "
+        "process a task), or write a multiple of " +
+        t + " when a launcher such as torchrun starts several processes in each task");
+  }
+  return given;
+}
+
 std::vector<std::string> ToArgs(const JobOptions& opts) {
   std::vector<std::string> out;
   if (opts.dataset.empty()) return out;
@@ -219,7 +268,9 @@ std::vector<std::string> ToArgs(const JobOptions& opts) {
   out.push_back("--nopfs-batch=" + std::to_string(opts.batch));
   out.push_back("--nopfs-scheme=" + opts.scheme);
   if (opts.drop_last) out.push_back("--nopfs-drop-last");
-  out.push_back("--nopfs-ranks-per-node=" + std::to_string(opts.ranks_per_node));
+  if (OptionGiven(opts, "nopfs-ranks-per-node")) {
+    out.push_back("--nopfs-ranks-per-node=" + std::to_string(opts.ranks_per_node));
+  }
   if (opts.ram != 0) out.push_back("--nopfs-ram=" + std::to_string(opts.ram));
   if (opts.ssd != 0) out.push_back("--nopfs-ssd=" + std::to_string(opts.ssd));
   return out;

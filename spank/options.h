@@ -9,7 +9,8 @@
 //   --nopfs-batch=N            global batch size, 1 .. 2^40 (default 1)
 //   --nopfs-scheme=S           uniform | strided (default uniform)
 //   --nopfs-drop-last          drop the last incomplete batch of each epoch
-//   --nopfs-ranks-per-node=N   training processes per node, 1 .. 4096 (default 1)
+//   --nopfs-ranks-per-node=N   training processes per node, 1 .. 4096 (default: the job's tasks
+//                              per node, RanksPerNode)
 //   --nopfs-ram=SIZE           RAM tier asked for on each node, e.g. 16GB (default: policy's)
 //   --nopfs-ssd=SIZE           SSD tier asked for on each node (default: policy's)
 // Every value is treated as hostile: bounded length, no control characters, numbers in range,
@@ -64,6 +65,22 @@ Status ApplyOption(JobOptions* opts, std::string_view name, std::string_view val
 
 // Checks the options together (e.g. a --nopfs-* option without --nopfs=DATASET).
 Status ValidateJob(const JobOptions& opts);
+
+// Whether option `name` ("nopfs-ranks-per-node", ...) was given.
+bool OptionGiven(const JobOptions& opts, std::string_view name);
+
+// A job's task layout as slurmctld reports it (slurm_load_job).
+struct TaskLayout {
+  uint32_t nodes = 0;           // the allocation's nodes
+  uint32_t tasks = 0;           // -n; 0: not asked for (srun then starts one task a node)
+  uint32_t tasks_per_node = 0;  // --ntasks-per-node; 0: not given
+};
+// The job's ranks per node: its tasks per node (one training process a task), or
+// --nopfs-ranks-per-node when given, which must equal the tasks per node or be a multiple of it
+// (a launcher such as torchrun starts the other processes of each task). InvalidArgument, with
+// what to write instead, for a layout whose nodes do not all run the same number of tasks
+// (-n3 -N2) and for a --nopfs-ranks-per-node that disagrees with the tasks per node.
+Result<uint32_t> RanksPerNode(const TaskLayout& layout, const JobOptions& opts);
 
 // The options as "--name=value" arguments (for nopfs-job), which ApplyOption reads back.
 std::vector<std::string> ToArgs(const JobOptions& opts);

@@ -79,6 +79,81 @@ TEST(OptionsTest, ArgsRoundTrip) {
   EXPECT_TRUE(back.drop_last);
   EXPECT_EQ(back.ram, 1'000'000'000u);
   EXPECT_TRUE(ToArgs(JobOptions{}).empty());
+  // --nopfs-ranks-per-node goes to nopfs-job only when the user gave it (else the job's layout
+  // decides), and comes back as given.
+  for (const std::string& a : ToArgs(o))
+    EXPECT_EQ(a.find("--nopfs-ranks-per-node"), std::string::npos) << a;
+  JobOptions with = Apply({{"nopfs", "/d"}, {"nopfs-ranks-per-node", "6"}});
+  JobOptions again;
+  for (const std::string& a : ToArgs(with)) {
+    const size_t eq = a.find('=');
+    ASSERT_TRUE(ApplyOption(&again, a.substr(2, eq - 2), a.substr(eq + 1)).ok()) << a;
+  }
+  EXPECT_TRUE(OptionGiven(again, "nopfs-ranks-per-node"));
+  EXPECT_EQ(again.ranks_per_node, 6u);
+}
+
+TEST(LayoutTest, RanksPerNodeComeFromTheJobsTasks) {
+  const JobOptions o = Apply({{"nopfs", "/d"}});
+  struct Case {
+    TaskLayout layout;
+    uint32_t want;
+  };
+  const Case cases[] = {
+      {{1, 0, 0}, 1},  // sbatch -N1: srun starts one task
+      {{3, 0, 0}, 1},  // sbatch -N3
+      {{2, 2, 1}, 1},  // -N2 --ntasks-per-node=1
+      {{2, 4, 2}, 2},  // -N2 --ntasks-per-node=2
+      {{3, 6, 2}, 2},  // -N3 --ntasks-per-node=2
+      {{2, 0, 2}, 2},  // --ntasks-per-node without a task count
+      {{2, 4, 0}, 2},  // -n4 -N2
+      {{1, 2, 0}, 2},  // -n2 on one node
+  };
+  for (const Case& c : cases) {
+    Result<uint32_t> r = RanksPerNode(c.layout, o);
+    ASSERT_TRUE(r.ok()) << c.layout.nodes << "x" << c.layout.tasks << ": " << r.status().message();
+    EXPECT_EQ(*r, c.want) << c.layout.nodes << " nodes, " << c.layout.tasks << " tasks";
+  }
+}
+
+TEST(LayoutTest, AGivenRanksPerNodeMustBeTheTasksPerNodeOrAMultiple) {
+  const TaskLayout two_a_node{2, 4, 2};
+  Result<uint32_t> same =
+      RanksPerNode(two_a_node, Apply({{"nopfs", "/d"}, {"nopfs-ranks-per-node", "2"}}));
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(*same, 2u);
+  // torchrun with 4 processes in each task: 8 ranks a node.
+  Result<uint32_t> multiple =
+      RanksPerNode(two_a_node, Apply({{"nopfs", "/d"}, {"nopfs-ranks-per-node", "8"}}));
+  ASSERT_TRUE(multiple.ok());
+  EXPECT_EQ(*multiple, 8u);
+  for (const char* bad : {"1", "3", "5"}) {
+    Result<uint32_t> r =
+        RanksPerNode(two_a_node, Apply({{"nopfs", "/d"}, {"nopfs-ranks-per-node", bad}}));
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find(std::string("--nopfs-ranks-per-node=") + bad +
+                                        ": the job runs 2 tasks per node"),
+              std::string::npos)
+        << r.status().message();
+    EXPECT_NE(r.status().message().find("a multiple of 2"), std::string::npos);
+  }
+}
+
+TEST(LayoutTest, ANonUniformLayoutIsRefusedWithWhatToWrite) {
+  const JobOptions o = Apply({{"nopfs", "/d"}});
+  Result<uint32_t> r = RanksPerNode({2, 3, 0}, o);  // -n3 -N2
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("the job's 3 tasks do not spread evenly over its 2 nodes"),
+            std::string::npos)
+      << r.status().message();
+  EXPECT_NE(r.status().message().find("-N2 --ntasks-per-node=2"), std::string::npos);
+  // -n3 -N2 --ntasks-per-node=2
+  Result<uint32_t> r2 = RanksPerNode({2, 3, 2}, o);
+  ASSERT_FALSE(r2.ok());
+  EXPECT_NE(r2.status().message().find("the job's 3 tasks are not 2 on each of its 2 nodes"),
+            std::string::npos)
+      << r2.status().message();
+  EXPECT_FALSE(RanksPerNode({0, 0, 0}, o).ok());
 }
 
 struct Invalid {

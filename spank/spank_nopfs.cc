@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -23,6 +24,7 @@
 #include <vector>
 
 extern "C" {
+#include <slurm/slurm.h>
 #include <slurm/spank.h>
 
 // SPANK_PLUGIN's constants are const, hence internal in C++ without these declarations.
@@ -275,6 +277,59 @@ int TaskInit(spank_t sp) {
     Result<std::string> r = ReadUserFile(dir + "/" + name, uid, 64 * 1024);
     return r.ok() ? *r : std::string();
   };
+  // The job's ranks per node, as nopfs-job's prolog decided them from the job's task layout
+  // (<run dir>/layout: "ranks_per_node=N", or "error=<message>" for a layout nopfs refuses).
+  // A bad layout fails every task whatever on_refusal says: reading without the cache would
+  // give the ranks a lopsided stream just the same.
+  const auto fail_task = [&](const std::string& message) {
+    std::fprintf(stderr, "%s\nnopfs: task: the job fails\n", message.c_str());
+    std::fflush(stderr);
+    _exit(1);  // see below: Slurm 22.05 ignores a failing task_init in the batch step
+  };
+  std::string layout = read("layout");
+  while (!layout.empty() && layout.back() == '\n')
+    layout.pop_back();
+  if (layout.rfind("error=", 0) == 0) fail_task(layout.substr(6));
+  uint32_t per_node = 0;
+  if (layout.rfind("ranks_per_node=", 0) == 0) {
+    const std::string digits = layout.substr(15);
+    uint32_t n = 0;
+    const auto r = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+    if (r.ec == std::errc() && r.ptr == digits.data() + digits.size() && n <= 4096) per_node = n;
+  }
+  uint32_t step_id = 0;
+  uint32_t step_nodes = 0;
+  uint32_t step_local = 0;
+  uint32_t step_tasks = 0;
+  const bool is_step = spank_get_item(sp, S_JOB_STEPID, &step_id) == ESPANK_SUCCESS &&
+                       step_id != SLURM_BATCH_SCRIPT && step_id != SLURM_EXTERN_CONT &&
+                       spank_get_item(sp, S_JOB_NNODES, &step_nodes) == ESPANK_SUCCESS &&
+                       spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &step_local) == ESPANK_SUCCESS &&
+                       spank_get_item(sp, S_JOB_TOTAL_TASK_COUNT, &step_tasks) == ESPANK_SUCCESS &&
+                       step_local != 0;
+  if (per_node == 0) {
+    // No layout from the prolog (it did not get that far): the user's option, else this
+    // step's tasks on this node.
+    per_node = OptionGiven(g_opts, "nopfs-ranks-per-node") || !is_step ? g_opts.ranks_per_node
+                                                                       : step_local;
+  }
+  // A step over all the job's nodes is its training: it must run the same number of tasks on
+  // every node, and the job's ranks per node must be that number or a multiple of it (a
+  // launcher such as torchrun starts the rest). A step on fewer nodes is a helper and is not
+  // checked.
+  if (is_step && step_nodes == names->size()) {
+    if (step_tasks != uint64_t{step_local} * step_nodes) {
+      fail_task("nopfs: task: " + node + ": this step's " + std::to_string(step_tasks) +
+                " tasks are not the same number on each of its " + std::to_string(step_nodes) +
+                " nodes; start it with srun --ntasks-per-node=" + std::to_string(per_node));
+    }
+    if (per_node % step_local != 0) {
+      fail_task("nopfs: task: " + node + ": this step runs " + std::to_string(step_local) +
+                " tasks on each node, but the job's ranks per node is " + std::to_string(per_node) +
+                "; submit the job with --ntasks-per-node=" + std::to_string(step_local) +
+                ", or start the step with srun --ntasks-per-node=" + std::to_string(per_node));
+    }
+  }
   std::string why;
   const std::string ready = read("ready");
   if (ready.empty()) {
@@ -300,7 +355,6 @@ int TaskInit(spank_t sp) {
     }
   }
   const uint32_t nodes = static_cast<uint32_t>(names->size());
-  const uint32_t per_node = g_opts.ranks_per_node;
   const auto set = [&](const char* name, const std::string& value) {
     spank_setenv(sp, name, value.c_str(), 1);
   };

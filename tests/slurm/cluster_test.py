@@ -46,6 +46,67 @@ class ClusterTest(ClusterCase):
         job = submit("nopfs-alice", f"--nopfs={DATASET} --nopfs-seed=1 --hold", "true\n")
         subprocess.run(["scancel", str(job)], env=env(), check=True)
 
+    def test_ranks_per_node_come_from_the_jobs_tasks(self):
+        # Jobs that give nopfs only the dataset (and the DistributedSampler scheme, valid for
+        # every batch size) in four shapes, nodes x tasks per node, written the ways users write
+        # them. Every task reads a non-empty stream, exactly what `nopfs stream` says for its
+        # rank, and the tasks together read each of the 120 samples once.
+        shapes = [(1, 1, "-N1"), (2, 1, "-N2 --ntasks-per-node=1"),
+                  (2, 2, "-N2 --ntasks-per-node=2"), (3, 2, "-N3 -n6")]
+        task = ("echo \"$NOPFS_RANK env $NOPFS_RANKS $NOPFS_RANKS_PER_NODE $NOPFS_BATCH "
+                "$NOPFS_SCHEME $NOPFS_SEED $NOPFS_EPOCHS $NOPFS_SAMPLES\"; "
+                f"{BUILD}/bin/nopfs cat --print --verify 2>&1 | sed \"s/^/$NOPFS_RANK: /\"")
+        jobs = [submit("nopfs-alice", f"{opts} --mem=300 --nopfs={DATASET} "
+                       "--nopfs-scheme=strided", f"srun bash -c '{task}'\n")
+                for _, _, opts in shapes]
+        for (nodes, per_node, opts), job in zip(shapes, jobs):
+            self.assertEqual(wait_done(job), "COMPLETED", output(job))
+            out = output(job)
+            ranks = nodes * per_node
+            seen = []
+            for rank in range(ranks):
+                env_line = re.search(rf"^{rank} env (.*)$", out, re.M)
+                self.assertIsNotNone(env_line, f"{opts}: rank {rank}\n{out}")
+                got_ranks, got_per_node, batch, scheme, seed, epochs, samples = \
+                    env_line.group(1).split()
+                self.assertEqual((int(got_ranks), int(got_per_node)), (ranks, per_node), opts)
+                self.assertEqual(samples, "120", opts)
+                stream = re.findall(rf"^{rank}: (\d+) -?\d+ \d+$", out, re.M)
+                self.assertTrue(stream, f"{opts}: rank {rank} read nothing\n{out}")
+                self.assertRegex(out, rf"\n{rank}: {len(stream)} samples, \d+ bytes, 0 mismatches",
+                                 opts)
+                want = subprocess.run(
+                    [f"{BUILD}/bin/nopfs", "stream", "--samples", samples, "--ranks", got_ranks,
+                     "--ranks-per-node", got_per_node, "--batch", batch, "--scheme", scheme,
+                     "--seed", seed, "--epochs", epochs, "--rank", str(rank)],
+                    capture_output=True, text=True, check=True).stdout.split()
+                self.assertEqual(stream, want, f"{opts}: rank {rank}")
+                seen += stream
+            self.assertEqual(sorted(seen, key=int), [str(i) for i in range(120)], opts)
+        self.assertNothingLeft(jobs)
+
+    def test_a_layout_nopfs_cannot_serve_is_refused_with_its_message(self):
+        cases = [
+            # -n3 on two nodes: 2 tasks on one, 1 on the other.
+            ("-N2 -n3", "echo TASK-RAN\n",
+             "the job's 3 tasks do not spread evenly over its 2 nodes"),
+            # ranks per node that are neither the tasks per node nor a multiple of them
+            ("-N2 --ntasks-per-node=2 --nopfs-ranks-per-node=3", "echo TASK-RAN\n",
+             "--nopfs-ranks-per-node=3: the job runs 2 tasks per node"),
+            # a step that runs more tasks a node than the job was planned for
+            ("-N2", "srun --overcommit --ntasks-per-node=2 echo TASK-RAN\n",
+             "this step runs 2 tasks on each node, but the job's ranks per node is 1"),
+        ]
+        jobs = [submit("nopfs-alice", f"{opts} --mem=300 --nopfs={DATASET}", script)
+                for opts, script, _ in cases]
+        for (opts, _, says), job in zip(cases, jobs):
+            self.assertEqual(wait_done(job), "FAILED", opts)
+            out = output(job)
+            self.assertIn(says, out, opts)
+            self.assertIn("nopfs: task: the job fails", out, opts)
+            self.assertNotIn("TASK-RAN", out, opts)
+        self.assertNothingLeft(jobs)
+
     def test_job_gets_its_cache_on_every_node_and_nothing_is_left(self):
         job = submit_two_node_job("nopfs-alice", verify=REAL_NOPFSD)
         wait_state(job, {"RUNNING"})
