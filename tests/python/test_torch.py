@@ -459,3 +459,89 @@ def test_a_killed_service_without_fallback_raises_at_once(doomed):
         for _ in it:
             pass
     assert time.monotonic() - killed < 2
+
+
+@pytest.fixture(scope="module")
+def manifest_service(tmp_path_factory):
+    """A manifest of whole files and of byte ranges of a packed shard, labelled and not, served
+    by its own nopfsd; returns (manifest path, service)."""
+    rnd = random.Random(11)
+    root = tmp_path_factory.mktemp("manifest")
+    (root / "files").mkdir()
+    lines = []
+    for k in range(14):
+        name = f"files/s{k:02d}.bin"
+        (root / name).write_bytes(rnd.randbytes(50 + 7 * k))
+        lines.append(name if k % 3 == 0 else f"{name}\t{k % 4}")
+    shard = rnd.randbytes(4000)
+    (root / "shard.bin").write_bytes(shard)
+    for k in range(16):
+        lines.append(f"shard.bin\t{k % 2}\t{k * 250}\t{100 + k}")
+    rnd.shuffle(lines)  # the ids do not depend on the manifest's line order
+    manifest = root / "train.tsv"
+    manifest.write_text("# samples\n" + "\n".join(lines) + "\n")
+    svc = Service(str(manifest), str(tmp_path_factory.mktemp("mrun")), 30,
+                  job={"seed": 9, "epochs": 2, "ranks": 2, "batch": 6, "scheme": "strided"})
+    yield str(manifest), svc
+    svc.stop()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_manifest_dataset_yields_what_the_service_serves(manifest_service, monkeypatch, workers):
+    from nopfs.torch import ManifestDataset, uint8_tensor
+
+    manifest, svc = manifest_service
+    for k, v in svc.env(1).items():
+        monkeypatch.setenv(k, v)
+    # What the service delivers rank 1 in epoch 1, through the plain client: ids, labels, bytes.
+    with nopfs.connect().open(1, epoch=1, epochs=1) as stream:
+        served = []
+        for sample in stream:
+            with sample:
+                served.append((sample.id, sample.label, sample.tobytes()))
+    dataset = ManifestDataset(manifest)
+    assert len(dataset) == 30
+    for sid, label, data in served:  # the same numbering as the catalog's
+        assert dataset.read(sid) == (data, label)
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=3, sampler=sampler, num_workers=workers,
+                        collate_fn=keep_list)
+    sampler.set_epoch(1)
+    assert one_pass(loader) == [(data, label) for _, label, data in served]
+    # Tensors per sample, and the same from a list of the files without a service.
+    tensors = ManifestDataset(manifest, decode=uint8_tensor)
+    sampler = DistributedSampler(tensors)
+    loader = DataLoader(tensors, batch_size=3, sampler=sampler, num_workers=workers,
+                        collate_fn=keep_list)
+    sampler.set_epoch(1)
+    got = one_pass(loader)
+    assert all(x.dtype == torch.uint8 and x.dim() == 1 for x, _ in got)
+    assert [(bytes(x.numpy()), label) for x, label in got] == \
+        [(data, label) for _, label, data in served]
+    with pytest.raises(ValueError, match="serves the manifest"):
+        DataLoader(ManifestDataset([dataset.samples[0][0]]), batch_size=3)
+
+
+def test_manifest_dataset_from_a_list_of_files_reads_them_in_the_catalogs_order(
+        tmp_path, monkeypatch):
+    from nopfs.torch import ManifestDataset
+
+    for k in list(os.environ):
+        if k.startswith("NOPFS_"):
+            monkeypatch.delenv(k)
+    files = []
+    for name in ("b", "a", "c", "d"):
+        (tmp_path / name).write_bytes(name.encode() * 3)
+        files.append(str(tmp_path / name))
+    ds = ManifestDataset(files, labels=[1, 1, 0, -1])
+    assert [os.path.basename(p) for p, *_ in ds.samples] == ["d", "c", "a", "b"]
+    assert ds[0] == (b"ddd", -1) and ds[3] == (b"bbb", 1)
+    sampler = DistributedSampler(ds, seed=3)
+    loader = DataLoader(ds, batch_size=2, sampler=sampler, collate_fn=keep_list, fallback=True)
+    want = nopfs.Job(seed=3, samples=4, ranks=1, rank=0, batch=2).order(0).tolist()
+    assert one_pass(loader) == [ds[i] for i in want]
+    with pytest.raises(ValueError, match="one label per file"):
+        ManifestDataset(files, labels=[1])
+    (tmp_path / "bad.tsv").write_text("a\tcat\n")
+    with pytest.raises(ValueError, match=r"line 1: bad label 'cat'"):
+        len(ManifestDataset(str(tmp_path / "bad.tsv")))
