@@ -5,13 +5,18 @@ reads through nopfs by changing its imports:
 
 - ImageFolder(root, transform=..., target_transform=...): the dataset. Its samples are decoded
   from bytes (PIL, RGB, like torchvision's default loader) wherever they come from.
-- DistributedSampler(dataset, ...): DistributedSampler semantics (set_epoch, rank and
-  num_replicas from the NOPFS_* environment) whose order is the service's plan; resume(epoch,
-  step) starts the next pass at a step.
+- ManifestDataset(manifest or [files], decode=bytes, ...): any list of files or byte ranges (the
+  manifest nopfsd serves), yielding bytes, tensors (decode=uint8_tensor) or what decode returns.
+- DistributedSampler(dataset, ...): DistributedSampler semantics (set_epoch, num_samples,
+  total_size, ...) whose parameters are the job's (NOPFS_*: an argument that contradicts them
+  raises) and whose order is the service's plan; `epochs` is the job's, and an epoch past them
+  raises at once; state_dict()/load_state_dict() checkpoint the position of the next batch.
 - DataLoader(dataset, batch_size=..., sampler=..., num_workers=...): a torch DataLoader over
   StreamDataset, an IterableDataset: each worker process connects on its own and opens its share
   of the rank's stream (batches w, w+W, ... of the epoch), and the DataLoader's round-robin over
   workers puts the batches back into the planned order. Transforms run in the workers.
+  state_dict() counts the batches the training loop received (as torchdata's
+  StatefulDataLoader), and load_state_dict() resumes at exactly the next one.
 
 Why iterable and not map-style: the service delivers a stream in a fixed order and each sample
 once; a map-style dataset would receive indices from the main process and could only check that
