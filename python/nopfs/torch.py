@@ -74,15 +74,16 @@ class ImageFolder(tud.Dataset):
         self.decode = decode
         self.classes = list_classes(self.root)
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
-        self._samples = None
+        self._samples: Optional[List[Tuple[str, int]]] = None
 
     @property
     def samples(self) -> List[Tuple[str, int]]:
         """[(path, label)] in sample-id order (scans the tree on first use)."""
         if self._samples is None:
-            classes, self._samples = scan_image_folder(self.root)
+            classes, samples = scan_image_folder(self.root)
             if classes != self.classes:
                 raise RuntimeError(f"nopfs: {self.root}: the class directories changed")
+            self._samples = samples
         return self._samples
 
     @property
@@ -643,19 +644,20 @@ class DataLoader(tud.DataLoader):
                             job.drop_last)
         self.nopfs_sampler = sampler
         self.nopfs_fallback = not use_service
-        stream = StreamDataset(dataset, sampler, batch_size, fallback=not use_service,
+        self.nopfs_batch = int(batch_size)
+        self.nopfs_stream = StreamDataset(dataset, sampler, batch_size, fallback=not use_service,
                                socket=socket, timeout=timeout_per_sample,
                                fallback_on_loss=bool(fallback))
         # The stream makes the job's batches: torch's drop_last would drop a rank's short batch.
-        super().__init__(stream, batch_size=batch_size, num_workers=num_workers,
+        super().__init__(self.nopfs_stream, batch_size=batch_size, num_workers=num_workers,
                          drop_last=False, **kwargs)
 
     def __iter__(self) -> _LoaderIter:  # type: ignore[override]
         s = self.nopfs_sampler
         epoch, start = s._begin_pass()
-        self.dataset.set_pass(epoch, start)
+        self.nopfs_stream.set_pass(epoch, start)
         samples = len(s.job.order(epoch, start))
-        s._pass_started(epoch, start, math.ceil(samples / self.batch_size))
+        s._pass_started(epoch, start, math.ceil(samples / self.nopfs_batch))
         return _LoaderIter(super().__iter__(), s)
 
     def state_dict(self) -> Dict[str, int]:
