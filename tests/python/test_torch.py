@@ -545,3 +545,22 @@ def test_manifest_dataset_from_a_list_of_files_reads_them_in_the_catalogs_order(
     (tmp_path / "bad.tsv").write_text("a\tcat\n")
     with pytest.raises(ValueError, match=r"line 1: bad label 'cat'"):
         len(ManifestDataset(str(tmp_path / "bad.tsv")))
+
+
+def test_the_validation_recipe_next_to_the_training_loader(service, images, rank_env):
+    """docs/python.md's recipe: torch's classes for validation, split as the job's ranks."""
+    import torch.utils.data as tud
+    import torchvision
+
+    root, paths = images
+    rank_env(1)
+    train = ImageFolder(root, decode=bytes)
+    sampler = DistributedSampler(train)
+    DataLoader(train, batch_size=4, sampler=sampler, num_workers=0, collate_fn=keep_list)
+    val = torchvision.datasets.ImageFolder(root, transform=lambda img: img.size)
+    val_sampler = tud.distributed.DistributedSampler(val, num_replicas=sampler.num_replicas,
+                                                     rank=sampler.rank, shuffle=False)
+    val_loader = tud.DataLoader(val, batch_size=4, sampler=val_sampler, num_workers=2,
+                                collate_fn=keep_list)
+    got = [label for batch in val_loader for _, label in batch]
+    assert got == [val.targets[i] for i in range(1, len(paths), 2)]  # rank 1 of 2, in order
