@@ -36,7 +36,8 @@ import math
 import multiprocessing
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple,
+                    Union)
 
 import torch.utils.data as tud
 
