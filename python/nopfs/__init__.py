@@ -12,8 +12,8 @@ BufferError while a view is still alive (copy with sample.tobytes() to keep the 
 the service could not read raises SampleError (a subclass of Error) whose message names the sample
 id and its path; the stream goes on with the next sample.
 
-PyTorch users: nopfs.torch (ImageFolder, DistributedSampler, DataLoader). Job parameters come from
-the NOPFS_* environment (nopfs.Job.from_env). See docs/python.md.
+PyTorch users: nopfs.torch (ImageFolder, ManifestDataset, DistributedSampler, DataLoader).
+Job parameters come from the NOPFS_* environment (nopfs.Job.from_env). See docs/python.md.
 """
 
 from ._client import (

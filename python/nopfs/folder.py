@@ -69,3 +69,66 @@ def scan_image_folder(root):
         rel.sort(key=os.fsencode)
         samples.extend((os.path.join(root, r), label) for r in rel)
     return classes, samples
+
+
+def read_manifest(path):
+    """Returns samples[i] = (absolute path, label, offset, length) of a manifest's sample id i.
+
+    The format nopfsd's catalog reads (docs/catalog.md): one sample per line, TAB-separated
+    `path[<TAB>label[<TAB>offset<TAB>length]]`, paths relative to the manifest's directory, label
+    an integer >= 0 or `-` (-1: none); a whole file's length is its size; blank and `#` lines
+    skipped. Ids are in the catalog's order: (label, relative path as bytes, offset, length).
+    """
+    path = os.path.abspath(path)
+    base = os.path.dirname(path)
+    samples = []
+    seen = set()
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            line = raw.rstrip(b"\n")
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line or line.startswith(b"#"):
+                continue
+            fields = line.split(b"\t")
+            where = f"{path} line {lineno}"
+            if len(fields) not in (1, 2, 4):
+                raise ValueError(f"{where}: {len(fields)} fields: write path, path<TAB>label or "
+                                 "path<TAB>label<TAB>offset<TAB>length")
+            rel = os.fsdecode(fields[0])
+            parts = rel.split("/")
+            if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+                raise ValueError(f"{where}: bad path {rel!r}: write a path relative to the "
+                                 "manifest's directory, without '.', '..' or empty components")
+            label = -1
+            if len(fields) >= 2 and fields[1] != b"-":
+                try:
+                    label = int(fields[1])
+                except ValueError:
+                    label = -1
+                    bad = True
+                else:
+                    bad = label < 0
+                if bad:
+                    raise ValueError(f"{where}: bad label {os.fsdecode(fields[1])!r}: write an "
+                                     "integer >= 0, or - for none")
+            offset, length = 0, None
+            if len(fields) == 4:
+                try:
+                    offset, length = int(fields[2]), int(fields[3])
+                except ValueError:
+                    offset, length = -1, 0
+                if offset < 0 or length < 1:
+                    raise ValueError(f"{where}: bad range: write offset >= 0 and length >= 1")
+            key = (rel, label, offset, length)
+            if key in seen:
+                raise ValueError(f"{where}: {rel} is listed twice with the same label and range")
+            seen.add(key)
+            full = os.path.join(base, rel)
+            if length is None:
+                length = os.stat(full).st_size
+            samples.append((label, os.fsencode(rel), offset, length, full))
+    if not samples:
+        raise ValueError(f"{path}: the manifest lists no samples")
+    samples.sort(key=lambda s: s[:4])  # the catalog's id order (docs/catalog.md, Ordering)
+    return [(full, label, offset, length) for label, _, offset, length, full in samples]

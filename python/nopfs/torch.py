@@ -5,13 +5,18 @@ reads through nopfs by changing its imports:
 
 - ImageFolder(root, transform=..., target_transform=...): the dataset. Its samples are decoded
   from bytes (PIL, RGB, like torchvision's default loader) wherever they come from.
-- DistributedSampler(dataset, ...): DistributedSampler semantics (set_epoch, rank and
-  num_replicas from the NOPFS_* environment) whose order is the service's plan; resume(epoch,
-  step) starts the next pass at a step.
+- ManifestDataset(manifest or [files], decode=bytes, ...): any list of files or byte ranges (the
+  manifest nopfsd serves), yielding bytes, tensors (decode=uint8_tensor) or what decode returns.
+- DistributedSampler(dataset, ...): DistributedSampler semantics (set_epoch, num_samples,
+  total_size, ...) whose parameters are the job's (NOPFS_*: an argument that contradicts them
+  raises) and whose order is the service's plan; `epochs` is the job's, and an epoch past them
+  raises at once; state_dict()/load_state_dict() checkpoint the position of the next batch.
 - DataLoader(dataset, batch_size=..., sampler=..., num_workers=...): a torch DataLoader over
   StreamDataset, an IterableDataset: each worker process connects on its own and opens its share
   of the rank's stream (batches w, w+W, ... of the epoch), and the DataLoader's round-robin over
   workers puts the batches back into the planned order. Transforms run in the workers.
+  state_dict() counts the batches the training loop received (as torchdata's
+  StatefulDataLoader), and load_state_dict() resumes at exactly the next one.
 
 Why iterable and not map-style: the service delivers a stream in a fixed order and each sample
 once; a map-style dataset would receive indices from the main process and could only check that
@@ -27,18 +32,24 @@ stream stopped; without it, the DataLoader raises nopfs.UnavailableError.
 """
 
 import io
+import math
 import multiprocessing
 import os
 import warnings
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple,
+                    Union)
 
 import torch.utils.data as tud
 
+if TYPE_CHECKING:
+    import torch
+
 from . import _client
-from .folder import list_classes, scan_image_folder
-from .job import Job, fallback_requested, service_available, service_samples
+from .folder import list_classes, read_manifest, scan_image_folder
+from .job import Job, _env_int, fallback_requested, service_available, service_samples
 
 
-def pil_decode(data):
+def pil_decode(data: Any) -> Any:
     """Decodes image bytes (any buffer) to an RGB PIL image, as torchvision's default loader."""
     from PIL import Image  # imported lazily: only image datasets need PIL
 
@@ -54,42 +65,46 @@ class ImageFolder(tud.Dataset):
     reference to the buffer (copy what it keeps). Indexing (dataset[i]) reads the file directly.
     """
 
-    def __init__(self, root, transform=None, target_transform=None, decode=pil_decode):
+    def __init__(self, root: Union[str, "os.PathLike[str]"],
+                 transform: Optional[Callable[[Any], Any]] = None,
+                 target_transform: Optional[Callable[[int], Any]] = None,
+                 decode: Callable[[Any], Any] = pil_decode) -> None:
         self.root = os.path.abspath(root)
         self.transform = transform
         self.target_transform = target_transform
         self.decode = decode
         self.classes = list_classes(self.root)
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
-        self._samples = None
+        self._samples: Optional[List[Tuple[str, int]]] = None
 
     @property
-    def samples(self):
+    def samples(self) -> List[Tuple[str, int]]:
         """[(path, label)] in sample-id order (scans the tree on first use)."""
         if self._samples is None:
-            classes, self._samples = scan_image_folder(self.root)
+            classes, samples = scan_image_folder(self.root)
             if classes != self.classes:
                 raise RuntimeError(f"nopfs: {self.root}: the class directories changed")
+            self._samples = samples
         return self._samples
 
     @property
-    def targets(self):
+    def targets(self) -> List[int]:
         return [label for _, label in self.samples]
 
-    def __len__(self):
+    def __len__(self) -> int:
         # Under a service the catalog already counted the files: do not walk the PFS again.
         if self._samples is None and service_available():
             return service_samples()
         return len(self.samples)
 
-    def check_served(self):
+    def check_served(self) -> None:
         """Raises ValueError if the job's service serves another directory than this root."""
         served = os.environ.get("NOPFS_DATASET")
         if served and os.path.isdir(served) and \
                 os.path.realpath(served) != os.path.realpath(self.root):
             raise ValueError(f"nopfs: the job's service serves {served}, not {self.root}")
 
-    def make_item(self, data, label):
+    def make_item(self, data: Any, label: int) -> Tuple[Any, Any]:
         """(transform(decode(data)), target_transform(label)): one item from a sample's bytes."""
         x = self.decode(data)
         if self.transform is not None:
@@ -98,18 +113,130 @@ class ImageFolder(tud.Dataset):
             label = self.target_transform(label)
         return x, label
 
-    def read(self, sample_id):
+    def read(self, sample_id: int) -> Tuple[bytes, int]:
         """(bytes, label) of a sample, read from its file."""
         path, label = self.samples[sample_id]
         with open(path, "rb") as fh:
             return fh.read(), label
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int) -> Tuple[Any, Any]:
         data, label = self.read(index)
         return self.make_item(data, label)
 
 
-def _distributed_default(what):
+def uint8_tensor(data: Any) -> "torch.Tensor":
+    """Decodes a sample's bytes (any buffer) to a 1-D torch.uint8 tensor (a copy)."""
+    import torch
+
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+class ManifestDataset(tud.Dataset):
+    """A dataset of files or byte ranges of files, from a manifest or a list of files.
+
+    `source` is a manifest file (the format nopfsd serves, docs/catalog.md: one sample per line,
+    `path[<TAB>label[<TAB>offset<TAB>length]]`) or a list of file paths (`labels`: one integer per
+    file, default -1: none). Ids are in the catalog's order: (label, path, offset, length), as
+    nopfsd numbers the samples of the same manifest. An item is (decode(bytes), label):
+    decode=bytes (the default) yields bytes, decode=uint8_tensor a torch.uint8 tensor, any other
+    callable whatever it returns (it must copy what it keeps of the buffer); `transform` and
+    `target_transform` then apply as in ImageFolder. Indexing (dataset[i]) reads the file directly.
+    """
+
+    def __init__(self, source: Union[str, "os.PathLike[str]", Sequence[str]],
+                 labels: Optional[Sequence[int]] = None,
+                 decode: Callable[[Any], Any] = bytes,
+                 transform: Optional[Callable[[Any], Any]] = None,
+                 target_transform: Optional[Callable[[int], Any]] = None) -> None:
+        self.decode = decode
+        self.transform = transform
+        self.target_transform = target_transform
+        self._samples: Optional[List[Tuple[str, int, int, int]]] = None
+        if isinstance(source, (str, bytes, os.PathLike)):
+            if labels is not None:
+                raise ValueError("nopfs: ManifestDataset(manifest, labels=...): a manifest "
+                                 "carries its labels; pass labels only with a list of files")
+            self.manifest: Optional[str] = os.path.abspath(os.fsdecode(source))
+            self._files: Optional[List[str]] = None
+            self._labels: Optional[List[int]] = None
+        else:
+            files = [os.path.abspath(os.fsdecode(f)) for f in source]
+            if not files:
+                raise ValueError("nopfs: ManifestDataset([]): the list of files is empty")
+            lab = [-1] * len(files) if labels is None else [int(x) for x in labels]
+            if len(lab) != len(files):
+                raise ValueError(f"nopfs: ManifestDataset: {len(files)} files but {len(lab)} "
+                                 "labels: give one label per file")
+            self.manifest = None
+            self._files, self._labels = files, lab
+
+    @property
+    def samples(self) -> List[Tuple[str, int, int, int]]:
+        """[(path, label, offset, length)] in sample-id order (read on first use)."""
+        if self._samples is None:
+            if self.manifest is not None:
+                self._samples = read_manifest(self.manifest)
+            else:
+                assert self._files is not None and self._labels is not None
+                rows = sorted((lab, os.fsencode(f), os.stat(f).st_size, f)
+                              for f, lab in zip(self._files, self._labels))
+                self._samples = [(f, lab, 0, size) for lab, _, size, f in rows]
+        return self._samples
+
+    @property
+    def targets(self) -> List[int]:
+        return [s[1] for s in self.samples]
+
+    def __len__(self) -> int:
+        if self._samples is None and self.manifest is not None and service_available():
+            return service_samples()
+        return len(self.samples)
+
+    def check_served(self) -> None:
+        """Raises ValueError if the job's service serves another dataset than this one."""
+        served = os.environ.get("NOPFS_DATASET")
+        if not served or not os.path.exists(served):
+            return
+        if self.manifest is not None:
+            if os.path.realpath(served) != os.path.realpath(self.manifest):
+                raise ValueError(f"nopfs: the job's service serves {served}, not "
+                                 f"{self.manifest}")
+            return
+        if not os.path.isfile(served):
+            raise ValueError(f"nopfs: the job's service serves the directory {served}; a list "
+                             "of files is served only as a manifest listing the same files "
+                             "(sbatch --nopfs=MANIFEST, nopfs run --dataset MANIFEST)")
+        theirs = [(os.path.realpath(p), lab, off, n) for p, lab, off, n in read_manifest(served)]
+        mine = [(os.path.realpath(p), lab, off, n) for p, lab, off, n in self.samples]
+        if theirs != mine:
+            raise ValueError(f"nopfs: the job's service serves the manifest {served}, whose "
+                             "samples are not these files: pass ManifestDataset(manifest path)")
+
+    def make_item(self, data: Any, label: int) -> Tuple[Any, Any]:
+        """(transform(decode(data)), target_transform(label))."""
+        x = self.decode(data)
+        if self.transform is not None:
+            x = self.transform(x)
+        if self.target_transform is not None:
+            label = self.target_transform(label)
+        return x, label
+
+    def read(self, sample_id: int) -> Tuple[bytes, int]:
+        """(bytes, label) of a sample, read from its file."""
+        path, label, offset, length = self.samples[sample_id]
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read(length)
+        if len(data) != length:
+            raise OSError(f"{path}: {len(data)} bytes at offset {offset}, the sample has {length}")
+        return data, label
+
+    def __getitem__(self, index: int) -> Tuple[Any, Any]:
+        data, label = self.read(index)
+        return self.make_item(data, label)
+
+
+def _distributed_default(what: str) -> int:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -118,94 +245,238 @@ def _distributed_default(what):
     return int(value) if value else (1 if what == "world" else 0)
 
 
+# How the job's parameters are set: (variable, sbatch option, `nopfs run` option).
+_JOB_OPTIONS = {
+    "seed": ("NOPFS_SEED", "--nopfs-seed", "--seed"),
+    "drop_last": ("NOPFS_DROP_LAST", "--nopfs-drop-last", "--drop-last"),
+    "num_replicas": ("NOPFS_RANKS", "--nodes x --nopfs-ranks-per-node", "--ranks"),
+    "batch": ("NOPFS_BATCH", "--nopfs-batch", "--batch"),
+    "epochs": ("NOPFS_EPOCHS", "--nopfs-epochs", "--epochs"),
+}
+
+
+def _set_by(what: str) -> str:
+    var, sbatch, run = _JOB_OPTIONS[what]
+    return f"{var}, set by sbatch {sbatch} or nopfs run {run}"
+
+
+def _mismatch(call: str, given: object, what: str, job_value: object) -> ValueError:
+    if what == "rank":
+        return ValueError(f"nopfs: {call} contradicts the job, which gives this process rank "
+                          f"{job_value} (NOPFS_RANK): leave the argument out (nopfs knows the "
+                          "rank), or start one process per rank (docs/user.md)")
+    return ValueError(f"nopfs: {call} contradicts the job, whose {what} is {job_value!r} "
+                      f"({_set_by(what)}): leave the argument out, or run the job with "
+                      f"{what} {given!r}")
+
+
+def job_epochs() -> Optional[int]:
+    """The job's number of epochs (NOPFS_EPOCHS), or None outside a nopfs job."""
+    return _env_int("NOPFS_EPOCHS")
+
+
 class DistributedSampler(tud.Sampler):
     """torch's DistributedSampler, with the order nopfs plans.
 
-    Rank, replicas, seed, global batch, scheme and drop_last come from the NOPFS_* environment when
-    it is there (an explicit argument that contradicts it is an error); otherwise from the
-    arguments, torch.distributed or RANK/WORLD_SIZE, as torch's sampler does. Iterating yields the
-    sample ids of the current epoch in order; set_epoch(e) selects the epoch (without it every pass
-    is epoch 0, as with torch). resume(epoch, step) makes the next pass start at `step` of `epoch`.
+    Rank, replicas, seed, global batch, scheme, drop_last and epochs come from the NOPFS_*
+    environment when it is there; an explicit argument that contradicts it raises ValueError,
+    naming the job's value and the option that sets it. Without a job they come from the
+    arguments, torch.distributed or RANK/WORLD_SIZE, as torch's sampler does.
+
+    Iterating yields the sample ids of the current epoch in order; set_epoch(e) selects the epoch
+    (without it every pass is epoch 0, as with torch, and a second pass over an epoch without
+    set_epoch warns once). An epoch >= `epochs` raises at once. resume(epoch, step) makes the next
+    pass start at `step` of `epoch`; state_dict() is the position of the next batch the training
+    loop has not consumed yet (nopfs's DataLoader counts the batches it hands out).
     shuffle=False is not offered: the service serves the planned shuffle.
     """
 
-    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0,
-                 drop_last=False, batch_size=None):
+    def __init__(self, dataset: Any, num_replicas: Optional[int] = None,
+                 rank: Optional[int] = None, shuffle: bool = True, seed: Optional[int] = None,
+                 drop_last: Optional[bool] = None, batch_size: Optional[int] = None) -> None:
         if not shuffle:
             raise ValueError("nopfs: DistributedSampler(shuffle=False) is not supported: nopfs "
-                             "serves the planned shuffle")
-        for name, given in (("NOPFS_RANKS", num_replicas), ("NOPFS_RANK", rank)):
-            env = os.environ.get(name)
-            if given is not None and env and int(env) != given:
-                raise ValueError(f"nopfs: {name}={env} but the sampler was given {given}")
+                             "serves the planned shuffle. For an unshuffled pass (validation) use "
+                             "torch.utils.data.DistributedSampler (docs/python.md)")
         self.dataset = dataset
-        self._seed_default = seed
-        self._drop_last_default = drop_last
+        self._seed_default = 0 if seed is None else int(seed)
+        self._drop_last_default = bool(drop_last)
         self._num_replicas = num_replicas if num_replicas is not None else _distributed_default(
             "world")
         self._rank = rank if rank is not None else _distributed_default("rank")
         self._batch = batch_size  # per rank; the DataLoader sets it when it is None
-        self._job = None
+        self._job: Optional[Job] = None
+        job = self._make_job()
+        for what, given, have in (("num_replicas", num_replicas, job.ranks),
+                                  ("rank", rank, job.rank), ("seed", seed, job.seed),
+                                  ("drop_last", drop_last, job.drop_last)):
+            if given is not None and given != have:
+                raise _mismatch(f"DistributedSampler({what}={given!r})", given, what, have)
+        if batch_size is not None and job.rank_batch != batch_size:
+            raise _mismatch(f"DistributedSampler(batch_size={batch_size})", batch_size *
+                            job.ranks, "batch", job.batch)
+        self._job = job if batch_size is not None else None
+        self._epochs = job_epochs()
         self.epoch = 0
         self.start_step = 0
+        self._pos = (0, 0)  # (epoch, step) of the next batch the training loop consumes
+        self._active: Optional[list] = None  # [epoch, start step, batches, consumed] of a pass
+        self._epoch_chosen = False  # set_epoch()/resume() since the last pass began
+        self._last_pass_epoch: Optional[int] = None
+        self._warned_repeat = False
+
+    def _make_job(self) -> Job:
+        rank_batch = self._batch or 1
+        return Job.from_env(samples=len(self.dataset), ranks=self._num_replicas, rank=self._rank,
+                            batch=rank_batch * self._num_replicas, seed=self._seed_default,
+                            drop_last=self._drop_last_default)
 
     @property
-    def job(self):
+    def job(self) -> Job:
         if self._job is None:
-            rank_batch = self._batch or 1
-            self._job = Job.from_env(samples=len(self.dataset), ranks=self._num_replicas,
-                                     rank=self._rank, batch=rank_batch * self._num_replicas,
-                                     seed=self._seed_default, drop_last=self._drop_last_default)
+            self._job = self._make_job()
         return self._job
 
     @property
-    def num_replicas(self):
+    def num_replicas(self) -> int:
         return self.job.ranks
 
     @property
-    def rank(self):
+    def rank(self) -> int:
         return self.job.rank
 
     @property
-    def seed(self):
+    def seed(self) -> int:
         return self.job.seed
 
-    def _set_batch_size(self, batch_size):
+    @property
+    def shuffle(self) -> bool:
+        """Always True: the service serves the planned shuffle."""
+        return True
+
+    @property
+    def drop_last(self) -> bool:
+        return self.job.drop_last
+
+    @property
+    def epochs(self) -> Optional[int]:
+        """The job's number of epochs (NOPFS_EPOCHS); None without a job (no limit)."""
+        return self._epochs
+
+    @property
+    def num_samples(self) -> int:
+        """The samples this rank reads in one whole epoch, as torch's num_samples."""
+        return int(self.job.epoch_length())
+
+    @property
+    def total_size(self) -> int:
+        """The samples all ranks read in one epoch together, as torch's total_size."""
+        j = self.job
+        return sum(int(_client.rank_epoch_length(j.samples, j.ranks, j.batch, j.scheme,
+                                                 j.drop_last, r)) for r in range(j.ranks))
+
+    def _set_batch_size(self, batch_size: int) -> None:
         if self._batch is None:
             self._batch = batch_size
             self._job = None
 
-    def set_epoch(self, epoch):
+    def _check_epoch(self, epoch: int) -> None:
+        if epoch < 0:
+            raise ValueError(f"nopfs: epoch {epoch} is negative")
+        if self._epochs is not None and epoch >= self._epochs:
+            raise ValueError(f"nopfs: epoch {epoch} is past the job's last epoch: the job reads "
+                             f"{self._epochs} epochs (0 to {self._epochs - 1}; "
+                             f"{_set_by('epochs')}); run the job with more epochs "
+                             "to train longer")
+
+    def set_epoch(self, epoch: int) -> None:
         """Selects the epoch of the next pass. A pending resume() step is kept for its epoch."""
+        epoch = int(epoch)
+        self._check_epoch(epoch)
         if epoch != self.epoch:
             self.start_step = 0
-        self.epoch = int(epoch)
+        self.epoch = epoch
+        self._epoch_chosen = True
+        self._active = None
+        self._pos = (epoch, self.start_step)
 
-    def resume(self, epoch, step):
+    def resume(self, epoch: int, step: int) -> None:
         """The next pass starts at step `step` of `epoch` (steps of the job's per-rank batch)."""
-        if step < 0 or step >= self.job.steps_per_epoch():
-            raise ValueError(f"nopfs: step {step} is out of range: an epoch has "
-                             f"{self.job.steps_per_epoch()} steps")
-        self.epoch = int(epoch)
-        self.start_step = int(step)
+        epoch, step = int(epoch), int(step)
+        if self._epochs is not None and epoch == self._epochs and step == 0:
+            pass  # the state after the job's last batch: there is nothing left to read
+        else:
+            self._check_epoch(epoch)
+            steps = self.job.steps_per_epoch()
+            if step < 0 or step >= steps:
+                raise ValueError(f"nopfs: step {step} is out of range: an epoch has {steps} "
+                                 f"steps (0 to {steps - 1})")
+        self.epoch = epoch
+        self.start_step = step
+        self._epoch_chosen = True
+        self._active = None
+        self._pos = (epoch, step)
 
-    def state_dict(self):
-        return {"epoch": self.epoch, "step": self.start_step}
+    def state_dict(self) -> Dict[str, int]:
+        """{"epoch", "step"}: where the next batch the training loop has not consumed is.
 
-    def load_state_dict(self, state):
+        After the last batch of epoch e it is (e + 1, 0). Load it with load_state_dict()."""
+        return {"epoch": self._pos[0], "step": self._pos[1]}
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
         self.resume(state["epoch"], state["step"])
 
-    def order(self, epoch=None, step=None):
+    def order(self, epoch: Optional[int] = None, step: Optional[int] = None) -> Any:
         """The sample ids of a pass (default: the next one), as a numpy array."""
         return self.job.order(self.epoch if epoch is None else epoch,
                               self.start_step if step is None else step)
 
-    def __iter__(self):
-        order = self.order()
-        self.start_step = 0
-        return iter(order.tolist())
+    def _begin_pass(self) -> Tuple[int, int]:
+        """Starts a pass: checks the epoch, warns once on a repeated epoch; (epoch, step)."""
+        self._check_epoch(self.epoch)
+        if (not self._epoch_chosen and self._last_pass_epoch == self.epoch
+                and not self._warned_repeat):
+            self._warned_repeat = True
+            warnings.warn(f"nopfs: a second pass over epoch {self.epoch} without set_epoch(): "
+                          "every pass reads the same order; call sampler.set_epoch(epoch) "
+                          "before each epoch", UserWarning, stacklevel=3)
+        self._epoch_chosen = False
+        self._last_pass_epoch = self.epoch
+        start = self.start_step
+        self.start_step = 0  # a resume applies to one pass
+        self._pos = (self.epoch, start)
+        return self.epoch, start
 
-    def __len__(self):
+    def _pass_started(self, epoch: int, start: int, batches: int) -> None:
+        self._active = [epoch, start, batches, 0]
+        if batches == 0:
+            self._pass_done()
+
+    def _batch_consumed(self) -> None:
+        a = self._active
+        if a is None:
+            return
+        a[3] += 1
+        self._pos = (a[0], a[1] + a[3])
+        if a[3] >= a[2]:
+            self._pass_done()
+
+    def _pass_done(self) -> None:
+        if self._active is not None:
+            self._pos = (self._active[0] + 1, 0)
+            self._active = None
+
+    def _pass_samples(self) -> int:
+        """Samples of the pass under way (a DataLoader's), else of the next one."""
+        if self._active is not None:
+            return len(self.job.order(self._active[0], self._active[1]))
+        return len(self.order())
+
+    def __iter__(self) -> Iterator[int]:
+        epoch, start = self._begin_pass()
+        return iter(self.job.order(epoch, start).tolist())
+
+    def __len__(self) -> int:
         return len(self.order())
 
 
@@ -220,8 +491,9 @@ class StreamDataset(tud.IterableDataset):
     that persistent workers follow set_epoch() too.
     """
 
-    def __init__(self, dataset, sampler, batch_size, fallback=False, socket=None, timeout=None,
-                 fallback_on_loss=False):
+    def __init__(self, dataset: Any, sampler: DistributedSampler, batch_size: int,
+                 fallback: bool = False, socket: Optional[str] = None,
+                 timeout: Optional[float] = None, fallback_on_loss: bool = False) -> None:
         self.dataset = dataset
         self.sampler = sampler
         self.batch_size = int(batch_size)
@@ -233,14 +505,15 @@ class StreamDataset(tud.IterableDataset):
         self.timeout = timeout
         self.pass_state = multiprocessing.RawArray("q", 2)  # epoch, start step of the next pass
 
-    def set_pass(self, epoch, step):
+    def set_pass(self, epoch: int, step: int) -> None:
         self.pass_state[0] = epoch
         self.pass_state[1] = step
 
-    def __len__(self):
-        return len(self.sampler.job.order(self.pass_state[0], self.pass_state[1]))
+    def __len__(self) -> int:
+        # Of the pass under way, else of the next one (after a resume: what is left of its epoch).
+        return self.sampler._pass_samples()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         info = tud.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         epoch, step = int(self.pass_state[0]), int(self.pass_state[1])
@@ -294,26 +567,54 @@ class StreamDataset(tud.IterableDataset):
             yield self.dataset.make_item(data, label)
 
 
+class _LoaderIter:
+    """A DataLoader pass: torch's iterator, counting the batches the training loop receives."""
+
+    def __init__(self, inner: Any, sampler: DistributedSampler) -> None:
+        self._inner = inner
+        self._sampler = sampler
+
+    def __iter__(self) -> "_LoaderIter":
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            batch = next(self._inner)
+        except StopIteration:
+            self._sampler._pass_done()
+            raise
+        self._sampler._batch_consumed()
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+
 class DataLoader(tud.DataLoader):
     """torch.utils.data.DataLoader reading through nopfs (see the module's docstring).
 
     Takes DataLoader's arguments. `sampler` must be a nopfs DistributedSampler (one is made if
-    none is given); `shuffle` is not accepted. fallback: None -> NOPFS_FALLBACK; socket: None ->
-    NOPFS_SOCKET; timeout: seconds to wait for one sample (None: no limit).
+    none is given); `shuffle` is not accepted; a batch_size or drop_last that contradicts the job
+    raises ValueError. fallback: None -> NOPFS_FALLBACK; socket: None -> NOPFS_SOCKET; timeout:
+    seconds to wait for one sample (None: no limit). state_dict()/load_state_dict() are the
+    sampler's: the position of the next batch the training loop has not received.
     """
 
-    def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, num_workers=0,
-                 drop_last=False, fallback=None, socket=None, timeout_per_sample=None, **kwargs):
+    def __init__(self, dataset: Any, batch_size: Optional[int] = 1,
+                 shuffle: Optional[bool] = None, sampler: Optional[DistributedSampler] = None,
+                 num_workers: int = 0, drop_last: Optional[bool] = None,
+                 fallback: Optional[bool] = None, socket: Optional[str] = None,
+                 timeout_per_sample: Optional[float] = None, **kwargs: Any) -> None:
         if shuffle:
             raise ValueError("nopfs: DataLoader(shuffle=True): pass a nopfs DistributedSampler "
                              "(the service plans the shuffle)")
         if kwargs.get("batch_sampler") is not None:
             raise ValueError("nopfs: DataLoader(batch_sampler=...) is not supported; pass "
                              "batch_size and a nopfs DistributedSampler")
-        if not isinstance(dataset, ImageFolder) and not (
-                hasattr(dataset, "make_item") and hasattr(dataset, "read")):
-            raise TypeError("nopfs: DataLoader needs a nopfs dataset (nopfs.torch.ImageFolder or "
-                            "one with make_item(data, label) and read(id))")
+        if not (hasattr(dataset, "make_item") and hasattr(dataset, "read")):
+            raise TypeError("nopfs: DataLoader needs a nopfs dataset (nopfs.torch.ImageFolder, "
+                            "nopfs.torch.ManifestDataset, or one with make_item(data, label) and "
+                            "read(id))")
         if sampler is None:
             sampler = DistributedSampler(dataset)
         if not isinstance(sampler, DistributedSampler):
@@ -333,20 +634,37 @@ class DataLoader(tud.DataLoader):
             dataset.check_served()
         sampler._set_batch_size(batch_size)
         job = sampler.job
-        if use_service and batch_size != job.rank_batch:
-            warnings.warn(f"nopfs: DataLoader batch_size={batch_size} differs from the job's "
-                          f"per-rank batch {job.rank_batch} (NOPFS_BATCH/NOPFS_RANKS): the order "
-                          "is right, but resume steps count the job's batches", stacklevel=2)
+        if batch_size != job.rank_batch:
+            raise ValueError(
+                f"nopfs: DataLoader(batch_size={batch_size}) contradicts the job, whose batch "
+                f"per rank is {job.rank_batch} (global batch {job.batch} over {job.ranks} ranks; "
+                f"{_set_by('batch')}): write batch_size={job.rank_batch}, or run the job with "
+                f"batch {batch_size * job.ranks}")
+        if drop_last is not None and bool(drop_last) != job.drop_last:
+            raise _mismatch(f"DataLoader(drop_last={drop_last!r})", drop_last, "drop_last",
+                            job.drop_last)
         self.nopfs_sampler = sampler
         self.nopfs_fallback = not use_service
-        stream = StreamDataset(dataset, sampler, batch_size, fallback=not use_service,
+        self.nopfs_batch = int(batch_size)
+        self.nopfs_stream = StreamDataset(dataset, sampler, batch_size, fallback=not use_service,
                                socket=socket, timeout=timeout_per_sample,
                                fallback_on_loss=bool(fallback))
-        super().__init__(stream, batch_size=batch_size, num_workers=num_workers,
-                         drop_last=drop_last, **kwargs)
+        # The stream makes the job's batches: torch's drop_last would drop a rank's short batch.
+        super().__init__(self.nopfs_stream, batch_size=batch_size, num_workers=num_workers,
+                         drop_last=False, **kwargs)
 
-    def __iter__(self):
+    def __iter__(self) -> _LoaderIter:  # type: ignore[override]
         s = self.nopfs_sampler
-        self.dataset.set_pass(s.epoch, s.start_step)
-        s.start_step = 0  # a resume applies to one pass
-        return super().__iter__()
+        epoch, start = s._begin_pass()
+        self.nopfs_stream.set_pass(epoch, start)
+        samples = len(s.job.order(epoch, start))
+        s._pass_started(epoch, start, math.ceil(samples / self.nopfs_batch))
+        return _LoaderIter(super().__iter__(), s)
+
+    def state_dict(self) -> Dict[str, int]:
+        """The sampler's state_dict(): the epoch and step of the next batch not yet received."""
+        return self.nopfs_sampler.state_dict()
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        """The next pass starts at the batch state_dict() named."""
+        self.nopfs_sampler.load_state_dict(state)
