@@ -4,6 +4,10 @@
 Usage: run_tests.py BUILD_DIR [pytest arguments...]   (pytest runs under $NOPFS_PYTHON,
 default /usr/bin/python3: Debian's python3 with python3-torch)
 
+The package under test is the build tree's (<build>/python on PYTHONPATH), or, with
+NOPFS_TEST_INSTALLED=DIR, the one installed in DIR (a venv's site-packages, where $NOPFS_PYTHON
+finds it: wheel_test.py); test_package.py checks it imports that one (NOPFS_PACKAGE_DIR).
+
 nopfsd refuses to run as root and the client only talks to a service of its own uid, so as root
 this re-runs itself as the unprivileged user `nobody` (setpriv), with a private HOME; everything
 the tests create lives in a fresh temporary directory that user owns.
@@ -25,14 +29,21 @@ def main():
     work = tempfile.mkdtemp(prefix="nopfs-python-test-")
     try:
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.path.join(build, "python")
+        installed = env.pop("NOPFS_TEST_INSTALLED", "")
+        if installed:
+            env.pop("PYTHONPATH", None)
+            env["NOPFS_PACKAGE_DIR"] = os.path.join(installed, "nopfs")
+        else:
+            env["PYTHONPATH"] = os.path.join(build, "python")
+            env["NOPFS_PACKAGE_DIR"] = os.path.join(build, "python", "nopfs")
         env["NOPFS_BIN"] = os.path.join(build, "bin")
         env["NOPFS_EXAMPLES"] = os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples")
         env["HOME"] = work
         env["TMPDIR"] = work
         for name in list(env):
             # The tests make their own services; none may leak in from the caller.
-            if name.startswith("NOPFS_") and name not in ("NOPFS_BIN", "NOPFS_EXAMPLES"):
+            if name.startswith("NOPFS_") and name not in ("NOPFS_BIN", "NOPFS_EXAMPLES",
+                                                          "NOPFS_PACKAGE_DIR"):
                 del env[name]
         python = os.environ.get("NOPFS_PYTHON", "/usr/bin/python3")  # Debian's, with torch
         argv = [python, "-m", "pytest", "-p", "no:cacheprovider", "-q",
