@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Runs the nopfs Python tests (pytest) against a build tree: ctest's entry point.
 
-Usage: run_tests.py BUILD_DIR [pytest arguments...]   (pytest runs under $NOPFS_PYTHON,
-default /usr/bin/python3: Debian's python3 with python3-torch)
+Usage: run_tests.py BUILD_DIR [test_X.py...] [pytest arguments...]   (pytest runs under
+$NOPFS_PYTHON, default /usr/bin/python3: Debian's python3 with python3-torch; test files named
+run alone, else all of tests/python)
 
 The package under test is the build tree's (<build>/python on PYTHONPATH), or, with
 NOPFS_TEST_INSTALLED=DIR, the one installed in DIR (a venv's site-packages, where $NOPFS_PYTHON
@@ -46,8 +47,12 @@ def main():
                                                           "NOPFS_PACKAGE_DIR"):
                 del env[name]
         python = os.environ.get("NOPFS_PYTHON", "/usr/bin/python3")  # Debian's, with torch
+        # Test files named on the command line (e.g. test_client.py) run alone; else all of them.
+        extra = [os.path.join(HERE, a) if a.endswith(".py") and os.sep not in a else
+                 os.path.abspath(a) if a.endswith(".py") else a for a in sys.argv[2:]]
+        files = [] if any(a.endswith(".py") for a in extra) else [HERE]
         argv = [python, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-                f"--basetemp={os.path.join(work, 'pytest')}", HERE, *sys.argv[2:]]
+                f"--basetemp={os.path.join(work, 'pytest')}", *files, *extra]
         if os.geteuid() == 0:
             os.chmod(work, 0o700)
             shutil.chown(work, "nobody", "nogroup")
