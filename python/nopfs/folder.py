@@ -64,9 +64,9 @@ def scan_image_folder(root: str) -> Tuple[List[str], List[Tuple[str, int]]]:
     root = os.path.abspath(root)
     classes = list_classes(root)
     rst = os.stat(root)
-    samples = []
+    samples: List[Tuple[str, int]] = []
     for label, cls in enumerate(classes):
-        rel = []
+        rel: List[str] = []
         _walk(os.path.join(root, cls), cls + "/", ((rst.st_dev, rst.st_ino),), rel)
         rel.sort(key=os.fsencode)
         samples.extend((os.path.join(root, r), label) for r in rel)
