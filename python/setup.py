@@ -77,7 +77,7 @@ class CMakeBuildExt(build_ext):
         package = os.path.join(tree, "python", "nopfs")
         built = os.path.join(package, "_client" + suffix)
         if not os.path.isfile(built):
-            found = sorted(f for f in os.listdir(package) if f.startswith("_client."))
+            found = sorted(f for f in os.listdir(package) if re.match(r"_client\..*\.so$", f))
             sys.exit(f"nopfs: {tree} built {', '.join(found) or 'no extension'}, not "
                      f"_client{suffix} for {sys.executable}: configure that tree with "
                      f"-DNOPFS_PYTHON={sys.executable}, or unset NOPFS_CMAKE_BUILD_DIR")
