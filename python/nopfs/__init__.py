@@ -14,6 +14,9 @@ id and its path; the stream goes on with the next sample.
 
 PyTorch users: nopfs.torch (ImageFolder, ManifestDataset, DistributedSampler, DataLoader).
 Job parameters come from the NOPFS_* environment (nopfs.Job.from_env). See docs/python.md.
+
+nopfs.__version__ is the project's version (CMakeLists.txt's project()); the package is typed
+(py.typed; the extension's types are in _client.pyi).
 """
 
 from ._client import (
@@ -30,6 +33,7 @@ from ._client import (
     step_begin,
     steps_per_epoch,
 )
+from ._version import __version__
 from .folder import scan_image_folder
 from .job import Job, fallback_requested, service_available, service_samples
 
@@ -42,6 +46,7 @@ __all__ = [
     "Stream",
     "TimeoutError",
     "UnavailableError",
+    "__version__",
     "connect",
     "epoch_order",
     "fallback_requested",

@@ -12,13 +12,14 @@ service's order, id for id.
 
 import os
 import stat
+from typing import List, Tuple
 
 
-def _visible(name):
+def _visible(name: str) -> bool:
     return not name.startswith(".")
 
 
-def list_classes(root):
+def list_classes(root: str) -> List[str]:
     """The class directory names of an ImageFolder root, sorted as bytes."""
     names = []
     for name in os.listdir(root):
@@ -37,7 +38,8 @@ def list_classes(root):
     return names
 
 
-def _walk(directory, rel_prefix, ancestors, out):
+def _walk(directory: str, rel_prefix: str, ancestors: Tuple[Tuple[int, int], ...],
+          out: List[str]) -> None:
     st = os.stat(directory)
     ident = (st.st_dev, st.st_ino)
     if ident in ancestors:
@@ -57,14 +59,14 @@ def _walk(directory, rel_prefix, ancestors, out):
             out.append(rel_prefix + name)
 
 
-def scan_image_folder(root):
+def scan_image_folder(root: str) -> Tuple[List[str], List[Tuple[str, int]]]:
     """Returns (classes, samples): samples[i] = (absolute path, label) of sample id i."""
     root = os.path.abspath(root)
     classes = list_classes(root)
     rst = os.stat(root)
-    samples = []
+    samples: List[Tuple[str, int]] = []
     for label, cls in enumerate(classes):
-        rel = []
+        rel: List[str] = []
         _walk(os.path.join(root, cls), cls + "/", ((rst.st_dev, rst.st_ino),), rel)
         rel.sort(key=os.fsencode)
         samples.extend((os.path.join(root, r), label) for r in rel)

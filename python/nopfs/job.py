@@ -8,21 +8,26 @@ that the fallback reader plans the same order without a service.
 import dataclasses
 import os
 import re
+from typing import TYPE_CHECKING, Optional
 
 from . import _client
 
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
-def service_available():
+
+def service_available() -> bool:
     """True if the environment names a nopfs service (NOPFS_SOCKET)."""
     return bool(os.environ.get("NOPFS_SOCKET"))
 
 
-def fallback_requested():
+def fallback_requested() -> bool:
     """True if NOPFS_FALLBACK asks for the plain file reader when there is no service."""
     return os.environ.get("NOPFS_FALLBACK", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def service_samples(socket=None):
+def service_samples(socket: Optional[str] = None) -> int:
     """The number of samples the service's catalog holds (NOPFS_SAMPLES, else asked from the
     service: the Slurm plugin cannot export it, the catalog is scanned after the job starts)."""
     value = _env_int("NOPFS_SAMPLES")
@@ -35,7 +40,7 @@ def service_samples(socket=None):
     return int(m.group(1))
 
 
-def _env_int(name):
+def _env_int(name: str) -> Optional[int]:
     value = os.environ.get(name)
     if value is None or value == "":
         return None
@@ -58,8 +63,9 @@ class Job:
     drop_last: bool = False
 
     @classmethod
-    def from_env(cls, samples=None, ranks=None, rank=None, batch=None, seed=0, scheme="strided",
-                 drop_last=False):
+    def from_env(cls, samples: Optional[int] = None, ranks: Optional[int] = None,
+                 rank: Optional[int] = None, batch: Optional[int] = None, seed: int = 0,
+                 scheme: str = "strided", drop_last: bool = False) -> "Job":
         """NOPFS_* variables win; the arguments are the defaults for what the environment lacks."""
         env_drop = os.environ.get("NOPFS_DROP_LAST")
         job = cls(
@@ -79,20 +85,20 @@ class Job:
         return job
 
     @property
-    def rank_batch(self):
+    def rank_batch(self) -> int:
         """ceil(B/N): a rank's share of a global batch, the size of one of its steps."""
         return -(-self.batch // self.ranks)
 
-    def order(self, epoch, step=0):
+    def order(self, epoch: int, step: int = 0) -> "npt.NDArray[np.uint32]":
         """The sample ids this rank reads in `epoch` from `step` on (numpy uint32), exactly what
         the service delivers and `nopfs stream` prints."""
         return _client.epoch_order(self.seed, self.samples, self.ranks, self.batch, self.scheme,
                                    self.drop_last, self.rank, epoch, step)
 
-    def steps_per_epoch(self):
+    def steps_per_epoch(self) -> int:
         return _client.steps_per_epoch(self.seed, self.samples, self.ranks, self.batch,
                                        self.scheme, self.drop_last)
 
-    def epoch_length(self):
+    def epoch_length(self) -> int:
         return _client.rank_epoch_length(self.samples, self.ranks, self.batch, self.scheme,
                                          self.drop_last, self.rank)
