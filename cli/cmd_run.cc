@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -204,7 +205,11 @@ struct RunAs {
   }
 };
 
-int RunJob(RunFlags& f, bool ranks_per_node_given) {
+int RunJob(RunFlags& f, bool ranks_per_node_given, bool ranks_given) {
+  // --nodes K --ranks-per-node L without --ranks: the job has K*L ranks.
+  if (ranks_per_node_given && !ranks_given) {
+    f.job.job.ranks = std::max<uint32_t>(f.nodes, 1) * f.job.job.ranks_per_node;
+  }
   if (f.nodes > 1 && !ranks_per_node_given) {
     if (f.job.job.ranks % f.nodes != 0) {
       return Fail("--ranks " + std::to_string(f.job.job.ranks) + " is not a multiple of --nodes " +
@@ -214,9 +219,9 @@ int RunJob(RunFlags& f, bool ranks_per_node_given) {
   } else if (!ranks_per_node_given) {
     f.job.job.ranks_per_node = f.job.job.ranks;
   }
-  // F comes from the dataset; validate the rest with a placeholder.
+  // F comes from the dataset; validate the rest with a placeholder (nopfsd checks the real F).
   const uint64_t given_samples = f.job.job.samples;
-  if (f.job.job.samples == 0) f.job.job.samples = 1;
+  if (f.job.job.samples == 0) f.job.job.samples = policy::kMaxSamples;
   if (Status s = FinishJobFlags(&f.job); !s.ok()) return Fail(s.message());
   f.job.job.samples = given_samples;
   const policy::JobSpec& job = f.job.job;
@@ -625,8 +630,9 @@ void RegisterRun(CLI::App* app, int* exit_code) {
   sub->add_option("command", f->command, "The command each rank runs (after --)")
       ->required()
       ->expected(-1);
-  sub->callback(
-      [f, exit_code, sub] { *exit_code = RunJob(*f, sub->count("--ranks-per-node") > 0); });
+  sub->callback([f, exit_code, sub] {
+    *exit_code = RunJob(*f, sub->count("--ranks-per-node") > 0, sub->count("--ranks") > 0);
+  });
 }
 
 }  // namespace nopfs::cli

@@ -63,7 +63,7 @@ struct SimFlags {
   uint64_t samples = 0;
   std::string sizes = "imagenet";
   uint64_t seed = 0;
-  std::string scheme = "uniform";
+  std::string scheme = "strided";
   bool drop_last = false;
   std::string compute_rate = "1000";
   std::string policies;

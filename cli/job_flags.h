@@ -11,7 +11,7 @@ namespace nopfs::cli {
 
 struct JobFlags {
   policy::JobSpec job;
-  std::string scheme = "uniform";
+  std::string scheme = "strided";
 };
 
 // Adds --seed --samples --epochs --ranks --batch --scheme --drop-last --ranks-per-node to `app`.

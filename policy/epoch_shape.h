@@ -20,7 +20,10 @@ struct EpochShape {
   uint64_t steps = 0;    // T, the same for every rank
 
   // uniform: steps whose batch has B entries (all but a trailing partial one), and the size of
-  // that trailing batch (0 if there is none: F divisible by B, or drop_last).
+  // that trailing batch after padding (0 if there is none: F divisible by B, or drop_last). A
+  // trailing batch of b = F mod B entries is padded to max(b, (N-1)*ceil(b/N) + 1), the fewest
+  // entries that leave no rank's slice empty; the padding (< N entries) repeats the head of the
+  // permutation (positions p >= F are read as p - F).
   uint64_t full_steps = 0;
   uint64_t tail = 0;
 
@@ -41,6 +44,9 @@ struct EpochShape {
     *begin = std::min(rank * q, b);
     *end = std::min(*begin + q, b);
   }
+
+  // uniform: the position in pi_e of position p of the padded epoch.
+  uint64_t Wrap(uint64_t p) const { return p < samples ? p : p - samples; }
 
   // strided: the position in pi_e of the rank's k-th entry: rank + k*N, wrapped into [0, F)
   // (positions past F are the padding that repeats the head of the permutation).
@@ -66,7 +72,7 @@ void EpochShape::ForEachNodeEntry(uint64_t first, uint64_t count, Fn&& fn) const
         uint64_t end = 0;
         Slice(b, first + l, &begin, &end);
         for (uint64_t p = begin; p < end; ++p)
-          fn(static_cast<uint32_t>(l), base + p);
+          fn(static_cast<uint32_t>(l), Wrap(base + p));
       }
       base += b;
     }

@@ -64,8 +64,9 @@ void ExpectSame(const NodeAccessCounts& a, const NodeAccessCounts& b) {
 TEST(FrequencyTest, EqualsTheNodesInterleavedRankStreams) {
   for (Scheme scheme : {Scheme::kUniform, Scheme::kStrided}) {
     for (bool drop : {false, true}) {
-      // 3 nodes of 3, 3 and 1 ranks; B not a multiple of N; strided pads 4 samples.
-      const JobSpec job = Job(53, 7, 12, scheme, drop, 5, 3);
+      // 3 nodes of 3, 3 and 1 ranks; B not a multiple of N; uniform pads the trailing batch of
+      // 1 to 7 entries, strided pads 3.
+      const JobSpec job = Job(53, 7, 13, scheme, drop, 5, 3);
       ASSERT_TRUE(job.Validate().ok()) << job.Validate().message();
       for (uint32_t node = 0; node < job.nodes(); ++node) {
         SCOPED_TRACE(std::string(SchemeName(scheme)) + " drop " + std::to_string(drop) + " node " +
@@ -132,7 +133,7 @@ TEST(FrequencyTest, OneNodeReadsEverythingEveryEpoch) {
 TEST(FrequencyTest, RejectsInvalidJobsAndNodes) {
   EXPECT_THROW(CountNodeAccesses(Job(10, 2, 0, Scheme::kUniform, false, 1, 1), 0),
                std::invalid_argument);
-  EXPECT_THROW(CountNodeAccesses(Job(10, 4, 2, Scheme::kUniform, false, 1, 2), 2),
+  EXPECT_THROW(CountNodeAccesses(Job(10, 4, 4, Scheme::kUniform, false, 1, 2), 2),
                std::out_of_range);
 }
 

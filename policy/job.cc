@@ -64,6 +64,25 @@ Status JobSpec::Validate() const {
                                    " is out of range: write a number from 1 to --ranks (" +
                                    Num(ranks) + ")");
   }
+  if (ranks > samples) {
+    return Status::InvalidArgument("--ranks " + Num(ranks) + " is more than --samples " +
+                                   Num(samples) +
+                                   ": some rank would read nothing in every epoch; write at most " +
+                                   Num(samples) + " --ranks");
+  }
+  if (scheme == Scheme::kUniform) {
+    // Rank i's slice of a batch of B starts at i*ceil(B/N): the last rank's is empty when
+    // (N-1)*ceil(B/N) >= B (always when B < N).
+    const uint64_t q = batch / ranks + (batch % ranks != 0 ? 1 : 0);
+    if (static_cast<U128>(ranks - 1) * q >= batch) {
+      const U128 multiple = static_cast<U128>(q) * ranks;
+      return Status::InvalidArgument(
+          "--scheme uniform with --batch " + Num(batch) + " and --ranks " + Num(ranks) +
+          " leaves rank " + Num(ranks - 1) + " without a sample in every step (each rank takes " +
+          Num(q) + " of a batch): write --scheme strided, or a --batch that is a multiple of " +
+          "--ranks (" + Num(static_cast<uint64_t>(multiple)) + ")");
+    }
+  }
   if (drop_last && batch > samples) {
     return Status::InvalidArgument("--drop-last with --batch " + Num(batch) +
                                    " larger than --samples " + Num(samples) +
@@ -77,14 +96,7 @@ Status JobSpec::Validate() const {
   if (scheme == Scheme::kStrided) {
     const uint64_t r = rank_batch();
     if (drop_last) {
-      const uint64_t share = samples / ranks;
-      if (share == 0) {
-        return Status::InvalidArgument("--drop-last with --scheme strided and more --ranks (" +
-                                       Num(ranks) + ") than --samples (" + Num(samples) +
-                                       ") leaves every rank without a sample: write "
-                                       "at most " +
-                                       Num(samples) + " --ranks or leave out --drop-last");
-      }
+      const uint64_t share = samples / ranks;  // >= 1: ranks <= samples
       if (share < r) {
         return Status::InvalidArgument(
             "--drop-last with --scheme strided: each rank's share of an epoch (floor(F/N) = " +
@@ -98,10 +110,14 @@ Status JobSpec::Validate() const {
       const U128 padded = static_cast<U128>(per_rank) * ranks;
       max_per_epoch = static_cast<uint64_t>((padded + samples - 1) / samples);
     }
+  } else if (!drop_last && samples % batch != 0) {
+    // The padding of the trailing batch (fewer than N <= F entries) reads some samples twice.
+    max_per_epoch = 2;
   }
   // Positions in a node's concatenated stream and per-sample counts must fit their types.
-  const U128 entries_per_epoch =
-      scheme == Scheme::kStrided ? static_cast<U128>(per_rank) * ranks : static_cast<U128>(samples);
+  const U128 entries_per_epoch = scheme == Scheme::kStrided
+                                     ? static_cast<U128>(per_rank) * ranks
+                                     : static_cast<U128>(samples) + ranks;  // padding < N
   if (entries_per_epoch * epochs > (static_cast<U128>(1) << 63)) {
     return Status::InvalidArgument("--epochs " + Num(epochs) +
                                    " makes the job's stream longer than 2^63 entries: write "

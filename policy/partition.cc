@@ -1,5 +1,6 @@
 #include "policy/partition.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -15,6 +16,7 @@ EpochShape::EpochShape(const JobSpec& job)
   if (scheme == Scheme::kUniform) {
     full_steps = samples / batch;
     tail = job.drop_last ? 0 : samples % batch;
+    if (tail != 0) tail = std::max(tail, (ranks - 1) * ((tail + ranks - 1) / ranks) + 1);
     steps = full_steps + (tail != 0 ? 1 : 0);
     return;
   }
@@ -95,7 +97,7 @@ uint64_t RankEntryPosition(const JobSpec& job, uint32_t rank, uint64_t k) {
     return k / full * s.batch + begin + k % full;
   }
   s.Slice(s.tail, rank, &begin, &end);
-  return s.full_steps * s.batch + begin + (k - s.full_steps * full);
+  return s.Wrap(s.full_steps * s.batch + begin + (k - s.full_steps * full));
 }
 
 Status ValidateStreamPoint(const JobSpec& job, StreamPoint p) {

@@ -14,10 +14,13 @@
 
 namespace nopfs::policy {
 
-// Every function below requires a valid job (JobSpec::Validate) and rank < N.
+// Every function below requires a valid job (JobSpec::Validate) and rank < N. In a valid job every
+// rank runs the same number of steps in every epoch and reads at least one entry in each of them
+// (docs/algorithm.md §2.2).
 
 // T: steps per epoch, the same for every rank.
-//   uniform: floor(F/B) with drop_last, ceil(F/B) without.
+//   uniform: floor(F/B) with drop_last, ceil(F/B) without (the trailing partial batch is padded
+//   with fewer than N entries from the head of the permutation so that no rank's slice is empty).
 //   strided: the batch count of each rank's DataLoader. With M = ceil(F/N) entries per rank and
 //   r = ceil(B/N): ceil(M/r) without drop_last, floor(floor(F/N)/r) with. This equals the uniform
 //   count when B is a multiple of N (B = N*r); otherwise each step reads N*r > B entries and an
@@ -31,7 +34,7 @@ uint64_t RankEpochLength(const JobSpec& job, uint32_t rank);
 uint64_t NodeEpochLength(const JobSpec& job, uint32_t node);
 
 // [begin, end): the entries of the rank's epoch list that make up step `step` (< StepsPerEpoch,
-// else throws std::out_of_range). May be empty (uniform: a rank past the end of a short batch).
+// else throws std::out_of_range). Never empty.
 struct EntryRange {
   uint64_t begin = 0;
   uint64_t end = 0;

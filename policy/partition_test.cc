@@ -86,13 +86,20 @@ std::string Render(const JobSpec& job, uint32_t epoch) {
 
 TEST(PartitionTest, GoldenPartitions) {
   const GoldenPartition cases[] = {
-      {Scheme::kUniform, 5, 0, 10, 3, 4, false, "8 7;4 1;0|2 3;5 6;9|;;"},
-      {Scheme::kUniform, 5, 0, 10, 3, 4, true, "8 7;4 1|2 3;5 6|;"},
-      {Scheme::kUniform, 9, 2, 11, 4, 6, false, "9 2;8 3|10 6;5 0|7 4;1|;"},
+      {Scheme::kUniform, 5, 0, 10, 3, 5, false, "8 7;1 5|2 3;6 0|4;9"},
+      {Scheme::kUniform, 5, 0, 10, 3, 5, true, "8 7;1 5|2 3;6 0|4;9"},
+      {Scheme::kUniform, 9, 2, 11, 4, 8, false, "9 2;5|10 6;0|7 4;1|8 3;9"},
+      {Scheme::kUniform, 3, 0, 65, 2, 8, false,
+       "23 35 1 12;27 64 28 36;59 9 31 29;2 4 17 20;25 8 42 10;51 46 61 52;44 33 3 15;22 50 57 "
+       "63;47|5 16 62 24;53 43 32 18;60 21 19 30;13 45 58 56;26 11 41 7;34 54 38 0;55 14 6 40;48 "
+       "49 39 37;23"},
       {Scheme::kStrided, 5, 0, 10, 3, 4, false, "8 3;5 9|7 4;6 8|2 1;0 7"},
       {Scheme::kStrided, 5, 0, 10, 3, 4, true, "8 3|7 4|2 1"},
       {Scheme::kStrided, 9, 2, 11, 4, 6, false, "9 7;5|2 4;0|10 8;1|6 3;9"},
-      {Scheme::kStrided, 0, 1, 3, 5, 5, false, "1|2|0|1|2"},
+      {Scheme::kStrided, 3, 0, 65, 2, 8, false,
+       "23 1 5 62;27 28 53 32;59 31 60 19;2 17 13 58;25 42 26 41;51 61 34 38;44 3 55 6;22 57 48 "
+       "39;47|35 12 16 24;64 36 43 18;9 29 21 30;4 20 45 56;8 10 11 7;46 52 54 0;33 15 14 40;50 63 "
+       "49 37;23"},
   };
   for (const GoldenPartition& c : cases) {
     const JobSpec job =
@@ -106,26 +113,31 @@ TEST(PartitionTest, GoldenPartitions) {
 
 // ---- uniform -----------------------------------------------------------------------------------
 
-// The uniform scheme straight from its definition: batch h is [hB, min((h+1)B, F')), rank i takes
-// [i*ceil(b/N), min((i+1)*ceil(b/N), b)) of it.
+// The uniform scheme straight from its definition: batch h is [hB, min((h+1)B, F')); a trailing
+// partial batch of t entries grows, one entry at a time from the head of the permutation, until
+// every rank's slice is non-empty; rank i takes [i*ceil(b/N), min((i+1)*ceil(b/N), b)) of it.
 Ranks UniformByDefinition(uint64_t f, uint32_t n, uint64_t b, bool drop) {
   const uint64_t steps = drop ? f / b : (f + b - 1) / b;
   const uint64_t usable = drop ? steps * b : f;
   Ranks out(n, Steps(steps));
   for (uint64_t h = 0; h < steps; ++h) {
     const uint64_t lo = h * b;
-    const uint64_t hi = std::min((h + 1) * b, usable);
-    const uint64_t size = hi - lo;
+    uint64_t size = std::min((h + 1) * b, usable) - lo;
+    auto last_empty = [&] { return (n - 1) * ((size + n - 1) / n) >= size; };
+    if (size < b) {
+      while (last_empty())
+        ++size;
+    }
     const uint64_t q = (size + n - 1) / n;
     for (uint32_t i = 0; i < n; ++i) {
       for (uint64_t p = i * q; p < std::min((i + 1) * q, size); ++p)
-        out[i][h].push_back(lo + p);
+        out[i][h].push_back((lo + p) % f);
     }
   }
   return out;
 }
 
-TEST(PartitionTest, UniformMatchesItsDefinitionAndReadsEachSampleOnce) {
+TEST(PartitionTest, UniformMatchesItsDefinition) {
   for (uint64_t f = 1; f <= 41; f += (f < 12 ? 1 : 7)) {
     for (uint32_t n = 1; n <= 7; ++n) {
       for (uint64_t b = 1; b <= 13; ++b) {
@@ -137,17 +149,6 @@ TEST(PartitionTest, UniformMatchesItsDefinitionAndReadsEachSampleOnce) {
           const Ranks got = Positions(job);
           ASSERT_EQ(got, UniformByDefinition(f, n, b, drop)) << where;
           EXPECT_EQ(StepsPerEpoch(job), drop ? f / b : (f + b - 1) / b) << where;
-          // Every position of [0, F') exactly once over all ranks, nothing past F'.
-          const uint64_t usable = drop ? f / b * b : f;
-          std::vector<int> seen(f, 0);
-          for (const Steps& r : got) {
-            for (const auto& s : r) {
-              for (uint64_t p : s)
-                ++seen[p];
-            }
-          }
-          for (uint64_t p = 0; p < f; ++p)
-            ASSERT_EQ(seen[p], p < usable ? 1 : 0) << where;
         }
       }
     }
@@ -201,9 +202,12 @@ TEST(PartitionTest, StridedEqualsDistributedSamplerAndDataLoader) {
                                     std::to_string(b) + " drop " + std::to_string(drop);
           const Ranks expected = StridedByTorchArithmetic(f, n, b, drop);
           if (!job.Validate().ok()) {
-            // Rejected exactly when the DataLoader would yield no batch at all.
-            EXPECT_TRUE(drop) << where;
-            EXPECT_TRUE(expected[0].empty()) << where;
+            // Rejected exactly when some rank would read nothing: more ranks than samples, or a
+            // DataLoader that yields no batch at all.
+            bool empty = n > f;
+            for (const Steps& rank : expected)
+              empty = empty || rank.empty();
+            EXPECT_TRUE(empty) << where;
             continue;
           }
           ASSERT_EQ(Positions(job), expected) << where;
@@ -253,9 +257,9 @@ TEST(PartitionTest, StepsPerEpochOfStridedIsPerRankBatches) {
   EXPECT_EQ(StepsPerEpoch(Job(100, 4, 8, Scheme::kStrided, true)), 12u);
   // B not a multiple of N: N*r > B entries per step, fewer steps (the documented example).
   EXPECT_EQ(StepsPerEpoch(Job(10, 3, 4, Scheme::kStrided, false)), 2u);
-  EXPECT_EQ(StepsPerEpoch(Job(10, 3, 4, Scheme::kUniform, false)), 3u);
+  EXPECT_EQ(StepsPerEpoch(Job(10, 3, 5, Scheme::kUniform, false)), 2u);
   EXPECT_EQ(StepsPerEpoch(Job(10, 3, 4, Scheme::kStrided, true)), 1u);
-  EXPECT_EQ(StepsPerEpoch(Job(10, 3, 4, Scheme::kUniform, true)), 2u);
+  EXPECT_EQ(StepsPerEpoch(Job(10, 3, 5, Scheme::kUniform, true)), 2u);
   for (uint64_t f = 1; f < 60; f += 3) {
     for (uint32_t n = 1; n < 6; ++n) {
       for (uint64_t r = 1; r < 5; ++r) {
@@ -273,7 +277,7 @@ TEST(PartitionTest, StepsPerEpochOfStridedIsPerRankBatches) {
 TEST(PartitionTest, LengthsAddUp) {
   for (Scheme scheme : {Scheme::kUniform, Scheme::kStrided}) {
     for (bool drop : {false, true}) {
-      const JobSpec job = Job(103, 10, 24, scheme, drop, 1, 4);  // 3 nodes: 4, 4, 2 ranks
+      const JobSpec job = Job(103, 10, 30, scheme, drop, 1, 4);  // 3 nodes: 4, 4, 2 ranks
       ASSERT_TRUE(job.Validate().ok());
       ASSERT_EQ(job.nodes(), 3u);
       EXPECT_EQ(job.ranks_on_node(0), 4u);
@@ -289,8 +293,9 @@ TEST(PartitionTest, LengthsAddUp) {
         EXPECT_EQ(NodeEpochLength(job, node), sum);
         total += sum;
       }
-      // uniform: F' = 96 with drop_last, else 103; strided: N*M with M = 9 or 11.
-      const uint64_t want = scheme == Scheme::kUniform ? (drop ? 96 : 103) : (drop ? 90 : 110);
+      // uniform: F' = 90 with drop_last, else 90 + the trailing 13 padded to 9*2+1 = 19;
+      // strided: N*M with M = 9 or 11.
+      const uint64_t want = scheme == Scheme::kUniform ? (drop ? 90 : 109) : (drop ? 90 : 110);
       EXPECT_EQ(total, want);
     }
   }
@@ -300,6 +305,116 @@ TEST(PartitionTest, StepOutOfRangeThrows) {
   const JobSpec job = Job(10, 2, 4, Scheme::kUniform, false);
   EXPECT_NO_THROW(RankStepEntries(job, 1, 2));
   EXPECT_THROW(RankStepEntries(job, 1, 3), std::out_of_range);
+}
+
+// ---- Equal steps: a property over a grid of shapes
+// -----------------------------------------------
+
+// For every valid (F, N, B, drop_last, scheme): every rank runs T steps and reads at least one
+// entry in each; RankStream yields exactly RankStepEntries/RankEntryPosition in order. Without
+// drop_last, every position of the epoch is read at least once and fewer than N entries are
+// padding, each repeating a distinct position of the head once more (DistributedSampler's
+// guarantee: total_size - F < N extra indices, taken from the head). With drop_last, a prefix of
+// the epoch is read once each and the rest never. Invalid jobs are exactly those where some rank
+// would read nothing.
+void CheckShape(uint64_t f, uint32_t n, uint64_t b, bool drop, Scheme scheme) {
+  const JobSpec job = Job(f, n, b, scheme, drop, 2, 1, f * 31 + n);
+  const std::string where = std::string(SchemeName(scheme)) + " F " + std::to_string(f) + " N " +
+                            std::to_string(n) + " B " + std::to_string(b) + " drop " +
+                            std::to_string(drop);
+  const uint64_t q = (b + n - 1) / n;
+  const bool degenerate = n > f || (scheme == Scheme::kUniform && (n - 1) * q >= b);
+  const Status valid = job.Validate();
+  if (degenerate) {
+    ASSERT_FALSE(valid.ok()) << where;
+    return;
+  }
+  if (!valid.ok()) {
+    // The only other refusals: drop_last leaves no step at all.
+    ASSERT_TRUE(drop) << where << ": " << valid.message();
+    return;
+  }
+  const uint64_t steps = StepsPerEpoch(job);
+  ASSERT_GE(steps, 1u) << where;
+  std::vector<uint64_t> seen(f, 0);
+  uint64_t entries = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    std::vector<uint64_t> positions;
+    for (uint64_t h = 0; h < steps; ++h) {
+      const EntryRange r = RankStepEntries(job, i, h);
+      ASSERT_GT(r.size(), 0u) << where << " rank " << i << " step " << h;
+      for (uint64_t k = r.begin; k < r.end; ++k) {
+        positions.push_back(RankEntryPosition(job, i, k));
+        ASSERT_LT(positions.back(), f) << where;
+        ++seen[positions.back()];
+      }
+    }
+    ASSERT_EQ(positions.size(), RankEpochLength(job, i)) << where;
+    entries += positions.size();
+    if (f > 2000) continue;  // the stream check materializes permutations
+    RankStream stream(job, i);
+    Access a;
+    for (uint32_t e = 0; e < job.epochs; ++e) {
+      const std::vector<SampleId> perm = EpochPermutation(job.seed, e, f);
+      uint64_t k = 0;
+      for (uint64_t h = 0; h < steps; ++h) {
+        const EntryRange r = RankStepEntries(job, i, h);
+        for (uint64_t x = r.begin; x < r.end; ++x, ++k) {
+          ASSERT_TRUE(stream.Next(&a)) << where;
+          ASSERT_TRUE(a.epoch == e && a.step == h && a.index == x && a.sample == perm[positions[k]])
+              << where << " rank " << i << " epoch " << e << " entry " << k;
+        }
+      }
+    }
+    ASSERT_FALSE(stream.Next(&a)) << where;
+  }
+  if (!drop) {
+    ASSERT_GE(entries, f) << where;
+    const uint64_t pad = entries - f;
+    ASSERT_LT(pad, n) << where;
+    for (uint64_t p = 0; p < f; ++p)
+      ASSERT_EQ(seen[p], p < pad ? 2u : 1u) << where << " position " << p;
+  } else {
+    uint64_t p = 0;
+    while (p < f && seen[p] == 1)
+      ++p;
+    ASSERT_EQ(p, entries) << where;
+    for (; p < f; ++p)
+      ASSERT_EQ(seen[p], 0u) << where << " position " << p;
+  }
+}
+
+TEST(PartitionTest, EveryRankRunsTheSameNonEmptyStepsOverAGridOfShapes) {
+  std::vector<uint64_t> samples;
+  for (uint64_t f = 1; f <= 70; ++f)
+    samples.push_back(f);
+  for (uint64_t f : {97ULL, 128ULL, 1000ULL, 1023ULL, 4099ULL, 100003ULL})
+    samples.push_back(f);
+  for (uint64_t f : samples) {
+    for (uint32_t n = 1; n <= 9; ++n) {
+      for (uint64_t b = 1; b <= 20; ++b) {
+        for (bool drop : {false, true}) {
+          for (Scheme scheme : {Scheme::kUniform, Scheme::kStrided})
+            CheckShape(f, n, b, drop, scheme);
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+  // The shape of the report: 65 samples, 2 ranks, batch 8 gives 9 steps on each rank.
+  for (Scheme scheme : {Scheme::kUniform, Scheme::kStrided}) {
+    const JobSpec job = Job(65, 2, 8, scheme, false);
+    EXPECT_EQ(StepsPerEpoch(job), 9u);
+    EXPECT_EQ(RankStepEntries(job, 1, 8).size(), 1u);
+    EXPECT_EQ(RankEpochLength(job, 0), 33u);
+    EXPECT_EQ(RankEpochLength(job, 1), 33u);
+  }
+  // ImageNet-1k on 64 ranks with a global batch of 2048: 626 steps on every rank.
+  const JobSpec imagenet = Job(1281167, 64, 2048, Scheme::kUniform, false);
+  EXPECT_EQ(StepsPerEpoch(imagenet), 626u);
+  // The trailing 1167 are padded to 63 * ceil(1167/64) + 1 = 1198: rank 0 takes 19, rank 63 one.
+  EXPECT_EQ(RankStepEntries(imagenet, 0, 625).size(), 19u);
+  EXPECT_EQ(RankStepEntries(imagenet, 63, 625).size(), 1u);
 }
 
 // ---- RankStream --------------------------------------------------------------------------------
@@ -343,8 +458,8 @@ TEST(RankStreamTest, YieldsThePartitionOfEveryEpoch) {
 TEST(RankStreamTest, ResumeIsTheTailOfTheFullStream) {
   for (Scheme scheme : {Scheme::kUniform, Scheme::kStrided}) {
     for (bool drop : {false, true}) {
-      // Rank 3 of 4 with B = 9 reads nothing in the last uniform steps: empty steps are skipped.
-      const JobSpec job = Job(31, 4, 9, scheme, drop, 3, 2, 5);
+      // uniform: the trailing batch of 1 is padded to 4, one entry per rank.
+      const JobSpec job = Job(31, 4, 10, scheme, drop, 3, 2, 5);
       const uint64_t steps = StepsPerEpoch(job);
       for (uint32_t rank = 0; rank < job.ranks; ++rank) {
         RankStream full_stream(job, rank);
@@ -370,7 +485,7 @@ TEST(RankStreamTest, ResumeIsTheTailOfTheFullStream) {
 
 TEST(RankStreamTest, RejectsInvalidJobsAndRanks) {
   EXPECT_THROW(RankStream(Job(0, 1, 1, Scheme::kUniform, false), 0), std::invalid_argument);
-  EXPECT_THROW(RankStream(Job(10, 2, 1, Scheme::kUniform, false), 2), std::out_of_range);
+  EXPECT_THROW(RankStream(Job(10, 2, 2, Scheme::kUniform, false), 2), std::out_of_range);
 }
 
 TEST(RankStreamTest, ValidateStreamPointNamesTheFlag) {
@@ -415,13 +530,26 @@ TEST(JobSpecTest, ValidateNamesTheFlagAndTheFix) {
   // strided + drop_last: floor(10/3) = 3 entries per rank, r = ceil(12/3) = 4: no step.
   ExpectRejected(Job(10, 3, 10, Scheme::kStrided, true),
                  {"--drop-last", "--scheme strided", "at most 9"});
-  ExpectRejected(Job(3, 5, 1, Scheme::kStrided, true),
-                 {"--drop-last", "--ranks (5)", "--samples (3)", "at most 3 --ranks"});
   EXPECT_TRUE(Job(10, 3, 9, Scheme::kStrided, true).Validate().ok());
-  // Stream positions and counts must fit: padding 1 sample to 2^32-1 ranks reads it 2^32-1 times
-  // per epoch.
-  ExpectRejected(Job(1, UINT32_MAX, 1, Scheme::kStrided, false, 2), {"--epochs 2"});
-  EXPECT_TRUE(Job(1, UINT32_MAX, 1, Scheme::kStrided, false, 1).Validate().ok());
+  // Some rank would read nothing: more ranks than samples (either scheme, with or without
+  // drop_last), or a uniform batch whose last slice is empty (B < N, or F = 10, N = 3, B = 4:
+  // slices of 2, 2 and 0).
+  for (Scheme scheme : {Scheme::kUniform, Scheme::kStrided}) {
+    for (bool drop : {false, true}) {
+      ExpectRejected(Job(3, 5, 5, scheme, drop),
+                     {"--ranks 5 is more than --samples 3", "at most 3 --ranks"});
+    }
+  }
+  ExpectRejected(Job(10, 4, 2, Scheme::kUniform, false),
+                 {"--scheme uniform", "--batch 2", "--ranks 4", "rank 3", "--scheme strided",
+                  "multiple of --ranks (4)"});
+  ExpectRejected(Job(10, 3, 4, Scheme::kUniform, false),
+                 {"--batch 4", "rank 2", "takes 2", "multiple of --ranks (6)"});
+  EXPECT_TRUE(Job(10, 4, 2, Scheme::kStrided, false).Validate().ok());
+  EXPECT_TRUE(Job(10, 3, 4, Scheme::kStrided, false).Validate().ok());
+  // Stream positions and counts must fit: padding reads a sample twice per epoch.
+  ExpectRejected(Job(3, 2, 2, Scheme::kUniform, false, UINT32_MAX), {"--epochs"});
+  EXPECT_TRUE(Job(3, 2, 2, Scheme::kUniform, false, UINT32_MAX / 2).Validate().ok());
   ExpectRejected(Job(kMaxSamples, 1, 1, Scheme::kUniform, false, UINT32_MAX), {"--epochs"});
 }
 

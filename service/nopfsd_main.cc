@@ -112,7 +112,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const uint64_t samples = f.job.job.samples;
-  if (samples == 0) f.job.job.samples = 1;  // F comes from the dataset; validate the rest
+  if (samples == 0)
+    f.job.job.samples = nopfs::policy::kMaxSamples;  // F from the dataset; check the rest
   if (Status s = nopfs::cli::FinishJobFlags(&f.job); !s.ok()) {
     std::fprintf(stderr, "nopfsd: %s\n", s.message().c_str());
     return 2;

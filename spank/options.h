@@ -7,7 +7,7 @@
 //   --nopfs-seed=N             shuffle seed, 0 .. 2^64-1 (default 0)
 //   --nopfs-epochs=N           1 .. 1000000 (default 1)
 //   --nopfs-batch=N            global batch size, 1 .. 2^40 (default 1)
-//   --nopfs-scheme=S           uniform | strided (default uniform)
+//   --nopfs-scheme=S           strided | uniform (default strided)
 //   --nopfs-drop-last          drop the last incomplete batch of each epoch
 //   --nopfs-ranks-per-node=N   training processes per node, 1 .. 4096 (default: the job's tasks
 //                              per node, RanksPerNode)
@@ -49,7 +49,7 @@ struct JobOptions {
   uint64_t seed = 0;
   uint32_t epochs = 1;
   uint64_t batch = 1;
-  std::string scheme = "uniform";
+  std::string scheme = "strided";
   bool drop_last = false;
   uint32_t ranks_per_node = 1;
   uint64_t ram = 0;  // bytes asked for per node; 0: what the policy grants

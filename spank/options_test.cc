@@ -45,7 +45,7 @@ TEST(OptionsTest, DefaultsWhenOnlyTheDatasetIsGiven) {
   EXPECT_EQ(o.seed, 0u);
   EXPECT_EQ(o.epochs, 1u);
   EXPECT_EQ(o.batch, 1u);
-  EXPECT_EQ(o.scheme, "uniform");
+  EXPECT_EQ(o.scheme, "strided");
   EXPECT_FALSE(o.drop_last);
   EXPECT_EQ(o.ranks_per_node, 1u);
   EXPECT_EQ(o.ram, 0u);

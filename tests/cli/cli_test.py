@@ -55,10 +55,13 @@ class StreamTest(unittest.TestCase):
         rnd = random.Random(20261122)
         for _ in range(40):
             f = rnd.randint(1, 300)
-            n = rnd.randint(1, 9)
+            n = min(rnd.randint(1, 9), f)  # more ranks than samples is refused
             b = rnd.randint(1, 40)
-            drop_last = rnd.random() < 0.5 and b <= f
             scheme = rnd.choice(["uniform", "strided"])
+            if scheme == "uniform" and (n - 1) * -(-b // n) >= b:
+                b = n * -(-b // n)  # a batch that leaves the last rank empty is refused
+            drop_last = rnd.random() < 0.5 and b <= f and (scheme == "uniform" or
+                                                           f // n >= -(-b // n))
             seed = rnd.choice([0, 1, 42, rnd.getrandbits(64)])
             epochs = rnd.randint(1, 3)
             rank = rnd.randrange(n)
@@ -87,7 +90,7 @@ class StreamTest(unittest.TestCase):
         lines = run("stream", "--seed", 1, "--samples", 100, "--epochs", 2, "--ranks", 2, "--rank",
                     0, "--batch", 10, "-v", "--count", 7).stdout.splitlines()
         self.assertEqual(len(lines), 7)
-        want = reference_stream(1, 100, 2, 2, 0, 10, "uniform", False)[:7]
+        want = reference_stream(1, 100, 2, 2, 0, 10, "strided", False)[:7]  # the default
         self.assertEqual([int(l.split()[3]) for l in lines], want)
         self.assertEqual([l.split()[:3] for l in lines[:6]],
                          [["0", str(k // 5), str(k)] for k in range(6)])
@@ -110,6 +113,14 @@ class BadArgumentsTest(unittest.TestCase):
         self.expect_error(["stream", "--samples", 10, "--batch", 20, "--drop-last", "--rank", 0],
                           r"--batch|--drop-last")
         self.expect_error(base + ["--rank", 0, "--start-epoch", 1], r"epoch")
+        # Option sets where some rank would read nothing.
+        self.expect_error(["stream", "--samples", 3, "--ranks", 5, "--batch", 5, "--rank", 0],
+                          r"--ranks 5 is more than --samples 3.*write at most 3 --ranks")
+        self.expect_error(["stream", "--samples", 100, "--ranks", 4, "--batch", 2, "--scheme",
+                           "uniform", "--rank", 0],
+                          r"--scheme uniform with --batch 2 and --ranks 4 leaves rank 3 without "
+                          r"a sample.*write --scheme strided, or a --batch that is a multiple of "
+                          r"--ranks \(4\)")
         self.expect_error(base + ["--rank", "x"], r"--rank")
 
     def test_plan_errors_say_what_to_write(self):

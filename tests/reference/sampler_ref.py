@@ -74,13 +74,19 @@ def ceil_div(a, b):
 
 def uniform(perm, n, b, drop_last):
     """[rank][step] -> samples. Step h takes perm[hB : min((h+1)B, F')], F' = T*B with drop_last;
-    rank i takes the i-th slice of ceil(b/N) of that batch of b entries."""
+    without it a trailing batch of t = F mod B entries is padded with the head of perm to
+    max(t, (N-1)*ceil(t/N) + 1) entries, so that no rank's slice is empty; rank i takes the i-th
+    slice of ceil(b/N) of that batch of b entries."""
     f = len(perm)
     steps = f // b if drop_last else ceil_div(f, b)
     usable = steps * b if drop_last else f
+    padded = perm + perm
     out = [[] for _ in range(n)]
     for h in range(steps):
         batch = perm[h * b:min((h + 1) * b, usable)]
+        if len(batch) < b:
+            size = max(len(batch), (n - 1) * ceil_div(len(batch), n) + 1)
+            batch = padded[h * b:h * b + size]
         q = ceil_div(len(batch), n)
         for i in range(n):
             out[i].append(batch[i * q:(i + 1) * q])
@@ -150,13 +156,14 @@ GOLDEN_PERM_HASHES = [  # (seed, epoch, F): first 8 entries and the FNV-1a of al
     (0, 0, 1000), (7, 89, 100003), (2**64 - 1, 1, 65536),
 ]
 GOLDEN_PARTITIONS = [  # (scheme, seed, epoch, F, N, B, drop_last)
-    ("uniform", 5, 0, 10, 3, 4, False),
-    ("uniform", 5, 0, 10, 3, 4, True),
-    ("uniform", 9, 2, 11, 4, 6, False),
+    ("uniform", 5, 0, 10, 3, 5, False),
+    ("uniform", 5, 0, 10, 3, 5, True),
+    ("uniform", 9, 2, 11, 4, 8, False),
+    ("uniform", 3, 0, 65, 2, 8, False),
     ("strided", 5, 0, 10, 3, 4, False),
     ("strided", 5, 0, 10, 3, 4, True),
     ("strided", 9, 2, 11, 4, 6, False),
-    ("strided", 0, 1, 3, 5, 5, False),
+    ("strided", 3, 0, 65, 2, 8, False),
 ]
 
 
@@ -213,7 +220,11 @@ def random_cases(count, rnd):
         b = rnd.choice([1, n, 2 * n + 1, rnd.randint(1, 3 * n + 5), rnd.randint(1, f + 5)])
         scheme = rnd.choice(["uniform", "strided"])
         drop = rnd.random() < 0.4
-        # Skip jobs JobSpec::Validate rejects (an epoch without a step).
+        # Skip jobs JobSpec::Validate rejects (a rank without samples, an epoch without a step).
+        if n > f:
+            n = f
+        if scheme == "uniform" and (n - 1) * ceil_div(b, n) >= b:
+            b = n * ceil_div(b, n)
         if drop and (b > f or (scheme == "strided" and f // n < ceil_div(b, n))):
             drop = False
         perm = permutation(seed, epoch, f)

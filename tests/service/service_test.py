@@ -321,7 +321,7 @@ class ServiceTest(unittest.TestCase):
         for r in range(2):
             full = self.stream(r, 2)
             per_epoch = len(full) // 2
-            # Rank's steps are batches of ceil(16/2) = 8 entries in the uniform scheme.
+            # Rank's steps are batches of ceil(16/2) = 8 entries (strided, the default).
             expect = full[per_epoch + 3 * 8:]
             self.check_rank_output(r, 2, outs[r][0], expect_ids=expect)
 
@@ -516,6 +516,36 @@ class ServiceTest(unittest.TestCase):
         self.assertEqual(sorted(f for f in os.listdir(run) if not f.startswith("nopfsd.log")), [])
         log = read(os.path.join(run, "nopfsd.log"))
         self.assertIn("nothing staged remains", log)
+
+    def test_option_sets_where_a_rank_reads_nothing_are_refused(self):
+        # Refused by nopfs run before it starts anything: the batch does not depend on the data.
+        p = nopfs("run", "--dataset", self.data.root, "--ranks", 4, "--batch", 2, "--scheme",
+                  "uniform", "--", "true", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--scheme uniform with --batch 2 and --ranks 4 leaves rank 3 without a "
+                      "sample", p.stderr)
+        self.assertIn("write --scheme strided, or a --batch that is a multiple of --ranks (4)",
+                      p.stderr)
+        # More ranks than the dataset has samples: nopfsd, which counts them, refuses.
+        tiny = os.path.join(self.work, "tiny")
+        os.makedirs(os.path.join(tiny, "c"))
+        for name in ("a.bin", "b.bin"):
+            with open(os.path.join(tiny, "c", name), "wb") as f:
+                f.write(b"x" * 10)
+        os.chmod(tiny, 0o755)
+        p = nopfs("run", "--dataset", tiny, "--ranks", 3, "--batch", 3,
+                  "--run-dir", os.path.join(self.work, "tinyrun"), "--", "true", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--ranks 3 is more than --samples 2", p.stderr)
+        self.assertIn("write at most 2 --ranks", p.stderr)
+
+    def test_nodes_and_ranks_per_node_make_the_ranks(self):
+        # --nodes 2 --ranks-per-node 2 without --ranks: a job of 4 ranks, 2 on each node.
+        p = nopfs("run", "--dataset", self.data.root, "--nodes", 2, "--ranks-per-node", 2,
+                  *self.JOB, "--run-dir", os.path.join(self.work, "nodesrun"), "--", "sh", "-c",
+                  'echo "rank $NOPFS_RANK of $NOPFS_RANKS"')
+        got = sorted(re.findall(r"rank (\d+) of (\d+)", p.stdout))
+        self.assertEqual(got, [(str(r), "4") for r in range(4)], p.stdout + p.stderr)
 
     def test_bad_dataset_fails_clearly(self):
         p = nopfs("run", "--dataset", os.path.join(self.work, "nope"), "--ranks", 1, *self.JOB,
