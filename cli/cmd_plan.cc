@@ -7,14 +7,19 @@
 #include <string>
 #include <vector>
 
-#include "cli/job_flags.h"
 #include "cli/sizes.h"
 #include "common/units.h"
+#include "launch/job_flags.h"
 #include "lua/config.h"
 #include "policy/plan.h"
 #include "policy/predict.h"
 
 namespace nopfs::cli {
+
+using launch::AddJobFlags;
+using launch::FinishJobFlags;
+using launch::JobFlags;
+
 namespace {
 
 struct PlanFlags {

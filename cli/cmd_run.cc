@@ -29,14 +29,19 @@
 #include <utility>
 #include <vector>
 
-#include "cli/job_flags.h"
 #include "cli/process.h"
 #include "cli/status_text.h"
 #include "client/client.h"
 #include "common/units.h"
+#include "launch/job_flags.h"
 #include "service/run_dir.h"
 
 namespace nopfs::cli {
+
+using launch::AddJobFlags;
+using launch::FinishJobFlags;
+using launch::JobFlags;
+
 namespace {
 
 namespace fs = std::filesystem;

@@ -3,10 +3,15 @@
 #include <cstdio>
 #include <memory>
 
-#include "cli/job_flags.h"
+#include "launch/job_flags.h"
 #include "policy/partition.h"
 
 namespace nopfs::cli {
+
+using launch::AddJobFlags;
+using launch::FinishJobFlags;
+using launch::JobFlags;
+
 namespace {
 
 struct StreamFlags {

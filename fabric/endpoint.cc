@@ -39,6 +39,24 @@ struct InfoDeleter {
 };
 using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
 
+// libfabric objects, each closed with fi_close when its owner goes (members are destroyed in
+// reverse order of declaration: the endpoint before what it is bound to).
+template <typename T>
+struct FidCloser {
+  void operator()(T* f) const { fi_close(&f->fid); }
+};
+template <typename T>
+using FidPtr = std::unique_ptr<T, FidCloser<T>>;
+
+// Opens a libfabric object through `open(&raw)` and hands it to `*out`; returns the call's rc.
+template <typename T, typename Open>
+int OpenFid(FidPtr<T>* out, Open&& open) {
+  T* raw = nullptr;
+  const int rc = open(&raw);
+  if (rc == 0) out->reset(raw);
+  return rc;
+}
+
 // With `remote_read`, the endpoint also does RMA reads, and registrations take the key the caller
 // gives (no FI_MR_PROV_KEY: a provider's keys may be a counter, and with tcp the key is all that
 // stands between a stranger on the port and the registered memory).
@@ -128,6 +146,7 @@ struct Op {
   bool done = false;
   bool abandoned = false;  // the caller gave up; free on completion
   int error = 0;           // positive fi errno, 0 on success
+  std::string error_text;  // the provider's account of a failed completion (fi_cq_strerror)
   uint64_t len = 0;
   uint64_t tag = 0;
   bool is_read = false;  // an RMA read (PostRead): handed to TakeReads on completion
@@ -136,13 +155,7 @@ struct Op {
 
 struct Endpoint::Impl {
   InfoPtr info;
-  fid_fabric* fabric = nullptr;
-  fid_domain* domain = nullptr;
-  fid_av* av = nullptr;
-  fid_cq* cq = nullptr;
-  fid_ep* ep = nullptr;
   std::list<std::unique_ptr<Op>> ops;
-  std::vector<fid_mr*> regions;  // registered for remote reads; closed after the endpoint
   bool remote_read = false;
   std::vector<ReadCompletion> reads_done;
   uint64_t failed_posts = 0;
@@ -160,23 +173,26 @@ struct Endpoint::Impl {
   // costs tens of them to wake from); after that it sleeps.
   std::chrono::steady_clock::time_point last_completion{};
   static constexpr std::chrono::microseconds kSpin{200};
+  // The libfabric objects, last so that they are closed first (the endpoint, then the regions
+  // registered for remote reads, the address vector, the queue, the domain, the fabric), while
+  // the buffers of operations still posted on them are alive.
+  FidPtr<fid_fabric> fabric;
+  FidPtr<fid_domain> domain;
+  FidPtr<fid_cq> cq;
+  FidPtr<fid_av> av;
+  std::vector<FidPtr<fid_mr>> regions;
+  FidPtr<fid_ep> ep;
 
   ~Impl() {
     if (wake_fd >= 0) ::close(wake_fd);
-    if (ep != nullptr) fi_close(&ep->fid);
-    for (fid_mr* mr : regions)
-      fi_close(&mr->fid);
-    if (av != nullptr) fi_close(&av->fid);
-    if (cq != nullptr) fi_close(&cq->fid);
-    if (domain != nullptr) fi_close(&domain->fid);
-    if (fabric != nullptr) fi_close(&fabric->fid);
   }
 
   void Finish(Op* op) {
     op->done = true;
     last_completion = std::chrono::steady_clock::now();
     if (op->is_read) {
-      reads_done.push_back({op->cookie, op->error, std::move(op->read_buffer), op->capacity});
+      reads_done.push_back({op->cookie, op->error, std::move(op->read_buffer), op->capacity,
+                            std::move(op->error_text)});
       Drop(op);
       return;
     }
@@ -184,17 +200,30 @@ struct Endpoint::Impl {
     if (op->abandoned) ops.remove_if([op](const std::unique_ptr<Op>& o) { return o.get() == op; });
   }
 
+  // "Connection reset by peer (provider: ...)": the generic error and, where the provider says
+  // more, its own words for prov_errno.
+  std::string CqErrorText(const fi_cq_err_entry& err) {
+    std::string text = fi_strerror(err.err != 0 ? err.err : FI_EIO);
+    if (err.prov_errno != 0) {
+      char buf[256] = {};
+      const char* prov = fi_cq_strerror(cq.get(), err.prov_errno, err.err_data, buf, sizeof(buf));
+      if (prov != nullptr && *prov != '\0') text += std::string(" (provider: ") + prov + ")";
+    }
+    return text;
+  }
+
   void Poll() {
     fi_cq_tagged_entry entries[16];
     for (;;) {
-      ssize_t n = fi_cq_read(cq, entries, 16);
+      ssize_t n = fi_cq_read(cq.get(), entries, 16);
       if (n == -FI_EAGAIN) return;
       if (n == -FI_EAVAIL) {
         fi_cq_err_entry err{};
-        if (fi_cq_readerr(cq, &err, 0) < 1) return;
+        if (fi_cq_readerr(cq.get(), &err, 0) < 1) return;
         auto* op = static_cast<Op*>(err.op_context);
         if (op == nullptr) continue;
         op->error = err.err != 0 ? err.err : FI_EIO;
+        op->error_text = CqErrorText(err);
         op->len = err.len;
         op->tag = err.tag;
         Finish(op);
@@ -224,7 +253,7 @@ struct Endpoint::Impl {
     }
     fid* f = &cq->fid;
     // FI_SUCCESS: nothing pending, the fd may be waited on; otherwise there is work already.
-    if (fi_trywait(fabric, &f, 1) != FI_SUCCESS) return;
+    if (fi_trywait(fabric.get(), &f, 1) != FI_SUCCESS) return;
     pollfd fds[2] = {{cq_fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
     const int ms = static_cast<int>(
         std::max<int64_t>(1, std::chrono::ceil<std::chrono::milliseconds>(timeout).count()));
@@ -313,10 +342,14 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Open(const EndpointOptions& options)
   impl->info.reset(raw);
   impl->remote_read = remote_read;
   fi_info* info = impl->info.get();
-  if ((rc = fi_fabric(info->fabric_attr, &impl->fabric, nullptr)) != 0) {
+  if ((rc = OpenFid(&impl->fabric, [&](fid_fabric** f) {
+         return fi_fabric(info->fabric_attr, f, nullptr);
+       })) != 0) {
     return Status::IoError(FiError("fabric: fi_fabric", rc));
   }
-  if ((rc = fi_domain(impl->fabric, info, &impl->domain, nullptr)) != 0) {
+  if ((rc = OpenFid(&impl->domain, [&](fid_domain** d) {
+         return fi_domain(impl->fabric.get(), info, d, nullptr);
+       })) != 0) {
     return Status::IoError(FiError("fabric: fi_domain", rc));
   }
   // A completion queue with a file descriptor to wait on, so that an idle endpoint sleeps in
@@ -326,11 +359,14 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Open(const EndpointOptions& options)
   cq_attr.format = FI_CQ_FORMAT_TAGGED;
   cq_attr.wait_obj = FI_WAIT_FD;
   cq_attr.size = 1024;
-  if (fi_cq_open(impl->domain, &cq_attr, &impl->cq, nullptr) == 0) {
+  const auto open_cq = [&](fid_cq** q) {
+    return fi_cq_open(impl->domain.get(), &cq_attr, q, nullptr);
+  };
+  if (OpenFid(&impl->cq, open_cq) == 0) {
     if (fi_control(&impl->cq->fid, FI_GETWAIT, &impl->cq_fd) != 0) impl->cq_fd = -1;
   } else {
     cq_attr.wait_obj = FI_WAIT_NONE;
-    if ((rc = fi_cq_open(impl->domain, &cq_attr, &impl->cq, nullptr)) != 0) {
+    if ((rc = OpenFid(&impl->cq, open_cq)) != 0) {
       return Status::IoError(FiError("fabric: fi_cq_open", rc));
     }
   }
@@ -338,7 +374,9 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Open(const EndpointOptions& options)
   if (impl->wake_fd < 0) return Status::FromErrno(errno, "fabric: eventfd");
   fi_av_attr av_attr{};
   av_attr.type = FI_AV_TABLE;
-  if ((rc = fi_av_open(impl->domain, &av_attr, &impl->av, nullptr)) != 0) {
+  if ((rc = OpenFid(&impl->av, [&](fid_av** a) {
+         return fi_av_open(impl->domain.get(), &av_attr, a, nullptr);
+       })) != 0) {
     return Status::IoError(FiError("fabric: fi_av_open", rc));
   }
   // The port is bound at fi_endpoint (tcp) or fi_enable (others).
@@ -352,14 +390,16 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Open(const EndpointOptions& options)
     }
     return Status::IoError(FiError(what.c_str(), code));
   };
-  if ((rc = fi_endpoint(impl->domain, info, &impl->ep, nullptr)) != 0) {
+  if ((rc = OpenFid(&impl->ep, [&](fid_ep** e) {
+         return fi_endpoint(impl->domain.get(), info, e, nullptr);
+       })) != 0) {
     return listen_error("fi_endpoint", rc);
   }
-  if ((rc = fi_ep_bind(impl->ep, &impl->cq->fid, FI_TRANSMIT | FI_RECV)) != 0 ||
-      (rc = fi_ep_bind(impl->ep, &impl->av->fid, 0)) != 0) {
+  if ((rc = fi_ep_bind(impl->ep.get(), &impl->cq->fid, FI_TRANSMIT | FI_RECV)) != 0 ||
+      (rc = fi_ep_bind(impl->ep.get(), &impl->av->fid, 0)) != 0) {
     return Status::IoError(FiError("fabric: fi_ep_bind", rc));
   }
-  if ((rc = fi_enable(impl->ep)) != 0) return listen_error("fi_enable", rc);
+  if ((rc = fi_enable(impl->ep.get())) != 0) return listen_error("fi_enable", rc);
   sockaddr_in bound{};
   size_t len = sizeof(bound);
   if ((rc = fi_getname(&impl->ep->fid, &bound, &len)) != 0) {
@@ -386,7 +426,7 @@ Result<PeerAddr> Endpoint::AddPeer(const std::string& host, uint16_t port) {
     return Status::InvalidArgument("fabric: peer " + host + ":" + service + " has no address");
   }
   fi_addr_t addr = FI_ADDR_UNSPEC;
-  rc = fi_av_insert(impl_->av, info->dest_addr, 1, &addr, 0, nullptr);
+  rc = fi_av_insert(impl_->av.get(), info->dest_addr, 1, &addr, 0, nullptr);
   if (rc != 1) {
     return Status::IoError(FiError(("fabric: fi_av_insert " + host + ":" + service).c_str(),
                                    rc < 0 ? rc : -FI_EINVAL));
@@ -402,7 +442,7 @@ Result<Op*> Endpoint::Impl::PostSend(PeerAddr peer, uint64_t tag, std::vector<st
   op->message = std::move(data);
   if (op->message.empty()) op->message.resize(1);  // a valid buffer for an empty message
   NOPFS_RETURN_IF_ERROR(impl->PostRetrying(op, deadline, "fabric: fi_tsend", "send", [&] {
-    return fi_tsend(impl->ep, op->message.data(), op->capacity, nullptr, peer, tag, &op->ctx);
+    return fi_tsend(impl->ep.get(), op->message.data(), op->capacity, nullptr, peer, tag, &op->ctx);
   }));
   return op;
 }
@@ -438,9 +478,10 @@ Status Endpoint::Send(PeerAddr peer, uint64_t tag, std::span<const std::byte> da
                               std::to_string(timeout.count()) + " ms");
     }
   }
-  int err = op->error;
+  const int err = op->error;
+  const std::string text = std::move(op->error_text);
   impl_->Drop(op);
-  if (err != 0) return Status::IoError(FiError("fabric: send failed", err));
+  if (err != 0) return Status::IoError("fabric: send failed: " + text);
   return Status::Ok();
 }
 
@@ -457,8 +498,8 @@ Result<Message> Endpoint::Recv(uint64_t tag, uint64_t ignore, uint64_t max_len,
     op->buffer.reset(new std::byte[max_len == 0 ? 1 : max_len]);  // uninitialised: no zeroing
   }
   NOPFS_RETURN_IF_ERROR(impl_->PostRetrying(op, deadline, "fabric: fi_trecv", "receive", [&] {
-    return fi_trecv(impl_->ep, op->buffer.get(), max_len, nullptr, FI_ADDR_UNSPEC, tag, ignore,
-                    &op->ctx);
+    return fi_trecv(impl_->ep.get(), op->buffer.get(), max_len, nullptr, FI_ADDR_UNSPEC, tag,
+                    ignore, &op->ctx);
   }));
   while (!op->done) {
     impl_->Poll();
@@ -491,13 +532,14 @@ Result<Message> Endpoint::Recv(uint64_t tag, uint64_t ignore, uint64_t max_len,
     }
   }
   if (op->error != 0) {
-    int err = op->error;
+    const int err = op->error;
+    const std::string text = std::move(op->error_text);
     impl_->Recycle(op);
     if (err == FI_ETRUNC) {
       return Status::Corruption("fabric: message longer than " + std::to_string(max_len) +
                                 " bytes rejected");
     }
-    return Status::IoError(FiError("fabric: receive failed", err));
+    return Status::IoError("fabric: receive failed: " + text);
   }
   Message m;
   m.tag = op->tag;
@@ -516,21 +558,22 @@ Result<ExposedRegion> Endpoint::ExposeForRemoteRead(std::span<const std::byte> r
     return Status::FailedPrecondition("fabric: this endpoint does not do RMA reads");
   }
   if (region.empty()) return Status::InvalidArgument("fabric: an empty region");
-  fid_mr* mr = nullptr;
-  int rc = fi_mr_reg(impl_->domain, region.data(), region.size(), FI_REMOTE_READ, 0, key, 0, &mr,
-                     nullptr);
+  FidPtr<fid_mr> mr;
+  int rc = OpenFid(&mr, [&](fid_mr** m) {
+    return fi_mr_reg(impl_->domain.get(), region.data(), region.size(), FI_REMOTE_READ, 0, key, 0,
+                     m, nullptr);
+  });
   if (rc != 0) return Status::IoError(FiError("fabric: fi_mr_reg", rc));
   if ((impl_->info->domain_attr->mr_mode & FI_MR_ENDPOINT) != 0) {
-    if ((rc = fi_mr_bind(mr, &impl_->ep->fid, 0)) != 0 || (rc = fi_mr_enable(mr)) != 0) {
-      fi_close(&mr->fid);
+    if ((rc = fi_mr_bind(mr.get(), &impl_->ep->fid, 0)) != 0 ||
+        (rc = fi_mr_enable(mr.get())) != 0) {
       return Status::IoError(FiError("fabric: binding a registration to the endpoint", rc));
     }
   }
-  if (fi_mr_key(mr) != key) {  // the provider ignored the requested key: do not use it
-    fi_close(&mr->fid);
+  if (fi_mr_key(mr.get()) != key) {  // the provider ignored the requested key: do not use it
     return Status::FailedPrecondition("fabric: the provider chose its own registration key");
   }
-  impl_->regions.push_back(mr);
+  impl_->regions.push_back(std::move(mr));
   ExposedRegion out;
   out.key = key;
   const bool virt = (impl_->info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
@@ -554,7 +597,8 @@ Status Endpoint::PostRead(PeerAddr peer, uint64_t addr, uint64_t key, uint64_t l
     return Status::Ok();
   }
   NOPFS_RETURN_IF_ERROR(impl_->PostRetrying(op, deadline, "fabric: fi_read", "read", [&] {
-    return fi_read(impl_->ep, op->read_buffer.get(), length, nullptr, peer, addr, key, &op->ctx);
+    return fi_read(impl_->ep.get(), op->read_buffer.get(), length, nullptr, peer, addr, key,
+                   &op->ctx);
   }));
   impl_->Poll();
   return Status::Ok();

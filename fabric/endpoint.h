@@ -68,6 +68,7 @@ struct ReadCompletion {
   int error = 0;  // positive fi errno, 0 on success
   ReadBuffer data;
   uint64_t length = 0;
+  std::string error_text;  // what failed, in the provider's words where it gives them
 };
 
 // A received message: its tag and its bytes.

@@ -300,7 +300,7 @@ struct PeerLink::State {
         w->status = Status::IoError("RMA read of sample " + std::to_string(w->sample) +
                                     " from node " + std::to_string(w->peer) + " failed");
         // The provider drops the connection on a failed RMA read: treat the peer as gone.
-        KillLocked(w->peer, "an RMA read failed (error " + std::to_string(c.error) + ")");
+        KillLocked(w->peer, "an RMA read failed: " + c.error_text);
       } else {
         w->is_remote = true;
         w->remote = std::move(c.data);

@@ -1,5 +1,5 @@
 # service/directory.cmake: the scalable peer directory (library nopfs_directory; directory.h,
-# ALGORITHM.md §6). Included by service/CMakeLists.txt.
+# docs/algorithm.md §7). Included by service/CMakeLists.txt.
 add_library(nopfs_directory STATIC ${CMAKE_CURRENT_LIST_DIR}/directory.cc
             ${CMAKE_CURRENT_LIST_DIR}/directory_wire.cc)
 nopfs_target_defaults(nopfs_directory)
@@ -8,3 +8,7 @@ target_link_libraries(nopfs_directory PUBLIC nopfs_common)
 
 nopfs_test(NAME directory_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/directory_test.cc
            LIBS nopfs_directory Threads::Threads)
+
+# dir::BuildDirectory over a real PeerLink::Exchange between nodes on loopback.
+nopfs_test(NAME fabric_directory_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/directory_exchange_test.cc
+           LIBS nopfs_fabric nopfs_directory TIMEOUT 120)

@@ -13,8 +13,8 @@
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
 
-#include "cli/job_flags.h"
 #include "common/units.h"
+#include "launch/job_flags.h"
 #include "service/daemon.h"
 #include "service/run_dir.h"
 
@@ -24,7 +24,7 @@ using nopfs::Status;
 namespace service = nopfs::service;
 
 struct Flags {
-  nopfs::cli::JobFlags job;
+  nopfs::launch::JobFlags job;
   service::DaemonOptions daemon;
   std::string ram;
   std::string ssd;
@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--dataset", f.daemon.dataset, "ImageFolder directory or manifest file")
       ->required();
-  nopfs::cli::AddJobFlags(&app, &f.job, /*samples_required=*/false);
+  nopfs::launch::AddJobFlags(&app, &f.job, /*samples_required=*/false);
   app.add_option("--node", f.daemon.node, "This node's index in the job")->capture_default_str();
   app.add_option("--config", f.daemon.config_path, "Node config (Lua)");
   app.add_option("--job-id", f.daemon.job_id,
@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
   const uint64_t samples = f.job.job.samples;
   if (samples == 0)
     f.job.job.samples = nopfs::policy::kMaxSamples;  // F from the dataset; check the rest
-  if (Status s = nopfs::cli::FinishJobFlags(&f.job); !s.ok()) {
+  if (Status s = nopfs::launch::FinishJobFlags(&f.job); !s.ok()) {
     std::fprintf(stderr, "nopfsd: %s\n", s.message().c_str());
     return 2;
   }

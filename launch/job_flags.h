@@ -1,5 +1,5 @@
-// The job flags shared by `nopfs stream`, `nopfs plan` and (later) `nopfs run`: one definition so
-// that every subcommand spells and validates them the same way.
+// The job flags shared by nopfsd and `nopfs stream`, `plan`, `simulate` and `run`: one definition
+// so that every program spells and validates them the same way.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -7,7 +7,7 @@
 
 #include "policy/job.h"
 
-namespace nopfs::cli {
+namespace nopfs::launch {
 
 struct JobFlags {
   policy::JobSpec job;
@@ -21,4 +21,4 @@ void AddJobFlags(CLI::App* app, JobFlags* flags, bool samples_required);
 // Parses the scheme into flags->job and validates the whole job; the message names the flag.
 Status FinishJobFlags(JobFlags* flags);
 
-}  // namespace nopfs::cli
+}  // namespace nopfs::launch

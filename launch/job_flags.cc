@@ -1,6 +1,6 @@
-#include "cli/job_flags.h"
+#include "launch/job_flags.h"
 
-namespace nopfs::cli {
+namespace nopfs::launch {
 
 void AddJobFlags(CLI::App* app, JobFlags* flags, bool samples_required) {
   policy::JobSpec& j = flags->job;
@@ -29,4 +29,4 @@ Status FinishJobFlags(JobFlags* flags) {
   return flags->job.Validate();
 }
 
-}  // namespace nopfs::cli
+}  // namespace nopfs::launch
