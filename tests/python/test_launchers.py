@@ -41,7 +41,10 @@ def opener(service, rank, epoch=0, epochs=1, owner=0, hold=0):
 
 
 def finish(p):
-    out, err = p.communicate(input="", timeout=60)  # closes stdin: the opener exits
+    # Not communicate(): it reads the pipe's descriptor and would miss what readline() buffered.
+    p.stdin.close()  # the opener exits
+    out, err = p.stdout.read(), p.stderr.read()
+    p.wait(timeout=60)
     assert p.returncode == 0, err
     return out
 
