@@ -198,11 +198,12 @@ Result<std::unique_ptr<Stream>> Client::Open(uint32_t rank, const OpenOptions& o
         std::to_string(options.worker) + " of " + std::to_string(options.workers) + ", batch " +
         std::to_string(options.batch) + ")");
   }
-  wire::OpenStream req{rank, options.epoch, options.step, std::nullopt, std::nullopt};
+  wire::OpenStream req{rank, options.epoch, options.step, std::nullopt, std::nullopt, std::nullopt};
   if (options.workers > 1 || options.epochs != 0) {
     req.share = wire::StreamShare{options.worker, options.workers, options.batch, options.epochs};
   }
   if (options.zero_copy) req.flags = wire::kOpenAcceptRegion;
+  if (options.owner_pid != 0) req.owner = options.owner_pid;
   Result<wire::Received> r = conn_->Call(req, wire::MsgType::kStreamOk);
   if (!r.ok()) return r.status();
   const auto ok = std::get<wire::StreamOk>(r->message.body);

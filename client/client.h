@@ -112,6 +112,10 @@ struct OpenOptions {
   // maps the tier read-only) instead of copying them into the ring. Views stay valid until
   // Release either way.
   bool zero_copy = true;
+  // A DataLoader worker's share of the rank that process `owner_pid` reads (0: this process's
+  // own stream). nopfsd refuses a stream of a rank whose epochs overlap a stream of that rank
+  // opened for another process (docs/wire.md, "One process per rank").
+  uint32_t owner_pid = 0;
 };
 
 class Connection;

@@ -76,14 +76,15 @@ void EncodeBody(Writer& w, const OpenStream& m) {
   w.U32(m.rank);
   w.U32(m.epoch);
   w.U64(m.step);
-  if (m.share || m.flags) {
+  if (m.share || m.flags || m.owner) {
     const StreamShare share = m.share.value_or(StreamShare{});
     w.U32(share.worker);
     w.U32(share.workers);
     w.U64(share.batch);
     w.U32(share.epochs);
   }
-  if (m.flags) w.U32(*m.flags);
+  if (m.flags || m.owner) w.U32(m.flags.value_or(0));
+  if (m.owner) w.U32(*m.owner);
 }
 void EncodeBody(Writer& w, const StreamOk& m) {
   w.U64(m.stream_id);
@@ -136,6 +137,10 @@ bool DecodeBody(Reader& r, OpenStream* m) {
   uint32_t flags = 0;
   if (!r.U32(&flags) || (flags & ~kOpenKnownFlags) != 0) return false;
   m->flags = flags;
+  if (r.done()) return true;
+  uint32_t owner = 0;
+  if (!r.U32(&owner)) return false;
+  m->owner = owner;
   return true;
 }
 bool DecodeBody(Reader& r, StreamOk* m) {

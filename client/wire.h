@@ -86,6 +86,10 @@ struct OpenStream {
   std::optional<StreamShare> share;  // absent: the whole stream (the version-1 base message)
   // Absent: 0. Sent after the share (a default share is sent with it when none is set).
   std::optional<uint32_t> flags;
+  // The third optional group: the stream is a DataLoader worker's share of the rank that process
+  // `owner` (a pid as the client sees it) reads. Absent: the stream is the client's own (HELLO's
+  // pid). Streams of one rank whose epochs overlap must all have one owner (docs/wire.md).
+  std::optional<uint32_t> owner;
   bool operator==(const OpenStream&) const = default;
 };
 // service -> client: the stream is open; its ring's memfd is attached (SCM_RIGHTS).

@@ -15,9 +15,10 @@ std::vector<Message> Samples() {
   return {
       {1, Hello{kVersion, 4242}},
       {2, HelloOk{kVersion, "job-123", 16, 4, 4}},
-      {3, OpenStream{3, 2, 1000000000007ULL, std::nullopt, std::nullopt}},
-      {3, OpenStream{3, 2, 7, StreamShare{1, 4, 32, 1}, std::nullopt}},
-      {3, OpenStream{3, 2, 7, StreamShare{1, 4, 32, 1}, kOpenAcceptRegion}},
+      {3, OpenStream{3, 2, 1000000000007ULL, std::nullopt, std::nullopt, std::nullopt}},
+      {3, OpenStream{3, 2, 7, StreamShare{1, 4, 32, 1}, std::nullopt, std::nullopt}},
+      {3, OpenStream{3, 2, 7, StreamShare{1, 4, 32, 1}, kOpenAcceptRegion, std::nullopt}},
+      {3, OpenStream{3, 2, 7, StreamShare{1, 4, 32, 1}, kOpenAcceptRegion, 4242}},
       {4, StreamOk{77, 1 << 20, 256, std::nullopt}},
       {4, StreamOk{77, 1 << 20, 256, uint64_t{3} << 30}},
       {5, StatusRequest{}},
@@ -57,9 +58,10 @@ TEST(Wire, HeaderIsLittleEndianAsDocumented) {
 // The base OPEN_STREAM (16 payload bytes) is what every version-1 peer speaks; the share is a
 // tail of exactly 20 bytes after it. Anything in between is truncated, anything after trailing.
 TEST(Wire, OpenStreamShareIsAnOptionalTail) {
-  std::vector<std::byte> base = Bytes({5, OpenStream{1, 2, 3, std::nullopt, std::nullopt}});
+  std::vector<std::byte> base =
+      Bytes({5, OpenStream{1, 2, 3, std::nullopt, std::nullopt, std::nullopt}});
   std::vector<std::byte> full =
-      Bytes({5, OpenStream{1, 2, 3, StreamShare{2, 3, 64, 1}, std::nullopt}});
+      Bytes({5, OpenStream{1, 2, 3, StreamShare{2, 3, 64, 1}, std::nullopt, std::nullopt}});
   ASSERT_EQ(base.size(), kHeaderSize + 16);
   ASSERT_EQ(full.size(), kHeaderSize + 36);
   // The base fields come first, unchanged.
@@ -83,7 +85,8 @@ TEST(Wire, OpenStreamShareIsAnOptionalTail) {
 // The flags are a second tail of 4 bytes after the share; a flags-only message carries the
 // default share. Unknown flag bits are malformed. STREAM_OK's region size is an 8-byte tail.
 TEST(Wire, OpenStreamFlagsAndStreamOkRegionAreOptionalTails) {
-  std::vector<std::byte> flagged = Bytes({5, OpenStream{1, 2, 3, std::nullopt, kOpenAcceptRegion}});
+  std::vector<std::byte> flagged =
+      Bytes({5, OpenStream{1, 2, 3, std::nullopt, kOpenAcceptRegion, std::nullopt}});
   ASSERT_EQ(flagged.size(), kHeaderSize + 40);
   Result<Message> d = Decode(flagged);
   ASSERT_TRUE(d.ok()) << d.status().message();
@@ -106,6 +109,37 @@ TEST(Wire, OpenStreamFlagsAndStreamOkRegionAreOptionalTails) {
   std::vector<std::byte> partial(ok.begin(), ok.end() - 3);
   partial[8] = std::byte{25};
   EXPECT_FALSE(Decode(partial).ok());
+}
+
+// The owner (a DataLoader worker's share of another process's rank) is a third tail of 4 bytes,
+// after the share and the flags, which are sent with it (defaults when unset).
+TEST(Wire, OpenStreamOwnerIsAThirdOptionalTail) {
+  std::vector<std::byte> owned =
+      Bytes({5, OpenStream{1, 2, 3, std::nullopt, std::nullopt, 0x01020304}});
+  ASSERT_EQ(owned.size(), kHeaderSize + 44);
+  EXPECT_EQ(owned[kHeaderSize + 40], std::byte{0x04});
+  EXPECT_EQ(owned[kHeaderSize + 43], std::byte{0x01});
+  Result<Message> d = Decode(owned);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  const OpenStream& o = std::get<OpenStream>(d->body);
+  EXPECT_EQ(o.share, StreamShare{});
+  EXPECT_EQ(o.flags, 0u);
+  EXPECT_EQ(o.owner, 0x01020304u);
+  // Without the owner, the message is byte for byte the flagged one.
+  std::vector<std::byte> flagged = Bytes({5, OpenStream{1, 2, 3, std::nullopt, 0u, std::nullopt}});
+  ASSERT_EQ(flagged.size(), kHeaderSize + 40);
+  Result<Message> f = Decode(flagged);
+  ASSERT_TRUE(f.ok());
+  EXPECT_FALSE(std::get<OpenStream>(f->body).owner.has_value());
+  for (size_t cut = 1; cut < 4; ++cut) {
+    std::vector<std::byte> b(owned.begin(), owned.end() - static_cast<ptrdiff_t>(cut));
+    b[8] = static_cast<std::byte>(44 - cut);
+    EXPECT_FALSE(Decode(b).ok()) << cut;
+  }
+  std::vector<std::byte> longer = owned;
+  longer.push_back(std::byte{0});
+  longer[8] = std::byte{45};
+  EXPECT_FALSE(Decode(longer).ok());
 }
 
 TEST(Wire, RejectsMalformedInput) {

@@ -392,8 +392,9 @@ PYBIND11_MODULE(_client, m) {
       .def(
           "open",
           [](const std::shared_ptr<ClientHolder>& c, uint32_t rank, uint32_t epoch, uint64_t step,
-             uint32_t worker, uint32_t workers, uint64_t batch, uint32_t epochs) {
+             uint32_t worker, uint32_t workers, uint64_t batch, uint32_t epochs, uint32_t owner) {
             client::OpenOptions o;
+            o.owner_pid = owner;
             o.epoch = epoch;
             o.step = step;
             o.worker = worker;
@@ -409,9 +410,10 @@ PYBIND11_MODULE(_client, m) {
             return std::make_shared<StreamHolder>(c, std::move(*s));
           },
           py::arg("rank"), py::arg("epoch") = 0, py::arg("step") = 0, py::arg("worker") = 0,
-          py::arg("workers") = 1, py::arg("batch") = 1, py::arg("epochs") = 0,
+          py::arg("workers") = 1, py::arg("batch") = 1, py::arg("epochs") = 0, py::arg("owner") = 0,
           "opens rank's stream at (epoch, step); worker/workers/batch: only batches worker, "
-          "worker+workers, ... of each epoch; epochs: how many epochs (0: to the end)")
+          "worker+workers, ... of each epoch; epochs: how many epochs (0: to the end); owner: "
+          "a DataLoader worker's share of the rank process `owner` reads (0: this process's)")
       .def("status",
            [](ClientHolder& c) {
              Result<std::string> t = c.get().StatusText();

@@ -24,6 +24,10 @@ constexpr uint32_t kMinRingSlots = 64;
 constexpr uint32_t kMaxRingSlots = 1u << 16;
 // Connections beyond one per stream: status queries, a client between two streams.
 constexpr size_t kSpareConnections = 16;
+// How long an open waits for another process's streams of its rank to close before it is
+// refused: a process that died or exited a moment ago has its connection closed by the kernel,
+// and the server closes its streams within milliseconds.
+constexpr auto kOwnerGrace = std::chrono::seconds(2);
 
 // Adds b's counters and histogram to a (median and p99 are recomputed from the sum).
 void Merge(ring::RingStats* a, const ring::RingStats& b) {
@@ -282,7 +286,11 @@ void Daemon::WaitPrefetched() {
 
 void Daemon::Stop() {
   if (stopped_) return;
-  stopped_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+  }
+  closed_cv_.notify_all();  // an open waiting for another owner's stream gives up
   if (server_) server_->Stop();
   std::map<uint64_t, std::unique_ptr<StagingStream>> streams;
   {
@@ -344,9 +352,51 @@ Result<StreamGrant> Daemon::OpenStream(const OpenStreamRequest& req, ConnectionI
       2.0 * static_cast<double>(ring_bytes_) / std::max(1.0, mean), kMinRingSlots, kMaxRingSlots));
   uint64_t id = 0;
   const uint32_t most = config_.limits().streams_per_rank;
+  if (req.owner_pid == 0) {
+    return Status::InvalidArgument(
+        "nopfsd: OPEN_STREAM names owner pid 0; a DataLoader worker "
+        "names the pid of the process whose rank it reads");
+  }
+  const Claim claim{req.rank, req.owner_pid, req.epoch,
+                    req.share.epochs == 0
+                        ? job_.epochs
+                        : static_cast<uint32_t>(std::min<uint64_t>(
+                              uint64_t{req.epoch} + req.share.epochs, job_.epochs))};
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    // One process per rank (docs/wire.md): another owner's overlapping stream of this rank is
+    // waited for a moment (it may be closing: its process just exited), then refused.
+    const auto other_owner = [&]() -> const Claim* {
+      for (const auto& [sid, c] : claims_) {
+        if (c.rank == claim.rank && c.owner_pid != claim.owner_pid &&
+            c.first_epoch < claim.end_epoch && claim.first_epoch < c.end_epoch) {
+          return &c;
+        }
+      }
+      return nullptr;
+    };
+    const auto deadline = std::chrono::steady_clock::now() + kOwnerGrace;
+    while (!stopped_ && other_owner() != nullptr &&
+           closed_cv_.wait_until(lock, deadline) != std::cv_status::timeout) {
+    }
     if (stopped_) return Status::Unavailable("nopfsd is stopping");
+    if (const Claim* c = other_owner()) {
+      const uint32_t epoch = std::max(c->first_epoch, claim.first_epoch);
+      if (refused_owners_++ % 1000 == 0) {
+        spdlog::warn(
+            "refused a stream of rank {} for pid {}: pid {} reads that rank in epoch {} "
+            "({} refused in all)",
+            req.rank, req.owner_pid, c->owner_pid, epoch, refused_owners_);
+      }
+      return Status::FailedPrecondition(
+          "nopfsd: rank " + std::to_string(req.rank) + "'s stream is already open by pid " +
+          std::to_string(c->owner_pid) + " (epoch " + std::to_string(epoch) +
+          "); each process needs its own rank: under a launcher that starts several processes "
+          "per task (torchrun), submit with --nopfs-ranks-per-node = tasks per node x "
+          "processes per task and let nopfs.torch take the rank from LOCAL_RANK (nopfs.Job."
+          "from_env); DataLoader workers read shares of their process's rank through "
+          "nopfs.torch (docs/user.md, \"Launchers\")");
+    }
     uint32_t& open = open_per_rank_[req.rank];
     if (open >= most) {
       if (refused_streams_++ % 1000 == 0) {
@@ -364,12 +414,15 @@ Result<StreamGrant> Daemon::OpenStream(const OpenStreamRequest& req, ConnectionI
     }
     ++open;
     id = next_stream_++;
+    claims_[id] = claim;
   }
   Result<std::unique_ptr<ring::RingWriter>> ring = ring::RingWriter::Create(
       ring_bytes_, slots, "nopfs-" + options_.job_id + "-rank" + std::to_string(req.rank));
   if (!ring.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     --open_per_rank_[req.rank];
+    claims_.erase(id);
+    closed_cv_.notify_all();
     return ring.status();
   }
   StreamGrant grant;
@@ -411,7 +464,9 @@ void Daemon::CloseStream(uint64_t stream_id) {
     s = std::move(it->second);
     streams_.erase(it);
     --open_per_rank_[s->rank()];
+    claims_.erase(stream_id);
   }
+  closed_cv_.notify_all();
   s->Cancel();
   const ring::RingStats st = s->ring().stats();
   spdlog::info("stream {} (rank {}) closed: {} staged, {} errors", stream_id, s->rank(),
@@ -519,10 +574,14 @@ std::string Daemon::StatusText() {
               static_cast<double>(stall.stall_ns_median) / 1e9,
               static_cast<double>(stall.stall_ns_p99) / 1e9);
   uint64_t refused_streams = 0;
+  uint64_t refused_owners = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     refused_streams = refused_streams_;
+    refused_owners = refused_owners_;
   }
+  out +=
+      Line("owners: refused %" PRIu64 " opens of a rank another process had open", refused_owners);
   out += Line("limits: %u streams per rank; refused %" PRIu64 " streams, %" PRIu64
               " connections (too many open); %" PRIu64 " connections timed out",
               config_.limits().streams_per_rank, refused_streams,

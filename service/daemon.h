@@ -15,6 +15,7 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -110,6 +111,17 @@ class Daemon final : public Handler {
   // Streams open or being opened, per local rank (at most limits().streams_per_rank each).
   std::map<uint32_t, uint32_t> open_per_rank_;  // GUARDED_BY(mu_)
   uint64_t refused_streams_ = 0;                // GUARDED_BY(mu_)
+  // One process per rank: which process each stream open or being opened is read for, and its
+  // epochs [first_epoch, end_epoch). Streams of a rank whose epochs overlap share one owner.
+  struct Claim {
+    uint32_t rank = 0;
+    uint32_t owner_pid = 0;
+    uint32_t first_epoch = 0;
+    uint32_t end_epoch = 0;
+  };
+  std::map<uint64_t, Claim> claims_;   // by stream id; GUARDED_BY(mu_)
+  uint64_t refused_owners_ = 0;        // opens refused for another owner; GUARDED_BY(mu_)
+  std::condition_variable closed_cv_;  // notified when a stream closes (with mu_)
   // Finished streams' client statistics, kept for the status after their clients left.
   ring::RingStats closed_stats_;  // GUARDED_BY(mu_)
   bool stopped_ = false;

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -45,13 +46,13 @@ class DaemonTest : public ::testing::Test {
     if (daemon_) daemon_->Stop();
     std::filesystem::remove_all(dir_);
   }
-  void StartDaemon() {
+  void StartDaemon(uint32_t epochs = 1) {
     DaemonOptions o;
     o.run_dir = dir_ + "/run";
     o.dataset = dir_ + "/data";
     o.config_path = dir_ + "/node.lua";
     o.job.seed = 7;
-    o.job.epochs = 1;
+    o.job.epochs = epochs;
     o.job.ranks = 2;
     o.job.ranks_per_node = 2;
     o.job.batch = 2;
@@ -123,6 +124,58 @@ TEST_F(DaemonTest, StreamsPastTheLimitAreRefusedWhileTheRanksStreamGoesOn) {
   more.pop_back();
   auto again = (*c)->Open(0);
   EXPECT_TRUE(again.ok()) << again.status().ToString();
+}
+
+TEST_F(DaemonTest, AnotherOwnersOpenOfARankIsRefusedAndTheFirstReadsOn) {
+  StartDaemon(/*epochs=*/2);
+  auto c = client::Client::Connect(dir_ + "/run/nopfsd.sock");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  client::OpenOptions epoch0;
+  epoch0.epochs = 1;
+  auto first = (*c)->Open(0, epoch0);  // owned by this process (HELLO's pid)
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(ReadChecked(first->get(), 5), 5u);
+
+  // Another process's stream of rank 0 in epoch 0 (a whole stream, or a worker share naming
+  // another owner) waits for the first to close, then is refused.
+  const uint32_t me = static_cast<uint32_t>(::getpid());
+  client::OpenOptions other;
+  other.owner_pid = me + 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto refused = (*c)->Open(0, other);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1900));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("rank 0's stream is already open by pid " +
+                                            std::to_string(me) +
+                                            " (epoch 0); each process needs its own rank"),
+            std::string::npos)
+      << refused.status().ToString();
+  // This process's worker shares, another epoch, another rank: accepted.
+  client::OpenOptions share = epoch0;
+  share.owner_pid = me;
+  share.workers = 2;
+  share.worker = 1;
+  auto worker = (*c)->Open(0, share);
+  EXPECT_TRUE(worker.ok()) << worker.status().ToString();
+  client::OpenOptions epoch1 = other;
+  epoch1.epoch = 1;
+  auto next_epoch = (*c)->Open(0, epoch1);
+  EXPECT_TRUE(next_epoch.ok()) << next_epoch.status().ToString();
+  auto rank1 = (*c)->Open(1, other);
+  EXPECT_TRUE(rank1.ok()) << rank1.status().ToString();
+  auto status = (*c)->StatusText();
+  ASSERT_TRUE(status.ok());
+  EXPECT_NE(status->find("owners: refused 1 opens of a rank another process had open"),
+            std::string::npos)
+      << *status;
+  // The first stream reads on, byte for byte; once this process's streams of epoch 0 are
+  // closed, another process may read the rank's epoch 0 (a restart).
+  EXPECT_GT(ReadChecked(first->get(), UINT64_MAX), 0u);
+  ASSERT_TRUE((*first)->Close().ok());
+  ASSERT_TRUE((*worker)->Close().ok());
+  auto restarted = (*c)->Open(0, other);
+  EXPECT_TRUE(restarted.ok()) << restarted.status().ToString();
 }
 
 }  // namespace

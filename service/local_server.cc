@@ -325,6 +325,7 @@ void LocalServer::Serve(Conn* conn) {
                             o->share.value_or(wire::StreamShare{}),
                             o->flags.value_or(0),
                             client_pid,
+                            o->owner.value_or(client_pid),
                             *uid};
       Result<StreamGrant> g = handler_->OpenStream(req, conn->id);
       if (g.ok()) {

@@ -46,6 +46,9 @@ struct OpenStreamRequest {
   wire::StreamShare share;  // the whole stream unless the client sent the optional tail
   uint32_t flags = 0;       // wire::kOpenAcceptRegion, ...
   uint32_t client_pid = 0;  // as the client said in HELLO (informational)
+  // The process the stream is read for: OPEN_STREAM's owner (a DataLoader worker's share) or
+  // else client_pid. Streams of one rank whose epochs overlap must have one owner.
+  uint32_t owner_pid = 0;
   uint32_t client_uid = 0;  // from SO_PEERCRED
 };
 

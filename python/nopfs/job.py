@@ -50,6 +50,85 @@ def _env_int(name: str) -> Optional[int]:
         raise ValueError(f"nopfs: {name}={value!r} is not an integer") from None
 
 
+def _launcher_error(what: str, fix: str) -> ValueError:
+    return ValueError(f"nopfs: {what}; {fix} (docs/user.md, \"Launchers\")")
+
+
+_TORCHRUN = ("run one torchrun per Slurm task with its static rendezvous (the default) and "
+             "--nnodes=$SLURM_NTASKS --node_rank=$SLURM_PROCID (expanded in the task: srun bash "
+             "-c '...'), so that RANK = node rank x --nproc_per_node + LOCAL_RANK; c10d "
+             "rendezvous (--rdzv_backend=c10d, --standalone) ignores --node_rank and numbers the "
+             "agents by host name and pid")
+
+
+def env_rank() -> Optional[int]:
+    """This process's nopfs rank from the NOPFS_* environment, or None without one.
+
+    One process per Slurm task (`srun python`, `nopfs run`): NOPFS_RANK. Under a launcher that
+    starts k processes per task and says so with LOCAL_RANK and LOCAL_WORLD_SIZE = k (torchrun):
+    NOPFS_NODE x NOPFS_RANKS_PER_NODE + NOPFS_LOCAL_RANK x k + LOCAL_RANK, where the job's ranks
+    per node are tasks per node x k. LOCAL_RANK/LOCAL_WORLD_SIZE equal to NOPFS_LOCAL_RANK and
+    NOPFS_RANKS_PER_NODE are the Slurm tasks themselves (exported from SLURM_LOCALID): k = 1.
+    A launcher's RANK, WORLD_SIZE or LOCAL_WORLD_SIZE that contradicts the NOPFS_* values is a
+    ValueError that says what to write.
+    """
+    rank = _env_int("NOPFS_RANK")
+    local, k = _env_int("LOCAL_RANK"), _env_int("LOCAL_WORLD_SIZE")
+    if rank is None or local is None or k is None:
+        return rank
+    ranks = _env_int("NOPFS_RANKS")
+    per_node = _env_int("NOPFS_RANKS_PER_NODE")
+    node = _env_int("NOPFS_NODE")
+    task = _env_int("NOPFS_LOCAL_RANK")
+    nodes = _env_int("NOPFS_NODES")
+    missing = [n for n, v in (("NOPFS_RANKS", ranks), ("NOPFS_RANKS_PER_NODE", per_node),
+                              ("NOPFS_NODE", node), ("NOPFS_LOCAL_RANK", task)) if v is None]
+    if missing:
+        raise _launcher_error(
+            f"LOCAL_RANK and LOCAL_WORLD_SIZE are set (a launcher started this process) but "
+            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not", "run the job under sbatch --nopfs or `nopfs run`, "
+            "which set every NOPFS_* variable")
+    if not 0 <= local < k:
+        raise _launcher_error(f"LOCAL_RANK={local} is out of range for LOCAL_WORLD_SIZE={k}",
+                              "let the launcher set both")
+    if local == task and k == per_node:
+        k = 1  # the tasks themselves: rank is NOPFS_RANK
+        computed = rank
+    else:
+        if per_node % k != 0:
+            raise _launcher_error(
+                f"LOCAL_WORLD_SIZE={k} processes per task do not divide the job's "
+                f"NOPFS_RANKS_PER_NODE={per_node} ranks per node",
+                f"submit with --nopfs-ranks-per-node = tasks per node x {k}, e.g. "
+                f"--nopfs-ranks-per-node={k} with --ntasks-per-node=1 and torchrun "
+                f"--nproc_per_node={k}")
+        if task >= per_node // k:
+            raise _launcher_error(
+                f"this is Slurm task NOPFS_LOCAL_RANK={task} of its node, but "
+                f"NOPFS_RANKS_PER_NODE={per_node} with LOCAL_WORLD_SIZE={k} processes per task "
+                f"leaves room for {per_node // k} tasks per node",
+                f"submit with --nopfs-ranks-per-node = --ntasks-per-node x {k}")
+        computed = node * per_node + task * k + local
+    world = _env_int("WORLD_SIZE")
+    if world is not None and world != ranks:
+        hint = (f"--nopfs-ranks-per-node={world // nodes}" if nodes and world % nodes == 0
+                else "--nopfs-ranks-per-node = tasks per node x processes per task")
+        raise _launcher_error(
+            f"the launcher's WORLD_SIZE={world} is not the job's NOPFS_RANKS={ranks}: every "
+            "training process must be one nopfs rank",
+            f"submit with {hint} (nodes x ranks per node = WORLD_SIZE), or start "
+            f"{ranks} processes in all")
+    launcher_rank = _env_int("RANK")
+    if launcher_rank is not None and launcher_rank != computed:
+        raise _launcher_error(
+            f"the launcher's RANK={launcher_rank} is not this process's nopfs rank {computed} "
+            f"(NOPFS_NODE={node} x NOPFS_RANKS_PER_NODE={per_node} + NOPFS_LOCAL_RANK={task} x "
+            f"LOCAL_WORLD_SIZE={k} + LOCAL_RANK={local})", _TORCHRUN)
+    if not 0 <= computed < (ranks or 0):
+        raise ValueError(f"nopfs: rank {computed} is out of range for {ranks} ranks")
+    return computed
+
+
 @dataclasses.dataclass
 class Job:
     """One rank's view of the job. batch is B, the global batch (all ranks together)."""
@@ -66,13 +145,14 @@ class Job:
     def from_env(cls, samples: Optional[int] = None, ranks: Optional[int] = None,
                  rank: Optional[int] = None, batch: Optional[int] = None, seed: int = 0,
                  scheme: str = "strided", drop_last: bool = False) -> "Job":
-        """NOPFS_* variables win; the arguments are the defaults for what the environment lacks."""
+        """NOPFS_* variables win (the rank: env_rank()); the arguments are the defaults for what
+        the environment lacks."""
         env_drop = os.environ.get("NOPFS_DROP_LAST")
         job = cls(
             seed=_env_int("NOPFS_SEED") if _env_int("NOPFS_SEED") is not None else seed,
             samples=_env_int("NOPFS_SAMPLES") or samples,
             ranks=_env_int("NOPFS_RANKS") or ranks or 1,
-            rank=_env_int("NOPFS_RANK") if _env_int("NOPFS_RANK") is not None else (rank or 0),
+            rank=env_rank() if env_rank() is not None else (rank or 0),
             batch=_env_int("NOPFS_BATCH") or batch or 1,
             scheme=os.environ.get("NOPFS_SCHEME") or scheme,
             drop_last=(env_drop == "1") if env_drop in ("0", "1") else bool(drop_last),

@@ -504,6 +504,7 @@ class StreamDataset(tud.IterableDataset):
         self.socket = socket
         self.timeout = timeout
         self.pass_state = multiprocessing.RawArray("q", 2)  # epoch, start step of the next pass
+        self.owner = os.getpid()  # the workers open shares of this process's rank (docs/wire.md)
 
     def set_pass(self, epoch: int, step: int) -> None:
         self.pass_state[0] = epoch
@@ -527,7 +528,8 @@ class StreamDataset(tud.IterableDataset):
         try:
             client = _client.connect(self.socket)
             with client.open(self.sampler.rank, epoch=epoch, step=step, worker=worker,
-                             workers=workers, batch=self.batch_size, epochs=1) as stream:
+                             workers=workers, batch=self.batch_size, epochs=1,
+                             owner=self.owner) as stream:
                 while True:
                     sample = stream.next(self.timeout)
                     if sample is None:
