@@ -53,10 +53,10 @@ list(JOIN _nopfs_conffiles "\n" _nopfs_conffiles)
 file(WRITE ${PROJECT_BINARY_DIR}/debian/conffiles "${_nopfs_conffiles}\n")
 # Python writes __pycache__ beside the modules when root imports them; dpkg -r removes only what
 # the package shipped, so prerm removes the bytecode (what dh_python3's py3clean does).
-if(IS_ABSOLUTE ${NOPFS_PYTHON_INSTALL_DIR})
-  set(_nopfs_pydir ${NOPFS_PYTHON_INSTALL_DIR}/nopfs)
+if(IS_ABSOLUTE ${NOPFS_PYTHON_INSTALL_DIR_USED})
+  set(_nopfs_pydir ${NOPFS_PYTHON_INSTALL_DIR_USED}/nopfs)
 else()
-  set(_nopfs_pydir ${CMAKE_INSTALL_PREFIX}/${NOPFS_PYTHON_INSTALL_DIR}/nopfs)
+  set(_nopfs_pydir ${CMAKE_INSTALL_PREFIX}/${NOPFS_PYTHON_INSTALL_DIR_USED}/nopfs)
 endif()
 file(WRITE ${PROJECT_BINARY_DIR}/debian/prerm
      "#!/bin/sh\nset -e\nrm -rf '${_nopfs_pydir}/__pycache__'\n")

@@ -110,9 +110,13 @@ def check_wheel(wheel, python, source, work):
 
 
 def runs_as_nobody(python):
+    """Whether `nobody` can run `python`, and `python` can start itself again (the tests start
+    training processes with sys.executable). The second exec is the one that counts: setpriv's
+    own exec of a path under /root can succeed where no process of nobody's can."""
     if os.geteuid() != 0:
         return True
-    return subprocess.run(AS_NOBODY + [python, "-c", "pass"], capture_output=True).returncode == 0
+    probe = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'pass'], check=True)"
+    return subprocess.run(AS_NOBODY + [python, "-c", probe], capture_output=True).returncode == 0
 
 
 def relocate(python, work):
