@@ -107,6 +107,17 @@ class ClusterTest(ClusterCase):
             self.assertNotIn("TASK-RAN", out, opts)
         self.assertNothingLeft(jobs)
 
+    def test_options_that_leave_a_rank_without_samples_are_refused_with_their_message(self):
+        # uniform with a global batch of 2 over 4 ranks: ranks 2 and 3 would read nothing.
+        job = submit("nopfs-alice", f"-N2 --ntasks-per-node=2 --mem=300 --nopfs={DATASET} "
+                     "--nopfs-scheme=uniform --nopfs-batch=2", "srun echo TASK-RAN\n")
+        self.assertEqual(wait_done(job), "FAILED")
+        out = output(job)
+        self.assertIn("leaves rank 3 without a sample in every step", out)
+        self.assertIn("write --scheme strided", out)
+        self.assertNotIn("TASK-RAN", out)
+        self.assertNothingLeft([job])
+
     def test_job_gets_its_cache_on_every_node_and_nothing_is_left(self):
         job = submit_two_node_job("nopfs-alice", verify=REAL_NOPFSD)
         wait_state(job, {"RUNNING"})
