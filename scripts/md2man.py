@@ -181,7 +181,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--md", action="append", default=[], dest="parts", type=lambda v: ("md", v))
     ap.add_argument("--help-cmd", action="append", default=[], dest="parts",
-                    type=lambda v: ("help", v), help="TITLE=COMMAND: its output, verbatim (+TITLE: a subsection)")
+                    type=lambda v: ("help", v),
+                    help="TITLE=COMMAND: its output, verbatim (+TITLE: a subsection)")
     ap.add_argument("--see-also", default="")
     args = ap.parse_args()
 

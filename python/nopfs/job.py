@@ -84,10 +84,11 @@ def env_rank() -> Optional[int]:
     missing = [n for n, v in (("NOPFS_RANKS", ranks), ("NOPFS_RANKS_PER_NODE", per_node),
                               ("NOPFS_NODE", node), ("NOPFS_LOCAL_RANK", task)) if v is None]
     if missing:
+        verb = "is" if len(missing) == 1 else "are"
         raise _launcher_error(
             f"LOCAL_RANK and LOCAL_WORLD_SIZE are set (a launcher started this process) but "
-            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not", "run the job under sbatch --nopfs or `nopfs run`, "
-            "which set every NOPFS_* variable")
+            f"{', '.join(missing)} {verb} not",
+            "run the job under sbatch --nopfs or `nopfs run`, which set every NOPFS_* variable")
     if not 0 <= local < k:
         raise _launcher_error(f"LOCAL_RANK={local} is out of range for LOCAL_WORLD_SIZE={k}",
                               "let the launcher set both")
