@@ -208,6 +208,19 @@ Status ValidateJob(const JobOptions& opts) {
       }
     }
   }
+  // What can be told before the job has nodes: under uniform, a global batch smaller than the
+  // ranks leaves the last ranks of every step empty, and the job has at least the ranks of one
+  // node. The rest (the ranks from the job's layout, more ranks than samples) is checked at job
+  // start, where nopfsd knows both.
+  if (!opts.dataset.empty() && opts.scheme == "uniform" &&
+      OptionGiven(opts, "nopfs-ranks-per-node") && opts.batch < opts.ranks_per_node) {
+    return Status::InvalidArgument(
+        "--nopfs-scheme=uniform with --nopfs-batch=" + std::to_string(opts.batch) + " and " +
+        "--nopfs-ranks-per-node=" + std::to_string(opts.ranks_per_node) +
+        " leaves ranks without a sample in every step (each batch is cut into one slice per "
+        "rank); write --nopfs-scheme=strided (the default), or a --nopfs-batch that is a "
+        "multiple of the job's ranks");
+  }
   return Status::Ok();
 }
 

@@ -63,7 +63,8 @@ struct JobOptions {
 // InvalidArgument with a message of the form "--nopfs-seed=abc: <what>; write <instead>".
 Status ApplyOption(JobOptions* opts, std::string_view name, std::string_view value);
 
-// Checks the options together (e.g. a --nopfs-* option without --nopfs=DATASET).
+// Checks the options together (e.g. a --nopfs-* option without --nopfs=DATASET, or uniform with a
+// global batch smaller than the given ranks per node).
 Status ValidateJob(const JobOptions& opts);
 
 // Whether option `name` ("nopfs-ranks-per-node", ...) was given.

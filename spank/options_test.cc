@@ -228,6 +228,30 @@ TEST(OptionsTest, SamplingOptionsNeedADataset) {
   EXPECT_TRUE(ValidateJob(JobOptions{}).ok());
 }
 
+TEST(OptionsTest, UniformBatchesSmallerThanTheRanksOfANodeAreRefused) {
+  JobOptions o = Apply({{"nopfs", "/data/ds"},
+                        {"nopfs-scheme", "uniform"},
+                        {"nopfs-batch", "2"},
+                        {"nopfs-ranks-per-node", "4"}});
+  Status s = ValidateJob(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("write --nopfs-scheme=strided"), std::string::npos) << s.message();
+  // A batch that every rank of a node can share, the strided default, or ranks per node left to
+  // the job's layout (checked at job start) pass here.
+  EXPECT_TRUE(ValidateJob(Apply({{"nopfs", "/data/ds"},
+                                 {"nopfs-scheme", "uniform"},
+                                 {"nopfs-batch", "8"},
+                                 {"nopfs-ranks-per-node", "4"}}))
+                  .ok());
+  EXPECT_TRUE(
+      ValidateJob(
+          Apply({{"nopfs", "/data/ds"}, {"nopfs-batch", "2"}, {"nopfs-ranks-per-node", "4"}}))
+          .ok());
+  EXPECT_TRUE(
+      ValidateJob(Apply({{"nopfs", "/data/ds"}, {"nopfs-scheme", "uniform"}, {"nopfs-batch", "2"}}))
+          .ok());
+}
+
 TEST(PluginArgsTest, ParsesEveryKey) {
   Result<PluginArgs> a =
       ParsePluginArgs({"config=/etc/nopfs/nopfs.conf.lua", "policy=/etc/nopfs/policy.lua",

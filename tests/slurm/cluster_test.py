@@ -33,6 +33,8 @@ class ClusterTest(ClusterCase):
             (f"--nopfs={DATASET} --nopfs-scheme=random", "--nopfs-scheme=uniform"),
             (f"--nopfs={DATASET} --nopfs-ram=lots", "is not a size"),
             (f"--nopfs={DATASET} --nopfs-ranks-per-node=99999", "out of range"),
+            (f"--nopfs={DATASET} --nopfs-scheme=uniform --nopfs-batch=2 "
+             "--nopfs-ranks-per-node=4", "write --nopfs-scheme=strided"),
             ("--nopfs-seed=3", "needs --nopfs=DATASET"),
             ("'--nopfs=/data/a\tb'", "control"),
             ("'--nopfs=/data/\x1b[31mred'", "control"),
