@@ -99,7 +99,8 @@ bool PeerService::PresumedReady(const dir::Location& loc, uint64_t margin) const
   if (link_->IsDead(loc.node)) return false;
   if (link_->PeerClassDone(loc.node, loc.cls)) return true;  // the holder said so
   if (loc.cls >= prefetchers_.size()) return false;
-  // §6: the holder's list is filled at about the pace of this node's own list of that class.
+  // docs/algorithm.md §7: the holder's list is filled at about the pace of this node's own list of
+  // that class.
   const Prefetcher* own = prefetchers_[loc.cls];
   if (own == nullptr) return false;
   // The pace is the number of entries settled, not the leading run: one slow fill (a first peer

@@ -1,35 +1,13 @@
-// PeerService: what makes a node's cache part of the whole job's cache (docs/algorithm.md §7). It
-// serves this node's ready tier copies to the job's other nodes over fabric::PeerLink, builds the
-// peer directory (service/directory.h) with the other nodes at start, and gives the SampleReader
-// its peer source: for a sample this node does not hold, the directory's holder if that holder is
-// presumed to have it ready by now.
+// PeerService: what makes a node's cache part of the whole job's cache. It serves this node's
+// ready tier copies to the job's other nodes over fabric::PeerLink, builds the peer directory
+// (service/directory.h) with them, and gives the SampleReader its peer sources: the holder of a
+// sample this node reads and does not hold, and the filler a prefetcher copies from. The rules
+// (directory, readiness, fills, pushes, dead peers, when each step happens) are
+// docs/algorithm.md §7.
 //
-// Life: Start() opens the link first thing in nopfsd's start-up, so that the node's peers can
-// reach it while it is still scanning and planning (until Attach it answers every read with "not
-// available"). Attach() is called once the tiers and their prefetchers exist, before the
-// prefetchers start (they need the directory to know which samples to copy from a peer): it
-// builds the directory (a collective exchange among all nodes; if it fails, e.g. a node never
-// came up, the node runs without peers and says why) and installs the peer source into the
-// reader.
-//
-// Fills: a sample several nodes hold is read from the PFS by one of them, its filler (the
-// directory names it); the others' prefetchers copy it from the filler once it is presumed ready
-// (FetchCopy, the reader's peer fill source; without the margin: a wrong guess costs a round trip,
-// not asking costs the duplicate PFS read for certain). When the filler does not have it yet, the
-// prefetcher defers the slot to the end of its pass and asks again then; only a filler that still
-// does not have it (or is dead) makes it read the PFS. So the job reads such a sample from the PFS
-// about once.
-//
-// Pushes: a staging read that had to read the PFS for a sample another node holds (or fills for
-// the job) but was not presumed to have yet offers that node the bytes, which it keeps if its slot
-// is still empty; so the sample is read from the PFS once even when staging outruns a holder's
-// prefetcher (the fill order and the stream order differ).
-//
-// Readiness (§6): a holder is presumed to have filled the q-th entry of its class-j list once
-// this node's own prefetcher of class j has settled past q + margin, or has finished, or the
-// holder has reported class j done (AnnounceClassDone, sent when its prefetcher finishes); a wrong
-// guess costs one "not available" reply, after which the reader reads the PFS. A peer that does
-// not answer within the timeout is dead for the rest of the job (PeerLink), and never asked again.
+// Life: Start() opens the link at the beginning of nopfsd's start-up (reads get "not available"
+// until Attach); Attach() builds the directory once the tiers and prefetchers exist, before the
+// prefetchers start, and on failure leaves the node without peers, saying why.
 //
 // Thread safety: Attach from one thread, before the reader is used by staging threads; the
 // peer source, the serving callback and StatusText are safe from any thread.
@@ -62,7 +40,7 @@ struct PeerServiceOptions {
   std::vector<fabric::PeerAddress> peers;  // every node of the job, in node order
   fabric::Secret secret{};
   std::chrono::milliseconds timeout{5000};  // per request and handshake (a dead peer costs one)
-  uint64_t margin = 20;                     // §6's readiness margin, in prefetch-list entries
+  uint64_t margin = 20;  // docs/algorithm.md §7: readiness margin, in prefetch-list entries
 };
 
 class PeerService {
@@ -101,7 +79,7 @@ class PeerService {
   // The peer to read `sample` from: its holder if this node does not hold it, else its filler if
   // that is another node.
   std::optional<dir::Location> Where(policy::SampleId sample) const;
-  // §6: whether loc's holder is presumed to have it by now (and is not dead).
+  // docs/algorithm.md §7: whether loc's holder is presumed to have it by now (and is not dead).
   bool PresumedReady(const dir::Location& loc, uint64_t margin) const;
   int Lookup(policy::SampleId sample) const;
   Result<uint64_t> Fetch(policy::SampleId sample, std::span<std::byte> dst);
