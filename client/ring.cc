@@ -135,6 +135,20 @@ bool HungUp(int fd) {
   return (p.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0;
 }
 
+// The figures as the client wrote them into the shared header (the reader's own view; the
+// writer bounds them by what it knows before reporting them).
+RingStats LoadStats(const SharedHeader* h) {
+  RingStats s;
+  s.samples = h->samples.load(std::memory_order_relaxed);
+  s.bytes = h->bytes.load(std::memory_order_relaxed);
+  s.next_calls = h->next_calls.load(std::memory_order_relaxed);
+  s.stall_ns_total = h->stall_ns_total.load(std::memory_order_relaxed);
+  for (int b = 0; b < kHistogramBuckets; ++b) {
+    s.histogram[static_cast<size_t>(b)] = h->histogram[b].load(std::memory_order_relaxed);
+  }
+  return s;
+}
+
 }  // namespace
 
 int StallBucket(uint64_t ns) {
@@ -426,20 +440,20 @@ RingStats RingWriter::stats() const {
       1, std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
                                                               created_)
              .count()));
-  RingStats s;
-  s.samples = std::min(h->samples.load(std::memory_order_relaxed), published);
-  s.bytes = std::min(h->bytes.load(std::memory_order_relaxed), published_bytes);
-  s.stall_ns_total = std::min(h->stall_ns_total.load(std::memory_order_relaxed), age_ns);
+  RingStats s = LoadStats(h);
+  s.samples = std::min(s.samples, published);
+  s.bytes = std::min(s.bytes, published_bytes);
+  s.stall_ns_total = std::min(s.stall_ns_total, age_ns);
   uint64_t calls = 0;
   for (int b = 0; b < kHistogramBuckets; ++b) {
     // Bucket b >= 1 holds stalls of at least 2^(b-1) ns: at most age / 2^(b-1) of them, none at
     // all once 2^(b-1) exceeds the age. Bucket 0 (0 ns) is bounded by the age in ns as well.
     const uint64_t most = b == 0 ? age_ns : age_ns >> (b - 1);
-    const uint64_t n = std::min(h->histogram[b].load(std::memory_order_relaxed), most);
-    s.histogram[static_cast<size_t>(b)] = n;
+    uint64_t& n = s.histogram[static_cast<size_t>(b)];
+    n = std::min(n, most);
     calls += n;
   }
-  s.next_calls = std::min(h->next_calls.load(std::memory_order_relaxed), calls);
+  s.next_calls = std::min(s.next_calls, calls);
   SummarizeStalls(&s);
   return s;
 }
@@ -679,15 +693,7 @@ Status RingReader::Release(uint64_t seq) {
 }
 
 RingStats RingReader::stats() const {
-  const SharedHeader* h = HeaderAt(ctl_);
-  RingStats s;
-  s.samples = h->samples.load(std::memory_order_relaxed);
-  s.bytes = h->bytes.load(std::memory_order_relaxed);
-  s.next_calls = h->next_calls.load(std::memory_order_relaxed);
-  s.stall_ns_total = h->stall_ns_total.load(std::memory_order_relaxed);
-  for (int b = 0; b < kHistogramBuckets; ++b) {
-    s.histogram[static_cast<size_t>(b)] = h->histogram[b].load(std::memory_order_relaxed);
-  }
+  RingStats s = LoadStats(HeaderAt(ctl_));
   SummarizeStalls(&s);
   return s;
 }
