@@ -95,11 +95,11 @@ class FabricTest(unittest.TestCase):
             shutil.chown(path, "nobody", "nogroup")
         return path
 
-    def config(self, ram):
+    def config(self, ram, staging="16MB"):
         # A slow PFS in the model and a fast network: the reader prefers a peer's copy.
         path = os.path.join(self.work, "node.conf.lua")
         with open(path, "w") as fh:
-            fh.write(f'staging = {{ capacity = "16MB", threads = 2 }}\n'
+            fh.write(f'staging = {{ capacity = "{staging}", threads = 2 }}\n'
                      f'classes = {{ ram {{ capacity = "{ram}", threads = 2 }} }}\n'
                      f'pfs = "20MB/s"\nnetwork = "1GB/s"\n')
         os.chmod(path, 0o644)
@@ -331,13 +331,17 @@ class FabricTest(unittest.TestCase):
 
     def test_peer_killed_mid_epoch_the_run_completes_with_every_byte(self):
         # A larger dataset, so that a rank's stream is far longer than its ring: the kill lands
-        # while the staging threads are still reading, many of them from the peer.
+        # while the staging threads are still reading, many of them from the peer. The ring's
+        # slots bound how far staging runs ahead of the reader however slow the reader is (in
+        # the sanitizer build): 8 MB of staging is 4 MB a rank, about 1,150 slots of these
+        # samples, half of the rank's 2,250 reads.
         data = st.Dataset(os.path.join(self.work, "big"), files=3000, seed=9)
         total = sum(os.path.getsize(f) for f in data.files)
         secret = self.private_file("secret", os.urandom(32))
         self.data, saved = data, self.data
         self.addCleanup(setattr, self, "data", saved)
-        self.start(2, self.config(str(int(total * 0.6))), [secret, secret], timeout_ms=1000)
+        self.start(2, self.config(str(int(total * 0.6)), staging="8MB"), [secret, secret],
+                   timeout_ms=1000)
         for n in range(2):
             while "prefetch done" not in self.status(n):
                 time.sleep(0.05)
