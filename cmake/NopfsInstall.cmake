@@ -63,58 +63,50 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/examples/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples
         FILES_MATCHING PATTERN "*.py")
 
-# Man pages: the docs' sections and the programs' own --help, so that they cannot drift.
+# Man pages: the docs' sections and the programs' own --help, so that they cannot drift; gzipped
+# as Debian installs them (gzip -n: no name or time stamp, reproducible).
 set(_nopfs_man_dir ${PROJECT_BINARY_DIR}/man)
-set(_md2man /usr/bin/python3 ${PROJECT_SOURCE_DIR}/scripts/md2man.py
-    --version ${PROJECT_VERSION})
 set(_docs ${PROJECT_SOURCE_DIR}/docs)
-add_custom_command(OUTPUT ${_nopfs_man_dir}/nopfs.1
-  COMMAND ${CMAKE_COMMAND} -E make_directory ${_nopfs_man_dir}
-  COMMAND ${_md2man} --name nopfs --section 1 --out ${_nopfs_man_dir}/nopfs.1
-    --summary "read a training job's samples through nopfs, plan and simulate its cache"
-    --synopsis "`nopfs` *COMMAND* [*OPTIONS*]"
-    --md ${_docs}/user.md
-    --help-cmd "COMMANDS=$<TARGET_FILE:nopfs> --help"
-    --help-cmd "+nopfs run=$<TARGET_FILE:nopfs> run --help"
-    --help-cmd "+nopfs cat=$<TARGET_FILE:nopfs> cat --help"
-    --help-cmd "+nopfs status=$<TARGET_FILE:nopfs> status --help"
-    --help-cmd "+nopfs stream=$<TARGET_FILE:nopfs> stream --help"
-    --help-cmd "+nopfs plan=$<TARGET_FILE:nopfs> plan --help"
-    --help-cmd "+nopfs simulate=$<TARGET_FILE:nopfs> simulate --help"
-    --help-cmd "+nopfs config=$<TARGET_FILE:nopfs> config --help"
-    --see-also "**nopfsd**(8), **nopfs-spank**(8), **sbatch**(1); /usr/share/doc/nopfs/docs"
-  DEPENDS nopfs ${PROJECT_SOURCE_DIR}/scripts/md2man.py ${_docs}/user.md
-  COMMENT "man page nopfs(1)" VERBATIM)
-add_custom_command(OUTPUT ${_nopfs_man_dir}/nopfsd.8
-  COMMAND ${CMAKE_COMMAND} -E make_directory ${_nopfs_man_dir}
-  COMMAND ${_md2man} --name nopfsd --section 8 --out ${_nopfs_man_dir}/nopfsd.8
-    --summary "the cache service of one nopfs job on one node"
-    --synopsis "`nopfsd` `--dataset` *DIR* `--run-dir` *DIR* [*OPTIONS*]"
-    --md ${_docs}/service.md
-    --help-cmd "OPTIONS=$<TARGET_FILE:nopfsd> --help"
-    --see-also "**nopfs**(1), **nopfs-spank**(8)"
-  DEPENDS nopfsd ${PROJECT_SOURCE_DIR}/scripts/md2man.py ${_docs}/service.md
-  COMMENT "man page nopfsd(8)" VERBATIM)
-add_custom_command(OUTPUT ${_nopfs_man_dir}/nopfs-spank.8
-  COMMAND ${CMAKE_COMMAND} -E make_directory ${_nopfs_man_dir}
-  COMMAND ${_md2man} --name nopfs-spank --section 8 --out ${_nopfs_man_dir}/nopfs-spank.8
-    --summary "the nopfs SPANK plugin: sbatch options, plugstack.conf arguments, what a job gets"
-    --synopsis "`optional` *PLUGINDIR*`/spank_nopfs.so` [*KEY*`=`*VALUE* ...]  (plugstack.conf)"
-    --synopsis "`sbatch --nopfs=`*DATASET* [`--nopfs-`*OPTION*`=`*VALUE* ...] *SCRIPT*"
-    --md "${_docs}/user.md:The options,What your tasks see,Ranks,When your job gets no cache"
-    --md "${_docs}/admin.md:plugstack.conf,Peers,The node config and the policy,Reservations,What happens to a job,Logs,Troubleshooting"
-    --see-also "**nopfs**(1), **nopfsd**(8), **spank**(8), **slurm.conf**(5)"
-  DEPENDS ${PROJECT_SOURCE_DIR}/scripts/md2man.py ${_docs}/user.md ${_docs}/admin.md
-  COMMENT "man page nopfs-spank(8)" VERBATIM)
-# Compressed as Debian installs man pages (gzip -n: no name or time stamp, reproducible).
 set(_nopfs_man_gz)
-foreach(page nopfs.1 nopfsd.8 nopfs-spank.8)
-  add_custom_command(OUTPUT ${_nopfs_man_dir}/${page}.gz
-    COMMAND gzip -9 -n -c ${_nopfs_man_dir}/${page} > ${_nopfs_man_dir}/${page}.gz
-    DEPENDS ${_nopfs_man_dir}/${page} VERBATIM)
-  list(APPEND _nopfs_man_gz ${_nopfs_man_dir}/${page}.gz)
-endforeach()
+# nopfs_man_page(NAME SECTION DEPENDS files/targets... ARGS md2man arguments...)
+function(nopfs_man_page name section)
+  cmake_parse_arguments(PARSE_ARGV 2 M "" "" "DEPENDS;ARGS")
+  set(page ${_nopfs_man_dir}/${name}.${section})
+  add_custom_command(OUTPUT ${page}.gz
+    COMMAND ${CMAKE_COMMAND} -E make_directory ${_nopfs_man_dir}
+    COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/scripts/md2man.py --version ${PROJECT_VERSION}
+            --name ${name} --section ${section} --out ${page} ${M_ARGS}
+    COMMAND gzip -9 -n -c ${page} > ${page}.gz
+    DEPENDS ${PROJECT_SOURCE_DIR}/scripts/md2man.py ${M_DEPENDS}
+    COMMENT "man page ${name}(${section})" VERBATIM)
+  install(FILES ${page}.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man${section})
+  set(_nopfs_man_gz ${_nopfs_man_gz} ${page}.gz PARENT_SCOPE)
+endfunction()
+
+nopfs_man_page(nopfs 1 DEPENDS nopfs ${_docs}/user.md ARGS
+  --summary "read a training job's samples through nopfs, plan and simulate its cache"
+  --synopsis "`nopfs` *COMMAND* [*OPTIONS*]"
+  --md ${_docs}/user.md
+  --help-cmd "COMMANDS=$<TARGET_FILE:nopfs> --help"
+  --help-cmd "+nopfs run=$<TARGET_FILE:nopfs> run --help"
+  --help-cmd "+nopfs cat=$<TARGET_FILE:nopfs> cat --help"
+  --help-cmd "+nopfs status=$<TARGET_FILE:nopfs> status --help"
+  --help-cmd "+nopfs stream=$<TARGET_FILE:nopfs> stream --help"
+  --help-cmd "+nopfs plan=$<TARGET_FILE:nopfs> plan --help"
+  --help-cmd "+nopfs simulate=$<TARGET_FILE:nopfs> simulate --help"
+  --help-cmd "+nopfs config=$<TARGET_FILE:nopfs> config --help"
+  --see-also "**nopfsd**(8), **nopfs-spank**(8), **sbatch**(1); /usr/share/doc/nopfs/docs")
+nopfs_man_page(nopfsd 8 DEPENDS nopfsd ${_docs}/service.md ARGS
+  --summary "the cache service of one nopfs job on one node"
+  --synopsis "`nopfsd` `--dataset` *DIR* `--run-dir` *DIR* [*OPTIONS*]"
+  --md ${_docs}/service.md
+  --help-cmd "OPTIONS=$<TARGET_FILE:nopfsd> --help"
+  --see-also "**nopfs**(1), **nopfs-spank**(8)")
+nopfs_man_page(nopfs-spank 8 DEPENDS ${_docs}/user.md ${_docs}/admin.md ARGS
+  --summary "the nopfs SPANK plugin: sbatch options, plugstack.conf arguments, what a job gets"
+  --synopsis "`optional` *PLUGINDIR*`/spank_nopfs.so` [*KEY*`=`*VALUE* ...]  (plugstack.conf)"
+  --synopsis "`sbatch --nopfs=`*DATASET* [`--nopfs-`*OPTION*`=`*VALUE* ...] *SCRIPT*"
+  --md "${_docs}/user.md:The options,What your tasks see,Ranks,When your job gets no cache"
+  --md "${_docs}/admin.md:plugstack.conf,Peers,The node config and the policy,Reservations,What happens to a job,Logs,Troubleshooting"
+  --see-also "**nopfs**(1), **nopfsd**(8), **spank**(8), **slurm.conf**(5)")
 add_custom_target(nopfs_man ALL DEPENDS ${_nopfs_man_gz})
-install(FILES ${_nopfs_man_dir}/nopfs.1.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
-install(FILES ${_nopfs_man_dir}/nopfsd.8.gz ${_nopfs_man_dir}/nopfs-spank.8.gz
-        DESTINATION ${CMAKE_INSTALL_MANDIR}/man8)

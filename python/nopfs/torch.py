@@ -57,7 +57,32 @@ def pil_decode(data: Any) -> Any:
         return img.convert("RGB")
 
 
-class ImageFolder(tud.Dataset):
+class _SampleDataset(tud.Dataset):
+    """What ImageFolder and ManifestDataset share: an item is made from a sample's bytes and
+    label by decode, transform and target_transform; `read(i)` (the subclass's) gives them."""
+
+    decode: Callable[[Any], Any]
+    transform: Optional[Callable[[Any], Any]]
+    target_transform: Optional[Callable[[int], Any]]
+
+    def read(self, sample_id: int) -> Tuple[bytes, int]:
+        raise NotImplementedError
+
+    def make_item(self, data: Any, label: int) -> Tuple[Any, Any]:
+        """(transform(decode(data)), target_transform(label)): one item from a sample's bytes."""
+        x = self.decode(data)
+        if self.transform is not None:
+            x = self.transform(x)
+        if self.target_transform is not None:
+            label = self.target_transform(label)
+        return x, label
+
+    def __getitem__(self, index: int) -> Tuple[Any, Any]:
+        data, label = self.read(index)
+        return self.make_item(data, label)
+
+
+class ImageFolder(_SampleDataset):
     """An ImageFolder dataset (root/<class>/<files>) whose samples may come from nopfs.
 
     Labels are class indices in sorted class order, as torchvision's. `decode(buffer)` turns a
@@ -104,24 +129,11 @@ class ImageFolder(tud.Dataset):
                 os.path.realpath(served) != os.path.realpath(self.root):
             raise ValueError(f"nopfs: the job's service serves {served}, not {self.root}")
 
-    def make_item(self, data: Any, label: int) -> Tuple[Any, Any]:
-        """(transform(decode(data)), target_transform(label)): one item from a sample's bytes."""
-        x = self.decode(data)
-        if self.transform is not None:
-            x = self.transform(x)
-        if self.target_transform is not None:
-            label = self.target_transform(label)
-        return x, label
-
     def read(self, sample_id: int) -> Tuple[bytes, int]:
         """(bytes, label) of a sample, read from its file."""
         path, label = self.samples[sample_id]
         with open(path, "rb") as fh:
             return fh.read(), label
-
-    def __getitem__(self, index: int) -> Tuple[Any, Any]:
-        data, label = self.read(index)
-        return self.make_item(data, label)
 
 
 def uint8_tensor(data: Any) -> "torch.Tensor":
@@ -131,7 +143,7 @@ def uint8_tensor(data: Any) -> "torch.Tensor":
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
-class ManifestDataset(tud.Dataset):
+class ManifestDataset(_SampleDataset):
     """A dataset of files or byte ranges of files, from a manifest or a list of files.
 
     `source` is a manifest file (the format nopfsd serves, docs/catalog.md: one sample per line,
@@ -212,15 +224,6 @@ class ManifestDataset(tud.Dataset):
             raise ValueError(f"nopfs: the job's service serves the manifest {served}, whose "
                              "samples are not these files: pass ManifestDataset(manifest path)")
 
-    def make_item(self, data: Any, label: int) -> Tuple[Any, Any]:
-        """(transform(decode(data)), target_transform(label))."""
-        x = self.decode(data)
-        if self.transform is not None:
-            x = self.transform(x)
-        if self.target_transform is not None:
-            label = self.target_transform(label)
-        return x, label
-
     def read(self, sample_id: int) -> Tuple[bytes, int]:
         """(bytes, label) of a sample, read from its file."""
         path, label, offset, length = self.samples[sample_id]
@@ -230,10 +233,6 @@ class ManifestDataset(tud.Dataset):
         if len(data) != length:
             raise OSError(f"{path}: {len(data)} bytes at offset {offset}, the sample has {length}")
         return data, label
-
-    def __getitem__(self, index: int) -> Tuple[Any, Any]:
-        data, label = self.read(index)
-        return self.make_item(data, label)
 
 
 def _distributed_default(what: str) -> int:
