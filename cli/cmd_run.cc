@@ -29,16 +29,22 @@
 #include <utility>
 #include <vector>
 
-#include "cli/process.h"
 #include "cli/status_text.h"
 #include "client/client.h"
 #include "common/units.h"
+#include "launch/daemon_args.h"
 #include "launch/job_flags.h"
+#include "launch/process.h"
+#include "launch/run_files.h"
+#include "launch/task_env.h"
 #include "service/run_dir.h"
 
 namespace nopfs::cli {
 
 using launch::AddJobFlags;
+using launch::Child;
+using launch::DescribeWaitStatus;
+using launch::ExitCodeOf;
 using launch::FinishJobFlags;
 using launch::JobFlags;
 
@@ -86,28 +92,8 @@ std::string DaemonPath() {
   return "nopfsd";
 }
 
-std::string ReadFileOr(const std::string& path, const std::string& fallback) {
-  std::ifstream in(path);
-  if (!in) return fallback;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// key=value lines of the ready file.
-std::map<std::string, std::string> ParseReady(const std::string& text) {
-  std::map<std::string, std::string> kv;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    const size_t eq = line.find('=');
-    if (eq != std::string::npos) kv[line.substr(0, eq)] = line.substr(eq + 1);
-  }
-  return kv;
-}
-
 std::string LogTail(const std::string& run_dir) {
-  std::ifstream in(run_dir + "/" + service::kLogName);
+  std::ifstream in(run_dir + "/" + launch::kLogName);
   std::vector<std::string> lines;
   std::string line;
   while (std::getline(in, line)) {
@@ -177,24 +163,27 @@ struct NodeRun {
   uint32_t node = 0;
   std::string host = "127.0.0.1";
   int netns_fd = -1;  // owned by the NodeRun
+  int ready_fd = -1;  // the read end of nopfsd's ready pipe (launch/run_files.h), owned
   std::string run_dir;
   std::string socket;
   std::optional<Child> daemon;
-  std::map<std::string, std::string> ready;
+  launch::ReadyInfo ready;
   std::string status_text;
   NodeRun() = default;
   NodeRun(NodeRun&& o) noexcept
       : node(o.node),
         host(std::move(o.host)),
         netns_fd(std::exchange(o.netns_fd, -1)),
+        ready_fd(std::exchange(o.ready_fd, -1)),
         run_dir(std::move(o.run_dir)),
         socket(std::move(o.socket)),
         daemon(std::move(o.daemon)),
-        ready(std::move(o.ready)),
+        ready(o.ready),
         status_text(std::move(o.status_text)) {}
   NodeRun& operator=(NodeRun&&) = delete;
   ~NodeRun() {
     if (netns_fd >= 0) ::close(netns_fd);
+    if (ready_fd >= 0) ::close(ready_fd);
   }
 };
 
@@ -350,10 +339,13 @@ int RunJob(RunFlags& f, bool ranks_per_node_given, bool ranks_given) {
     nodes.push_back(std::move(r));
   }
   for (size_t n = 0; n < nodes.size(); ++n) {
-    nodes[n].socket = nodes[n].run_dir + "/" + service::kSocketName;
+    nodes[n].socket = nodes[n].run_dir + "/" + launch::kSocketName;
     if (n < netns_fds.size()) nodes[n].netns_fd = netns_fds[n];
   }
-  std::vector<std::string> peer_args;
+  launch::DaemonArgs dargs;
+  dargs.dataset = dataset.string();
+  dargs.job = f.job;
+  if (!f.config.empty()) dargs.config = fs::absolute(f.config).string();
   std::string secret;
   if (f.nodes > 1) {
     Result<uint16_t> base = FreePorts(f.nodes);
@@ -362,11 +354,12 @@ int RunJob(RunFlags& f, bool ranks_per_node_given, bool ranks_given) {
     for (uint32_t n = 0; n < f.nodes; ++n) {
       list += (n == 0 ? "" : ",") + nodes[n].host + ":" + std::to_string(*base + n);
     }
-    secret = f.run_dir + "/peer.secret";
+    secret = f.run_dir + "/" + launch::kSecretName;
     ::unlink(secret.c_str());
     if (Status s = WriteSecret(secret); !s.ok()) return Fail(s.message());
     if (Status s = own(secret); !s.ok()) return Fail(s.message());
-    peer_args = {"--peers", list, "--peer-secret-file", secret};
+    dargs.peers = list;
+    dargs.peer_secret_file = secret;
   }
   if (Status s = own(f.run_dir); !s.ok()) return Fail(s.message());
 
@@ -389,40 +382,26 @@ int RunJob(RunFlags& f, bool ranks_per_node_given, bool ranks_given) {
   };
   const auto start = std::chrono::steady_clock::now();
   for (NodeRun& r : nodes) {
-    std::vector<std::string> dargv = {DaemonPath(),
-                                      "--run-dir",
-                                      r.run_dir,
-                                      "--dataset",
-                                      dataset.string(),
-                                      "--seed",
-                                      std::to_string(job.seed),
-                                      "--epochs",
-                                      std::to_string(job.epochs),
-                                      "--ranks",
-                                      std::to_string(job.ranks),
-                                      "--batch",
-                                      std::to_string(job.batch),
-                                      "--scheme",
-                                      f.job.scheme,
-                                      "--ranks-per-node",
-                                      std::to_string(job.ranks_per_node),
-                                      "--node",
-                                      std::to_string(r.node)};
-    if (job.drop_last) dargv.push_back("--drop-last");
-    if (job.samples != 0) {
-      dargv.push_back("--samples");
-      dargv.push_back(std::to_string(job.samples));
+    // nopfsd says ready or failed on a pipe (nopfsd --ready-fd): its answer, and its death
+    // before one (the pipe closes), arrive at once.
+    int pipe_fds[2];
+    if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+      stop_daemons();
+      return Fail(Status::FromErrno(errno, "pipe").message());
     }
-    if (!f.config.empty()) {
-      dargv.push_back("--config");
-      dargv.push_back(fs::absolute(f.config).string());
-    }
-    dargv.insert(dargv.end(), peer_args.begin(), peer_args.end());
+    r.ready_fd = pipe_fds[0];
+    dargs.run_dir = r.run_dir;
+    dargs.node = r.node;
+    dargs.ready_fd = pipe_fds[1];
+    std::vector<std::string> dargv = dargs.ToArgv();
+    dargv.insert(dargv.begin(), DaemonPath());
     Child::Options dopt;
     dopt.die_with_parent = true;
     dopt.netns_fd = r.netns_fd;
+    dopt.keep_fds = {pipe_fds[1]};
     as.Apply(&dopt);
     Result<Child> daemon = Child::Spawn(dargv, dopt);
+    ::close(pipe_fds[1]);
     if (!daemon.ok()) {
       stop_daemons();
       return Fail(daemon.status().message());
@@ -430,40 +409,41 @@ int RunJob(RunFlags& f, bool ranks_per_node_given, bool ranks_given) {
     r.daemon = std::move(*daemon);
   }
 
-  // Wait for every node's `ready` (or a `failed`, or a daemon's death).
+  // Wait for every node's `ready` (or its `failed`, or its death).
+  const auto deadline = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                    std::chrono::duration<double>(f.start_timeout));
   for (NodeRun& r : nodes) {
-    for (;;) {
-      const std::string text = ReadFileOr(r.run_dir + "/" + service::kReadyName, "");
-      if (!text.empty()) {
-        r.ready = ParseReady(text);
-        break;
-      }
-      const std::string failed = ReadFileOr(r.run_dir + "/" + service::kFailedName, "");
-      Result<int> exited = r.daemon->Wait(std::chrono::milliseconds(20));
-      if (!failed.empty() || exited.ok()) {
-        if (exited.ok()) r.daemon.reset();
+    Result<launch::ReadyInfo> ready =
+        launch::WaitReady(r.ready_fd, deadline, [] { return g_signal.load() != 0; });
+    ::close(std::exchange(r.ready_fd, -1));
+    if (!ready.ok()) {
+      if (ready.status().code() == StatusCode::kUnavailable ||
+          ready.status().code() == StatusCode::kTimedOut) {
         stop_daemons();
-        std::string msg = "nopfsd did not start";
-        if (nodes.size() > 1) msg += " (node " + std::to_string(r.node) + ")";
-        if (!failed.empty()) msg += ": " + failed;
-        if (exited.ok()) msg += " (" + DescribeWaitStatus(*exited) + ")";
-        msg +=
-            "\nlast lines of " + r.run_dir + "/" + service::kLogName +
-            (remove_run_dir ? " (removed with the run directory; --keep-run-dir keeps it)" : "") +
-            ":\n" + LogTail(r.run_dir);
-        return Fail(msg);
+        return Fail(ready.status().code() == StatusCode::kUnavailable
+                        ? "interrupted while nopfsd was starting"
+                        : "nopfsd was not ready within --start-timeout");
       }
-      if (g_signal.load() != 0 || std::chrono::steady_clock::now() - start >
-                                      std::chrono::duration<double>(f.start_timeout)) {
-        stop_daemons();
-        return Fail(g_signal.load() != 0 ? "interrupted while nopfsd was starting"
-                                         : "nopfsd was not ready within --start-timeout");
+      // It said failed, or closed the pipe without a word: it exits (or has exited).
+      Result<int> exited = r.daemon->Wait(std::chrono::seconds(2));
+      if (exited.ok()) r.daemon.reset();
+      stop_daemons();
+      std::string msg = "nopfsd did not start";
+      if (nodes.size() > 1) msg += " (node " + std::to_string(r.node) + ")";
+      if (ready.status().code() == StatusCode::kFailedPrecondition) {
+        msg += ": " + ready.status().message();
       }
+      if (exited.ok()) msg += " (" + DescribeWaitStatus(*exited) + ")";
+      msg += "\nlast lines of " + r.run_dir + "/" + launch::kLogName +
+             (remove_run_dir ? " (removed with the run directory; --keep-run-dir keeps it)" : "") +
+             ":\n" + LogTail(r.run_dir);
+      return Fail(msg);
     }
+    r.ready = *ready;
     if (!f.quiet) {
       std::fprintf(stderr, "nopfs run: nopfsd%s ready (pid %d, %s samples) in %.1f s; run dir %s\n",
                    nodes.size() > 1 ? (" of node " + std::to_string(r.node)).c_str() : "",
-                   r.daemon->pid(), r.ready.count("samples") ? r.ready["samples"].c_str() : "?",
+                   r.daemon->pid(), std::to_string(r.ready.samples).c_str(),
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
                    r.run_dir.c_str());
     }
@@ -481,21 +461,23 @@ int RunJob(RunFlags& f, bool ranks_per_node_given, bool ranks_given) {
       o.new_group = false;
       o.netns_fd = r.netns_fd;
       as.Apply(&o);
-      o.env = {{"NOPFS_SOCKET", r.socket},
-               {"NOPFS_RUN_DIR", r.run_dir},
-               {"NOPFS_DATASET", dataset.string()},
-               {"NOPFS_RANK", std::to_string(first + i)},
-               {"NOPFS_LOCAL_RANK", std::to_string(i)},
-               {"NOPFS_RANKS", std::to_string(job.ranks)},
-               {"NOPFS_RANKS_PER_NODE", std::to_string(job.ranks_per_node)},
-               {"NOPFS_NODE", std::to_string(r.node)},
-               {"NOPFS_NODES", std::to_string(job.nodes())},
-               {"NOPFS_SEED", std::to_string(job.seed)},
-               {"NOPFS_EPOCHS", std::to_string(job.epochs)},
-               {"NOPFS_BATCH", std::to_string(job.batch)},
-               {"NOPFS_SCHEME", f.job.scheme},
-               {"NOPFS_DROP_LAST", job.drop_last ? "1" : "0"}};
-      if (r.ready.count("samples")) o.env["NOPFS_SAMPLES"] = r.ready["samples"];
+      launch::TaskEnv env;
+      env.socket = r.socket;
+      env.run_dir = r.run_dir;
+      env.dataset = dataset.string();
+      env.node = r.node;
+      env.nodes = job.nodes();
+      env.local_rank = i;
+      env.ranks = job.ranks;
+      env.ranks_per_node = job.ranks_per_node;
+      env.seed = job.seed;
+      env.epochs = job.epochs;
+      env.batch = job.batch;
+      env.scheme = f.job.scheme;
+      env.drop_last = job.drop_last;
+      env.samples = r.ready.samples;
+      for (auto& [name, value] : env.Variables())
+        o.env[name] = std::move(value);
       Result<Child> c = Child::Spawn(f.command, o);
       if (!c.ok()) {
         std::fprintf(stderr, "nopfs run: rank %u: %s\n", first + i, c.status().message().c_str());
@@ -585,7 +567,7 @@ int RunJob(RunFlags& f, bool ranks_per_node_given, bool ranks_given) {
 
   // nopfsd removes its socket, shared memory and SSD files; what may remain is its log.
   for (NodeRun& r : nodes) {
-    for (const char* name : {service::kSocketName, service::kPidName, service::kReadyName}) {
+    for (const char* name : {launch::kSocketName, launch::kPidName, launch::kReadyName}) {
       if (fs::exists(r.run_dir + "/" + name)) {
         std::fprintf(stderr, "nopfs run: nopfsd left %s/%s behind\n", r.run_dir.c_str(), name);
         if (exit_code == 0) exit_code = 1;
