@@ -418,6 +418,193 @@ void SetPeers(const Job& job, launch::DaemonArgs* args, std::string* why) {
   args->peer_secret_file = job.run_dir + "/" + launch::kSecretName;
 }
 
+// The ranks per node of nopfsd's plan, from the job's task layout (spank/options.h
+// RanksPerNode). The answer goes to the job's tasks in <run dir>/layout: task_init sets
+// NOPFS_RANKS_PER_NODE from it, or fails every task with the message.
+Result<uint32_t> DecideRanksPerNode(const Job& job, const SlurmJob& sj) {
+  Result<uint32_t> rpn = Status::Unavailable(
+      "cannot ask slurmctld for the job's task layout; give --nopfs-ranks-per-node");
+  if (sj.layout.nodes != 0) {
+    rpn = RanksPerNode(sj.layout, job.opts);
+  } else if (OptionGiven(job.opts, "nopfs-ranks-per-node")) {
+    rpn = job.opts.ranks_per_node;
+  }
+  if (!rpn.ok()) {
+    WriteStatus(job, launch::kLayoutName,
+                launch::FormatLayoutError("nopfs: layout: " + rpn.status().message()));
+    return rpn.status();
+  }
+  WriteStatus(job, launch::kLayoutName, launch::FormatLayout(*rpn));
+  return rpn;
+}
+
+// Asks the admission policy with the node's reservations (cleaning up after stale ones), and
+// reserves what it grants in the ledger, under the ledger's lock. A refusal is an Admission
+// that is not admitted; an error is a Status.
+Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
+                               const lua::JobRequest& req) {
+  lua::Admission adm;
+  Result<Ledger> ledger = Ledger::Lock(job.ledger_dir, 30s);
+  if (!ledger.ok()) return ledger.status();
+  Result<std::vector<LedgerEntry>> entries = ledger->Entries();
+  if (!entries.ok()) return entries.status();
+  lua::NodeState ns;
+  ns.name = job.node;
+  ns.ram_total = config.CapacityOf(policy::ClassKind::kRam);
+  ns.ssd_total = config.CapacityOf(policy::ClassKind::kSsd);
+  const std::string boot = BootId();
+  for (const LedgerEntry& e : *entries) {
+    if (e.job_id == job.job_id) continue;
+    // An entry of an earlier boot is stale; so is one whose job slurmctld reports over or
+    // unknown, even if its process still lives (an epilog that could not finish). Only when
+    // slurmctld cannot be asked is an entry kept (QuerySlurm says active then).
+    const bool live = e.boot_id == boot && QuerySlurm(e.job_id, job.node).active;
+    if (!live) {
+      // Stale: its job is over and its epilog did not finish. Clean up after it.
+      Target t = FromEntry(e);
+      if (t.ssd_paths.empty()) t.ssd_paths = SsdPaths(config);
+      (void)Teardown(job.node_dir, t, 2s);
+      (void)ledger->Remove(e.job_id);
+      continue;
+    }
+    ns.ram_reserved += e.ram;
+    ns.ssd_reserved += e.ssd;
+    ++ns.jobs;
+  }
+  Result<lua::Admission> a = lua::Admit(job.args.policy, config, req, ns);
+  if (!a.ok()) {
+    adm.admitted = false;
+    adm.reason = "policy error: " + a.status().message();
+  } else {
+    adm = *a;
+  }
+  if (adm.admitted) {
+    LedgerEntry e;
+    e.job_id = job.job_id;
+    e.uid = job.uid;
+    e.node_index = job.node_index;
+    e.ram = adm.ram;
+    e.ssd = adm.ssd;
+    e.boot_id = boot;
+    e.pid = ::getpid();
+    e.start_time = ProcessStartTime(::getpid()).value_or(0);
+    e.ssd_paths = SsdPaths(config);
+    if (Status s = ledger->Put(e); !s.ok()) return s;
+  }
+
+  return adm;
+}
+
+// nopfsd's arguments for this node of the job; *peers_note says how it reaches its peers.
+launch::DaemonArgs DaemonArgsFor(const Job& job, uint32_t ranks_per_node, const lua::Admission& adm,
+                                 std::string* peers_note) {
+  launch::DaemonArgs dargs;
+  dargs.run_dir = job.run_dir;
+  dargs.dataset = job.opts.dataset;
+  dargs.job.job.seed = job.opts.seed;
+  dargs.job.job.epochs = job.opts.epochs;
+  dargs.job.job.ranks = job.nodes * ranks_per_node;
+  dargs.job.job.batch = job.opts.batch;
+  dargs.job.job.drop_last = job.opts.drop_last;
+  dargs.job.job.ranks_per_node = ranks_per_node;
+  dargs.job.scheme = job.opts.scheme;
+  dargs.node = job.node_index;
+  dargs.job_id = std::to_string(job.job_id);
+  dargs.ram = std::to_string(adm.ram);
+  dargs.ssd = std::to_string(adm.ssd);
+  dargs.config = job.args.config;
+  SetPeers(job, &dargs, peers_note);
+  return dargs;
+}
+
+// Starts nopfsd as the job's user and waits until it says ready. The ledger entry (`entry`, with
+// the grant) is rewritten to name nopfsd as soon as it runs. Returns nopfsd's pid; on failure
+// nopfsd is stopped and the Status says why.
+Result<pid_t> StartNopfsd(const Job& job, const std::string& nopfsd, launch::DaemonArgs dargs,
+                          LedgerEntry entry) {
+  // nopfsd says ready or failed on a pipe this launcher made (nopfsd --ready-fd), never through
+  // a file in the user's run directory that the user could swap for a link or a FIFO.
+  int ready_pipe[2];
+  if (::pipe2(ready_pipe, O_CLOEXEC) != 0) return Status::FromErrno(errno, "pipe");
+  const UniqueFd ready_in(ready_pipe[0]);
+  // nopfsd runs as the user with the user's groups, in its own session, in the run directory,
+  // with a clean environment; its output goes to nopfsd.out, created there as the user.
+  dargs.ready_fd = ready_pipe[1];
+  std::vector<std::string> argv = dargs.ToArgv();
+  argv.insert(argv.begin(), nopfsd);
+  const passwd* pw = ::getpwuid(job.uid);
+  const std::string name = pw != nullptr ? pw->pw_name : job.user;
+  launch::Child::Options o;
+  o.clear_env = true;
+  o.env = {{"PATH", "/usr/local/bin:/usr/bin:/bin"},
+           {"HOME", pw != nullptr ? pw->pw_dir : "/"},
+           {"USER", name},
+           {"LOGNAME", name},
+           {"LANG", "C.UTF-8"}};
+  o.new_session = true;
+  o.switch_user = true;
+  o.uid = job.uid;
+  o.gid = job.gid;
+  Result<std::vector<gid_t>> groups = launch::GroupsOf(name, job.gid);
+  if (groups.ok()) o.groups = std::move(*groups);
+  o.cwd = job.run_dir;
+  o.output_path = launch::kOutputName;
+  const UniqueFd null_fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  o.stdin_fd = null_fd.get();
+  o.keep_fds = {ready_pipe[1]};
+  std::fflush(nullptr);
+  Result<launch::Child> spawned =
+      groups.ok() ? launch::Child::Spawn(argv, o) : Result<launch::Child>(groups.status());
+  ::close(ready_pipe[1]);
+  if (!spawned.ok()) return spawned.status();
+  // nopfsd outlives this launcher: the ledger names it, the epilog stops it.
+  const pid_t child = spawned->Release();
+  // From here the reservation names nopfsd (by pid and start time, fixed at fork), so that an
+  // epilog stops it even if this launcher is killed while nopfsd starts.
+  const ProcessId daemon{child, ProcessStartTime(child).value_or(0)};
+  if (Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s); l.ok()) {
+    entry.pid = daemon.pid;
+    entry.start_time = daemon.start_time;
+    (void)l->Put(entry);
+  }
+
+  auto give_up = [&](const std::string& why) {
+    (void)StopProcesses({daemon}, std::chrono::seconds(job.args.grace));
+    ::waitpid(child, nullptr, WNOHANG);
+    return Status::Unavailable(why);
+  };
+  Result<launch::ReadyInfo> ready = launch::WaitReady(
+      ready_in.get(), std::chrono::steady_clock::now() + std::chrono::seconds(job.args.timeout),
+      nullptr);
+  if (ready.status().code() == StatusCode::kTimedOut) {
+    return give_up("not ready within timeout=" + std::to_string(job.args.timeout) + " s");
+  }
+  if (ready.status().code() == StatusCode::kFailedPrecondition) {
+    return give_up(Printable(ready.status().message()));
+  }
+  if (!ready.ok()) {
+    // Closed without a word: nopfsd exited early (a bad argument, a crash). Its exit status and
+    // the last line of its output say why; nopfsd.out is read with ReadUserFile (never a link
+    // or a FIFO, only the user's own regular file).
+    int status = 0;
+    pid_t waited = 0;
+    for (int i = 0; i < 40 && waited == 0; ++i) {
+      waited = ::waitpid(child, &status, WNOHANG);
+      if (waited == 0) std::this_thread::sleep_for(50ms);
+    }
+    std::string why = "closed its ready pipe without saying ready";
+    if (waited == child) {
+      why = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
+                              : "killed by signal " + std::to_string(WTERMSIG(status));
+    }
+    Result<std::string> out =
+        ReadUserFile(job.run_dir + "/" + launch::kOutputName, job.uid, 1 << 20);
+    if (out.ok() && !LastLine(*out).empty()) why += ": " + Printable(LastLine(*out));
+    return give_up(why);
+  }
+  return child;
+}
+
 int Prolog(const Job& job, const char* self) {
   const std::string where = "nopfs: prolog: " + job.node + ": ";
   auto fail = [&](const std::string& why, int code) {
@@ -452,26 +639,8 @@ int Prolog(const Job& job, const char* self) {
     std::printf("%suser directories: %s\n", where.c_str(), line.c_str());
 
   const SlurmJob sj = QuerySlurm(job.job_id, job.node);
-  // The ranks per node of nopfsd's plan come from the job's task layout (spank/options.h
-  // RanksPerNode). The answer goes to the job's tasks in <run dir>/layout: task_init sets
-  // NOPFS_RANKS_PER_NODE from it, or fails every task with the message.
-  uint32_t ranks_per_node = job.opts.ranks_per_node;
-  {
-    Result<uint32_t> rpn = Status::Unavailable(
-        "cannot ask slurmctld for the job's task layout; give --nopfs-ranks-per-node");
-    if (sj.layout.nodes != 0) {
-      rpn = RanksPerNode(sj.layout, job.opts);
-    } else if (OptionGiven(job.opts, "nopfs-ranks-per-node")) {
-      rpn = job.opts.ranks_per_node;
-    }
-    if (!rpn.ok()) {
-      WriteStatus(job, launch::kLayoutName,
-                  launch::FormatLayoutError("nopfs: layout: " + rpn.status().message()));
-      return fail("layout: " + rpn.status().message(), 3);
-    }
-    ranks_per_node = *rpn;
-    WriteStatus(job, launch::kLayoutName, launch::FormatLayout(ranks_per_node));
-  }
+  Result<uint32_t> ranks_per_node = DecideRanksPerNode(job, sj);
+  if (!ranks_per_node.ok()) return fail("layout: " + ranks_per_node.status().message(), 3);
   lua::JobRequest req;
   req.job_id = job.job_id;
   req.uid = job.uid;
@@ -486,80 +655,17 @@ int Prolog(const Job& job, const char* self) {
   req.ssd = job.opts.ssd;
   req.memory = sj.memory;
 
-  lua::Admission adm;
-  {
-    Result<Ledger> ledger = Ledger::Lock(job.ledger_dir, 30s);
-    if (!ledger.ok()) return fail(ledger.status().message(), 1);
-    Result<std::vector<LedgerEntry>> entries = ledger->Entries();
-    if (!entries.ok()) return fail(entries.status().message(), 1);
-    lua::NodeState ns;
-    ns.name = job.node;
-    ns.ram_total = config->CapacityOf(policy::ClassKind::kRam);
-    ns.ssd_total = config->CapacityOf(policy::ClassKind::kSsd);
-    const std::string boot = BootId();
-    for (const LedgerEntry& e : *entries) {
-      if (e.job_id == job.job_id) continue;
-      // An entry of an earlier boot is stale; so is one whose job slurmctld reports over or
-      // unknown, even if its process still lives (an epilog that could not finish). Only when
-      // slurmctld cannot be asked is an entry kept (QuerySlurm says active then).
-      const bool live = e.boot_id == boot && QuerySlurm(e.job_id, job.node).active;
-      if (!live) {
-        // Stale: its job is over and its epilog did not finish. Clean up after it.
-        Target t = FromEntry(e);
-        if (t.ssd_paths.empty()) t.ssd_paths = SsdPaths(*config);
-        (void)Teardown(job.node_dir, t, 2s);
-        (void)ledger->Remove(e.job_id);
-        continue;
-      }
-      ns.ram_reserved += e.ram;
-      ns.ssd_reserved += e.ssd;
-      ++ns.jobs;
-    }
-    Result<lua::Admission> a = lua::Admit(job.args.policy, *config, req, ns);
-    if (!a.ok()) {
-      adm.admitted = false;
-      adm.reason = "policy error: " + a.status().message();
-    } else {
-      adm = *a;
-    }
-    if (adm.admitted) {
-      LedgerEntry e;
-      e.job_id = job.job_id;
-      e.uid = job.uid;
-      e.node_index = job.node_index;
-      e.ram = adm.ram;
-      e.ssd = adm.ssd;
-      e.boot_id = boot;
-      e.pid = ::getpid();
-      e.start_time = ProcessStartTime(::getpid()).value_or(0);
-      e.ssd_paths = SsdPaths(*config);
-      if (Status s = ledger->Put(e); !s.ok()) return fail(s.message(), 1);
-    }
-  }
+  Result<lua::Admission> admission = Reserve(job, *config, req);
+  if (!admission.ok()) return fail(admission.status().message(), 1);
+  const lua::Admission& adm = *admission;
   if (!adm.admitted) {
     const std::string msg = where + "refused: " + adm.reason;
     WriteStatus(job, launch::kRefusedName, msg);
     return fail("refused: " + adm.reason, 3);
   }
 
-  launch::DaemonArgs dargs;
-  dargs.run_dir = job.run_dir;
-  dargs.dataset = job.opts.dataset;
-  dargs.job.job.seed = job.opts.seed;
-  dargs.job.job.epochs = job.opts.epochs;
-  dargs.job.job.ranks = job.nodes * ranks_per_node;
-  dargs.job.job.batch = job.opts.batch;
-  dargs.job.job.drop_last = job.opts.drop_last;
-  dargs.job.job.ranks_per_node = ranks_per_node;
-  dargs.job.scheme = job.opts.scheme;
-  dargs.node = job.node_index;
-  dargs.job_id = std::to_string(job.job_id);
-  dargs.ram = std::to_string(adm.ram);
-  dargs.ssd = std::to_string(adm.ssd);
-  dargs.config = job.args.config;
   std::string peers_note;
-  SetPeers(job, &dargs, &peers_note);
-  const std::string nopfsd = DaemonPath(job, self);
+  const launch::DaemonArgs dargs = DaemonArgsFor(job, *ranks_per_node, adm, &peers_note);
   const std::vector<std::string> ssd_paths = SsdPaths(*config);
   // Releases the reservation of a job that gets no cache after all.
   auto release = [&] {
@@ -568,104 +674,21 @@ int Prolog(const Job& job, const char* self) {
       (void)l->Remove(job.job_id);
     }
   };
-  // nopfsd says ready or failed on a pipe this launcher made (nopfsd --ready-fd), never through
-  // a file in the user's run directory that the user could swap for a link or a FIFO.
-  int ready_pipe[2];
-  if (::pipe2(ready_pipe, O_CLOEXEC) != 0) {
-    const Status s = Status::FromErrno(errno, "pipe");
+  LedgerEntry entry;
+  entry.job_id = job.job_id;
+  entry.uid = job.uid;
+  entry.node_index = job.node_index;
+  entry.ram = adm.ram;
+  entry.ssd = adm.ssd;
+  entry.boot_id = BootId();
+  entry.ssd_paths = ssd_paths;
+  Result<pid_t> started = StartNopfsd(job, DaemonPath(job, self), dargs, entry);
+  if (!started.ok()) {
+    WriteStatus(job, launch::kFailedName, where + started.status().message());
     release();
-    return fail(s.message(), 1);
+    return fail("nopfsd failed: " + started.status().message(), 4);
   }
-  const UniqueFd ready_in(ready_pipe[0]);
-  // nopfsd runs as the user with the user's groups, in its own session, in the run directory,
-  // with a clean environment; its output goes to nopfsd.out, created there as the user.
-  dargs.ready_fd = ready_pipe[1];
-  std::vector<std::string> argv = dargs.ToArgv();
-  argv.insert(argv.begin(), nopfsd);
-  const passwd* pw = ::getpwuid(job.uid);
-  const std::string name = pw != nullptr ? pw->pw_name : job.user;
-  launch::Child::Options o;
-  o.clear_env = true;
-  o.env = {{"PATH", "/usr/local/bin:/usr/bin:/bin"},
-           {"HOME", pw != nullptr ? pw->pw_dir : "/"},
-           {"USER", name},
-           {"LOGNAME", name},
-           {"LANG", "C.UTF-8"}};
-  o.new_session = true;
-  o.switch_user = true;
-  o.uid = job.uid;
-  o.gid = job.gid;
-  Result<std::vector<gid_t>> groups = launch::GroupsOf(name, job.gid);
-  if (groups.ok()) o.groups = std::move(*groups);
-  o.cwd = job.run_dir;
-  o.output_path = launch::kOutputName;
-  const UniqueFd null_fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-  o.stdin_fd = null_fd.get();
-  o.keep_fds = {ready_pipe[1]};
-  std::fflush(nullptr);
-  Result<launch::Child> spawned =
-      groups.ok() ? launch::Child::Spawn(argv, o) : Result<launch::Child>(groups.status());
-  ::close(ready_pipe[1]);
-  if (!spawned.ok()) {
-    WriteStatus(job, launch::kFailedName, where + spawned.status().message());
-    release();
-    return fail("nopfsd failed: " + spawned.status().message(), 4);
-  }
-  // nopfsd outlives this launcher: the ledger names it, the epilog stops it.
-  const pid_t child = spawned->Release();
-  // From here the reservation names nopfsd (by pid and start time, fixed at fork), so that an
-  // epilog stops it even if this launcher is killed while nopfsd starts.
-  const ProcessId daemon{child, ProcessStartTime(child).value_or(0)};
-  if (Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s); l.ok()) {
-    LedgerEntry e;
-    e.job_id = job.job_id;
-    e.uid = job.uid;
-    e.node_index = job.node_index;
-    e.ram = adm.ram;
-    e.ssd = adm.ssd;
-    e.boot_id = BootId();
-    e.pid = daemon.pid;
-    e.start_time = daemon.start_time;
-    e.ssd_paths = ssd_paths;
-    (void)l->Put(e);
-  }
-
-  auto give_up = [&](const std::string& why) {
-    (void)StopProcesses({daemon}, std::chrono::seconds(job.args.grace));
-    ::waitpid(child, nullptr, WNOHANG);
-    WriteStatus(job, launch::kFailedName, where + why);
-    release();
-    return fail("nopfsd failed: " + why, 4);
-  };
-  Result<launch::ReadyInfo> ready = launch::WaitReady(
-      ready_in.get(), std::chrono::steady_clock::now() + std::chrono::seconds(job.args.timeout),
-      nullptr);
-  if (ready.status().code() == StatusCode::kTimedOut) {
-    return give_up("not ready within timeout=" + std::to_string(job.args.timeout) + " s");
-  }
-  if (ready.status().code() == StatusCode::kFailedPrecondition) {
-    return give_up(Printable(ready.status().message()));
-  }
-  if (!ready.ok()) {
-    // Closed without a word: nopfsd exited early (a bad argument, a crash). Its exit status and
-    // the last line of its output say why; nopfsd.out is read with ReadUserFile (never a link
-    // or a FIFO, only the user's own regular file).
-    int status = 0;
-    pid_t waited = 0;
-    for (int i = 0; i < 40 && waited == 0; ++i) {
-      waited = ::waitpid(child, &status, WNOHANG);
-      if (waited == 0) std::this_thread::sleep_for(50ms);
-    }
-    std::string why = "closed its ready pipe without saying ready";
-    if (waited == child) {
-      why = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
-                              : "killed by signal " + std::to_string(WTERMSIG(status));
-    }
-    Result<std::string> out =
-        ReadUserFile(job.run_dir + "/" + launch::kOutputName, job.uid, 1 << 20);
-    if (out.ok() && !LastLine(*out).empty()) why += ": " + Printable(LastLine(*out));
-    return give_up(why);
-  }
+  const pid_t child = *started;
   // Under cgroups nopfsd joins the job's extern step once slurmd has made it (after the prolog).
   if (SlurmContainsJobs())
     (void)AdoptLater(JobCgroupOptions{.node = job.node}, job.job_id, job.uid, child,
