@@ -440,9 +440,10 @@ Result<uint32_t> DecideRanksPerNode(const Job& job, const SlurmJob& sj) {
 
 // Asks the admission policy with the node's reservations (cleaning up after stale ones), and
 // reserves what it grants in the ledger, under the ledger's lock. A refusal is an Admission
-// that is not admitted; an error is a Status.
+// that is not admitted; an error is a Status. *entry is the reservation written (naming this
+// launcher until nopfsd runs).
 Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
-                               const lua::JobRequest& req) {
+                               const lua::JobRequest& req, LedgerEntry* entry) {
   lua::Admission adm;
   Result<Ledger> ledger = Ledger::Lock(job.ledger_dir, 30s);
   if (!ledger.ok()) return ledger.status();
@@ -479,7 +480,7 @@ Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
     adm = *a;
   }
   if (adm.admitted) {
-    LedgerEntry e;
+    LedgerEntry& e = *entry;
     e.job_id = job.job_id;
     e.uid = job.uid;
     e.node_index = job.node_index;
@@ -655,7 +656,8 @@ int Prolog(const Job& job, const char* self) {
   req.ssd = job.opts.ssd;
   req.memory = sj.memory;
 
-  Result<lua::Admission> admission = Reserve(job, *config, req);
+  LedgerEntry entry;
+  Result<lua::Admission> admission = Reserve(job, *config, req, &entry);
   if (!admission.ok()) return fail(admission.status().message(), 1);
   const lua::Admission& adm = *admission;
   if (!adm.admitted) {
@@ -674,14 +676,6 @@ int Prolog(const Job& job, const char* self) {
       (void)l->Remove(job.job_id);
     }
   };
-  LedgerEntry entry;
-  entry.job_id = job.job_id;
-  entry.uid = job.uid;
-  entry.node_index = job.node_index;
-  entry.ram = adm.ram;
-  entry.ssd = adm.ssd;
-  entry.boot_id = BootId();
-  entry.ssd_paths = ssd_paths;
   Result<pid_t> started = StartNopfsd(job, DaemonPath(job, self), dargs, entry);
   if (!started.ok()) {
     WriteStatus(job, launch::kFailedName, where + started.status().message());
