@@ -29,6 +29,10 @@ struct Options {
   // load.
   uint64_t getattr_latency_us = 0;
   uint64_t readdir_latency_us = 0;
+  // How long the kernel may cache attributes and directory entries, in milliseconds. All the
+  // emulated nodes of a job on one machine share that cache; 0 makes each node's stat reach the
+  // file system, as on separate hosts.
+  uint64_t attr_cache_ms = 1000;
   uint64_t burst_bytes = 256 * 1024;  // bytes an idle PFS may serve at once before throttling
   uint64_t max_threads = 16;          // FUSE worker threads (bounds the concurrent readers seen)
   std::string stats_out;              // if set, the final counters are written here at unmount
@@ -38,8 +42,8 @@ struct Options {
 std::string Usage();
 
 // Parses argv (argv[0] is the program): `[--config FILE] [--KEY VALUE]... BACKING MOUNTPOINT`.
-// Keys: bandwidth, open-latency-us, getattr-latency-us, readdir-latency-us, burst-bytes,
-// max-threads, stats-out. A config file, when
+// Keys: bandwidth, open-latency-us, getattr-latency-us, readdir-latency-us, attr-cache-ms,
+// burst-bytes, max-threads, stats-out. A config file, when
 // given, is applied first whatever its position among the flags.
 Result<Options> ParseOptions(const std::vector<std::string>& argv);
 

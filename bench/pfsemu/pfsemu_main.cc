@@ -79,7 +79,8 @@ std::string StatsText(const Fs& fs) {
          fs.throttle->curve().ToString() + "\nopen_latency_us " +
          std::to_string(fs.options.open_latency_us) + "\ngetattr_latency_us " +
          std::to_string(fs.options.getattr_latency_us) + "\nreaddir_latency_us " +
-         std::to_string(fs.options.readdir_latency_us) + "\n";
+         std::to_string(fs.options.readdir_latency_us) + "\nattr_cache_ms " +
+         std::to_string(fs.options.attr_cache_ms) + "\n";
 }
 
 bool IsStats(const char* path) {
@@ -207,11 +208,12 @@ int DoAccess(const char* path, int mask) {
 }
 
 void* DoInit(struct fuse_conn_info* /*conn*/, struct fuse_config* cfg) {
+  const Fs* fs = static_cast<const Fs*>(fuse_get_context()->private_data);
   cfg->direct_io = 1;
   cfg->kernel_cache = 0;
   cfg->use_ino = 1;
-  cfg->attr_timeout = 1.0;
-  cfg->entry_timeout = 1.0;
+  cfg->attr_timeout = static_cast<double>(fs->options.attr_cache_ms) / 1000;
+  cfg->entry_timeout = cfg->attr_timeout;
   cfg->negative_timeout = 0;
   return fuse_get_context()->private_data;
 }
