@@ -42,8 +42,8 @@ BandwidthTable DefaultPfs() {
 constexpr uint32_t kDefaultThreads = 4;
 constexpr policy::Bytes kDefaultStagingBytes = policy::Bytes{1} << 30;
 
-constexpr std::array kSettings = {"classes",   "staging",       "pfs",        "network", "limits",
-                                  "log_level", "catalog_cache", "preprocess", "planner"};
+constexpr std::array kSettings = {"classes",   "staging", "pfs",           "network",    "limits",
+                                  "log_level", "verify",  "catalog_cache", "preprocess", "planner"};
 
 // ram{...} and ssd{...}: mark the table with its kind and the line it was written on, so that
 // errors found later can point at it.
@@ -78,7 +78,7 @@ class Reader {
       : L_(L), name_(std::move(name)), host_memory_(host_memory), builtins_(std::move(builtins)) {}
 
   Status Read(policy::SystemModel* model, Limits* limits, std::string* log_level,
-              std::string* catalog_cache, policy::Planner* planner) {
+              std::string* catalog_cache, policy::Planner* planner, RamVerify* verify) {
     NOPFS_RETURN_IF_ERROR(CheckGlobals());
     model->pfs = DefaultPfs();
     model->staging = StorageClass{"staging",
@@ -145,6 +145,20 @@ class Reader {
       }
       *catalog_cache = *dir;
     }
+    if (Global("verify")) {
+      Result<std::string> v = ReadString(L_, -1, name_ + ": verify");
+      lua_pop(L_, 1);
+      if (!v.ok()) return v.status();
+      if (*v == "on_fill") {
+        *verify = RamVerify::kOnFill;
+      } else if (*v == "always") {
+        *verify = RamVerify::kAlways;
+      } else {
+        return Status::InvalidArgument(name_ + ": verify: \"" + *v +
+                                       "\"; write verify = \"on_fill\" (RAM hits served as "
+                                       "filled) or verify = \"always\" (every RAM hit re-hashed)");
+      }
+    }
     if (Global("planner")) {
       Result<std::string> name = ReadString(L_, -1, name_ + ": planner");
       lua_pop(L_, 1);
@@ -186,7 +200,7 @@ class Reader {
       }
       std::string_view near =
           internal::Closest(key, {"classes", "staging", "pfs", "network", "limits", "log_level",
-                                  "catalog_cache", "preprocess", "planner"});
+                                  "verify", "catalog_cache", "preprocess", "planner"});
       if (!near.empty() && key.size() > 3) {
         std::string msg = name_ + ": unknown setting '" + std::string(key) + "' (did you mean '" +
                           std::string(near) + "'?)";
@@ -440,7 +454,7 @@ Result<NodeConfig> LoadNodeConfigFromString(std::string_view text, std::string_v
   config.source_ = std::string(name);
   Reader reader(L, std::string(name), host_memory, std::move(builtins));
   NOPFS_RETURN_IF_ERROR(reader.Read(&config.model_, &config.limits_, &config.log_level_,
-                                    &config.catalog_cache_, &config.planner_));
+                                    &config.catalog_cache_, &config.planner_, &config.ram_verify_));
   return config;
 }
 
@@ -464,6 +478,10 @@ Result<NodeConfig> LoadNodeConfig(const std::string& path, policy::Bytes host_me
     if (failed) return Status::IoError("config " + path + ": read error");
   }
   return LoadNodeConfigFromString(text, path, host_memory, limits);
+}
+
+std::string_view RamVerifyName(RamVerify v) {
+  return v == RamVerify::kAlways ? "always" : "on_fill";
 }
 
 NodeConfig DefaultNodeConfig(policy::Bytes host_memory) {

@@ -28,6 +28,7 @@ TEST(NodeConfigTest, FullConfig) {
     log_level = "debug"
     catalog_cache = "/var/cache/nopfs"
     planner = "fill-once"
+    verify = "always"
     pfs = { {1, "250MB/s"}, {16, "2GB/s"} }
     network = "10GB/s"
     preprocess = 4e9
@@ -45,6 +46,7 @@ TEST(NodeConfigTest, FullConfig) {
   EXPECT_EQ(c->log_level(), "debug");
   EXPECT_EQ(c->catalog_cache(), "/var/cache/nopfs");
   EXPECT_EQ(c->planner(), policy::Planner::kFillOnce);
+  EXPECT_EQ(c->ram_verify(), RamVerify::kAlways);
   EXPECT_DOUBLE_EQ(m.pfs.At(1), 250e6);
   EXPECT_DOUBLE_EQ(m.pfs.At(16), 2e9);
   EXPECT_DOUBLE_EQ(m.pfs.At(100), 2e9);  // clamped
@@ -82,6 +84,7 @@ TEST(NodeConfigTest, EmptyFileMeansNoTiersAndDefaultModel) {
   EXPECT_EQ(c->model().network_bandwidth, 0);
   EXPECT_EQ(c->log_level(), "info");
   EXPECT_EQ(c->planner(), policy::Planner::kFrequency);
+  EXPECT_EQ(c->ram_verify(), RamVerify::kOnFill);
   EXPECT_EQ(c->limits().streams_per_rank, 8u);
   EXPECT_TRUE(c->model().Validate().ok());
 }
@@ -143,6 +146,9 @@ TEST(NodeConfigTest, ErrorsNameTheFieldAndTheLine) {
   ExpectError("catalog_cache = \"cache\"", "must be an absolute path");
   ExpectError("planner = \"frequncy\"", "(did you mean 'frequency'?)");
   ExpectError("planner = \"lru\"", "write frequency (cache the node's most read samples)");
+  ExpectError("verify = \"never\"", "write verify = \"on_fill\"");
+  ExpectError("verify = true", "verify");
+  ExpectError("verfy = \"always\"", "(did you mean 'verify'?)");
   ExpectError("planner = 3", "planner");
   ExpectError("planer = \"staging\"", "unknown setting 'planer' (did you mean 'planner'?)");
   ExpectError("clases = {}", "unknown setting 'clases' (did you mean 'classes'?)");

@@ -205,6 +205,7 @@ Status Daemon::Init() {
     prefetch_threads += c.threads;
   reader_ = std::make_unique<SampleReader>(*catalog_, plan_, tier_refs_, model_,
                                            job_.nodes() * std::max<uint32_t>(1, prefetch_threads));
+  reader_->set_verify_ram_hits(config_.ram_verify() == lua::RamVerify::kAlways);
 
   // Prefetchers, one per non-empty class, each with the class's threads.
   prefetch_done_.assign(model_.classes.size(), {});
