@@ -3,9 +3,9 @@
 //
 // The rule in nopfs: every member a mutex protects is declared GUARDED_BY(that mutex) (or
 // PT_GUARDED_BY for what a guarded pointer points to), every function that expects the caller to
-// hold a mutex (the *Locked functions) is declared REQUIRES(it), and the mutex is a
-// nopfs::Mutex (common/mutex.h), so that clang checks each access: scripts/thread_safety.sh builds
-// every translation unit with -Wthread-safety -Werror, and the test script runs it.
+// hold a mutex (the *Locked functions) is declared REQUIRES(it), and the mutex is a nopfs::Mutex
+// (common/mutex.h), so that clang checks each access: scripts/thread_safety.py compiles every
+// translation unit with -Wthread-safety -Werror=thread-safety, and scripts/test.sh runs it.
 #pragma once
 
 #if defined(__clang__)
