@@ -8,58 +8,13 @@
 #include <cstring>
 #include <string>
 
+#include "common/coding.h"
+
 namespace nopfs::wire {
 namespace {
 
-class Writer {
- public:
-  void U16(uint16_t v) { Le(v, 2); }
-  void U32(uint32_t v) { Le(v, 4); }
-  void U64(uint64_t v) { Le(v, 8); }
-  void Str(const std::string& s) {
-    U32(static_cast<uint32_t>(s.size()));
-    for (char c : s)
-      out_.push_back(static_cast<std::byte>(c));
-  }
-  std::vector<std::byte>& bytes() { return out_; }
-
- private:
-  void Le(uint64_t v, int n) {
-    for (int i = 0; i < n; ++i)
-      out_.push_back(static_cast<std::byte>((v >> (8 * i)) & 0xff));
-  }
-  std::vector<std::byte> out_;
-};
-
-class Reader {
- public:
-  explicit Reader(std::span<const std::byte> in) : in_(in) {}
-  bool U16(uint16_t* v) { return Le(v, 2); }
-  bool U32(uint32_t* v) { return Le(v, 4); }
-  bool U64(uint64_t* v) { return Le(v, 8); }
-  bool Str(std::string* s) {
-    uint32_t n = 0;
-    if (!U32(&n) || n > in_.size() - pos_) return false;
-    s->assign(reinterpret_cast<const char*>(in_.data() + pos_), n);
-    pos_ += n;
-    return true;
-  }
-  bool done() const { return pos_ == in_.size(); }
-
- private:
-  template <typename T>
-  bool Le(T* v, size_t n) {
-    if (in_.size() - pos_ < n) return false;
-    uint64_t x = 0;
-    for (size_t i = 0; i < n; ++i)
-      x |= static_cast<uint64_t>(in_[pos_ + i]) << (8 * i);
-    pos_ += n;
-    *v = static_cast<T>(x);
-    return true;
-  }
-  std::span<const std::byte> in_;
-  size_t pos_ = 0;
-};
+using coding::Reader;
+using coding::Writer;
 
 void EncodeBody(Writer& w, const Hello& m) {
   w.U16(m.client_version);
@@ -194,11 +149,6 @@ Result<Message> DecodeAs(const Header& h, std::span<const std::byte> payload) {
   return Message{h.request_id, Body(std::move(body))};
 }
 
-uint32_t LoadLe32(const std::byte* p) {
-  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
-         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
-}
-
 // Waits until `sock` is readable; false with a status on timeout or error.
 Status WaitReadable(int sock, std::chrono::milliseconds timeout) {
   pollfd p{sock, POLLIN, 0};
@@ -312,33 +262,30 @@ Result<std::vector<std::byte>> Encode(const Message& message) {
                                    " payload of " + std::to_string(payload) +
                                    " bytes exceeds the limit of " + std::to_string(kMaxPayload));
   }
-  for (int i = 0; i < 4; ++i)
-    out[8 + i] = static_cast<std::byte>((payload >> (8 * i)) & 0xff);
+  w.PatchU32(8, static_cast<uint32_t>(payload));
   return std::move(out);
 }
 
 Result<Header> DecodeHeader(std::span<const std::byte> bytes) {
   if (bytes.size() < kHeaderSize) return Status::InvalidArgument("wire: header is truncated");
-  if (LoadLe32(bytes.data()) != kMagic) {
+  if (coding::LoadLe32(bytes.data()) != kMagic) {
     return Status::InvalidArgument("wire: bad magic (not a nopfs client/service message)");
   }
-  uint16_t version =
-      static_cast<uint16_t>(static_cast<uint16_t>(bytes[4]) | static_cast<uint16_t>(bytes[5]) << 8);
+  uint16_t version = coding::LoadLe16(bytes.data() + 4);
   if (version != kVersion) {
     return Status::InvalidArgument("wire: protocol version " + std::to_string(version) +
                                    " is not supported (this build speaks version " +
                                    std::to_string(kVersion) +
                                    "); use a client and nopfsd from the same release");
   }
-  uint16_t type =
-      static_cast<uint16_t>(static_cast<uint16_t>(bytes[6]) | static_cast<uint16_t>(bytes[7]) << 8);
+  uint16_t type = coding::LoadLe16(bytes.data() + 6);
   if (type < static_cast<uint16_t>(MsgType::kHello) || type > static_cast<uint16_t>(kLastType)) {
     return Status::InvalidArgument("wire: unknown message type " + std::to_string(type));
   }
   Header h;
   h.type = static_cast<MsgType>(type);
-  h.payload_length = LoadLe32(bytes.data() + 8);
-  h.request_id = LoadLe32(bytes.data() + 12);
+  h.payload_length = coding::LoadLe32(bytes.data() + 8);
+  h.request_id = coding::LoadLe32(bytes.data() + 12);
   if (h.payload_length > kMaxPayload) {
     return Status::InvalidArgument("wire: payload length " + std::to_string(h.payload_length) +
                                    " exceeds the limit of " + std::to_string(kMaxPayload));

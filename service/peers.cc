@@ -7,6 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/mutex.h"
 #include "common/units.h"
 
 namespace nopfs::service {
@@ -195,7 +196,7 @@ Status PeerService::Attach(const policy::NodePlan& plan, const policy::NodeAcces
     rma += (rma.empty() ? "" : ", ") + t.name + (s.ok() ? " by RMA reads" : " in replies");
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     rma_ = rma.empty() ? "no RAM tier" : rma;
   }
 
@@ -220,7 +221,7 @@ Status PeerService::Attach(const policy::NodePlan& plan, const policy::NodeAcces
   Result<dir::PeerDirectory> d = dir::BuildDirectory(
       options_.node, static_cast<uint32_t>(options_.peers.size()), held, needs, exchange, &stats);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!d.ok()) {
     state_ = "directory failed (" + d.status().message() + "); reading the PFS instead";
     spdlog::warn("peers: {}", state_);
@@ -260,7 +261,7 @@ std::string PeerService::StatusText() const {
     for (uint32_t j = 0; j < 64; ++j)
       done_reports += link_->PeerClassDone(n, j) ? 1 : 0;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   char buf[2048];
   std::snprintf(
       buf, sizeof buf,
