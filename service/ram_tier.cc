@@ -164,7 +164,7 @@ Status RamTier::Reserve(uint64_t offset, uint64_t size) {
   for (uint64_t c = first; c <= last; ++c) {
     ChunkState s = chunks_[c].load(std::memory_order_acquire);
     if (s == ChunkState::kReserved) continue;
-    std::lock_guard<std::mutex> lock(reserve_mu_);
+    MutexLock lock(&reserve_mu_);
     s = chunks_[c].load(std::memory_order_relaxed);
     if (s == ChunkState::kNone) {
       const uint64_t begin = c * kReserveChunk;

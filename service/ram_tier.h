@@ -30,11 +30,11 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "service/tier_layout.h"
 
@@ -101,7 +101,9 @@ class RamTier final : public Tier {
   int fd_;
   std::byte* base_;
   uint64_t mapped_bytes_;
-  std::mutex reserve_mu_;  // one chunk is committed at a time
+  // One chunk is committed at a time; a chunk's state is read without it (atomic) and written
+  // under it.
+  Mutex reserve_mu_;
   std::vector<std::atomic<ChunkState>> chunks_;
 };
 
