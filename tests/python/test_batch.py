@@ -1,0 +1,166 @@
+"""The batch path of nopfs._client (Stream.next_batch, Batch, Stream.next_batch_into) over a live
+nopfsd: the bytes are the files', the order is the stream's, whatever the batch, the ring's size or
+the buffer's."""
+
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import nopfs
+from conftest import Service
+
+
+def file_bytes(path):
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    """40 files of 150-250 KiB (8 MiB): more than the 4 MiB ring nopfsd gives a rank, served to
+    one rank in batches of 10; returns (root, [path by sample id], service)."""
+    rnd = random.Random(5)
+    root = tmp_path_factory.mktemp("big") / "data"
+    (root / "c0").mkdir(parents=True)
+    for k in range(40):
+        (root / "c0" / f"s{k:03d}.bin").write_bytes(rnd.randbytes((150 << 10) + rnd.randrange(100 << 10)))
+    paths = sorted(str(p) for p in (root / "c0").iterdir())
+    svc = Service(str(root), str(tmp_path_factory.mktemp("bigrun")), len(paths),
+                  job={"seed": 3, "epochs": 2, "ranks": 1, "batch": 10, "scheme": "strided"})
+    yield str(root), paths, svc
+    svc.stop()
+
+
+def test_next_batch_into_fills_a_tensor_with_the_files_in_stream_order(service, images):
+    _, paths = images
+    order = service.stream(1)
+    per_epoch = len(order) // 3
+    client = nopfs.connect(service.socket)
+    out = torch.empty(8 * 4096, dtype=torch.uint8)
+    got, sizes = [], []
+    with client.open(1, epochs=1) as stream:
+        while True:
+            offsets, labels, ids = stream.next_batch_into(8, out.numpy())
+            assert offsets.dtype == np.int64 and labels.dtype == np.int64 and ids.dtype == np.uint32
+            assert len(offsets) == len(ids) + 1 and len(labels) == len(ids)
+            if len(ids) == 0:
+                break
+            sizes.append(len(ids))
+            for k, sid in enumerate(ids.tolist()):
+                data = bytes(out[offsets[k]:offsets[k + 1]].numpy())
+                assert data == file_bytes(paths[sid]), f"sample {sid}"
+                assert labels[k] == int(os.path.basename(os.path.dirname(paths[sid]))[-1])
+                got.append(sid)
+    assert got == order[:per_epoch]
+    # Whole batches, then the short last one (45 samples per rank and epoch).
+    assert sizes == [8] * (per_epoch // 8) + [per_epoch % 8]
+
+
+def test_a_batch_larger_than_the_ring_and_a_sample_larger_than_the_buffer(big):
+    _, paths, svc = big
+    order = svc.stream(0)[:40]
+    client = nopfs.connect(svc.socket)
+    with client.open(0, epochs=1) as stream:
+        small = np.empty(100 << 10, dtype=np.uint8)
+        with pytest.raises(ValueError, match=rf"sample {order[0]} is \d+ bytes, larger than the "
+                                             r"batch buffer \(102400 bytes\); give a buffer"):
+            stream.next_batch_into(10, small)
+        # All 40 samples (8 MiB, twice the ring) in one call: the refused sample comes first.
+        out = torch.empty(12 << 20, dtype=torch.uint8)
+        offsets, labels, ids = stream.next_batch_into(40, out.numpy())
+        assert ids.tolist() == order
+        for k, sid in enumerate(ids.tolist()):
+            assert bytes(out[offsets[k]:offsets[k + 1]].numpy()) == file_bytes(paths[sid])
+        offsets, labels, ids = stream.next_batch_into(40, out.numpy())
+        assert len(ids) == 0 and offsets.tolist() == [0]
+
+
+def test_a_buffer_that_fills_up_returns_what_fits_and_the_rest_comes_next(big):
+    _, paths, svc = big
+    order = svc.stream(0)[:40]
+    client = nopfs.connect(svc.socket)
+    got, counts = [], []
+    with client.open(0, epochs=1) as stream:
+        buf = bytearray(600 << 10)  # two to four samples
+        while True:
+            offsets, _, ids = stream.next_batch_into(10, buf)
+            if len(ids) == 0:
+                break
+            counts.append(len(ids))
+            for k, sid in enumerate(ids.tolist()):
+                assert bytes(buf[offsets[k]:offsets[k + 1]]) == file_bytes(paths[sid])
+            got.extend(ids.tolist())
+    assert got == order
+    assert all(2 <= n <= 4 for n in counts[:-1]), counts  # the last one: what is left
+
+
+def test_next_batch_gives_views_and_copies_and_refuses_release_while_a_view_lives(service, images):
+    _, paths = images
+    order = service.stream(0)
+    per_epoch = len(order) // 3
+    client = nopfs.connect(service.socket)
+    got = []
+    with client.open(0, epochs=1) as stream:
+        while True:
+            batch = stream.next_batch(8)
+            if batch is None:
+                break
+            assert 1 <= len(batch) <= 8
+            ids = batch.ids.tolist()
+            assert batch.offsets[-1] == batch.nbytes == sum(batch.sizes.tolist())
+            views = batch.views()
+            assert [bytes(v) for v in views] == [file_bytes(paths[i]) for i in ids]
+            assert all(v.readonly for v in views)
+            assert batch.tobytes() == [file_bytes(paths[i]) for i in ids]
+            out = torch.empty(batch.nbytes + 5, dtype=torch.uint8)
+            assert batch.copy_into(out.numpy(), 5) == batch.nbytes + 5
+            o = batch.offsets.tolist()
+            assert [bytes(out[5 + o[k]:5 + o[k + 1]].numpy()) for k in range(len(ids))] == \
+                [file_bytes(paths[i]) for i in ids]
+            with pytest.raises(ValueError, match="the batch is .* bytes, the buffer has"):
+                batch.copy_into(bytearray(3))
+            keep = views[-1]
+            del views
+            with pytest.raises(BufferError, match="1 sample\\(s\\) of this batch have live views"):
+                batch.release()
+            del keep
+            batch.release()
+            assert batch.released
+            with pytest.raises(ValueError, match="after release"):
+                batch.views()
+            got.extend(ids)
+    assert got == order[:per_epoch]
+    assert stream.closed
+
+
+def test_batches_mix_with_single_samples_in_order(service, images):
+    order = service.stream(0)
+    client = nopfs.connect(service.socket)
+    got = []
+    with client.open(0, epochs=1) as stream:
+        for k in range(6):
+            if k % 3 == 0:
+                s = stream.next()
+                got.append(s.id)
+                s.release()
+            elif k % 3 == 1:
+                with stream.next_batch(5) as b:
+                    got.extend(b.ids.tolist())
+            else:
+                _, _, ids = stream.next_batch_into(4, bytearray(64 << 10))
+                got.extend(ids.tolist())
+    assert got == order[:len(got)]
+
+
+def test_bad_buffers_and_sizes_are_refused_clearly(service):
+    client = nopfs.connect(service.socket)
+    with client.open(0, epochs=1) as stream:
+        with pytest.raises(ValueError, match="out must be a writable buffer of bytes"):
+            stream.next_batch_into(4, b"read-only bytes")
+        with pytest.raises(ValueError, match="out must be contiguous"):
+            stream.next_batch_into(4, np.zeros((64, 64), dtype=np.uint8)[:, ::2])
+        with pytest.raises(ValueError, match="ask for at least 1 sample"):
+            stream.next_batch(0)
