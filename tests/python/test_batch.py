@@ -11,6 +11,7 @@ import torch
 
 import nopfs
 from conftest import Service
+from nopfs.torch import DataLoader, DistributedSampler, ImageFolder, read_batch, uint8_tensor
 
 
 def file_bytes(path):
@@ -20,16 +21,17 @@ def file_bytes(path):
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
-    """40 files of 150-250 KiB (8 MiB): more than the 4 MiB ring nopfsd gives a rank, served to
-    one rank in batches of 10; returns (root, [path by sample id], service)."""
+    """40 files of 200 KiB (8 MiB) in two classes: more than the 4 MiB ring nopfsd gives a rank,
+    served to one rank in batches of 30 (6 MiB, larger than the ring; the last of an epoch has
+    10); returns (root, [path by sample id], service)."""
     rnd = random.Random(5)
     root = tmp_path_factory.mktemp("big") / "data"
-    (root / "c0").mkdir(parents=True)
     for k in range(40):
-        (root / "c0" / f"s{k:03d}.bin").write_bytes(rnd.randbytes((150 << 10) + rnd.randrange(100 << 10)))
-    paths = sorted(str(p) for p in (root / "c0").iterdir())
+        (root / f"c{k % 2}").mkdir(parents=True, exist_ok=True)
+        (root / f"c{k % 2}" / f"s{k:03d}.bin").write_bytes(rnd.randbytes(200 << 10))
+    paths = sorted(str(p) for p in root.glob("c*/*.bin"))
     svc = Service(str(root), str(tmp_path_factory.mktemp("bigrun")), len(paths),
-                  job={"seed": 3, "epochs": 2, "ranks": 1, "batch": 10, "scheme": "strided"})
+                  job={"seed": 3, "epochs": 2, "ranks": 1, "batch": 30, "scheme": "strided"})
     yield str(root), paths, svc
     svc.stop()
 
@@ -84,7 +86,7 @@ def test_a_buffer_that_fills_up_returns_what_fits_and_the_rest_comes_next(big):
     client = nopfs.connect(svc.socket)
     got, counts = [], []
     with client.open(0, epochs=1) as stream:
-        buf = bytearray(600 << 10)  # two to four samples
+        buf = bytearray(500 << 10)  # two samples
         while True:
             offsets, _, ids = stream.next_batch_into(10, buf)
             if len(ids) == 0:
@@ -94,7 +96,7 @@ def test_a_buffer_that_fills_up_returns_what_fits_and_the_rest_comes_next(big):
                 assert bytes(buf[offsets[k]:offsets[k + 1]]) == file_bytes(paths[sid])
             got.extend(ids.tolist())
     assert got == order
-    assert all(2 <= n <= 4 for n in counts[:-1]), counts  # the last one: what is left
+    assert counts == [2] * 20
 
 
 def test_next_batch_gives_views_and_copies_and_refuses_release_while_a_view_lives(service, images):
@@ -164,3 +166,126 @@ def test_bad_buffers_and_sizes_are_refused_clearly(service):
             stream.next_batch_into(4, np.zeros((64, 64), dtype=np.uint8)[:, ::2])
         with pytest.raises(ValueError, match="ask for at least 1 sample"):
             stream.next_batch(0)
+
+
+def label_of(path):
+    return int(os.path.basename(os.path.dirname(path))[-1])
+
+
+def expected_batches(paths, order, batch, make):
+    """torch's default_collate over [(make(file bytes), label)] in chunks of `batch`."""
+    items = [(make(file_bytes(paths[i])), label_of(paths[i])) for i in order]
+    return [torch.utils.data.default_collate(items[k:k + batch])
+            for k in range(0, len(items), batch)]
+
+
+def same(a, b):
+    """Equal batches: the same structure, types and values."""
+    assert type(a) is type(b), (type(a), type(b))
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            same(x, y)
+    else:
+        assert a == b
+
+
+def set_env(monkeypatch, svc, rank):
+    for k, v in svc.env(rank).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("NOPFS_FALLBACK", raising=False)
+
+
+@pytest.mark.parametrize("workers", [0, 2, 4])
+def test_default_collate_of_tensors_fills_one_tensor_per_batch_larger_than_the_ring(
+        big, monkeypatch, workers):
+    root, paths, svc = big
+    set_env(monkeypatch, svc, 0)
+    order = svc.stream(0)
+    dataset = ImageFolder(root, decode=uint8_tensor)
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=30, sampler=sampler, num_workers=workers)
+    assert loader.batch_size == 30 and len(loader) == 2
+    assert loader.nopfs_stream.mode == "tensor"  # one tensor per batch, filled in C++
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        got = list(loader)
+        want = expected_batches(paths, order[epoch * 40:(epoch + 1) * 40], 30, uint8_tensor)
+        assert [len(b[1]) for b in got] == [30, 10]  # the short last batch
+        for g, w in zip(got, want):
+            same(g, w)
+            data = g[0]
+            assert data.shape[1] == 200 << 10 and data.is_contiguous()
+    # Resume at (epoch 1, step 1): the short batch alone.
+    sampler.resume(1, 1)
+    got = list(loader)
+    same(got, expected_batches(paths, order[70:80], 30, uint8_tensor))
+
+
+@pytest.mark.parametrize("workers", [0, 3])
+def test_default_collate_of_bytes_and_of_varied_tensors_is_torchs(service, images, rank_env,
+                                                                 workers):
+    root, paths = images
+    rank_env(0)
+    order = service.stream(0)[:45]
+    dataset = ImageFolder(root, decode=bytes)
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=workers)
+    assert loader.nopfs_stream.mode == "bytes"
+    sampler.set_epoch(0)
+    got = list(loader)
+    want = expected_batches(paths, order, 4, bytes)
+    assert len(got) == len(want) == 12
+    for g, w in zip(got, want):
+        same(g, w)
+    # Tensors of different sizes (the PNGs): torch.stack's error, as torch's collate raises.
+    tensors = ImageFolder(root, decode=uint8_tensor)
+    loader = DataLoader(tensors, batch_size=4, sampler=DistributedSampler(tensors),
+                        num_workers=workers)
+    with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+        list(loader)
+
+
+def test_pin_memory(big, monkeypatch):
+    """DataLoader(pin_memory=True) as torch's: pinned with CUDA, a no-op without it; the
+    extension-level read_batch(pin_memory=True) pins, or says clearly that it needs CUDA."""
+    root, paths, svc = big
+    set_env(monkeypatch, svc, 0)
+    order = svc.stream(0)
+    dataset = ImageFolder(root, decode=uint8_tensor)
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=30, sampler=sampler, pin_memory=True)
+    sampler.set_epoch(0)
+    got = list(loader)
+    for g, w in zip(got, expected_batches(paths, order[:40], 30, uint8_tensor)):
+        same(g, w)
+        assert g[0].is_pinned() == torch.cuda.is_available()
+    with nopfs.connect(svc.socket).open(0, epochs=1) as stream:
+        if torch.cuda.is_available():
+            data, offsets, labels, ids = read_batch(stream, 8, pin_memory=True)
+            assert data.is_pinned()
+        else:
+            with pytest.raises(RuntimeError, match="pin_memory=True needs CUDA.*pass "
+                                                   "pin_memory=False"):
+                read_batch(stream, 8, pin_memory=True)
+            data, offsets, labels, ids = read_batch(stream, 8)
+        assert ids.tolist() == order[:len(ids)]
+        for k, sid in enumerate(ids.tolist()):
+            assert bytes(data[offsets[k]:offsets[k + 1]].numpy()) == file_bytes(paths[sid])
+            assert labels[k] == label_of(paths[sid])
+
+
+def test_fallback_batches_are_the_services(big, monkeypatch):
+    root, paths, svc = big
+    set_env(monkeypatch, svc, 0)
+    order = svc.stream(0)
+    monkeypatch.delenv("NOPFS_SOCKET")
+    monkeypatch.setenv("NOPFS_FALLBACK", "1")
+    dataset = ImageFolder(root, decode=uint8_tensor)
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=30, sampler=sampler, num_workers=2)
+    assert loader.nopfs_fallback
+    sampler.set_epoch(1)
+    same(list(loader), expected_batches(paths, order[40:80], 30, uint8_tensor))
