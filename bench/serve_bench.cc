@@ -49,10 +49,10 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "cli/process.h"
 #include "client/client.h"
 #include "common/checksum.h"
 #include "common/units.h"
+#include "launch/process.h"
 
 namespace {
 
@@ -165,7 +165,7 @@ void RunSize(const Args& a, const std::string& bin, uint64_t size) {
 
   // nopfsd, prefetching into RAM.
   const std::string run = root + "/run";
-  nopfs::cli::Child::Options o;
+  nopfs::launch::Child::Options o;
   std::vector<std::string> argv = {bin + "/nopfsd",
                                    "--run-dir",
                                    run,
@@ -182,7 +182,7 @@ void RunSize(const Args& a, const std::string& bin, uint64_t size) {
                                    "--config",
                                    root + "/bench.conf.lua"};
   if (geteuid() == 0) argv.push_back("--allow-root");
-  nopfs::Result<nopfs::cli::Child> d = nopfs::cli::Child::Spawn(argv, o);
+  nopfs::Result<nopfs::launch::Child> d = nopfs::launch::Child::Spawn(argv, o);
   if (!d.ok()) Die(d.status().message());
   while (!fs::exists(run + "/ready")) {
     if (d->Wait(std::chrono::milliseconds(1)).ok()) Die("nopfsd exited; see " + run);
