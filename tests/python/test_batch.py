@@ -289,3 +289,29 @@ def test_fallback_batches_are_the_services(big, monkeypatch):
     assert loader.nopfs_fallback
     sampler.set_epoch(1)
     same(list(loader), expected_batches(paths, order[40:80], 30, uint8_tensor))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_drop_last_job_has_whole_batches_only(big, tmp_path, monkeypatch, workers):
+    root, paths, _ = big
+    svc = Service(root, str(tmp_path / "run"), len(paths),
+                  job={"seed": 4, "epochs": 2, "ranks": 1, "batch": 30, "scheme": "strided"},
+                  extra=("--drop-last",))
+    try:
+        set_env(monkeypatch, svc, 0)
+        monkeypatch.setenv("NOPFS_DROP_LAST", "1")
+        dataset = ImageFolder(root, decode=uint8_tensor)
+        sampler = DistributedSampler(dataset)
+        assert sampler.drop_last
+        loader = DataLoader(dataset, batch_size=30, sampler=sampler, num_workers=workers)
+        assert len(loader) == 1
+        for epoch in range(2):
+            with nopfs.connect(svc.socket).open(0, epoch=epoch, epochs=1) as stream:
+                served = [s.id for s in stream]
+            assert served == sampler.order(epoch).tolist() and len(served) == 30
+            sampler.set_epoch(epoch)
+            got = list(loader)
+            assert len(got) == 1
+            same(got, expected_batches(paths, served, 30, uint8_tensor))
+    finally:
+        svc.stop()
