@@ -107,6 +107,13 @@ Status Stream::CheckPid() const {
 
 namespace {
 
+// Whether a failure met after a batch call had samples is kept for the next call: what the stream
+// delivered (a sample's error, the service gone) is; a timeout or a full slot table is not, since
+// the next call waits again or finds the slots released.
+bool Reportable(const Status& st) {
+  return st.code() != StatusCode::kTimedOut && st.code() != StatusCode::kFailedPrecondition;
+}
+
 Sample ToSample(const ring::View& x) {
   return Sample{x.seq, x.sample_id, x.label, x.epoch, x.step, x.position, x.data, x.size};
 }
@@ -154,7 +161,7 @@ Result<size_t> Stream::TakeLocked(size_t n, std::vector<Sample>* out,
       reader_->NextBatch(n - taken, taken == 0 ? timeout : std::chrono::milliseconds(0), &views);
   if (!r.ok()) {
     if (taken == 0) return r.status();
-    if (r.status().code() != StatusCode::kTimedOut) carried_error_ = r.status();
+    if (Reportable(r.status())) carried_error_ = r.status();
     return taken;
   }
   for (const ring::View& v : views)
@@ -201,8 +208,7 @@ Result<size_t> Stream::FillBatch(size_t n, std::span<std::byte> dst,
     Result<size_t> r = TakeLocked(n - copied, &taken, left);
     if (!r.ok()) {
       if (copied == 0) return r.status();
-      // Reported by the next call (a timeout is not: the next call waits again).
-      if (r.status().code() != StatusCode::kTimedOut) carried_error_ = r.status();
+      if (Reportable(r.status())) carried_error_ = r.status();
       break;
     }
     if (*r == 0) break;  // end of stream
