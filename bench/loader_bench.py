@@ -7,15 +7,20 @@ DataLoader reading the same files directly, in one run, for several worker count
 A synthetic ImageFolder of --files files of --size random bytes is written to a temporary
 directory; `nopfs run` serves it (one rank) while this process reads it three ways per worker
 count, one warm-up pass and --passes measured passes each (all from the page cache or RAM: this
-measures the data path, not a PFS):
+measures the data path, not a PFS), each through the public API (ImageFolder, DistributedSampler,
+DataLoader; only the imports differ):
   direct   torch.utils.data.DataLoader over a map-style dataset that reads each file, with
            torch's DistributedSampler (what a script does today);
   fallback nopfs.torch.DataLoader with no service (each worker reads the files, in the plan's
-           order);
-  nopfs    nopfs.torch.DataLoader reading from nopfsd's shared-memory rings.
-Each item becomes a uint8 tensor (a copy of the bytes), batches are stacked by the default
-collate. Ratios are against `direct` measured in the same run. As root, runs as `nobody` (nopfsd
-refuses root).
+           order), decode=nopfs.torch.uint8_tensor;
+  nopfs    nopfs.torch.DataLoader reading from nopfsd's shared-memory rings,
+           decode=nopfs.torch.uint8_tensor (the batch path: one uint8 tensor per batch, filled in
+           C++);
+  decode   the same with a decode function of the script's own (one view per sample, as a PIL
+           decode gets).
+Each item is a uint8 tensor of the sample's bytes, batches are stacked by the default collate.
+Ratios are against `direct` measured in the same run. As root, runs as `nobody` (nopfsd refuses
+root).
 """
 
 import argparse
@@ -86,7 +91,7 @@ def main():
             shutil.rmtree(work, ignore_errors=True)
     sys.path.insert(0, os.path.join(build, "python"))
     import nopfs
-    from nopfs.torch import DataLoader, DistributedSampler, ImageFolder
+    from nopfs.torch import DataLoader, DistributedSampler, ImageFolder, uint8_tensor
 
     tmp = tempfile.mkdtemp(prefix="nopfs-loader-bench-")
     service = None
@@ -119,26 +124,28 @@ def main():
         print(f"loader_bench: {args.files} files of {args.size} bytes, batch {args.batch}, "
               f"{args.passes} measured passes after a warm-up, {os.cpu_count()} cores")
         print(f"{'workers':>7} {'direct/s':>10} {'fallback/s':>10} {'nopfs/s':>10} "
-              f"{'nopfs/direct':>12} {'fallback/direct':>15}")
+              f"{'decode/s':>10} {'nopfs/direct':>12} {'decode/direct':>13} "
+              f"{'fallback/direct':>15}")
         for workers in [int(w) for w in args.workers.split(",")]:
             sampler = tud.distributed.DistributedSampler(Files(samples), num_replicas=1, rank=0)
             direct = measure(tud.DataLoader(Files(samples), batch_size=args.batch,
                                             sampler=sampler, num_workers=workers),
                              sampler.set_epoch, args.passes)
             rates = {}
-            for mode in ("fallback", "nopfs"):
+            for mode in ("fallback", "nopfs", "decode"):
                 os.environ.pop("NOPFS_FALLBACK", None)
                 for k, v in env.items():
                     os.environ[k] = v
                 if mode == "fallback":
                     del os.environ["NOPFS_SOCKET"]
                     os.environ["NOPFS_FALLBACK"] = "1"
-                ds = ImageFolder(root, decode=to_tensor)
+                ds = ImageFolder(root, decode=to_tensor if mode == "decode" else uint8_tensor)
                 s = DistributedSampler(ds)
                 loader = DataLoader(ds, batch_size=args.batch, sampler=s, num_workers=workers)
                 rates[mode] = measure(loader, s.set_epoch, args.passes)
             print(f"{workers:>7} {direct:>10.0f} {rates['fallback']:>10.0f} "
-                  f"{rates['nopfs']:>10.0f} {rates['nopfs'] / direct:>12.2f} "
+                  f"{rates['nopfs']:>10.0f} {rates['decode']:>10.0f} "
+                  f"{rates['nopfs'] / direct:>12.2f} {rates['decode'] / direct:>13.2f} "
                   f"{rates['fallback'] / direct:>15.2f}", flush=True)
     finally:
         if service is not None and service.poll() is None:

@@ -2,7 +2,8 @@
 // measured in the same run.
 //
 //   nopfs_serve_bench [--dir /var/tmp] [--mib N] [--epochs 3] [--rounds 3]
-//                     [--sizes 4KiB,128KiB,4MiB] [--staging-threads N] [--verify on_fill|always]
+//                     [--sizes 4KiB,128KiB,4MiB] [--staging-threads N] [--batch N]
+//                     [--verify on_fill|always]
 //
 // For samples of each size (--mib MiB of them per size, by default twice the last-level cache and
 // at least 512; one ImageFolder class of files under --dir), it starts a real nopfsd (beside this
@@ -22,6 +23,8 @@
 //     sample first checked by a second thread with nopfsd's in-place check, ColdXxh3, up to
 //     64 MiB ahead, as nopfsd's ring allows); the dataset should exceed the last-level cache
 //     (--mib), or the baselines and the client run from the cache;
+//     With --batch N (N > 1) the client takes N samples per call (Stream::NextBatch) and
+//     releases them in one (ReleaseBatch) instead of one Next() and Release() per sample.
 //  3. CPU: nopfsd's user+system CPU seconds (from /proc) per GB served (the stream's open, which
 //     maps and populates the ring, is timed apart).
 // The serves and their baselines run --rounds times, alternating, each serve's ratio taken to the
@@ -68,7 +71,7 @@ double Since(Clock::time_point t0) {
 
 const char* const kUsage =
     "usage: nopfs_serve_bench [--dir DIR] [--mib N] [--epochs E] [--rounds R] [--sizes "
-    "4KiB,128KiB,4MiB] [--staging-threads N] [--verify on_fill|always]\n";
+    "4KiB,128KiB,4MiB] [--staging-threads N] [--batch N] [--verify on_fill|always]\n";
 
 [[noreturn]] void Die(const std::string& msg) {
   std::fprintf(stderr, "serve_bench: %s\n", msg.c_str());
@@ -106,6 +109,7 @@ struct Args {
   uint32_t epochs = 3;
   uint32_t rounds = 3;
   uint32_t staging_threads = 0;    // 0: one core for the client, the others for nopfsd (at least 1)
+  uint32_t batch = 1;              // samples per client call (1: Next and Release per sample)
   std::string verify = "on_fill";  // the node config's `verify` for RAM hits
 };
 
@@ -221,7 +225,21 @@ void RunSize(const Args& a, const std::string& bin, uint64_t size) {
     r.opened = Since(t_open);
     order.clear();
     const auto t1 = Clock::now();
-    for (;;) {
+    std::vector<nopfs::client::Sample> batch;
+    while (a.batch > 1) {
+      batch.clear();
+      auto n = (*stream)->NextBatch(a.batch, &batch);
+      if (!n.ok()) Die(n.status().message());
+      if (*n == 0) break;
+      for (const nopfs::client::Sample& x : batch) {
+        std::memcpy(sink.data(), x.data, x.size);
+        order.push_back(x.sample_id);
+        r.bytes += x.size;
+      }
+      r.samples += *n;
+      if (auto rel = (*stream)->ReleaseBatch(batch); !rel.ok()) Die(rel.message());
+    }
+    while (a.batch <= 1) {
       auto s = (*stream)->Next();
       if (!s.ok()) Die(s.status().message());
       if (!s->has_value()) break;
@@ -363,6 +381,9 @@ int main(int argc, char** argv) {
         } else if (k == "--verify") {
           if (v != "on_fill" && v != "always") Die("--verify: write on_fill or always");
           a.verify = v;
+        } else if (k == "--batch") {
+          a.batch = static_cast<uint32_t>(std::stoul(v));
+          if (a.batch == 0) Die("--batch: write 1 (one sample per call) or more");
         } else if (k == "--sizes") {
           std::optional<std::vector<uint64_t>> sizes = nopfs::bench::ParseSizeList(v);
           if (!sizes) Die("--sizes: write sizes separated by commas, e.g. 4KiB,128KiB");
@@ -380,8 +401,9 @@ int main(int argc, char** argv) {
   const std::string bin = fs::read_symlink("/proc/self/exe").parent_path().string();
   std::printf(
       "nopfs_serve_bench: %llu MiB per size under %s, %u epochs, one client, RAM tier, %u "
-      "staging thread(s), %u rounds\n",
-      static_cast<unsigned long long>(a.mib), a.dir.c_str(), a.epochs, a.staging_threads, a.rounds);
+      "staging thread(s), %u rounds, %u sample(s) per client call\n",
+      static_cast<unsigned long long>(a.mib), a.dir.c_str(), a.epochs, a.staging_threads, a.rounds,
+      a.batch);
   for (uint64_t size : a.sizes)
     RunSize(a, bin, size);
   return 0;

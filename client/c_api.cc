@@ -1,8 +1,10 @@
 // The C API (nopfs_client.h) over the C++ client. No exception crosses it.
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include "client/client.h"
 #include "client/nopfs_client.h"
@@ -91,15 +93,30 @@ int nopfs_open_share(nopfs_client* client, uint32_t rank, uint32_t epoch, uint64
   });
 }
 
+namespace {
+
+std::chrono::milliseconds CTimeout(int64_t timeout_ms) {
+  // "Without limit" is a year: long enough for any job, small enough for the deadline sum.
+  return timeout_ms < 0 ? std::chrono::milliseconds(std::chrono::hours(24 * 365))
+                        : std::chrono::milliseconds(timeout_ms);
+}
+
+int CheckBatchSize(size_t n) {
+  if (n > static_cast<size_t>(INT_MAX)) {
+    return Fail(nopfs::Status::InvalidArgument("nopfs: a batch of " + std::to_string(n) +
+                                               " samples is too large; ask for at most " +
+                                               std::to_string(INT_MAX)));
+  }
+  return 0;
+}
+
+}  // namespace
+
 int nopfs_next(nopfs_stream* stream, nopfs_sample* sample, int64_t timeout_ms) {
   if (stream == nullptr) return FailNull("stream");
   if (sample == nullptr) return FailNull("sample");
   return Guard([&] {
-    // "Without limit" is a year: long enough for any job, small enough for the deadline sum.
-    std::chrono::milliseconds t = timeout_ms < 0
-                                      ? std::chrono::milliseconds(std::chrono::hours(24 * 365))
-                                      : std::chrono::milliseconds(timeout_ms);
-    auto r = stream->impl->Next(t);
+    auto r = stream->impl->Next(CTimeout(timeout_ms));
     if (!r.ok()) return Fail(r.status());
     if (!r->has_value()) return 0;
     const nopfs::client::Sample& s = **r;
@@ -117,6 +134,57 @@ int nopfs_release(nopfs_stream* stream, const nopfs_sample* sample) {
     s.seq = sample->seq;
     nopfs::Status st = stream->impl->Release(s);
     return st.ok() ? 0 : Fail(st);
+  });
+}
+
+int nopfs_next_batch(nopfs_stream* stream, nopfs_sample* samples, size_t n, int64_t timeout_ms) {
+  if (stream == nullptr) return FailNull("stream");
+  if (samples == nullptr && n != 0) return FailNull("samples");
+  if (int rc = CheckBatchSize(n); rc < 0) return rc;
+  return Guard([&] {
+    std::vector<nopfs::client::Sample> got;
+    got.reserve(n);
+    auto r = stream->impl->NextBatch(n, &got, CTimeout(timeout_ms));
+    if (!r.ok()) return Fail(r.status());
+    for (size_t i = 0; i < got.size(); ++i) {
+      const nopfs::client::Sample& s = got[i];
+      samples[i] =
+          nopfs_sample{s.seq, s.sample_id, s.epoch, s.label, s.step, s.position, s.data, s.size};
+    }
+    return static_cast<int>(got.size());
+  });
+}
+
+int nopfs_release_batch(nopfs_stream* stream, const nopfs_sample* samples, size_t n) {
+  if (stream == nullptr) return FailNull("stream");
+  if (samples == nullptr && n != 0) return FailNull("samples");
+  return Guard([&] {
+    std::vector<nopfs::client::Sample> s(n);
+    for (size_t i = 0; i < n; ++i)
+      s[i].seq = samples[i].seq;
+    nopfs::Status st = stream->impl->ReleaseBatch(s);
+    return st.ok() ? 0 : Fail(st);
+  });
+}
+
+int nopfs_fill_batch(nopfs_stream* stream, size_t n, void* buffer, size_t capacity,
+                     nopfs_batch_entry* entries, int64_t timeout_ms) {
+  if (stream == nullptr) return FailNull("stream");
+  if (buffer == nullptr && capacity != 0) return FailNull("buffer");
+  if (entries == nullptr && n != 0) return FailNull("entries");
+  if (int rc = CheckBatchSize(n); rc < 0) return rc;
+  return Guard([&] {
+    std::vector<nopfs::client::BatchEntry> got;
+    got.reserve(n);
+    auto r = stream->impl->FillBatch(n, {static_cast<std::byte*>(buffer), capacity}, &got,
+                                     CTimeout(timeout_ms));
+    if (!r.ok()) return Fail(r.status());
+    for (size_t i = 0; i < got.size(); ++i) {
+      const nopfs::client::BatchEntry& e = got[i];
+      entries[i] =
+          nopfs_batch_entry{e.sample_id, e.epoch, e.label, e.step, e.position, e.offset, e.size};
+    }
+    return static_cast<int>(got.size());
   });
 }
 

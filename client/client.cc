@@ -3,8 +3,10 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "client/ring.h"
 #include "client/wire.h"
@@ -103,21 +105,140 @@ Status Stream::CheckPid() const {
   return ::getpid() == pid_ ? Status::Ok() : ForkError();
 }
 
+namespace {
+
+// Whether a failure met after a batch call had samples is kept for the next call: what the stream
+// delivered (a sample's error, the service gone) is; a timeout or a full slot table is not, since
+// the next call waits again or finds the slots released.
+bool Reportable(const Status& st) {
+  return st.code() != StatusCode::kTimedOut && st.code() != StatusCode::kFailedPrecondition;
+}
+
+Sample ToSample(const ring::View& x) {
+  return Sample{x.seq, x.sample_id, x.label, x.epoch, x.step, x.position, x.data, x.size};
+}
+
+}  // namespace
+
 Result<std::optional<Sample>> Stream::Next(std::chrono::milliseconds timeout) {
   NOPFS_RETURN_IF_ERROR(CheckPid());
   if (closed_) return Status::FailedPrecondition("nopfs client: Next() on a closed stream");
+  MutexLock lock(&take_mu_);
+  if (!carried_.empty()) {
+    Sample s = carried_.front();
+    carried_.pop_front();
+    return std::optional<Sample>(s);
+  }
+  if (!carried_error_.ok()) return std::exchange(carried_error_, Status::Ok());
   Result<std::optional<ring::View>> v = reader_->Next(timeout);
   if (!v.ok()) return v.status();
   if (!v->has_value()) return std::optional<Sample>();
-  const ring::View& x = **v;
-  return std::optional<Sample>(
-      Sample{x.seq, x.sample_id, x.label, x.epoch, x.step, x.position, x.data, x.size});
+  return std::optional<Sample>(ToSample(**v));
 }
 
 Status Stream::Release(const Sample& sample) {
   NOPFS_RETURN_IF_ERROR(CheckPid());
   if (closed_) return Status::FailedPrecondition("nopfs client: Release() on a closed stream");
   return reader_->Release(sample.seq);
+}
+
+Result<size_t> Stream::TakeLocked(size_t n, std::vector<Sample>* out,
+                                  std::chrono::milliseconds timeout) {
+  size_t taken = 0;
+  while (taken < n && !carried_.empty()) {
+    out->push_back(carried_.front());
+    carried_.pop_front();
+    ++taken;
+  }
+  if (taken == n) return taken;
+  if (!carried_error_.ok()) {
+    if (taken != 0) return taken;  // reported by the next call
+    return std::exchange(carried_error_, Status::Ok());
+  }
+  std::vector<ring::View>& views = views_;
+  views.clear();
+  Result<size_t> r =
+      reader_->NextBatch(n - taken, taken == 0 ? timeout : std::chrono::milliseconds(0), &views);
+  if (!r.ok()) {
+    if (taken == 0) return r.status();
+    if (Reportable(r.status())) carried_error_ = r.status();
+    return taken;
+  }
+  for (const ring::View& v : views)
+    out->push_back(ToSample(v));
+  return taken + *r;
+}
+
+Result<size_t> Stream::NextBatch(size_t n, std::vector<Sample>* out,
+                                 std::chrono::milliseconds timeout) {
+  NOPFS_RETURN_IF_ERROR(CheckPid());
+  if (closed_) return Status::FailedPrecondition("nopfs client: NextBatch() on a closed stream");
+  MutexLock lock(&take_mu_);
+  return TakeLocked(n, out, timeout);
+}
+
+Status Stream::ReleaseBatch(std::span<const Sample> samples) {
+  NOPFS_RETURN_IF_ERROR(CheckPid());
+  if (closed_) {
+    return Status::FailedPrecondition("nopfs client: ReleaseBatch() on a closed stream");
+  }
+  std::vector<uint64_t> seqs;
+  seqs.reserve(samples.size());
+  for (const Sample& s : samples)
+    seqs.push_back(s.seq);
+  return reader_->ReleaseBatch(seqs);
+}
+
+Result<size_t> Stream::FillBatch(size_t n, std::span<std::byte> dst,
+                                 std::vector<BatchEntry>* entries,
+                                 std::chrono::milliseconds timeout) {
+  NOPFS_RETURN_IF_ERROR(CheckPid());
+  if (closed_) return Status::FailedPrecondition("nopfs client: FillBatch() on a closed stream");
+  MutexLock lock(&take_mu_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  size_t copied = 0;
+  uint64_t used = 0;
+  std::vector<Sample> taken;
+  std::vector<uint64_t> seqs;
+  while (copied < n) {
+    taken.clear();
+    const auto left = std::max(std::chrono::milliseconds(0),
+                               std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   deadline - std::chrono::steady_clock::now()));
+    Result<size_t> r = TakeLocked(n - copied, &taken, left);
+    if (!r.ok()) {
+      if (copied == 0) return r.status();
+      if (Reportable(r.status())) carried_error_ = r.status();
+      break;
+    }
+    if (*r == 0) break;  // end of stream
+    seqs.clear();
+    size_t k = 0;
+    for (; k < taken.size(); ++k) {
+      const Sample& s = taken[k];
+      if (s.size > dst.size() - used) break;
+      if (s.size != 0) std::memcpy(dst.data() + used, s.data, s.size);
+      entries->push_back(
+          BatchEntry{s.sample_id, s.label, s.epoch, s.step, s.position, used, s.size});
+      used += s.size;
+      seqs.push_back(s.seq);
+    }
+    copied += k;
+    // The rest did not fit: first in line for the next call, still held.
+    carried_.insert(carried_.begin(), taken.begin() + static_cast<std::ptrdiff_t>(k), taken.end());
+    if (Status st = reader_->ReleaseBatch(seqs); !st.ok()) return st;
+    if (k < taken.size()) {
+      if (copied == 0) {
+        return Status::InvalidArgument(
+            "nopfs client: sample " + std::to_string(taken[k].sample_id) + " is " +
+            std::to_string(taken[k].size) + " bytes, larger than the batch buffer (" +
+            std::to_string(dst.size()) + " bytes); give a buffer of at least " +
+            std::to_string(taken[k].size) + " bytes (it stays first in line)");
+      }
+      break;
+    }
+  }
+  return copied;
 }
 
 Stats Stream::stats() const {

@@ -22,9 +22,12 @@
 // them in a child unmaps memory but sends nothing. Connect in the child instead (Python DataLoader
 // workers connect in their worker_init).
 //
-// Thread safety: Client and Stream are safe to call from several threads; Next() calls are
-// serialized, Release() may run concurrently with a waiting Next(). Close() (or destruction) must
-// not race with a Next() or Release() on the same stream.
+// Batches: NextBatch(n) takes n samples in one call and ReleaseBatch() gives them back in one;
+// FillBatch(n, buffer) copies n samples into one buffer (the Python extension's batch path).
+//
+// Thread safety: Client and Stream are safe to call from several threads; Next(), NextBatch() and
+// FillBatch() calls are serialized, Release() may run concurrently with a waiting Next(). Close()
+// (or destruction) must not race with a Next() or Release() on the same stream.
 #pragma once
 
 #include <sys/types.h>
@@ -34,15 +37,20 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace nopfs::ring {
 class RingReader;
-}
+struct View;
+}  // namespace nopfs::ring
 
 namespace nopfs::client {
 
@@ -61,7 +69,18 @@ struct Sample {
   uint64_t size = 0;
 };
 
-// Per-stream statistics. A stall is the time one Next() call waited.
+// Where FillBatch() put one sample in the caller's buffer, and what it is.
+struct BatchEntry {
+  uint32_t sample_id = 0;
+  int64_t label = 0;
+  uint32_t epoch = 0;
+  uint64_t step = 0;
+  uint64_t position = 0;
+  uint64_t offset = 0;  // in the buffer
+  uint64_t size = 0;
+};
+
+// Per-stream statistics. A stall is the time one Next() (or batch) call waited.
 struct SampleInfo {
   std::string path;  // absolute path of the file on the PFS
   uint64_t offset = 0;
@@ -130,6 +149,27 @@ class Stream {
   Result<std::optional<Sample>> Next(std::chrono::milliseconds timeout = kDefaultNextTimeout);
   // Gives the sample's space back to the service. Any order.
   Status Release(const Sample& sample);
+  // Takes up to `n` samples in stream order in one call (one pass over the ring for all of them,
+  // ring::RingReader::NextBatch), appended to `out`; each stays valid until released. Fewer than
+  // n at the end of the stream, before a sample that failed (the next call reports it), when
+  // `timeout` passes after the first, and when the ring cannot hold more at once (its slots, or
+  // an arena that the samples taken fill: release them and ask again). Returns how many it
+  // appended; 0 at end of stream. The first sample's failure is the call's, as Next()'s.
+  Result<size_t> NextBatch(size_t n, std::vector<Sample>* out,
+                           std::chrono::milliseconds timeout = kDefaultNextTimeout);
+  // Releases samples at once (one update of the ring for all). All or nothing.
+  Status ReleaseBatch(std::span<const Sample> samples);
+  // Copies the next `n` samples back to back into `dst` in stream order and gives their space
+  // back at once; `entries` receives one BatchEntry per sample (where it is in `dst`, its id,
+  // label, ...). Any n: a batch larger than the ring is taken in several passes. Returns how
+  // many it copied: fewer than n only at the end of the stream (0: ended), when the next sample
+  // does not fit what is left of `dst` (it is the first of the next call), or when `timeout`
+  // passes after the first. A sample larger
+  // than all of `dst` fails with InvalidArgument naming its size (it stays first in line: call
+  // again with a larger buffer). A failure after some samples were copied returns those and is
+  // reported by the next call.
+  Result<size_t> FillBatch(size_t n, std::span<std::byte> dst, std::vector<BatchEntry>* entries,
+                           std::chrono::milliseconds timeout = kDefaultNextTimeout);
   Stats stats() const;
   uint64_t id() const { return id_; }
   // Tells the service the stream is done (also done by the destructor). Samples not released
@@ -140,12 +180,21 @@ class Stream {
   friend class Client;
   Stream(std::shared_ptr<Connection> conn, uint64_t id, std::unique_ptr<ring::RingReader> reader);
   Status CheckPid() const;
+  // Up to n samples: the carried ones first, then the ring's.
+  Result<size_t> TakeLocked(size_t n, std::vector<Sample>* out, std::chrono::milliseconds timeout)
+      REQUIRES(take_mu_);
 
   std::shared_ptr<Connection> conn_;
   uint64_t id_ = 0;
   std::unique_ptr<ring::RingReader> reader_;
   pid_t pid_ = 0;
   std::atomic<bool> closed_{false};
+  // Samples taken from the ring but not yet handed out (FillBatch's sample that did not fit, and
+  // those after it), and a failure to report before them: what the next call returns first.
+  Mutex take_mu_;  // serializes Next/NextBatch/FillBatch
+  std::deque<Sample> carried_ GUARDED_BY(take_mu_);
+  Status carried_error_ GUARDED_BY(take_mu_) = Status::Ok();
+  std::vector<ring::View> views_ GUARDED_BY(take_mu_);  // NextBatch's scratch
 };
 
 class Client {

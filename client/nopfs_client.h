@@ -9,6 +9,7 @@
  *   if (nopfs_connect(NULL, &c) < 0) { fprintf(stderr, "%s\n", nopfs_last_error()); ... }
  *   nopfs_open(c, rank, 0, 0, &s);
  *   while (nopfs_next(s, &x, -1) == 1) { use(x.data, x.size); nopfs_release(s, &x); }
+ *   (or a batch at a time: nopfs_next_batch / nopfs_release_batch, nopfs_fill_batch)
  *   nopfs_stream_close(s); nopfs_close(c);
  *
  * A sample the service could not read makes nopfs_next return < 0 with a message naming the sample
@@ -51,6 +52,17 @@ typedef struct nopfs_sample {
   uint64_t size;
 } nopfs_sample;
 
+/* Where nopfs_fill_batch put one sample in the caller's buffer, and what it is. */
+typedef struct nopfs_batch_entry {
+  uint32_t sample_id;
+  uint32_t epoch;
+  int64_t label;
+  uint64_t step;
+  uint64_t position;
+  uint64_t offset; /* in the buffer */
+  uint64_t size;
+} nopfs_batch_entry;
+
 typedef struct nopfs_stats {
   uint64_t samples;
   uint64_t bytes;
@@ -78,6 +90,21 @@ int nopfs_open_share(nopfs_client* client, uint32_t rank, uint32_t epoch, uint64
 /* 1: *sample filled; 0: end of stream; < 0: error. timeout_ms < 0 waits without limit. */
 int nopfs_next(nopfs_stream* stream, nopfs_sample* sample, int64_t timeout_ms);
 int nopfs_release(nopfs_stream* stream, const nopfs_sample* sample);
+/* Takes up to n samples in stream order in one call into samples[0..n) (one pass over the ring);
+ * each stays valid until released. Returns how many (0: end of stream; fewer than n at the end,
+ * before a failed sample, which the next call reports, after the timeout once one arrived, or
+ * when the ring cannot hold more at once: release them and ask again); < 0: error. */
+int nopfs_next_batch(nopfs_stream* stream, nopfs_sample* samples, size_t n, int64_t timeout_ms);
+/* Releases n samples at once (all or nothing). */
+int nopfs_release_batch(nopfs_stream* stream, const nopfs_sample* samples, size_t n);
+/* Copies the next n samples back to back into buffer[0..capacity) and releases them; entries[i]
+ * says where sample i is and what it is. Any n (a batch larger than the ring is taken in several
+ * passes). Returns how many (fewer than n at the end of the stream, when the next sample does not
+ * fit what is left of the buffer: it comes first in the next call, or after the timeout once one
+ * arrived); < 0: error, e.g. NOPFS_E_INVALID_ARGUMENT for a sample larger than the whole
+ * buffer. */
+int nopfs_fill_batch(nopfs_stream* stream, size_t n, void* buffer, size_t capacity,
+                     nopfs_batch_entry* entries, int64_t timeout_ms);
 int nopfs_stream_stats(const nopfs_stream* stream, nopfs_stats* out);
 void nopfs_stream_close(nopfs_stream* stream);
 /* The service's status text, NUL-terminated, malloc'ed (free() it); NULL on error. */

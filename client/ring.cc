@@ -547,61 +547,38 @@ Status RingReader::AttachRegion(wire::UniqueFd fd, uint64_t bytes) {
   return Status::Ok();
 }
 
-void RingReader::RecordStall(uint64_t ns, bool sample, uint64_t bytes) {
+void RingReader::RecordStall(uint64_t ns, uint64_t samples, uint64_t bytes) {
   SharedHeader* h = HeaderAt(ctl_);
   h->next_calls.fetch_add(1, std::memory_order_relaxed);
   h->stall_ns_total.fetch_add(ns, std::memory_order_relaxed);
   h->histogram[StallBucket(ns)].fetch_add(1, std::memory_order_relaxed);
-  if (sample) {
-    h->samples.fetch_add(1, std::memory_order_relaxed);
+  if (samples != 0) {
+    h->samples.fetch_add(samples, std::memory_order_relaxed);
     h->bytes.fetch_add(bytes, std::memory_order_relaxed);
   }
 }
 
-Result<std::optional<View>> RingReader::Next(std::chrono::nanoseconds timeout) {
-  MutexLock next_lock(&next_mu_);
+RingReader::Wait RingReader::WaitFor(uint64_t seq, std::chrono::steady_clock::time_point deadline,
+                                     bool stop_if_producer_blocked, uint64_t* state) {
   SharedHeader* h = HeaderAt(ctl_);
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto deadline = t0 + timeout;
-  auto elapsed = [&] {
-    return static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-            .count());
-  };
-  const uint64_t seq = next_seq_;
-  {
-    MutexLock lock(&mu_);
-    if (seq - released_ >= slot_count_) {
-      RecordStall(elapsed(), false, 0);
-      return Status::FailedPrecondition(
-          "ring: " + std::to_string(slot_count_) +
-          " samples are held without Release(); release some before asking for more");
-    }
-  }
   Slot* s = SlotAt(ctl_, seq % slot_count_);
-  uint64_t state = 0;
+  auto published = [&] {
+    *state = s->state.load(std::memory_order_acquire);
+    return *state == (seq << 2 | kKindReady) || *state == (seq << 2 | kKindError);
+  };
   for (int spin = 0;; ++spin) {
     uint32_t ev = h->prod_event.load(std::memory_order_acquire);
-    state = s->state.load(std::memory_order_acquire);
-    if (state == (seq << 2 | kKindReady) || state == (seq << 2 | kKindError)) break;
-    if (h->end_seq.load(std::memory_order_acquire) <= seq) {
-      RecordStall(elapsed(), false, 0);
-      return std::optional<View>();
-    }
-    if (h->cancelled.load(std::memory_order_acquire) != 0) {
-      RecordStall(elapsed(), false, 0);
-      return Status::Unavailable("ring: the service cancelled this stream");
-    }
+    if (published()) return Wait::kReady;
+    if (h->end_seq.load(std::memory_order_acquire) <= seq) return Wait::kEnd;
+    if (h->cancelled.load(std::memory_order_acquire) != 0) return Wait::kCancelled;
     auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) {
-      RecordStall(elapsed(), false, 0);
-      return Status::TimedOut("ring: no sample arrived within the timeout (seq " +
-                              std::to_string(seq) + ")");
-    }
+    if (now >= deadline) return Wait::kTimedOut;
     // Nothing to read: a producer asleep waiting for a batch of space must use whatever space
     // there is now. Checked at once (not after the spin: it may be what we wait for) and before
-    // every sleep.
+    // every sleep. Still asleep after the spin (the space it needs is held by the caller's
+    // batch): a batch stops here rather than wait for space only its own release can free.
     if ((spin == 0 || spin >= kSpins) && h->space_waiters.load(std::memory_order_seq_cst) != 0) {
+      if (stop_if_producer_blocked && spin >= kSpins) return Wait::kProducerBlocked;
       h->cons_event.fetch_add(1, std::memory_order_seq_cst);
       FutexWake(&h->cons_event);
       producer_wakes_.fetch_add(1, std::memory_order_relaxed);
@@ -613,23 +590,18 @@ Result<std::optional<View>> RingReader::Next(std::chrono::nanoseconds timeout) {
     // Once per wait slice (a poll(2) with no timeout, only while nothing is ready).
     if (watch_fd_ >= 0 && HungUp(watch_fd_)) {
       // Published before the hang-up? Deliver it rather than report the death.
-      state = s->state.load(std::memory_order_acquire);
-      if (state == (seq << 2 | kKindReady) || state == (seq << 2 | kKindError)) break;
-      if (h->end_seq.load(std::memory_order_acquire) <= seq) {
-        RecordStall(elapsed(), false, 0);
-        return std::optional<View>();
-      }
-      RecordStall(elapsed(), false, 0);
-      return Status::Unavailable(
-          "nopfsd is gone (its socket hung up: it exited or was killed) before sample " +
-          std::to_string(seq) +
-          " of this stream arrived; the stream cannot go on (read the files directly, e.g. "
-          "NOPFS_FALLBACK=1 in Python, or run the job again)");
+      if (published()) return Wait::kReady;
+      if (h->end_seq.load(std::memory_order_acquire) <= seq) return Wait::kEnd;
+      return Wait::kGone;
     }
     h->data_waiters.fetch_add(1, std::memory_order_seq_cst);
     FutexWait(&h->prod_event, ev, std::min<std::chrono::nanoseconds>(deadline - now, kWaitSlice));
     h->data_waiters.fetch_sub(1, std::memory_order_seq_cst);
   }
+}
+
+Result<View> RingReader::ReadSlot(uint64_t seq, uint64_t state) const {
+  const Slot* s = SlotAt(ctl_, seq % slot_count_);
   // Copy the slot out once, then validate what we copied (the memory is shared).
   const uint64_t offset = s->offset;
   const uint64_t size = s->size;
@@ -638,7 +610,6 @@ Result<std::optional<View>> RingReader::Next(std::chrono::nanoseconds timeout) {
   const uint64_t limit = region == 0 ? capacity_ : region_bytes_;
   if ((region != 0 && (region != 1 || region_ == nullptr)) || offset > limit ||
       size > limit - offset) {
-    RecordStall(elapsed(), false, 0);
     return Status::Corruption("ring: slot of seq " + std::to_string(seq) +
                               " points outside the shared memory");
   }
@@ -651,21 +622,151 @@ Result<std::optional<View>> RingReader::Next(std::chrono::nanoseconds timeout) {
   v.position = s->position;
   v.data = base + offset;
   v.size = size;
-  const uint32_t code = s->code;
+  return v;
+}
+
+Status RingReader::WaitError(Wait w, uint64_t seq) {
+  switch (w) {
+    case Wait::kCancelled:
+      return Status::Unavailable("ring: the service cancelled this stream");
+    case Wait::kTimedOut:
+      return Status::TimedOut("ring: no sample arrived within the timeout (seq " +
+                              std::to_string(seq) + ")");
+    case Wait::kGone:
+      return Status::Unavailable(
+          "nopfsd is gone (its socket hung up: it exited or was killed) before sample " +
+          std::to_string(seq) +
+          " of this stream arrived; the stream cannot go on (read the files directly, e.g. "
+          "NOPFS_FALLBACK=1 in Python, or run the job again)");
+    default:
+      return Status::Internal("ring: no error for this wait outcome");
+  }
+}
+
+// The Status of error slot `seq` (consumed and released here).
+Status RingReader::ConsumeError(const View& v) {
+  const uint32_t code = SlotAt(ctl_, v.seq % slot_count_)->code;
+  std::string msg(reinterpret_cast<const char*>(v.data), v.size);
+  Status st = Release(v.seq);
+  (void)st;  // cannot fail: seq was just delivered
+  wire::Error e{code, msg.empty() ? "sample " + std::to_string(v.sample_id) + ": error" : msg};
+  return wire::ToStatus(e);
+}
+
+Result<std::optional<View>> RingReader::Next(std::chrono::nanoseconds timeout) {
+  MutexLock next_lock(&next_mu_);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+            .count());
+  };
+  const uint64_t seq = next_seq_;
+  {
+    MutexLock lock(&mu_);
+    if (seq - released_ >= slot_count_) {
+      RecordStall(elapsed(), 0, 0);
+      return Status::FailedPrecondition(
+          "ring: " + std::to_string(slot_count_) +
+          " samples are held without Release(); release some before asking for more");
+    }
+  }
+  uint64_t state = 0;
+  const Wait w = WaitFor(seq, t0 + timeout, false, &state);
+  if (w == Wait::kEnd) {
+    RecordStall(elapsed(), 0, 0);
+    return std::optional<View>();
+  }
+  if (w != Wait::kReady) {
+    RecordStall(elapsed(), 0, 0);
+    return WaitError(w, seq);
+  }
+  Result<View> v = ReadSlot(seq, state);
+  if (!v.ok()) {
+    RecordStall(elapsed(), 0, 0);
+    return v.status();
+  }
   {
     MutexLock lock(&mu_);
     delivered_ = seq + 1;
   }
   next_seq_ = seq + 1;
-  RecordStall(elapsed(), true, (state & 3) == kKindReady ? size : 0);
-  if ((state & 3) == kKindError) {
-    std::string msg(reinterpret_cast<const char*>(v.data), size);
-    Status st = Release(seq);
-    (void)st;  // cannot fail: seq was just delivered
-    wire::Error e{code, msg.empty() ? "sample " + std::to_string(v.sample_id) + ": error" : msg};
-    return wire::ToStatus(e);
+  const bool error = (state & 3) == kKindError;
+  RecordStall(elapsed(), 1, error ? 0 : v->size);
+  if (error) return ConsumeError(*v);
+  return std::optional<View>(*v);
+}
+
+Result<size_t> RingReader::NextBatch(size_t n, std::chrono::nanoseconds timeout,
+                                     std::vector<View>* out) {
+  MutexLock next_lock(&next_mu_);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+            .count());
+  };
+  const uint64_t first = next_seq_;
+  uint64_t room = 0;  // slots the caller may still take
+  {
+    MutexLock lock(&mu_);
+    room = slot_count_ - (first - released_);
   }
-  return std::optional<View>(v);
+  if (n == 0) return size_t{0};
+  if (room == 0) {
+    RecordStall(elapsed(), 0, 0);
+    return Status::FailedPrecondition(
+        "ring: " + std::to_string(slot_count_) +
+        " samples are held without Release(); release some before asking for more");
+  }
+  const uint64_t want = std::min<uint64_t>(n, room);
+  const auto deadline = t0 + timeout;
+  const size_t base = out->size();
+  uint64_t bytes = 0;
+  uint64_t seq = first;
+  Status error = Status::Ok();
+  for (; seq < first + want; ++seq) {
+    uint64_t state = 0;
+    const bool have = seq > first;
+    const Wait w = WaitFor(seq, deadline, have, &state);
+    if (w == Wait::kReady) {
+      if (have && (state & 3) == kKindError) break;  // the next call reports it
+      Result<View> v = ReadSlot(seq, state);
+      if (!v.ok()) {
+        if (have) break;  // delivered by the next call
+        error = v.status();
+        break;
+      }
+      if ((state & 3) == kKindError) {
+        {
+          MutexLock lock(&mu_);
+          delivered_ = seq + 1;
+        }
+        next_seq_ = seq + 1;
+        RecordStall(elapsed(), 1, 0);
+        return ConsumeError(*v);
+      }
+      out->push_back(*v);
+      bytes += v->size;
+      continue;
+    }
+    // Not ready: a batch already started ends here (its samples are not lost); the first
+    // sample's outcome is the call's.
+    if (!have && w != Wait::kEnd) error = WaitError(w, seq);
+    break;
+  }
+  const uint64_t taken = seq - first;
+  if (taken != 0) {
+    MutexLock lock(&mu_);
+    delivered_ = seq;
+  }
+  next_seq_ = seq;
+  RecordStall(elapsed(), taken, bytes);
+  if (!error.ok()) {
+    out->resize(base);
+    return error;
+  }
+  return static_cast<size_t>(taken);
 }
 
 bool RingReader::producer_asleep() const {
@@ -696,6 +797,22 @@ Status RingReader::Release(uint64_t seq) {
                                       " that is not held (never returned or already released)");
   }
   done_[seq % slot_count_] = true;
+  AdvanceReleasedLocked();
+  return Status::Ok();
+}
+
+Status RingReader::ReleaseBatch(std::span<const uint64_t> seqs) {
+  MutexLock lock(&mu_);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const uint64_t seq = seqs[i];
+    if (seq < released_ || seq >= delivered_ || done_[seq % slot_count_]) {
+      for (size_t j = 0; j < i; ++j)
+        done_[seqs[j] % slot_count_] = false;  // all or nothing
+      return Status::FailedPrecondition("ring: Release of seq " + std::to_string(seq) +
+                                        " that is not held (never returned or already released)");
+    }
+    done_[seq % slot_count_] = true;
+  }
   AdvanceReleasedLocked();
   return Status::Ok();
 }

@@ -202,8 +202,21 @@ class RingReader {
   // (WatchProducer); Corruption
   // if the shared memory holds an impossible slot.
   Result<std::optional<View>> Next(std::chrono::nanoseconds timeout);
+  // Takes up to `n` samples in sequence order in one call, appended to `out`: one pass over the
+  // slots, one update of what was delivered, one stall record for the lot. Waits (up to
+  // `timeout`) for each sample in turn, but returns the samples it has (fewer than n) at the end
+  // of the stream, before an error slot or an impossible slot (the next call reports it), when
+  // the timeout passes, and when the producer sleeps for space that the samples of this call
+  // hold (a batch larger than the arena: release it and ask again). At most the free slots (the
+  // slot table less the samples held). Returns how many it appended: 0 at end of stream. The
+  // first sample's failure is the call's, as Next()'s.
+  Result<size_t> NextBatch(size_t n, std::chrono::nanoseconds timeout, std::vector<View>* out);
   // Gives a sample's space back. Any order; FailedPrecondition for a seq not outstanding.
   Status Release(uint64_t seq);
+  // Gives several samples back at once (any order): one lock and one update of the shared
+  // counter for the lot. All or nothing: FailedPrecondition, and nothing released, if one of
+  // them is not outstanding or is named twice.
+  Status ReleaseBatch(std::span<const uint64_t> seqs);
   // Watches `fd` (the consumer's socket to the service, owned by the caller and open while the
   // reader lives) for a hang-up: when nothing is ready, Next() polls it before every wait slice,
   // so a producer that died without Finish() or Cancel() (killed, crashed) fails Next() with
@@ -222,7 +235,16 @@ class RingReader {
 
  private:
   RingReader() = default;
-  void RecordStall(uint64_t ns, bool sample, uint64_t bytes);
+  // How waiting for one seq ended (WaitFor).
+  enum class Wait { kReady, kEnd, kCancelled, kTimedOut, kGone, kProducerBlocked };
+  // Waits until `seq` is published (its slot state in *state), the stream ends, or it cannot
+  // come; with stop_if_producer_blocked, also stops when the producer sleeps for space.
+  Wait WaitFor(uint64_t seq, std::chrono::steady_clock::time_point deadline,
+               bool stop_if_producer_blocked, uint64_t* state);
+  Result<View> ReadSlot(uint64_t seq, uint64_t state) const;
+  static Status WaitError(Wait w, uint64_t seq);
+  Status ConsumeError(const View& v);
+  void RecordStall(uint64_t ns, uint64_t samples, uint64_t bytes);
   void AdvanceReleasedLocked() REQUIRES(mu_);
 
   wire::UniqueFd fd_;

@@ -666,5 +666,187 @@ TEST(Ring, AcrossProcesses) {
   EXPECT_EQ((*w)->stats().samples, kCount);
 }
 
+// Publishes `n` samples of `size` bytes (or SizeOf(seq) when size is 0) with the checkable
+// pattern, then finishes the stream.
+void Produce(RingWriter* w, uint64_t n, uint64_t size = 0) {
+  for (uint64_t i = 0; i < n; ++i) {
+    auto r = w->Reserve(size != 0 ? size : SizeOf(i),
+                        SampleMeta{static_cast<uint32_t>(i + 100), 0, 0, i / 8, i}, Deadline());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    Fill(r->dst, r->seq);
+    ASSERT_TRUE(w->Publish(r->seq).ok());
+  }
+  w->Finish();
+}
+
+std::vector<uint64_t> Seqs(const std::vector<View>& views) {
+  std::vector<uint64_t> s;
+  for (const View& v : views)
+    s.push_back(v.seq);
+  return s;
+}
+
+TEST(RingBatch, TakesInOrderAndReleasesAtOnceWhileTheProducerRuns) {
+  auto w = RingWriter::Create(64 * 1024, 32);
+  ASSERT_TRUE(w.ok());
+  auto reader = ReaderFor(**w);
+  constexpr uint64_t kCount = 1003;
+  std::thread producer([&] { Produce(w->get(), kCount); });
+  uint64_t next = 0, calls = 0;
+  std::vector<View> batch;
+  for (;;) {
+    batch.clear();
+    auto n = reader->NextBatch(8, 10s, &batch);
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    ++calls;
+    ASSERT_EQ(*n, batch.size());
+    if (*n == 0) break;
+    ASSERT_LE(*n, 8u);
+    for (const View& v : batch) {
+      ASSERT_EQ(v.seq, next) << "out of order";
+      EXPECT_EQ(v.sample_id, next + 100);
+      EXPECT_EQ(v.size, SizeOf(next));
+      EXPECT_TRUE(Check(v)) << "seq " << v.seq;
+      ++next;
+    }
+    ASSERT_TRUE(reader->ReleaseBatch(Seqs(batch)).ok());
+  }
+  producer.join();
+  EXPECT_EQ(next, kCount);
+  EXPECT_EQ((*w)->released(), kCount);
+  const RingStats st = reader->stats();
+  EXPECT_EQ(st.samples, kCount);
+  EXPECT_EQ(st.next_calls, calls);  // one per batch, not one per sample
+  EXPECT_LT(calls, kCount / 4);
+}
+
+TEST(RingBatch, PartialLastBatchThenEndOfStream) {
+  auto w = RingWriter::Create(64 * 1024, 16);
+  ASSERT_TRUE(w.ok());
+  auto reader = ReaderFor(**w);
+  Produce(w->get(), 13, 100);
+  std::vector<View> batch;
+  auto n = reader->NextBatch(8, 1s, &batch);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 8u);
+  ASSERT_TRUE(reader->ReleaseBatch(Seqs(batch)).ok());
+  batch.clear();
+  n = reader->NextBatch(8, 1s, &batch);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 5u);  // the short last batch
+  EXPECT_EQ(batch.front().seq, 8u);
+  EXPECT_EQ(batch.back().seq, 12u);
+  n = reader->NextBatch(8, 1s, &batch);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 0u);  // end of stream
+  EXPECT_EQ(batch.size(), 5u);
+}
+
+TEST(RingBatch, ABatchLargerThanTheSlotTableTakesTheFreeSlots) {
+  auto w = RingWriter::Create(64 * 1024, 4);
+  ASSERT_TRUE(w.ok());
+  auto reader = ReaderFor(**w);
+  std::thread producer([&] { Produce(w->get(), 10, 64); });
+  std::vector<View> batch;
+  auto n = reader->NextBatch(100, 10s, &batch);
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(*n, 4u);  // all the slots
+  auto more = reader->NextBatch(1, 1s, &batch);
+  EXPECT_EQ(more.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(more.status().message().find("release some before asking for more"), std::string::npos);
+  uint64_t next = 0;
+  for (;;) {
+    for (const View& v : batch) {
+      EXPECT_EQ(v.seq, next++);
+      EXPECT_TRUE(Check(v));
+    }
+    ASSERT_TRUE(reader->ReleaseBatch(Seqs(batch)).ok());
+    batch.clear();
+    n = reader->NextBatch(100, 10s, &batch);
+    ASSERT_TRUE(n.ok());
+    if (*n == 0) break;
+    EXPECT_LE(*n, 4u);
+  }
+  producer.join();
+  EXPECT_EQ(next, 10u);
+}
+
+// The samples of one batch fill the arena: the producer sleeps for space only their release can
+// free, so the batch returns what it holds instead of waiting for the timeout.
+TEST(RingBatch, ABatchLargerThanTheArenaReturnsWhatFits) {
+  auto w = RingWriter::Create(4096, 64);
+  ASSERT_TRUE(w.ok());
+  auto reader = ReaderFor(**w);
+  std::thread producer([&] { Produce(w->get(), 40, 1000); });  // 4 fit in the arena
+  uint64_t next = 0;
+  std::vector<View> batch;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    batch.clear();
+    auto n = reader->NextBatch(32, 30s, &batch);
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    if (*n == 0) break;
+    EXPECT_LE(*n, 4u);
+    for (const View& v : batch) {
+      EXPECT_EQ(v.seq, next++);
+      EXPECT_TRUE(Check(v));
+    }
+    ASSERT_TRUE(reader->ReleaseBatch(Seqs(batch)).ok());
+  }
+  producer.join();
+  EXPECT_EQ(next, 40u);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);  // never waited for the timeout
+}
+
+TEST(RingBatch, AnErrorSlotEndsTheBatchAndIsTheNextCallsResult) {
+  auto w = RingWriter::Create(4096, 8);
+  ASSERT_TRUE(w.ok());
+  auto reader = ReaderFor(**w);
+  for (uint64_t i = 0; i < 4; ++i) {
+    auto r = (*w)->Reserve(256, SampleMeta{static_cast<uint32_t>(i), 0, 0, 0, i}, Deadline());
+    ASSERT_TRUE(r.ok());
+    if (i == 2) {
+      ASSERT_TRUE((*w)->PublishError(r->seq, Status::NotFound("sample 2 (/pfs/c.jpg): gone")).ok());
+    } else {
+      Fill(r->dst, r->seq);
+      ASSERT_TRUE((*w)->Publish(r->seq).ok());
+    }
+  }
+  (*w)->Finish();
+  std::vector<View> batch;
+  auto n = reader->NextBatch(8, 1s, &batch);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 2u);
+  auto e = reader->NextBatch(8, 1s, &batch);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(e.status().message(), "sample 2 (/pfs/c.jpg): gone");
+  EXPECT_EQ(batch.size(), 2u);  // nothing appended by a failed call
+  n = reader->NextBatch(8, 1s, &batch);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 1u);
+  EXPECT_EQ(batch.back().seq, 3u);
+  EXPECT_TRUE(Check(batch.back()));
+  ASSERT_TRUE(reader->ReleaseBatch(Seqs(batch)).ok());
+  EXPECT_EQ((*w)->released(), 4u);
+}
+
+TEST(RingBatch, ReleaseBatchIsAllOrNothing) {
+  auto w = RingWriter::Create(4096, 8);
+  ASSERT_TRUE(w.ok());
+  auto reader = ReaderFor(**w);
+  Produce(w->get(), 3, 10);
+  std::vector<View> batch;
+  ASSERT_EQ(*reader->NextBatch(8, 1s, &batch), 3u);
+  const std::vector<uint64_t> unknown = {0, 5};
+  EXPECT_EQ(reader->ReleaseBatch(unknown).code(), StatusCode::kFailedPrecondition);
+  const std::vector<uint64_t> twice = {1, 1};
+  EXPECT_EQ(reader->ReleaseBatch(twice).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*w)->released(), 0u);
+  const std::vector<uint64_t> all = {2, 0, 1};
+  EXPECT_TRUE(reader->ReleaseBatch(all).ok());
+  EXPECT_EQ((*w)->released(), 3u);
+}
+
 }  // namespace
 }  // namespace nopfs::ring

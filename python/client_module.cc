@@ -17,13 +17,16 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "client/client.h"
@@ -95,6 +98,33 @@ class StreamHolder {
     if (closed_) return Status::Ok();  // the ring is gone with the stream: nothing to give back
     return stream_->Release(s);
   }
+  Result<size_t> NextBatch(size_t n, std::vector<client::Sample>* out,
+                           std::chrono::milliseconds timeout) {
+    std::shared_lock lock(mu_);
+    if (closed_) return Status::FailedPrecondition("nopfs: next_batch() on a closed stream");
+    return stream_->NextBatch(n, out, timeout);
+  }
+  Status ReleaseBatch(std::span<const client::Sample> samples) {
+    std::shared_lock lock(mu_);
+    if (closed_) return Status::Ok();  // the ring is gone with the stream
+    return stream_->ReleaseBatch(samples);
+  }
+  Result<size_t> FillBatch(size_t n, std::span<std::byte> dst,
+                           std::vector<client::BatchEntry>* entries,
+                           std::chrono::milliseconds timeout) {
+    std::shared_lock lock(mu_);
+    if (closed_) return Status::FailedPrecondition("nopfs: next_batch_into() on a closed stream");
+    return stream_->FillBatch(n, dst, entries, timeout);
+  }
+  // A failure met after a batch call had samples to return: raised by the next call.
+  void Defer(Status st) {
+    std::lock_guard lock(deferred_mu_);
+    deferred_ = std::move(st);
+  }
+  Status TakeDeferred() {
+    std::lock_guard lock(deferred_mu_);
+    return std::exchange(deferred_, Status::Ok());
+  }
   Status Close() {
     std::unique_lock lock(mu_);
     if (closed_) return Status::Ok();
@@ -113,6 +143,8 @@ class StreamHolder {
   std::shared_ptr<ClientHolder> client_;
   mutable std::shared_mutex mu_;
   bool closed_ = false;  // GUARDED_BY(mu_)
+  std::mutex deferred_mu_;
+  Status deferred_ = Status::Ok();  // GUARDED_BY(deferred_mu_)
   // Declared last: destroyed first. Its mapping stays valid after Close() (the memfd is ours
   // until unmapped), so views of samples outlive a closed stream safely.
   std::unique_ptr<client::Stream> stream_;
@@ -200,11 +232,45 @@ std::chrono::milliseconds ToMs(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
 }
 
-// Waits for the next sample in slices, so that Ctrl-C (and other signals) reach Python.
+// A stream's failure as Python sees it: a sample the service could not read is a SampleError
+// naming it (the stream goes on after it), the rest RaiseStatus's.
+[[noreturn]] void RaiseStreamError(StreamHolder& stream, const Status& st) {
+  if (std::optional<uint32_t> id = FailedSampleId(st.message())) {
+    py::object path = py::none();
+    Result<client::SampleInfo> info = stream.client().get().Describe(*id);
+    if (info.ok()) path = py::str(info->path);
+    PyObject* e = PyObject_CallFunction(g_sample_error, "s", st.message().c_str());
+    if (e == nullptr) throw py::error_already_set();
+    py::object exc = py::reinterpret_steal<py::object>(e);
+    exc.attr("sample_id") = *id;
+    exc.attr("path") = path;
+    exc.attr("code") = static_cast<int>(st.code());
+    PyErr_SetObject(g_sample_error, exc.ptr());
+    throw py::error_already_set();
+  }
+  RaiseStatus(st);
+}
+
+// Waits are cut into slices, so that Ctrl-C (and other signals) reach Python.
+constexpr std::chrono::milliseconds kSlice{100};
+
+std::chrono::steady_clock::time_point DeadlineOf(std::optional<double> timeout) {
+  return timeout ? std::chrono::steady_clock::now() + ToMs(*timeout)
+                 : std::chrono::steady_clock::time_point::max();
+}
+
+// The next wait slice before `deadline`.
+std::chrono::milliseconds SliceBefore(std::chrono::steady_clock::time_point deadline) {
+  if (deadline == std::chrono::steady_clock::time_point::max()) return kSlice;
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  return std::clamp(left, std::chrono::milliseconds(0), kSlice);
+}
+
+// Waits for the next sample in slices.
 py::object NextSample(const std::shared_ptr<StreamHolder>& stream, std::optional<double> timeout) {
-  constexpr std::chrono::milliseconds kSlice{100};
-  const auto deadline = timeout ? std::chrono::steady_clock::now() + ToMs(*timeout)
-                                : std::chrono::steady_clock::time_point::max();
+  if (Status d = stream->TakeDeferred(); !d.ok()) RaiseStreamError(*stream, d);
+  const auto deadline = DeadlineOf(timeout);
   for (;;) {
     const auto now = std::chrono::steady_clock::now();
     const auto left =
@@ -228,22 +294,292 @@ py::object NextSample(const std::shared_ptr<StreamHolder>& stream, std::optional
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
       continue;
     }
-    if (std::optional<uint32_t> id = FailedSampleId(st.message())) {
-      // A sample the service could not read: the stream goes on after it.
-      py::object path = py::none();
-      Result<client::SampleInfo> info = stream->client().get().Describe(*id);
-      if (info.ok()) path = py::str(info->path);
-      PyObject* e = PyObject_CallFunction(g_sample_error, "s", st.message().c_str());
-      if (e == nullptr) throw py::error_already_set();
-      py::object exc = py::reinterpret_steal<py::object>(e);
-      exc.attr("sample_id") = *id;
-      exc.attr("path") = path;
-      exc.attr("code") = static_cast<int>(st.code());
-      PyErr_SetObject(g_sample_error, exc.ptr());
-      throw py::error_already_set();
-    }
-    RaiseStatus(st);
+    RaiseStreamError(*stream, st);
   }
+}
+
+// The samples of one next_batch() call, held in the ring until released (by Batch.release(), or
+// when the Batch and every view of its samples are gone).
+class BatchHolder {
+ public:
+  BatchHolder(std::shared_ptr<StreamHolder> stream, std::vector<client::Sample> samples)
+      : stream_(std::move(stream)), samples_(std::move(samples)) {}
+  ~BatchHolder() {
+    // Best effort (e.g. in a forked child); an empty holder (a dropped Batch's) has no stream.
+    if (!released_ && stream_ != nullptr) (void)stream_->ReleaseBatch(samples_);
+  }
+  BatchHolder(const BatchHolder&) = delete;
+  BatchHolder& operator=(const BatchHolder&) = delete;
+
+  Status Release() {
+    if (released_) return Status::Ok();
+    released_ = true;
+    return stream_->ReleaseBatch(samples_);
+  }
+  bool released() const { return released_; }
+  const std::vector<client::Sample>& samples() const { return samples_; }
+
+ private:
+  std::shared_ptr<StreamHolder> stream_;
+  std::vector<client::Sample> samples_;
+  bool released_ = false;
+};
+
+// The exporter of one sample of a batch (what a view made by Batch.views() refers to).
+class BatchSampleBuffer {
+ public:
+  BatchSampleBuffer(std::shared_ptr<BatchHolder> batch, size_t index)
+      : batch_(std::move(batch)), index_(index) {}
+  const client::Sample& sample() const { return batch_->samples()[index_]; }
+
+ private:
+  std::shared_ptr<BatchHolder> batch_;
+  size_t index_;
+};
+
+// A writable, contiguous byte buffer (bytearray, numpy uint8 array, a torch.uint8 tensor's
+// .numpy()), held while we write into it.
+struct WritableBytes {
+  py::buffer_info info;
+  std::span<std::byte> span;
+};
+
+WritableBytes RequestWritable(const py::buffer& out, const char* call) {
+  py::buffer_info info;
+  try {
+    info = out.request(/*writable=*/true);
+  } catch (const py::error_already_set&) {
+    throw py::value_error(std::string("nopfs: ") + call +
+                          ": out must be a writable buffer of bytes (a bytearray, a numpy uint8 "
+                          "array, or tensor.numpy() of a contiguous torch.uint8 tensor)");
+  }
+  py::ssize_t expect = info.itemsize;
+  bool contiguous = true;
+  for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+    const auto u = static_cast<size_t>(d);
+    if (info.shape[u] > 1 && info.strides[u] != expect) contiguous = false;
+    expect *= info.shape[u];
+  }
+  if (!contiguous) {
+    throw py::value_error(std::string("nopfs: ") + call +
+                          ": out must be contiguous (pass tensor.contiguous() or a fresh "
+                          "torch.empty(n, dtype=torch.uint8))");
+  }
+  const auto bytes = static_cast<size_t>(info.size * info.itemsize);
+  std::span<std::byte> span(static_cast<std::byte*>(info.ptr), bytes);
+  return WritableBytes{std::move(info), span};
+}
+
+template <typename T>
+py::array_t<T> ArrayOf(size_t n) {
+  return py::array_t<T>(static_cast<py::ssize_t>(n));
+}
+
+// What Python sees of a batch: its samples' metadata as arrays, and their bytes by one copy into
+// a caller's buffer (copy_into), as bytes objects (tobytes) or as views (views).
+class PyBatch {
+ public:
+  explicit PyBatch(std::shared_ptr<BatchHolder> h) : holder_(std::move(h)) {}
+
+  size_t size() const { return holder_->samples().size(); }
+  uint64_t nbytes() const {
+    uint64_t n = 0;
+    for (const client::Sample& s : holder_->samples())
+      n += s.size;
+    return n;
+  }
+  template <typename T, typename F>
+  py::array_t<T> Field(F f) const {
+    const auto& v = holder_->samples();
+    py::array_t<T> a = ArrayOf<T>(v.size());
+    T* p = a.mutable_data();
+    for (size_t i = 0; i < v.size(); ++i)
+      p[i] = static_cast<T>(f(v[i]));
+    return a;
+  }
+  // offsets[i]: where sample i starts when the samples lie back to back; offsets[n] = nbytes.
+  py::array_t<int64_t> Offsets() const {
+    const auto& v = holder_->samples();
+    py::array_t<int64_t> a = ArrayOf<int64_t>(v.size() + 1);
+    int64_t* p = a.mutable_data();
+    int64_t at = 0;
+    for (size_t i = 0; i < v.size(); ++i) {
+      p[i] = at;
+      at += static_cast<int64_t>(v[i].size);
+    }
+    p[v.size()] = at;
+    return a;
+  }
+  // Copies the samples back to back into out[offset:], without the GIL; returns the end offset.
+  uint64_t CopyInto(const py::buffer& out, uint64_t offset) const {
+    CheckLive("copy_into()");
+    WritableBytes w = RequestWritable(out, "Batch.copy_into()");
+    const uint64_t need = nbytes();
+    if (offset > w.span.size() || need > w.span.size() - offset) {
+      throw py::value_error("nopfs: Batch.copy_into(): the batch is " + std::to_string(need) +
+                            " bytes, the buffer has " +
+                            std::to_string(offset > w.span.size() ? 0 : w.span.size() - offset) +
+                            " bytes from offset " + std::to_string(offset) +
+                            "; give a buffer of at least offset + batch.nbytes bytes");
+    }
+    {
+      py::gil_scoped_release nogil;
+      std::byte* dst = w.span.data() + offset;
+      for (const client::Sample& s : holder_->samples()) {
+        if (s.size != 0) std::memcpy(dst, s.data, s.size);
+        dst += s.size;
+      }
+    }
+    return offset + need;
+  }
+  py::list ToBytes() const {
+    CheckLive("tobytes()");
+    py::list out(size());
+    const auto& v = holder_->samples();
+    for (size_t i = 0; i < v.size(); ++i) {
+      out[i] = py::bytes(reinterpret_cast<const char*>(v[i].data), v[i].size);
+    }
+    return out;
+  }
+  py::list Views() {
+    CheckLive("views()");
+    const auto& v = holder_->samples();
+    py::list out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      py::object e = py::cast(std::make_unique<BatchSampleBuffer>(holder_, i));
+      out[i] = py::memoryview(e);
+      exporters_.push_back(std::move(e));
+    }
+    return out;
+  }
+  void Release() {
+    if (released()) return;
+    size_t alive = 0;
+    for (const py::object& e : exporters_) {
+      if (e.ref_count() > 1) ++alive;  // one reference is ours; the others are views
+    }
+    if (alive > 0) {
+      Raise(PyExc_BufferError,
+            "nopfs: " + std::to_string(alive) +
+                " sample(s) of this batch have live views of their shared-memory buffers; "
+                "drop them (del) or copy the bytes (bytes(view)) before release()");
+    }
+    exporters_.clear();
+    Status st = holder_->Release();
+    if (!st.ok()) RaiseStatus(st);
+  }
+  // Gives up this batch's hold (leaving a `with` block on an exception): released now if no view
+  // is alive, else when the last one goes.
+  void Drop() {
+    exporters_.clear();
+    dropped_ = true;
+    holder_ = std::make_shared<BatchHolder>(nullptr, std::vector<client::Sample>());
+  }
+  bool released() const { return dropped_ || holder_->released(); }
+
+ private:
+  void CheckLive(const char* what) const {
+    if (released()) {
+      Raise(PyExc_ValueError, "nopfs: Batch." + std::string(what) +
+                                  " after release(): its bytes belong to the service again");
+    }
+  }
+  bool dropped_ = false;
+  std::shared_ptr<BatchHolder> holder_;
+  std::vector<py::object> exporters_;  // one per view made by views()
+};
+
+// Takes up to n samples (held until released): waits in slices for the first, then returns
+// what the ring gives in one call. None at end of stream.
+py::object NextBatch(const std::shared_ptr<StreamHolder>& stream, size_t n,
+                     std::optional<double> timeout) {
+  if (n == 0) throw py::value_error("nopfs: next_batch(0): ask for at least 1 sample");
+  if (Status d = stream->TakeDeferred(); !d.ok()) RaiseStreamError(*stream, d);
+  const auto deadline = DeadlineOf(timeout);
+  std::vector<client::Sample> samples;
+  samples.reserve(n);
+  for (;;) {
+    Result<size_t> r = Status::Internal("unset");
+    {
+      py::gil_scoped_release nogil;
+      r = stream->NextBatch(n, &samples, SliceBefore(deadline));
+    }
+    if (r.ok()) {
+      if (*r == 0) return py::none();
+      return py::cast(PyBatch(std::make_shared<BatchHolder>(stream, std::move(samples))));
+    }
+    const Status& st = r.status();
+    if (st.code() == StatusCode::kTimedOut && std::chrono::steady_clock::now() < deadline) {
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      continue;
+    }
+    RaiseStreamError(*stream, st);
+  }
+}
+
+// Copies the next n samples back to back into `out` and releases them: (offsets, labels, ids),
+// numpy arrays of n + 1, n and n entries (fewer at the end of the stream, or when the next sample
+// does not fit what is left of `out`; it comes first in the next call).
+py::tuple NextBatchInto(const std::shared_ptr<StreamHolder>& stream, size_t n,
+                        const py::buffer& out, std::optional<double> timeout) {
+  if (n == 0) throw py::value_error("nopfs: next_batch_into(0, ...): ask for at least 1 sample");
+  if (Status d = stream->TakeDeferred(); !d.ok()) RaiseStreamError(*stream, d);
+  WritableBytes w = RequestWritable(out, "next_batch_into()");
+  const auto deadline = DeadlineOf(timeout);
+  std::vector<client::BatchEntry> entries;
+  entries.reserve(n);
+  uint64_t used = 0;
+  while (entries.size() < n) {
+    const size_t before = entries.size();
+    Result<size_t> r = Status::Internal("unset");
+    {
+      py::gil_scoped_release nogil;
+      r = stream->FillBatch(n - before, w.span.subspan(used), &entries, SliceBefore(deadline));
+    }
+    for (size_t i = before; i < entries.size(); ++i)
+      entries[i].offset += used;
+    if (entries.size() > before) used = entries.back().offset + entries.back().size;
+    if (r.ok()) {
+      if (*r == 0) break;  // end of stream
+      continue;
+    }
+    const Status& st = r.status();
+    if (st.code() == StatusCode::kTimedOut) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        if (entries.empty()) RaiseStatus(st);
+        break;  // the rest comes with the next call
+      }
+      if (PyErr_CheckSignals() != 0) {
+        // Interrupted: what was copied is lost with the exception; the stream goes on after it.
+        throw py::error_already_set();
+      }
+      continue;
+    }
+    if (entries.empty()) {
+      if (st.code() == StatusCode::kInvalidArgument) {
+        throw py::value_error("nopfs: next_batch_into(): " + st.message());
+      }
+      RaiseStreamError(*stream, st);
+    }
+    // The buffer is full (the next sample waits for the next call), or a failure after some
+    // samples: those are returned, the failure is raised by the next call.
+    if (st.code() != StatusCode::kInvalidArgument) stream->Defer(st);
+    break;
+  }
+  const size_t k = entries.size();
+  py::array_t<int64_t> offsets = ArrayOf<int64_t>(k + 1);
+  py::array_t<int64_t> labels = ArrayOf<int64_t>(k);
+  py::array_t<uint32_t> ids = ArrayOf<uint32_t>(k);
+  int64_t* o = offsets.mutable_data();
+  int64_t* l = labels.mutable_data();
+  uint32_t* d = ids.mutable_data();
+  for (size_t i = 0; i < k; ++i) {
+    o[i] = static_cast<int64_t>(entries[i].offset);
+    l[i] = entries[i].label;
+    d[i] = entries[i].sample_id;
+  }
+  o[k] = static_cast<int64_t>(used);
+  return py::make_tuple(offsets, labels, ids);
 }
 
 policy::JobSpec MakeJob(uint64_t seed, uint64_t samples, uint32_t epochs, uint32_t ranks,
@@ -347,8 +683,78 @@ PYBIND11_MODULE(_client, m) {
                " size=" + std::to_string(s.meta().size) + (s.released() ? " released" : "") + ">";
       });
 
+  py::class_<BatchSampleBuffer>(m, "_BatchSampleBuffer", py::buffer_protocol())
+      .def_buffer([](BatchSampleBuffer& b) {
+        const client::Sample& s = b.sample();
+        return py::buffer_info(const_cast<std::byte*>(s.data), 1,
+                               py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(s.size)}, {py::ssize_t{1}},
+                               /*readonly=*/true);
+      });
+
+  py::class_<PyBatch>(m, "Batch",
+                      "Samples of one next_batch() call, in stream order; their bytes are shared "
+                      "memory until release()")
+      .def("__len__", &PyBatch::size)
+      .def_property_readonly("nbytes", &PyBatch::nbytes, "the samples' bytes together")
+      .def_property_readonly(
+          "ids",
+          [](const PyBatch& b) {
+            return b.Field<uint32_t>([](const auto& x) { return x.sample_id; });
+          },
+          "uint32 array of the sample ids")
+      .def_property_readonly(
+          "labels",
+          [](const PyBatch& b) { return b.Field<int64_t>([](const auto& x) { return x.label; }); },
+          "int64 array of the labels")
+      .def_property_readonly(
+          "sizes",
+          [](const PyBatch& b) { return b.Field<int64_t>([](const auto& x) { return x.size; }); },
+          "int64 array of the sample sizes")
+      .def_property_readonly(
+          "epochs",
+          [](const PyBatch& b) { return b.Field<uint32_t>([](const auto& x) { return x.epoch; }); })
+      .def_property_readonly(
+          "steps",
+          [](const PyBatch& b) { return b.Field<int64_t>([](const auto& x) { return x.step; }); })
+      .def_property_readonly("offsets", &PyBatch::Offsets,
+                             "int64 array of n + 1: where each sample starts when copied back to "
+                             "back (copy_into), and the end")
+      .def_property_readonly("released", &PyBatch::released)
+      .def("copy_into", &PyBatch::CopyInto, py::arg("out"), py::arg("offset") = 0,
+           "copies the samples back to back into the writable buffer `out` from `offset` (one "
+           "call, no per-sample objects); returns offset + nbytes")
+      .def("tobytes", &PyBatch::ToBytes, "a list of bytes, one copy per sample")
+      .def("views", &PyBatch::Views,
+           "a list of read-only memoryviews, one per sample (no copy); release() refuses while "
+           "one is alive")
+      .def("release", &PyBatch::Release,
+           "gives the bytes back to the service; BufferError while views are alive")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__",
+           [](PyBatch& b, py::object type, py::object, py::object) {
+             if (type.is_none()) {
+               b.Release();
+             } else {
+               b.Drop();
+             }
+           })
+      .def("__repr__", [](const PyBatch& b) {
+        return "<nopfs.Batch samples=" + std::to_string(b.size()) +
+               " nbytes=" + std::to_string(b.nbytes()) + (b.released() ? " released" : "") + ">";
+      });
+
   py::class_<StreamHolder, std::shared_ptr<StreamHolder>>(m, "Stream",
                                                           "One rank's samples, in stream order")
+      .def("next_batch", &NextBatch, py::arg("n"), py::arg("timeout") = py::none(),
+           "a Batch of up to n samples in one call, or None at the end; fewer than n at the end, "
+           "when the ring holds no more at once, or when the rest has not arrived yet")
+      .def("next_batch_into", &NextBatchInto, py::arg("n"), py::arg("out"),
+           py::arg("timeout") = py::none(),
+           "copies the next n samples back to back into the writable buffer `out` (e.g. "
+           "tensor.numpy() of a torch.uint8 tensor) and releases them; returns (offsets, labels, "
+           "ids): int64 n + 1, int64 n, uint32 n (fewer at the end, or when the next sample does "
+           "not fit what is left of `out`); ValueError for a sample larger than all of `out`")
       .def("next", &NextSample, py::arg("timeout") = py::none(),
            "the next Sample, or None at the end; waits at most `timeout` seconds (None: no limit)")
       .def("__iter__", [](py::object self) { return self; })

@@ -479,6 +479,59 @@ class DistributedSampler(tud.Sampler):
         return len(self.order())
 
 
+def _identity(batch: Any) -> Any:
+    """The DataLoader's collate_fn: StreamDataset yields batches already collated."""
+    return batch
+
+
+def _batch_mode(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]]) -> str:
+    """How StreamDataset makes a batch's items: "tensor", "bytes" or "views"."""
+    plain = (getattr(dataset, "transform", None) is None
+             and getattr(dataset, "target_transform", None) is None
+             and type(dataset).make_item is _SampleDataset.make_item)
+    decode = getattr(dataset, "decode", None)
+    if plain and decode is uint8_tensor and collate_fn in (None, tud.default_collate):
+        return "tensor"
+    if plain and decode is bytes:
+        return "bytes"
+    return "views"
+
+
+def _batch_tensor(nbytes: int, pin_memory: bool = False) -> "torch.Tensor":
+    """An uninitialized 1-D uint8 tensor of `nbytes`: in shared memory in a DataLoader worker
+    (as torch's default_collate makes a worker's batch), pinned if asked for."""
+    import torch
+
+    if pin_memory:
+        if not torch.cuda.is_available():
+            raise RuntimeError("nopfs: pin_memory=True needs CUDA, and torch finds no CUDA device "
+                               "here (torch.cuda.is_available() is False): pass "
+                               "pin_memory=False on this machine")
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    if tud.get_worker_info() is not None:
+        storage = torch.empty(0, dtype=torch.uint8).storage()._new_shared(nbytes)
+        return torch.empty(0, dtype=torch.uint8).new(storage)
+    return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def read_batch(stream: Any, n: int, pin_memory: bool = False,
+               timeout: Optional[float] = None) -> Optional[Tuple["torch.Tensor", Any, Any, Any]]:
+    """The next n samples of a nopfs._client stream in one uint8 tensor: (data, offsets, labels,
+    ids), sample k being data[offsets[k]:offsets[k + 1]]; None at the end of the stream. The
+    bytes are copied in C++ without per-sample Python objects; fewer than n samples when the
+    stream ends or the ring holds no more at once. pin_memory=True allocates page-locked memory
+    (as torch.empty(..., pin_memory=True)), and raises RuntimeError on a machine without CUDA."""
+    if pin_memory:
+        _batch_tensor(0, pin_memory=True)  # the clear error first, before taking samples
+    batch = stream.next_batch(n, timeout)
+    if batch is None:
+        return None
+    with batch:
+        data = _batch_tensor(batch.nbytes, pin_memory)
+        batch.copy_into(data.numpy())
+        return data, batch.offsets, batch.labels, batch.ids
+
+
 class StreamDataset(tud.IterableDataset):
     """One pass over a rank's stream, for torch's DataLoader.
 
@@ -492,10 +545,19 @@ class StreamDataset(tud.IterableDataset):
 
     def __init__(self, dataset: Any, sampler: DistributedSampler, batch_size: int,
                  fallback: bool = False, socket: Optional[str] = None,
-                 timeout: Optional[float] = None, fallback_on_loss: bool = False) -> None:
+                 timeout: Optional[float] = None, fallback_on_loss: bool = False,
+                 collate_fn: Optional[Callable[[List[Any]], Any]] = None,
+                 pin_memory: bool = False) -> None:
         self.dataset = dataset
         self.sampler = sampler
         self.batch_size = int(batch_size)
+        # The batch's collate (torch's default_collate unless given); applied here, per batch.
+        self.collate_fn = collate_fn
+        # How a batch's samples become items (_batch_mode): "tensor" fills one uint8 tensor per
+        # batch (default collate of uint8_tensor items), "bytes" makes the bytes in one call,
+        # "views" hands decode one view per sample.
+        self.mode = _batch_mode(dataset, collate_fn)
+        self.pin_memory = bool(pin_memory)
         self.fallback = fallback
         # The service went away mid-pass (nopfs.UnavailableError): go on from the files, in the
         # same order, from where the stream stopped; False: raise.
@@ -514,40 +576,117 @@ class StreamDataset(tud.IterableDataset):
         return self.sampler._pass_samples()
 
     def __iter__(self) -> Iterator[Any]:
+        """Yields this worker's batches of the pass, each collated (collate_fn)."""
         info = tud.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         epoch, step = int(self.pass_state[0]), int(self.pass_state[1])
         if self.fallback:
-            yield from self._iter_files(epoch, step, worker, workers)
+            yield from self._batches_of(self._iter_files(epoch, step, worker, workers))
         else:
             yield from self._iter_service(epoch, step, worker, workers)
 
+    def _collate(self, items: List[Any]) -> Any:
+        if self.collate_fn is not None:
+            return self.collate_fn(items)
+        return tud.default_collate(items)
+
+    def _batches_of(self, items: Iterator[Any]) -> Iterator[Any]:
+        batch: List[Any] = []
+        for item in items:
+            batch.append(item)
+            if len(batch) == self.batch_size:
+                yield self._collate(batch)
+                batch = []
+        if batch:
+            yield self._collate(batch)
+
     def _iter_service(self, epoch, step, worker, workers):
-        delivered = 0
+        delivered = 0  # samples of the batches yielded
         try:
             client = _client.connect(self.socket)
             with client.open(self.sampler.rank, epoch=epoch, step=step, worker=worker,
                              workers=workers, batch=self.batch_size, epochs=1,
                              owner=self.owner) as stream:
+                take = self._tensor_batch if self.mode == "tensor" else self._item_batch
                 while True:
-                    sample = stream.next(self.timeout)
-                    if sample is None:
+                    batch, n = take(stream)
+                    if n == 0:
                         return
-                    view = sample.data
-                    try:
-                        item = self.dataset.make_item(view, sample.label)
-                    finally:
-                        view.release()
-                        sample.release()
-                    delivered += 1
-                    yield item
+                    delivered += n
+                    yield batch
         except _client.UnavailableError as e:
             if not self.fallback_on_loss:
                 raise
             warnings.warn(f"nopfs: the service went away after {delivered} samples of this "
                           f"pass ({e}); reading the rest from the files in the same order "
                           "(NOPFS_FALLBACK)", RuntimeWarning, stacklevel=2)
-        yield from self._iter_files(epoch, step, worker, workers, skip=delivered)
+        yield from self._batches_of(self._iter_files(epoch, step, worker, workers,
+                                                     skip=delivered))
+
+    def _item_batch(self, stream: Any) -> Tuple[Any, int]:
+        """(collated batch, samples): up to batch_size samples made into items, bytes in one
+        call per ring batch, else decode/transform per sample over views made in one call."""
+        items: List[Any] = []
+        while len(items) < self.batch_size:
+            batch = stream.next_batch(self.batch_size - len(items), self.timeout)
+            if batch is None:
+                break
+            labels = batch.labels.tolist()
+            if self.mode == "bytes":
+                items.extend(zip(batch.tobytes(), labels))
+                batch.release()
+                continue
+            views = batch.views()
+            try:
+                for view, label in zip(views, labels):
+                    items.append(self.dataset.make_item(view, label))
+            finally:
+                for view in views:
+                    view.release()
+                del views
+                batch.release()
+        return (self._collate(items) if items else None), len(items)
+
+    def _tensor_batch(self, stream: Any) -> Tuple[Any, int]:
+        """(collated batch, samples) for uint8_tensor items and the default collate: the
+        samples' bytes copied in C++ into one uint8 tensor per batch (in shared memory in a
+        worker, pinned when asked for and CUDA is there), viewed as [n, size] as torch.stack
+        makes it."""
+        import numpy as np
+        import torch
+
+        out: Optional[torch.Tensor] = None
+        pos = 0
+        labels: List[Any] = []
+        sizes: List[Any] = []
+        count = 0
+        while count < self.batch_size:
+            batch = stream.next_batch(self.batch_size - count, self.timeout)
+            if batch is None:
+                break
+            with batch:
+                end = pos + batch.nbytes
+                if out is None or end > out.numel():
+                    want = max(end, self.batch_size * int(batch.sizes.max(initial=1)))
+                    grown = _batch_tensor(want, self.pin_memory and torch.cuda.is_available())
+                    if out is not None:
+                        grown[:pos] = out[:pos]
+                    out = grown
+                batch.copy_into(out.numpy(), pos)
+                pos = end
+                labels.append(batch.labels)
+                sizes.append(batch.sizes)
+                count += len(batch)
+        if count == 0 or out is None:
+            return None, 0
+        size = np.concatenate(sizes)
+        target = torch.from_numpy(np.concatenate(labels))
+        if (size == size[0]).all():
+            data = out[:pos].view(count, int(size[0]))
+        else:  # what torch.stack says of tensors of different sizes
+            offsets = np.concatenate([[0], np.cumsum(size)]).tolist()
+            data = tud.default_collate([out[offsets[k]:offsets[k + 1]] for k in range(count)])
+        return [data, target], count
 
     def _iter_files(self, epoch, step, worker, workers, skip=0):
         order = self.sampler.job.order(epoch, step)
@@ -647,12 +786,18 @@ class DataLoader(tud.DataLoader):
         self.nopfs_sampler = sampler
         self.nopfs_fallback = not use_service
         self.nopfs_batch = int(batch_size)
+        collate_fn = kwargs.pop("collate_fn", None)
         self.nopfs_stream = StreamDataset(dataset, sampler, batch_size, fallback=not use_service,
                                socket=socket, timeout=timeout_per_sample,
-                               fallback_on_loss=bool(fallback))
-        # The stream makes the job's batches: torch's drop_last would drop a rank's short batch.
-        super().__init__(self.nopfs_stream, batch_size=batch_size, num_workers=num_workers,
-                         drop_last=False, **kwargs)
+                               fallback_on_loss=bool(fallback), collate_fn=collate_fn,
+                               pin_memory=bool(kwargs.get("pin_memory", False))
+                               and num_workers == 0)
+        # The stream makes the job's batches, whole (one ring call per batch, collated in the
+        # worker as torch would): torch batches nothing more, and its drop_last would drop a
+        # rank's short batch. batch_size reads as the job's, for len() and for the user.
+        super().__init__(self.nopfs_stream, batch_size=None, num_workers=num_workers,
+                         drop_last=False, collate_fn=_identity, **kwargs)
+        object.__setattr__(self, "batch_size", int(batch_size))
 
     def __iter__(self) -> _LoaderIter:  # type: ignore[override]
         s = self.nopfs_sampler

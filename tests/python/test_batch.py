@@ -1,0 +1,317 @@
+"""The batch path of nopfs._client (Stream.next_batch, Batch, Stream.next_batch_into) over a live
+nopfsd: the bytes are the files', the order is the stream's, whatever the batch, the ring's size or
+the buffer's."""
+
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import nopfs
+from conftest import Service
+from nopfs.torch import DataLoader, DistributedSampler, ImageFolder, read_batch, uint8_tensor
+
+
+def file_bytes(path):
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    """40 files of 200 KiB (8 MiB) in two classes: more than the 4 MiB ring nopfsd gives a rank,
+    served to one rank in batches of 30 (6 MiB, larger than the ring; the last of an epoch has
+    10); returns (root, [path by sample id], service)."""
+    rnd = random.Random(5)
+    root = tmp_path_factory.mktemp("big") / "data"
+    for k in range(40):
+        (root / f"c{k % 2}").mkdir(parents=True, exist_ok=True)
+        (root / f"c{k % 2}" / f"s{k:03d}.bin").write_bytes(rnd.randbytes(200 << 10))
+    paths = sorted(str(p) for p in root.glob("c*/*.bin"))
+    svc = Service(str(root), str(tmp_path_factory.mktemp("bigrun")), len(paths),
+                  job={"seed": 3, "epochs": 2, "ranks": 1, "batch": 30, "scheme": "strided"})
+    yield str(root), paths, svc
+    svc.stop()
+
+
+def test_next_batch_into_fills_a_tensor_with_the_files_in_stream_order(service, images):
+    _, paths = images
+    order = service.stream(1)
+    per_epoch = len(order) // 3
+    client = nopfs.connect(service.socket)
+    out = torch.empty(8 * 4096, dtype=torch.uint8)
+    got, sizes = [], []
+    with client.open(1, epochs=1) as stream:
+        while True:
+            offsets, labels, ids = stream.next_batch_into(8, out.numpy())
+            assert offsets.dtype == np.int64 and labels.dtype == np.int64 and ids.dtype == np.uint32
+            assert len(offsets) == len(ids) + 1 and len(labels) == len(ids)
+            if len(ids) == 0:
+                break
+            sizes.append(len(ids))
+            for k, sid in enumerate(ids.tolist()):
+                data = bytes(out[offsets[k]:offsets[k + 1]].numpy())
+                assert data == file_bytes(paths[sid]), f"sample {sid}"
+                assert labels[k] == int(os.path.basename(os.path.dirname(paths[sid]))[-1])
+                got.append(sid)
+    assert got == order[:per_epoch]
+    # Whole batches, then the short last one (45 samples per rank and epoch).
+    assert sizes == [8] * (per_epoch // 8) + [per_epoch % 8]
+
+
+def test_a_batch_larger_than_the_ring_and_a_sample_larger_than_the_buffer(big):
+    _, paths, svc = big
+    order = svc.stream(0)[:40]
+    client = nopfs.connect(svc.socket)
+    with client.open(0, epochs=1) as stream:
+        small = np.empty(100 << 10, dtype=np.uint8)
+        with pytest.raises(ValueError, match=rf"sample {order[0]} is \d+ bytes, larger than the "
+                                             r"batch buffer \(102400 bytes\); give a buffer"):
+            stream.next_batch_into(10, small)
+        # All 40 samples (8 MiB, twice the ring) in one call: the refused sample comes first.
+        out = torch.empty(12 << 20, dtype=torch.uint8)
+        offsets, labels, ids = stream.next_batch_into(40, out.numpy())
+        assert ids.tolist() == order
+        for k, sid in enumerate(ids.tolist()):
+            assert bytes(out[offsets[k]:offsets[k + 1]].numpy()) == file_bytes(paths[sid])
+        offsets, labels, ids = stream.next_batch_into(40, out.numpy())
+        assert len(ids) == 0 and offsets.tolist() == [0]
+
+
+def test_a_buffer_that_fills_up_returns_what_fits_and_the_rest_comes_next(big):
+    _, paths, svc = big
+    order = svc.stream(0)[:40]
+    client = nopfs.connect(svc.socket)
+    got, counts = [], []
+    with client.open(0, epochs=1) as stream:
+        buf = bytearray(500 << 10)  # two samples
+        while True:
+            offsets, _, ids = stream.next_batch_into(10, buf)
+            if len(ids) == 0:
+                break
+            counts.append(len(ids))
+            for k, sid in enumerate(ids.tolist()):
+                assert bytes(buf[offsets[k]:offsets[k + 1]]) == file_bytes(paths[sid])
+            got.extend(ids.tolist())
+    assert got == order
+    assert counts == [2] * 20
+
+
+def test_next_batch_gives_views_and_copies_and_refuses_release_while_a_view_lives(service, images):
+    _, paths = images
+    order = service.stream(0)
+    per_epoch = len(order) // 3
+    client = nopfs.connect(service.socket)
+    got = []
+    with client.open(0, epochs=1) as stream:
+        while True:
+            batch = stream.next_batch(8)
+            if batch is None:
+                break
+            assert 1 <= len(batch) <= 8
+            ids = batch.ids.tolist()
+            assert batch.offsets[-1] == batch.nbytes == sum(batch.sizes.tolist())
+            views = batch.views()
+            assert [bytes(v) for v in views] == [file_bytes(paths[i]) for i in ids]
+            assert all(v.readonly for v in views)
+            assert batch.tobytes() == [file_bytes(paths[i]) for i in ids]
+            out = torch.empty(batch.nbytes + 5, dtype=torch.uint8)
+            assert batch.copy_into(out.numpy(), 5) == batch.nbytes + 5
+            o = batch.offsets.tolist()
+            assert [bytes(out[5 + o[k]:5 + o[k + 1]].numpy()) for k in range(len(ids))] == \
+                [file_bytes(paths[i]) for i in ids]
+            with pytest.raises(ValueError, match="the batch is .* bytes, the buffer has"):
+                batch.copy_into(bytearray(3))
+            keep = views[-1]
+            del views
+            with pytest.raises(BufferError, match="1 sample\\(s\\) of this batch have live views"):
+                batch.release()
+            del keep
+            batch.release()
+            assert batch.released
+            with pytest.raises(ValueError, match="after release"):
+                batch.views()
+            got.extend(ids)
+    assert got == order[:per_epoch]
+    assert stream.closed
+
+
+def test_batches_mix_with_single_samples_in_order(service, images):
+    order = service.stream(0)
+    client = nopfs.connect(service.socket)
+    got = []
+    with client.open(0, epochs=1) as stream:
+        for k in range(6):
+            if k % 3 == 0:
+                s = stream.next()
+                got.append(s.id)
+                s.release()
+            elif k % 3 == 1:
+                with stream.next_batch(5) as b:
+                    got.extend(b.ids.tolist())
+            else:
+                _, _, ids = stream.next_batch_into(4, bytearray(64 << 10))
+                got.extend(ids.tolist())
+    assert got == order[:len(got)]
+
+
+def test_bad_buffers_and_sizes_are_refused_clearly(service):
+    client = nopfs.connect(service.socket)
+    with client.open(0, epochs=1) as stream:
+        with pytest.raises(ValueError, match="out must be a writable buffer of bytes"):
+            stream.next_batch_into(4, b"read-only bytes")
+        with pytest.raises(ValueError, match="out must be contiguous"):
+            stream.next_batch_into(4, np.zeros((64, 64), dtype=np.uint8)[:, ::2])
+        with pytest.raises(ValueError, match="ask for at least 1 sample"):
+            stream.next_batch(0)
+
+
+def label_of(path):
+    return int(os.path.basename(os.path.dirname(path))[-1])
+
+
+def expected_batches(paths, order, batch, make):
+    """torch's default_collate over [(make(file bytes), label)] in chunks of `batch`."""
+    items = [(make(file_bytes(paths[i])), label_of(paths[i])) for i in order]
+    return [torch.utils.data.default_collate(items[k:k + batch])
+            for k in range(0, len(items), batch)]
+
+
+def same(a, b):
+    """Equal batches: the same structure, types and values."""
+    assert type(a) is type(b), (type(a), type(b))
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            same(x, y)
+    else:
+        assert a == b
+
+
+def set_env(monkeypatch, svc, rank):
+    for k, v in svc.env(rank).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("NOPFS_FALLBACK", raising=False)
+
+
+@pytest.mark.parametrize("workers", [0, 2, 4])
+def test_default_collate_of_tensors_fills_one_tensor_per_batch_larger_than_the_ring(
+        big, monkeypatch, workers):
+    root, paths, svc = big
+    set_env(monkeypatch, svc, 0)
+    order = svc.stream(0)
+    dataset = ImageFolder(root, decode=uint8_tensor)
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=30, sampler=sampler, num_workers=workers)
+    assert loader.batch_size == 30 and len(loader) == 2
+    assert loader.nopfs_stream.mode == "tensor"  # one tensor per batch, filled in C++
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        got = list(loader)
+        want = expected_batches(paths, order[epoch * 40:(epoch + 1) * 40], 30, uint8_tensor)
+        assert [len(b[1]) for b in got] == [30, 10]  # the short last batch
+        for g, w in zip(got, want):
+            same(g, w)
+            data = g[0]
+            assert data.shape[1] == 200 << 10 and data.is_contiguous()
+    # Resume at (epoch 1, step 1): the short batch alone.
+    sampler.resume(1, 1)
+    got = list(loader)
+    same(got, expected_batches(paths, order[70:80], 30, uint8_tensor))
+
+
+@pytest.mark.parametrize("workers", [0, 3])
+def test_default_collate_of_bytes_and_of_varied_tensors_is_torchs(service, images, rank_env,
+                                                                 workers):
+    root, paths = images
+    rank_env(0)
+    order = service.stream(0)[:45]
+    dataset = ImageFolder(root, decode=bytes)
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=workers)
+    assert loader.nopfs_stream.mode == "bytes"
+    sampler.set_epoch(0)
+    got = list(loader)
+    want = expected_batches(paths, order, 4, bytes)
+    assert len(got) == len(want) == 12
+    for g, w in zip(got, want):
+        same(g, w)
+    # Tensors of different sizes (the PNGs): torch.stack's error, as torch's collate raises.
+    tensors = ImageFolder(root, decode=uint8_tensor)
+    loader = DataLoader(tensors, batch_size=4, sampler=DistributedSampler(tensors),
+                        num_workers=workers)
+    with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+        list(loader)
+
+
+def test_pin_memory(big, monkeypatch):
+    """DataLoader(pin_memory=True) as torch's: pinned with CUDA, a no-op without it; the
+    extension-level read_batch(pin_memory=True) pins, or says clearly that it needs CUDA."""
+    root, paths, svc = big
+    set_env(monkeypatch, svc, 0)
+    order = svc.stream(0)
+    dataset = ImageFolder(root, decode=uint8_tensor)
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=30, sampler=sampler, pin_memory=True)
+    sampler.set_epoch(0)
+    got = list(loader)
+    for g, w in zip(got, expected_batches(paths, order[:40], 30, uint8_tensor)):
+        same(g, w)
+        assert g[0].is_pinned() == torch.cuda.is_available()
+    with nopfs.connect(svc.socket).open(0, epochs=1) as stream:
+        if torch.cuda.is_available():
+            data, offsets, labels, ids = read_batch(stream, 8, pin_memory=True)
+            assert data.is_pinned()
+        else:
+            with pytest.raises(RuntimeError, match="pin_memory=True needs CUDA.*pass "
+                                                   "pin_memory=False"):
+                read_batch(stream, 8, pin_memory=True)
+            data, offsets, labels, ids = read_batch(stream, 8)
+        assert ids.tolist() == order[:len(ids)]
+        for k, sid in enumerate(ids.tolist()):
+            assert bytes(data[offsets[k]:offsets[k + 1]].numpy()) == file_bytes(paths[sid])
+            assert labels[k] == label_of(paths[sid])
+
+
+def test_fallback_batches_are_the_services(big, monkeypatch):
+    root, paths, svc = big
+    set_env(monkeypatch, svc, 0)
+    order = svc.stream(0)
+    monkeypatch.delenv("NOPFS_SOCKET")
+    monkeypatch.setenv("NOPFS_FALLBACK", "1")
+    dataset = ImageFolder(root, decode=uint8_tensor)
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=30, sampler=sampler, num_workers=2)
+    assert loader.nopfs_fallback
+    sampler.set_epoch(1)
+    same(list(loader), expected_batches(paths, order[40:80], 30, uint8_tensor))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_drop_last_job_has_whole_batches_only(big, tmp_path, monkeypatch, workers):
+    root, paths, _ = big
+    svc = Service(root, str(tmp_path / "run"), len(paths),
+                  job={"seed": 4, "epochs": 2, "ranks": 1, "batch": 30, "scheme": "strided"},
+                  extra=("--drop-last",))
+    try:
+        set_env(monkeypatch, svc, 0)
+        monkeypatch.setenv("NOPFS_DROP_LAST", "1")
+        dataset = ImageFolder(root, decode=uint8_tensor)
+        sampler = DistributedSampler(dataset)
+        assert sampler.drop_last
+        loader = DataLoader(dataset, batch_size=30, sampler=sampler, num_workers=workers)
+        assert len(loader) == 1
+        for epoch in range(2):
+            with nopfs.connect(svc.socket).open(0, epoch=epoch, epochs=1) as stream:
+                served = [s.id for s in stream]
+            assert served == sampler.order(epoch).tolist() and len(served) == 30
+            sampler.set_epoch(epoch)
+            got = list(loader)
+            assert len(got) == 1
+            same(got, expected_batches(paths, served, 30, uint8_tensor))
+    finally:
+        svc.stop()
