@@ -17,6 +17,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -82,7 +83,8 @@ class Daemon final : public Handler {
   HelloInfo Hello() override;
   Result<StreamGrant> OpenStream(const OpenStreamRequest& request, ConnectionId conn) override;
   void CloseStream(uint64_t stream_id) override;
-  std::string StatusText() override;
+  std::string StatusText() override;  // report::RenderText(Report())
+  report::StatusReport Report() override;
   Result<wire::DescribeOk> Describe(uint32_t sample_id) override;
 
  private:
@@ -95,6 +97,7 @@ class Daemon final : public Handler {
   policy::JobSpec job_;        // options_.job with F from the catalog
   std::unique_ptr<Catalog> catalog_;
   policy::NodePlan plan_;
+  uint64_t predicted_stall_ns_ = report::kUnknown;  // set by Init (a consumer taking no time)
   std::vector<std::unique_ptr<RamTier>> ram_tiers_;
   std::vector<std::unique_ptr<SsdTier>> ssd_tiers_;
   std::vector<TierRef> tier_refs_;  // [class]
@@ -126,6 +129,18 @@ class Daemon final : public Handler {
   ring::RingStats closed_stats_;  // GUARDED_BY(mu_)
   bool stopped_ = false;
   std::unique_ptr<PeerService> peers_;  // null without peers
+
+  // Bytes staged into each class so far (prefetched, kept from staging reads, pushed by peers).
+  std::vector<uint64_t> StagedBytes() const;
+  // Records StagedBytes() now and returns each class's rate in bytes/s over the last
+  // kRateWindow (since start at first).
+  std::vector<uint64_t> ObserveRates();
+  struct RateSample {
+    std::chrono::steady_clock::time_point t;
+    std::vector<uint64_t> bytes;  // [class]
+  };
+  std::mutex rate_mu_;
+  std::deque<RateSample> rate_samples_;  // GUARDED_BY(rate_mu_); the oldest is kept
 };
 
 }  // namespace nopfs::service

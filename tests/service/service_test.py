@@ -20,6 +20,7 @@ Usage: service_test.py BUILD_BIN_DIR
 
 import glob
 import hashlib
+import json
 import os
 import random
 import re
@@ -266,15 +267,15 @@ class ServiceTest(unittest.TestCase):
         script = (
             f"until {nopfs_bin} status | grep -q 'tier ram: .*prefetch done'; do sleep 0.05; done; "
             f"{nopfs_bin} cat --verify --print > {out} 2> {out}.err; "
-            f"{nopfs_bin} status > {out}.status")
+            f"{nopfs_bin} status --json > {out}.status")
         p = nopfs("run", "--dataset", self.data.root, "--ranks", 1, *self.JOB, "--config", conf,
                   "--", "sh", "-c", script)
         ids = self.check_rank_output(0, 1, read(out))
-        m = re.search(r"(?m)^served ram: (\d+) samples, (\d+) bytes, (\d+) of them in place",
-                      read(out + ".status"))
-        self.assertIsNotNone(m, read(out + ".status"))
-        self.assertEqual(int(m.group(1)), len(ids))
-        self.assertEqual(int(m.group(3)), len(ids))
+        status = json.loads(read(out + ".status"))
+        ram = next(s for s in status["sources"] if s["name"] == "ram")
+        self.assertTrue(ram["zero_copy"], status)
+        self.assertEqual(ram["samples"], len(ids), status)
+        self.assertEqual(ram["in_place"], len(ids), status)
 
     def test_no_cache_reads_the_pfs(self):
         conf = os.path.join(self.work, "none.conf.lua")
@@ -373,20 +374,16 @@ class ServiceTest(unittest.TestCase):
             "python3 -c \"import sys; f=open(sys.argv[1],'r+b'); f.seek(0); b=f.read(4096); "
             "f.seek(0); f.write(bytes(x ^ 0xff for x in b))\" $f; "
             f"{nopfs_bin} cat --verify --print > {out} 2> {out}.err; "
-            f"{nopfs_bin} status > {out}.status")
+            f"{nopfs_bin} status --json > {out}.status")
         p = nopfs("run", "--dataset", self.data.root, "--ranks", 1, *self.JOB, "--config", conf,
                   "--", "sh", "-c", script)
         self.check_rank_output(0, 1, read(out))
-        status = read(out + ".status")
-        m = re.search(r"corrupt: (\d+)", status)
-        self.assertIsNotNone(m, status)
-        self.assertGreaterEqual(int(m.group(1)), 1, status)
+        status = json.loads(read(out + ".status"))
+        self.assertGreaterEqual(status["corrupt"], 1, status)
         # The refetched samples are ready once, not counted again on top of the first fill.
-        m = re.search(r"tier ssd: (\d+) of (\d+) samples ready .*?, ([\d.]+ \w?B) of "
-                      r"([\d.]+ \w?B) ", status)
-        self.assertIsNotNone(m, status)
-        self.assertEqual(m.group(1), m.group(2), status)
-        self.assertEqual(m.group(3), m.group(4), status)
+        ssd = next(t for t in status["tiers"] if t["name"] == "ssd")
+        self.assertEqual(ssd["ready_samples"], ssd["planned_samples"], status)
+        self.assertEqual(ssd["ready_bytes"], ssd["planned_bytes"], status)
         self.assert_nothing_left()
 
     def test_a_rank_cannot_write_the_ram_tier(self):
@@ -464,13 +461,11 @@ class ServiceTest(unittest.TestCase):
                   f"python3 -c \"import sys; f=open(sys.argv[1],'r+b'); b=f.read(); f.seek(0); "
                   f"f.write(bytes(x ^ 0x5a for x in b))\" {victim}; "
                   f"{nopfs_bin} cat --start-epoch 1 --verify > {out} 2> {out}.err; "
-                  f"{nopfs_bin} status > {out}.status")
+                  f"{nopfs_bin} status --json > {out}.status")
         nopfs("run", "--dataset", copy, "--ranks", 1, *self.JOB, "--config", conf,
               "--run-dir", run, "--keep-run-dir", "--", "sh", "-c", script)
         self.assertRegex(read(out), r"0 mismatches")
-        m = re.search(r"changed: (\d+) PFS reads found", read(out + ".status"))
-        self.assertIsNotNone(m, read(out + ".status"))
-        self.assertEqual(int(m.group(1)), 1)
+        self.assertEqual(json.loads(read(out + ".status"))["changed"], 1, read(out + ".status"))
         log = read(os.path.join(run, "nopfsd.log"))
         self.assertIn(f"({victim}): the file changed on the PFS during the job", log)
 
