@@ -1,5 +1,6 @@
 #include "service/daemon.h"
 
+#include <pwd.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -32,6 +33,8 @@ constexpr auto kOwnerGrace = std::chrono::seconds(2);
 constexpr auto kRateWindow = std::chrono::seconds(5);
 // The status lists at most this many open streams (so that the report fits one message).
 constexpr size_t kMaxReportedStreams = 512;
+// How often the metrics file is rewritten.
+constexpr std::chrono::seconds kMetricsPeriod(5);
 
 // Adds b's counters and histogram to a (median and p99 are recomputed from the sum).
 void Merge(ring::RingStats* a, const ring::RingStats& b) {
@@ -286,7 +289,48 @@ Status Daemon::Init() {
       FormatBytes(static_cast<double>(ring_bytes_) * local_ranks *
                   config_.limits().streams_per_rank),
       so.max_connections);
+
+  if (!config_.metrics_dir().empty()) {
+    MetricsLabels labels{options_.job_id, std::to_string(options_.uid), "localhost"};
+    std::vector<char> buf(16384);
+    passwd pw{};
+    passwd* found = nullptr;
+    if (getpwuid_r(options_.uid, &pw, buf.data(), buf.size(), &found) == 0 && found != nullptr) {
+      labels.user = pw.pw_name;
+    }
+    char host[256] = {};
+    if (gethostname(host, sizeof host - 1) == 0) labels.node = host;
+    metrics_ = std::make_unique<MetricsWriter>(config_.metrics_dir(), std::move(labels));
+    WriteMetrics();
+    spdlog::info("metrics: writing {} every {} s", metrics_->path(), kMetricsPeriod.count());
+  }
+  reporter_ = std::thread([this] { Reporter(); });
   return Status::Ok();
+}
+
+void Daemon::WriteMetrics() {
+  const Status st = metrics_->Write(Report());
+  if (st.ok()) {
+    metrics_error_.clear();
+  } else if (st.message() != metrics_error_) {
+    metrics_error_ = st.message();
+    spdlog::warn("{} (the job goes on without metrics)", metrics_error_);
+  }
+}
+
+void Daemon::Reporter() {
+  auto next_write = std::chrono::steady_clock::now() + kMetricsPeriod;
+  std::unique_lock<std::mutex> lock(reporter_mu_);
+  while (!reporter_cv_.wait_for(lock, std::chrono::seconds(1), [this] { return reporter_stop_; })) {
+    lock.unlock();
+    if (metrics_ && std::chrono::steady_clock::now() >= next_write) {
+      WriteMetrics();  // (its report samples the rate too)
+      next_write = std::chrono::steady_clock::now() + kMetricsPeriod;
+    } else {
+      (void)ObserveRates();
+    }
+    lock.lock();
+  }
 }
 
 void Daemon::WaitPrefetched() {
@@ -300,6 +344,14 @@ void Daemon::Stop() {
     std::lock_guard<std::mutex> lock(mu_);
     stopped_ = true;
   }
+  if (reporter_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(reporter_mu_);
+      reporter_stop_ = true;
+    }
+    reporter_cv_.notify_all();
+    reporter_.join();
+  }
   closed_cv_.notify_all();  // an open waiting for another owner's stream gives up
   if (server_) server_->Stop();
   std::map<uint64_t, std::unique_ptr<StagingStream>> streams;
@@ -310,6 +362,8 @@ void Daemon::Stop() {
   for (auto& [id, s] : streams)
     s->Cancel();
   streams.clear();
+  // The last figures, with every stream closed (and merged into the stall).
+  if (metrics_) WriteMetrics();
   // The prefetchers may be waiting on a peer (copying from a filler), and the peer service on
   // the tiers: tell the prefetchers to stop, stop the link (their peer reads then fail at once),
   // join the prefetchers, and only then let the peer service go, before the tiers.

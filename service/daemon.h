@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/ring.h"
@@ -31,6 +32,7 @@
 #include "policy/plan.h"
 #include "service/catalog.h"
 #include "service/local_server.h"
+#include "service/metrics.h"
 #include "service/peers.h"
 #include "service/prefetcher.h"
 #include "service/ram_tier.h"
@@ -141,6 +143,17 @@ class Daemon final : public Handler {
   };
   std::mutex rate_mu_;
   std::deque<RateSample> rate_samples_;  // GUARDED_BY(rate_mu_); the oldest is kept
+
+  // The reporter thread: samples the staging rate every second and, with the config's
+  // metrics_dir, rewrites the metrics file every kMetricsPeriod (and once more in Stop()).
+  void Reporter();
+  void WriteMetrics();
+  std::unique_ptr<MetricsWriter> metrics_;  // null without metrics_dir
+  std::string metrics_error_;               // the last error logged (each new one is logged once)
+  std::thread reporter_;
+  std::mutex reporter_mu_;
+  std::condition_variable reporter_cv_;
+  bool reporter_stop_ = false;  // GUARDED_BY(reporter_mu_)
 };
 
 }  // namespace nopfs::service

@@ -22,10 +22,12 @@ import glob
 import hashlib
 import json
 import os
+import pwd
 import random
 import re
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -255,6 +257,93 @@ class ServiceTest(unittest.TestCase):
         self.assertLessEqual(pfs, 1.05 * self.total_bytes, p.stdout)
         self.assertGreaterEqual(pfs, 0.95 * self.total_bytes, p.stdout)
         self.assert_nothing_left()
+
+    def test_metrics_file_agrees_with_the_status(self):
+        """With metrics_dir set, nopfsd writes nopfs_<job>.prom (Prometheus text format, parsed
+        here by prometheus_client's own parser); once the traffic stopped, the file written after
+        a `nopfs status --json` holds the same figures, and the file written at exit those of
+        `nopfs run`'s summary."""
+        from prometheus_client.parser import text_string_to_metric_families
+        metrics = os.path.join(self.work, "metrics")
+        os.mkdir(metrics)
+        os.chmod(metrics, 0o1777)
+        conf = os.path.join(self.work, "metrics.conf.lua")
+        write_config(conf, ram=str(self.total_bytes // 2))
+        with open(conf, "a") as fh:
+            fh.write(f'metrics_dir = "{metrics}"\n')
+        prom = os.path.join(metrics, "nopfs_local.prom")
+        out = os.path.join(self.work, "m")
+        nopfs_bin = os.path.join(BIN, "nopfs")
+        # All the traffic first (a rank's whole stream), then the status, then wait for the file
+        # nopfsd writes after it (every 5 s), and keep a copy.
+        script = (
+            f"until {nopfs_bin} status | grep -q 'tier ram: .*prefetch done'; do sleep 0.05; done; "
+            f"{nopfs_bin} cat --verify > {out} 2> {out}.err; "
+            f"{nopfs_bin} status --json > {out}.status; touch {out}.mark; sleep 0.02; "
+            f"until [ {prom} -nt {out}.mark ]; do sleep 0.1; done; cp {prom} {out}.prom")
+        p = nopfs("run", "--dataset", self.data.root, "--ranks", 1, *self.JOB, "--config", conf,
+                  "--", "bash", "-c", script)
+        status = json.loads(read(out + ".status"))
+
+        def samples(text):
+            found = {}
+            for family in text_string_to_metric_families(text):
+                for smp in family.samples:
+                    labels = dict(smp.labels)
+                    for key in ("job", "user", "node"):
+                        found.setdefault(key, set()).add(labels.pop(key))
+                    found[(smp.name, tuple(sorted(labels.items())))] = smp.value
+            return found
+
+        m = samples(read(out + ".prom"))
+        user = "nobody" if AS_ROOT else pwd.getpwuid(os.geteuid()).pw_name
+        self.assertEqual(m["job"], {"local"})
+        self.assertEqual(m["user"], {user})
+        self.assertEqual(m["node"], {socket.gethostname()})
+        for src in status["sources"]:
+            key = (("source", src["name"]),)
+            self.assertEqual(m[("nopfs_served_samples_total", key)], src["samples"], src)
+            self.assertEqual(m[("nopfs_served_bytes_total", key)], src["bytes"], src)
+        self.assertGreater(sum(s["samples"] for s in status["sources"]), 0, status)
+        hist = status["stall"]["histogram"]
+        self.assertEqual(m[("nopfs_stall_seconds_count", ())], sum(hist))
+        self.assertGreater(sum(hist), 0)
+        self.assertAlmostEqual(m[("nopfs_stall_seconds_sum", ())],
+                               status["stall"]["total_ns"] / 1e9, places=9)
+        for b in range(41):
+            le = (("le", repr(float(2 ** b) / 1e9)),)
+            got = [v for (name, lab), v in
+                   ((k, v) for k, v in m.items() if isinstance(k, tuple))
+                   if name == "nopfs_stall_seconds_bucket" and lab[0][1] != "+Inf"
+                   and abs(float(lab[0][1]) - 2 ** b / 1e9) < 1e-15]
+            self.assertEqual(got, [sum(hist[:b + 1])], (b, le))
+        self.assertEqual(m[("nopfs_stall_seconds_bucket", (("le", "+Inf"),))], sum(hist))
+        for t in status["tiers"]:
+            key = (("tier", t["name"]),)
+            self.assertEqual(m[("nopfs_tier_capacity_bytes", key)], t["capacity_bytes"], t)
+            self.assertEqual(m[("nopfs_tier_used_bytes", key)], t["planned_bytes"], t)
+            self.assertEqual(m[("nopfs_tier_ready_bytes", key)], t["ready_bytes"], t)
+            self.assertEqual(m[("nopfs_tier_ready_samples", key)], t["ready_samples"], t)
+            self.assertEqual(m[("nopfs_staging_eta_seconds", key)], 0, t)  # prefetch done
+            self.assertIn(("nopfs_staging_rate_bytes_per_second", key), m)
+        self.assertEqual(m[("nopfs_pfs_read_bytes_total", ())], status["pfs_bytes"])
+        self.assertIsNone(status["peers"])
+        self.assertEqual(m[("nopfs_peer_reads_total", (("direction", "fetched"),))], 0)
+        self.assertEqual(m[("nopfs_peer_failures_total", (("kind", "timeout"),))], 0)
+        for kind, field in (("owner", "owners"), ("stream", "streams"),
+                            ("connection", "connections"), ("timed_out", "timed_out")):
+            self.assertEqual(m[("nopfs_refusals_total", (("kind", kind),))],
+                             status["refusals"][field], kind)
+        # At exit nopfsd wrote the file once more, with what `nopfs run` summed up; nothing
+        # else is left in the directory (the temporary file was renamed).
+        self.assertEqual(os.listdir(metrics), ["nopfs_local.prom"])
+        self.assertEqual(stat.S_IMODE(os.stat(prom).st_mode), 0o644)
+        final = samples(read(prom))
+        for name in ("ram", "pfs"):
+            row = re.search(r"(?m)^%s\s+(\d+)\s" % name, p.stdout)
+            self.assertIsNotNone(row, p.stdout)
+            self.assertEqual(final[("nopfs_served_samples_total", (("source", name),))],
+                             int(row.group(1)), p.stdout)
 
     def test_ram_tier_samples_are_served_in_place(self):
         # Once the RAM tier is filled, every sample of the stream is handed to the client in
