@@ -8,6 +8,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 
 #include <spdlog/spdlog.h>
@@ -15,6 +16,7 @@
 #include "common/units.h"
 #include "policy/predict.h"
 #include "service/env.h"
+#include "service/run_dir.h"
 
 namespace nopfs::service {
 namespace {
@@ -305,6 +307,11 @@ Status Daemon::Init() {
     spdlog::info("metrics: writing {} every {} s", metrics_->path(), kMetricsPeriod.count());
   }
   reporter_ = std::thread([this] { Reporter(); });
+  // The plan line for the job's output (the SPANK plugin prints it in the batch script's task).
+  const std::string plan = options_.run_dir + "/" + kPlanName;
+  if (std::ofstream out(plan); !(out << report::RenderPlanLine(Report()))) {
+    spdlog::warn("cannot write {}: the job's output will not show the plan", plan);
+  }
   return Status::Ok();
 }
 
@@ -364,6 +371,7 @@ void Daemon::Stop() {
   streams.clear();
   // The last figures, with every stream closed (and merged into the stall).
   if (metrics_) WriteMetrics();
+  if (!options_.run_dir.empty()) (void)::unlink((options_.run_dir + "/" + kPlanName).c_str());
   // The prefetchers may be waiting on a peer (copying from a filler), and the peer service on
   // the tiers: tell the prefetchers to stop, stop the link (their peer reads then fail at once),
   // join the prefetchers, and only then let the peer service go, before the tiers.

@@ -168,14 +168,6 @@ std::string RenderMetrics(const report::StatusReport& r, const MetricsLabels& la
   return std::move(e.str());
 }
 
-std::string MetricsFileName(const std::string& job_id) {
-  std::string name = job_id;
-  for (char& c : name)
-    if (c == '/') c = '_';
-  if (!name.empty() && name[0] == '.') name[0] = '_';
-  return "nopfs_" + name + ".prom";
-}
-
 MetricsWriter::MetricsWriter(std::string dir, MetricsLabels labels)
     : dir_(std::move(dir)),
       labels_(std::move(labels)),

@@ -41,6 +41,7 @@ extern "C" {
 #include "common/units.h"
 #include "lua/admit.h"
 #include "lua/config.h"
+#include "service/metrics.h"
 #include "spank/job_cgroup.h"
 #include "spank/job_files.h"
 #include "spank/ledger.h"
@@ -753,6 +754,17 @@ int Epilog(const Job& job) {
   // job was never admitted here, so it has no SSD directory here either.
   if (t.index == kUnknownIndex) t.ssd_paths.clear();
   left += Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace));
+  // The job's metrics file (docs/admin.md, "Metrics"), where the node config has a directory.
+  if (Result<lua::NodeConfig> config = LoadConfig(job);
+      config.ok() && !config->metrics_dir().empty()) {
+    const std::string prom =
+        config->metrics_dir() + "/" + service::MetricsFileName(std::to_string(job.job_id));
+    struct stat st {};
+    if (::unlink(prom.c_str()) != 0 && errno != ENOENT)
+      left += " " + prom + " (" + std::strerror(errno) + ")";
+    else if (::lstat(prom.c_str(), &st) == 0)
+      left += " " + prom;
+  }
   if (entry) {
     Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s);
     if (!l.ok()) {

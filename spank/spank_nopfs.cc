@@ -389,6 +389,8 @@ int TaskInit(spank_t sp) {
   set("NOPFS_DROP_LAST", g_opts.drop_last ? "1" : "0");
   set("NOPFS_DATASET", g_opts.dataset);
   set("NOPFS_RUN_DIR", dir);
+  // The plan line nopfsd wrote (tiers, sizes, predicted stall), once, in the batch script's output.
+  if (why.empty() && local == 0 && !is_step) std::fprintf(stderr, "%s", read("plan").c_str());
   return 0;
 }
 

@@ -258,6 +258,54 @@ class ServiceTest(unittest.TestCase):
         self.assertGreaterEqual(pfs, 0.95 * self.total_bytes, p.stdout)
         self.assert_nothing_left()
 
+    def test_status_watch_and_the_plan_line(self):
+        """`nopfs run` prints the plan line; `nopfs status` shows per tier bytes staged of planned,
+        a rate and an ETA; `--watch` appends progress lines when its output is a file, draws bars
+        in place on a terminal, and ends by itself when nopfsd goes away."""
+        conf = os.path.join(self.work, "watch.conf.lua")
+        write_config(conf, ram=str(self.total_bytes // 2))
+        out = os.path.join(self.work, "w")
+        nopfs_bin = os.path.join(BIN, "nopfs")
+        script = (
+            f"{nopfs_bin} status --watch --interval 0.1 > {out}.watch 2>&1 & "
+            f"until {nopfs_bin} status | grep -q 'tier ram: .*prefetch done'; do sleep 0.05; done; "
+            f"{nopfs_bin} status > {out}.text; {nopfs_bin} status --json > {out}.json; "
+            f"script -q -c '{nopfs_bin} status --watch --interval 0.1' /dev/null > {out}.tty & "
+            f"sleep 0.5; kill $!; {nopfs_bin} cat > /dev/null")
+        p = nopfs("run", "--dataset", self.data.root, "--ranks", 1, *self.JOB, "--config", conf,
+                  "--", "bash", "-c", script)
+        status = json.loads(read(out + ".json"))
+        ram = status["tiers"][0]
+        self.assertEqual((ram["name"], ram["prefetch"], ram["eta_ns"]), ("ram", "done", 0), status)
+        self.assertEqual(ram["ready_bytes"], ram["planned_bytes"], status)
+        self.assertGreater(ram["planned_bytes"], 0, status)
+        # The plan line, on nopfs run's standard error, from the same report.
+        plan = re.search(r"(?m)^nopfs: plan: node 0 of 1, dataset [\d.]+ \w?B; tiers: ram "
+                         r"([\d.]+ \w?B) of [\d.]+ \w?B \((\d+) samples\); .* to stage; "
+                         r"predicted stall [\d.]+ \w+ \(a client that takes no time per sample\)$",
+                         p.stderr)
+        self.assertIsNotNone(plan, p.stderr)
+        self.assertEqual(int(plan.group(2)), ram["planned_samples"], p.stderr)
+        # The prose shows the same progress line as the watch.
+        self.assertRegex(read(out + ".text"),
+                         r"(?m)^staging ram: [\d.]+ \w?B of [\d.]+ \w?B staged \(100%\), "
+                         r"[\d.]+ \w?B/s, done$")
+        # The watch ran until nopfsd stopped, then said so (it may still be finishing).
+        deadline = time.monotonic() + 20
+        while "nopfsd has gone away" not in read(out + ".watch") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        watch = read(out + ".watch")
+        self.assertIn("nopfs status: nopfsd has gone away", watch)
+        lines = [x for x in watch.splitlines() if x.startswith("staging ram:")]
+        self.assertGreater(len(lines), 1, watch)
+        self.assertNotIn("\033", watch)  # plain lines in a file
+        self.assertRegex(lines[-1], r"staged \(100%\), .* done$")
+        # On a terminal: bars, each refresh drawn over the previous one.
+        tty = read(out + ".tty")
+        self.assertRegex(tty, r"staging ram: \[#{20}\] ")
+        self.assertIn("\033[1A", tty)
+        self.assertIn("\033[2K", tty)
+
     def test_metrics_file_agrees_with_the_status(self):
         """With metrics_dir set, nopfsd writes nopfs_<job>.prom (Prometheus text format, parsed
         here by prometheus_client's own parser); once the traffic stopped, the file written after
