@@ -6,6 +6,7 @@ down at the end, with a dataset every test can read.
 Run as root. NOPFS_BINARY_DIR names the build (plugin in lib/, nopfs-job, nopfsd and nopfs in bin/).
 """
 import glob
+import json
 import os
 import pwd
 import re
@@ -29,6 +30,12 @@ RAM_CAPACITY = 512 * 1000 * 1000  # the local cluster's config: classes.ram capa
 # Developer hook: a stand-in daemon before nopfsd is built. The byte check needs the real one.
 NOPFSD = os.environ.get("NOPFS_TEST_NOPFSD", os.path.join(BUILD, "bin/nopfsd"))
 REAL_NOPFSD = NOPFSD == os.path.join(BUILD, "bin/nopfsd")
+
+
+def statuses(out):
+    """The `NODE: status: {json}` lines of a job's output (TASK prints them): {node: status}."""
+    return {node: json.loads(text)
+            for node, text in re.findall(r"(?m)^(\S+): status: (\{.*\})$", out)}
 
 
 def env():
@@ -143,7 +150,7 @@ def ledger(node):
 HOLD = "while [ ! -e {jobs}/release-$SLURM_JOB_ID ]; do sleep 0.2; done\n"
 TASK = ("env | grep ^NOPFS_ | sed \"s/^/$SLURMD_NODENAME: /\" | sort; "
         "if [ -n \"$NOPFS_SOCKET\" ] && [ \"$VERIFY\" = 1 ]; then "
-        "{build}/bin/nopfs status | grep '^peers:' | sed \"s/^/$SLURMD_NODENAME: /\"; "
+        "echo \"$SLURMD_NODENAME: status: $({build}/bin/nopfs status --json)\"; "
         "{build}/bin/nopfs cat --verify 2>&1 | tail -n 1 | sed \"s/^/$SLURMD_NODENAME: verify: /\"; fi")
 
 
