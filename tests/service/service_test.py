@@ -271,7 +271,9 @@ class ServiceTest(unittest.TestCase):
             f"until {nopfs_bin} status | grep -q 'tier ram: .*prefetch done'; do sleep 0.05; done; "
             f"{nopfs_bin} status > {out}.text; {nopfs_bin} status --json > {out}.json; "
             f"script -q -c '{nopfs_bin} status --watch --interval 0.1' /dev/null > {out}.tty & "
-            f"sleep 0.5; kill $!; {nopfs_bin} cat > /dev/null")
+            f"sleep 0.5; kill $!; "
+            f"timeout 0.5 {nopfs_bin} status --watch --json --interval 0.1 > {out}.jsonl; "
+            f"{nopfs_bin} cat > /dev/null")
         p = nopfs("run", "--dataset", self.data.root, "--ranks", 1, *self.JOB, "--config", conf,
                   "--", "bash", "-c", script)
         status = json.loads(read(out + ".json"))
@@ -300,6 +302,10 @@ class ServiceTest(unittest.TestCase):
         self.assertGreater(len(lines), 1, watch)
         self.assertNotIn("\033", watch)  # plain lines in a file
         self.assertRegex(lines[-1], r"staged \(100%\), .* done$")
+        # With --json, one object per refresh and line.
+        objects = [json.loads(x) for x in read(out + ".jsonl").splitlines()]
+        self.assertGreater(len(objects), 1, objects)
+        self.assertTrue(all(o["tiers"][0]["prefetch"] == "done" for o in objects), objects)
         # On a terminal: bars, each refresh drawn over the previous one.
         tty = read(out + ".tty")
         self.assertRegex(tty, r"staging ram: \[#{20}\] ")

@@ -112,7 +112,7 @@ class SecurityPeerTest(ClusterCase):
         self.assertEqual(sum(int(v[0]) for v in verified), 2 * 120, out)  # 2 epochs, strided
         self.assertTrue(all(v[2] == "0" for v in verified), out)
         for node, index in (("n1", 0), ("n3", 1)):
-            seen = statuses(out)[node]["peers"]
+            seen = statuses(job)[node]["peers"]
             self.assertEqual((seen["node"], seen["nodes"]), (index, 2), out)
             self.assertTrue(seen["state"].startswith("directory of "), out)
         # Both daemons refused and counted the forgeries, and neither gave its peer up.
