@@ -2,7 +2,7 @@
 // measured in the same run.
 //
 //   nopfs_serve_bench [--dir /var/tmp] [--mib N] [--epochs 3] [--rounds 3]
-//                     [--sizes 4KiB,128KiB,4MiB] [--staging-threads N]
+//                     [--sizes 4KiB,128KiB,4MiB] [--staging-threads N] [--verify on_fill|always]
 //
 // For samples of each size (--mib MiB of them per size, by default twice the last-level cache and
 // at least 512; one ImageFolder class of files under --dir), it starts a real nopfsd (beside this
@@ -47,10 +47,10 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "cli/process.h"
 #include "client/client.h"
 #include "common/checksum.h"
 #include "common/units.h"
+#include "launch/process.h"
 
 namespace {
 
@@ -68,7 +68,7 @@ double Since(Clock::time_point t0) {
 
 const char* const kUsage =
     "usage: nopfs_serve_bench [--dir DIR] [--mib N] [--epochs E] [--rounds R] [--sizes "
-    "4KiB,128KiB,4MiB] [--staging-threads N]\n";
+    "4KiB,128KiB,4MiB] [--staging-threads N] [--verify on_fill|always]\n";
 
 [[noreturn]] void Die(const std::string& msg) {
   std::fprintf(stderr, "serve_bench: %s\n", msg.c_str());
@@ -105,7 +105,8 @@ struct Args {
   std::vector<uint64_t> sizes = {uint64_t{4} << 10, uint64_t{128} << 10, uint64_t{4} << 20};
   uint32_t epochs = 3;
   uint32_t rounds = 3;
-  uint32_t staging_threads = 0;  // 0: one core for the client, the others for nopfsd (at least 1)
+  uint32_t staging_threads = 0;    // 0: one core for the client, the others for nopfsd (at least 1)
+  std::string verify = "on_fill";  // the node config's `verify` for RAM hits
 };
 
 void RunSize(const Args& a, const std::string& bin, uint64_t size) {
@@ -132,6 +133,7 @@ void RunSize(const Args& a, const std::string& bin, uint64_t size) {
   const double dataset = static_cast<double>(count * size);
   {
     std::ofstream(root + "/bench.conf.lua")
+        << "verify = \"" << a.verify << "\"\n"
         << "staging = { capacity = \"256MB\", threads = " << a.staging_threads << " }\n"
         << "classes = { ram { capacity = \"" << (count * (size + 64) + (1 << 20))
         << "\", threads = 2 } }\n";
@@ -162,7 +164,7 @@ void RunSize(const Args& a, const std::string& bin, uint64_t size) {
 
   // nopfsd, prefetching into RAM.
   const std::string run = root + "/run";
-  nopfs::cli::Child::Options o;
+  nopfs::launch::Child::Options o;
   std::vector<std::string> argv = {bin + "/nopfsd",
                                    "--run-dir",
                                    run,
@@ -179,7 +181,7 @@ void RunSize(const Args& a, const std::string& bin, uint64_t size) {
                                    "--config",
                                    root + "/bench.conf.lua"};
   if (geteuid() == 0) argv.push_back("--allow-root");
-  nopfs::Result<nopfs::cli::Child> d = nopfs::cli::Child::Spawn(argv, o);
+  nopfs::Result<nopfs::launch::Child> d = nopfs::launch::Child::Spawn(argv, o);
   if (!d.ok()) Die(d.status().message());
   while (!fs::exists(run + "/ready")) {
     if (d->Wait(std::chrono::milliseconds(1)).ok()) Die("nopfsd exited; see " + run);
@@ -360,6 +362,9 @@ int main(int argc, char** argv) {
         } else if (k == "--staging-threads") {
           a.staging_threads = static_cast<uint32_t>(std::stoul(v));
           if (a.staging_threads == 0) Die("--staging-threads: write 1 or more");
+        } else if (k == "--verify") {
+          if (v != "on_fill" && v != "always") Die("--verify: write on_fill or always");
+          a.verify = v;
         } else if (k == "--sizes") {
           std::optional<std::vector<uint64_t>> sizes = nopfs::bench::ParseSizeList(v);
           if (!sizes) Die("--sizes: write sizes separated by commas, e.g. 4KiB,128KiB");

@@ -1,6 +1,6 @@
 // nopfs_tier_bench: what the cache tiers' read paths cost against the raw operation they wrap.
 //
-//   nopfs_tier_bench [--dir /var/tmp] [--mib 64] [--rounds 3]
+//   nopfs_tier_bench [--dir /var/tmp] [--mib 64] [--rounds 3] [--startup-mib 1024]
 //
 // For samples of 4 KiB, 128 KiB and 4 MiB (`--mib` MiB of samples per size):
 //  - SSD: an SsdTier under --dir, filled by a 2-thread Prefetcher, read sample by sample with
@@ -9,8 +9,13 @@
 //  - RAM: RamTier::Read (copy-out, checksum verified) against a plain memcpy of the same bytes
 //    out of the same mapping.
 // Each figure is the best of --rounds passes, printed in GB/s and as a ratio to its baseline of
-// the same run (ratio < 1: the tier is slower). A benchmark prints figures; it never fails.
+// the same run (ratio < 1: the tier is slower).
+// Then the RAM tier's start-up: RamTier::Create of --startup-mib MiB (memory committed later,
+// chunk by chunk, as slots fill) and filling it with 128 KiB samples by memcpy, against
+// committing the whole memfd up front (posix_fallocate + MAP_POPULATE) and the same fill.
+// A benchmark prints figures; it never fails.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -66,6 +71,7 @@ int main(int argc, char** argv) {
   std::string dir = "/var/tmp";
   uint64_t mib = 64;
   int rounds = 3;
+  uint64_t startup_mib = 1024;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--dir")
@@ -74,6 +80,8 @@ int main(int argc, char** argv) {
       mib = std::strtoull(argv[i + 1], nullptr, 10);
     else if (a == "--rounds")
       rounds = std::atoi(argv[i + 1]);
+    else if (a == "--startup-mib")
+      startup_mib = std::strtoull(argv[i + 1], nullptr, 10);
   }
   std::printf("%-6s %-4s %10s %10s %8s  %s\n", "tier", "size", "tier GB/s", "base GB/s", "ratio",
               "baseline");
@@ -162,6 +170,70 @@ int main(int argc, char** argv) {
                                          : "4M",
                   gb / tt, gb / tb, tb / tt);
     }
+  }
+  // RAM tier start-up: lazy commit against committing up front.
+  {
+    const uint64_t size = uint64_t{128} << 10;
+    const uint64_t n = std::max<uint64_t>(1, (startup_mib << 20) / size);
+    std::vector<uint64_t> sizes(n, size);
+    policy::TierPlan plan;
+    for (uint64_t k = 0; k < n; ++k)
+      plan.prefetch_order.push_back(k);
+    plan.bytes = n * size;
+    std::vector<std::byte> sample(size, std::byte{0x5a});
+    const FetchFn copy = [&](policy::SampleId,
+                             std::span<std::byte> dst) -> nopfs::Result<uint64_t> {
+      std::memcpy(dst.data(), sample.data(), dst.size());
+      return uint64_t{0};
+    };
+    double create = 1e300, fill = 1e300, old_create = 1e300, old_fill = 1e300;
+    for (int r = 0; r < rounds; ++r) {
+      auto layout = TierLayout::Ram(plan, sizes);
+      if (!layout.ok()) Die(layout.status());
+      const auto t0 = std::chrono::steady_clock::now();
+      auto tier = RamTier::Create("bench", std::move(*layout));
+      if (!tier.ok()) Die(tier.status());
+      const auto t1 = std::chrono::steady_clock::now();
+      RamTier& t = **tier;
+      for (uint32_t slot = 0; slot < n; ++slot) {
+        if (!t.slots().TryBeginFill(slot)) Die(nopfs::Status::Internal("slot taken"));
+        auto h = t.Fill(slot, copy, {});
+        if (!h.ok()) Die(h.status());
+        t.slots().MarkReady(slot, *h);
+      }
+      const auto t2 = std::chrono::steady_clock::now();
+      create = std::min(create, std::chrono::duration<double>(t1 - t0).count());
+      fill = std::min(fill, std::chrono::duration<double>(t2 - t1).count());
+    }
+    for (int r = 0; r < rounds; ++r) {
+      const uint64_t bytes = n * size;
+      const auto t0 = std::chrono::steady_clock::now();
+      const int fd = memfd_create("bench-upfront", MFD_CLOEXEC);
+      if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+          posix_fallocate(fd, 0, static_cast<off_t>(bytes)) != 0) {
+        Die(nopfs::Status::FromErrno(errno, "memfd"));
+      }
+      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+      if (p == MAP_FAILED) Die(nopfs::Status::FromErrno(errno, "mmap"));
+      const auto t1 = std::chrono::steady_clock::now();
+      auto* base = static_cast<std::byte*>(p);
+      for (uint64_t k = 0; k < n; ++k) {
+        std::memcpy(base + k * size, sample.data(), size);
+        asm volatile("" : : "r"(base) : "memory");
+      }
+      const auto t2 = std::chrono::steady_clock::now();
+      munmap(p, bytes);
+      close(fd);
+      old_create = std::min(old_create, std::chrono::duration<double>(t1 - t0).count());
+      old_fill = std::min(old_fill, std::chrono::duration<double>(t2 - t1).count());
+    }
+    std::printf(
+        "\nram tier start-up, %llu MiB of 128K samples (best of %d):\n"
+        "  create %8.4f s   committed up front %8.4f s   ratio %.3f\n"
+        "  create + fill %8.4f s   committed up front + fill %8.4f s   ratio %.2f\n",
+        static_cast<unsigned long long>(startup_mib), rounds, create, old_create,
+        create / old_create, create + fill, old_create + old_fill,
+        (create + fill) / (old_create + old_fill));
   }
   return 0;
 }

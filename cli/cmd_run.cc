@@ -29,16 +29,22 @@
 #include <utility>
 #include <vector>
 
-#include "cli/process.h"
 #include "client/client.h"
 #include "client/status_report.h"
 #include "common/units.h"
+#include "launch/daemon_args.h"
 #include "launch/job_flags.h"
+#include "launch/process.h"
+#include "launch/run_files.h"
+#include "launch/task_env.h"
 #include "service/run_dir.h"
 
 namespace nopfs::cli {
 
 using launch::AddJobFlags;
+using launch::Child;
+using launch::DescribeWaitStatus;
+using launch::ExitCodeOf;
 using launch::FinishJobFlags;
 using launch::JobFlags;
 
@@ -86,28 +92,8 @@ std::string DaemonPath() {
   return "nopfsd";
 }
 
-std::string ReadFileOr(const std::string& path, const std::string& fallback) {
-  std::ifstream in(path);
-  if (!in) return fallback;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// key=value lines of the ready file.
-std::map<std::string, std::string> ParseReady(const std::string& text) {
-  std::map<std::string, std::string> kv;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    const size_t eq = line.find('=');
-    if (eq != std::string::npos) kv[line.substr(0, eq)] = line.substr(eq + 1);
-  }
-  return kv;
-}
-
 std::string LogTail(const std::string& run_dir) {
-  std::ifstream in(run_dir + "/" + service::kLogName);
+  std::ifstream in(run_dir + "/" + launch::kLogName);
   std::vector<std::string> lines;
   std::string line;
   while (std::getline(in, line)) {
@@ -177,24 +163,27 @@ struct NodeRun {
   uint32_t node = 0;
   std::string host = "127.0.0.1";
   int netns_fd = -1;  // owned by the NodeRun
+  int ready_fd = -1;  // the read end of nopfsd's ready pipe (launch/run_files.h), owned
   std::string run_dir;
   std::string socket;
   std::optional<Child> daemon;
-  std::map<std::string, std::string> ready;
+  launch::ReadyInfo ready;
   std::optional<report::StatusReport> report;  // what the service saw, taken before it stops
   NodeRun() = default;
   NodeRun(NodeRun&& o) noexcept
       : node(o.node),
         host(std::move(o.host)),
         netns_fd(std::exchange(o.netns_fd, -1)),
+        ready_fd(std::exchange(o.ready_fd, -1)),
         run_dir(std::move(o.run_dir)),
         socket(std::move(o.socket)),
         daemon(std::move(o.daemon)),
-        ready(std::move(o.ready)),
+        ready(o.ready),
         report(std::move(o.report)) {}
   NodeRun& operator=(NodeRun&&) = delete;
   ~NodeRun() {
     if (netns_fd >= 0) ::close(netns_fd);
+    if (ready_fd >= 0) ::close(ready_fd);
   }
 };
 
@@ -210,95 +199,141 @@ struct RunAs {
   }
 };
 
-int RunJob(RunFlags& f, bool ranks_per_node_given, bool ranks_given) {
-  // --nodes K --ranks-per-node L without --ranks: the job has K*L ranks.
-  if (ranks_per_node_given && !ranks_given) {
-    f.job.job.ranks = std::max<uint32_t>(f.nodes, 1) * f.job.job.ranks_per_node;
-  }
-  if (f.nodes > 1 && !ranks_per_node_given) {
-    if (f.job.job.ranks % f.nodes != 0) {
-      return Fail("--ranks " + std::to_string(f.job.job.ranks) + " is not a multiple of --nodes " +
-                  std::to_string(f.nodes) + "; give --ranks-per-node");
-    }
-    f.job.job.ranks_per_node = f.job.job.ranks / f.nodes;
-  } else if (!ranks_per_node_given) {
-    f.job.job.ranks_per_node = f.job.job.ranks;
-  }
-  // F comes from the dataset; validate the rest with a placeholder (nopfsd checks the real F).
-  const uint64_t given_samples = f.job.job.samples;
-  if (f.job.job.samples == 0) f.job.job.samples = policy::kMaxSamples;
-  if (Status s = FinishJobFlags(&f.job); !s.ok()) return Fail(s.message());
-  f.job.job.samples = given_samples;
-  const policy::JobSpec& job = f.job.job;
-  if (f.nodes > 1 && job.nodes() != f.nodes) {
-    return Fail("--nodes " + std::to_string(f.nodes) + " but --ranks " + std::to_string(job.ranks) +
-                " / --ranks-per-node " + std::to_string(job.ranks_per_node) + " make " +
-                std::to_string(job.nodes()) + " nodes");
-  }
-  if (f.node >= job.nodes()) {
-    return Fail("--node " + std::to_string(f.node) + " is out of range: the job has " +
-                std::to_string(job.nodes()) + " nodes");
-  }
-  std::error_code ec;
-  const fs::path dataset = fs::absolute(f.dataset, ec);
-  if (ec || !fs::exists(dataset)) {
-    return Fail("--dataset " + f.dataset + ": no such file or directory");
+// One `nopfs run`: its steps in order, each a method, and the state they share (a struct: the
+// steps read and write it freely; nothing outside RunJob sees it). A step that fails prints
+// nothing: Run() reports its Status (exit code 2).
+struct JobRun {
+  explicit JobRun(RunFlags& flags) : f(flags), job(flags.job.job) {}
+  JobRun(const JobRun&) = delete;
+  JobRun& operator=(const JobRun&) = delete;
+  ~JobRun() {
+    for (int fd : netns_fds)
+      if (fd >= 0 && !handed_netns) ::close(fd);
   }
 
-  bool made_run_dir = false;
-  if (f.run_dir.empty()) {
-    const char* tmp = std::getenv("TMPDIR");
-    f.run_dir = std::string(tmp != nullptr && *tmp == '/' ? tmp : "/tmp") + "/nopfs-run-" +
-                std::to_string(getuid()) + "-" + std::to_string(getpid());
-    made_run_dir = true;
-  } else {
-    f.run_dir = fs::absolute(f.run_dir).string();
-    made_run_dir = !fs::exists(f.run_dir);
-  }
-  // Network namespaces and the user: checked before anything is created.
-  const uint32_t started = f.nodes > 1 ? f.nodes : 1;
-  const std::vector<std::string> hosts = SplitList(f.hosts);
-  const std::vector<std::string> netns = SplitList(f.netns);
-  if (!f.hosts.empty() && (f.nodes < 2 || hosts.size() != f.nodes)) {
-    return Fail("--hosts lists " + std::to_string(hosts.size()) +
-                " addresses; give one per node of --nodes N (N >= 2), e.g. --hosts "
-                "10.0.0.1,10.0.0.2");
-  }
-  if (!f.netns.empty() && netns.size() != started) {
-    return Fail("--netns lists " + std::to_string(netns.size()) + " namespaces for " +
-                std::to_string(started) + " node(s); give one per node, e.g. --netns ns0,ns1");
-  }
-  RunAs as;
-  if (!f.user.empty()) {
-    if (::geteuid() != 0) return Fail("--user needs root; without it nopfs runs as you");
-    const passwd* pw = ::getpwnam(f.user.c_str());
-    if (pw == nullptr) return Fail("--user " + f.user + ": no such user");
-    if (pw->pw_uid == 0) return Fail("--user " + f.user + ": nopfsd never runs as root");
-    as = {true, pw->pw_uid, pw->pw_gid};
-  }
-  if (!f.netns.empty() && (::geteuid() != 0 || f.user.empty())) {
-    return Fail(
-        "--netns needs root (to enter the namespaces) and --user USER (the daemons and "
-        "ranks run as that user, never root)");
-  }
-  std::vector<int> netns_fds;
-  for (const std::string& name : netns) {
-    const std::string path = name.find('/') == std::string::npos ? "/run/netns/" + name : name;
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      for (int x : netns_fds)
-        ::close(x);
-      return Fail("--netns " + name + ": cannot open " + path + ": " + std::strerror(errno) +
-                  " (create it with `ip netns add " + name + "`)");
+  int Run(bool ranks_per_node_given, bool ranks_given) {
+    if (Status s = Resolve(ranks_per_node_given, ranks_given); !s.ok()) return Fail(s.message());
+    if (Status s = CheckIdentity(); !s.ok()) return Fail(s.message());
+    // From here on, every way out (a failed start included) removes the run directory this
+    // command made, unless --keep-run-dir: a failure quotes the log's tail in its message.
+    remove_run_dir = made_run_dir && !f.keep_run_dir;
+    remove_on_exit.path = remove_run_dir ? f.run_dir : std::string();
+    if (Status s = PrepareNodes(); !s.ok()) return Fail(s.message());
+    InstallSignalHandlers();
+    if (Status s = StartDaemons(); !s.ok()) {
+      StopDaemons();
+      return Fail(s.message());
     }
-    netns_fds.push_back(fd);
+    if (Status s = WaitForDaemons(); !s.ok()) {
+      StopDaemons();
+      return Fail(s.message());
+    }
+    int exit_code = RunRanks();
+    return Finish(exit_code);
   }
+
+  // The job's shape from the flags (--nodes K --ranks-per-node L infer --ranks), checked; the
+  // dataset's absolute path.
+  Status Resolve(bool ranks_per_node_given, bool ranks_given) {
+    // --nodes K --ranks-per-node L without --ranks: the job has K*L ranks.
+    if (ranks_per_node_given && !ranks_given) {
+      f.job.job.ranks = std::max<uint32_t>(f.nodes, 1) * f.job.job.ranks_per_node;
+    }
+    if (f.nodes > 1 && !ranks_per_node_given) {
+      if (f.job.job.ranks % f.nodes != 0) {
+        return Status::InvalidArgument("--ranks " + std::to_string(f.job.job.ranks) +
+                                       " is not a multiple of --nodes " + std::to_string(f.nodes) +
+                                       "; give --ranks-per-node");
+      }
+      f.job.job.ranks_per_node = f.job.job.ranks / f.nodes;
+    } else if (!ranks_per_node_given) {
+      f.job.job.ranks_per_node = f.job.job.ranks;
+    }
+    // F comes from the dataset; validate the rest with a placeholder (nopfsd checks the real F).
+    const uint64_t given_samples = f.job.job.samples;
+    if (f.job.job.samples == 0) f.job.job.samples = policy::kMaxSamples;
+    if (Status s = FinishJobFlags(&f.job); !s.ok()) return s;
+    f.job.job.samples = given_samples;
+    if (f.nodes > 1 && job.nodes() != f.nodes) {
+      return Status::InvalidArgument("--nodes " + std::to_string(f.nodes) + " but --ranks " +
+                                     std::to_string(job.ranks) + " / --ranks-per-node " +
+                                     std::to_string(job.ranks_per_node) + " make " +
+                                     std::to_string(job.nodes()) + " nodes");
+    }
+    if (f.node >= job.nodes()) {
+      return Status::InvalidArgument("--node " + std::to_string(f.node) +
+                                     " is out of range: the job has " +
+                                     std::to_string(job.nodes()) + " nodes");
+    }
+    std::error_code ec;
+    dataset = fs::absolute(f.dataset, ec);
+    if (ec || !fs::exists(dataset)) {
+      return Status::InvalidArgument("--dataset " + f.dataset + ": no such file or directory");
+    }
+
+    if (f.run_dir.empty()) {
+      const char* tmp = std::getenv("TMPDIR");
+      f.run_dir = std::string(tmp != nullptr && *tmp == '/' ? tmp : "/tmp") + "/nopfs-run-" +
+                  std::to_string(getuid()) + "-" + std::to_string(getpid());
+      made_run_dir = true;
+    } else {
+      f.run_dir = fs::absolute(f.run_dir).string();
+      made_run_dir = !fs::exists(f.run_dir);
+    }
+    return Status::Ok();
+  }
+
+  // --hosts, --netns and --user, checked before anything is created.
+  Status CheckIdentity() {
+    const uint32_t started = f.nodes > 1 ? f.nodes : 1;
+    hosts = SplitList(f.hosts);
+    const std::vector<std::string> netns = SplitList(f.netns);
+    if (!f.hosts.empty() && (f.nodes < 2 || hosts.size() != f.nodes)) {
+      return Status::InvalidArgument(
+          "--hosts lists " + std::to_string(hosts.size()) +
+          " addresses; give one per node of --nodes N (N >= 2), e.g. --hosts "
+          "10.0.0.1,10.0.0.2");
+    }
+    if (!f.netns.empty() && netns.size() != started) {
+      return Status::InvalidArgument("--netns lists " + std::to_string(netns.size()) +
+                                     " namespaces for " + std::to_string(started) +
+                                     " node(s); give one per node, e.g. --netns ns0,ns1");
+    }
+    if (!f.user.empty()) {
+      if (::geteuid() != 0) {
+        return Status::InvalidArgument("--user needs root; without it nopfs runs as you");
+      }
+      const passwd* pw = ::getpwnam(f.user.c_str());
+      if (pw == nullptr) return Status::InvalidArgument("--user " + f.user + ": no such user");
+      if (pw->pw_uid == 0) {
+        return Status::InvalidArgument("--user " + f.user + ": nopfsd never runs as root");
+      }
+      as = {true, pw->pw_uid, pw->pw_gid};
+    }
+    if (!f.netns.empty() && (::geteuid() != 0 || f.user.empty())) {
+      return Status::InvalidArgument(
+          "--netns needs root (to enter the namespaces) and --user USER (the daemons and "
+          "ranks run as that user, never root)");
+    }
+    for (const std::string& name : netns) {
+      const std::string path = name.find('/') == std::string::npos ? "/run/netns/" + name : name;
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) {
+        return Status::InvalidArgument("--netns " + name + ": cannot open " + path + ": " +
+                                       std::strerror(errno) + " (create it with `ip netns add " +
+                                       name + "`)");
+      }
+      netns_fds.push_back(fd);
+    }
+    return Status::Ok();
+  }
+
   // Hands a path this command made as root to --user: opened without following a symbolic link
   // (O_NONBLOCK: a FIFO put there does not block us), checked to be what was made (root's, a
   // directory or a regular file with one link) and changed through that descriptor, so that a
   // name the user swapped for a link to another file changes nothing but is refused. The run
   // directory itself is handed over last: until then the user cannot replace anything inside.
-  const auto own = [&](const std::string& path) -> Status {
+  Status Own(const std::string& path) const {
     if (!as.switch_user) return Status::Ok();
     const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) return Status::FromErrno(errno, "opening " + path + " to hand it to " + f.user);
@@ -316,68 +351,66 @@ int RunJob(RunFlags& f, bool ranks_per_node_given, bool ranks_given) {
     }
     ::close(fd);
     return s;
-  };
+  }
 
-  // From here on, every way out (a failed start included) removes the run directory this command
-  // made, unless --keep-run-dir: a failure quotes the log's tail in its message instead.
-  const bool remove_run_dir = made_run_dir && !f.keep_run_dir;
-  struct RemoveOnExit {
-    std::string path;
-    ~RemoveOnExit() {
-      std::error_code ignored;
-      if (!path.empty()) fs::remove_all(path, ignored);
-    }
-  } remove_on_exit{remove_run_dir ? f.run_dir : std::string()};
-  if (Status s = service::PrepareRunDir(f.run_dir); !s.ok()) return Fail(s.message());
-
-  // The nodes started here: --node alone, or with --nodes every node of the job, each with its
-  // own run directory, all serving each other over loopback.
-  std::vector<NodeRun> nodes;
-  if (f.nodes > 1) {
-    for (uint32_t n = 0; n < f.nodes; ++n) {
+  // The run directories (one per node started here), the peers' ports and secret, nopfsd's
+  // arguments.
+  Status PrepareNodes() {
+    if (Status s = service::PrepareRunDir(f.run_dir); !s.ok()) return s;
+    // The nodes started here: --node alone, or with --nodes every node of the job, each with its
+    // own run directory, all serving each other over loopback.
+    if (f.nodes > 1) {
+      for (uint32_t n = 0; n < f.nodes; ++n) {
+        NodeRun r;
+        r.node = n;
+        r.run_dir = f.run_dir + "/node" + std::to_string(n);
+        if (!hosts.empty()) r.host = hosts[n];
+        if (Status s = service::PrepareRunDir(r.run_dir); !s.ok()) return s;
+        if (Status s = Own(r.run_dir); !s.ok()) return s;
+        nodes.push_back(std::move(r));
+      }
+    } else {
       NodeRun r;
-      r.node = n;
-      r.run_dir = f.run_dir + "/node" + std::to_string(n);
-      if (!hosts.empty()) r.host = hosts[n];
-      if (Status s = service::PrepareRunDir(r.run_dir); !s.ok()) return Fail(s.message());
-      if (Status s = own(r.run_dir); !s.ok()) return Fail(s.message());
+      r.node = f.node;
+      r.run_dir = f.run_dir;
       nodes.push_back(std::move(r));
     }
-  } else {
-    NodeRun r;
-    r.node = f.node;
-    r.run_dir = f.run_dir;
-    nodes.push_back(std::move(r));
-  }
-  for (size_t n = 0; n < nodes.size(); ++n) {
-    nodes[n].socket = nodes[n].run_dir + "/" + service::kSocketName;
-    if (n < netns_fds.size()) nodes[n].netns_fd = netns_fds[n];
-  }
-  std::vector<std::string> peer_args;
-  std::string secret;
-  if (f.nodes > 1) {
-    Result<uint16_t> base = FreePorts(f.nodes);
-    if (!base.ok()) return Fail(base.status().message());
-    std::string list;
-    for (uint32_t n = 0; n < f.nodes; ++n) {
-      list += (n == 0 ? "" : ",") + nodes[n].host + ":" + std::to_string(*base + n);
+    for (size_t n = 0; n < nodes.size(); ++n) {
+      nodes[n].socket = nodes[n].run_dir + "/" + launch::kSocketName;
+      if (n < netns_fds.size()) nodes[n].netns_fd = netns_fds[n];
     }
-    secret = f.run_dir + "/peer.secret";
-    ::unlink(secret.c_str());
-    if (Status s = WriteSecret(secret); !s.ok()) return Fail(s.message());
-    if (Status s = own(secret); !s.ok()) return Fail(s.message());
-    peer_args = {"--peers", list, "--peer-secret-file", secret};
+    handed_netns = true;
+    dargs.dataset = dataset.string();
+    dargs.job = f.job;
+    if (!f.config.empty()) dargs.config = fs::absolute(f.config).string();
+    if (f.nodes > 1) {
+      Result<uint16_t> base = FreePorts(f.nodes);
+      if (!base.ok()) return base.status();
+      std::string list;
+      for (uint32_t n = 0; n < f.nodes; ++n) {
+        list += (n == 0 ? "" : ",") + nodes[n].host + ":" + std::to_string(*base + n);
+      }
+      secret = f.run_dir + "/" + launch::kSecretName;
+      ::unlink(secret.c_str());
+      if (Status s = WriteSecret(secret); !s.ok()) return s;
+      if (Status s = Own(secret); !s.ok()) return s;
+      dargs.peers = list;
+      dargs.peer_secret_file = secret;
+    }
+    return Own(f.run_dir);
   }
-  if (Status s = own(f.run_dir); !s.ok()) return Fail(s.message());
 
-  struct sigaction sa {};
-  sa.sa_handler = OnSignal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGHUP, &sa, nullptr);
+  void InstallSignalHandlers() {
+    struct sigaction sa {};
+    sa.sa_handler = OnSignal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+    sigaction(SIGHUP, &sa, nullptr);
+  }
 
-  auto stop_daemons = [&] {
+  // Asks every nopfsd started so far to stop, and waits for it.
+  void StopDaemons() {
     for (NodeRun& r : nodes)
       if (r.daemon) r.daemon->Signal(SIGTERM);
     for (NodeRun& r : nodes) {
@@ -386,221 +419,247 @@ int RunJob(RunFlags& f, bool ranks_per_node_given, bool ranks_given) {
             std::chrono::milliseconds(static_cast<int64_t>(f.stop_timeout * 1000)));
       }
     }
-  };
-  const auto start = std::chrono::steady_clock::now();
-  for (NodeRun& r : nodes) {
-    std::vector<std::string> dargv = {DaemonPath(),
-                                      "--run-dir",
-                                      r.run_dir,
-                                      "--dataset",
-                                      dataset.string(),
-                                      "--seed",
-                                      std::to_string(job.seed),
-                                      "--epochs",
-                                      std::to_string(job.epochs),
-                                      "--ranks",
-                                      std::to_string(job.ranks),
-                                      "--batch",
-                                      std::to_string(job.batch),
-                                      "--scheme",
-                                      f.job.scheme,
-                                      "--ranks-per-node",
-                                      std::to_string(job.ranks_per_node),
-                                      "--node",
-                                      std::to_string(r.node)};
-    if (job.drop_last) dargv.push_back("--drop-last");
-    if (job.samples != 0) {
-      dargv.push_back("--samples");
-      dargv.push_back(std::to_string(job.samples));
-    }
-    if (!f.config.empty()) {
-      dargv.push_back("--config");
-      dargv.push_back(fs::absolute(f.config).string());
-    }
-    dargv.insert(dargv.end(), peer_args.begin(), peer_args.end());
-    Child::Options dopt;
-    dopt.die_with_parent = true;
-    dopt.netns_fd = r.netns_fd;
-    as.Apply(&dopt);
-    Result<Child> daemon = Child::Spawn(dargv, dopt);
-    if (!daemon.ok()) {
-      stop_daemons();
-      return Fail(daemon.status().message());
-    }
-    r.daemon = std::move(*daemon);
   }
 
-  // Wait for every node's `ready` (or a `failed`, or a daemon's death).
-  for (NodeRun& r : nodes) {
-    for (;;) {
-      const std::string text = ReadFileOr(r.run_dir + "/" + service::kReadyName, "");
-      if (!text.empty()) {
-        r.ready = ParseReady(text);
-        break;
-      }
-      const std::string failed = ReadFileOr(r.run_dir + "/" + service::kFailedName, "");
-      Result<int> exited = r.daemon->Wait(std::chrono::milliseconds(20));
-      if (!failed.empty() || exited.ok()) {
+  // One nopfsd per node started here, each with a ready pipe.
+  Status StartDaemons() {
+    start = std::chrono::steady_clock::now();
+    for (NodeRun& r : nodes) {
+      // nopfsd says ready or failed on a pipe (nopfsd --ready-fd): its answer, and its death
+      // before one (the pipe closes), arrive at once.
+      int pipe_fds[2];
+      if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return Status::FromErrno(errno, "pipe");
+      r.ready_fd = pipe_fds[0];
+      dargs.run_dir = r.run_dir;
+      dargs.node = r.node;
+      dargs.ready_fd = pipe_fds[1];
+      std::vector<std::string> dargv = dargs.ToArgv();
+      dargv.insert(dargv.begin(), DaemonPath());
+      Child::Options dopt;
+      dopt.die_with_parent = true;
+      dopt.netns_fd = r.netns_fd;
+      dopt.keep_fds = {pipe_fds[1]};
+      as.Apply(&dopt);
+      Result<Child> daemon = Child::Spawn(dargv, dopt);
+      ::close(pipe_fds[1]);
+      if (!daemon.ok()) return daemon.status();
+      r.daemon = std::move(*daemon);
+    }
+    return Status::Ok();
+  }
+
+  // Every node's `ready` (or its `failed`, or its death, with the log's tail).
+  Status WaitForDaemons() {
+    const auto deadline = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                      std::chrono::duration<double>(f.start_timeout));
+    for (NodeRun& r : nodes) {
+      Result<launch::ReadyInfo> ready =
+          launch::WaitReady(r.ready_fd, deadline, [] { return g_signal.load() != 0; });
+      ::close(std::exchange(r.ready_fd, -1));
+      if (!ready.ok()) {
+        if (ready.status().code() == StatusCode::kUnavailable ||
+            ready.status().code() == StatusCode::kTimedOut) {
+          return Status(ready.status().code(), ready.status().code() == StatusCode::kUnavailable
+                                                   ? "interrupted while nopfsd was starting"
+                                                   : "nopfsd was not ready within --start-timeout");
+        }
+        // It said failed, or closed the pipe without a word: it exits (or has exited).
+        Result<int> exited = r.daemon->Wait(std::chrono::seconds(2));
         if (exited.ok()) r.daemon.reset();
-        stop_daemons();
         std::string msg = "nopfsd did not start";
         if (nodes.size() > 1) msg += " (node " + std::to_string(r.node) + ")";
-        if (!failed.empty()) msg += ": " + failed;
+        if (ready.status().code() == StatusCode::kFailedPrecondition) {
+          msg += ": " + ready.status().message();
+        }
         if (exited.ok()) msg += " (" + DescribeWaitStatus(*exited) + ")";
         msg +=
-            "\nlast lines of " + r.run_dir + "/" + service::kLogName +
+            "\nlast lines of " + r.run_dir + "/" + launch::kLogName +
             (remove_run_dir ? " (removed with the run directory; --keep-run-dir keeps it)" : "") +
             ":\n" + LogTail(r.run_dir);
-        return Fail(msg);
+        return Status::Unavailable(msg);
       }
-      if (g_signal.load() != 0 || std::chrono::steady_clock::now() - start >
-                                      std::chrono::duration<double>(f.start_timeout)) {
-        stop_daemons();
-        return Fail(g_signal.load() != 0 ? "interrupted while nopfsd was starting"
-                                         : "nopfsd was not ready within --start-timeout");
+      r.ready = *ready;
+      if (!f.quiet) {
+        std::fprintf(
+            stderr, "nopfs run: nopfsd%s ready (pid %d, %s samples) in %.1f s; run dir %s\n",
+            nodes.size() > 1 ? (" of node " + std::to_string(r.node)).c_str() : "", r.daemon->pid(),
+            std::to_string(r.ready.samples).c_str(),
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+            r.run_dir.c_str());
       }
     }
-    if (!f.quiet) {
-      std::fprintf(stderr, "nopfs run: nopfsd%s ready (pid %d, %s samples) in %.1f s; run dir %s\n",
-                   nodes.size() > 1 ? (" of node " + std::to_string(r.node)).c_str() : "",
-                   r.daemon->pid(), r.ready.count("samples") ? r.ready["samples"].c_str() : "?",
-                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-                   r.run_dir.c_str());
-    }
+    return Status::Ok();
   }
 
-  // One process per rank of each node, as srun would start them.
-  std::vector<Child> ranks;
-  std::vector<uint32_t> rank_ids;
-  int exit_code = 0;
-  for (NodeRun& r : nodes) {
-    const uint32_t first = job.first_rank(r.node);
-    const uint32_t local = job.ranks_on_node(r.node);
-    for (uint32_t i = 0; i < local && exit_code == 0; ++i) {
-      Child::Options o;
-      o.new_group = false;
-      o.netns_fd = r.netns_fd;
-      as.Apply(&o);
-      o.env = {{"NOPFS_SOCKET", r.socket},
-               {"NOPFS_RUN_DIR", r.run_dir},
-               {"NOPFS_DATASET", dataset.string()},
-               {"NOPFS_RANK", std::to_string(first + i)},
-               {"NOPFS_LOCAL_RANK", std::to_string(i)},
-               {"NOPFS_RANKS", std::to_string(job.ranks)},
-               {"NOPFS_RANKS_PER_NODE", std::to_string(job.ranks_per_node)},
-               {"NOPFS_NODE", std::to_string(r.node)},
-               {"NOPFS_NODES", std::to_string(job.nodes())},
-               {"NOPFS_SEED", std::to_string(job.seed)},
-               {"NOPFS_EPOCHS", std::to_string(job.epochs)},
-               {"NOPFS_BATCH", std::to_string(job.batch)},
-               {"NOPFS_SCHEME", f.job.scheme},
-               {"NOPFS_DROP_LAST", job.drop_last ? "1" : "0"}};
-      if (r.ready.count("samples")) o.env["NOPFS_SAMPLES"] = r.ready["samples"];
-      Result<Child> c = Child::Spawn(f.command, o);
-      if (!c.ok()) {
-        std::fprintf(stderr, "nopfs run: rank %u: %s\n", first + i, c.status().message().c_str());
-        exit_code = 127;
-        break;
+  // One process per rank of each node, as srun would start them; waits for them all and
+  // forwards a signal. Returns the first failing exit code, or 0.
+  int RunRanks() {
+    std::vector<Child> ranks;
+    std::vector<uint32_t> rank_ids;
+    int exit_code = 0;
+    for (NodeRun& r : nodes) {
+      const uint32_t first = job.first_rank(r.node);
+      const uint32_t local = job.ranks_on_node(r.node);
+      for (uint32_t i = 0; i < local && exit_code == 0; ++i) {
+        Child::Options o;
+        o.new_group = false;
+        o.netns_fd = r.netns_fd;
+        as.Apply(&o);
+        launch::TaskEnv env;
+        env.socket = r.socket;
+        env.run_dir = r.run_dir;
+        env.dataset = dataset.string();
+        env.node = r.node;
+        env.nodes = job.nodes();
+        env.local_rank = i;
+        env.ranks = job.ranks;
+        env.ranks_per_node = job.ranks_per_node;
+        env.seed = job.seed;
+        env.epochs = job.epochs;
+        env.batch = job.batch;
+        env.scheme = f.job.scheme;
+        env.drop_last = job.drop_last;
+        env.samples = r.ready.samples;
+        for (auto& [name, value] : env.Variables())
+          o.env[name] = std::move(value);
+        Result<Child> c = Child::Spawn(f.command, o);
+        if (!c.ok()) {
+          std::fprintf(stderr, "nopfs run: rank %u: %s\n", first + i, c.status().message().c_str());
+          exit_code = 127;
+          break;
+        }
+        ranks.push_back(std::move(*c));
+        rank_ids.push_back(first + i);
       }
-      ranks.push_back(std::move(*c));
-      rank_ids.push_back(first + i);
     }
-  }
-  // Everything is started: from here on this process is the user too (the daemons answer the
-  // status request of their own user only, and what is left to remove is the user's).
-  if (as.switch_user && (::setgroups(0, nullptr) != 0 || ::setresgid(as.gid, as.gid, as.gid) != 0 ||
-                         ::setresuid(as.uid, as.uid, as.uid) != 0)) {
-    std::fprintf(stderr, "nopfs run: cannot become %s: %s\n", f.user.c_str(), std::strerror(errno));
-    if (exit_code == 0) exit_code = 1;
-  }
-  // The plan of each node, one line each, as the job starts (as the user:
-  // a daemon answers its own user only).
-  for (NodeRun& r : nodes) {
-    Result<std::unique_ptr<client::Client>> c = client::Client::Connect(r.socket);
-    Result<report::StatusReport> rep =
-        c.ok() ? (*c)->Report() : Result<report::StatusReport>(c.status());
-    if (rep.ok() && !f.quiet) std::fprintf(stderr, "%s", report::RenderPlanLine(*rep).c_str());
-  }
-  // Wait for every rank; forward a signal to all of them.
-  std::vector<int> statuses(ranks.size(), -1);
-  size_t running = ranks.size();
-  bool forwarded = false;
-  while (running > 0) {
-    if (g_signal.load() != 0 && !forwarded) {
-      for (Child& c : ranks)
-        c.Signal(SIGTERM);
-      forwarded = true;
+    // Everything is started: from here on this process is the user too (the daemons answer the
+    // status request of their own user only, and what is left to remove is the user's).
+    if (as.switch_user &&
+        (::setgroups(0, nullptr) != 0 || ::setresgid(as.gid, as.gid, as.gid) != 0 ||
+         ::setresuid(as.uid, as.uid, as.uid) != 0)) {
+      std::fprintf(stderr, "nopfs run: cannot become %s: %s\n", f.user.c_str(),
+                   std::strerror(errno));
+      if (exit_code == 0) exit_code = 1;
+    }
+    // The plan of each node, one line each, as the job starts (as the user: a daemon answers
+    // its own user only).
+    for (NodeRun& r : nodes) {
+      Result<std::unique_ptr<client::Client>> c = client::Client::Connect(r.socket);
+      Result<report::StatusReport> rep =
+          c.ok() ? (*c)->Report() : Result<report::StatusReport>(c.status());
+      if (rep.ok() && !f.quiet) std::fprintf(stderr, "%s", report::RenderPlanLine(*rep).c_str());
+    }
+    // Wait for every rank; forward a signal to all of them.
+    std::vector<int> statuses(ranks.size(), -1);
+    size_t running = ranks.size();
+    bool forwarded = false;
+    while (running > 0) {
+      if (g_signal.load() != 0 && !forwarded) {
+        for (Child& c : ranks)
+          c.Signal(SIGTERM);
+        forwarded = true;
+      }
+      for (size_t i = 0; i < ranks.size(); ++i) {
+        if (!ranks[i].running()) continue;
+        Result<int> st = ranks[i].Wait(std::chrono::milliseconds(10));
+        if (st.ok()) {
+          statuses[i] = *st;
+          --running;
+          if (exit_code == 0 && ExitCodeOf(*st) != 0) exit_code = ExitCodeOf(*st);
+        }
+      }
     }
     for (size_t i = 0; i < ranks.size(); ++i) {
-      if (!ranks[i].running()) continue;
-      Result<int> st = ranks[i].Wait(std::chrono::milliseconds(10));
-      if (st.ok()) {
-        statuses[i] = *st;
-        --running;
-        if (exit_code == 0 && ExitCodeOf(*st) != 0) exit_code = ExitCodeOf(*st);
+      if (statuses[i] >= 0 && ExitCodeOf(statuses[i]) != 0) {
+        std::fprintf(stderr, "nopfs run: rank %u %s\n", rank_ids[i],
+                     DescribeWaitStatus(statuses[i]).c_str());
       }
     }
-  }
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (statuses[i] >= 0 && ExitCodeOf(statuses[i]) != 0) {
-      std::fprintf(stderr, "nopfs run: rank %u %s\n", rank_ids[i],
-                   DescribeWaitStatus(statuses[i]).c_str());
-    }
+    return exit_code;
   }
 
-  // What each service saw, then stop them all.
-  for (NodeRun& r : nodes) {
-    Result<std::unique_ptr<client::Client>> c = client::Client::Connect(r.socket);
-    if (c.ok()) {
-      Result<report::StatusReport> rep = (*c)->Report();
-      if (rep.ok()) r.report = std::move(*rep);
+  // What each service saw, then stop them all; the summary; what is left behind.
+  int Finish(int exit_code) {
+    // What each service saw, then stop them all.
+    for (NodeRun& r : nodes) {
+      Result<std::unique_ptr<client::Client>> c = client::Client::Connect(r.socket);
+      if (c.ok()) {
+        Result<report::StatusReport> rep = (*c)->Report();
+        if (rep.ok()) r.report = std::move(*rep);
+      }
     }
-  }
-  for (NodeRun& r : nodes)
-    r.daemon->Signal(SIGTERM);
-  for (NodeRun& r : nodes) {
-    Result<int> dstatus =
-        r.daemon->Wait(std::chrono::milliseconds(static_cast<int64_t>(f.stop_timeout * 1000)));
-    if (!dstatus.ok()) {
-      std::fprintf(stderr, "nopfs run: nopfsd did not stop within %.0f s; killing it\n",
-                   f.stop_timeout);
-      r.daemon->Signal(SIGKILL);
-      (void)r.daemon->Wait();
-      if (exit_code == 0) exit_code = 1;
-    } else if (ExitCodeOf(*dstatus) != 0) {
-      std::fprintf(stderr, "nopfs run: nopfsd %s\nlast lines of its log:\n%s",
-                   DescribeWaitStatus(*dstatus).c_str(), LogTail(r.run_dir).c_str());
-      if (exit_code == 0) exit_code = 1;
-    }
-  }
-
-  uint64_t pfs_total = 0;
-  for (NodeRun& r : nodes) {
-    if (nodes.size() > 1) std::printf("node %u:\n", r.node);
-    if (r.report) {
-      pfs_total += r.report->pfs_bytes;
-      std::printf("%s", report::RenderRunSummary(*r.report).c_str());
-    } else {
-      std::printf("nopfs run: no figures (the service did not answer)\n");
-    }
-  }
-  if (nodes.size() > 1) {
-    std::printf("job: pfs read in all (every node, prefetch included): %s\n",
-                FormatBytes(static_cast<double>(pfs_total)).c_str());
-  }
-  std::fflush(stdout);
-
-  // nopfsd removes its socket, shared memory and SSD files; what may remain is its log.
-  for (NodeRun& r : nodes) {
-    for (const char* name : {service::kSocketName, service::kPidName, service::kReadyName}) {
-      if (fs::exists(r.run_dir + "/" + name)) {
-        std::fprintf(stderr, "nopfs run: nopfsd left %s/%s behind\n", r.run_dir.c_str(), name);
+    for (NodeRun& r : nodes)
+      r.daemon->Signal(SIGTERM);
+    for (NodeRun& r : nodes) {
+      Result<int> dstatus =
+          r.daemon->Wait(std::chrono::milliseconds(static_cast<int64_t>(f.stop_timeout * 1000)));
+      if (!dstatus.ok()) {
+        std::fprintf(stderr, "nopfs run: nopfsd did not stop within %.0f s; killing it\n",
+                     f.stop_timeout);
+        r.daemon->Signal(SIGKILL);
+        (void)r.daemon->Wait();
+        if (exit_code == 0) exit_code = 1;
+      } else if (ExitCodeOf(*dstatus) != 0) {
+        std::fprintf(stderr, "nopfs run: nopfsd %s\nlast lines of its log:\n%s",
+                     DescribeWaitStatus(*dstatus).c_str(), LogTail(r.run_dir).c_str());
         if (exit_code == 0) exit_code = 1;
       }
     }
+
+    uint64_t pfs_total = 0;
+    for (NodeRun& r : nodes) {
+      if (nodes.size() > 1) std::printf("node %u:\n", r.node);
+      if (r.report) {
+        pfs_total += r.report->pfs_bytes;
+        std::printf("%s", report::RenderRunSummary(*r.report).c_str());
+      } else {
+        std::printf("nopfs run: no figures (the service did not answer)\n");
+      }
+    }
+    if (nodes.size() > 1) {
+      std::printf("job: pfs read in all (every node, prefetch included): %s\n",
+                  FormatBytes(static_cast<double>(pfs_total)).c_str());
+    }
+    std::fflush(stdout);
+
+    // nopfsd removes its socket, shared memory and SSD files; what may remain is its log.
+    for (NodeRun& r : nodes) {
+      for (const char* name : {launch::kSocketName, launch::kPidName, launch::kReadyName}) {
+        if (fs::exists(r.run_dir + "/" + name)) {
+          std::fprintf(stderr, "nopfs run: nopfsd left %s/%s behind\n", r.run_dir.c_str(), name);
+          if (exit_code == 0) exit_code = 1;
+        }
+      }
+    }
+    if (!secret.empty()) ::unlink(secret.c_str());
+    return exit_code;  // remove_on_exit removes the run directory
   }
-  if (!secret.empty()) ::unlink(secret.c_str());
-  return exit_code;  // remove_on_exit removes the run directory
+
+  RunFlags& f;
+  const policy::JobSpec& job;
+  fs::path dataset;
+  bool made_run_dir = false;
+  bool remove_run_dir = false;
+  struct RemoveOnExit {
+    std::string path;
+    ~RemoveOnExit() {
+      std::error_code ignored;
+      if (!path.empty()) fs::remove_all(path, ignored);
+    }
+  } remove_on_exit;
+  std::vector<std::string> hosts;
+  std::vector<int> netns_fds;
+  bool handed_netns = false;  // the NodeRuns own netns_fds
+  RunAs as;
+  std::vector<NodeRun> nodes;
+  launch::DaemonArgs dargs;
+  std::string secret;
+  std::chrono::steady_clock::time_point start;
+};
+
+int RunJob(RunFlags& f, bool ranks_per_node_given, bool ranks_given) {
+  JobRun run(f);
+  return run.Run(ranks_per_node_given, ranks_given);
 }
 
 }  // namespace

@@ -5,10 +5,10 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 
 #include "client/ring.h"
 #include "client/wire.h"
+#include "common/mutex.h"
 
 namespace nopfs::client {
 
@@ -28,7 +28,7 @@ class Connection {
       return Status::FailedPrecondition(
           "nopfs client: a connection was used across fork(); connect again in the child");
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (broken_) return Status::Unavailable("nopfs client: the connection to nopfsd is broken");
     const uint32_t id = ++next_id_;
     const wire::MsgType sent = wire::TypeOf(body);
@@ -71,12 +71,12 @@ class Connection {
   }
 
  private:
-  std::mutex mu_;
+  Mutex mu_;
   wire::UniqueFd fd_;
   std::chrono::milliseconds timeout_;
   pid_t pid_;
-  uint32_t next_id_ = 0;  // GUARDED_BY(mu_)
-  bool broken_ = false;   // GUARDED_BY(mu_)
+  uint32_t next_id_ GUARDED_BY(mu_) = 0;
+  bool broken_ GUARDED_BY(mu_) = false;
 };
 
 namespace {

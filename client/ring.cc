@@ -15,6 +15,8 @@
 #include <new>
 #include <thread>
 
+#include "common/mutex.h"
+
 namespace nopfs::ring {
 namespace {
 
@@ -216,7 +218,10 @@ Result<std::unique_ptr<RingWriter>> RingWriter::Create(uint64_t capacity, uint32
   w->base_ = static_cast<std::byte*>(p);
   w->capacity_ = capacity;
   w->slot_count_ = slot_count;
-  w->pending_.resize(slot_count);
+  {
+    MutexLock lock(&w->mu_);  // not shared yet: for the analysis
+    w->pending_.resize(slot_count);
+  }
 
   SharedHeader* h = new (w->base_) SharedHeader();
   h->magic = kRingMagic;
@@ -258,7 +263,7 @@ Result<RingWriter::Reservation> RingWriter::Reserve(
   }
   const uint64_t asize = RoundUp(size, kAlign);
   SharedHeader* h = HeaderAt(base_);
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   if (finished_) return Status::FailedPrecondition("ring: Reserve after Finish");
   for (int spin = 0;; ++spin) {
     if (cancelled_.load(std::memory_order_acquire)) {
@@ -301,9 +306,9 @@ Result<RingWriter::Reservation> RingWriter::Reserve(
       return Status::TimedOut("ring: no space freed by the consumer before the deadline");
     }
     if (spin < kSpins) {
-      lock.unlock();
+      lock.Unlock();
       std::this_thread::yield();
-      lock.lock();
+      lock.Lock();
       continue;
     }
     // Sleep until a batch of samples is released (or the consumer itself runs dry and wakes us):
@@ -311,10 +316,10 @@ Result<RingWriter::Reservation> RingWriter::Reserve(
     const uint64_t batch = std::clamp<uint64_t>(slot_count_ / 4, 1, 16);
     h->space_wanted.store(reclaimed_ + batch, std::memory_order_seq_cst);
     h->space_waiters.fetch_add(1, std::memory_order_seq_cst);
-    lock.unlock();
+    lock.Unlock();
     FutexWait(&h->cons_event, ev, std::min<std::chrono::nanoseconds>(deadline - now, kWaitSlice));
     h->space_waiters.fetch_sub(1, std::memory_order_seq_cst);
-    lock.lock();
+    lock.Lock();
   }
 }
 
@@ -325,7 +330,7 @@ Status RingWriter::Publish(uint64_t seq) {
 Status RingWriter::Publish(uint64_t seq, uint64_t size) {
   SharedHeader* h = HeaderAt(base_);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (seq < reclaimed_ || seq >= next_seq_ || pending_[seq % slot_count_].published) {
       return Status::FailedPrecondition("ring: Publish of seq " + std::to_string(seq) +
                                         " that is not reserved or already published");
@@ -355,7 +360,7 @@ Status RingWriter::Publish(uint64_t seq, uint64_t size) {
 Status RingWriter::PublishInRegion(uint64_t seq, uint64_t offset, uint64_t size) {
   SharedHeader* h = HeaderAt(base_);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (seq < reclaimed_ || seq >= next_seq_ || pending_[seq % slot_count_].published) {
       return Status::FailedPrecondition("ring: PublishInRegion of seq " + std::to_string(seq) +
                                         " that is not reserved or already published");
@@ -378,7 +383,7 @@ Status RingWriter::PublishInRegion(uint64_t seq, uint64_t offset, uint64_t size)
 Status RingWriter::PublishError(uint64_t seq, const Status& error) {
   SharedHeader* h = HeaderAt(base_);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (seq < reclaimed_ || seq >= next_seq_ || pending_[seq % slot_count_].published) {
       return Status::FailedPrecondition("ring: PublishError of seq " + std::to_string(seq) +
                                         " that is not reserved or already published");
@@ -403,7 +408,7 @@ Status RingWriter::PublishError(uint64_t seq, const Status& error) {
 void RingWriter::Finish() {
   SharedHeader* h = HeaderAt(base_);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     finished_ = true;
     h->end_seq.store(next_seq_, std::memory_order_release);
   }
@@ -430,7 +435,7 @@ RingStats RingWriter::stats() const {
   uint64_t published = 0;
   uint64_t published_bytes = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     published = published_;
     published_bytes = published_bytes_;
   }
@@ -459,12 +464,12 @@ RingStats RingWriter::stats() const {
 }
 
 uint64_t RingWriter::reserved() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return next_seq_;
 }
 
 uint64_t RingWriter::released() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return const_cast<RingWriter*>(this)->ReclaimLocked();
 }
 
@@ -509,7 +514,10 @@ Result<std::unique_ptr<RingReader>> RingReader::Open(wire::UniqueFd fd, uint64_t
     return Status::Corruption("ring: header does not match (magic, version " +
                               std::to_string(h->version) + " or geometry)");
   }
-  r->done_.assign(expect_slots, false);
+  {
+    MutexLock lock(&r->mu_);  // not shared yet: for the analysis
+    r->done_.assign(expect_slots, false);
+  }
   return r;
 }
 
@@ -520,7 +528,7 @@ RingReader::~RingReader() {
 }
 
 Status RingReader::AttachRegion(wire::UniqueFd fd, uint64_t bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (region_ != nullptr) return Status::FailedPrecondition("ring: a region is already attached");
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "ring: fstat of the region");
@@ -551,7 +559,7 @@ void RingReader::RecordStall(uint64_t ns, bool sample, uint64_t bytes) {
 }
 
 Result<std::optional<View>> RingReader::Next(std::chrono::nanoseconds timeout) {
-  std::lock_guard next_lock(next_mu_);
+  MutexLock next_lock(&next_mu_);
   SharedHeader* h = HeaderAt(ctl_);
   const auto t0 = std::chrono::steady_clock::now();
   const auto deadline = t0 + timeout;
@@ -562,7 +570,7 @@ Result<std::optional<View>> RingReader::Next(std::chrono::nanoseconds timeout) {
   };
   const uint64_t seq = next_seq_;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (seq - released_ >= slot_count_) {
       RecordStall(elapsed(), false, 0);
       return Status::FailedPrecondition(
@@ -645,7 +653,7 @@ Result<std::optional<View>> RingReader::Next(std::chrono::nanoseconds timeout) {
   v.size = size;
   const uint32_t code = s->code;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     delivered_ = seq + 1;
   }
   next_seq_ = seq + 1;
@@ -682,7 +690,7 @@ void RingReader::AdvanceReleasedLocked() {
 }
 
 Status RingReader::Release(uint64_t seq) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (seq < released_ || seq >= delivered_ || done_[seq % slot_count_]) {
     return Status::FailedPrecondition("ring: Release of seq " + std::to_string(seq) +
                                       " that is not held (never returned or already released)");

@@ -32,13 +32,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "client/wire.h"
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace nopfs::ring {
@@ -141,7 +141,8 @@ class RingWriter {
 
  private:
   RingWriter() = default;
-  uint64_t ReclaimLocked();  // advances the arena tail over released samples; returns released
+  // Advances the arena tail over released samples; returns released.
+  uint64_t ReclaimLocked() REQUIRES(mu_);
 
   wire::UniqueFd fd_;
   std::byte* base_ = nullptr;
@@ -149,22 +150,22 @@ class RingWriter {
   uint64_t capacity_ = 0;
   uint32_t slot_count_ = 0;
 
-  mutable std::mutex mu_;
-  uint64_t next_seq_ = 0;   // GUARDED_BY(mu_)
-  uint64_t reclaimed_ = 0;  // GUARDED_BY(mu_): samples whose space is free again
-  uint64_t head_ = 0;       // GUARDED_BY(mu_): arena write position (monotonic)
-  uint64_t tail_ = 0;       // GUARDED_BY(mu_): arena position of the oldest unreleased byte
-  // GUARDED_BY(mu_): per slot, the arena end of its sample, its extent and whether published.
+  mutable Mutex mu_;
+  uint64_t next_seq_ GUARDED_BY(mu_) = 0;
+  uint64_t reclaimed_ GUARDED_BY(mu_) = 0;  // samples whose space is free again
+  uint64_t head_ GUARDED_BY(mu_) = 0;       // arena write position (monotonic)
+  uint64_t tail_ GUARDED_BY(mu_) = 0;       // arena position of the oldest unreleased byte
+  // Per slot, the arena end of its sample, its extent and whether published.
   struct Pending {
     uint64_t end = 0;
     uint64_t offset = 0;
     uint64_t size = 0;
     bool published = false;
   };
-  std::vector<Pending> pending_;
-  bool finished_ = false;         // GUARDED_BY(mu_)
-  uint64_t published_ = 0;        // GUARDED_BY(mu_): seqs published (samples and errors)
-  uint64_t published_bytes_ = 0;  // GUARDED_BY(mu_): payload bytes of published samples
+  std::vector<Pending> pending_ GUARDED_BY(mu_);
+  bool finished_ GUARDED_BY(mu_) = false;
+  uint64_t published_ GUARDED_BY(mu_) = 0;        // seqs published (samples and errors)
+  uint64_t published_bytes_ GUARDED_BY(mu_) = 0;  // payload bytes of published samples
   std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
   std::atomic<bool> cancelled_{false};  // private copy: the client cannot forge it
 };
@@ -222,7 +223,7 @@ class RingReader {
  private:
   RingReader() = default;
   void RecordStall(uint64_t ns, bool sample, uint64_t bytes);
-  void AdvanceReleasedLocked();
+  void AdvanceReleasedLocked() REQUIRES(mu_);
 
   wire::UniqueFd fd_;
   std::byte* ctl_ = nullptr;  // header + slot table, read-write
@@ -234,12 +235,12 @@ class RingReader {
   uint32_t slot_count_ = 0;
   int watch_fd_ = -1;  // WatchProducer; not owned
 
-  mutable std::mutex mu_;
-  std::mutex next_mu_;      // serializes Next() callers
-  uint64_t next_seq_ = 0;   // next seq Next() returns (GUARDED_BY next_mu_)
-  uint64_t delivered_ = 0;  // GUARDED_BY(mu_): seqs < delivered_ have been handed out
-  uint64_t released_ = 0;   // GUARDED_BY(mu_): all seqs < released_ are released
-  std::vector<bool> done_;  // GUARDED_BY(mu_): per slot, released but not yet in the prefix
+  mutable Mutex mu_;
+  Mutex next_mu_;                               // serializes Next() callers
+  uint64_t next_seq_ GUARDED_BY(next_mu_) = 0;  // next seq Next() returns
+  uint64_t delivered_ GUARDED_BY(mu_) = 0;      // seqs < delivered_ have been handed out
+  uint64_t released_ GUARDED_BY(mu_) = 0;       // all seqs < released_ are released
+  std::vector<bool> done_ GUARDED_BY(mu_);      // per slot, released but not yet in the prefix
   std::atomic<uint64_t> producer_wakes_{0};
 };
 

@@ -9,67 +9,21 @@
 #include <initializer_list>
 #include <string>
 
+#include "common/coding.h"
+
 namespace nopfs::wire {
 namespace {
 
-class Writer {
- public:
-  void U8(uint8_t v) { Le(v, 1); }
-  void U16(uint16_t v) { Le(v, 2); }
-  void U32(uint32_t v) { Le(v, 4); }
-  void U64(uint64_t v) { Le(v, 8); }
-  void Str(const std::string& s) {
-    U32(static_cast<uint32_t>(s.size()));
-    for (char c : s)
-      out_.push_back(static_cast<std::byte>(c));
-  }
-  std::vector<std::byte>& bytes() { return out_; }
+using coding::Reader;
+using coding::Writer;
 
- private:
-  void Le(uint64_t v, int n) {
-    for (int i = 0; i < n; ++i)
-      out_.push_back(static_cast<std::byte>((v >> (8 * i)) & 0xff));
-  }
-  std::vector<std::byte> out_;
-};
-
-class Reader {
- public:
-  explicit Reader(std::span<const std::byte> in) : in_(in) {}
-  bool U8(uint8_t* v) { return Le(v, 1); }
-  // A boolean byte: 0 or 1, anything else is malformed (so that decoding is canonical).
-  bool Bool(bool* v) {
-    uint8_t b = 0;
-    if (!U8(&b) || b > 1) return false;
-    *v = b == 1;
-    return true;
-  }
-  bool U16(uint16_t* v) { return Le(v, 2); }
-  bool U32(uint32_t* v) { return Le(v, 4); }
-  bool U64(uint64_t* v) { return Le(v, 8); }
-  bool Str(std::string* s) {
-    uint32_t n = 0;
-    if (!U32(&n) || n > in_.size() - pos_) return false;
-    s->assign(reinterpret_cast<const char*>(in_.data() + pos_), n);
-    pos_ += n;
-    return true;
-  }
-  bool done() const { return pos_ == in_.size(); }
-
- private:
-  template <typename T>
-  bool Le(T* v, size_t n) {
-    if (in_.size() - pos_ < n) return false;
-    uint64_t x = 0;
-    for (size_t i = 0; i < n; ++i)
-      x |= static_cast<uint64_t>(in_[pos_ + i]) << (8 * i);
-    pos_ += n;
-    *v = static_cast<T>(x);
-    return true;
-  }
-  std::span<const std::byte> in_;
-  size_t pos_ = 0;
-};
+// A boolean byte: 0 or 1, anything else is malformed (so that decoding is canonical).
+bool ReadBool(Reader& r, bool* v) {
+  uint8_t b = 0;
+  if (!r.U8(&b) || b > 1) return false;
+  *v = b == 1;
+  return true;
+}
 
 void EncodeBody(Writer& w, const Hello& m) {
   w.U16(m.client_version);
@@ -277,7 +231,7 @@ bool DecodeReport(Reader& r, report::StatusReport* m) {
   if (!r.U32(&n)) return false;
   for (uint32_t i = 0; i < n; ++i) {
     report::Source s;
-    if (!(r.Str(&s.name) && r.U64(&s.samples) && r.U64(&s.bytes) && r.Bool(&s.zero_copy) &&
+    if (!(r.Str(&s.name) && r.U64(&s.samples) && r.U64(&s.bytes) && ReadBool(r, &s.zero_copy) &&
           r.U64(&s.in_place))) {
       return false;
     }
@@ -294,12 +248,13 @@ bool DecodeReport(Reader& r, report::StatusReport* m) {
   if (!(r.U64(&m->refusals.owners) && r.U32(&m->refusals.streams_per_rank) &&
         U64s(r, {&m->refusals.streams, &m->refusals.connections, &m->refusals.timed_out,
                  &m->cpu_user_ns, &m->cpu_system_ns}) &&
-        r.Bool(&has_peers))) {
+        ReadBool(r, &has_peers))) {
     return false;
   }
   if (!has_peers) return true;
   report::Peers p;
-  if (!(r.U32(&p.node) && r.U32(&p.nodes) && r.Str(&p.state) && r.U64(&p.held_elsewhere) && r.U64(&p.needed) &&
+  if (!(r.U32(&p.node) && r.U32(&p.nodes) && r.Str(&p.state) && r.U64(&p.held_elsewhere) &&
+        r.U64(&p.needed) &&
         U64s(r,
              {&p.served_samples, &p.served_bytes, &p.served_not_available, &p.fetched_samples,
               &p.fetched_bytes, &p.fetch_not_available, &p.timeouts, &p.refused, &p.malformed}) &&
@@ -373,11 +328,6 @@ Result<Message> DecodeAs(const Header& h, std::span<const std::byte> payload) {
                                    " payload has trailing bytes");
   }
   return Message{h.request_id, Body(std::move(body))};
-}
-
-uint32_t LoadLe32(const std::byte* p) {
-  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
-         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
 }
 
 // Waits until `sock` is readable; false with a status on timeout or error.
@@ -493,33 +443,30 @@ Result<std::vector<std::byte>> Encode(const Message& message) {
                                    " payload of " + std::to_string(payload) +
                                    " bytes exceeds the limit of " + std::to_string(kMaxPayload));
   }
-  for (int i = 0; i < 4; ++i)
-    out[8 + i] = static_cast<std::byte>((payload >> (8 * i)) & 0xff);
+  w.PatchU32(8, static_cast<uint32_t>(payload));
   return std::move(out);
 }
 
 Result<Header> DecodeHeader(std::span<const std::byte> bytes) {
   if (bytes.size() < kHeaderSize) return Status::InvalidArgument("wire: header is truncated");
-  if (LoadLe32(bytes.data()) != kMagic) {
+  if (coding::LoadLe32(bytes.data()) != kMagic) {
     return Status::InvalidArgument("wire: bad magic (not a nopfs client/service message)");
   }
-  uint16_t version =
-      static_cast<uint16_t>(static_cast<uint16_t>(bytes[4]) | static_cast<uint16_t>(bytes[5]) << 8);
+  uint16_t version = coding::LoadLe16(bytes.data() + 4);
   if (version != kVersion) {
     return Status::InvalidArgument("wire: protocol version " + std::to_string(version) +
                                    " is not supported (this build speaks version " +
                                    std::to_string(kVersion) +
                                    "); use a client and nopfsd from the same release");
   }
-  uint16_t type =
-      static_cast<uint16_t>(static_cast<uint16_t>(bytes[6]) | static_cast<uint16_t>(bytes[7]) << 8);
+  uint16_t type = coding::LoadLe16(bytes.data() + 6);
   if (type < static_cast<uint16_t>(MsgType::kHello) || type > static_cast<uint16_t>(kLastType)) {
     return Status::InvalidArgument("wire: unknown message type " + std::to_string(type));
   }
   Header h;
   h.type = static_cast<MsgType>(type);
-  h.payload_length = LoadLe32(bytes.data() + 8);
-  h.request_id = LoadLe32(bytes.data() + 12);
+  h.payload_length = coding::LoadLe32(bytes.data() + 8);
+  h.request_id = coding::LoadLe32(bytes.data() + 12);
   if (h.payload_length > kMaxPayload) {
     return Status::InvalidArgument("wire: payload length " + std::to_string(h.payload_length) +
                                    " exceeds the limit of " + std::to_string(kMaxPayload));

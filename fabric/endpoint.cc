@@ -20,10 +20,11 @@
 #include <cstring>
 #include <list>
 #include <map>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
+
+#include "common/mutex.h"
 
 namespace nopfs::fabric {
 namespace {
@@ -91,7 +92,7 @@ class ReadBufferPool {
     const uint64_t cap = std::bit_ceil(std::max<uint64_t>(length, 4096));
     std::byte* p = nullptr;
     {
-      std::lock_guard lock(self->mu_);
+      MutexLock lock(&self->mu_);
       auto it = self->free_.find(cap);
       if (it != self->free_.end() && !it->second.empty()) {
         p = it->second.back();
@@ -105,7 +106,7 @@ class ReadBufferPool {
 
   void Put(std::byte* p, uint64_t cap) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       if (kept_ + cap <= kKeepBytes) {
         free_[cap].push_back(p);
         kept_ += cap;
@@ -122,9 +123,9 @@ class ReadBufferPool {
   }
 
  private:
-  std::mutex mu_;
-  std::map<uint64_t, std::vector<std::byte*>> free_;
-  uint64_t kept_ = 0;
+  Mutex mu_;
+  std::map<uint64_t, std::vector<std::byte*>> free_ GUARDED_BY(mu_);
+  uint64_t kept_ GUARDED_BY(mu_) = 0;
 };
 
 void ReturnToPool::operator()(std::byte* p) const {

@@ -3,14 +3,14 @@
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
 
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <utility>
+
+#include "common/mutex.h"
 
 namespace nopfs::fabric {
 namespace {
@@ -61,7 +61,7 @@ struct PeerLink::Pending {
   uint64_t sample = 0;
   bool sent = false;
   bool done = false;
-  std::condition_variable cv;  // signalled (under the link's mutex) when done is set
+  CondVar cv;                  // signalled (under the link's mutex) when done is set
   bool remote_posted = false;  // a kRemoteReply came: an RMA read is under way
   Status status;
   std::vector<std::byte> data;
@@ -94,8 +94,9 @@ struct PeerLink::State {
   std::vector<InState> in;
   Secret cookie{};
 
-  // Client side, one per server node. `state` is guarded by mu; the session (key, window,
-  // send_seq) is written and read by the progress thread only.
+  // Client side, one per server node. `state` is written with mu held (by the progress thread,
+  // which also reads it without mu); the session (key, window, send_seq) is written and read by
+  // the progress thread only.
   enum class Out { kNone, kHelloSent, kAuthSent, kAuthed, kDead };
   struct OutState {
     Out state = Out::kNone;
@@ -106,25 +107,25 @@ struct PeerLink::State {
     uint64_t send_seq = 0;            // our requests, exchanges, notices and pushes
   };
   using Pending = PeerLink::Pending;
-  mutable std::mutex mu;
-  std::condition_variable cv;  // exchanges, registrations and dead peers (each Read has its own)
+  mutable Mutex mu;
+  CondVar cv;  // exchanges, registrations and dead peers (each Read has its own)
   std::vector<OutState> out;
-  std::map<uint64_t, Pending*> pending;
-  std::deque<std::pair<uint32_t, std::vector<std::byte>>> outbox;  // (node, message)
-  uint64_t next_id = 1;
+  std::map<uint64_t, Pending*> pending GUARDED_BY(mu);
+  std::deque<std::pair<uint32_t, std::vector<std::byte>>> outbox GUARDED_BY(mu);  // (node, message)
+  uint64_t next_id GUARDED_BY(mu) = 1;
   // Exchange buffers waiting for their peer's handshake, and buffers received per (round, node).
   // Exchange buffers and class-done notices waiting for their peer's handshake.
-  std::deque<std::pair<uint32_t, PeerMessage>> exchange_out;
+  std::deque<std::pair<uint32_t, PeerMessage>> exchange_out GUARDED_BY(mu);
   // Per node, the classes it reported done (bit c: class c < 64; larger classes never count).
-  std::vector<uint64_t> peer_done;
-  std::chrono::steady_clock::time_point last_reject_log{};  // guarded by mu
-  std::map<std::pair<uint64_t, uint32_t>, std::vector<std::byte>> exchange_in;
-  PeerLinkCounters counters;
-  bool stop = false;
+  std::vector<uint64_t> peer_done GUARDED_BY(mu);
+  std::chrono::steady_clock::time_point last_reject_log GUARDED_BY(mu){};
+  std::map<std::pair<uint64_t, uint32_t>, std::vector<std::byte>> exchange_in GUARDED_BY(mu);
+  PeerLinkCounters counters GUARDED_BY(mu);
+  bool stop GUARDED_BY(mu) = false;
   std::atomic<bool> wake{false};  // a Read is waiting to be scheduled: end the receive slice
   std::thread thread;
-  // Serving: authenticated read requests wait here for the serving threads (guarded by mu), so
-  // that a slow tier read (an SSD) delays neither the progress thread nor the other requests.
+  // Serving: authenticated read requests wait in serve_queue for the serving threads, so that a
+  // slow tier read (an SSD) delays neither the progress thread nor the other requests.
   struct ServeJob {
     uint32_t node;
     uint64_t request_id;
@@ -134,12 +135,13 @@ struct PeerLink::State {
     uint64_t push_xxh3 = 0;
     std::vector<std::byte> push_data;
   };
-  uint64_t push_queued_bytes = 0;  // pushes waiting in exchange_out (guarded by mu)
+  uint64_t push_queued_bytes GUARDED_BY(mu) = 0;  // pushes waiting in exchange_out
   static constexpr uint64_t kMaxPushQueued = uint64_t{64} << 20;
-  std::deque<ServeJob> serve_queue;
-  std::condition_variable serve_cv;
+  std::deque<ServeJob> serve_queue GUARDED_BY(mu);
+  CondVar serve_cv;
   std::vector<std::thread> servers;
-  // RMA: memory exposed for peers' reads (guarded by mu; registered by the progress thread).
+  // RMA: memory exposed for peers' reads (registered by the progress thread; a Region's fields are
+  // read and written with mu held).
   struct Region {
     const std::byte* begin = nullptr;
     uint64_t size = 0;
@@ -148,13 +150,14 @@ struct PeerLink::State {
     Status status;       // why not, if it failed
     ExposedRegion exposed;
   };
-  std::deque<Region> regions;  // a deque: the progress thread keeps pointers while others append
-  bool regions_pending = false;
+  // A deque: the progress thread keeps pointers while others append.
+  std::deque<Region> regions GUARDED_BY(mu);
+  bool regions_pending GUARDED_BY(mu) = false;
   // RemoteReplies whose RMA read the progress thread must post: (node, reply).
-  std::deque<std::pair<uint32_t, RemoteReply>> reads_to_post;
+  std::deque<std::pair<uint32_t, RemoteReply>> reads_to_post GUARDED_BY(mu);
 
-  // With mu held: the registered region holding [p, p + n), if any.
-  const Region* RegionOfLocked(const std::byte* p, uint64_t n) const {
+  // The registered region holding [p, p + n), if any.
+  const Region* RegionOfLocked(const std::byte* p, uint64_t n) const REQUIRES(mu) {
     for (const Region& r : regions) {
       if (r.registered && p >= r.begin && n <= r.size &&
           static_cast<uint64_t>(p - r.begin) <= r.size - n) {
@@ -168,8 +171,9 @@ struct PeerLink::State {
     for (;;) {
       ServeJob job{};
       {
-        std::unique_lock lock(mu);
-        serve_cv.wait(lock, [&] { return stop || !serve_queue.empty(); });
+        MutexLock lock(&mu);
+        while (!stop && serve_queue.empty())
+          serve_cv.Wait(&mu);
         if (stop) return;
         job = std::move(serve_queue.front());
         serve_queue.pop_front();
@@ -192,7 +196,7 @@ struct PeerLink::State {
         reply.status = ReadStatus::kError;
       } else {
         if (job.remote_ok && r.in_place.size() >= opts.remote_read_min) {
-          std::lock_guard lock(mu);
+          MutexLock lock(&mu);
           if (const Region* g = RegionOfLocked(r.in_place.data(), r.in_place.size())) {
             remote = RemoteReply{
                 job.request_id,
@@ -223,7 +227,7 @@ struct PeerLink::State {
     }
     std::vector<std::byte> bytes = remote ? Encode(*remote) : Encode(reply);
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       if (remote) {
         ++counters.served_reads;
         ++counters.served_remote;
@@ -246,7 +250,7 @@ struct PeerLink::State {
     std::vector<Region*> todo;
     std::deque<std::pair<uint32_t, RemoteReply>> posts;
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       if (regions_pending) {
         for (Region& g : regions)
           if (!g.registered) todo.push_back(&g);
@@ -259,7 +263,7 @@ struct PeerLink::State {
       uint64_t key = 0;
       std::memcpy(&key, n.data(), sizeof key);
       Result<ExposedRegion> e = ep->ExposeForRemoteRead({g->begin, g->size}, key);
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       g->tried = true;
       if (e.ok()) {
         g->exposed = *e;
@@ -267,12 +271,12 @@ struct PeerLink::State {
       } else {
         g->status = e.status();
       }
-      cv.notify_all();
+      cv.SignalAll();
     }
     for (auto& [node, v] : posts) {
       Status st = ep->PostRead(addr[node], v.addr, v.key, v.length, v.request_id, opts.timeout);
       if (!st.ok()) {
-        std::lock_guard lock(mu);
+        MutexLock lock(&mu);
         ++counters.remote_failed;
         auto it = pending.find(v.request_id);
         if (it != pending.end()) {
@@ -280,21 +284,21 @@ struct PeerLink::State {
           it->second->status =
               Status::IoError("RMA read of sample " + std::to_string(v.sample) + " from node " +
                               std::to_string(node) + " not posted: " + st.ToString());
-          it->second->cv.notify_one();
+          it->second->cv.Signal();
           pending.erase(it);
         }
       }
     }
     std::vector<ReadCompletion> done = ep->TakeReads();
     if (done.empty()) return;
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     for (ReadCompletion& c : done) {
       auto it = pending.find(c.cookie);
       if (it == pending.end()) continue;  // timed out or its peer died meanwhile
       Pending* w = it->second;
       pending.erase(it);
       w->done = true;
-      w->cv.notify_one();  // wakes it once the mutex is released, after the fields below are set
+      w->cv.Signal();  // wakes it once the mutex is released, after the fields below are set
       if (c.error != 0) {
         ++counters.remote_failed;
         w->status = Status::IoError("RMA read of sample " + std::to_string(w->sample) +
@@ -309,10 +313,12 @@ struct PeerLink::State {
     }
   }
 
-  void Queue(uint32_t node, const PeerMessage& m) { outbox.emplace_back(node, Encode(m)); }
+  void Queue(uint32_t node, const PeerMessage& m) REQUIRES(mu) {
+    outbox.emplace_back(node, Encode(m));
+  }
 
-  // With mu held: kills `peer`, failing every read waiting on it.
-  void KillLocked(uint32_t peer, const std::string& why) {
+  // Kills `peer`, failing every read waiting on it.
+  void KillLocked(uint32_t peer, const std::string& why) REQUIRES(mu) {
     if (out[peer].state != Out::kDead) {
       spdlog::warn("nopfsd: peer node {} marked dead: {}", peer, why);
     }
@@ -320,7 +326,7 @@ struct PeerLink::State {
     for (auto it = pending.begin(); it != pending.end();) {
       if (it->second->peer == peer) {
         it->second->done = true;
-        it->second->cv.notify_one();
+        it->second->cv.Signal();
         it->second->status =
             Status::Unavailable("peer node " + std::to_string(peer) + " is dead: " + why);
         it = pending.erase(it);
@@ -328,11 +334,11 @@ struct PeerLink::State {
         ++it;
       }
     }
-    cv.notify_all();
+    cv.SignalAll();
   }
 
   void Malformed(uint32_t node, const std::string& why) {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     ++counters.malformed;
     if (ShouldLogLocked())
       spdlog::warn("nopfsd: peer message from node {} rejected: {}", node, why);
@@ -340,17 +346,17 @@ struct PeerLink::State {
 
   // Logs and counts a message refused for want of authentication.
   void Refused(uint32_t node, const std::string& why) {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     ++counters.auth_refused;
     if (ShouldLogLocked()) {
       spdlog::warn("nopfsd: peer message claiming to be from node {} refused: {}", node, why);
     }
   }
 
-  // With mu held: whether to log one more rejected message. A flood of forged messages must not
+  // Whether to log one more rejected message. A flood of forged messages must not
   // fill the job's log: the first 20 are logged, then one line every 10 s with the totals (the
   // counters count every one).
-  bool ShouldLogLocked() {
+  bool ShouldLogLocked() REQUIRES(mu) {
     constexpr uint64_t kFirst = 20;
     const uint64_t rejected = counters.auth_refused + counters.malformed;
     if (rejected <= kFirst) return true;
@@ -371,7 +377,7 @@ struct PeerLink::State {
       const Nonce server_nonce = CookieNonce(h->client_nonce, node);
       Challenge c{server_nonce, PeerMac(opts.secret, kServerLabel, h->client_nonce, server_nonce,
                                         node, opts.node)};
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       Queue(node, c);
     } else if (auto* a = std::get_if<Auth>(&m)) {
       const bool ok = a->server_nonce == CookieNonce(a->client_nonce, node) &&
@@ -379,7 +385,7 @@ struct PeerLink::State {
                                                       a->server_nonce, node, opts.node));
       if (!ok) {
         Refused(node, "failed the challenge (wrong secret, or not that node)");
-        std::lock_guard lock(mu);
+        MutexLock lock(&mu);
         Queue(node, AuthResult{false});  // unsealed: a courtesy the client cannot trust
         return;
       }
@@ -390,10 +396,10 @@ struct PeerLink::State {
           SessionKeyOf(opts.secret, a->client_nonce, a->server_nonce, node, opts.node));
       st.window = ReplayWindow();
       st.send_seq = 0;
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       Queue(node, AuthResult{true});
     } else if (auto* x = std::get_if<ExchangeData>(&m)) {
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       if (XXH3_64bits(x->data.data(), x->data.size()) != x->xxh3) {
         ++counters.malformed;
         spdlog::warn("nopfsd: exchange round {} from node {} failed its checksum", x->round, node);
@@ -415,12 +421,12 @@ struct PeerLink::State {
         spdlog::warn("nopfsd: peer node {} sent exchange round {} twice", node, x->round);
         return;
       }
-      cv.notify_all();
+      cv.SignalAll();
     } else if (auto* d = std::get_if<ClassDone>(&m)) {
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       if (d->cls < 64) peer_done[node] |= uint64_t{1} << d->cls;
     } else if (auto* u = std::get_if<PushSample>(&m)) {
-      std::unique_lock lock(mu);
+      MutexLock lock(&mu);
       if (!opts.on_push) {
         ++counters.pushes_dropped;
         return;
@@ -428,12 +434,12 @@ struct PeerLink::State {
       ++counters.pushes_received;
       ServeJob job{node, 0, u->sample, false, true, u->xxh3, std::move(u->data)};
       if (servers.empty()) {
-        lock.unlock();
+        lock.Unlock();
         opts.on_push(job.node, job.sample, job.push_xxh3, job.push_data);
         return;
       }
       serve_queue.push_back(std::move(job));
-      serve_cv.notify_one();
+      serve_cv.Signal();
     } else if (auto* q = std::get_if<ReadRequest>(&m)) {
       const ServeJob job{
           node, q->request_id, q->sample, (q->flags & kAcceptsRemoteRead) != 0, false, 0, {}};
@@ -441,9 +447,9 @@ struct PeerLink::State {
         Answer(job);
         return;
       }
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       serve_queue.push_back(job);
-      serve_cv.notify_one();
+      serve_cv.Signal();
     }
   }
 
@@ -507,11 +513,11 @@ struct PeerLink::State {
 
   // Replies to this node as a client; a sealed one has passed Admit with sequence number `seq`.
   void HandleClient(uint32_t node, uint64_t seq, PeerMessage& m) {
-    std::unique_lock lock(mu);
+    MutexLock lock(&mu);
     OutState& st = out[node];
     if (auto* c = std::get_if<Challenge>(&m)) {
       if (st.state != Out::kHelloSent) {
-        lock.unlock();
+        lock.Unlock();
         return Malformed(node, "unexpected challenge");
       }
       Mac expect =
@@ -546,7 +552,7 @@ struct PeerLink::State {
       auto it = pending.find(v->request_id);
       if (it == pending.end() || it->second->peer != node || it->second->sample != v->sample ||
           it->second->remote_posted || !ep->supports_remote_read()) {
-        lock.unlock();
+        lock.Unlock();
         return Malformed(node, "remote reply to no outstanding request");
       }
       it->second->remote_posted = true;
@@ -556,13 +562,13 @@ struct PeerLink::State {
     } else if (auto* p = std::get_if<ReadReply>(&m)) {
       auto it = pending.find(p->request_id);
       if (it == pending.end() || it->second->peer != node || it->second->sample != p->sample) {
-        lock.unlock();
+        lock.Unlock();
         return Malformed(node, "reply to no outstanding request");
       }
       Pending* w = it->second;
       pending.erase(it);
       w->done = true;
-      w->cv.notify_one();  // wakes it once the mutex is released, after the fields below are set
+      w->cv.Signal();  // wakes it once the mutex is released, after the fields below are set
       if (p->status == ReadStatus::kOk) {
         w->data = std::move(p->data);
         w->data_xxh3 = p->xxh3;
@@ -576,8 +582,8 @@ struct PeerLink::State {
     }
   }
 
-  // With mu held: starts handshakes, queues reads of authenticated peers, expires deadlines.
-  void ScheduleLocked() {
+  // Starts handshakes, queues reads of authenticated peers, expires deadlines.
+  void ScheduleLocked() REQUIRES(mu) {
     auto now = std::chrono::steady_clock::now();
     for (auto& [id, w] : pending) {
       OutState& st = out[w->peer];
@@ -633,7 +639,7 @@ struct PeerLink::State {
     for (;;) {
       std::deque<std::pair<uint32_t, std::vector<std::byte>>> sends;
       {
-        std::lock_guard lock(mu);
+        MutexLock lock(&mu);
         if (stop) break;
         ScheduleLocked();
         sends.swap(outbox);
@@ -643,7 +649,7 @@ struct PeerLink::State {
         if (!SealOutgoing(node, bytes)) continue;  // its session is gone
         Status st = ep->Post(addr[node], TagOf(opts.node), std::move(bytes), opts.timeout);
         if (!st.ok()) {
-          std::lock_guard lock(mu);
+          MutexLock lock(&mu);
           ++counters.timeouts;
           KillLocked(node, st.ToString());
         }
@@ -712,7 +718,10 @@ Result<std::unique_ptr<PeerLink>> PeerLink::Start(const PeerLinkOptions& options
   const Nonce cookie = RandomNonce();
   std::copy(cookie.begin(), cookie.end(), s->cookie.begin());
   s->out.resize(options.peers.size());
-  s->peer_done.assign(options.peers.size(), 0);
+  {
+    MutexLock lock(&s->mu);  // no other thread yet: for the analysis
+    s->peer_done.assign(options.peers.size(), 0);
+  }
   State* raw = s.get();
   s->thread = std::thread([raw] { raw->Run(); });
   for (uint32_t i = 0; i < options.serve_threads; ++i)
@@ -726,19 +735,19 @@ PeerLink::~PeerLink() {
 
 void PeerLink::Stop() {
   {
-    std::lock_guard lock(s_->mu);
+    MutexLock lock(&s_->mu);
     if (s_->stop && !s_->thread.joinable()) return;
     s_->stop = true;
     s_->wake.store(true);
     s_->ep->Wake();
     for (auto& [id, w] : s_->pending) {
       w->done = true;
-      w->cv.notify_one();
+      w->cv.Signal();
       w->status = Status::Unavailable("peer link stopped");
     }
     s_->pending.clear();
-    s_->cv.notify_all();
-    s_->serve_cv.notify_all();
+    s_->cv.SignalAll();
+    s_->serve_cv.SignalAll();
   }
   for (std::thread& t : s_->servers)
     if (t.joinable()) t.join();
@@ -746,7 +755,7 @@ void PeerLink::Stop() {
 }
 
 void PeerLink::AnnounceClassDone(uint32_t cls) {
-  std::lock_guard lock(s_->mu);
+  MutexLock lock(&s_->mu);
   if (s_->stop || cls > 0xFFFF) return;
   for (uint32_t k = 0; k < s_->out.size(); ++k) {
     if (k != s_->opts.node && s_->out[k].state != State::Out::kDead) {
@@ -760,12 +769,12 @@ void PeerLink::AnnounceClassDone(uint32_t cls) {
 void PeerLink::Push(uint32_t peer, uint64_t sample, uint64_t xxh3,
                     std::span<const std::byte> data) {
   if (data.size() > kMaxSampleBytes) {
-    std::lock_guard lock(s_->mu);
+    MutexLock lock(&s_->mu);
     ++s_->counters.pushes_dropped;
     return;
   }
   PushSample m{sample, xxh3, {data.begin(), data.end()}};  // copied before taking the lock
-  std::lock_guard lock(s_->mu);
+  MutexLock lock(&s_->mu);
   if (s_->stop || peer >= s_->out.size() || peer == s_->opts.node) return;
   if (s_->out[peer].state == State::Out::kDead ||
       s_->push_queued_bytes + m.data.size() > State::kMaxPushQueued) {
@@ -781,7 +790,7 @@ void PeerLink::Push(uint32_t peer, uint64_t sample, uint64_t xxh3,
 }
 
 bool PeerLink::PeerClassDone(uint32_t peer, uint32_t cls) const {
-  std::lock_guard lock(s_->mu);
+  MutexLock lock(&s_->mu);
   return peer < s_->peer_done.size() && cls < 64 && (s_->peer_done[peer] >> cls & 1) != 0;
 }
 
@@ -791,7 +800,7 @@ Status PeerLink::Await(uint32_t peer, uint64_t sample, Pending& w) {
   }
   w.peer = peer;
   w.sample = sample;
-  std::unique_lock lock(s_->mu);
+  MutexLock lock(&s_->mu);
   if (s_->stop) return Status::Unavailable("peer link stopped");
   if (s_->out[peer].state == State::Out::kDead) {
     return Status::Unavailable("peer node " + std::to_string(peer) + " is dead");
@@ -802,7 +811,8 @@ Status PeerLink::Await(uint32_t peer, uint64_t sample, Pending& w) {
   s_->pending.emplace(id, &w);
   s_->wake.store(true);
   s_->ep->Wake();
-  w.cv.wait(lock, [&] { return w.done; });
+  while (!w.done)
+    w.cv.Wait(&s_->mu);
   if (!w.status.ok()) {
     if (w.status.code() == StatusCode::kNotFound) ++s_->counters.fetch_not_available;
     return w.status;
@@ -811,7 +821,7 @@ Status PeerLink::Await(uint32_t peer, uint64_t sample, Pending& w) {
 }
 
 void PeerLink::CountFetched(uint64_t bytes, bool remote) {
-  std::lock_guard lock(s_->mu);
+  MutexLock lock(&s_->mu);
   ++s_->counters.fetched_reads;
   s_->counters.fetched_bytes += bytes;
   if (remote) ++s_->counters.fetched_remote;
@@ -838,7 +848,7 @@ Result<std::vector<std::byte>> PeerLink::Read(uint32_t peer, uint64_t sample) {
     return std::move(w.data);
   }
   if (XXH3_64bits(w.remote.get(), w.remote_len) != w.remote_xxh3) {
-    std::lock_guard lock(s_->mu);
+    MutexLock lock(&s_->mu);
     ++s_->counters.remote_failed;
     return RemoteMismatch(peer, sample);
   }
@@ -859,7 +869,7 @@ Result<uint64_t> PeerLink::ReadInto(uint32_t peer, uint64_t sample, std::span<st
   if (len > 0) std::memcpy(dst.data(), src, len);
   const uint64_t h = XXH3_64bits(dst.data(), dst.size());
   if (w.is_remote && h != w.remote_xxh3) {
-    std::lock_guard lock(s_->mu);
+    MutexLock lock(&s_->mu);
     ++s_->counters.remote_failed;
     return RemoteMismatch(peer, sample);
   }
@@ -877,7 +887,7 @@ Status PeerLink::ExposeForRemoteRead(std::span<const std::byte> region) {
     return Status::FailedPrecondition("provider " + s_->ep->provider() +
                                       " does no RMA reads with keys of our choosing");
   }
-  std::unique_lock lock(s_->mu);
+  MutexLock lock(&s_->mu);
   if (s_->stop) return Status::Unavailable("peer link stopped");
   State::Region& g = s_->regions.emplace_back();
   g.begin = region.data();
@@ -885,7 +895,8 @@ Status PeerLink::ExposeForRemoteRead(std::span<const std::byte> region) {
   s_->regions_pending = true;
   s_->wake.store(true);
   s_->ep->Wake();
-  s_->cv.wait(lock, [&] { return g.tried || s_->stop; });
+  while (!g.tried && !s_->stop)
+    s_->cv.Wait(&s_->mu);
   if (!g.tried) return Status::Unavailable("peer link stopped");
   return g.status;
 }
@@ -908,7 +919,7 @@ Result<std::vector<std::vector<std::byte>>> PeerLink::Exchange(
                                      " bytes");
     }
   }
-  std::unique_lock lock(s_->mu);
+  MutexLock lock(&s_->mu);
   for (uint32_t k = 0; k < nodes; ++k) {
     if (k == self) continue;
     const uint64_t h = XXH3_64bits(out[k].data(), out[k].size());
@@ -921,9 +932,13 @@ Result<std::vector<std::vector<std::byte>>> PeerLink::Exchange(
   for (uint32_t k = 0; k < nodes; ++k) {
     if (k == self) continue;
     auto key = std::make_pair(round, k);
-    bool ready = s_->cv.wait_until(lock, deadline, [&] {
-      return s_->stop || s_->exchange_in.count(key) > 0 || s_->out[k].state == State::Out::kDead;
-    });
+    bool ready = false;
+    bool timed_out = false;
+    while (!(ready = s_->stop || s_->exchange_in.count(key) > 0 ||
+                     s_->out[k].state == State::Out::kDead) &&
+           !timed_out) {
+      timed_out = !s_->cv.WaitUntil(&s_->mu, deadline);
+    }
     auto it = s_->exchange_in.find(key);
     if (it == s_->exchange_in.end()) {
       if (!ready) {
@@ -941,12 +956,12 @@ Result<std::vector<std::vector<std::byte>>> PeerLink::Exchange(
 }
 
 bool PeerLink::IsDead(uint32_t peer) const {
-  std::lock_guard lock(s_->mu);
+  MutexLock lock(&s_->mu);
   return peer < s_->out.size() && s_->out[peer].state == State::Out::kDead;
 }
 
 PeerLinkCounters PeerLink::counters() const {
-  std::lock_guard lock(s_->mu);
+  MutexLock lock(&s_->mu);
   return s_->counters;
 }
 

@@ -15,53 +15,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/coding.h"
+
 namespace nopfs::fabric {
 namespace {
 
-class Writer {
- public:
-  void U8(uint8_t v) { out_.push_back(static_cast<std::byte>(v)); }
-  void U16(uint16_t v) { Int(v, 2); }
-  void U32(uint32_t v) { Int(v, 4); }
-  void U64(uint64_t v) { Int(v, 8); }
-  void Bytes(std::span<const uint8_t> b) {
-    for (uint8_t c : b)
-      U8(c);
-  }
-  void Bytes(std::span<const std::byte> b) { out_.insert(out_.end(), b.begin(), b.end()); }
-  std::vector<std::byte>& out() { return out_; }
-
- private:
-  void Int(uint64_t v, int n) {
-    for (int i = 0; i < n; ++i)
-      U8(static_cast<uint8_t>(v >> (8 * i)));
-  }
-  std::vector<std::byte> out_;
-};
-
-// Reads from a buffer whose length the caller has already checked.
-class Reader {
- public:
-  explicit Reader(std::span<const std::byte> b) : b_(b) {}
-  uint64_t Int(int n) {
-    uint64_t v = 0;
-    for (int i = 0; i < n; ++i)
-      v |= uint64_t{std::to_integer<uint8_t>(b_[pos_ + i])} << (8 * i);
-    pos_ += static_cast<uint64_t>(n);
-    return v;
-  }
-  template <size_t N>
-  void Array(std::array<uint8_t, N>& a) {
-    for (size_t i = 0; i < N; ++i)
-      a[i] = std::to_integer<uint8_t>(b_[pos_ + i]);
-    pos_ += N;
-  }
-  std::span<const std::byte> Rest() const { return b_.subspan(pos_); }
-
- private:
-  std::span<const std::byte> b_;
-  uint64_t pos_ = 0;
-};
+using coding::Reader;
+using coding::Writer;
 
 Status Bad(const std::string& why) {
   return Status::Corruption("peer message rejected: " + why);
@@ -89,25 +49,13 @@ uint64_t FixedBytes(PeerType type) {
 
 constexpr uint64_t kRemoteKeyOffset = kPeerHeaderBytes + 32;  // RemoteReply's key field
 
-void PutU64(std::span<std::byte> b, uint64_t at, uint64_t v) {
-  for (int i = 0; i < 8; ++i)
-    b[at + static_cast<uint64_t>(i)] = static_cast<std::byte>(v >> (8 * i));
-}
-
-uint64_t GetU64(std::span<const std::byte> b, uint64_t at) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i)
-    v |= uint64_t{std::to_integer<uint8_t>(b[at + static_cast<uint64_t>(i)])} << (8 * i);
-  return v;
-}
-
 }  // namespace
 
 uint64_t RemoteKeyMask(SessionKey& key, uint64_t seq) {
   std::array<std::byte, 21> in{};
   constexpr std::string_view kLabel = "nopfs-rma-key";
   std::memcpy(in.data(), kLabel.data(), kLabel.size());
-  PutU64(in, kLabel.size(), seq);
+  coding::StoreLe64(in, kLabel.size(), seq);
   const SealMac m = key.Compute(in);
   uint64_t v = 0;
   std::memcpy(&v, m.data(), sizeof v);
@@ -199,22 +147,29 @@ std::vector<std::byte> Encode(const PeerMessage& m) {
   out.U8(kPeerVersion);
   out.U8(static_cast<uint8_t>(type));
   out.U16(0);
-  out.U32(static_cast<uint32_t>(body.out().size()));
+  out.U32(static_cast<uint32_t>(body.size()));
   out.U32(0);
-  out.Bytes(body.out());
-  return std::move(out.out());
+  out.Bytes(body.bytes());
+  return out.Take();
 }
 
 Result<PeerMessage> Decode(std::span<const std::byte> buf) {
   if (buf.size() < kPeerHeaderBytes) return Bad("shorter than the 16-byte header");
   Reader r(buf);
-  if (r.Int(4) != kPeerMagic) return Bad("bad magic");
-  uint64_t version = r.Int(1);
+  uint32_t magic = 0;
+  uint8_t version = 0;
+  uint8_t type = 0;
+  uint16_t reserved16 = 0;
+  uint32_t body_len = 0;
+  uint32_t reserved32 = 0;
+  if (!(r.U32(&magic) && r.U8(&version) && r.U8(&type) && r.U16(&reserved16) && r.U32(&body_len) &&
+        r.U32(&reserved32))) {
+    return Bad("shorter than the 16-byte header");
+  }
+  if (magic != kPeerMagic) return Bad("bad magic");
   if (version != kPeerVersion) return Bad("version " + std::to_string(version) + " unsupported");
-  uint64_t type = r.Int(1);
-  if (r.Int(2) != 0) return Bad("reserved header field not zero");
-  uint64_t body_len = r.Int(4);
-  if (r.Int(4) != 0) return Bad("reserved header field not zero");
+  if (reserved16 != 0) return Bad("reserved header field not zero");
+  if (reserved32 != 0) return Bad("reserved header field not zero");
   if (body_len != buf.size() - kPeerHeaderBytes) {
     return Bad("body length " + std::to_string(body_len) + " but " +
                std::to_string(buf.size() - kPeerHeaderBytes) + " bytes follow the header");
@@ -226,56 +181,56 @@ Result<PeerMessage> Decode(std::span<const std::byte> buf) {
     }
     return Status::Ok();
   };
+  // Each case checks the body's length before reading it, so a read that fails is a bug here.
+  auto truncated = [&]() { return Bad("type " + std::to_string(type) + ": " + r.error()); };
   switch (static_cast<PeerType>(type)) {
     case PeerType::kHello: {
       NOPFS_RETURN_IF_ERROR(expect(36));
       Hello h;
-      h.node = static_cast<uint32_t>(r.Int(4));
-      r.Array(h.client_nonce);
+      if (!(r.U32(&h.node) && r.Array(&h.client_nonce))) return truncated();
       return PeerMessage(h);
     }
     case PeerType::kChallenge: {
       NOPFS_RETURN_IF_ERROR(expect(64));
       Challenge c;
-      r.Array(c.server_nonce);
-      r.Array(c.server_mac);
+      if (!(r.Array(&c.server_nonce) && r.Array(&c.server_mac))) return truncated();
       return PeerMessage(c);
     }
     case PeerType::kAuth: {
       NOPFS_RETURN_IF_ERROR(expect(96));
       Auth a;
-      r.Array(a.client_nonce);
-      r.Array(a.server_nonce);
-      r.Array(a.client_mac);
+      if (!(r.Array(&a.client_nonce) && r.Array(&a.server_nonce) && r.Array(&a.client_mac))) {
+        return truncated();
+      }
       return PeerMessage(a);
     }
     case PeerType::kAuthResult: {
       NOPFS_RETURN_IF_ERROR(expect(4 + kAuthBlockBytes));
-      uint64_t v = r.Int(4);
+      uint32_t v = 0;
+      if (!r.U32(&v)) return truncated();
       if (v > 1) return Bad("auth result " + std::to_string(v));
       return PeerMessage(AuthResult{v == 1});
     }
     case PeerType::kReadRequest: {
       NOPFS_RETURN_IF_ERROR(expect(24 + kAuthBlockBytes));
       ReadRequest q;
-      q.request_id = r.Int(8);
-      q.sample = r.Int(8);
-      q.flags = static_cast<uint32_t>(r.Int(4));
+      uint32_t reserved = 0;
+      if (!(r.U64(&q.request_id) && r.U64(&q.sample) && r.U32(&q.flags) && r.U32(&reserved))) {
+        return truncated();
+      }
       if ((q.flags & ~kAcceptsRemoteRead) != 0) {
         return Bad("unknown read request flags " + std::to_string(q.flags));
       }
-      if (r.Int(4) != 0) return Bad("reserved request field not zero");
+      if (reserved != 0) return Bad("reserved request field not zero");
       return PeerMessage(q);
     }
     case PeerType::kRemoteReply: {
       NOPFS_RETURN_IF_ERROR(expect(48 + kAuthBlockBytes));
       RemoteReply v;
-      v.request_id = r.Int(8);
-      v.sample = r.Int(8);
-      v.length = r.Int(8);
-      v.addr = r.Int(8);
-      v.key = r.Int(8);
-      v.xxh3 = r.Int(8);
+      if (!(r.U64(&v.request_id) && r.U64(&v.sample) && r.U64(&v.length) && r.U64(&v.addr) &&
+            r.U64(&v.key) && r.U64(&v.xxh3))) {
+        return truncated();
+      }
       if (v.length > kMaxSampleBytes) return Bad("remote reply longer than the sample limit");
       return PeerMessage(v);
     }
@@ -285,16 +240,17 @@ Result<PeerMessage> Decode(std::span<const std::byte> buf) {
         return Bad("read reply data over the sample limit");
       }
       ReadReply p;
-      p.request_id = r.Int(8);
-      p.sample = r.Int(8);
-      uint64_t status = r.Int(4);
+      uint32_t status = 0;
+      uint32_t reserved = 0;
+      if (!(r.U64(&p.request_id) && r.U64(&p.sample) && r.U32(&status) && r.U32(&reserved) &&
+            r.U64(&p.xxh3) && r.Skip(kAuthBlockBytes))) {  // Unseal checks the block
+        return truncated();
+      }
       if (status > static_cast<uint32_t>(ReadStatus::kError)) {
         return Bad("read reply status " + std::to_string(status));
       }
       p.status = static_cast<ReadStatus>(status);
-      if (r.Int(4) != 0) return Bad("reserved reply field not zero");
-      p.xxh3 = r.Int(8);
-      r.Int(8), r.Int(8), r.Int(8);  // the authentication block (Unseal checks it)
+      if (reserved != 0) return Bad("reserved reply field not zero");
       auto rest = r.Rest();
       if (p.status != ReadStatus::kOk && !rest.empty()) return Bad("data with a non-ok status");
       if (rest.empty() && p.xxh3 != 0) return Bad("a checksum without data");
@@ -303,9 +259,10 @@ Result<PeerMessage> Decode(std::span<const std::byte> buf) {
     }
     case PeerType::kClassDone: {
       NOPFS_RETURN_IF_ERROR(expect(4 + kAuthBlockBytes));
-      const uint64_t cls = r.Int(4);
+      uint32_t cls = 0;
+      if (!r.U32(&cls)) return truncated();
       if (cls > 0xFFFF) return Bad("class " + std::to_string(cls) + " above 65535");
-      return PeerMessage(ClassDone{static_cast<uint32_t>(cls)});
+      return PeerMessage(ClassDone{cls});
     }
     case PeerType::kPush: {
       if (body_len < 16 + kAuthBlockBytes) return Bad("push shorter than 40 bytes");
@@ -313,9 +270,7 @@ Result<PeerMessage> Decode(std::span<const std::byte> buf) {
         return Bad("pushed data over the sample limit");
       }
       PushSample u;
-      u.sample = r.Int(8);
-      u.xxh3 = r.Int(8);
-      r.Int(8), r.Int(8), r.Int(8);  // the authentication block
+      if (!(r.U64(&u.sample) && r.U64(&u.xxh3) && r.Skip(kAuthBlockBytes))) return truncated();
       auto rest = r.Rest();
       u.data.assign(rest.begin(), rest.end());
       return PeerMessage(std::move(u));
@@ -326,9 +281,7 @@ Result<PeerMessage> Decode(std::span<const std::byte> buf) {
         return Bad("exchange data over the limit");
       }
       ExchangeData x;
-      x.round = r.Int(8);
-      x.xxh3 = r.Int(8);
-      r.Int(8), r.Int(8), r.Int(8);  // the authentication block
+      if (!(r.U64(&x.round) && r.U64(&x.xxh3) && r.Skip(kAuthBlockBytes))) return truncated();
       auto rest = r.Rest();
       x.data.assign(rest.begin(), rest.end());
       return PeerMessage(std::move(x));
@@ -472,9 +425,10 @@ void Seal(std::span<std::byte> msg, uint64_t seq, SessionKey& key) {
     throw std::invalid_argument("Seal: not an encoded sealed message");
   }
   if (type == PeerType::kRemoteReply) {
-    PutU64(msg, kRemoteKeyOffset, GetU64(msg, kRemoteKeyOffset) ^ RemoteKeyMask(key, seq));
+    coding::StoreLe64(msg, kRemoteKeyOffset,
+                      coding::LoadLe64(msg, kRemoteKeyOffset) ^ RemoteKeyMask(key, seq));
   }
-  PutU64(msg, at, seq);
+  coding::StoreLe64(msg, at, seq);
   const SealMac m = key.Compute(msg.first(at + 8));
   std::memcpy(msg.data() + at + 8, m.data(), m.size());
 }
@@ -488,7 +442,7 @@ Result<uint64_t> Unseal(std::span<const std::byte> msg, SessionKey& key) {
   if (CRYPTO_memcmp(m.data(), msg.data() + at + 8, m.size()) != 0) {
     return Status::PermissionDenied("peer message rejected: its MAC does not verify");
   }
-  return GetU64(msg, at);
+  return coding::LoadLe64(msg, at);
 }
 
 bool ReplayWindow::Accept(uint64_t seq) {

@@ -9,6 +9,7 @@
 //                streams_per_rank = 8 }
 //   log_level, catalog_cache, preprocess, metrics_dir
 //   planner  = "frequency"                             -- or "staging", "fill-once"
+//   verify   = "on_fill"                               -- or "always": RAM hits re-hashed
 // Unknown globals that look like misspellings of these and unknown fields are errors, so a typo
 // never silently falls back to a default. Every error names the file, and the line where the
 // class was written when it was made with ram{} or ssd{}.
@@ -37,6 +38,14 @@ struct Limits {
   uint32_t streams_per_rank = 8;
 };
 
+// When a RAM tier's bytes are checked against the xxh3 recorded at fill (docs/tiers.md). Fills,
+// SSD reads and peer reads are always checked.
+enum class RamVerify {
+  kOnFill,  // at fill only; a hit is served as it lies in the sealed memfd
+  kAlways,  // also at every hit (in place, or the copy-out)
+};
+std::string_view RamVerifyName(RamVerify v);
+
 class NodeConfig {
  public:
   // Where it came from: the file's path, or "built-in defaults".
@@ -53,6 +62,8 @@ class NodeConfig {
   const std::string& metrics_dir() const { return metrics_dir_; }
   // Which samples the node's classes hold (policy/plan.h); frequency unless the file says.
   policy::Planner planner() const { return planner_; }
+  // When RAM tier hits are verified (`verify`).
+  RamVerify ram_verify() const { return ram_verify_; }
 
   // Sum of the capacities of the classes of `kind` (what a node can offer a job).
   policy::Bytes CapacityOf(policy::ClassKind kind) const;
@@ -69,6 +80,7 @@ class NodeConfig {
   std::string catalog_cache_;
   std::string metrics_dir_;
   policy::Planner planner_ = policy::Planner::kFrequency;
+  RamVerify ram_verify_ = RamVerify::kOnFill;
 };
 
 // This host's physical memory in bytes (sysconf), for RAM capacities written as "25%".

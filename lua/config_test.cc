@@ -29,6 +29,7 @@ TEST(NodeConfigTest, FullConfig) {
     catalog_cache = "/var/cache/nopfs"
     metrics_dir = "/var/lib/prometheus/node-exporter"
     planner = "fill-once"
+    verify = "always"
     pfs = { {1, "250MB/s"}, {16, "2GB/s"} }
     network = "10GB/s"
     preprocess = 4e9
@@ -47,6 +48,7 @@ TEST(NodeConfigTest, FullConfig) {
   EXPECT_EQ(c->catalog_cache(), "/var/cache/nopfs");
   EXPECT_EQ(c->metrics_dir(), "/var/lib/prometheus/node-exporter");
   EXPECT_EQ(c->planner(), policy::Planner::kFillOnce);
+  EXPECT_EQ(c->ram_verify(), RamVerify::kAlways);
   EXPECT_DOUBLE_EQ(m.pfs.At(1), 250e6);
   EXPECT_DOUBLE_EQ(m.pfs.At(16), 2e9);
   EXPECT_DOUBLE_EQ(m.pfs.At(100), 2e9);  // clamped
@@ -84,6 +86,7 @@ TEST(NodeConfigTest, EmptyFileMeansNoTiersAndDefaultModel) {
   EXPECT_EQ(c->model().network_bandwidth, 0);
   EXPECT_EQ(c->log_level(), "info");
   EXPECT_EQ(c->planner(), policy::Planner::kFrequency);
+  EXPECT_EQ(c->ram_verify(), RamVerify::kOnFill);
   EXPECT_EQ(c->limits().streams_per_rank, 8u);
   EXPECT_TRUE(c->model().Validate().ok());
 }
@@ -147,6 +150,9 @@ TEST(NodeConfigTest, ErrorsNameTheFieldAndTheLine) {
   ExpectError("metric_dir = \"/x\"", "(did you mean 'metrics_dir'?)");
   ExpectError("planner = \"frequncy\"", "(did you mean 'frequency'?)");
   ExpectError("planner = \"lru\"", "write frequency (cache the node's most read samples)");
+  ExpectError("verify = \"never\"", "write verify = \"on_fill\"");
+  ExpectError("verify = true", "verify");
+  ExpectError("verfy = \"always\"", "(did you mean 'verify'?)");
   ExpectError("planner = 3", "planner");
   ExpectError("planer = \"staging\"", "unknown setting 'planer' (did you mean 'planner'?)");
   ExpectError("clases = {}", "unknown setting 'clases' (did you mean 'classes'?)");

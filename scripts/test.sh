@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every nopfs test on this machine: installs what is missing, builds the release and the
-# sanitizer (ASan + UBSan) trees, and runs ctest in both. Exits non-zero on any failure.
+# sanitizer (ASan + UBSan) trees, runs ctest in both and clang's thread-safety analysis over the
+# release tree's sources. Exits non-zero on any failure.
 # This is the README's test command and exactly what CI (.ci/run) runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +12,8 @@ echo "== release build"
 scripts/build.sh release
 echo "== release tests"
 (cd build && ctest --output-on-failure --timeout 600) || status=1
+echo "== thread-safety analysis (clang -Wthread-safety over every translation unit)"
+/usr/bin/python3 scripts/thread_safety.py build || status=1
 
 echo "== sanitizer build (ASan + UBSan)"
 scripts/build.sh asan

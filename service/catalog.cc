@@ -11,7 +11,6 @@
 #include <climits>
 #include <cstdlib>
 #include <filesystem>
-#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -20,6 +19,7 @@
 #include <rocksdb/write_batch.h>
 #include <spdlog/spdlog.h>
 
+#include "common/mutex.h"
 #include "service/catalog_codec.h"
 #include "service/catalog_scan.h"
 
@@ -277,14 +277,14 @@ Status LoadIfFresh(const OpenState& s, Contents* c, uint64_t* fingerprint) {
   }
   if (stamps.size() != meta->stamps) return Status::Corruption("stamp count differs from meta");
   std::atomic<bool> changed{false};
-  std::mutex mu;
+  Mutex mu;
   std::string what;
   scan::ParallelFor(stamps.size(), s.options->scan_threads, [&](uint64_t i) {
     if (changed.load(std::memory_order_relaxed)) return;
     Result<FileStat> now = s.env->Stat(stamps[i].first);
     if (!now.ok() || !(scan::ToStamp(*now) == stamps[i].second)) {
       changed.store(true);
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       what = stamps[i].first;
     }
   });
@@ -536,13 +536,14 @@ Status Catalog::OpenChecksumDb(const std::string& work_dir) {
   }
   NOPFS_RETURN_IF_ERROR(
       FromRocks(checksum_db_->Write({}, &batch), "writing checksum DB " + checksum_db_path_));
+  MutexLock lock(&mu_);
   pending_ = std::make_unique<rocksdb::WriteBatch>();
   return Status::Ok();
 }
 
 Catalog::~Catalog() {
   if (checksum_db_ != nullptr) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     (void)FlushLocked();
   }
 }
@@ -577,7 +578,7 @@ Status Catalog::RecordChecksum(SampleId id, uint64_t xxh3) {
   if (checksum_state_[id].compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
     checksum_value_[id].store(xxh3, std::memory_order_relaxed);
     checksum_state_[id].store(2, std::memory_order_release);
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     NOPFS_RETURN_IF_ERROR(
         FromRocks(pending_->Put(codec::ChecksumKey(id), codec::EncodeChecksum(xxh3)), "batch"));
     if (++pending_count_ >= kChecksumBatch) return FlushLocked();
@@ -594,7 +595,7 @@ Status Catalog::RecordChecksum(SampleId id, uint64_t xxh3) {
 }
 
 Status Catalog::Flush() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return FlushLocked();
 }
 

@@ -25,13 +25,13 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "policy/job.h"
 #include "service/env.h"
@@ -125,7 +125,7 @@ class Catalog {
   Catalog() = default;
 
   Status OpenChecksumDb(const std::string& work_dir);
-  Status FlushLocked();
+  Status FlushLocked() REQUIRES(mu_);
 
   Env* env_ = nullptr;
   std::string root_;
@@ -147,10 +147,10 @@ class Catalog {
   std::unique_ptr<std::atomic<uint8_t>[]> checksum_state_;
   std::unique_ptr<std::atomic<uint64_t>[]> checksum_value_;
 
-  std::mutex mu_;
-  std::unique_ptr<rocksdb::DB> checksum_db_;      // set once in Open
-  std::unique_ptr<rocksdb::WriteBatch> pending_;  // guarded by mu_
-  uint64_t pending_count_ = 0;                    // guarded by mu_
+  Mutex mu_;
+  std::unique_ptr<rocksdb::DB> checksum_db_;  // set once in Open
+  std::unique_ptr<rocksdb::WriteBatch> pending_ GUARDED_BY(mu_);
+  uint64_t pending_count_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace nopfs::service

@@ -4,16 +4,16 @@
 #include <algorithm>
 #include <atomic>
 #include <charconv>
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string_view>
 #include <thread>
 #include <tuple>
 #include <utility>
+
+#include "common/mutex.h"
 
 namespace nopfs::service::scan {
 namespace {
@@ -39,13 +39,13 @@ void SortStamps(std::vector<StampEntry>& s) {
 class TaskPool {
  public:
   void Push(std::function<void()> task) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     tasks_.push_back(std::move(task));
-    cv_.notify_one();
+    cv_.Signal();
   }
 
   void Fail(Status s) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (error_.ok()) error_ = std::move(s);
     failed_.store(true, std::memory_order_relaxed);
   }
@@ -58,34 +58,36 @@ class TaskPool {
     Work();
     for (auto& t : workers)
       t.join();
+    MutexLock lock(&mu_);
     return error_;
   }
 
  private:
   void Work() {
-    std::unique_lock lock(mu_);
+    MutexLock lock(&mu_);
     for (;;) {
-      cv_.wait(lock, [this] { return !tasks_.empty() || active_ == 0; });
+      while (tasks_.empty() && active_ != 0)
+        cv_.Wait(&mu_);
       if (tasks_.empty()) {
-        cv_.notify_all();
+        cv_.SignalAll();
         return;
       }
       std::function<void()> task = std::move(tasks_.front());
       tasks_.pop_front();
       ++active_;
-      lock.unlock();
+      lock.Unlock();
       if (!failed()) task();
-      lock.lock();
+      lock.Lock();
       --active_;
-      if (active_ == 0 && tasks_.empty()) cv_.notify_all();
+      if (active_ == 0 && tasks_.empty()) cv_.SignalAll();
     }
   }
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;  // guarded by mu_
-  uint32_t active_ = 0;                      // guarded by mu_
-  Status error_;                             // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<void()>> tasks_ GUARDED_BY(mu_);
+  uint32_t active_ GUARDED_BY(mu_) = 0;
+  Status error_ GUARDED_BY(mu_);
   std::atomic<bool> failed_{false};
 };
 
@@ -110,7 +112,7 @@ class FolderWalk {
     auto mine = std::make_shared<std::vector<std::pair<uint64_t, uint64_t>>>(*ancestors);
     mine->push_back(id);
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       stamps_.push_back({dir, ToStamp(*st)});
     }
     nopfs::Result<std::vector<std::string>> names = env_->ListDir(dir);
@@ -148,21 +150,27 @@ class FolderWalk {
         found.push_back({rel_prefix + name, 0, st->size, label});
       }
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     for (auto& s : found)
       samples_.push_back(std::move(s));
   }
 
-  std::vector<Sample> TakeSamples() { return std::move(samples_); }
-  std::vector<StampEntry> TakeStamps() { return std::move(stamps_); }
+  std::vector<Sample> TakeSamples() {
+    MutexLock lock(&mu_);
+    return std::move(samples_);
+  }
+  std::vector<StampEntry> TakeStamps() {
+    MutexLock lock(&mu_);
+    return std::move(stamps_);
+  }
 
  private:
   static constexpr size_t kChunk = 128;
   Env* const env_;
   TaskPool* const pool_;
-  std::mutex mu_;
-  std::vector<Sample> samples_;     // guarded by mu_
-  std::vector<StampEntry> stamps_;  // guarded by mu_
+  Mutex mu_;
+  std::vector<Sample> samples_ GUARDED_BY(mu_);
+  std::vector<StampEntry> stamps_ GUARDED_BY(mu_);
 };
 
 // One parsed manifest line.

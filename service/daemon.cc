@@ -13,6 +13,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/mutex.h"
 #include "common/units.h"
 #include "policy/predict.h"
 #include "service/env.h"
@@ -216,6 +217,7 @@ Status Daemon::Init() {
     prefetch_threads += c.threads;
   reader_ = std::make_unique<SampleReader>(*catalog_, plan_, tier_refs_, model_,
                                            job_.nodes() * std::max<uint32_t>(1, prefetch_threads));
+  reader_->set_verify_ram_hits(config_.ram_verify() == lua::RamVerify::kAlways);
 
   // Prefetchers, one per non-empty class, each with the class's threads.
   prefetch_done_.assign(model_.classes.size(), {});
@@ -346,9 +348,9 @@ void Daemon::WaitPrefetched() {
 }
 
 void Daemon::Stop() {
-  if (stopped_) return;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
+    if (stopped_) return;
     stopped_ = true;
   }
   if (reporter_.joinable()) {
@@ -359,11 +361,11 @@ void Daemon::Stop() {
     reporter_cv_.notify_all();
     reporter_.join();
   }
-  closed_cv_.notify_all();  // an open waiting for another owner's stream gives up
+  closed_cv_.SignalAll();  // an open waiting for another owner's stream gives up
   if (server_) server_->Stop();
   std::map<uint64_t, std::unique_ptr<StagingStream>> streams;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     streams.swap(streams_);
   }
   for (auto& [id, s] : streams)
@@ -435,10 +437,10 @@ Result<StreamGrant> Daemon::OpenStream(const OpenStreamRequest& req, ConnectionI
                         : static_cast<uint32_t>(std::min<uint64_t>(
                               uint64_t{req.epoch} + req.share.epochs, job_.epochs))};
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     // One process per rank (docs/wire.md): another owner's overlapping stream of this rank is
     // waited for a moment (it may be closing: its process just exited), then refused.
-    const auto other_owner = [&]() -> const Claim* {
+    const auto other_owner = [&]() REQUIRES(mu_) -> const Claim* {
       for (const auto& [sid, c] : claims_) {
         if (c.rank == claim.rank && c.owner_pid != claim.owner_pid &&
             c.first_epoch < claim.end_epoch && claim.first_epoch < c.end_epoch) {
@@ -448,8 +450,7 @@ Result<StreamGrant> Daemon::OpenStream(const OpenStreamRequest& req, ConnectionI
       return nullptr;
     };
     const auto deadline = std::chrono::steady_clock::now() + kOwnerGrace;
-    while (!stopped_ && other_owner() != nullptr &&
-           closed_cv_.wait_until(lock, deadline) != std::cv_status::timeout) {
+    while (!stopped_ && other_owner() != nullptr && closed_cv_.WaitUntil(&mu_, deadline)) {
     }
     if (stopped_) return Status::Unavailable("nopfsd is stopping");
     if (const Claim* c = other_owner()) {
@@ -491,10 +492,10 @@ Result<StreamGrant> Daemon::OpenStream(const OpenStreamRequest& req, ConnectionI
   Result<std::unique_ptr<ring::RingWriter>> ring = ring::RingWriter::Create(
       ring_bytes_, slots, "nopfs-" + options_.job_id + "-rank" + std::to_string(req.rank));
   if (!ring.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     --open_per_rank_[req.rank];
     claims_.erase(id);
-    closed_cv_.notify_all();
+    closed_cv_.SignalAll();
     return ring.status();
   }
   StreamGrant grant;
@@ -522,7 +523,7 @@ Result<StreamGrant> Daemon::OpenStream(const OpenStreamRequest& req, ConnectionI
       "{} epochs; 0: all)",
       id, req.rank, req.epoch, req.step, req.share.worker, req.share.workers, req.share.batch,
       req.share.epochs);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   streams_[id] = std::move(stream);
   return grant;
 }
@@ -530,7 +531,7 @@ Result<StreamGrant> Daemon::OpenStream(const OpenStreamRequest& req, ConnectionI
 void Daemon::CloseStream(uint64_t stream_id) {
   std::unique_ptr<StagingStream> s;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = streams_.find(stream_id);
     if (it == streams_.end()) return;
     s = std::move(it->second);
@@ -538,12 +539,12 @@ void Daemon::CloseStream(uint64_t stream_id) {
     --open_per_rank_[s->rank()];
     claims_.erase(stream_id);
   }
-  closed_cv_.notify_all();
+  closed_cv_.SignalAll();
   s->Cancel();
   const ring::RingStats st = s->ring().stats();
   spdlog::info("stream {} (rank {}) closed: {} staged, {} errors", stream_id, s->rank(),
                s->staged(), s->errors());
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Merge(&closed_stats_, st);
 }
 
@@ -641,7 +642,7 @@ report::StatusReport Daemon::Report() {
   }
   ring::RingStats stall;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stall = closed_stats_;
     for (auto& [id, s] : streams_) {
       const ring::RingStats st = s->ring().stats();

@@ -1,12 +1,12 @@
 # service/daemon.cmake: nopfsd itself — the sample reader, staging streams, the daemon that puts
 # the parts together, the run directory, and the nopfsd program. Included by
-# service/CMakeLists.txt. nopfs_jobflags is defined in cli/CMakeLists.txt (resolved by name).
+# service/CMakeLists.txt.
 find_package(spdlog CONFIG REQUIRED)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 
 add_library(nopfs_rundir STATIC ${CMAKE_CURRENT_LIST_DIR}/run_dir.cc)
 nopfs_target_defaults(nopfs_rundir)
-target_link_libraries(nopfs_rundir PUBLIC nopfs_common)
+target_link_libraries(nopfs_rundir PUBLIC nopfs_launch nopfs_common)
 
 add_library(nopfs_daemon STATIC
   ${CMAKE_CURRENT_LIST_DIR}/sample_reader.cc
@@ -24,7 +24,7 @@ target_link_libraries(nopfs_daemon
 
 add_executable(nopfsd ${CMAKE_CURRENT_LIST_DIR}/nopfsd_main.cc)
 nopfs_target_defaults(nopfsd)
-target_link_libraries(nopfsd PRIVATE nopfs_daemon nopfs_jobflags)
+target_link_libraries(nopfsd PRIVATE nopfs_daemon nopfs_launch_flags nopfs_launch)
 
 nopfs_test(NAME sample_reader_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/sample_reader_test.cc
   LIBS nopfs_daemon)

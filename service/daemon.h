@@ -15,17 +15,16 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "client/ring.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "lua/config.h"
 #include "policy/job.h"
@@ -110,12 +109,12 @@ class Daemon final : public Handler {
   std::chrono::steady_clock::time_point started_;
   uint64_t ring_bytes_ = 0;
 
-  std::mutex mu_;
-  std::map<uint64_t, std::unique_ptr<StagingStream>> streams_;  // GUARDED_BY(mu_)
-  uint64_t next_stream_ = 1;                                    // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::map<uint64_t, std::unique_ptr<StagingStream>> streams_ GUARDED_BY(mu_);
+  uint64_t next_stream_ GUARDED_BY(mu_) = 1;
   // Streams open or being opened, per local rank (at most limits().streams_per_rank each).
-  std::map<uint32_t, uint32_t> open_per_rank_;  // GUARDED_BY(mu_)
-  uint64_t refused_streams_ = 0;                // GUARDED_BY(mu_)
+  std::map<uint32_t, uint32_t> open_per_rank_ GUARDED_BY(mu_);
+  uint64_t refused_streams_ GUARDED_BY(mu_) = 0;
   // One process per rank: which process each stream open or being opened is read for, and its
   // epochs [first_epoch, end_epoch). Streams of a rank whose epochs overlap share one owner.
   struct Claim {
@@ -124,12 +123,12 @@ class Daemon final : public Handler {
     uint32_t first_epoch = 0;
     uint32_t end_epoch = 0;
   };
-  std::map<uint64_t, Claim> claims_;   // by stream id; GUARDED_BY(mu_)
-  uint64_t refused_owners_ = 0;        // opens refused for another owner; GUARDED_BY(mu_)
-  std::condition_variable closed_cv_;  // notified when a stream closes (with mu_)
+  std::map<uint64_t, Claim> claims_ GUARDED_BY(mu_);  // by stream id
+  uint64_t refused_owners_ GUARDED_BY(mu_) = 0;       // opens refused for another owner
+  CondVar closed_cv_;                                 // notified when a stream closes (with mu_)
   // Finished streams' client statistics, kept for the status after their clients left.
-  ring::RingStats closed_stats_;  // GUARDED_BY(mu_)
-  bool stopped_ = false;
+  ring::RingStats closed_stats_ GUARDED_BY(mu_);
+  bool stopped_ GUARDED_BY(mu_) = false;
   std::unique_ptr<PeerService> peers_;  // null without peers
 
   // Bytes staged into each class so far (prefetched, kept from staging reads, pushed by peers).

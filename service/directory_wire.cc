@@ -5,26 +5,20 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/coding.h"
+
 namespace nopfs::service::dir::wire {
 namespace {
 
 constexpr size_t kHeaderBytes = 4;
 
-void PutVarint(std::vector<std::byte>* out, uint64_t v) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<std::byte>((v & 0x7F) | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<std::byte>(v));
-}
-
-std::vector<std::byte> Header(Round round, size_t reserve) {
-  std::vector<std::byte> out;
-  out.reserve(kHeaderBytes + 5 + reserve);
-  out.push_back(std::byte{'N'});
-  out.push_back(std::byte{'D'});
-  out.push_back(std::byte{kVersion});
-  out.push_back(static_cast<std::byte>(round));
+coding::Writer Header(Round round, size_t reserve) {
+  coding::Writer out;
+  out.Reserve(kHeaderBytes + coding::kMaxVarint32Bytes + reserve);
+  out.U8('N');
+  out.U8('D');
+  out.U8(kVersion);
+  out.U8(static_cast<uint8_t>(round));
   return out;
 }
 
@@ -43,37 +37,30 @@ const char* RoundName(Round r) {
 // A strict cursor over a peer's buffer.
 class Reader {
  public:
-  Reader(std::span<const std::byte> buf, Round round) : buf_(buf), round_(round) {}
+  Reader(std::span<const std::byte> buf, Round round) : in_(buf), round_(round) {}
 
   Status Header() {
-    if (buf_.size() < kHeaderBytes) return Error("shorter than its header");
-    if (buf_[0] != std::byte{'N'} || buf_[1] != std::byte{'D'}) return Error("bad magic");
-    if (buf_[2] != std::byte{kVersion}) {
-      return Error("format version " + std::to_string(static_cast<int>(buf_[2])) +
+    // Read on a copy, so that an error names byte 0.
+    coding::Reader probe = in_;
+    std::span<const std::byte> buf;
+    if (!probe.Bytes(kHeaderBytes, &buf)) return Error("shorter than its header");
+    if (buf[0] != std::byte{'N'} || buf[1] != std::byte{'D'}) return Error("bad magic");
+    if (buf[2] != std::byte{kVersion}) {
+      return Error("format version " + std::to_string(static_cast<int>(buf[2])) +
                    ", this build reads version " + std::to_string(kVersion));
     }
-    if (buf_[3] != static_cast<std::byte>(round_)) {
-      return Error("round " + std::to_string(static_cast<int>(buf_[3])) + " instead of " +
+    if (buf[3] != static_cast<std::byte>(round_)) {
+      return Error("round " + std::to_string(static_cast<int>(buf[3])) + " instead of " +
                    std::to_string(static_cast<int>(round_)));
     }
-    pos_ = kHeaderBytes;
+    in_ = probe;
     return Status::Ok();
   }
 
   // At most 5 bytes and a value below 2^32.
   Status Varint(uint32_t* v) {
-    uint64_t acc = 0;
-    for (int i = 0; i < 5; ++i) {
-      if (pos_ >= buf_.size()) return Error("truncated");
-      const auto b = static_cast<uint8_t>(buf_[pos_++]);
-      acc |= static_cast<uint64_t>(b & 0x7F) << (7 * i);
-      if ((b & 0x80) == 0) {
-        if (acc > 0xFFFFFFFFull) return Error("varint above 32 bits");
-        *v = static_cast<uint32_t>(acc);
-        return Status::Ok();
-      }
-    }
-    return Error("varint longer than 5 bytes");
+    if (!in_.Varint32(v)) return Error(in_.error());
+    return Status::Ok();
   }
 
   // The entry count, checked against what the remaining bytes can hold.
@@ -99,22 +86,21 @@ class Reader {
   }
 
   Status End() const {
-    if (pos_ != buf_.size()) return Error("trailing bytes");
+    if (!in_.done()) return Error("trailing bytes");
     return Status::Ok();
   }
 
-  size_t remaining() const { return buf_.size() - pos_; }
+  size_t remaining() const { return in_.remaining(); }
 
   Status Error(const std::string& what) const {
     return Status::Corruption(std::string("directory ") + RoundName(round_) + " buffer: " + what +
-                              " (at byte " + std::to_string(pos_) + " of " +
-                              std::to_string(buf_.size()) + ")");
+                              " (at byte " + std::to_string(in_.pos()) + " of " +
+                              std::to_string(in_.size()) + ")");
   }
 
  private:
-  std::span<const std::byte> buf_;
+  coding::Reader in_;
   Round round_;
-  size_t pos_ = 0;
 };
 
 void CheckOwned(uint32_t sample, uint32_t owner, uint32_t nodes, bool first, uint32_t prev) {
@@ -131,18 +117,18 @@ void CheckOwned(uint32_t sample, uint32_t owner, uint32_t nodes, bool first, uin
 std::vector<std::byte> EncodePublish(std::span<const Holding> held, uint32_t owner,
                                      uint32_t nodes) {
   auto out = Header(Round::kPublish, held.size() * 5);
-  PutVarint(&out, held.size());
+  out.Varint(held.size());
   uint32_t prev_q = 0;
   for (size_t i = 0; i < held.size(); ++i) {
     const Holding& h = held[i];
     CheckOwned(h.sample, owner, nodes, i == 0, i == 0 ? 0 : held[i - 1].sample);
     const uint32_t q = h.sample / nodes;
-    PutVarint(&out, i == 0 ? q : q - prev_q);
-    PutVarint(&out, h.cls);
-    PutVarint(&out, h.position);
+    out.Varint(i == 0 ? q : q - prev_q);
+    out.Varint(h.cls);
+    out.Varint(h.position);
     prev_q = q;
   }
-  return out;
+  return out.Take();
 }
 
 Status DecodePublish(std::span<const std::byte> buf, uint32_t owner, uint32_t nodes,
@@ -168,15 +154,15 @@ Status DecodePublish(std::span<const std::byte> buf, uint32_t owner, uint32_t no
 
 std::vector<std::byte> EncodeQuery(std::span<const uint32_t> ids, uint32_t owner, uint32_t nodes) {
   auto out = Header(Round::kQuery, ids.size() * 2);
-  PutVarint(&out, ids.size());
+  out.Varint(ids.size());
   uint32_t prev_q = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     CheckOwned(ids[i], owner, nodes, i == 0, i == 0 ? 0 : ids[i - 1]);
     const uint32_t q = ids[i] / nodes;
-    PutVarint(&out, i == 0 ? q : q - prev_q);
+    out.Varint(i == 0 ? q : q - prev_q);
     prev_q = q;
   }
-  return out;
+  return out.Take();
 }
 
 Status DecodeQuery(std::span<const std::byte> buf, uint32_t owner, uint32_t nodes,
@@ -199,29 +185,29 @@ std::vector<std::byte> EncodeAnswer(std::span<const Location> answers,
                                     std::span<const Location> copies, uint32_t owner,
                                     uint32_t nodes) {
   auto out = Header(Round::kAnswer, answers.size() * 4 + copies.size() * 5 + 5);
-  PutVarint(&out, answers.size());
+  out.Varint(answers.size());
   for (const Location& a : answers) {
     if (a.node == kNoHolder) {
-      PutVarint(&out, 0);
+      out.Varint(0);
       continue;
     }
-    PutVarint(&out, static_cast<uint64_t>(a.node) + 1);
-    PutVarint(&out, a.cls);
-    PutVarint(&out, a.position);
+    out.Varint(static_cast<uint64_t>(a.node) + 1);
+    out.Varint(a.cls);
+    out.Varint(a.position);
   }
-  PutVarint(&out, copies.size());
+  out.Varint(copies.size());
   uint32_t prev_q = 0;
   for (size_t i = 0; i < copies.size(); ++i) {
     const Location& c = copies[i];
     CheckOwned(c.sample, owner, nodes, i == 0, i == 0 ? 0 : copies[i - 1].sample);
     const uint32_t q = c.sample / nodes;
-    PutVarint(&out, i == 0 ? q : q - prev_q);
-    PutVarint(&out, static_cast<uint64_t>(c.node) + 1);
-    PutVarint(&out, c.cls);
-    PutVarint(&out, c.position);
+    out.Varint(i == 0 ? q : q - prev_q);
+    out.Varint(static_cast<uint64_t>(c.node) + 1);
+    out.Varint(c.cls);
+    out.Varint(c.position);
     prev_q = q;
   }
-  return out;
+  return out.Take();
 }
 
 Status DecodeAnswer(std::span<const std::byte> buf, std::span<const uint32_t> queried,

@@ -9,6 +9,8 @@
 #include <string>
 #include <thread>
 
+#include "common/mutex.h"
+
 namespace nopfs::service {
 namespace {
 
@@ -125,13 +127,13 @@ Env* Env::Default() {
 }
 
 void FaultInjectionEnv::SetError(const std::string& path, Status error) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (error.ok()) error = Status::Internal("FaultInjectionEnv::SetError given an ok Status");
   errors_[path] = std::move(error);
 }
 
 void FaultInjectionEnv::SetCorrupt(const std::string& path) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   corrupt_.insert(path);
 }
 
@@ -140,30 +142,30 @@ void FaultInjectionEnv::SetDelay(std::chrono::nanoseconds delay) {
 }
 
 void FaultInjectionEnv::ClearError(const std::string& path) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   errors_.erase(path);
 }
 
 void FaultInjectionEnv::ClearCorrupt(const std::string& path) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   corrupt_.erase(path);
 }
 
 void FaultInjectionEnv::ClearFaults() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   errors_.clear();
   corrupt_.clear();
   delay_ns_.store(0, std::memory_order_relaxed);
 }
 
 Status FaultInjectionEnv::ErrorFor(const std::string& path) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   const auto it = errors_.find(path);
   return it == errors_.end() ? Status::Ok() : it->second;
 }
 
 bool FaultInjectionEnv::IsCorrupt(const std::string& path) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return corrupt_.count(path) != 0;
 }
 

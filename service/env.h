@@ -13,13 +13,13 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <set>
 #include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace nopfs::service {
@@ -90,9 +90,9 @@ class FaultInjectionEnv final : public Env {
   void Delay() const;
 
   Env* const base_;
-  mutable std::mutex mu_;
-  std::unordered_map<std::string, Status> errors_;  // guarded by mu_
-  std::set<std::string> corrupt_;                   // guarded by mu_
+  mutable Mutex mu_;
+  std::unordered_map<std::string, Status> errors_ GUARDED_BY(mu_);
+  std::set<std::string> corrupt_ GUARDED_BY(mu_);
   std::atomic<int64_t> delay_ns_{0};
   std::atomic<uint64_t> reads_{0};
   std::atomic<uint64_t> bytes_read_{0};

@@ -14,6 +14,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/mutex.h"
+
 namespace nopfs::service {
 namespace {
 
@@ -116,7 +118,7 @@ Status LocalServer::Start() {
   wake_fd_.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake_fd_.valid()) return Status::FromErrno(errno, "local server: eventfd");
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = false;
   }
   accept_thread_ = std::thread([this] { AcceptLoop(); });
@@ -128,7 +130,7 @@ Status LocalServer::Start() {
 void LocalServer::Stop() {
   if (started_) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       stopping_ = true;
       for (auto& c : conns_)
         ::shutdown(c->fd.get(), SHUT_RDWR);
@@ -139,7 +141,7 @@ void LocalServer::Stop() {
     if (accept_thread_.joinable()) accept_thread_.join();
     std::list<std::unique_ptr<Conn>> conns;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       conns.swap(conns_);
     }
     for (auto& c : conns) {
@@ -156,7 +158,7 @@ void LocalServer::Stop() {
 }
 
 size_t LocalServer::connections() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   size_t n = 0;
   for (const auto& c : conns_)
     n += c->done.load() ? 0 : 1;
@@ -207,7 +209,7 @@ void LocalServer::AcceptLoop() {
   for (;;) {
     int rc = ::poll(fds, 2, 100);
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       ReapLocked();
       ExpireLocked();
       if (stopping_) return;
@@ -226,7 +228,7 @@ void LocalServer::AcceptLoop() {
       }
       continue;
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (stopping_) {
       ::close(fd);
       return;

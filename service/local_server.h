@@ -28,11 +28,11 @@
 #include <cstdint>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "client/wire.h"
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace nopfs::service {
@@ -138,8 +138,8 @@ class LocalServer {
 
   void AcceptLoop();
   void Serve(Conn* conn);
-  void ReapLocked();
-  void ExpireLocked();
+  void ReapLocked() REQUIRES(mu_);
+  void ExpireLocked() REQUIRES(mu_);
   void RefuseFull(int fd);
 
   Options options_;
@@ -150,10 +150,10 @@ class LocalServer {
   bool started_ = false;
   bool socket_created_ = false;
 
-  mutable std::mutex mu_;
-  std::list<std::unique_ptr<Conn>> conns_;  // GUARDED_BY(mu_)
-  bool stopping_ = false;                   // GUARDED_BY(mu_)
-  ConnectionId next_id_ = 0;                // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::list<std::unique_ptr<Conn>> conns_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
+  ConnectionId next_id_ GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> malformed_{0};
   std::atomic<uint64_t> refused_full_{0};

@@ -7,6 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/mutex.h"
 #include "common/units.h"
 
 namespace nopfs::service {
@@ -195,7 +196,7 @@ Status PeerService::Attach(const policy::NodePlan& plan, const policy::NodeAcces
     rma += (rma.empty() ? "" : ", ") + t.name + (s.ok() ? " by RMA reads" : " in replies");
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     rma_ = rma.empty() ? "no RAM tier" : rma;
   }
 
@@ -220,7 +221,7 @@ Status PeerService::Attach(const policy::NodePlan& plan, const policy::NodeAcces
   Result<dir::PeerDirectory> d = dir::BuildDirectory(
       options_.node, static_cast<uint32_t>(options_.peers.size()), held, needs, exchange, &stats);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!d.ok()) {
     state_ = "directory failed (" + d.status().message() + "); reading the PFS instead";
     spdlog::warn("peers: {}", state_);
@@ -280,7 +281,7 @@ report::Peers PeerService::Report() const {
   p.pushes_dropped = c.pushes_dropped;
   p.pushes_received = c.pushes_received;
   p.pushes_kept = pushes_kept_.load();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   p.state = state_;
   p.held_elsewhere = held_elsewhere_;
   p.needed = needed_;

@@ -17,13 +17,13 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "client/status_report.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "fabric/peer_link.h"
 #include "policy/frequency.h"
@@ -104,12 +104,12 @@ class PeerService {
   std::atomic<bool> have_directory_{false};     // directory built: peers are read
   std::atomic<SampleReader*> reader_{nullptr};  // set by Attach: pushes are kept through it
   std::atomic<uint64_t> pushes_kept_{0};
-  mutable std::mutex mu_;
-  std::string state_ = "starting";    // GUARDED_BY(mu_): for the status
-  dir::DirectoryStats stats_;         // GUARDED_BY(mu_)
-  uint64_t held_elsewhere_ = 0;  // GUARDED_BY(mu_): the directory's samples held by other nodes
-  uint64_t needed_ = 0;          // GUARDED_BY(mu_): the samples this node reads and does not hold
-  std::string rma_ = "not attached";  // GUARDED_BY(mu_): how RAM tiers are served, for the status
+  mutable Mutex mu_;
+  std::string state_ GUARDED_BY(mu_) = "starting";  // for the status
+  dir::DirectoryStats stats_ GUARDED_BY(mu_);
+  uint64_t held_elsewhere_ GUARDED_BY(mu_) = 0;  // the directory's samples held by other nodes
+  uint64_t needed_ GUARDED_BY(mu_) = 0;          // the samples this node reads and does not hold
+  std::string rma_ GUARDED_BY(mu_) = "not attached";  // how RAM tiers are served, for the status
   uint64_t round_ = 0;
 };
 

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <new>
 
+#include "common/mutex.h"
+
 namespace nopfs::service {
 
 Prefetcher::Prefetcher(Tier& tier, FetchFn fetch, uint32_t threads, FetchFn retry)
@@ -20,7 +22,10 @@ Status Prefetcher::Start() {
   if (threads_ == 0) return Status::InvalidArgument("prefetcher: threads must be at least 1");
   if (started_.exchange(true)) return Status::FailedPrecondition("prefetcher: already started");
   const uint32_t n = tier_.layout().slot_count();
-  settled_.assign(n, 0);
+  {
+    MutexLock lock(&prefix_mu_);  // no worker yet: for the analysis
+    settled_.assign(n, 0);
+  }
   const uint64_t bb = tier_.bounce_bytes();
   if (bb > 0) {
     const uint64_t rounded = (bb + kSsdAlignment - 1) / kSsdAlignment * kSsdAlignment;
@@ -65,7 +70,7 @@ PrefetchCounters Prefetcher::counters() const {
 }
 
 void Prefetcher::Settle() {
-  // Called with prefix_mu_ held: advance over the settled run.
+  // Advances over the settled run.
   uint64_t p = prefix_.load(std::memory_order_relaxed);
   while (p < settled_.size() && settled_[p])
     ++p;
@@ -73,7 +78,7 @@ void Prefetcher::Settle() {
 }
 
 void Prefetcher::MarkSettled(uint32_t slot) {
-  std::lock_guard<std::mutex> lock(prefix_mu_);
+  MutexLock lock(&prefix_mu_);
   if (settled_[slot]) return;  // a deferred slot was counted when it was deferred
   settled_[slot] = 1;
   settled_count_.fetch_add(1);
@@ -123,7 +128,7 @@ void Prefetcher::Run(uint32_t index) {
         break;
       case FillResult::kDeferred: {
         deferred_count_.fetch_add(1);
-        std::lock_guard<std::mutex> lock(deferred_mu_);
+        MutexLock lock(&deferred_mu_);
         deferred_.push_back(slot);
         MarkSettled(slot);  // for the pace; it is filled in the second pass
         break;
@@ -136,7 +141,7 @@ void Prefetcher::Run(uint32_t index) {
   while (may_defer && !stop_.load(std::memory_order_relaxed)) {
     uint32_t slot = 0;
     {
-      std::lock_guard<std::mutex> lock(deferred_mu_);
+      MutexLock lock(&deferred_mu_);
       if (deferred_.empty()) break;
       slot = deferred_.back();
       deferred_.pop_back();

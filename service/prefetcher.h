@@ -26,11 +26,11 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "service/tier_layout.h"
 
@@ -76,7 +76,7 @@ class Prefetcher {
 
  private:
   void Run(uint32_t index);
-  void Settle();
+  void Settle() REQUIRES(prefix_mu_);
   // Fills `slot` with `fetch`; true once the slot is settled (ready, failed, someone else's).
   enum class FillResult { kSettled, kDeferred, kCancelled };
   FillResult FillSlot(uint32_t slot, const FetchFn& fetch, std::span<std::byte> bounce,
@@ -97,13 +97,13 @@ class Prefetcher {
   std::atomic<uint64_t> filled_{0};
   std::atomic<uint64_t> bytes_{0};
   std::atomic<uint64_t> failures_{0};
-  std::vector<uint8_t> settled_;  // [slot]: set under prefix_mu_
-  std::mutex prefix_mu_;
+  Mutex prefix_mu_;
+  std::vector<uint8_t> settled_ GUARDED_BY(prefix_mu_);  // [slot]
   std::atomic<uint64_t> prefix_{0};
   std::atomic<uint64_t> settled_count_{0};
   std::atomic<uint64_t> deferred_count_{0};
-  std::mutex deferred_mu_;
-  std::vector<uint32_t> deferred_;  // GUARDED_BY(deferred_mu_): slots for the second pass
+  Mutex deferred_mu_;
+  std::vector<uint32_t> deferred_ GUARDED_BY(deferred_mu_);  // slots for the second pass
 };
 
 }  // namespace nopfs::service

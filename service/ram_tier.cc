@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -27,25 +28,13 @@ Result<std::unique_ptr<RamTier>> RamTier::Create(const std::string& job, TierLay
     return Status::FromErrno(
         err, "ram tier: sizing " + name + " to " + std::to_string(bytes) + " bytes");
   }
-  // Commit the memory now: a node short of RAM fails here with a clear error instead of a SIGBUS
-  // on first touch in the middle of the job.
-  if (bytes > 0) {
-    const int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-    if (err != 0) {
-      close(fd);
-      if (err == ENOSPC || err == ENOMEM) {
-        return Status::ResourceExhausted("ram tier: cannot reserve " + std::to_string(bytes) +
-                                         " bytes of memory for " + name +
-                                         "; lower the RAM capacity in the config");
-      }
-      return Status::FromErrno(err, "ram tier: reserving memory for " + name);
-    }
-  }
+  // The memory is reserved later, chunk by chunk, as the slots are first filled (Reserve): no
+  // step of start-up costs time in proportion to the tier's size.
   std::byte* base = nullptr;
   if (bytes > 0) {
-    // Populated: the prefetchers then write without a page fault per page. Mapped before the
-    // write seal below: this mapping is the only writable view of the tier there will ever be.
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    // Mapped before the write seal below: this mapping is the only writable view of the tier
+    // there will ever be.
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
       const int err = errno;
       close(fd);
@@ -77,7 +66,8 @@ RamTier::RamTier(std::string name, TierLayout layout, int fd, std::byte* base, u
       slots_(layout_.slot_count()),
       fd_(fd),
       base_(base),
-      mapped_bytes_(mapped) {}
+      mapped_bytes_(mapped),
+      chunks_((mapped + kReserveChunk - 1) / kReserveChunk) {}
 
 RamTier::~RamTier() {
   if (base_ != nullptr) munmap(base_, mapped_bytes_);
@@ -157,7 +147,57 @@ Status RamTier::Read(policy::SampleId sample, std::span<std::byte> dst) {
                             ": checksum mismatch; slot marked failed, read it from the PFS");
 }
 
+uint64_t RamTier::reserved_bytes() const {
+  uint64_t n = 0;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    if (chunks_[c].load(std::memory_order_relaxed) == ChunkState::kReserved) {
+      n += std::min(kReserveChunk, mapped_bytes_ - c * kReserveChunk);
+    }
+  }
+  return n;
+}
+
+Status RamTier::Reserve(uint64_t offset, uint64_t size) {
+  if (size == 0) return Status::Ok();
+  const uint64_t first = offset / kReserveChunk;
+  const uint64_t last = (offset + size - 1) / kReserveChunk;
+  for (uint64_t c = first; c <= last; ++c) {
+    ChunkState s = chunks_[c].load(std::memory_order_acquire);
+    if (s == ChunkState::kReserved) continue;
+    std::lock_guard<std::mutex> lock(reserve_mu_);
+    s = chunks_[c].load(std::memory_order_relaxed);
+    if (s == ChunkState::kNone) {
+      const uint64_t begin = c * kReserveChunk;
+      const uint64_t len = std::min(kReserveChunk, mapped_bytes_ - begin);
+      // Committed before the first write: a node short of memory (or a job at its cgroup's
+      // limit) gets ENOMEM/ENOSPC here and the chunk's slots are read from the next source,
+      // instead of a SIGBUS or an OOM kill in the middle of a write.
+      const int err = posix_fallocate(fd_, static_cast<off_t>(begin), static_cast<off_t>(len));
+      if (err != 0) {
+        s = ChunkState::kFailed;
+        TierLog()->error(
+            "ram tier {}: cannot reserve bytes {}..{} of memory ({}); the samples there are "
+            "read from the next source; lower the RAM capacity in the config",
+            name_, begin, begin + len, std::strerror(err));
+      } else {
+        // Page tables filled now (Linux 5.14): the fill then writes without a fault per page.
+        // An older kernel says EINVAL and the pages fault in as they are written.
+        (void)madvise(base_ + begin, len, MADV_POPULATE_WRITE);
+        s = ChunkState::kReserved;
+      }
+      chunks_[c].store(s, std::memory_order_release);
+    }
+    if (s == ChunkState::kFailed) {
+      return Status::ResourceExhausted("ram tier " + name_ + ": no memory for bytes " +
+                                       std::to_string(c * kReserveChunk) + " onwards of the tier");
+    }
+  }
+  return Status::Ok();
+}
+
 Result<uint64_t> RamTier::Fill(uint32_t slot, const FetchFn& fetch, std::span<std::byte>) {
+  const SlotExtent e = layout_.Extent(slot);
+  if (Status s = Reserve(e.offset, e.size); !s.ok()) return s;
   return fetch(layout_.SampleAt(slot), SlotBytes(slot));
 }
 

@@ -1,15 +1,18 @@
 // RamTier: the RAM cache tier of one job on one node, held in a memfd (anonymous shared memory).
 //
 // The daemon creates one memfd named "nopfs-<job>-ram" (MFD_CLOEXEC | MFD_ALLOW_SEALING), sizes it
-// to the layout's total bytes (rounded up to a page), reserves that memory (posix_fallocate:
-// ResourceExhausted when the node cannot provide it, rather than SIGBUS later), maps it read-write
-// and then seals it (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL): that one
-// mapping, the daemon's, is the only way to write the tier. Prefetchers fetch straight into it.
-// Clients of the same user receive a read-only descriptor (OpenReadOnlyFd, sent over the local
-// socket) and map it PROT_READ: zero copy. Neither they nor any other process can write into the
-// cache or change its size, even through a descriptor reopened read-write (/proc/PID/fd/N):
-// write() fails and a writable mmap or mprotect is refused (EPERM / EACCES). fd() cannot write
-// either.
+// to the layout's total bytes (rounded up to a page), maps it read-write and then seals it
+// (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL): that one mapping, the
+// daemon's, is the only way to write the tier. Prefetchers fetch straight into it. The memory is
+// committed (posix_fallocate, then page tables filled) in chunks of kReserveChunk, each when a slot
+// in it is first filled: start-up takes the same time whatever the tier's size, and the chunks come
+// in first-access order (slot order). A chunk the node cannot provide fails the fills of its slots
+// with ResourceExhausted (their samples are read from the next source), never a SIGBUS or an OOM
+// kill mid-write. Clients of the same user receive a read-only descriptor (OpenReadOnlyFd, sent
+// over the local socket) and map it PROT_READ: zero copy. Neither they nor any other process can
+// write into the cache or change its size, even through a descriptor reopened read-write
+// (/proc/PID/fd/N): write() fails and a writable mmap or mprotect is refused (EPERM / EACCES). fd()
+// cannot write either.
 //
 // Nothing outlives the processes: a memfd has no name in any file system and disappears with its
 // last descriptor and mapping, so a crashed daemon leaves nothing once its clients exit.
@@ -23,11 +26,14 @@
 // (the SlotTable's TryBeginFill arbitrates).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "service/tier_layout.h"
@@ -36,6 +42,8 @@ namespace nopfs::service {
 
 class RamTier final : public Tier {
  public:
+  static constexpr uint64_t kReserveChunk = uint64_t{32} << 20;
+
   // job: the job id, used in the memfd name (shown in /proc/<pid>/fd and /proc/<pid>/maps).
   static Result<std::unique_ptr<RamTier>> Create(const std::string& job, TierLayout layout);
   ~RamTier() override;
@@ -47,6 +55,8 @@ class RamTier final : public Tier {
   // A new read-only descriptor of the same memory, for a client; the caller owns and closes it.
   Result<int> OpenReadOnlyFd() const;
   uint64_t mapped_bytes() const { return mapped_bytes_; }
+  // Bytes committed so far (whole chunks; the last one may be shorter).
+  uint64_t reserved_bytes() const;
   // The whole mapping (every slot), e.g. to register it for peers' RMA reads.
   std::span<const std::byte> mapping() const { return {base_, mapped_bytes_}; }
   // The xxh3 recorded when `sample`'s slot was filled; meaningful once IsReady(sample).
@@ -80,6 +90,10 @@ class RamTier final : public Tier {
  private:
   RamTier(std::string name, TierLayout layout, int fd, std::byte* base, uint64_t mapped);
   std::span<std::byte> SlotBytes(uint32_t slot) const;
+  // Commits the chunks that bytes [offset, offset + size) of the memfd lie in.
+  Status Reserve(uint64_t offset, uint64_t size);
+
+  enum class ChunkState : uint8_t { kNone, kReserved, kFailed };
 
   std::string name_;
   TierLayout layout_;
@@ -87,6 +101,8 @@ class RamTier final : public Tier {
   int fd_;
   std::byte* base_;
   uint64_t mapped_bytes_;
+  std::mutex reserve_mu_;  // one chunk is committed at a time
+  std::vector<std::atomic<ChunkState>> chunks_;
 };
 
 }  // namespace nopfs::service

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -190,6 +191,49 @@ TEST(RamTier, NothingLeftAfterDestruction) {
     }
   }
   EXPECT_EQ(OpenFdCount(), fds);
+}
+
+// Bytes of memory the memfd holds (shmem counts its pages in st_blocks).
+uint64_t AllocatedBytes(const RamTier& tier) {
+  struct stat st {};
+  EXPECT_EQ(fstat(tier.fd(), &st), 0);
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+TEST(RamTier, MemoryIsCommittedChunkByChunkAsSlotsFill) {
+  // Ten samples of 10 MiB: 100 MiB, four chunks of 32 MiB (the last one 4 MiB).
+  const uint64_t mib = 1 << 20;
+  const std::vector<uint64_t> sizes(10, 10 * mib);
+  auto layout = TierLayout::Ram(PlanOf({0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, sizes), sizes);
+  ASSERT_TRUE(layout.ok());
+  auto created = RamTier::Create("test", std::move(*layout));
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  RamTier& t = **created;
+  ASSERT_EQ(RamTier::kReserveChunk, 32 * mib);
+  // Start-up commits nothing, whatever the size.
+  EXPECT_EQ(t.reserved_bytes(), 0u);
+  EXPECT_EQ(AllocatedBytes(t), 0u);
+  const auto fill = [&t](uint32_t slot) {
+    ASSERT_TRUE(t.slots().TryBeginFill(slot));
+    auto h = t.Fill(slot, FetchContent, {});
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    t.slots().MarkReady(slot, *h);
+  };
+  fill(0);  // bytes 0..10 MiB: the first chunk
+  EXPECT_EQ(t.reserved_bytes(), 32 * mib);
+  EXPECT_EQ(AllocatedBytes(t), 32 * mib);
+  fill(9);  // bytes 90..100 MiB: the third and the last chunk, out of order
+  EXPECT_EQ(t.reserved_bytes(), 32 * mib + 32 * mib + 4 * mib);
+  EXPECT_EQ(AllocatedBytes(t), 68 * mib);
+  for (uint32_t slot = 1; slot < 9; ++slot)
+    fill(slot);
+  EXPECT_EQ(t.reserved_bytes(), t.mapped_bytes());
+  EXPECT_EQ(AllocatedBytes(t), t.mapped_bytes());
+  for (policy::SampleId k = 0; k < 10; ++k) {
+    std::vector<std::byte> got(10 * mib);
+    ASSERT_TRUE(t.Read(k, got).ok());
+    EXPECT_TRUE(got == Content(k, 10 * mib)) << k;
+  }
 }
 
 TEST(RamTier, EmptyTier) {

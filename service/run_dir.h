@@ -1,12 +1,6 @@
 // RunDir: the job's run directory on one node, where nopfsd keeps its socket, its log, its pid
-// file and its readiness marker. The directory is private to the job's user (mode 0700); the
-// socket inside is how local clients find the service.
-//
-//   <run_dir>/nopfsd.sock   the local server (service/local_server.h)
-//   <run_dir>/nopfsd.log    spdlog output
-//   <run_dir>/nopfsd.pid    the daemon's pid, written at start, removed at clean exit
-//   <run_dir>/ready         written once the service accepts clients; holds the pid
-//   <run_dir>/failed        written instead of `ready` when start-up fails; holds the reason
+// file and its readiness marker (the names: launch/run_files.h). The directory is private to the
+// job's user (mode 0700); the socket inside is how local clients find the service.
 //
 // Thread safety: functions are reentrant.
 #pragma once
@@ -16,14 +10,15 @@
 #include <string>
 
 #include "common/status.h"
+#include "launch/run_files.h"
 
 namespace nopfs::service {
 
-inline constexpr const char* kSocketName = "nopfsd.sock";
-inline constexpr const char* kLogName = "nopfsd.log";
-inline constexpr const char* kPidName = "nopfsd.pid";
-inline constexpr const char* kReadyName = "ready";
-inline constexpr const char* kFailedName = "failed";
+using launch::kFailedName;
+using launch::kLogName;
+using launch::kPidName;
+using launch::kReadyName;
+using launch::kSocketName;
 // The plan line (report::RenderPlanLine) nopfsd writes once it serves; the SPANK plugin prints it
 // into the job's output. Removed when nopfsd stops.
 inline constexpr const char* kPlanName = "plan";

@@ -172,6 +172,10 @@ Status SampleReader::ReadTier(const TierRef& t, policy::SampleId sample, std::sp
                             std::to_string(view->size()) + " bytes, the catalog says " +
                             std::to_string(dst.size()));
   }
+  if (!verify_ram_hits_) {
+    if (!dst.empty()) std::memcpy(dst.data(), view->data(), dst.size());
+    return Status::Ok();
+  }
   // Copy and check the copy, not the tier (what the client gets is what must be right), a chunk
   // at a time so that each chunk is hashed while it is still in cache: one pass over memory.
   constexpr size_t kChunk = 32 << 10;
@@ -199,7 +203,7 @@ std::optional<SampleReader::InPlace> SampleReader::ReadInPlace(policy::SampleId 
   const TierRef& t = tiers_[static_cast<size_t>(region_class_)];
   if (!t.ram->IsReady(sample)) return std::nullopt;
   const uint64_t t0 = NowNanos();
-  if (Status v = t.ram->Verify(sample); !v.ok()) {
+  if (Status v = verify_ram_hits_ ? t.ram->Verify(sample) : Status::Ok(); !v.ok()) {
     if (v.code() == StatusCode::kCorruption) corruptions_.fetch_add(1, std::memory_order_relaxed);
     spdlog::warn("sample {} ({}): {} tier copy unusable, reading it again: {}", sample,
                  catalog_.path(sample), t.name, v.message());

@@ -90,6 +90,9 @@ class SampleReader {
     uint64_t size = 0;
   };
   std::optional<InPlace> ReadInPlace(policy::SampleId sample);
+  // Whether a RAM tier hit (in place or copied out) is checked against the xxh3 recorded at fill
+  // (the node config's `verify`; default true). Fills, SSD and peer reads are always checked.
+  void set_verify_ram_hits(bool verify) { verify_ram_hits_ = verify; }
   // The class whose tier clients may map (the first RAM class), or -1.
   int region_class() const { return region_class_; }
   // Reads of the region class served in place (included in its class_counters).
@@ -174,6 +177,7 @@ class SampleReader {
   std::atomic<uint64_t> corruptions_{0};
   std::atomic<uint64_t> changed_on_pfs_{0};
   std::atomic<uint64_t> in_place_{0};
+  bool verify_ram_hits_ = true;  // set before any read
   std::atomic<uint32_t> pfs_active_{0};
 };
 

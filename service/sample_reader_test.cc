@@ -150,6 +150,45 @@ TEST_F(SampleReaderTest, FetchAndCacheReadsThePfsOncePerPlannedSample) {
   EXPECT_EQ(reader_->corruptions(), 0u);
 }
 
+// verify = "always" re-hashes every RAM hit, copied out or in place, and reads a damaged sample
+// again from the PFS; verify = "on_fill" serves the RAM tier's bytes as they lie (the sealed
+// memfd is only writable by nopfsd itself): the trade-off docs/tiers.md describes. Here nopfsd's
+// own mapping is damaged on purpose, the one way its bytes can change after the fill.
+TEST_F(SampleReaderTest, RamHitsAreVerifiedOrNotAsTheConfigSays) {
+  for (policy::SampleId k = 0; k < 8; ++k) {
+    SourceId from;
+    ASSERT_EQ(Read(k, &from), Bytes(k));  // fetch-and-cache fills the RAM tier
+  }
+  const auto damage = [&](policy::SampleId k) {
+    const SlotExtent e = ram_->layout().Extent(ram_->layout().SlotOf(k));
+    std::byte* b = const_cast<std::byte*>(ram_->mapping().data()) + e.offset;
+    *b ^= std::byte{0x01};
+  };
+  // always (the reader's default without a config): caught, copied out and in place.
+  damage(1);
+  damage(2);
+  SourceId from;
+  EXPECT_EQ(Read(1, &from), Bytes(1));
+  EXPECT_EQ(from.index, SourceId::kPfs);
+  EXPECT_FALSE(reader_->ReadInPlace(2).has_value());
+  EXPECT_EQ(reader_->corruptions(), 2u);
+  // on_fill: a hit is served as it lies, copied out or in place, and nothing is counted.
+  reader_->set_verify_ram_hits(false);
+  damage(3);
+  damage(4);
+  std::string want = Bytes(3);
+  want[0] = static_cast<char>(want[0] ^ 0x01);
+  EXPECT_EQ(Read(3, &from), want);
+  EXPECT_EQ(from.index, 0);
+  const std::optional<SampleReader::InPlace> in_place = reader_->ReadInPlace(4);
+  ASSERT_TRUE(in_place.has_value());
+  EXPECT_EQ(in_place->size, catalog_->length(4));
+  EXPECT_EQ(reader_->corruptions(), 2u);
+  // Undamaged samples read the same either way.
+  EXPECT_EQ(Read(5, &from), Bytes(5));
+  EXPECT_EQ(from.index, 0);
+}
+
 // A sample a peer pushed (read from the PFS there first) is kept in its planned tier, RAM or SSD,
 // when the slot is empty, so this node never reads it from the PFS; a push that does not match
 // (size, xxh3, the catalog's checksum), of an unplanned sample or of a filled slot changes

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/mutex.h"
+
 namespace nopfs::service {
 namespace {
 // Bytes reserved at least per sample, so that an error message fits in place of a small sample.
@@ -68,10 +70,10 @@ void StagingStream::Cancel() {
   cancelled_.store(true);
   ring_->Cancel();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     no_more_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (sequencer_.joinable()) sequencer_.join();
   for (std::thread& t : workers_)
     if (t.joinable()) t.join();
@@ -109,27 +111,28 @@ void StagingStream::Sequence() {
       break;
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       queue_.push_back(Work{r->seq, a.sample, r->dst});
     }
-    cv_.notify_one();
+    cv_.Signal();
     ++count;
   }
   if (!cancelled_.load()) ring_->Finish();
   (void)count;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     no_more_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void StagingStream::Stage() {
   for (;;) {
     Work w;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return !queue_.empty() || no_more_; });
+      MutexLock lock(&mu_);
+      while (queue_.empty() && !no_more_)
+        cv_.Wait(&mu_);
       if (queue_.empty()) break;
       w = queue_.front();
       queue_.pop_front();

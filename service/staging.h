@@ -15,17 +15,16 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <thread>
 #include <vector>
 
 #include "client/ring.h"
 #include "client/wire.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "policy/job.h"
 #include "policy/partition.h"
@@ -88,10 +87,10 @@ class StagingStream {
   const uint32_t threads_;
   uint64_t total_ = 0;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Work> queue_;  // GUARDED_BY(mu_)
-  bool no_more_ = false;    // GUARDED_BY(mu_): the sequencer is done
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Work> queue_ GUARDED_BY(mu_);
+  bool no_more_ GUARDED_BY(mu_) = false;  // the sequencer is done
   std::atomic<bool> cancelled_{false};
   std::atomic<uint64_t> staged_{0};
   std::atomic<uint64_t> errors_{0};

@@ -6,6 +6,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/mutex.h"
+
 namespace nopfs::service {
 
 namespace {
@@ -158,8 +160,8 @@ void SlotTable::Set(uint32_t slot, SlotState s) {
   state_[slot].store(static_cast<uint8_t>(s), std::memory_order_seq_cst);
   if (waiters_.load(std::memory_order_seq_cst) > 0) {
     // Taking the mutex orders this notify after any waiter's predicate check.
-    { std::lock_guard<std::mutex> lock(mu_); }
-    cv_.notify_all();
+    { MutexLock lock(&mu_); }
+    cv_.SignalAll();
   }
 }
 
@@ -181,11 +183,12 @@ Status SlotTable::WaitReady(uint32_t slot, std::chrono::nanoseconds timeout) con
   waiters_.fetch_add(1, std::memory_order_seq_cst);
   SlotState s;
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_until(lock, deadline, [&] {
+    MutexLock lock(&mu_);
+    for (;;) {
       s = state(slot);
-      return s == SlotState::kReady || s == SlotState::kFailed;
-    });
+      if (s == SlotState::kReady || s == SlotState::kFailed) break;
+      if (!cv_.WaitUntil(&mu_, deadline)) break;
+    }
     s = state(slot);
   }
   waiters_.fetch_sub(1, std::memory_order_seq_cst);

@@ -19,15 +19,14 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "policy/job.h"
 #include "policy/plan.h"
@@ -149,8 +148,8 @@ class SlotTable {
   uint32_t n_;
   std::unique_ptr<std::atomic<uint8_t>[]> state_;
   std::unique_ptr<std::atomic<uint64_t>[]> hash_;
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
+  mutable Mutex mu_;
+  mutable CondVar cv_;
   mutable std::atomic<uint32_t> waiters_{0};
 };
 

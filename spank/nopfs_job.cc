@@ -39,6 +39,9 @@ extern "C" {
 }
 
 #include "common/units.h"
+#include "launch/daemon_args.h"
+#include "launch/process.h"
+#include "launch/run_files.h"
 #include "lua/admit.h"
 #include "lua/config.h"
 #include "service/metrics.h"
@@ -324,52 +327,10 @@ std::string Teardown(const std::string& node_dir, const Target& t, std::chrono::
   return left;
 }
 
-// Writes <run dir>/<name> with `text`, owned by the job's user.
+// Writes <run dir>/<name> with `text` (a line), owned by the job's user.
 void WriteStatus(const Job& job, const char* name, const std::string& text) {
-  (void)WriteFileAs(job.run_dir, name, text + "\n", job.uid, job.gid);
-}
-
-// The child: becomes the user and runs nopfsd. Never returns.
-// `ready_fd` becomes its descriptor 3 (nopfsd --ready-fd 3).
-[[noreturn]] void ExecDaemon(const Job& job, const std::string& nopfsd,
-                             const std::vector<std::string>& argv_s, int ready_fd) {
-  ::setsid();
-  const passwd* pw = ::getpwuid(job.uid);
-  const std::string home = pw != nullptr ? pw->pw_dir : "/";
-  const std::string name = pw != nullptr ? pw->pw_name : job.user;
-  if (::initgroups(name.c_str(), job.gid) != 0 || ::setgid(job.gid) != 0 ||
-      ::setuid(job.uid) != 0 || ::setuid(0) == 0 || ::getuid() != job.uid) {
-    _exit(126);
-  }
-  if (::chdir(job.run_dir.c_str()) != 0) _exit(126);
-  const int null_fd = ::open("/dev/null", O_RDONLY);
-  const int out_fd = ::open("nopfsd.out", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
-  if (null_fd < 0 || out_fd < 0) _exit(126);
-  ::dup2(null_fd, 0);
-  ::dup2(out_fd, 1);
-  ::dup2(out_fd, 2);
-  if (ready_fd == 3) {
-    ::fcntl(3, F_SETFD, 0);
-  } else if (::dup2(ready_fd, 3) != 3) {
-    _exit(126);
-  }
-  ::close_range(4, ~0U, 0);
-  std::vector<std::string> env_s = {"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + home,
-                                    "USER=" + name, "LOGNAME=" + name, "LANG=C.UTF-8"};
-  std::vector<char*> argv;
-  argv.push_back(const_cast<char*>(nopfsd.c_str()));
-  for (const std::string& a : argv_s)
-    argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(const_cast<char*>("--ready-fd"));
-  argv.push_back(const_cast<char*>("3"));
-  argv.push_back(nullptr);
-  std::vector<char*> envp;
-  for (const std::string& e : env_s)
-    envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  ::execve(nopfsd.c_str(), argv.data(), envp.data());
-  std::fprintf(stderr, "nopfs-job: exec %s: %s\n", nopfsd.c_str(), std::strerror(errno));
-  _exit(127);
+  const bool line = !text.empty() && text.back() == '\n';
+  (void)WriteFileAs(job.run_dir, name, line ? text : text + "\n", job.uid, job.gid);
 }
 
 std::string LastLine(std::string text) {
@@ -440,23 +401,23 @@ uint32_t PeerPortOffset(const std::string& secret) {
   return (uint32_t{out[0]} | uint32_t{out[1]} << 8 | uint32_t{out[2]} << 16) % kPeerPortRange;
 }
 
-// The nopfsd arguments that make this node serve its peers, or none (with the reason in *why)
-// for a one-node job or a cluster without peer_key.
-std::vector<std::string> PeerArgs(const Job& job, std::string* why) {
-  if (job.nodes < 2) return {};
+// Sets the nopfsd arguments that make this node serve its peers, or leaves them unset (with the
+// reason in *why) for a one-node job or a cluster without peer_key.
+void SetPeers(const Job& job, launch::DaemonArgs* args, std::string* why) {
+  if (job.nodes < 2) return;
   if (job.args.peer_key.empty()) {
     *why = "no peers (peer_key is not set in plugstack.conf)";
-    return {};
+    return;
   }
   Result<std::string> secret = PeerSecret(job.args.peer_key, job.job_id, job.uid);
   if (!secret.ok()) {
     *why = "no peers: " + secret.status().message();
-    return {};
+    return;
   }
-  if (Status s = WriteFileAs(job.run_dir, "peer.secret", *secret, job.uid, job.gid, 0600);
+  if (Status s = WriteFileAs(job.run_dir, launch::kSecretName, *secret, job.uid, job.gid, 0600);
       !s.ok()) {
     *why = "no peers: " + s.message();
-    return {};
+    return;
   }
   const std::vector<std::string> peers =
       PeerEndpoints(job.args, job.names, PeerPortOffset(*secret));
@@ -464,8 +425,197 @@ std::vector<std::string> PeerArgs(const Job& job, std::string* why) {
   for (const std::string& p : peers)
     list += (list.empty() ? "" : ",") + p;
   *why = "peers: " + std::to_string(peers.size()) + " nodes, listening on " + peers[job.node_index];
-  const std::string& me = peers[job.node_index];
-  return {"--peer-listen", me, "--peers", list, "--peer-secret-file", job.run_dir + "/peer.secret"};
+  args->peer_listen = peers[job.node_index];
+  args->peers = list;
+  args->peer_secret_file = job.run_dir + "/" + launch::kSecretName;
+}
+
+// The ranks per node of nopfsd's plan, from the job's task layout (spank/options.h
+// RanksPerNode). The answer goes to the job's tasks in <run dir>/layout: task_init sets
+// NOPFS_RANKS_PER_NODE from it, or fails every task with the message.
+Result<uint32_t> DecideRanksPerNode(const Job& job, const SlurmJob& sj) {
+  Result<uint32_t> rpn = Status::Unavailable(
+      "cannot ask slurmctld for the job's task layout; give --nopfs-ranks-per-node");
+  if (sj.layout.nodes != 0) {
+    rpn = RanksPerNode(sj.layout, job.opts);
+  } else if (OptionGiven(job.opts, "nopfs-ranks-per-node")) {
+    rpn = job.opts.ranks_per_node;
+  }
+  if (!rpn.ok()) {
+    WriteStatus(job, launch::kLayoutName,
+                launch::FormatLayoutError("nopfs: layout: " + rpn.status().message()));
+    return rpn.status();
+  }
+  WriteStatus(job, launch::kLayoutName, launch::FormatLayout(*rpn));
+  return rpn;
+}
+
+// Asks the admission policy with the node's reservations (cleaning up after stale ones), and
+// reserves what it grants in the ledger, under the ledger's lock. A refusal is an Admission
+// that is not admitted; an error is a Status. *entry is the reservation written (naming this
+// launcher until nopfsd runs).
+Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
+                               const lua::JobRequest& req, LedgerEntry* entry) {
+  lua::Admission adm;
+  Result<Ledger> ledger = Ledger::Lock(job.ledger_dir, 30s);
+  if (!ledger.ok()) return ledger.status();
+  Result<std::vector<LedgerEntry>> entries = ledger->Entries();
+  if (!entries.ok()) return entries.status();
+  lua::NodeState ns;
+  ns.name = job.node;
+  ns.ram_total = config.CapacityOf(policy::ClassKind::kRam);
+  ns.ssd_total = config.CapacityOf(policy::ClassKind::kSsd);
+  const std::string boot = BootId();
+  for (const LedgerEntry& e : *entries) {
+    if (e.job_id == job.job_id) continue;
+    // An entry of an earlier boot is stale; so is one whose job slurmctld reports over or
+    // unknown, even if its process still lives (an epilog that could not finish). Only when
+    // slurmctld cannot be asked is an entry kept (QuerySlurm says active then).
+    const bool live = e.boot_id == boot && QuerySlurm(e.job_id, job.node).active;
+    if (!live) {
+      // Stale: its job is over and its epilog did not finish. Clean up after it.
+      Target t = FromEntry(e);
+      if (t.ssd_paths.empty()) t.ssd_paths = SsdPaths(config);
+      (void)Teardown(job.node_dir, t, 2s, config.metrics_dir());
+      (void)ledger->Remove(e.job_id);
+      continue;
+    }
+    ns.ram_reserved += e.ram;
+    ns.ssd_reserved += e.ssd;
+    ++ns.jobs;
+  }
+  Result<lua::Admission> a = lua::Admit(job.args.policy, config, req, ns);
+  if (!a.ok()) {
+    adm.admitted = false;
+    adm.reason = "policy error: " + a.status().message();
+  } else {
+    adm = *a;
+  }
+  if (adm.admitted) {
+    LedgerEntry& e = *entry;
+    e.job_id = job.job_id;
+    e.uid = job.uid;
+    e.node_index = job.node_index;
+    e.ram = adm.ram;
+    e.ssd = adm.ssd;
+    e.boot_id = boot;
+    e.pid = ::getpid();
+    e.start_time = ProcessStartTime(::getpid()).value_or(0);
+    e.ssd_paths = SsdPaths(config);
+    if (Status s = ledger->Put(e); !s.ok()) return s;
+  }
+
+  return adm;
+}
+
+// nopfsd's arguments for this node of the job; *peers_note says how it reaches its peers.
+launch::DaemonArgs DaemonArgsFor(const Job& job, uint32_t ranks_per_node, const lua::Admission& adm,
+                                 std::string* peers_note) {
+  launch::DaemonArgs dargs;
+  dargs.run_dir = job.run_dir;
+  dargs.dataset = job.opts.dataset;
+  dargs.job.job.seed = job.opts.seed;
+  dargs.job.job.epochs = job.opts.epochs;
+  dargs.job.job.ranks = job.nodes * ranks_per_node;
+  dargs.job.job.batch = job.opts.batch;
+  dargs.job.job.drop_last = job.opts.drop_last;
+  dargs.job.job.ranks_per_node = ranks_per_node;
+  dargs.job.scheme = job.opts.scheme;
+  dargs.node = job.node_index;
+  dargs.job_id = std::to_string(job.job_id);
+  dargs.ram = std::to_string(adm.ram);
+  dargs.ssd = std::to_string(adm.ssd);
+  dargs.config = job.args.config;
+  SetPeers(job, &dargs, peers_note);
+  return dargs;
+}
+
+// Starts nopfsd as the job's user and waits until it says ready. The ledger entry (`entry`, with
+// the grant) is rewritten to name nopfsd as soon as it runs. Returns nopfsd's pid; on failure
+// nopfsd is stopped and the Status says why.
+Result<pid_t> StartNopfsd(const Job& job, const std::string& nopfsd, launch::DaemonArgs dargs,
+                          LedgerEntry entry) {
+  // nopfsd says ready or failed on a pipe this launcher made (nopfsd --ready-fd), never through
+  // a file in the user's run directory that the user could swap for a link or a FIFO.
+  int ready_pipe[2];
+  if (::pipe2(ready_pipe, O_CLOEXEC) != 0) return Status::FromErrno(errno, "pipe");
+  const UniqueFd ready_in(ready_pipe[0]);
+  // nopfsd runs as the user with the user's groups, in its own session, in the run directory,
+  // with a clean environment; its output goes to nopfsd.out, created there as the user.
+  dargs.ready_fd = ready_pipe[1];
+  std::vector<std::string> argv = dargs.ToArgv();
+  argv.insert(argv.begin(), nopfsd);
+  const passwd* pw = ::getpwuid(job.uid);
+  const std::string name = pw != nullptr ? pw->pw_name : job.user;
+  launch::Child::Options o;
+  o.clear_env = true;
+  o.env = {{"PATH", "/usr/local/bin:/usr/bin:/bin"},
+           {"HOME", pw != nullptr ? pw->pw_dir : "/"},
+           {"USER", name},
+           {"LOGNAME", name},
+           {"LANG", "C.UTF-8"}};
+  o.new_session = true;
+  o.switch_user = true;
+  o.uid = job.uid;
+  o.gid = job.gid;
+  Result<std::vector<gid_t>> groups = launch::GroupsOf(name, job.gid);
+  if (groups.ok()) o.groups = std::move(*groups);
+  o.cwd = job.run_dir;
+  o.output_path = launch::kOutputName;
+  const UniqueFd null_fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  o.stdin_fd = null_fd.get();
+  o.keep_fds = {ready_pipe[1]};
+  std::fflush(nullptr);
+  Result<launch::Child> spawned =
+      groups.ok() ? launch::Child::Spawn(argv, o) : Result<launch::Child>(groups.status());
+  ::close(ready_pipe[1]);
+  if (!spawned.ok()) return spawned.status();
+  // nopfsd outlives this launcher: the ledger names it, the epilog stops it.
+  const pid_t child = spawned->Release();
+  // From here the reservation names nopfsd (by pid and start time, fixed at fork), so that an
+  // epilog stops it even if this launcher is killed while nopfsd starts.
+  const ProcessId daemon{child, ProcessStartTime(child).value_or(0)};
+  if (Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s); l.ok()) {
+    entry.pid = daemon.pid;
+    entry.start_time = daemon.start_time;
+    (void)l->Put(entry);
+  }
+
+  auto give_up = [&](const std::string& why) {
+    (void)StopProcesses({daemon}, std::chrono::seconds(job.args.grace));
+    ::waitpid(child, nullptr, WNOHANG);
+    return Status::Unavailable(why);
+  };
+  Result<launch::ReadyInfo> ready = launch::WaitReady(
+      ready_in.get(), std::chrono::steady_clock::now() + std::chrono::seconds(job.args.timeout),
+      nullptr);
+  if (ready.status().code() == StatusCode::kTimedOut) {
+    return give_up("not ready within timeout=" + std::to_string(job.args.timeout) + " s");
+  }
+  if (ready.status().code() == StatusCode::kFailedPrecondition) {
+    return give_up(Printable(ready.status().message()));
+  }
+  if (!ready.ok()) {
+    // Closed without a word: nopfsd exited early (a bad argument, a crash). Its exit status and
+    // the last line of its output say why; nopfsd.out is read with ReadUserFile (never a link
+    // or a FIFO, only the user's own regular file).
+    int status = 0;
+    pid_t waited = 0;
+    for (int i = 0; i < 40 && waited == 0; ++i) {
+      waited = ::waitpid(child, &status, WNOHANG);
+      if (waited == 0) std::this_thread::sleep_for(50ms);
+    }
+    std::string why = "closed its ready pipe without saying ready";
+    if (waited == child) {
+      why = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
+                              : "killed by signal " + std::to_string(WTERMSIG(status));
+    }
+    Result<std::string> out =
+        ReadUserFile(job.run_dir + "/" + launch::kOutputName, job.uid, 1 << 20);
+    if (out.ok() && !LastLine(*out).empty()) why += ": " + Printable(LastLine(*out));
+    return give_up(why);
+  }
+  return child;
 }
 
 int Prolog(const Job& job, const char* self) {
@@ -481,7 +631,7 @@ int Prolog(const Job& job, const char* self) {
     // Tell the job too: it gets a run directory with the reason in `failed`.
     if (::mkdir(job.run_dir.c_str(), 0700) == 0 &&
         ::lchown(job.run_dir.c_str(), job.uid, job.gid) == 0) {
-      WriteStatus(job, "failed", where + "config: " + config.status().message());
+      WriteStatus(job, launch::kFailedName, where + "config: " + config.status().message());
     }
     return fail("config: " + config.status().message(), 1);
   }
@@ -502,25 +652,8 @@ int Prolog(const Job& job, const char* self) {
     std::printf("%suser directories: %s\n", where.c_str(), line.c_str());
 
   const SlurmJob sj = QuerySlurm(job.job_id, job.node);
-  // The ranks per node of nopfsd's plan come from the job's task layout (spank/options.h
-  // RanksPerNode). The answer goes to the job's tasks in <run dir>/layout: task_init sets
-  // NOPFS_RANKS_PER_NODE from it, or fails every task with the message.
-  uint32_t ranks_per_node = job.opts.ranks_per_node;
-  {
-    Result<uint32_t> rpn = Status::Unavailable(
-        "cannot ask slurmctld for the job's task layout; give --nopfs-ranks-per-node");
-    if (sj.layout.nodes != 0) {
-      rpn = RanksPerNode(sj.layout, job.opts);
-    } else if (OptionGiven(job.opts, "nopfs-ranks-per-node")) {
-      rpn = job.opts.ranks_per_node;
-    }
-    if (!rpn.ok()) {
-      WriteStatus(job, "layout", "error=nopfs: layout: " + rpn.status().message());
-      return fail("layout: " + rpn.status().message(), 3);
-    }
-    ranks_per_node = *rpn;
-    WriteStatus(job, "layout", "ranks_per_node=" + std::to_string(ranks_per_node));
-  }
+  Result<uint32_t> ranks_per_node = DecideRanksPerNode(job, sj);
+  if (!ranks_per_node.ok()) return fail("layout: " + ranks_per_node.status().message(), 3);
   lua::JobRequest req;
   req.job_id = job.job_id;
   req.uid = job.uid;
@@ -535,95 +668,18 @@ int Prolog(const Job& job, const char* self) {
   req.ssd = job.opts.ssd;
   req.memory = sj.memory;
 
-  lua::Admission adm;
-  {
-    Result<Ledger> ledger = Ledger::Lock(job.ledger_dir, 30s);
-    if (!ledger.ok()) return fail(ledger.status().message(), 1);
-    Result<std::vector<LedgerEntry>> entries = ledger->Entries();
-    if (!entries.ok()) return fail(entries.status().message(), 1);
-    lua::NodeState ns;
-    ns.name = job.node;
-    ns.ram_total = config->CapacityOf(policy::ClassKind::kRam);
-    ns.ssd_total = config->CapacityOf(policy::ClassKind::kSsd);
-    const std::string boot = BootId();
-    for (const LedgerEntry& e : *entries) {
-      if (e.job_id == job.job_id) continue;
-      // An entry of an earlier boot is stale; so is one whose job slurmctld reports over or
-      // unknown, even if its process still lives (an epilog that could not finish). Only when
-      // slurmctld cannot be asked is an entry kept (QuerySlurm says active then).
-      const bool live = e.boot_id == boot && QuerySlurm(e.job_id, job.node).active;
-      if (!live) {
-        // Stale: its job is over and its epilog did not finish. Clean up after it.
-        Target t = FromEntry(e);
-        if (t.ssd_paths.empty()) t.ssd_paths = SsdPaths(*config);
-        (void)Teardown(job.node_dir, t, 2s, config->metrics_dir());
-        (void)ledger->Remove(e.job_id);
-        continue;
-      }
-      ns.ram_reserved += e.ram;
-      ns.ssd_reserved += e.ssd;
-      ++ns.jobs;
-    }
-    Result<lua::Admission> a = lua::Admit(job.args.policy, *config, req, ns);
-    if (!a.ok()) {
-      adm.admitted = false;
-      adm.reason = "policy error: " + a.status().message();
-    } else {
-      adm = *a;
-    }
-    if (adm.admitted) {
-      LedgerEntry e;
-      e.job_id = job.job_id;
-      e.uid = job.uid;
-      e.node_index = job.node_index;
-      e.ram = adm.ram;
-      e.ssd = adm.ssd;
-      e.boot_id = boot;
-      e.pid = ::getpid();
-      e.start_time = ProcessStartTime(::getpid()).value_or(0);
-      e.ssd_paths = SsdPaths(*config);
-      if (Status s = ledger->Put(e); !s.ok()) return fail(s.message(), 1);
-    }
-  }
+  LedgerEntry entry;
+  Result<lua::Admission> admission = Reserve(job, *config, req, &entry);
+  if (!admission.ok()) return fail(admission.status().message(), 1);
+  const lua::Admission& adm = *admission;
   if (!adm.admitted) {
     const std::string msg = where + "refused: " + adm.reason;
-    WriteStatus(job, "refused", msg);
+    WriteStatus(job, launch::kRefusedName, msg);
     return fail("refused: " + adm.reason, 3);
   }
 
-  std::vector<std::string> dargs = {"--run-dir",
-                                    job.run_dir,
-                                    "--dataset",
-                                    job.opts.dataset,
-                                    "--seed",
-                                    std::to_string(job.opts.seed),
-                                    "--epochs",
-                                    std::to_string(job.opts.epochs),
-                                    "--ranks",
-                                    std::to_string(job.nodes * ranks_per_node),
-                                    "--batch",
-                                    std::to_string(job.opts.batch),
-                                    "--scheme",
-                                    job.opts.scheme,
-                                    "--ranks-per-node",
-                                    std::to_string(ranks_per_node),
-                                    "--node",
-                                    std::to_string(job.node_index),
-                                    "--job-id",
-                                    std::to_string(job.job_id),
-                                    "--ram",
-                                    std::to_string(adm.ram),
-                                    "--ssd",
-                                    std::to_string(adm.ssd)};
-  if (job.opts.drop_last) dargs.push_back("--drop-last");
-  if (!job.args.config.empty()) {
-    dargs.push_back("--config");
-    dargs.push_back(job.args.config);
-  }
   std::string peers_note;
-  for (std::string& a : PeerArgs(job, &peers_note))
-    dargs.push_back(std::move(a));
-  const std::string nopfsd = DaemonPath(job, self);
+  const launch::DaemonArgs dargs = DaemonArgsFor(job, *ranks_per_node, adm, &peers_note);
   const std::vector<std::string> ssd_paths = SsdPaths(*config);
   // Releases the reservation of a job that gets no cache after all.
   auto release = [&] {
@@ -632,90 +688,13 @@ int Prolog(const Job& job, const char* self) {
       (void)l->Remove(job.job_id);
     }
   };
-  // nopfsd says ready or failed on a pipe this launcher made (nopfsd --ready-fd), never through
-  // a file in the user's run directory that the user could swap for a link or a FIFO.
-  int ready_pipe[2];
-  if (::pipe2(ready_pipe, O_CLOEXEC) != 0) {
-    const Status s = Status::FromErrno(errno, "pipe");
+  Result<pid_t> started = StartNopfsd(job, DaemonPath(job, self), dargs, entry);
+  if (!started.ok()) {
+    WriteStatus(job, launch::kFailedName, where + started.status().message());
     release();
-    return fail(s.message(), 1);
+    return fail("nopfsd failed: " + started.status().message(), 4);
   }
-  const UniqueFd ready_in(ready_pipe[0]);
-  std::fflush(nullptr);
-  const pid_t child = ::fork();
-  if (child < 0) {
-    const Status s = Status::FromErrno(errno, "fork");
-    ::close(ready_pipe[1]);
-    release();
-    return fail(s.message(), 1);
-  }
-  if (child == 0) ExecDaemon(job, nopfsd, dargs, ready_pipe[1]);
-  ::close(ready_pipe[1]);
-  // From here the reservation names nopfsd (by pid and start time, fixed at fork), so that an
-  // epilog stops it even if this launcher is killed while nopfsd starts.
-  const ProcessId daemon{child, ProcessStartTime(child).value_or(0)};
-  if (Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s); l.ok()) {
-    LedgerEntry e;
-    e.job_id = job.job_id;
-    e.uid = job.uid;
-    e.node_index = job.node_index;
-    e.ram = adm.ram;
-    e.ssd = adm.ssd;
-    e.boot_id = BootId();
-    e.pid = daemon.pid;
-    e.start_time = daemon.start_time;
-    e.ssd_paths = ssd_paths;
-    (void)l->Put(e);
-  }
-
-  auto give_up = [&](const std::string& why) {
-    (void)StopProcesses({daemon}, std::chrono::seconds(job.args.grace));
-    ::waitpid(child, nullptr, WNOHANG);
-    WriteStatus(job, "failed", where + why);
-    release();
-    return fail("nopfsd failed: " + why, 4);
-  };
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(job.args.timeout);
-  std::string said;  // what nopfsd wrote on the pipe, at most 4 KiB
-  bool closed = false;
-  while (!closed) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      return give_up("not ready within timeout=" + std::to_string(job.args.timeout) + " s");
-    }
-    pollfd p{ready_in.get(), POLLIN, 0};
-    const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
-    if (r <= 0) continue;
-    char buf[1024];
-    const ssize_t n = ::read(ready_in.get(), buf, sizeof(buf));
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n <= 0) {
-      closed = true;
-    } else if (said.size() < 4096) {
-      said.append(buf, static_cast<size_t>(n));
-    }
-  }
-  if (said.rfind("failed\n", 0) == 0) return give_up(Printable(LastLine(said.substr(7))));
-  if (said.rfind("ready\n", 0) != 0) {
-    // Closed without a word: nopfsd exited early (a bad argument, a crash). Its exit status and
-    // the last line of its output say why; nopfsd.out is read with ReadUserFile (never a link
-    // or a FIFO, only the user's own regular file).
-    int status = 0;
-    pid_t waited = 0;
-    for (int i = 0; i < 40 && waited == 0; ++i) {
-      waited = ::waitpid(child, &status, WNOHANG);
-      if (waited == 0) std::this_thread::sleep_for(50ms);
-    }
-    std::string why = "closed its ready pipe without saying ready";
-    if (waited == child) {
-      why = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
-                              : "killed by signal " + std::to_string(WTERMSIG(status));
-    }
-    Result<std::string> out = ReadUserFile(job.run_dir + "/nopfsd.out", job.uid, 1 << 20);
-    if (out.ok() && !LastLine(*out).empty()) why += ": " + Printable(LastLine(*out));
-    return give_up(why);
-  }
+  const pid_t child = *started;
   // Under cgroups nopfsd joins the job's extern step once slurmd has made it (after the prolog).
   if (SlurmContainsJobs())
     (void)AdoptLater(JobCgroupOptions{.node = job.node}, job.job_id, job.uid, child,

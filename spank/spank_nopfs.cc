@@ -35,6 +35,9 @@ extern const unsigned int spank_plugin_version;
 SPANK_PLUGIN(nopfs, 1)
 }
 
+#include "launch/process.h"
+#include "launch/run_files.h"
+#include "launch/task_env.h"
 #include "spank/job_files.h"
 #include "spank/options.h"
 
@@ -137,42 +140,28 @@ std::string DefaultLauncher() {
 }
 
 // Runs nopfs-job with a hard limit; returns its exit code (or -1) and its output in *out.
-int RunLauncher(const std::vector<std::string>& argv_s, int limit_s, std::string* out) {
+int RunLauncher(const std::vector<std::string>& argv, int limit_s, std::string* out) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
     *out = std::string("pipe: ") + std::strerror(errno);
     return -1;
   }
-  std::vector<char*> argv;
-  for (const std::string& a : argv_s)
-    argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  std::vector<std::string> env_s = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
-  if (const char* conf = std::getenv("SLURM_CONF"))
-    env_s.push_back(std::string("SLURM_CONF=") + conf);
-  std::vector<char*> envp;
-  for (const std::string& e : env_s)
-    envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) {
-    *out = std::string("fork: ") + std::strerror(errno);
+  const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  launch::Child::Options o;
+  o.clear_env = true;
+  o.env = {{"PATH", "/usr/sbin:/usr/bin:/sbin:/bin"}};
+  if (const char* conf = std::getenv("SLURM_CONF")) o.env["SLURM_CONF"] = conf;
+  o.stdin_fd = null_fd;
+  o.stdout_fd = fds[1];
+  o.stderr_fd = fds[1];
+  Result<launch::Child> child = launch::Child::Spawn(argv, o);
+  close(fds[1]);
+  if (null_fd >= 0) close(null_fd);
+  if (!child.ok()) {
     close(fds[0]);
-    close(fds[1]);
+    *out = "nopfs: " + child.status().message();
     return -1;
   }
-  if (pid == 0) {
-    setpgid(0, 0);
-    const int null_fd = open("/dev/null", O_RDONLY);
-    dup2(null_fd, 0);
-    dup2(fds[1], 1);
-    dup2(fds[1], 2);
-    close_range(3, ~0U, 0);
-    execve(argv[0], argv.data(), envp.data());
-    dprintf(1, "nopfs: cannot run %s: %s\n", argv[0], std::strerror(errno));
-    _exit(127);
-  }
-  close(fds[1]);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(limit_s);
   bool timed_out = false;
   char buf[4096];
@@ -193,17 +182,14 @@ int RunLauncher(const std::vector<std::string>& argv_s, int limit_s, std::string
   }
   close(fds[0]);
   if (timed_out) {
-    kill(-pid, SIGKILL);
-    kill(pid, SIGKILL);
+    child->Signal(SIGKILL);  // its process group: nopfs-job and anything it started there
     out->append("nopfs: launcher killed after " + std::to_string(limit_s) + " s\n");
   }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  Result<int> status = child->Wait();
   while (!out->empty() && out->back() == '\n')
     out->pop_back();
-  if (timed_out || !WIFEXITED(status)) return -1;
-  return WEXITSTATUS(status);
+  if (timed_out || !status.ok() || !WIFEXITED(*status)) return -1;
+  return WEXITSTATUS(*status);
 }
 
 int JobScript(spank_t sp, int ac, char** av, const char* mode) {
@@ -286,17 +272,11 @@ int TaskInit(spank_t sp) {
     std::fflush(stderr);
     _exit(1);  // see below: Slurm 22.05 ignores a failing task_init in the batch step
   };
-  std::string layout = read("layout");
-  while (!layout.empty() && layout.back() == '\n')
-    layout.pop_back();
-  if (layout.rfind("error=", 0) == 0) fail_task(layout.substr(6));
-  uint32_t per_node = 0;
-  if (layout.rfind("ranks_per_node=", 0) == 0) {
-    const std::string digits = layout.substr(15);
-    uint32_t n = 0;
-    const auto r = std::from_chars(digits.data(), digits.data() + digits.size(), n);
-    if (r.ec == std::errc() && r.ptr == digits.data() + digits.size() && n <= 4096) per_node = n;
+  const Result<uint32_t> layout = launch::ParseLayout(read(launch::kLayoutName));
+  if (layout.status().code() == StatusCode::kFailedPrecondition) {
+    fail_task(layout.status().message());
   }
+  uint32_t per_node = layout.ok() ? *layout : 0;
   uint32_t step_id = 0;
   uint32_t step_nodes = 0;
   uint32_t step_local = 0;
@@ -331,10 +311,10 @@ int TaskInit(spank_t sp) {
     }
   }
   std::string why;
-  const std::string ready = read("ready");
+  const std::string ready = read(launch::kReadyName);
   if (ready.empty()) {
-    why = read("refused");
-    if (why.empty()) why = read("failed");
+    why = read(launch::kRefusedName);
+    if (why.empty()) why = read(launch::kFailedName);
     if (why.empty()) why = "nopfs: task: " + node + ": no cache was started (see slurmd's log)";
     while (!why.empty() && why.back() == '\n')
       why.pop_back();
@@ -354,41 +334,30 @@ int TaskInit(spank_t sp) {
                    why.c_str());
     }
   }
-  const uint32_t nodes = static_cast<uint32_t>(names->size());
-  const auto set = [&](const char* name, const std::string& value) {
-    spank_setenv(sp, name, value.c_str(), 1);
-  };
-  if (why.empty() && local < per_node) set("NOPFS_SOCKET", dir + "/nopfsd.sock");
-  // A step inherits the batch script's environment: a task told it has no cache must not keep
-  // a socket from there.
-  if (!why.empty()) spank_unsetenv(sp, "NOPFS_SOCKET");
-  // The catalog's size, from nopfsd's ready file ("samples=N"): what the Python package's len()
-  // needs without asking the service. The file is the user's own: only digits are taken.
-  if (why.empty()) {
-    const size_t at = ready.find("samples=");
-    if (at != std::string::npos && (at == 0 || ready[at - 1] == '\n')) {
-      const size_t begin = at + 8;
-      size_t end = begin;
-      while (end < ready.size() && end - begin < 12 && ready[end] >= '0' && ready[end] <= '9')
-        ++end;
-      if (end > begin && (end == ready.size() || ready[end] == '\n')) {
-        set("NOPFS_SAMPLES", ready.substr(begin, end - begin));
-      }
-    }
-  }
-  set("NOPFS_RANK", std::to_string(*index * per_node + local));
-  set("NOPFS_LOCAL_RANK", std::to_string(local));
-  set("NOPFS_RANKS", std::to_string(nodes * per_node));
-  set("NOPFS_RANKS_PER_NODE", std::to_string(per_node));
-  set("NOPFS_NODE", std::to_string(*index));
-  set("NOPFS_NODES", std::to_string(nodes));
-  set("NOPFS_SEED", std::to_string(g_opts.seed));
-  set("NOPFS_EPOCHS", std::to_string(g_opts.epochs));
-  set("NOPFS_BATCH", std::to_string(g_opts.batch));
-  set("NOPFS_SCHEME", g_opts.scheme);
-  set("NOPFS_DROP_LAST", g_opts.drop_last ? "1" : "0");
-  set("NOPFS_DATASET", g_opts.dataset);
-  set("NOPFS_RUN_DIR", dir);
+  // The catalog's size from nopfsd's ready file: what the Python package's len() needs without
+  // asking the service. The file is the user's own: ParseReady takes only digits.
+  const Result<launch::ReadyInfo> ready_info = launch::ParseReady(ready);
+  launch::TaskEnv env;
+  if (why.empty() && local < per_node) env.socket = dir + "/" + launch::kSocketName;
+  env.run_dir = dir;
+  env.dataset = g_opts.dataset;
+  env.node = *index;
+  env.nodes = static_cast<uint32_t>(names->size());
+  env.local_rank = local;
+  env.ranks = env.nodes * per_node;
+  env.ranks_per_node = per_node;
+  env.seed = g_opts.seed;
+  env.epochs = g_opts.epochs;
+  env.batch = g_opts.batch;
+  env.scheme = g_opts.scheme;
+  env.drop_last = g_opts.drop_last;
+  env.samples = why.empty() && ready_info.ok() ? ready_info->samples : 0;
+  // A step inherits the batch script's environment: a task without a service (or a size) must
+  // not keep one from there.
+  for (const char* name : launch::kOptionalVariables)
+    spank_unsetenv(sp, name);
+  for (const auto& [name, value] : env.Variables())
+    spank_setenv(sp, name.c_str(), value.c_str(), 1);
   // The plan line nopfsd wrote (tiers, sizes, predicted stall), once, in the batch script's output.
   if (why.empty() && local == 0 && !is_step) std::fprintf(stderr, "%s", read("plan").c_str());
   return 0;

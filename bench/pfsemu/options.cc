@@ -29,11 +29,14 @@ Status ParseU64(const std::string& key, const std::string& value, uint64_t* out)
 
 std::string Usage() {
   return "usage: nopfs_pfsemu [--config FILE] [--bandwidth R:MBPS,...] [--open-latency-us N]\n"
+         "                    [--getattr-latency-us N] [--readdir-latency-us N]\n"
+         "                    [--attr-cache-ms N]\n"
          "                    [--burst-bytes N] [--max-threads N] [--stats-out FILE]\n"
          "                    BACKING MOUNTPOINT\n"
          "Mounts BACKING read-only at MOUNTPOINT as an emulated parallel file system: reads are\n"
-         "throttled to the aggregate bandwidth t(readers), each open costs a latency, and no\n"
-         "page cache serves a read. MOUNTPOINT/.pfsemu_stats shows the counters; SIGUSR1 prints\n"
+         "throttled to the aggregate bandwidth t(readers), each open, getattr and readdir costs\n"
+         "a latency (and is counted), and no page cache serves a read. MOUNTPOINT/.pfsemu_stats "
+         "shows the counters; SIGUSR1 prints\n"
          "them to stderr; SIGTERM or SIGINT unmounts.\n";
 }
 
@@ -46,6 +49,12 @@ Status ApplyOption(Options* options, const std::string& raw_key, const std::stri
     options->bandwidth = value;
   } else if (key == "open-latency-us") {
     NOPFS_RETURN_IF_ERROR(ParseU64(key, value, &options->open_latency_us));
+  } else if (key == "getattr-latency-us") {
+    NOPFS_RETURN_IF_ERROR(ParseU64(key, value, &options->getattr_latency_us));
+  } else if (key == "readdir-latency-us") {
+    NOPFS_RETURN_IF_ERROR(ParseU64(key, value, &options->readdir_latency_us));
+  } else if (key == "attr-cache-ms") {
+    NOPFS_RETURN_IF_ERROR(ParseU64(key, value, &options->attr_cache_ms));
   } else if (key == "burst-bytes") {
     NOPFS_RETURN_IF_ERROR(ParseU64(key, value, &options->burst_bytes));
   } else if (key == "max-threads") {
@@ -56,7 +65,11 @@ Status ApplyOption(Options* options, const std::string& raw_key, const std::stri
   } else if (key == "stats-out") {
     options->stats_out = value;
   } else {
-    return Status::InvalidArgument("unknown option '" + raw_key + "'");
+    return Status::InvalidArgument(
+        "unknown option '" + raw_key +
+        "'; the options are bandwidth, open-latency-us, "
+        "getattr-latency-us, readdir-latency-us, attr-cache-ms, burst-bytes, "
+        "max-threads, stats-out");
   }
   return Status::Ok();
 }

@@ -2,12 +2,14 @@
 //
 // Serves a backing directory read-only. Every read of a file is throttled by a Throttle (the
 // aggregate bandwidth t(γ) over the γ reads in flight), every open() of a file sleeps
-// open_latency_us, the kernel is told not to cache (direct_io, no attribute caching of contents),
-// and the backing file's pages are dropped after each read (POSIX_FADV_DONTNEED), so a second read
-// of the same bytes costs the same as the first. It is an emulation of a loaded PFS's shape, not of
-// any particular PFS. Counters (bytes, opens, reads, time spent throttled, peak readers) are served
-// as MOUNTPOINT/.pfsemu_stats, printed on SIGUSR1, and written to --stats-out at unmount.
-// SIGTERM/SIGINT/SIGHUP unmount cleanly (libfuse's handlers end the loop; we then unmount).
+// open_latency_us, every getattr and readdir its own latency (the metadata server's), the kernel is
+// told not to cache (direct_io, no attribute caching of contents), and the backing file's pages are
+// dropped after each read (POSIX_FADV_DONTNEED), so a second read of the same bytes costs the same
+// as the first. It is an emulation of a loaded PFS's shape, not of any particular PFS. Counters
+// (bytes, opens, reads, getattrs, readdirs and the entries they listed, time spent throttled, peak
+// readers) are served as MOUNTPOINT/.pfsemu_stats, printed on SIGUSR1, and written to --stats-out
+// at unmount. SIGTERM/SIGINT/SIGHUP unmount cleanly (libfuse's handlers end the loop; we then
+// unmount).
 #define FUSE_USE_VERSION 314
 
 #include <dirent.h>
@@ -44,6 +46,9 @@ struct Counters {
   std::atomic<uint64_t> bytes{0};
   std::atomic<uint64_t> opens{0};
   std::atomic<uint64_t> reads{0};
+  std::atomic<uint64_t> getattrs{0};
+  std::atomic<uint64_t> readdirs{0};
+  std::atomic<uint64_t> readdir_entries{0};
   std::atomic<uint64_t> throttle_wait_us{0};
   std::atomic<uint64_t> active{0};
   std::atomic<uint64_t> peak_readers{0};
@@ -65,10 +70,17 @@ std::string StatsText(const Fs& fs) {
   const Counters& c = fs.counters;
   return "bytes_read " + std::to_string(c.bytes.load()) + "\nopens " +
          std::to_string(c.opens.load()) + "\nreads " + std::to_string(c.reads.load()) +
+         "\ngetattrs " + std::to_string(c.getattrs.load()) + "\nreaddirs " +
+         std::to_string(c.readdirs.load()) + "\nreaddir_entries " +
+         std::to_string(c.readdir_entries.load()) + "\nmetadata_ops " +
+         std::to_string(c.opens.load() + c.getattrs.load() + c.readdirs.load()) +
          "\nthrottle_wait_us " + std::to_string(c.throttle_wait_us.load()) + "\npeak_readers " +
          std::to_string(c.peak_readers.load()) + "\nbandwidth_mbps " +
          fs.throttle->curve().ToString() + "\nopen_latency_us " +
-         std::to_string(fs.options.open_latency_us) + "\n";
+         std::to_string(fs.options.open_latency_us) + "\ngetattr_latency_us " +
+         std::to_string(fs.options.getattr_latency_us) + "\nreaddir_latency_us " +
+         std::to_string(fs.options.readdir_latency_us) + "\nattr_cache_ms " +
+         std::to_string(fs.options.attr_cache_ms) + "\n";
 }
 
 bool IsStats(const char* path) {
@@ -89,6 +101,10 @@ int DoGetattr(const char* path, struct stat* st, struct fuse_file_info* /*fi*/) 
     st->st_size = static_cast<off_t>(StatsText(*fs).size());
     return 0;
   }
+  if (fs->options.getattr_latency_us > 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(fs->options.getattr_latency_us));
+  }
+  fs->counters.getattrs.fetch_add(1);
   if (fstatat(fs->backing_fd, Rel(path), st, AT_SYMLINK_NOFOLLOW) != 0) return -errno;
   st->st_mode &= ~static_cast<mode_t>(0222);  // read-only
   return 0;
@@ -105,8 +121,13 @@ int DoReaddir(const char* path, void* buf, fuse_fill_dir_t filler, off_t /*offse
     close(fd);
     return -err;
   }
+  if (fs->options.readdir_latency_us > 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(fs->options.readdir_latency_us));
+  }
+  fs->counters.readdirs.fetch_add(1);
   // The stats file is not listed, so that a scan of the dataset does not take it for a sample.
   while (struct dirent* e = readdir(dir)) {
+    fs->counters.readdir_entries.fetch_add(1);
     struct stat st {};
     st.st_ino = e->d_ino;
     st.st_mode = static_cast<mode_t>(DTTOIF(e->d_type));
@@ -187,11 +208,12 @@ int DoAccess(const char* path, int mask) {
 }
 
 void* DoInit(struct fuse_conn_info* /*conn*/, struct fuse_config* cfg) {
+  const Fs* fs = static_cast<const Fs*>(fuse_get_context()->private_data);
   cfg->direct_io = 1;
   cfg->kernel_cache = 0;
   cfg->use_ino = 1;
-  cfg->attr_timeout = 1.0;
-  cfg->entry_timeout = 1.0;
+  cfg->attr_timeout = static_cast<double>(fs->options.attr_cache_ms) / 1000;
+  cfg->entry_timeout = cfg->attr_timeout;
   cfg->negative_timeout = 0;
   return fuse_get_context()->private_data;
 }
@@ -265,8 +287,9 @@ int Run(Options options) {
       std::cerr << "pfsemu: installing signal handlers failed\n";
     } else {
       std::cerr << "pfsemu: mounted " << fs.options.backing << " at " << fs.options.mountpoint
-                << " (t = " << fs.throttle->curve().ToString() << " MB/s, open latency "
-                << fs.options.open_latency_us << " us)\n"
+                << " (t = " << fs.throttle->curve().ToString() << " MB/s, latency: open "
+                << fs.options.open_latency_us << " us, getattr " << fs.options.getattr_latency_us
+                << " us, readdir " << fs.options.readdir_latency_us << " us)\n"
                 << std::flush;
       struct fuse_loop_config* cfg = fuse_loop_cfg_create();
       fuse_loop_cfg_set_max_threads(cfg, static_cast<unsigned>(fs.options.max_threads));

@@ -26,6 +26,8 @@ BIN = None
 CHUNK = 128 * 1024
 BANDWIDTH = "1:20,4:40"  # MB/s: small, so that the throttle, not the machine, sets the pace
 OPEN_LATENCY_US = 20000
+GETATTR_LATENCY_US = 5000
+READDIR_LATENCY_US = 10000
 
 
 def mounted(path):
@@ -81,7 +83,8 @@ class PfsemuTest(unittest.TestCase):
                 os.chmod(os.path.join(root, f), 0o644)
         self.proc = subprocess.Popen(
             [os.path.join(BIN, "nopfs_pfsemu"), "--bandwidth", BANDWIDTH, "--open-latency-us",
-             str(OPEN_LATENCY_US), "--burst-bytes", "0", "--stats-out", self.stats_out,
+             str(OPEN_LATENCY_US), "--getattr-latency-us", str(GETATTR_LATENCY_US),
+             "--readdir-latency-us", str(READDIR_LATENCY_US), "--burst-bytes", "0", "--stats-out", self.stats_out,
              self.backing, self.mnt], stderr=subprocess.PIPE, text=True)
         self.err_lines = []
         self.err_reader = threading.Thread(target=self.collect_stderr)
@@ -189,6 +192,31 @@ class PfsemuTest(unittest.TestCase):
         s = stats(self.mnt)
         self.assertEqual(int(s["bytes_read"]), 5 * 3_000_000)
         self.assertEqual(int(s["opens"]), 5 + opens)
+
+    def test_metadata_counted_and_delayed(self):
+        sub = os.path.join(self.mnt, "sub")
+        names = sorted(rel[4:] for rel in self.files if rel.startswith("sub/"))
+        before = stats(self.mnt)
+        start = time.monotonic()
+        self.assertEqual(sorted(os.listdir(sub)), names)
+        listed = time.monotonic() - start
+        start = time.monotonic()
+        for name in names:  # paths the kernel has not looked up yet: one getattr each
+            os.stat(os.path.join(sub, name))
+        stated = time.monotonic() - start
+        after = stats(self.mnt)
+        delta = {k: int(after[k]) - int(before[k])
+                 for k in ("getattrs", "readdirs", "readdir_entries", "opens")}
+        self.assertEqual(delta["readdirs"], 1, delta)
+        self.assertEqual(delta["readdir_entries"], len(names) + 2, delta)  # with . and ..
+        # One per file, plus at most the lookup of sub/ itself (the listing may have made it).
+        self.assertGreaterEqual(delta["getattrs"], len(names), delta)
+        self.assertLessEqual(delta["getattrs"], len(names) + 1, delta)
+        self.assertEqual(delta["opens"], 0, delta)
+        self.assertEqual(int(after["metadata_ops"]),
+                         int(after["opens"]) + int(after["getattrs"]) + int(after["readdirs"]))
+        self.assertGreaterEqual(listed / (READDIR_LATENCY_US / 1e6), 0.95, listed)
+        self.assertGreaterEqual(stated / (len(names) * GETATTR_LATENCY_US / 1e6), 0.95, stated)
 
     def test_sigterm_unmounts_and_reports(self):
         self.assertEqual(read_file(os.path.join(self.mnt, "sub/f01.bin")), self.files["sub/f01.bin"])

@@ -4,6 +4,8 @@
 #include <charconv>
 #include <cmath>
 
+#include "common/mutex.h"
+
 namespace nopfs::pfsemu {
 namespace {
 
@@ -84,7 +86,7 @@ Throttle::Clock::time_point Throttle::Reserve(uint64_t bytes, uint64_t readers,
       std::chrono::duration<double>(static_cast<double>(bytes) / rate));
   const auto credit = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(static_cast<double>(burst_bytes_) / rate));
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   // An idle pipe banks at most `burst_bytes` worth of time; beyond that idleness is lost.
   const Clock::time_point start = std::max(next_free_, now - credit);
   next_free_ = start + duration;

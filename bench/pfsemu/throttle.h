@@ -14,12 +14,12 @@
 
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace nopfs::pfsemu {
@@ -59,8 +59,8 @@ class Throttle {
  private:
   const BandwidthCurve curve_;
   const uint64_t burst_bytes_;
-  std::mutex mu_;
-  Clock::time_point next_free_{};  // GUARDED_BY(mu_): when the pipe's last reservation ends
+  Mutex mu_;
+  Clock::time_point next_free_ GUARDED_BY(mu_){};  // when the pipe's last reservation ends
 };
 
 }  // namespace nopfs::pfsemu

@@ -9,6 +9,11 @@
 -- spdlog level of nopfsd's log (in the job's run directory).
 log_level = "info"
 
+-- When RAM tier hits are checked against the checksum taken at fill: "on_fill" (the tier is
+-- sealed and only nopfsd writes it) or "always" (every hit hashed again, at a CPU cost; SSD and
+-- peer reads are always checked). docs/tiers.md has the trade-off.
+verify = "on_fill"
+
 -- Where scanned dataset catalogs are kept for later jobs (one subdirectory per user, 0700, made
 -- by the job prolog). Owned by root, mode 0755. Leave it out to rescan the dataset in every job.
 catalog_cache = "/var/cache/nopfs"

@@ -1,4 +1,4 @@
-#include "cli/process.h"
+#include "launch/process.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -16,7 +16,55 @@
 
 extern char** environ;  // NOLINT: POSIX
 
-namespace nopfs::cli {
+namespace nopfs::launch {
+namespace {
+
+// What the child did when it failed before exec, reported on the error pipe.
+enum class Step : int {
+  kSession,
+  kNetns,
+  kGroups,
+  kGid,
+  kUid,
+  kRootKept,
+  kCwd,
+  kOutput,
+  kStdio,
+  kExec
+};
+
+const char* StepName(Step s) {
+  switch (s) {
+    case Step::kSession:
+      return "setsid";
+    case Step::kNetns:
+      return "entering the network namespace";
+    case Step::kGroups:
+      return "setgroups";
+    case Step::kGid:
+      return "setresgid";
+    case Step::kUid:
+      return "setresuid";
+    case Step::kRootKept:
+      return "dropping root for good";
+    case Step::kCwd:
+      return "changing directory";
+    case Step::kOutput:
+      return "creating the output file";
+    case Step::kStdio:
+      return "dup2";
+    case Step::kExec:
+      break;
+  }
+  return "exec";
+}
+
+struct ChildError {
+  Step step;
+  int err;
+};
+
+}  // namespace
 
 Child& Child::operator=(Child&& o) noexcept {
   if (this != &o) {
@@ -38,19 +86,18 @@ Child::~Child() {
 }
 
 Result<Child> Child::Spawn(const std::vector<std::string>& argv, const Options& options) {
-  const std::map<std::string, std::string>& env = options.env;
-  const std::vector<int>& keep_fds = options.keep_fds;
-  const bool new_group = options.new_group;
   const pid_t parent = getpid();
   if (argv.empty()) return Status::InvalidArgument("no command to run");
   // Everything the child needs is built before fork: after fork only async-signal-safe calls.
   std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const char* eq = std::strchr(*e, '=');
-    const std::string name = eq ? std::string(*e, static_cast<size_t>(eq - *e)) : std::string(*e);
-    if (env.count(name) == 0) env_strings.emplace_back(*e);
+  if (!options.clear_env) {
+    for (char** e = environ; *e != nullptr; ++e) {
+      const char* eq = std::strchr(*e, '=');
+      const std::string name = eq ? std::string(*e, static_cast<size_t>(eq - *e)) : std::string(*e);
+      if (options.env.count(name) == 0) env_strings.emplace_back(*e);
+    }
   }
-  for (const auto& [k, v] : env)
+  for (const auto& [k, v] : options.env)
     env_strings.push_back(k + "=" + v);
   std::vector<char*> envp;
   for (std::string& s : env_strings)
@@ -61,8 +108,11 @@ Result<Child> Child::Spawn(const std::vector<std::string>& argv, const Options& 
   for (std::string& s : args)
     argp.push_back(s.data());
   argp.push_back(nullptr);
+  const std::vector<int>& keep_fds = options.keep_fds;
+  const int max_fd = static_cast<int>(
+      std::min<long>(sysconf(_SC_OPEN_MAX) > 0 ? sysconf(_SC_OPEN_MAX) : 1024, 65536));
 
-  // The child reports an exec failure through a close-on-exec pipe.
+  // The child reports a failure before exec through a close-on-exec pipe.
   int err_pipe[2];
   if (pipe2(err_pipe, O_CLOEXEC) != 0) return Status::FromErrno(errno, "pipe2");
   const pid_t pid = fork();
@@ -73,27 +123,48 @@ Result<Child> Child::Spawn(const std::vector<std::string>& argv, const Options& 
     return Status::FromErrno(e, "fork");
   }
   if (pid == 0) {
-    if (new_group) setpgid(0, 0);
-    const auto fail = [&](int e) {
-      ssize_t ignored = write(err_pipe[1], &e, sizeof(e));
+    const auto fail = [&](Step step, int e) {
+      const ChildError ce{step, e};
+      ssize_t ignored = write(err_pipe[1], &ce, sizeof(ce));
       (void)ignored;
       _exit(127);
     };
-    if (options.netns_fd >= 0 && setns(options.netns_fd, CLONE_NEWNET) != 0) fail(errno);
+    if (options.new_session) {
+      if (setsid() < 0) fail(Step::kSession, errno);
+    } else if (options.new_group) {
+      setpgid(0, 0);
+    }
+    if (options.netns_fd >= 0 && setns(options.netns_fd, CLONE_NEWNET) != 0) {
+      fail(Step::kNetns, errno);
+    }
     if (options.switch_user) {
       // Groups first: once the uid is dropped they can no longer be changed.
-      if (setgroups(0, nullptr) != 0) fail(errno);
-      if (setresgid(options.gid, options.gid, options.gid) != 0) fail(errno);
-      if (setresuid(options.uid, options.uid, options.uid) != 0) fail(errno);
+      if (setgroups(options.groups.size(), options.groups.data()) != 0) fail(Step::kGroups, errno);
+      if (setresgid(options.gid, options.gid, options.gid) != 0) fail(Step::kGid, errno);
+      if (setresuid(options.uid, options.uid, options.uid) != 0) fail(Step::kUid, errno);
+      if (options.uid != 0 && setuid(0) == 0) fail(Step::kRootKept, EPERM);
     }
     // After the credentials change: a change of credentials clears the parent-death signal.
     if (options.die_with_parent) {
       prctl(PR_SET_PDEATHSIG, SIGTERM);
       if (getppid() != parent) _exit(127);  // the parent died before prctl took effect
     }
+    if (!options.cwd.empty() && chdir(options.cwd.c_str()) != 0) fail(Step::kCwd, errno);
+    int out_fd = options.stdout_fd;
+    int err_fd = options.stderr_fd;
+    if (!options.output_path.empty()) {
+      out_fd = open(options.output_path.c_str(),
+                    O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+      if (out_fd < 0) fail(Step::kOutput, errno);
+      err_fd = out_fd;
+    }
+    for (auto [from, to] :
+         {std::pair{options.stdin_fd, 0}, std::pair{out_fd, 1}, std::pair{err_fd, 2}}) {
+      if (from >= 0 && from != to && dup2(from, to) != to) fail(Step::kStdio, errno);
+      if (from == to) fcntl(to, F_SETFD, 0);
+    }
     // Close inherited descriptors except stdio, the error pipe and the ones asked for.
-    const int max_fd = static_cast<int>(sysconf(_SC_OPEN_MAX) > 0 ? sysconf(_SC_OPEN_MAX) : 1024);
-    for (int fd = 3; fd < max_fd && fd < 65536; ++fd) {
+    for (int fd = 3; fd < max_fd; ++fd) {
       if (fd == err_pipe[1]) continue;
       if (std::find(keep_fds.begin(), keep_fds.end(), fd) != keep_fds.end()) continue;
       close(fd);
@@ -102,26 +173,36 @@ Result<Child> Child::Spawn(const std::vector<std::string>& argv, const Options& 
       const int flags = fcntl(fd, F_GETFD);
       if (flags >= 0) fcntl(fd, F_SETFD, flags & ~FD_CLOEXEC);
     }
+    // A clean start: the signals this process handles or ignores are the defaults again.
+    for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGCHLD})
+      signal(sig, SIG_DFL);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     execvpe(argp[0], argp.data(), envp.data());
-    fail(errno);
+    fail(Step::kExec, errno);
   }
-  if (new_group) setpgid(pid, pid);  // also from the parent: no race with Signal()
+  if (options.new_group && !options.new_session) setpgid(pid, pid);  // no race with Signal()
   close(err_pipe[1]);
-  int child_errno = 0;
+  ChildError ce{};
   ssize_t n;
   do {
-    n = read(err_pipe[0], &child_errno, sizeof(child_errno));
+    n = read(err_pipe[0], &ce, sizeof(ce));
   } while (n < 0 && errno == EINTR);
   close(err_pipe[0]);
   Child child(pid);
-  if (n == static_cast<ssize_t>(sizeof(child_errno))) {
+  if (n == static_cast<ssize_t>(sizeof(ce))) {
     (void)child.Wait();
-    return Status::FromErrno(child_errno, "cannot run '" + argv[0] + "'");
+    if (ce.step == Step::kExec) return Status::FromErrno(ce.err, "cannot run '" + argv[0] + "'");
+    return Status::FromErrno(ce.err, "cannot run '" + argv[0] + "': " + StepName(ce.step));
   }
   return child;
+}
+
+pid_t Child::Release() {
+  const pid_t p = pid_;
+  pid_ = -1;
+  return p;
 }
 
 void Child::Signal(int sig) const {
@@ -170,10 +251,24 @@ std::string DescribeWaitStatus(int status) {
   return "ended with status " + std::to_string(status);
 }
 
+Result<std::vector<gid_t>> GroupsOf(const std::string& user, gid_t gid) {
+  int n = 64;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    std::vector<gid_t> groups(static_cast<size_t>(n));
+    int got = n;
+    if (getgrouplist(user.c_str(), gid, groups.data(), &got) >= 0) {
+      groups.resize(static_cast<size_t>(got));
+      return groups;
+    }
+    n = std::max(got, n * 4);
+  }
+  return Status::ResourceExhausted("the groups of " + user + ": too many");
+}
+
 int ExitCodeOf(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return 1;
 }
 
-}  // namespace nopfs::cli
+}  // namespace nopfs::launch

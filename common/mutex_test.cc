@@ -1,0 +1,88 @@
+#include "common/mutex.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+namespace nopfs {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+
+class Counter {
+ public:
+  void Add() {
+    MutexLock lock(&mu_);
+    ++n_;
+    changed_.SignalAll();
+  }
+  // Waits until the count reaches `want` or `timeout` passes; returns the count it saw.
+  int WaitFor(int want, milliseconds timeout) {
+    const auto deadline = steady_clock::now() + timeout;
+    MutexLock lock(&mu_);
+    while (n_ < want && changed_.WaitUntil(&mu_, deadline)) {
+    }
+    return n_;
+  }
+  // Lets go of the lock in the middle, as a scope that does slow work unlocked.
+  int AddTwiceUnlockedBetween() {
+    MutexLock lock(&mu_);
+    ++n_;
+    lock.Unlock();
+    std::this_thread::yield();
+    lock.Lock();
+    ++n_;
+    return n_;
+  }
+
+ private:
+  Mutex mu_;
+  CondVar changed_;
+  int n_ GUARDED_BY(mu_) = 0;
+};
+
+TEST(Mutex, ManyThreadsCountExactly) {
+  Counter c;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&c] {
+      for (int i = 0; i < 10000; ++i)
+        c.Add();
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+  EXPECT_EQ(c.WaitFor(40000, milliseconds(0)), 40000);
+}
+
+TEST(Mutex, CondVarWakesAWaiter) {
+  Counter c;
+  std::thread adder([&c] {
+    std::this_thread::sleep_for(milliseconds(20));
+    c.Add();
+  });
+  const auto t0 = steady_clock::now();
+  EXPECT_EQ(c.WaitFor(1, std::chrono::seconds(30)), 1);
+  EXPECT_LT(steady_clock::now() - t0, std::chrono::seconds(30));
+  adder.join();
+}
+
+TEST(Mutex, WaitUntilReturnsFalseAtTheDeadline) {
+  Counter c;
+  const auto t0 = steady_clock::now();
+  EXPECT_EQ(c.WaitFor(1, milliseconds(50)), 0);
+  EXPECT_GE(steady_clock::now() - t0, milliseconds(50));
+}
+
+TEST(Mutex, MutexLockUnlocksAndRelocks) {
+  Counter c;
+  EXPECT_EQ(c.AddTwiceUnlockedBetween(), 2);
+  c.Add();  // the lock was released at the end of the scope: this does not deadlock
+  EXPECT_EQ(c.WaitFor(3, milliseconds(0)), 3);
+}
+
+}  // namespace
+}  // namespace nopfs

@@ -1,0 +1,349 @@
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "launch/daemon_args.h"
+#include "launch/process.h"
+#include "launch/run_files.h"
+#include "launch/task_env.h"
+
+namespace nopfs::launch {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(RunFiles, ReadyRoundTrips) {
+  const ReadyInfo in{4242, 1'281'167};
+  EXPECT_EQ(FormatReady(in), "pid=4242\nsamples=1281167\n");
+  Result<ReadyInfo> out = ParseReady(FormatReady(in));
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  EXPECT_EQ(out->pid, 4242);
+  EXPECT_EQ(out->samples, 1'281'167u);
+  // Unknown keys are ignored, the order does not matter.
+  out = ParseReady("samples=7\nversion=2\npid=1\n");
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->samples, 7u);
+}
+
+TEST(RunFiles, ReadyTakesOnlyDigits) {
+  for (const char* bad :
+       {"", "pid=1\n", "samples=3\n", "pid=1\nsamples=-3\n", "pid=1\nsamples=3x\n",
+        "pid=1\nsamples= 3\n", "pid=x\nsamples=3\n", "pid=1\nsamples=99999999999999999999999\n",
+        "pid=1\nsamples=\n", "pid=99999999999\nsamples=3\n"}) {
+    EXPECT_FALSE(ParseReady(bad).ok()) << bad;
+  }
+}
+
+TEST(RunFiles, Layout) {
+  Result<uint32_t> n = ParseLayout(FormatLayout(8));
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 8u);
+  Result<uint32_t> e = ParseLayout(FormatLayoutError("nopfs: layout: 3 tasks on 2 nodes"));
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(e.status().message(), "nopfs: layout: 3 tasks on 2 nodes");
+  for (const char* bad :
+       {"", "ranks_per_node=0", "ranks_per_node=4097", "ranks_per_node=2a", "ranks=2"}) {
+    Result<uint32_t> r = ParseLayout(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+// A pipe whose write end a thread fills with `text` after `delay` and then closes.
+struct Pipe {
+  int fd[2];
+  std::thread writer;
+  Pipe(std::string text, std::chrono::milliseconds delay, bool close_it = true) {
+    EXPECT_EQ(::pipe2(fd, O_CLOEXEC), 0);
+    writer = std::thread([this, text, delay, close_it] {
+      std::this_thread::sleep_for(delay);
+      if (!text.empty()) {
+        EXPECT_EQ(::write(fd[1], text.data(), text.size()), ssize_t(text.size()));
+      }
+      if (close_it) ::close(fd[1]);
+    });
+  }
+  ~Pipe() {
+    writer.join();
+    ::close(fd[0]);
+  }
+};
+
+std::chrono::steady_clock::time_point In(std::chrono::milliseconds d) {
+  return std::chrono::steady_clock::now() + d;
+}
+
+TEST(RunFiles, WaitReadySaysWhatNopfsdSaid) {
+  {
+    Pipe p(ReadyMessage({77, 3000}), 50ms);
+    Result<ReadyInfo> r = WaitReady(p.fd[0], In(5s), nullptr);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_EQ(r->pid, 77);
+    EXPECT_EQ(r->samples, 3000u);
+  }
+  {
+    Pipe p(FailedMessage("catalog: /data: permission denied"), 0ms);
+    Result<ReadyInfo> r = WaitReady(p.fd[0], In(5s), nullptr);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(r.status().message(), "catalog: /data: permission denied");
+  }
+  {
+    Pipe p("", 20ms);
+    Result<ReadyInfo> r = WaitReady(p.fd[0], In(5s), nullptr);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInternal);
+  }
+}
+
+TEST(RunFiles, WaitReadyGivesUp) {
+  Pipe p("", 400ms, /*close_it=*/true);
+  const auto t0 = std::chrono::steady_clock::now();
+  Result<ReadyInfo> r = WaitReady(p.fd[0], In(100ms), nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kTimedOut);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 350ms);
+  int polls = 0;
+  Pipe q("", 400ms, /*close_it=*/true);
+  r = WaitReady(q.fd[0], In(5s), [&] { return ++polls > 2; });
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+}
+
+TEST(TaskEnv, Variables) {
+  TaskEnv t;
+  t.socket = "/run/nopfs/n1/42/nopfsd.sock";
+  t.run_dir = "/run/nopfs/n1/42";
+  t.dataset = "/data/imagenet";
+  t.node = 1;
+  t.nodes = 3;
+  t.local_rank = 2;
+  t.ranks = 12;
+  t.ranks_per_node = 4;
+  t.seed = 18446744073709551615u;
+  t.epochs = 90;
+  t.batch = 1024;
+  t.scheme = "strided";
+  t.drop_last = true;
+  t.samples = 1281167;
+  std::map<std::string, std::string> v;
+  for (const auto& [k, value] : t.Variables())
+    v[k] = value;
+  EXPECT_EQ(v.size(), 15u);
+  EXPECT_EQ(v["NOPFS_RANK"], "6");
+  EXPECT_EQ(v["NOPFS_RANKS"], "12");
+  EXPECT_EQ(v["NOPFS_SEED"], "18446744073709551615");
+  EXPECT_EQ(v["NOPFS_DROP_LAST"], "1");
+  EXPECT_EQ(v["NOPFS_SAMPLES"], "1281167");
+  EXPECT_EQ(v["NOPFS_SOCKET"], t.socket);
+  // Without a service and without a known size those two are not set.
+  t.socket.clear();
+  t.samples = 0;
+  v.clear();
+  for (const auto& [k, value] : t.Variables())
+    v[k] = value;
+  for (const char* optional : kOptionalVariables)
+    EXPECT_EQ(v.count(optional), 0u) << optional;
+  EXPECT_EQ(v.size(), 13u);
+}
+
+// Parses argv (after argv[0]) with nopfsd's flags.
+DaemonArgs Parse(const std::vector<std::string>& argv) {
+  CLI::App app;
+  DaemonArgs out;
+  AddDaemonFlags(&app, &out);
+  std::vector<std::string> reversed(argv.rbegin(), argv.rend());
+  app.parse(reversed);
+  // As nopfsd does: F may come from the dataset; the rest is checked with a placeholder.
+  const uint64_t samples = out.job.job.samples;
+  if (samples == 0) out.job.job.samples = policy::kMaxSamples;
+  EXPECT_TRUE(FinishJobFlags(&out.job).ok());
+  out.job.job.samples = samples;
+  return out;
+}
+
+TEST(DaemonArgs, RoundTripsThroughArgv) {
+  DaemonArgs a;
+  a.run_dir = "/run/nopfs/n1/42";
+  a.dataset = "/data/with space";
+  a.job.job.seed = 18446744073709551615u;
+  a.job.job.samples = 5000;
+  a.job.job.epochs = 3;
+  a.job.job.ranks = 8;
+  a.job.job.batch = 64;
+  a.job.scheme = "uniform";
+  a.job.job.drop_last = true;
+  a.job.job.ranks_per_node = 4;
+  a.node = 1;
+  a.config = "/etc/nopfs/nopfs.conf.lua";
+  a.job_id = "42";
+  a.ram = "1073741824";
+  a.ssd = "2GiB";
+  a.plan_threads = 3;
+  a.peers = "10.0.0.1:7000,10.0.0.2:7001";
+  a.peer_listen = "10.0.0.2:7001";
+  a.peer_secret_file = "/run/nopfs/n1/42/peer.secret";
+  a.peer_provider = "tcp";
+  a.peer_timeout_ms = 1500;
+  a.ready_fd = 3;
+  a.allow_root = true;
+  const DaemonArgs b = Parse(a.ToArgv());
+  EXPECT_EQ(b.ToArgv(), a.ToArgv());
+  EXPECT_EQ(b.run_dir, a.run_dir);
+  EXPECT_EQ(b.dataset, a.dataset);
+  EXPECT_EQ(b.job.job.seed, a.job.job.seed);
+  EXPECT_EQ(b.job.job.samples, 5000u);
+  EXPECT_EQ(b.job.job.epochs, 3u);
+  EXPECT_EQ(b.job.job.ranks, 8u);
+  EXPECT_EQ(b.job.job.batch, 64u);
+  EXPECT_EQ(b.job.job.scheme, policy::Scheme::kUniform);
+  EXPECT_TRUE(b.job.job.drop_last);
+  EXPECT_EQ(b.job.job.ranks_per_node, 4u);
+  EXPECT_EQ(b.node, 1u);
+  EXPECT_EQ(b.config, a.config);
+  EXPECT_EQ(b.job_id, "42");
+  EXPECT_EQ(b.ram, a.ram);
+  EXPECT_EQ(b.ssd, a.ssd);
+  EXPECT_EQ(b.plan_threads, 3u);
+  EXPECT_EQ(b.peers, a.peers);
+  EXPECT_EQ(b.peer_listen, a.peer_listen);
+  EXPECT_EQ(b.peer_secret_file, a.peer_secret_file);
+  EXPECT_EQ(b.peer_provider, "tcp");
+  EXPECT_EQ(b.peer_timeout_ms, 1500u);
+  EXPECT_EQ(b.ready_fd, 3);
+  EXPECT_TRUE(b.allow_root);
+}
+
+TEST(DaemonArgs, DefaultsStayDefaults) {
+  DaemonArgs a;
+  a.run_dir = "/tmp/r";
+  a.dataset = "/tmp/d";
+  const std::vector<std::string> argv = a.ToArgv();
+  for (const char* absent : {"--samples", "--config", "--job-id", "--ram", "--ssd", "--peers",
+                             "--ready-fd", "--allow-root", "--drop-last", "--peer-provider"}) {
+    EXPECT_EQ(std::count(argv.begin(), argv.end(), absent), 0) << absent;
+  }
+  const DaemonArgs b = Parse(argv);
+  EXPECT_EQ(b.ToArgv(), argv);
+  EXPECT_EQ(b.job_id, "local");
+  EXPECT_EQ(b.ready_fd, -1);
+  EXPECT_EQ(b.job.job.samples, 0u);
+}
+
+// A fresh directory under the test's temporary directory.
+std::string FreshDir(const std::string& name) {
+  const std::string dir =
+      std::filesystem::path(testing::TempDir()).lexically_normal().string() + "/" + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return std::filesystem::canonical(dir).string();
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(Child, CleanEnvironmentDirectoryAndOutputFile) {
+  const std::string dir = FreshDir("launch_child");
+  ::setenv("NOPFS_TEST_INHERITED", "yes", 1);
+  Child::Options o;
+  o.clear_env = true;
+  o.env = {{"ONLY", "this"}};
+  o.cwd = dir;
+  o.output_path = "out.txt";
+  Result<Child> c =
+      Child::Spawn({"/bin/sh", "-c", "env | grep -c = ; echo ONLY=$ONLY; pwd; echo err >&2"}, o);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  Result<int> st = c->Wait(10s);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(ExitCodeOf(*st), 0);
+  const std::string out = Slurp(dir + "/out.txt");
+  // The shell adds PWD (and may add SHLVL, _): at most those besides ONLY.
+  std::istringstream lines(out);
+  int count = 0;
+  lines >> count;
+  EXPECT_LE(count, 4) << out;
+  EXPECT_EQ(out.find("NOPFS_TEST_INHERITED"), std::string::npos);
+  EXPECT_NE(out.find("ONLY=this\n" + dir + "\nerr\n"), std::string::npos) << out;
+  struct stat sb {};
+  ASSERT_EQ(::stat((dir + "/out.txt").c_str(), &sb), 0);
+  EXPECT_EQ(sb.st_mode & 0777, 0600u);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Child, OutputFileIsNeverALink) {
+  const std::string dir = FreshDir("launch_link");
+  std::ofstream(dir + "/victim") << "precious";
+  std::filesystem::create_symlink(dir + "/victim", dir + "/out.txt");
+  Child::Options o;
+  o.cwd = dir;
+  o.output_path = "out.txt";
+  Result<Child> c = Child::Spawn({"/bin/echo", "overwritten"}, o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("creating the output file"), std::string::npos)
+      << c.status().message();
+  EXPECT_EQ(Slurp(dir + "/victim"), "precious");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Child, StdoutToAPipeAndKeptDescriptor) {
+  int out[2];
+  int extra[2];
+  ASSERT_EQ(::pipe2(out, O_CLOEXEC), 0);
+  ASSERT_EQ(::pipe2(extra, O_CLOEXEC), 0);
+  Child::Options o;
+  o.stdout_fd = out[1];
+  o.keep_fds = {extra[1]};
+  const std::string script = "echo hello; echo kept >&" + std::to_string(extra[1]);
+  Result<Child> c = Child::Spawn({"/bin/sh", "-c", script}, o);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  ::close(out[1]);
+  ::close(extra[1]);
+  ASSERT_TRUE(c->Wait(10s).ok());
+  char buf[64] = {};
+  EXPECT_EQ(::read(out[0], buf, sizeof buf), 6);
+  EXPECT_STREQ(buf, "hello\n");
+  char buf2[64] = {};
+  EXPECT_EQ(::read(extra[0], buf2, sizeof buf2), 5);
+  EXPECT_STREQ(buf2, "kept\n");
+  ::close(out[0]);
+  ::close(extra[0]);
+}
+
+TEST(Child, ExecFailureAndRelease) {
+  Result<Child> bad = Child::Spawn({"/nonexistent/program"}, {});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("cannot run '/nonexistent/program'"), std::string::npos);
+  Child::Options o;
+  o.new_session = true;
+  Result<Child> c = Child::Spawn({"/bin/sleep", "30"}, o);
+  ASSERT_TRUE(c.ok());
+  const pid_t pid = c->Release();
+  EXPECT_FALSE(c->running());
+  { Child gone = std::move(*c); }  // destroying a released Child leaves the process alone
+  EXPECT_EQ(::kill(pid, 0), 0);
+  EXPECT_EQ(::getsid(pid), pid);  // its own session
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+}
+
+}  // namespace
+}  // namespace nopfs::launch

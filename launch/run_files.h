@@ -1,0 +1,76 @@
+// The job's run directory as the programs that start nopfsd and the job's tasks see it: the names
+// of its files, and the two small texts they exchange there.
+//
+//   <run dir>/nopfsd.sock   nopfsd's local server: how the job's processes find the service
+//   <run dir>/nopfsd.log    nopfsd's log
+//   <run dir>/nopfsd.pid    nopfsd's pid, written at start and removed at a clean exit
+//   <run dir>/nopfsd.out    nopfsd's stdout and stderr when the Slurm launcher starts it
+//   <run dir>/ready         written once nopfsd accepts clients (FormatReady)
+//   <run dir>/failed        written instead when nopfsd cannot start: the reason
+//   <run dir>/refused       written by the Slurm launcher when the admission policy says no
+//   <run dir>/layout        written by the Slurm launcher: the job's ranks per node (FormatLayout)
+//   <run dir>/peer.secret   the job's peer secret (32 bytes, mode 0600)
+//
+// A launcher learns readiness on a pipe it made (nopfsd --ready-fd), never from these files: a
+// file in the user's directory is the user's to replace. The tasks read `ready` and `layout` with
+// the care their owner demands (spank/job_files.h ReadUserFile); both parsers take only digits.
+//
+// Thread safety: everything here is reentrant.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace nopfs::launch {
+
+inline constexpr const char* kSocketName = "nopfsd.sock";
+inline constexpr const char* kLogName = "nopfsd.log";
+inline constexpr const char* kPidName = "nopfsd.pid";
+inline constexpr const char* kOutputName = "nopfsd.out";
+inline constexpr const char* kReadyName = "ready";
+inline constexpr const char* kFailedName = "failed";
+inline constexpr const char* kRefusedName = "refused";
+inline constexpr const char* kLayoutName = "layout";
+inline constexpr const char* kSecretName = "peer.secret";
+
+// What nopfsd says when it is ready: "pid=P\nsamples=F\n".
+struct ReadyInfo {
+  pid_t pid = 0;
+  uint64_t samples = 0;  // the catalog's size: the job's F
+};
+std::string FormatReady(const ReadyInfo& info);
+// Parses FormatReady's text (unknown keys are ignored). Anything but digits in a value, or a
+// missing key, is InvalidArgument.
+Result<ReadyInfo> ParseReady(std::string_view text);
+
+// The layout file: "ranks_per_node=N", or "error=<message>" for a task layout nopfs refuses.
+std::string FormatLayout(uint32_t ranks_per_node);
+std::string FormatLayoutError(std::string_view message);
+// Returns N; the message of an "error=" file as FailedPrecondition; other text as
+// InvalidArgument. N is at most 4,096.
+Result<uint32_t> ParseLayout(std::string_view text);
+
+// The ready pipe (nopfsd --ready-fd N): nopfsd writes "ready\n" + FormatReady's text, or
+// "failed\n" + the reason, then closes it.
+std::string ReadyMessage(const ReadyInfo& info);
+std::string FailedMessage(std::string_view reason);
+
+// Reads the ready pipe's read end `fd` until nopfsd closes it, `deadline` passes or `stop()`
+// (polled at least every 100 ms; may be empty) says to give up. Returns what nopfsd said:
+//   ready                       the ReadyInfo
+//   failed                      FailedPrecondition with nopfsd's reason (its last line)
+//   closed without a word       Internal ("closed its ready pipe without saying ready": nopfsd
+//                               exited early; the caller knows how to learn why)
+//   deadline                    TimedOut
+//   stop()                      Unavailable
+Result<ReadyInfo> WaitReady(int fd, std::chrono::steady_clock::time_point deadline,
+                            const std::function<bool()>& stop);
+
+}  // namespace nopfs::launch
