@@ -261,7 +261,7 @@ Status Daemon::Init() {
     }
   }
   {
-    std::lock_guard<std::mutex> lock(rate_mu_);
+    MutexLock lock(&rate_mu_);
     rate_samples_.push_back({std::chrono::steady_clock::now(), StagedBytes()});
   }
   for (auto& p : prefetchers_)
@@ -329,16 +329,20 @@ void Daemon::WriteMetrics() {
 
 void Daemon::Reporter() {
   auto next_write = std::chrono::steady_clock::now() + kMetricsPeriod;
-  std::unique_lock<std::mutex> lock(reporter_mu_);
-  while (!reporter_cv_.wait_for(lock, std::chrono::seconds(1), [this] { return reporter_stop_; })) {
-    lock.unlock();
+  for (;;) {
+    {
+      MutexLock lock(&reporter_mu_);
+      const auto wake = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      while (!reporter_stop_ && reporter_cv_.WaitUntil(&reporter_mu_, wake)) {
+      }
+      if (reporter_stop_) return;
+    }
     if (metrics_ && std::chrono::steady_clock::now() >= next_write) {
       WriteMetrics();  // (its report samples the rate too)
       next_write = std::chrono::steady_clock::now() + kMetricsPeriod;
     } else {
       (void)ObserveRates();
     }
-    lock.lock();
   }
 }
 
@@ -355,10 +359,10 @@ void Daemon::Stop() {
   }
   if (reporter_.joinable()) {
     {
-      std::lock_guard<std::mutex> lock(reporter_mu_);
+      MutexLock lock(&reporter_mu_);
       reporter_stop_ = true;
     }
-    reporter_cv_.notify_all();
+    reporter_cv_.SignalAll();
     reporter_.join();
   }
   closed_cv_.SignalAll();  // an open waiting for another owner's stream gives up
@@ -575,7 +579,7 @@ std::vector<uint64_t> Daemon::StagedBytes() const {
 std::vector<uint64_t> Daemon::ObserveRates() {
   const auto now = std::chrono::steady_clock::now();
   std::vector<uint64_t> bytes = StagedBytes();
-  std::lock_guard<std::mutex> lock(rate_mu_);
+  MutexLock lock(&rate_mu_);
   rate_samples_.push_back({now, bytes});
   // Keep the newest sample at least kRateWindow old, and nothing older.
   while (rate_samples_.size() > 2 && rate_samples_[1].t <= now - kRateWindow)

@@ -140,8 +140,8 @@ class Daemon final : public Handler {
     std::chrono::steady_clock::time_point t;
     std::vector<uint64_t> bytes;  // [class]
   };
-  std::mutex rate_mu_;
-  std::deque<RateSample> rate_samples_;  // GUARDED_BY(rate_mu_); the oldest is kept
+  Mutex rate_mu_;
+  std::deque<RateSample> rate_samples_ GUARDED_BY(rate_mu_);  // the oldest is kept
 
   // The reporter thread: samples the staging rate every second and, with the config's
   // metrics_dir, rewrites the metrics file every kMetricsPeriod (and once more in Stop()).
@@ -150,9 +150,9 @@ class Daemon final : public Handler {
   std::unique_ptr<MetricsWriter> metrics_;  // null without metrics_dir
   std::string metrics_error_;               // the last error logged (each new one is logged once)
   std::thread reporter_;
-  std::mutex reporter_mu_;
-  std::condition_variable reporter_cv_;
-  bool reporter_stop_ = false;  // GUARDED_BY(reporter_mu_)
+  Mutex reporter_mu_;
+  CondVar reporter_cv_;
+  bool reporter_stop_ GUARDED_BY(reporter_mu_) = false;
 };
 
 }  // namespace nopfs::service
