@@ -196,9 +196,11 @@ void RunSize(const Args& a, const std::string& bin, uint64_t size) {
   if (!client.ok()) Die(client.status().message());
   double prefetch = 0;
   for (;;) {
-    auto text = (*client)->StatusText();
-    if (!text.ok()) Die(text.status().message());
-    if (text->find("prefetch done") != std::string::npos) {
+    auto rep = (*client)->Report();
+    if (!rep.ok()) Die(rep.status().message());
+    if (std::any_of(rep->tiers.begin(), rep->tiers.end(), [](const nopfs::report::Tier& t) {
+          return t.state == nopfs::report::TierState::kDone;
+        })) {
       prefetch = Since(t_start);
       break;
     }

@@ -156,24 +156,4 @@ void RegisterCat(CLI::App* app, int* exit_code) {
   sub->callback([f, exit_code] { *exit_code = RunCat(*f); });
 }
 
-void RegisterStatus(CLI::App* app, int* exit_code) {
-  auto socket = std::make_shared<std::string>();
-  CLI::App* sub = app->add_subcommand("status", "Show what the local nopfsd is doing");
-  sub->add_option("--socket", *socket, "nopfsd's socket (default: $NOPFS_SOCKET)");
-  sub->callback([socket, exit_code] {
-    Result<std::unique_ptr<client::Client>> c = client::Client::Connect(*socket);
-    if (!c.ok()) {
-      *exit_code = Fail("status", c.status().message());
-      return;
-    }
-    Result<std::string> text = (*c)->StatusText();
-    if (!text.ok()) {
-      *exit_code = Fail("status", text.status().message());
-      return;
-    }
-    std::printf("%s", text->c_str());
-    *exit_code = 0;
-  });
-}
-
 }  // namespace nopfs::cli

@@ -2,8 +2,6 @@
 // socket from NOPFS_RANK and NOPFS_SOCKET unless given) and prints a summary; with --verify it
 // reads every sample's file from the PFS and compares the bytes. Its last line reads
 // `N samples, M bytes, K mismatches`; the exit status is non-zero on any mismatch or error.
-//
-// `nopfs status`: asks the local nopfsd for its status text and prints it.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -11,6 +9,5 @@
 namespace nopfs::cli {
 
 void RegisterCat(CLI::App* app, int* exit_code);
-void RegisterStatus(CLI::App* app, int* exit_code);
 
 }  // namespace nopfs::cli

@@ -29,8 +29,8 @@
 #include <utility>
 #include <vector>
 
-#include "cli/status_text.h"
 #include "client/client.h"
+#include "client/status_report.h"
 #include "common/units.h"
 #include "launch/daemon_args.h"
 #include "launch/job_flags.h"
@@ -168,7 +168,7 @@ struct NodeRun {
   std::string socket;
   std::optional<Child> daemon;
   launch::ReadyInfo ready;
-  std::string status_text;
+  std::optional<report::StatusReport> report;  // what the service saw, taken before it stops
   NodeRun() = default;
   NodeRun(NodeRun&& o) noexcept
       : node(o.node),
@@ -179,7 +179,7 @@ struct NodeRun {
         socket(std::move(o.socket)),
         daemon(std::move(o.daemon)),
         ready(o.ready),
-        status_text(std::move(o.status_text)) {}
+        report(std::move(o.report)) {}
   NodeRun& operator=(NodeRun&&) = delete;
   ~NodeRun() {
     if (netns_fd >= 0) ::close(netns_fd);
@@ -541,6 +541,14 @@ struct JobRun {
                    std::strerror(errno));
       if (exit_code == 0) exit_code = 1;
     }
+    // The plan of each node, one line each, as the job starts (as the user: a daemon answers
+    // its own user only).
+    for (NodeRun& r : nodes) {
+      Result<std::unique_ptr<client::Client>> c = client::Client::Connect(r.socket);
+      Result<report::StatusReport> rep =
+          c.ok() ? (*c)->Report() : Result<report::StatusReport>(c.status());
+      if (rep.ok() && !f.quiet) std::fprintf(stderr, "%s", report::RenderPlanLine(*rep).c_str());
+    }
     // Wait for every rank; forward a signal to all of them.
     std::vector<int> statuses(ranks.size(), -1);
     size_t running = ranks.size();
@@ -576,8 +584,8 @@ struct JobRun {
     for (NodeRun& r : nodes) {
       Result<std::unique_ptr<client::Client>> c = client::Client::Connect(r.socket);
       if (c.ok()) {
-        Result<std::string> t = (*c)->StatusText();
-        if (t.ok()) r.status_text = *t;
+        Result<report::StatusReport> rep = (*c)->Report();
+        if (rep.ok()) r.report = std::move(*rep);
       }
     }
     for (NodeRun& r : nodes)
@@ -601,10 +609,9 @@ struct JobRun {
     uint64_t pfs_total = 0;
     for (NodeRun& r : nodes) {
       if (nodes.size() > 1) std::printf("node %u:\n", r.node);
-      if (!r.status_text.empty()) {
-        const StatusFigures fig = ParseStatusText(r.status_text);
-        pfs_total += fig.pfs_bytes;
-        std::printf("%s", FormatRunSummary(fig).c_str());
+      if (r.report) {
+        pfs_total += r.report->pfs_bytes;
+        std::printf("%s", report::RenderRunSummary(*r.report).c_str());
       } else {
         std::printf("nopfs run: no figures (the service did not answer)\n");
       }

@@ -8,6 +8,7 @@
 #include "cli/cmd_run.h"
 #include "cli/cmd_simulate.h"
 #include "cli/cmd_stream.h"
+#include "cli/status_text.h"
 
 int main(int argc, char** argv) {
   CLI::App app{

@@ -1,70 +1,107 @@
 #include "cli/status_text.h"
 
-#include <cinttypes>
-#include <cstdio>
-#include <sstream>
+#include <unistd.h>
 
-#include "common/units.h"
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "client/client.h"
+#include "client/status_report.h"
 
 namespace nopfs::cli {
+namespace {
 
-StatusFigures ParseStatusText(const std::string& text) {
-  StatusFigures f;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("served ", 0) == 0) {
-      const size_t colon = line.find(':');
-      if (colon == std::string::npos) continue;
-      ServedLine s;
-      s.source = line.substr(7, colon - 7);
-      if (std::sscanf(line.c_str() + colon + 1, " %" SCNu64 " samples, %" SCNu64 " bytes",
-                      &s.samples, &s.bytes) == 2) {
-        f.served.push_back(s);
-      }
-    } else if (line.rfind("stall:", 0) == 0) {
-      f.has_stall = std::sscanf(line.c_str(),
-                                "stall: %" SCNu64 " reads, total %lf s, median %lf s, p99 %lf s",
-                                &f.stall_reads, &f.stall_total, &f.stall_median, &f.stall_p99) == 4;
-    } else if (line.rfind("pfs read:", 0) == 0) {
-      (void)std::sscanf(line.c_str(), "pfs read: %" SCNu64 " bytes", &f.pfs_bytes);
+struct StatusFlags {
+  std::string socket;
+  bool json = false;
+  bool watch = false;
+  double interval = 1.0;  // seconds between refreshes with --watch
+};
+
+int Fail(const std::string& msg) {
+  std::fprintf(stderr, "nopfs status: %s\n", msg.c_str());
+  return 2;
+}
+
+size_t CountLines(const std::string& s) {
+  size_t n = 0;
+  for (char c : s)
+    n += c == '\n' ? 1 : 0;
+  return n;
+}
+
+// Refreshes until the service goes away (exit 0 once it answered at least once).
+int Watch(client::Client& c, const StatusFlags& f) {
+  const bool tty = !f.json && ::isatty(STDOUT_FILENO) == 1;
+  size_t drawn = 0;  // lines of the previous refresh, overwritten on a terminal
+  for (bool first = true;; first = false) {
+    Result<report::StatusReport> r = c.Report();
+    if (!r.ok()) {
+      if (first) return Fail(r.status().message());
+      std::fprintf(stderr, "nopfs status: nopfsd has gone away (%s)\n",
+                   r.status().message().c_str());
+      return 0;
     }
+    if (f.json) {
+      std::printf("%s\n", report::RenderJson(*r).c_str());
+    } else {
+      std::string lines = report::RenderProgress(*r, tty);
+      if (lines.empty()) lines = "staging: no tier to stage on this node\n";
+      if (tty) {
+        // Back to the first line of the previous refresh, each line cleared before it is drawn.
+        if (drawn > 0) std::printf("\033[%zuA", drawn);
+        std::string out;
+        size_t start = 0;
+        for (size_t nl = lines.find('\n'); nl != std::string::npos;
+             start = nl + 1, nl = lines.find('\n', start)) {
+          out += "\033[2K";
+          out += lines.substr(start, nl + 1 - start);
+        }
+        std::printf("%s", out.c_str());
+        drawn = CountLines(lines);
+      } else {
+        std::printf("%s", lines.c_str());
+      }
+    }
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::duration<double>(f.interval));
   }
-  return f;
 }
 
-std::string FormatSeconds(double s) {
-  char buf[64];
-  if (s < 1e-6) {
-    std::snprintf(buf, sizeof buf, "%.0f ns", s * 1e9);
-  } else if (s < 1e-3) {
-    std::snprintf(buf, sizeof buf, "%.0f us", s * 1e6);
-  } else if (s < 1) {
-    std::snprintf(buf, sizeof buf, "%.2f ms", s * 1e3);
-  } else {
-    std::snprintf(buf, sizeof buf, "%.3f s", s);
-  }
-  return buf;
-}
+}  // namespace
 
-std::string FormatRunSummary(const StatusFigures& f) {
-  std::string out = "source       samples        bytes\n";
-  char buf[256];
-  for (const ServedLine& s : f.served) {
-    std::snprintf(buf, sizeof buf, "%-8s %11" PRIu64 " %12s\n", s.source.c_str(), s.samples,
-                  FormatBytes(static_cast<double>(s.bytes)).c_str());
-    out += buf;
-  }
-  std::snprintf(buf, sizeof buf, "pfs read in all (prefetch included): %s\n",
-                FormatBytes(static_cast<double>(f.pfs_bytes)).c_str());
-  out += buf;
-  if (f.has_stall) {
-    std::snprintf(buf, sizeof buf, "stall: total %s, median %s, p99 %s over %" PRIu64 " reads\n",
-                  FormatSeconds(f.stall_total).c_str(), FormatSeconds(f.stall_median).c_str(),
-                  FormatSeconds(f.stall_p99).c_str(), f.stall_reads);
-    out += buf;
-  }
-  return out;
+void RegisterStatus(CLI::App* app, int* exit_code) {
+  auto f = std::make_shared<StatusFlags>();
+  CLI::App* sub = app->add_subcommand("status", "Show what the local nopfsd is doing");
+  sub->add_option("--socket", f->socket, "nopfsd's socket (default: $NOPFS_SOCKET)");
+  sub->add_flag("--json", f->json,
+                "Print the status as one JSON object (docs/service.md, \"Status\")");
+  sub->add_flag("--watch", f->watch,
+                "Refresh the staging progress every --interval seconds until nopfsd goes away");
+  sub->add_option("--interval", f->interval, "Seconds between refreshes with --watch")
+      ->check(CLI::Range(0.05, 3600.0).description("a number of seconds from 0.05 to 3600"));
+  sub->callback([f, exit_code] {
+    Result<std::unique_ptr<client::Client>> c = client::Client::Connect(f->socket);
+    if (!c.ok()) {
+      *exit_code = Fail(c.status().message());
+      return;
+    }
+    if (f->watch) {
+      *exit_code = Watch(**c, *f);
+      return;
+    }
+    Result<report::StatusReport> r = (*c)->Report();
+    if (!r.ok()) {
+      *exit_code = Fail(r.status().message());
+      return;
+    }
+    std::printf("%s",
+                f->json ? (report::RenderJson(*r) + "\n").c_str() : report::RenderText(*r).c_str());
+    *exit_code = 0;
+  });
 }
 
 }  // namespace nopfs::cli

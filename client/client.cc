@@ -372,4 +372,16 @@ Result<std::string> Client::StatusText() {
   return std::get<wire::StatusOk>(r->message.body).text;
 }
 
+Result<report::StatusReport> Client::Report() {
+  Result<wire::Received> r =
+      conn_->Call(wire::StatusRequest{report::kReportVersion}, wire::MsgType::kStatusOk);
+  if (!r.ok()) return r.status();
+  std::optional<report::StatusReport>& rep = std::get<wire::StatusOk>(r->message.body).report;
+  if (!rep) {
+    return Status::Internal(
+        "nopfsd answered STATUS without the structured report it was asked for");
+  }
+  return std::move(*rep);
+}
+
 }  // namespace nopfs::client

@@ -44,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "client/status_report.h"
 #include "common/mutex.h"
 #include "common/status.h"
 
@@ -214,6 +215,8 @@ class Client {
   Result<std::unique_ptr<Stream>> Open(uint32_t rank, const OpenOptions& options);
   // The service's status text (what `nopfs status` prints).
   Result<std::string> StatusText();
+  // The service's structured status (docs/wire.md, "Structured status").
+  Result<report::StatusReport> Report();
   // Where sample `sample_id` lives on the PFS (path, byte range, label).
   Result<SampleInfo> Describe(uint32_t sample_id);
   const ServiceInfo& info() const { return info_; }

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 
 #include "common/coding.h"
@@ -15,6 +16,14 @@ namespace {
 
 using coding::Reader;
 using coding::Writer;
+
+// A boolean byte: 0 or 1, anything else is malformed (so that decoding is canonical).
+bool ReadBool(Reader& r, bool* v) {
+  uint8_t b = 0;
+  if (!r.U8(&b) || b > 1) return false;
+  *v = b == 1;
+  return true;
+}
 
 void EncodeBody(Writer& w, const Hello& m) {
   w.U16(m.client_version);
@@ -47,9 +56,86 @@ void EncodeBody(Writer& w, const StreamOk& m) {
   w.U32(m.slot_count);
   if (m.region_bytes) w.U64(*m.region_bytes);
 }
-void EncodeBody(Writer&, const StatusRequest&) {}
+// The structured status (docs/wire.md, "Structured status"), after its u16 version.
+void EncodeReport(Writer& w, const report::StatusReport& r) {
+  w.Str(r.job_id);
+  w.U32(r.node);
+  w.U32(r.nodes);
+  w.U32(r.pid);
+  w.U64(r.uptime_ns);
+  w.Str(r.dataset);
+  w.U64(r.dataset_samples);
+  w.U64(r.dataset_bytes);
+  w.U64(r.predicted_stall_ns);
+  w.U32(static_cast<uint32_t>(r.tiers.size()));
+  for (const report::Tier& t : r.tiers) {
+    w.Str(t.name);
+    w.U8(static_cast<uint8_t>(t.state));
+    for (uint64_t v : {t.capacity, t.planned_samples, t.planned_bytes, t.ready_samples,
+                       t.ready_bytes, t.kept_on_read, t.pushed, t.failed, t.rate, t.eta_ns}) {
+      w.U64(v);
+    }
+  }
+  w.U32(static_cast<uint32_t>(r.streams.size()));
+  for (const report::Stream& s : r.streams) {
+    w.U64(s.id);
+    w.U32(s.rank);
+    for (uint64_t v : {s.staged, s.total, s.errors, s.read})
+      w.U64(v);
+  }
+  w.U32(static_cast<uint32_t>(r.sources.size()));
+  for (const report::Source& s : r.sources) {
+    w.Str(s.name);
+    w.U64(s.samples);
+    w.U64(s.bytes);
+    w.U8(s.zero_copy ? 1 : 0);
+    w.U64(s.in_place);
+  }
+  for (uint64_t v : {r.pfs_bytes, r.corrupt, r.changed, r.stall.reads, r.stall.total_ns,
+                     r.stall.median_ns, r.stall.p99_ns}) {
+    w.U64(v);
+  }
+  for (uint64_t v : r.stall.histogram)
+    w.U64(v);
+  w.U64(r.refusals.owners);
+  w.U32(r.refusals.streams_per_rank);
+  for (uint64_t v : {r.refusals.streams, r.refusals.connections, r.refusals.timed_out,
+                     r.cpu_user_ns, r.cpu_system_ns}) {
+    w.U64(v);
+  }
+  w.U8(r.peers ? 1 : 0);
+  if (!r.peers) return;
+  const report::Peers& p = *r.peers;
+  w.U32(p.node);
+  w.U32(p.nodes);
+  w.Str(p.state);
+  w.U64(p.held_elsewhere);
+  w.U64(p.needed);
+  for (uint64_t v : {p.served_samples, p.served_bytes, p.served_not_available, p.fetched_samples,
+                     p.fetched_bytes, p.fetch_not_available, p.timeouts, p.refused, p.malformed}) {
+    w.U64(v);
+  }
+  w.U32(static_cast<uint32_t>(p.dead.size()));
+  for (uint32_t n : p.dead)
+    w.U32(n);
+  w.U64(p.done_reports);
+  w.Str(p.rma);
+  for (uint64_t v : {p.served_rma, p.fetched_rma, p.rma_failed, p.pushes_sent, p.push_bytes_sent,
+                     p.pushes_dropped, p.pushes_received, p.pushes_kept, p.copied_samples,
+                     p.copied_bytes, p.deferred, p.fill_gave_up}) {
+    w.U64(v);
+  }
+}
+
+void EncodeBody(Writer& w, const StatusRequest& m) {
+  if (m.report_version) w.U16(*m.report_version);
+}
 void EncodeBody(Writer& w, const StatusOk& m) {
   w.Str(m.text);
+  if (m.report) {
+    w.U16(report::kReportVersion);
+    EncodeReport(w, *m.report);
+  }
 }
 void EncodeBody(Writer& w, const CloseStream& m) {
   w.U64(m.stream_id);
@@ -106,11 +192,106 @@ bool DecodeBody(Reader& r, StreamOk* m) {
   m->region_bytes = region;
   return true;
 }
-bool DecodeBody(Reader&, StatusRequest*) {
+// Reads u64 fields in order; false at the first that is missing.
+bool U64s(Reader& r, std::initializer_list<uint64_t*> fields) {
+  for (uint64_t* f : fields) {
+    if (!r.U64(f)) return false;
+  }
+  return true;
+}
+
+bool DecodeReport(Reader& r, report::StatusReport* m) {
+  uint32_t n = 0;
+  if (!(r.Str(&m->job_id) && r.U32(&m->node) && r.U32(&m->nodes) && r.U32(&m->pid) &&
+        r.U64(&m->uptime_ns) && r.Str(&m->dataset) && r.U64(&m->dataset_samples) &&
+        r.U64(&m->dataset_bytes) && r.U64(&m->predicted_stall_ns) && r.U32(&n))) {
+    return false;
+  }
+  // Every element takes bytes of the payload, so a count larger than the payload fails on the
+  // first missing field, before it can cost more than the payload's size in memory.
+  for (uint32_t i = 0; i < n; ++i) {
+    report::Tier t;
+    uint8_t state = 0;
+    if (!(r.Str(&t.name) && r.U8(&state) && state <= report::kLastTierState &&
+          U64s(r, {&t.capacity, &t.planned_samples, &t.planned_bytes, &t.ready_samples,
+                   &t.ready_bytes, &t.kept_on_read, &t.pushed, &t.failed, &t.rate, &t.eta_ns}))) {
+      return false;
+    }
+    t.state = static_cast<report::TierState>(state);
+    m->tiers.push_back(std::move(t));
+  }
+  if (!r.U32(&n)) return false;
+  for (uint32_t i = 0; i < n; ++i) {
+    report::Stream s;
+    if (!(r.U64(&s.id) && r.U32(&s.rank) && U64s(r, {&s.staged, &s.total, &s.errors, &s.read}))) {
+      return false;
+    }
+    m->streams.push_back(s);
+  }
+  if (!r.U32(&n)) return false;
+  for (uint32_t i = 0; i < n; ++i) {
+    report::Source s;
+    if (!(r.Str(&s.name) && r.U64(&s.samples) && r.U64(&s.bytes) && ReadBool(r, &s.zero_copy) &&
+          r.U64(&s.in_place))) {
+      return false;
+    }
+    m->sources.push_back(std::move(s));
+  }
+  if (!U64s(r, {&m->pfs_bytes, &m->corrupt, &m->changed, &m->stall.reads, &m->stall.total_ns,
+                &m->stall.median_ns, &m->stall.p99_ns})) {
+    return false;
+  }
+  for (uint64_t& v : m->stall.histogram) {
+    if (!r.U64(&v)) return false;
+  }
+  bool has_peers = false;
+  if (!(r.U64(&m->refusals.owners) && r.U32(&m->refusals.streams_per_rank) &&
+        U64s(r, {&m->refusals.streams, &m->refusals.connections, &m->refusals.timed_out,
+                 &m->cpu_user_ns, &m->cpu_system_ns}) &&
+        ReadBool(r, &has_peers))) {
+    return false;
+  }
+  if (!has_peers) return true;
+  report::Peers p;
+  if (!(r.U32(&p.node) && r.U32(&p.nodes) && r.Str(&p.state) && r.U64(&p.held_elsewhere) &&
+        r.U64(&p.needed) &&
+        U64s(r,
+             {&p.served_samples, &p.served_bytes, &p.served_not_available, &p.fetched_samples,
+              &p.fetched_bytes, &p.fetch_not_available, &p.timeouts, &p.refused, &p.malformed}) &&
+        r.U32(&n))) {
+    return false;
+  }
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t node = 0;
+    if (!r.U32(&node)) return false;
+    p.dead.push_back(node);
+  }
+  if (!(r.U64(&p.done_reports) && r.Str(&p.rma) &&
+        U64s(r, {&p.served_rma, &p.fetched_rma, &p.rma_failed, &p.pushes_sent, &p.push_bytes_sent,
+                 &p.pushes_dropped, &p.pushes_received, &p.pushes_kept, &p.copied_samples,
+                 &p.copied_bytes, &p.deferred, &p.fill_gave_up}))) {
+    return false;
+  }
+  m->peers = std::move(p);
+  return true;
+}
+
+bool DecodeBody(Reader& r, StatusRequest* m) {
+  if (r.done()) return true;  // the base message: the status text
+  uint16_t version = 0;
+  if (!r.U16(&version)) return false;
+  m->report_version = version;
   return true;
 }
 bool DecodeBody(Reader& r, StatusOk* m) {
-  return r.Str(&m->text);
+  if (!r.Str(&m->text)) return false;
+  if (r.done()) return true;
+  uint16_t version = 0;
+  if (!r.U16(&version) || version != report::kReportVersion) return false;
+  report::StatusReport rep;
+  if (!DecodeReport(r, &rep)) return false;
+  m->report = std::move(rep);
+  return true;
 }
 bool DecodeBody(Reader& r, CloseStream* m) {
   return r.U64(&m->stream_id);

@@ -23,6 +23,7 @@
 #include <variant>
 #include <vector>
 
+#include "client/status_report.h"
 #include "common/status.h"
 
 namespace nopfs::wire {
@@ -103,13 +104,17 @@ struct StreamOk {
   std::optional<uint64_t> region_bytes;
   bool operator==(const StreamOk&) const = default;
 };
-// client -> service: ask for the service's status text.
+// client -> service: ask for the service's status: its text, or (with the optional trailing
+// group, docs/wire.md "Structured status") the structured report of that version.
 struct StatusRequest {
+  std::optional<uint16_t> report_version;
   bool operator==(const StatusRequest&) const = default;
 };
-// service -> client: human-readable UTF-8 status (what `nopfs status` prints).
+// service -> client: human-readable UTF-8 status (what `nopfs status` prints), or, in answer to a
+// STATUS that asked for it, an empty text and the structured report (the optional trailing group).
 struct StatusOk {
   std::string text;
+  std::optional<report::StatusReport> report;
   bool operator==(const StatusOk&) const = default;
 };
 // client -> service: the client is done with a stream; the service frees its ring.

@@ -11,6 +11,50 @@
 namespace nopfs::wire {
 namespace {
 
+// A report with every field set to a distinct value, peers included.
+report::StatusReport FullReport() {
+  report::StatusReport r;
+  r.job_id = "4711";
+  r.node = 1;
+  r.nodes = 2;
+  r.pid = 999;
+  r.uptime_ns = 12'345'678'901;
+  r.dataset = "/pfs/imagenet";
+  r.dataset_samples = 1000;
+  r.dataset_bytes = 110'000'000;
+  r.predicted_stall_ns = 3'000'000'000;
+  r.tiers.push_back({"ram", report::TierState::kRunning, 1 << 30, 600, 66'000'000, 300, 33'000'000,
+                     5, 7, 1, 250'000'000, 132'000'000});
+  r.tiers.push_back({"ssd", report::TierState::kEmpty, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0});
+  r.streams.push_back({3, 2, 100, 2000, 1, 90});
+  r.sources.push_back({"ram", 10, 1100, true, 8});
+  r.sources.push_back({"peer", 2, 220, false, 0});
+  r.sources.push_back({"pfs", 3, 330, false, 0});
+  r.pfs_bytes = 77'000'000;
+  r.corrupt = 1;
+  r.changed = 2;
+  r.stall = {15, 1'500'000, 65'536, 1'048'576, {}};
+  r.stall.histogram[0] = 4;
+  r.stall.histogram[17] = 11;
+  r.refusals = {1, 8, 2, 3, 4};
+  r.cpu_user_ns = 1'230'000'000;
+  r.cpu_system_ns = 450'000'000;
+  report::Peers p;
+  p.node = 1;
+  p.nodes = 2;
+  p.state = "directory of 10 samples held elsewhere";
+  p.held_elsewhere = 10;
+  p.needed = 12;
+  p.served_samples = 11;
+  p.fetched_samples = 12;
+  p.dead = {0};
+  p.rma = "RAM tiers by RMA reads";
+  p.pushes_kept = 13;
+  p.fill_gave_up = 14;
+  r.peers = p;
+  return r;
+}
+
 std::vector<Message> Samples() {
   return {
       {1, Hello{kVersion, 4242}},
@@ -21,8 +65,11 @@ std::vector<Message> Samples() {
       {3, OpenStream{3, 2, 7, StreamShare{1, 4, 32, 1}, kOpenAcceptRegion, 4242}},
       {4, StreamOk{77, 1 << 20, 256, std::nullopt}},
       {4, StreamOk{77, 1 << 20, 256, uint64_t{3} << 30}},
-      {5, StatusRequest{}},
-      {6, StatusOk{"stall total 1.2 s\nmedian 3 ms\n"}},
+      {5, StatusRequest{std::nullopt}},
+      {6, StatusOk{"stall total 1.2 s\nmedian 3 ms\n", std::nullopt}},
+      {5, StatusRequest{report::kReportVersion}},
+      {6, StatusOk{"", FullReport()}},
+      {6, StatusOk{"", report::StatusReport{}}},
       {7, CloseStream{77}},
       {8, CloseOk{77}},
       {9, Error{static_cast<uint32_t>(StatusCode::kNotFound), "sample 17 (/pfs/a.jpg): gone"}},
@@ -142,6 +189,40 @@ TEST(Wire, OpenStreamOwnerIsAThirdOptionalTail) {
   EXPECT_FALSE(Decode(longer).ok());
 }
 
+// STATUS's report version and STATUS_OK's report are optional tails: without them the messages
+// are the base ones; a cut anywhere inside the report, a boolean byte other than 0 or 1, an
+// unknown tier state or another report version is malformed.
+TEST(Wire, StatusReportIsAnOptionalTail) {
+  EXPECT_EQ(Bytes({1, StatusRequest{std::nullopt}}).size(), kHeaderSize);
+  EXPECT_EQ(Bytes({1, StatusRequest{report::kReportVersion}}).size(), kHeaderSize + 2);
+  const std::vector<std::byte> base = Bytes({1, StatusOk{"", std::nullopt}});
+  const std::vector<std::byte> full = Bytes({1, StatusOk{"", FullReport()}});
+  ASSERT_EQ(base.size(), kHeaderSize + 4);
+  for (size_t cut = 1; cut < full.size() - base.size(); ++cut) {
+    std::vector<std::byte> b(full.begin(), full.end() - static_cast<ptrdiff_t>(cut));
+    const size_t payload = b.size() - kHeaderSize;
+    for (int i = 0; i < 4; ++i)
+      b[8 + i] = static_cast<std::byte>((payload >> (8 * i)) & 0xff);
+    EXPECT_FALSE(Decode(b).ok()) << cut;
+  }
+  std::vector<std::byte> other = full;
+  other[kHeaderSize + 4] = std::byte{2};  // report version 2
+  EXPECT_FALSE(Decode(other).ok());
+  // The last byte of a report without peers is its "has peers" boolean.
+  std::vector<std::byte> no_peers = Bytes({1, StatusOk{"", report::StatusReport{}}});
+  ASSERT_EQ(no_peers.back(), std::byte{0});
+  no_peers.back() = std::byte{2};
+  EXPECT_FALSE(Decode(no_peers).ok());
+  // The first tier's state byte follows the job, node, nodes, pid, uptime, dataset, its counts,
+  // the tier count and the tier's name.
+  std::vector<std::byte> state = full;
+  const size_t at =
+      kHeaderSize + 4 + 2 + (4 + 4) + 4 + 4 + 4 + 8 + (4 + 13) + 8 + 8 + 8 + 4 + (4 + 3);
+  ASSERT_EQ(state[at], std::byte{1});  // kRunning
+  state[at] = std::byte{3};
+  EXPECT_FALSE(Decode(state).ok());
+}
+
 TEST(Wire, RejectsMalformedInput) {
   std::vector<std::byte> good = Bytes({1, HelloOk{kVersion, "job", 2, 0, 2}});
   auto expect_bad = [](std::vector<std::byte> b, const char* what) {
@@ -189,9 +270,10 @@ TEST(Wire, RejectsMalformedInput) {
 }
 
 TEST(Wire, EncodeRefusesOversizedPayload) {
-  Result<std::vector<std::byte>> b = Encode({1, StatusOk{std::string(kMaxPayload, 'x')}});
+  Result<std::vector<std::byte>> b =
+      Encode({1, StatusOk{std::string(kMaxPayload, 'x'), std::nullopt}});
   EXPECT_FALSE(b.ok());
-  b = Encode({1, StatusOk{std::string(kMaxPayload - 4, 'x')}});
+  b = Encode({1, StatusOk{std::string(kMaxPayload - 4, 'x'), std::nullopt}});
   EXPECT_TRUE(b.ok());
 }
 

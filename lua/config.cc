@@ -42,8 +42,9 @@ BandwidthTable DefaultPfs() {
 constexpr uint32_t kDefaultThreads = 4;
 constexpr policy::Bytes kDefaultStagingBytes = policy::Bytes{1} << 30;
 
-constexpr std::array kSettings = {"classes",   "staging", "pfs",           "network",    "limits",
-                                  "log_level", "verify",  "catalog_cache", "preprocess", "planner"};
+constexpr std::array kSettings = {"classes",    "staging",   "pfs",        "network",
+                                  "limits",     "log_level", "verify",     "catalog_cache",
+                                  "preprocess", "planner",   "metrics_dir"};
 
 // ram{...} and ssd{...}: mark the table with its kind and the line it was written on, so that
 // errors found later can point at it.
@@ -78,7 +79,8 @@ class Reader {
       : L_(L), name_(std::move(name)), host_memory_(host_memory), builtins_(std::move(builtins)) {}
 
   Status Read(policy::SystemModel* model, Limits* limits, std::string* log_level,
-              std::string* catalog_cache, policy::Planner* planner, RamVerify* verify) {
+              std::string* catalog_cache, policy::Planner* planner, RamVerify* verify,
+              std::string* metrics_dir) {
     NOPFS_RETURN_IF_ERROR(CheckGlobals());
     model->pfs = DefaultPfs();
     model->staging = StorageClass{"staging",
@@ -159,6 +161,18 @@ class Reader {
                                        "filled) or verify = \"always\" (every RAM hit re-hashed)");
       }
     }
+    if (Global("metrics_dir")) {
+      Result<std::string> dir = ReadString(L_, -1, name_ + ": metrics_dir");
+      lua_pop(L_, 1);
+      if (!dir.ok()) return dir.status();
+      if (!dir->empty() && dir->front() != '/') {
+        return Status::InvalidArgument(
+            name_ + ": metrics_dir: \"" + *dir +
+            "\" must be an absolute path (node_exporter's textfile directory, for example "
+            "\"/var/lib/prometheus/node-exporter\")");
+      }
+      *metrics_dir = *dir;
+    }
     if (Global("planner")) {
       Result<std::string> name = ReadString(L_, -1, name_ + ": planner");
       lua_pop(L_, 1);
@@ -198,9 +212,9 @@ class Reader {
           builtins_.count(std::string(key)) != 0) {
         continue;
       }
-      std::string_view near =
-          internal::Closest(key, {"classes", "staging", "pfs", "network", "limits", "log_level",
-                                  "verify", "catalog_cache", "preprocess", "planner"});
+      std::string_view near = internal::Closest(
+          key, {"classes", "staging", "pfs", "network", "limits", "log_level", "verify",
+                "catalog_cache", "preprocess", "planner", "metrics_dir"});
       if (!near.empty() && key.size() > 3) {
         std::string msg = name_ + ": unknown setting '" + std::string(key) + "' (did you mean '" +
                           std::string(near) + "'?)";
@@ -454,7 +468,8 @@ Result<NodeConfig> LoadNodeConfigFromString(std::string_view text, std::string_v
   config.source_ = std::string(name);
   Reader reader(L, std::string(name), host_memory, std::move(builtins));
   NOPFS_RETURN_IF_ERROR(reader.Read(&config.model_, &config.limits_, &config.log_level_,
-                                    &config.catalog_cache_, &config.planner_, &config.ram_verify_));
+                                    &config.catalog_cache_, &config.planner_, &config.ram_verify_,
+                                    &config.metrics_dir_));
   return config;
 }
 

@@ -7,7 +7,7 @@
 //   network  = "10GB/s"
 //   limits   = { jobs_per_node = 8, ram_per_job = "64GB", ssd_per_job = "1TB",
 //                streams_per_rank = 8 }
-//   log_level, catalog_cache, preprocess
+//   log_level, catalog_cache, preprocess, metrics_dir
 //   planner  = "frequency"                             -- or "staging", "fill-once"
 //   verify   = "on_fill"                               -- or "always": RAM hits re-hashed
 // Unknown globals that look like misspellings of these and unknown fields are errors, so a typo
@@ -58,6 +58,8 @@ class NodeConfig {
   const std::string& log_level() const { return log_level_; }
   // Directory where scanned dataset catalogs are kept for later jobs; empty: no reuse.
   const std::string& catalog_cache() const { return catalog_cache_; }
+  // node_exporter's textfile directory where nopfsd writes nopfs_<job>.prom; empty: no metrics.
+  const std::string& metrics_dir() const { return metrics_dir_; }
   // Which samples the node's classes hold (policy/plan.h); frequency unless the file says.
   policy::Planner planner() const { return planner_; }
   // When RAM tier hits are verified (`verify`).
@@ -76,6 +78,7 @@ class NodeConfig {
   Limits limits_;
   std::string log_level_ = "info";
   std::string catalog_cache_;
+  std::string metrics_dir_;
   policy::Planner planner_ = policy::Planner::kFrequency;
   RamVerify ram_verify_ = RamVerify::kOnFill;
 };

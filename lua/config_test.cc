@@ -27,6 +27,7 @@ TEST(NodeConfigTest, FullConfig) {
   Result<NodeConfig> c = Load(R"(
     log_level = "debug"
     catalog_cache = "/var/cache/nopfs"
+    metrics_dir = "/var/lib/prometheus/node-exporter"
     planner = "fill-once"
     verify = "always"
     pfs = { {1, "250MB/s"}, {16, "2GB/s"} }
@@ -45,6 +46,7 @@ TEST(NodeConfigTest, FullConfig) {
   const policy::SystemModel& m = c->model();
   EXPECT_EQ(c->log_level(), "debug");
   EXPECT_EQ(c->catalog_cache(), "/var/cache/nopfs");
+  EXPECT_EQ(c->metrics_dir(), "/var/lib/prometheus/node-exporter");
   EXPECT_EQ(c->planner(), policy::Planner::kFillOnce);
   EXPECT_EQ(c->ram_verify(), RamVerify::kAlways);
   EXPECT_DOUBLE_EQ(m.pfs.At(1), 250e6);
@@ -144,6 +146,8 @@ TEST(NodeConfigTest, ErrorsNameTheFieldAndTheLine) {
   ExpectError("limits = { jobs = 2 }", "limits: unknown field 'jobs'");
   ExpectError("log_level = \"verbose\"", "write one of trace, debug, info");
   ExpectError("catalog_cache = \"cache\"", "must be an absolute path");
+  ExpectError("metrics_dir = \"prom\"", "metrics_dir: \"prom\" must be an absolute path");
+  ExpectError("metric_dir = \"/x\"", "(did you mean 'metrics_dir'?)");
   ExpectError("planner = \"frequncy\"", "(did you mean 'frequency'?)");
   ExpectError("planner = \"lru\"", "write frequency (cache the node's most read samples)");
   ExpectError("verify = \"never\"", "write verify = \"on_fill\"");

@@ -827,6 +827,14 @@ PYBIND11_MODULE(_client, m) {
              return *t;
            })
       .def(
+          "report",
+          [](ClientHolder& c) {
+            Result<report::StatusReport> r = c.get().Report();
+            if (!r.ok()) RaiseStatus(r.status());
+            return py::module_::import("json").attr("loads")(report::RenderJson(*r));
+          },
+          "the structured status as a dict (what `nopfs status --json` prints, docs/service.md)")
+      .def(
           "describe",
           [](ClientHolder& c, uint32_t id) {
             Result<client::SampleInfo> i = c.get().Describe(id);

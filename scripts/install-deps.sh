@@ -18,8 +18,8 @@ PACKAGES=(
   python3 python3-dev python3-torch python3-numpy python3-pytest pybind11-dev python3-torchvision
   # the wheel (python/pyproject.toml), built offline, and the venv it is tested in
   python3-pip python3-setuptools python3-wheel python3-venv
-  # tools used by tests and benchmarks
-  procps psmisc iproute2 util-linux iperf3
+  # tools used by tests and benchmarks (the metrics test parses with prometheus_client's parser)
+  procps psmisc iproute2 util-linux iperf3 python3-prometheus-client
   # the emulated PFS (bench/pfsemu, a FUSE 3 file system) and the end-to-end benchmark's plots
   libfuse3-dev fuse3 gnuplot-nox
 )

@@ -1,20 +1,23 @@
 #include "service/daemon.h"
 
+#include <pwd.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cinttypes>
-#include <cstdarg>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 
 #include <spdlog/spdlog.h>
 
 #include "common/mutex.h"
 #include "common/units.h"
+#include "policy/predict.h"
 #include "service/env.h"
+#include "service/run_dir.h"
 
 namespace nopfs::service {
 namespace {
@@ -29,6 +32,12 @@ constexpr size_t kSpareConnections = 16;
 // refused: a process that died or exited a moment ago has its connection closed by the kernel,
 // and the server closes its streams within milliseconds.
 constexpr auto kOwnerGrace = std::chrono::seconds(2);
+// The staging rate in the status is measured over about this long.
+constexpr auto kRateWindow = std::chrono::seconds(5);
+// The status lists at most this many open streams (so that the report fits one message).
+constexpr size_t kMaxReportedStreams = 512;
+// How often the metrics file is rewritten.
+constexpr std::chrono::seconds kMetricsPeriod(5);
 
 // Adds b's counters and histogram to a (median and p99 are recomputed from the sum).
 void Merge(ring::RingStats* a, const ring::RingStats& b) {
@@ -43,16 +52,6 @@ void Merge(ring::RingStats* a, const ring::RingStats& b) {
 
 double Seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
-}
-
-std::string Line(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-std::string Line(const char* fmt, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  return std::string(buf) + "\n";
 }
 
 }  // namespace
@@ -170,6 +169,18 @@ Status Daemon::Init() {
   spdlog::info("plan ({}): {} accesses of {} distinct samples in {:.2f} s",
                policy::PlannerName(config_.planner()), plan_.accesses, plan_.distinct,
                Seconds(std::chrono::steady_clock::now() - t1));
+  // The plan line's prediction (docs/service.md, "Status"): the stall of a consumer that takes no
+  // time, that is the node's reading time, with every rank's staging threads reading the PFS.
+  try {
+    const uint32_t pfs_readers = job_.ranks * std::max<uint32_t>(1, model_.staging.threads);
+    policy::SystemModel m = model_;
+    m.compute_rate = 0;
+    const policy::NodePrediction pred =
+        policy::PredictNode(job_, plan_, catalog_->sizes(), m, pfs_readers, options_.plan_threads);
+    predicted_stall_ns_ = static_cast<uint64_t>(pred.stall_seconds * 1e9);
+  } catch (const std::exception& e) {
+    spdlog::warn("no stall prediction for the status: {}", e.what());
+  }
 
   // Tiers.
   for (size_t j = 0; j < model_.classes.size(); ++j) {
@@ -249,6 +260,10 @@ Status Daemon::Init() {
       }
     }
   }
+  {
+    MutexLock lock(&rate_mu_);
+    rate_samples_.push_back({std::chrono::steady_clock::now(), StagedBytes()});
+  }
   for (auto& p : prefetchers_)
     if (p) NOPFS_RETURN_IF_ERROR(p->Start());
 
@@ -278,7 +293,57 @@ Status Daemon::Init() {
       FormatBytes(static_cast<double>(ring_bytes_) * local_ranks *
                   config_.limits().streams_per_rank),
       so.max_connections);
+
+  if (!config_.metrics_dir().empty()) {
+    MetricsLabels labels{options_.job_id, std::to_string(options_.uid), "localhost"};
+    std::vector<char> buf(16384);
+    passwd pw{};
+    passwd* found = nullptr;
+    if (getpwuid_r(options_.uid, &pw, buf.data(), buf.size(), &found) == 0 && found != nullptr) {
+      labels.user = pw.pw_name;
+    }
+    char host[256] = {};
+    if (gethostname(host, sizeof host - 1) == 0) labels.node = host;
+    metrics_ = std::make_unique<MetricsWriter>(config_.metrics_dir(), std::move(labels));
+    WriteMetrics();
+    spdlog::info("metrics: writing {} every {} s", metrics_->path(), kMetricsPeriod.count());
+  }
+  reporter_ = std::thread([this] { Reporter(); });
+  // The plan line for the job's output (the SPANK plugin prints it in the batch script's task).
+  const std::string plan = options_.run_dir + "/" + kPlanName;
+  if (std::ofstream out(plan); !(out << report::RenderPlanLine(Report()))) {
+    spdlog::warn("cannot write {}: the job's output will not show the plan", plan);
+  }
   return Status::Ok();
+}
+
+void Daemon::WriteMetrics() {
+  const Status st = metrics_->Write(Report());
+  if (st.ok()) {
+    metrics_error_.clear();
+  } else if (st.message() != metrics_error_) {
+    metrics_error_ = st.message();
+    spdlog::warn("{} (the job goes on without metrics)", metrics_error_);
+  }
+}
+
+void Daemon::Reporter() {
+  auto next_write = std::chrono::steady_clock::now() + kMetricsPeriod;
+  for (;;) {
+    {
+      MutexLock lock(&reporter_mu_);
+      const auto wake = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      while (!reporter_stop_ && reporter_cv_.WaitUntil(&reporter_mu_, wake)) {
+      }
+      if (reporter_stop_) return;
+    }
+    if (metrics_ && std::chrono::steady_clock::now() >= next_write) {
+      WriteMetrics();  // (its report samples the rate too)
+      next_write = std::chrono::steady_clock::now() + kMetricsPeriod;
+    } else {
+      (void)ObserveRates();
+    }
+  }
 }
 
 void Daemon::WaitPrefetched() {
@@ -292,6 +357,14 @@ void Daemon::Stop() {
     if (stopped_) return;
     stopped_ = true;
   }
+  if (reporter_.joinable()) {
+    {
+      MutexLock lock(&reporter_mu_);
+      reporter_stop_ = true;
+    }
+    reporter_cv_.SignalAll();
+    reporter_.join();
+  }
   closed_cv_.SignalAll();  // an open waiting for another owner's stream gives up
   if (server_) server_->Stop();
   std::map<uint64_t, std::unique_ptr<StagingStream>> streams;
@@ -302,6 +375,9 @@ void Daemon::Stop() {
   for (auto& [id, s] : streams)
     s->Cancel();
   streams.clear();
+  // The last figures, with every stream closed (and merged into the stall).
+  if (metrics_) WriteMetrics();
+  if (!options_.run_dir.empty()) (void)::unlink((options_.run_dir + "/" + kPlanName).c_str());
   // The prefetchers may be waiting on a peer (copying from a filler), and the peer service on
   // the tiers: tell the prefetchers to stop, stop the link (their peer reads then fail at once),
   // join the prefetchers, and only then let the peer service go, before the tiers.
@@ -487,44 +563,86 @@ Result<wire::DescribeOk> Daemon::Describe(uint32_t sample_id) {
 }
 
 std::string Daemon::StatusText() {
-  std::string out;
-  const double up = Seconds(std::chrono::steady_clock::now() - started_);
-  out += Line("nopfsd: job %s, node %u of %u, pid %d, up %.1f s", options_.job_id.c_str(),
-              options_.node, job_.nodes(), static_cast<int>(getpid()), up);
-  const uint64_t total_bytes =
+  return report::RenderText(Report());
+}
+
+std::vector<uint64_t> Daemon::StagedBytes() const {
+  std::vector<uint64_t> out(tier_refs_.size(), 0);
+  for (size_t j = 0; j < tier_refs_.size(); ++j) {
+    if (!prefetchers_[j]) continue;
+    out[j] = prefetchers_[j]->counters().bytes + reader_->cached_on_read(j).bytes.load() +
+             reader_->pushed_kept(j).bytes.load();
+  }
+  return out;
+}
+
+std::vector<uint64_t> Daemon::ObserveRates() {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<uint64_t> bytes = StagedBytes();
+  MutexLock lock(&rate_mu_);
+  rate_samples_.push_back({now, bytes});
+  // Keep the newest sample at least kRateWindow old, and nothing older.
+  while (rate_samples_.size() > 2 && rate_samples_[1].t <= now - kRateWindow)
+    rate_samples_.pop_front();
+  const RateSample& first = rate_samples_.front();
+  const double dt = Seconds(now - first.t);
+  std::vector<uint64_t> rates(bytes.size(), 0);
+  for (size_t j = 0; j < bytes.size() && dt > 0; ++j) {
+    const uint64_t moved = bytes[j] >= first.bytes[j] ? bytes[j] - first.bytes[j] : 0;
+    rates[j] = static_cast<uint64_t>(static_cast<double>(moved) / dt);
+  }
+  return rates;
+}
+
+report::StatusReport Daemon::Report() {
+  report::StatusReport r;
+  const auto now = std::chrono::steady_clock::now();
+  r.job_id = options_.job_id;
+  r.node = options_.node;
+  r.nodes = job_.nodes();
+  r.pid = static_cast<uint32_t>(getpid());
+  r.uptime_ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(now - started_).count());
+  r.dataset = options_.dataset;
+  r.predicted_stall_ns = predicted_stall_ns_;
+  r.dataset_samples = catalog_->size();
+  r.dataset_bytes =
       std::accumulate(catalog_->sizes().begin(), catalog_->sizes().end(), uint64_t{0});
-  out += Line("dataset: %s, %" PRIu64 " samples, %s", options_.dataset.c_str(), catalog_->size(),
-              FormatBytes(static_cast<double>(total_bytes)).c_str());
+  const std::vector<uint64_t> rates = ObserveRates();
   for (size_t j = 0; j < tier_refs_.size(); ++j) {
     const policy::TierPlan& tp = plan_.tiers[j];
-    const policy::StorageClass& c = model_.classes[j];
+    report::Tier t;
+    t.name = model_.classes[j].name;
+    t.capacity = model_.classes[j].capacity;
     if (!prefetchers_[j]) {
-      out += Line("tier %s: empty (capacity %s)", c.name.c_str(),
-                  FormatBytes(static_cast<double>(c.capacity)).c_str());
+      r.tiers.push_back(std::move(t));
       continue;
     }
     const PrefetchCounters pc = prefetchers_[j]->counters();
-    const uint64_t on_read = reader_->cached_on_read(j).reads.load();
-    const uint64_t pushed = reader_->pushed_kept(j).reads.load();
+    t.state = pc.done ? report::TierState::kDone : report::TierState::kRunning;
+    t.planned_samples = tp.prefetch_order.size();
+    t.planned_bytes = tp.bytes;
+    t.kept_on_read = reader_->cached_on_read(j).reads.load();
+    t.pushed = reader_->pushed_kept(j).reads.load();
+    t.failed = pc.failures;
     // Ready is what the slots say now: a slot filled, found corrupt and filled again is one
     // sample (adding up the fill counters would count it twice).
     Tier* tier = tier_refs_[j].ram != nullptr ? static_cast<Tier*>(tier_refs_[j].ram)
                                               : static_cast<Tier*>(tier_refs_[j].ssd);
-    uint64_t ready = 0;
-    uint64_t ready_bytes = 0;
     for (uint32_t slot = 0; tier != nullptr && slot < tier->slots().size(); ++slot) {
       if (tier->slots().state(slot) != SlotState::kReady) continue;
-      ++ready;
-      ready_bytes += tier->layout().SizeOf(slot);
+      ++t.ready_samples;
+      t.ready_bytes += tier->layout().SizeOf(slot);
     }
-    out += Line("tier %s: %" PRIu64 " of %zu samples ready (%" PRIu64
-                " kept from staging reads, %" PRIu64
-                " pushed by peers), %s of %s (capacity %s), %" PRIu64 " failed, prefetch %s",
-                c.name.c_str(), ready, tp.prefetch_order.size(), on_read, pushed,
-                FormatBytes(static_cast<double>(ready_bytes)).c_str(),
-                FormatBytes(static_cast<double>(tp.bytes)).c_str(),
-                FormatBytes(static_cast<double>(c.capacity)).c_str(), pc.failures,
-                pc.done ? "done" : "running");
+    t.rate = rates[j];
+    if (pc.done) {
+      t.eta_ns = 0;
+    } else if (t.rate > 0) {
+      const uint64_t left = t.planned_bytes > t.ready_bytes ? t.planned_bytes - t.ready_bytes : 0;
+      t.eta_ns =
+          static_cast<uint64_t>(static_cast<double>(left) / static_cast<double>(t.rate) * 1e9);
+    }
+    r.tiers.push_back(std::move(t));
   }
   ring::RingStats stall;
   {
@@ -532,69 +650,56 @@ std::string Daemon::StatusText() {
     stall = closed_stats_;
     for (auto& [id, s] : streams_) {
       const ring::RingStats st = s->ring().stats();
-      out += Line("stream %" PRIu64 ": rank %u, %" PRIu64 " of %" PRIu64 " staged, %" PRIu64
-                  " errors, %" PRIu64 " read by the client",
-                  id, s->rank(), s->staged(), s->total(), s->errors(), st.samples);
+      if (r.streams.size() < kMaxReportedStreams) {
+        r.streams.push_back({id, s->rank(), s->staged(), s->total(), s->errors(), st.samples});
+      }
       Merge(&stall, st);
     }
+    r.refusals.streams = refused_streams_;
+    r.refusals.owners = refused_owners_;
   }
   for (size_t j = 0; j < tier_refs_.size(); ++j) {
     const SourceCounters& c = reader_->class_counters(j);
+    report::Source src{model_.classes[j].name, c.reads.load(), c.bytes.load(), false, 0};
     if (static_cast<int>(j) == reader_->region_class()) {
-      out += Line("served %s: %" PRIu64 " samples, %" PRIu64 " bytes, %" PRIu64
-                  " of them in place (zero copy)",
-                  model_.classes[j].name.c_str(), c.reads.load(), c.bytes.load(),
-                  reader_->in_place_reads());
-    } else {
-      out += Line("served %s: %" PRIu64 " samples, %" PRIu64 " bytes",
-                  model_.classes[j].name.c_str(), c.reads.load(), c.bytes.load());
+      src.zero_copy = true;
+      src.in_place = reader_->in_place_reads();
     }
+    r.sources.push_back(std::move(src));
   }
-  out += Line("served peer: %" PRIu64 " samples, %" PRIu64 " bytes",
-              reader_->peer_counters().reads.load(), reader_->peer_counters().bytes.load());
+  r.sources.push_back({"peer", reader_->peer_counters().reads.load(),
+                       reader_->peer_counters().bytes.load(), false, 0});
+  r.sources.push_back({"pfs", reader_->pfs_counters().reads.load(),
+                       reader_->pfs_counters().bytes.load(), false, 0});
   if (peers_) {
-    out += peers_->StatusText();
-    uint64_t deferred = 0;
-    for (const auto& p : prefetchers_)
-      if (p) deferred += p->counters().deferred;
-    out += Line("peers copied: %" PRIu64 " samples, %" PRIu64
-                " bytes prefetched from the node that read them from the PFS (%" PRIu64
-                " deferred until it had them); %" PRIu64 " read from the PFS after all",
-                reader_->peer_fill_counters().reads.load(),
-                reader_->peer_fill_counters().bytes.load(), deferred, reader_->peer_fill_gave_up());
+    report::Peers p = peers_->Report();
+    for (const auto& pf : prefetchers_)
+      if (pf) p.deferred += pf->counters().deferred;
+    p.copied_samples = reader_->peer_fill_counters().reads.load();
+    p.copied_bytes = reader_->peer_fill_counters().bytes.load();
+    p.fill_gave_up = reader_->peer_fill_gave_up();
+    r.peers = std::move(p);
   }
-  out += Line("served pfs: %" PRIu64 " samples, %" PRIu64 " bytes",
-              reader_->pfs_counters().reads.load(), reader_->pfs_counters().bytes.load());
-  out += Line("pfs read: %" PRIu64 " bytes in all, prefetch included", reader_->pfs_bytes_total());
-  out += Line("corrupt: %" PRIu64 " tier reads failed their checksum and were refetched",
-              reader_->corruptions());
-  out += Line("changed: %" PRIu64 " PFS reads found a sample's file rewritten during the job",
-              reader_->changed_on_pfs());
-  out += Line("stall: %" PRIu64 " reads, total %.6f s, median %.6f s, p99 %.6f s", stall.samples,
-              static_cast<double>(stall.stall_ns_total) / 1e9,
-              static_cast<double>(stall.stall_ns_median) / 1e9,
-              static_cast<double>(stall.stall_ns_p99) / 1e9);
-  uint64_t refused_streams = 0;
-  uint64_t refused_owners = 0;
-  {
-    MutexLock lock(&mu_);
-    refused_streams = refused_streams_;
-    refused_owners = refused_owners_;
-  }
-  out +=
-      Line("owners: refused %" PRIu64 " opens of a rank another process had open", refused_owners);
-  out += Line("limits: %u streams per rank; refused %" PRIu64 " streams, %" PRIu64
-              " connections (too many open); %" PRIu64 " connections timed out",
-              config_.limits().streams_per_rank, refused_streams,
-              server_ ? server_->refused_connections() : 0,
-              server_ ? server_->timed_out_connections() : 0);
+  r.pfs_bytes = reader_->pfs_bytes_total();
+  r.corrupt = reader_->corruptions();
+  r.changed = reader_->changed_on_pfs();
+  r.stall.reads = stall.samples;
+  r.stall.total_ns = stall.stall_ns_total;
+  r.stall.median_ns = stall.stall_ns_median;
+  r.stall.p99_ns = stall.stall_ns_p99;
+  std::copy(stall.histogram.begin(), stall.histogram.end(), r.stall.histogram.begin());
+  r.refusals.streams_per_rank = config_.limits().streams_per_rank;
+  r.refusals.connections = server_ ? server_->refused_connections() : 0;
+  r.refusals.timed_out = server_ ? server_->timed_out_connections() : 0;
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
-  out += Line(
-      "cpu: user %.2f s, system %.2f s",
-      static_cast<double>(ru.ru_utime.tv_sec) + static_cast<double>(ru.ru_utime.tv_usec) / 1e6,
-      static_cast<double>(ru.ru_stime.tv_sec) + static_cast<double>(ru.ru_stime.tv_usec) / 1e6);
-  return out;
+  const auto ns = [](const timeval& tv) {
+    return static_cast<uint64_t>(tv.tv_sec) * 1'000'000'000 +
+           static_cast<uint64_t>(tv.tv_usec) * 1000;
+  };
+  r.cpu_user_ns = ns(ru.ru_utime);
+  r.cpu_system_ns = ns(ru.ru_stime);
+  return r;
 }
 
 }  // namespace nopfs::service

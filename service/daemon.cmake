@@ -13,6 +13,7 @@ add_library(nopfs_daemon STATIC
   ${CMAKE_CURRENT_LIST_DIR}/staging.cc
   ${CMAKE_CURRENT_LIST_DIR}/daemon.cc
   ${CMAKE_CURRENT_LIST_DIR}/peers.cc
+  ${CMAKE_CURRENT_LIST_DIR}/metrics.cc
 )
 nopfs_target_defaults(nopfs_daemon)
 target_link_libraries(nopfs_daemon

@@ -16,9 +16,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/ring.h"
@@ -29,6 +31,7 @@
 #include "policy/plan.h"
 #include "service/catalog.h"
 #include "service/local_server.h"
+#include "service/metrics.h"
 #include "service/peers.h"
 #include "service/prefetcher.h"
 #include "service/ram_tier.h"
@@ -81,7 +84,8 @@ class Daemon final : public Handler {
   HelloInfo Hello() override;
   Result<StreamGrant> OpenStream(const OpenStreamRequest& request, ConnectionId conn) override;
   void CloseStream(uint64_t stream_id) override;
-  std::string StatusText() override;
+  std::string StatusText() override;  // report::RenderText(Report())
+  report::StatusReport Report() override;
   Result<wire::DescribeOk> Describe(uint32_t sample_id) override;
 
  private:
@@ -94,6 +98,7 @@ class Daemon final : public Handler {
   policy::JobSpec job_;        // options_.job with F from the catalog
   std::unique_ptr<Catalog> catalog_;
   policy::NodePlan plan_;
+  uint64_t predicted_stall_ns_ = report::kUnknown;  // set by Init (a consumer taking no time)
   std::vector<std::unique_ptr<RamTier>> ram_tiers_;
   std::vector<std::unique_ptr<SsdTier>> ssd_tiers_;
   std::vector<TierRef> tier_refs_;  // [class]
@@ -125,6 +130,29 @@ class Daemon final : public Handler {
   ring::RingStats closed_stats_ GUARDED_BY(mu_);
   bool stopped_ GUARDED_BY(mu_) = false;
   std::unique_ptr<PeerService> peers_;  // null without peers
+
+  // Bytes staged into each class so far (prefetched, kept from staging reads, pushed by peers).
+  std::vector<uint64_t> StagedBytes() const;
+  // Records StagedBytes() now and returns each class's rate in bytes/s over the last
+  // kRateWindow (since start at first).
+  std::vector<uint64_t> ObserveRates();
+  struct RateSample {
+    std::chrono::steady_clock::time_point t;
+    std::vector<uint64_t> bytes;  // [class]
+  };
+  Mutex rate_mu_;
+  std::deque<RateSample> rate_samples_ GUARDED_BY(rate_mu_);  // the oldest is kept
+
+  // The reporter thread: samples the staging rate every second and, with the config's
+  // metrics_dir, rewrites the metrics file every kMetricsPeriod (and once more in Stop()).
+  void Reporter();
+  void WriteMetrics();
+  std::unique_ptr<MetricsWriter> metrics_;  // null without metrics_dir
+  std::string metrics_error_;               // the last error logged (each new one is logged once)
+  std::thread reporter_;
+  Mutex reporter_mu_;
+  CondVar reporter_cv_;
+  bool reporter_stop_ GUARDED_BY(reporter_mu_) = false;
 };
 
 }  // namespace nopfs::service

@@ -342,8 +342,18 @@ void LocalServer::Serve(Conn* conn) {
       } else {
         answer.body = wire::FromStatus(g.status());
       }
-    } else if (std::holds_alternative<wire::StatusRequest>(r->message.body)) {
-      answer.body = wire::StatusOk{FitStatusText(handler_->StatusText())};
+    } else if (auto* st = std::get_if<wire::StatusRequest>(&r->message.body)) {
+      if (!st->report_version) {
+        answer.body = wire::StatusOk{FitStatusText(handler_->StatusText()), std::nullopt};
+      } else if (*st->report_version != report::kReportVersion) {
+        answer.body = wire::FromStatus(Status::InvalidArgument(
+            "nopfsd: status report version " + std::to_string(*st->report_version) +
+            " is not supported (this nopfsd writes version " +
+            std::to_string(report::kReportVersion) +
+            "); use a nopfs command and nopfsd from the same release"));
+      } else {
+        answer.body = wire::StatusOk{"", handler_->Report()};
+      }
     } else if (auto* d = std::get_if<wire::Describe>(&r->message.body)) {
       Result<wire::DescribeOk> info = handler_->Describe(d->sample_id);
       if (info.ok()) {

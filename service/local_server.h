@@ -84,6 +84,8 @@ class Handler {
   // and frees the ring. Called exactly once per granted stream.
   virtual void CloseStream(uint64_t stream_id) = 0;
   virtual std::string StatusText() = 0;
+  // The structured status (STATUS with a report version, docs/wire.md "Structured status").
+  virtual report::StatusReport Report() = 0;
   // Where a sample's bytes come from on the PFS (for clients that verify what they received).
   virtual Result<wire::DescribeOk> Describe(uint32_t sample_id) = 0;
 };

@@ -115,6 +115,19 @@ class TestHandler : public Handler {
     return s;
   }
 
+  report::StatusReport Report() override {
+    std::lock_guard lock(mu_);
+    report::StatusReport r;
+    r.job_id = "job-7";
+    for (auto& [id, g] : streams_) {
+      ring::RingStats st = g.writer->stats();
+      r.streams.push_back({id, 0, 0, 0, 0, st.samples});
+      r.stall.reads += st.samples;
+      r.stall.total_ns += st.stall_ns_total;
+    }
+    return r;
+  }
+
   Result<wire::DescribeOk> Describe(uint32_t sample_id) override {
     if (sample_id >= 1000) {
       return Status::NotFound("sample " + std::to_string(sample_id) + " is not in the dataset");
@@ -247,6 +260,13 @@ TEST_F(LocalServerTest, EndToEndInOrderZeroCopyWithErrorAndStats) {
   ASSERT_TRUE(text.ok()) << text.status().ToString();
   EXPECT_NE(text->find("1 open streams"), std::string::npos) << *text;
   EXPECT_NE(text->find("samples 300"), std::string::npos) << *text;
+  // The structured status of the same moment, over the same socket.
+  Result<report::StatusReport> rep = (*c)->Report();
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  EXPECT_EQ(rep->job_id, "job-7");
+  ASSERT_EQ(rep->streams.size(), 1u);
+  EXPECT_EQ(rep->streams[0].read, 300u);
+  EXPECT_EQ(rep->stall.reads, 300u);
 
   Result<client::SampleInfo> info = (*c)->Describe(42);
   ASSERT_TRUE(info.ok()) << info.status().ToString();

@@ -238,6 +238,8 @@ Status PeerService::Attach(const policy::NodePlan& plan, const policy::NodeAcces
                 FormatBytes(static_cast<double>(stats.bytes_sent)).c_str(),
                 FormatBytes(static_cast<double>(stats.bytes_received)).c_str());
   state_ = buf;
+  held_elsewhere_ = directory_.size();
+  needed_ = needs.size();
   spdlog::info("peers: {}", state_);
   have_directory_.store(true, std::memory_order_release);
   reader.SetPeerSource(
@@ -251,39 +253,40 @@ Status PeerService::Attach(const policy::NodePlan& plan, const policy::NodeAcces
   return Status::Ok();
 }
 
-std::string PeerService::StatusText() const {
+report::Peers PeerService::Report() const {
   const fabric::PeerLinkCounters c = link_->counters();
-  std::string dead;
-  uint64_t done_reports = 0;
+  report::Peers p;
   for (uint32_t n = 0; n < link_->nodes(); ++n) {
     if (n == options_.node) continue;
-    if (link_->IsDead(n)) dead += (dead.empty() ? "" : ",") + std::to_string(n);
+    if (link_->IsDead(n)) p.dead.push_back(n);
     for (uint32_t j = 0; j < 64; ++j)
-      done_reports += link_->PeerClassDone(n, j) ? 1 : 0;
+      p.done_reports += link_->PeerClassDone(n, j) ? 1 : 0;
   }
+  p.node = options_.node;
+  p.nodes = static_cast<uint32_t>(options_.peers.size());
+  p.served_samples = c.served_reads;
+  p.served_bytes = c.served_bytes;
+  p.served_not_available = c.served_not_available;
+  p.fetched_samples = c.fetched_reads;
+  p.fetched_bytes = c.fetched_bytes;
+  p.fetch_not_available = c.fetch_not_available;
+  p.timeouts = c.timeouts;
+  p.refused = c.auth_refused;
+  p.malformed = c.malformed;
+  p.served_rma = c.served_remote;
+  p.fetched_rma = c.fetched_remote;
+  p.rma_failed = c.remote_failed;
+  p.pushes_sent = c.pushes_sent;
+  p.push_bytes_sent = c.push_bytes_sent;
+  p.pushes_dropped = c.pushes_dropped;
+  p.pushes_received = c.pushes_received;
+  p.pushes_kept = pushes_kept_.load();
   MutexLock lock(&mu_);
-  char buf[2048];
-  std::snprintf(
-      buf, sizeof buf,
-      "peers: node %u of %zu, %s\n"
-      "peers served: %" PRIu64 " samples, %" PRIu64 " bytes, %" PRIu64
-      " not available\n"
-      "peers fetched: %" PRIu64 " samples, %" PRIu64 " bytes, %" PRIu64 " not available, %" PRIu64
-      " timeouts, %" PRIu64 " refused, %" PRIu64
-      " malformed; dead: %s\n"
-      "peers done: %" PRIu64
-      " classes reported filled by the other nodes\n"
-      "peers rma: %s; served %" PRIu64 " and fetched %" PRIu64 " samples by RMA reads, %" PRIu64
-      " failed\n"
-      "peers pushed: %" PRIu64 " samples, %" PRIu64
-      " bytes read from the PFS here before their holder had them (%" PRIu64 " dropped); %" PRIu64
-      " received, %" PRIu64 " kept\n",
-      options_.node, options_.peers.size(), state_.c_str(), c.served_reads, c.served_bytes,
-      c.served_not_available, c.fetched_reads, c.fetched_bytes, c.fetch_not_available, c.timeouts,
-      c.auth_refused, c.malformed, dead.empty() ? "none" : dead.c_str(), done_reports, rma_.c_str(),
-      c.served_remote, c.fetched_remote, c.remote_failed, c.pushes_sent, c.push_bytes_sent,
-      c.pushes_dropped, c.pushes_received, pushes_kept_.load());
-  return buf;
+  p.state = state_;
+  p.held_elsewhere = held_elsewhere_;
+  p.needed = needed_;
+  p.rma = rma_;
+  return p;
 }
 
 }  // namespace nopfs::service

@@ -10,7 +10,7 @@
 // prefetchers start, and on failure leaves the node without peers, saying why.
 //
 // Thread safety: Attach from one thread, before the reader is used by staging threads; the
-// peer source, the serving callback and StatusText are safe from any thread.
+// peer source, the serving callback and Report are safe from any thread.
 #pragma once
 
 #include <atomic>
@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "client/status_report.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "fabric/peer_link.h"
@@ -59,8 +60,9 @@ class PeerService {
                 const std::vector<const Prefetcher*>& prefetchers, const Catalog& catalog,
                 SampleReader& reader);
 
-  // "peers: ..." lines for `nopfs status`.
-  std::string StatusText() const;
+  // The link's counters and the directory's state, for the status (the daemon adds the copies
+  // its prefetchers made).
+  report::Peers Report() const;
 
   // Tells the other nodes that this node's class `cls` is filled (its prefetcher finished): they
   // then presume every entry of it ready (docs/algorithm.md §7).
@@ -105,6 +107,8 @@ class PeerService {
   mutable Mutex mu_;
   std::string state_ GUARDED_BY(mu_) = "starting";  // for the status
   dir::DirectoryStats stats_ GUARDED_BY(mu_);
+  uint64_t held_elsewhere_ GUARDED_BY(mu_) = 0;  // the directory's samples held by other nodes
+  uint64_t needed_ GUARDED_BY(mu_) = 0;          // the samples this node reads and does not hold
   std::string rma_ GUARDED_BY(mu_) = "not attached";  // how RAM tiers are served, for the status
   uint64_t round_ = 0;
 };

@@ -19,6 +19,9 @@ using launch::kLogName;
 using launch::kPidName;
 using launch::kReadyName;
 using launch::kSocketName;
+// The plan line (report::RenderPlanLine) nopfsd writes once it serves; the SPANK plugin prints it
+// into the job's output. Removed when nopfsd stops.
+inline constexpr const char* kPlanName = "plan";
 
 // Creates `dir` (and missing parents, 0755 as usual) with mode 0700, or accepts an existing
 // directory that is owned by this process's uid, is not a symlink and has no group/other access.

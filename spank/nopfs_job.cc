@@ -44,6 +44,7 @@ extern "C" {
 #include "launch/run_files.h"
 #include "lua/admit.h"
 #include "lua/config.h"
+#include "service/metrics.h"
 #include "spank/job_cgroup.h"
 #include "spank/job_files.h"
 #include "spank/ledger.h"
@@ -276,9 +277,10 @@ std::optional<LedgerEntry> FindEntry(const std::string& ledger_dir, uint64_t job
 // Everything the epilog does for one job; also used on a stale ledger entry. Depends on nothing
 // that can fail but the removals themselves: the process is the one the ledger names (pid and
 // start time, never its command line), the run directory is reached through a checked walk of
-// `node_dir`. Returns what is left (empty when nothing).
-std::string Teardown(const std::string& node_dir, const Target& t,
-                     std::chrono::milliseconds grace) {
+// `node_dir`; `metrics_dir` (the node config's, "" for none) is where the job's metrics file is.
+// Returns what is left (empty when nothing).
+std::string Teardown(const std::string& node_dir, const Target& t, std::chrono::milliseconds grace,
+                     const std::string& metrics_dir) {
   const std::string job = std::to_string(t.job_id);
   std::string left;
   if (t.daemon.pid > 0) {
@@ -301,6 +303,16 @@ std::string Teardown(const std::string& node_dir, const Target& t,
     struct stat st {};
     if (::fstatat(dir->get(), job.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
       left += " " + node_dir + "/" + job;
+    }
+  }
+  // The job's metrics file (docs/admin.md, "Metrics"), after nopfsd's last write.
+  if (!metrics_dir.empty()) {
+    const std::string prom = metrics_dir + "/" + service::MetricsFileName(job);
+    struct stat st {};
+    if (::unlink(prom.c_str()) != 0 && errno != ENOENT) {
+      left += " " + prom + " (" + std::strerror(errno) + ")";
+    } else if (::lstat(prom.c_str(), &st) == 0) {
+      left += " " + prom;
     }
   }
   // Look again (StopProcesses has looked at the process).
@@ -464,7 +476,7 @@ Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
       // Stale: its job is over and its epilog did not finish. Clean up after it.
       Target t = FromEntry(e);
       if (t.ssd_paths.empty()) t.ssd_paths = SsdPaths(config);
-      (void)Teardown(job.node_dir, t, 2s);
+      (void)Teardown(job.node_dir, t, 2s, config.metrics_dir());
       (void)ledger->Remove(e.job_id);
       continue;
     }
@@ -630,7 +642,7 @@ int Prolog(const Job& job, const char* self) {
     const std::optional<LedgerEntry> old = FindEntry(job.ledger_dir, job.job_id, &error);
     Target t = old ? FromEntry(*old) : Target{job.job_id, job.uid, job.node_index, {}, {}};
     if (t.ssd_paths.empty()) t.ssd_paths = SsdPaths(*config);
-    (void)Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace));
+    (void)Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace), config->metrics_dir());
   }
   if (::mkdir(job.run_dir.c_str(), 0700) != 0 ||
       ::lchown(job.run_dir.c_str(), job.uid, job.gid) != 0) {
@@ -731,7 +743,10 @@ int Epilog(const Job& job) {
   // An unknown index means no entry (an entry has one) and a node list without this node: the
   // job was never admitted here, so it has no SSD directory here either.
   if (t.index == kUnknownIndex) t.ssd_paths.clear();
-  left += Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace));
+  // The metrics directory comes from the node config (a config that no longer loads has none).
+  const Result<lua::NodeConfig> config = LoadConfig(job);
+  left += Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace),
+                   config.ok() ? config->metrics_dir() : std::string());
   if (entry) {
     Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s);
     if (!l.ok()) {

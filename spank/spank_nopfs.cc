@@ -358,6 +358,8 @@ int TaskInit(spank_t sp) {
     spank_unsetenv(sp, name);
   for (const auto& [name, value] : env.Variables())
     spank_setenv(sp, name.c_str(), value.c_str(), 1);
+  // The plan line nopfsd wrote (tiers, sizes, predicted stall), once, in the batch script's output.
+  if (why.empty() && local == 0 && !is_step) std::fprintf(stderr, "%s", read("plan").c_str());
   return 0;
 }
 

@@ -7,7 +7,6 @@ that the fallback reader plans the same order without a service.
 
 import dataclasses
 import os
-import re
 from typing import TYPE_CHECKING, Optional
 
 from . import _client
@@ -33,11 +32,7 @@ def service_samples(socket: Optional[str] = None) -> int:
     value = _env_int("NOPFS_SAMPLES")
     if value:
         return value
-    text = _client.connect(socket).status()
-    m = re.search(r"^dataset: .*, (\d+) samples", text, re.MULTILINE)
-    if m is None:
-        raise _client.Error("nopfs: the service's status does not say how many samples it has")
-    return int(m.group(1))
+    return int(_client.connect(socket).report()["dataset"]["samples"])
 
 
 def _env_int(name: str) -> Optional[int]:

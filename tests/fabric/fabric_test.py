@@ -23,6 +23,7 @@ As root, every process runs as `nobody` (nopfsd refuses root).
 Usage: fabric_test.py BUILD_BIN_DIR
 """
 
+import json
 import os
 import re
 import shutil
@@ -160,8 +161,18 @@ class FabricTest(unittest.TestCase):
         return len(ids)
 
     def status(self, node):
-        return self.nopfs("status", "--socket",
-                          os.path.join(self.daemons[node][1], "nopfsd.sock")).stdout
+        """Node `node`'s structured status (`nopfs status --json`, docs/service.md)."""
+        return json.loads(self.nopfs("status", "--json", "--socket",
+                                     os.path.join(self.daemons[node][1], "nopfsd.sock")).stdout)
+
+    @staticmethod
+    def prefetch_done(s):
+        return any(t["prefetch"] == "done" for t in s["tiers"])
+
+    @staticmethod
+    def served(s, source):
+        """Samples node status `s` handed to its clients from `source` (a class, peer, pfs)."""
+        return next(x["samples"] for x in s["sources"] if x["name"] == source)
 
     def stop_all(self):
         for d, _ in self.daemons:
@@ -175,53 +186,49 @@ class FabricTest(unittest.TestCase):
             left = [f for f in os.listdir(run) if not f.startswith("nopfsd.log")]
             self.assertEqual(left, [], f"node {n} left {left}")
 
-    @staticmethod
-    def counter(text, pattern):
-        m = re.search(pattern, text)
-        return int(m.group(1)) if m else None
-
     def test_nodes_read_each_others_tiers(self):
         secret = self.private_file("secret", os.urandom(32))
         # Each node's RAM tier holds 60 % of the dataset: together they hold all of it, and a
         # node reads what it lacks from the other.
         self.start(2, self.config(str(int(self.total * 0.6))), [secret, secret])
         for n in range(2):
-            while "prefetch done" not in self.status(n):
+            while not self.prefetch_done(self.status(n)):
                 time.sleep(0.05)
         served = 0
         for rank in range(4):
             served += self.read_rank(rank // 2, rank)
         statuses = [self.status(n) for n in range(2)]
-        fetched = sum(self.counter(s, r"(?m)^peers fetched: (\d+) samples") for s in statuses)
-        given = sum(self.counter(s, r"(?m)^peers served: (\d+) samples") for s in statuses)
+        fetched = sum(s["peers"]["fetched_samples"] for s in statuses)
+        given = sum(s["peers"]["served_samples"] for s in statuses)
         self.assertGreater(fetched, 0, statuses)
         self.assertEqual(fetched, given, statuses)
-        by_rma = [(self.counter(s, r"(?m)^peers rma: .*; served (\d+)"),
-                   self.counter(s, r"(?m)^peers rma: .* fetched (\d+)")) for s in statuses]
+        by_rma = [(s["peers"]["served_rma"],
+                   s["peers"]["fetched_rma"]) for s in statuses]
         self.assertEqual(by_rma[0][0], by_rma[1][1], statuses)  # served by 0 = fetched by 1
         self.assertEqual(by_rma[1][0], by_rma[0][1], statuses)
         for s in statuses:
-            self.assertRegex(s, r"(?m)^peers: node \d of 2, directory of \d+ samples", s)
-            self.assertEqual(self.counter(s, r"refused, (\d+) malformed"), 0, s)
+            self.assertEqual(s["peers"]["nodes"], 2, s)
+            self.assertTrue(s["peers"]["state"].startswith("directory of "), s)
+            self.assertEqual(s["peers"]["malformed"], 0, s)
             # The other node's one class (ram) was reported filled.
-            self.assertEqual(self.counter(s, r"(?m)^peers done: (\d+) classes"), 1, s)
+            self.assertEqual(s["peers"]["done_reports"], 1, s)
             # The RAM tier is registered for RMA, and the samples of 16 KiB and more that a node
             # fetched came by RMA reads (smaller ones come in the reply); read_rank checked every
             # byte against the files either way.
-            self.assertRegex(s, r"(?m)^peers rma: ram by RMA reads;", s)
-            rma = self.counter(s, r"(?m)^peers rma: .* fetched (\d+) samples")
+            self.assertTrue(s["peers"]["rma"].startswith("ram by RMA reads"), s)
+            rma = s["peers"]["fetched_rma"]
             self.assertGreater(rma, 0, s)
-            self.assertLessEqual(rma, self.counter(s, r"(?m)^peers fetched: (\d+) samples"), s)
-            self.assertEqual(self.counter(s, r"(?m)^peers rma: .* (\d+) failed"), 0, s)
+            self.assertLessEqual(rma, s["peers"]["fetched_samples"], s)
+            self.assertEqual(s["peers"]["rma_failed"], 0, s)
         for s in statuses:
             # With both tiers filled, no staged read went to the PFS: the tiers together hold
             # the dataset, and what a node lacks its peer has.
-            self.assertEqual(self.counter(s, r"(?m)^served pfs: (\d+) samples"), 0, s)
+            self.assertEqual(self.served(s, "pfs"), 0, s)
         # The tiers overlap (each plans its node's most read samples: 1.2 datasets together); a
         # sample both hold is read from the PFS by its filler and copied by the other.
-        copied = sum(self.counter(s, r"(?m)^peers copied: (\d+) samples") for s in statuses)
+        copied = sum(s["peers"]["copied_samples"] for s in statuses)
         self.assertGreater(copied, 0, statuses)
-        pfs = sum(self.counter(s, r"(?m)^pfs read: (\d+) bytes") for s in statuses)
+        pfs = sum(s["pfs_bytes"] for s in statuses)
         # Over the whole 3-epoch run the job read the PFS about once per sample.
         print(f"\n2 nodes, tiers of 0.6 of the dataset each: {copied} samples copied, PFS read "
               f"{pfs / self.total:.3f} datasets", file=sys.stderr)
@@ -269,21 +276,19 @@ class FabricTest(unittest.TestCase):
                    timeout_ms=5000, datasets=[self.data.root, mnt])
         for rank in (0, 1):
             self.read_rank(0, rank)
-        while "prefetch done" not in self.status(1):
+        while not self.prefetch_done(self.status(1)):
             time.sleep(0.05)
         for rank in (2, 3):
             self.read_rank(1, rank)
         statuses = [self.status(n) for n in range(2)]
-        pushes = r"(?m)^peers pushed: (\d+) samples, (\d+) bytes .*; (\d+) received, (\d+) kept"
-        sent = re.search(pushes, statuses[0])
-        got = re.search(pushes, statuses[1])
-        self.assertIsNotNone(sent, statuses[0])
-        self.assertIsNotNone(got, statuses[1])
-        self.assertGreater(int(sent.group(1)), 0, statuses)
-        self.assertGreater(int(got.group(4)), 0, statuses)  # node 1 kept some
-        self.assertLessEqual(int(got.group(4)), int(got.group(3)), statuses)
-        pfs = sum(self.counter(s, r"(?m)^pfs read: (\d+) bytes") for s in statuses)
-        print(f"\na slow holder: {sent.group(1)} samples pushed, {got.group(4)} kept, PFS read "
+        sent = statuses[0]["peers"]["pushes_sent"]
+        received = statuses[1]["peers"]["pushes_received"]
+        kept = statuses[1]["peers"]["pushes_kept"]
+        self.assertGreater(sent, 0, statuses)
+        self.assertGreater(kept, 0, statuses)  # node 1 kept some
+        self.assertLessEqual(kept, received, statuses)
+        pfs = sum(s["pfs_bytes"] for s in statuses)
+        print(f"\na slow holder: {sent} samples pushed, {kept} kept, PFS read "
               f"{pfs / self.total:.3f} datasets", file=sys.stderr)
         self.assertLessEqual(pfs, 1.05 * self.total, statuses)
         self.stop_all()
@@ -308,15 +313,16 @@ class FabricTest(unittest.TestCase):
             self.read_rank(rank // 2, rank)
         statuses = [self.status(n) for n in range(2)]
         for s in statuses:
-            self.assertEqual(self.counter(s, r"(?m)^peers fetched: (\d+) samples"), 0, s)
-            self.assertEqual(self.counter(s, r"(?m)^peers served: (\d+) samples"), 0, s)
-        self.assertTrue(any("directory failed" in s for s in statuses), statuses)
+            self.assertEqual(s["peers"]["fetched_samples"], 0, s)
+            self.assertEqual(s["peers"]["served_samples"], 0, s)
+        self.assertTrue(any(s["peers"]["state"].startswith("directory failed") for s in statuses),
+                        statuses)
         self.stop_all()
 
     def test_dead_peer_falls_back_to_the_pfs(self):
         secret = self.private_file("secret", os.urandom(32))
         self.start(2, self.config(str(int(self.total * 0.6))), [secret, secret], timeout_ms=1000)
-        while "prefetch done" not in self.status(0):
+        while not self.prefetch_done(self.status(0)):
             time.sleep(0.05)
         d1, _ = self.daemons[1]
         d1.send_signal(signal.SIGKILL)
@@ -324,9 +330,9 @@ class FabricTest(unittest.TestCase):
         for rank in (0, 1):
             self.read_rank(0, rank)
         s = self.status(0)
-        self.assertRegex(s, r"dead: 1", s)
+        self.assertEqual(s["peers"]["dead"], [1], s)
         # (The prefetcher copied samples from node 1 before it died; no staged read came from it.)
-        self.assertEqual(self.counter(s, r"(?m)^served peer: (\d+) samples"), 0, s)
+        self.assertEqual(self.served(s, "peer"), 0, s)
         self.stop_all()
 
     def test_peer_killed_mid_epoch_the_run_completes_with_every_byte(self):
@@ -343,14 +349,14 @@ class FabricTest(unittest.TestCase):
         self.start(2, self.config(str(int(total * 0.6)), staging="8MB"), [secret, secret],
                    timeout_ms=1000)
         for n in range(2):
-            while "prefetch done" not in self.status(n):
+            while not self.prefetch_done(self.status(n)):
                 time.sleep(0.05)
         sock = os.path.join(self.daemons[0][1], "nopfsd.sock")
         cat = subprocess.Popen(
             st.demote_argv([os.path.join(BIN, "nopfs"), "cat", "--socket", sock, "--rank", "0",
                             "--verify", "--print"]), stdout=subprocess.PIPE, text=True)
         lines = [cat.stdout.readline() for _ in range(100)]
-        before = self.counter(self.status(0), r"(?m)^peers fetched: (\d+) samples")
+        before = self.status(0)["peers"]["fetched_samples"]
         self.assertGreater(before, 0)
         d1, _ = self.daemons[1]
         d1.send_signal(signal.SIGKILL)
@@ -367,8 +373,8 @@ class FabricTest(unittest.TestCase):
                          [int(x) for x in want.stdout.split()])
         s = self.status(0)
         # Reads the dead node was to serve went to the PFS after one failed request.
-        self.assertRegex(s, r"dead: 1", s)
-        self.assertGreater(self.counter(s, r"(?m)^served pfs: (\d+) samples"), 0, s)
+        self.assertEqual(s["peers"]["dead"], [1], s)
+        self.assertGreater(self.served(s, "pfs"), 0, s)
         self.stop_all()
 
     def make_netns(self, count):
@@ -408,7 +414,7 @@ class FabricTest(unittest.TestCase):
         self.start(3, self.config(str(int(self.total * 0.5))), [secret] * 3, hosts=hosts,
                    netns=names, job=job)
         for n in range(3):
-            while "prefetch done" not in self.status(n):
+            while not self.prefetch_done(self.status(n)):
                 time.sleep(0.05)
         for rank in range(3):
             sock = os.path.join(self.daemons[rank][1], "nopfsd.sock")
@@ -421,13 +427,12 @@ class FabricTest(unittest.TestCase):
         statuses = [self.status(n) for n in range(3)]
         for n, s in enumerate(statuses):
             # The three tiers together hold the dataset: every sample a node needs is found.
-            m = re.search(r"(?m)^peers: node %d of 3, directory of (\d+) samples held elsewhere "
-                          r"\(of (\d+) needed\)" % n, s)
-            self.assertIsNotNone(m, s)
-            self.assertEqual(m.group(1), m.group(2), s)
-            self.assertGreater(self.counter(s, r"(?m)^served peer: (\d+) samples"), 0, s)
-            self.assertRegex(s, r"dead: none", s)
-        pfs = sum(self.counter(s, r"(?m)^pfs read: (\d+) bytes") for s in statuses)
+            self.assertEqual((s["peers"]["node"], s["peers"]["nodes"]), (n, 3), s)
+            self.assertGreater(s["peers"]["needed"], 0, s)
+            self.assertEqual(s["peers"]["held_elsewhere"], s["peers"]["needed"], s)
+            self.assertGreater(self.served(s, "peer"), 0, s)
+            self.assertEqual(s["peers"]["dead"], [], s)
+        pfs = sum(s["pfs_bytes"] for s in statuses)
         print(f"\n3 nodes in 3 network namespaces, tiers of 0.5 of the dataset each: PFS read "
               f"{pfs / self.total:.3f} datasets", file=sys.stderr)
         self.assertLessEqual(pfs, 1.05 * self.total, statuses)

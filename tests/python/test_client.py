@@ -118,11 +118,15 @@ def test_worker_shares_interleave_back_into_the_plan(service, images):
                              epochs=1) as stream:
                 got = read_all(stream)
                 # The service counts the share's accesses (what it stages) the same way.
-                want = f"stream {stream.id}: rank 0, {len(got)} of {len(got)} staged, 0 errors"
+                want = {"id": stream.id, "rank": 0, "staged": len(got), "total": len(got),
+                        "errors": 0}
+
+                def listed():
+                    return [{k: x[k] for k in want} for x in client.report()["streams"]]
                 deadline = time.monotonic() + 5
-                while want not in client.status() and time.monotonic() < deadline:
+                while want not in listed() and time.monotonic() < deadline:
                     time.sleep(0.01)
-                assert want in client.status()
+                assert want in listed(), client.report()["streams"]
             assert {g[2] for g in got} == {epoch}
             shares.append([g[0] for g in got])
         merged, k = [], 0

@@ -2,7 +2,6 @@
 second process's open of a rank's stream (docs/user.md, "Launchers"; docs/wire.md)."""
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -58,10 +57,7 @@ def ids(stream):
 
 
 def refused_owners(client):
-    m = re.search(r"^owners: refused (\d+) opens of a rank another process had open$",
-                  client.status(), re.MULTILINE)
-    assert m is not None, client.status()
-    return int(m.group(1))
+    return client.report()["refusals"]["owners"]
 
 
 def test_a_second_process_is_refused_and_the_first_reads_on(service):

@@ -20,11 +20,14 @@ Usage: service_test.py BUILD_BIN_DIR
 
 import glob
 import hashlib
+import json
 import os
+import pwd
 import random
 import re
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -255,6 +258,147 @@ class ServiceTest(unittest.TestCase):
         self.assertGreaterEqual(pfs, 0.95 * self.total_bytes, p.stdout)
         self.assert_nothing_left()
 
+    def test_status_watch_and_the_plan_line(self):
+        """`nopfs run` prints the plan line; `nopfs status` shows per tier bytes staged of planned,
+        a rate and an ETA; `--watch` appends progress lines when its output is a file, draws bars
+        in place on a terminal, and ends by itself when nopfsd goes away."""
+        conf = os.path.join(self.work, "watch.conf.lua")
+        write_config(conf, ram=str(self.total_bytes // 2))
+        out = os.path.join(self.work, "w")
+        nopfs_bin = os.path.join(BIN, "nopfs")
+        script = (
+            f"{nopfs_bin} status --watch --interval 0.1 > {out}.watch 2>&1 & "
+            f"until {nopfs_bin} status | grep -q 'tier ram: .*prefetch done'; do sleep 0.05; done; "
+            f"{nopfs_bin} status > {out}.text; {nopfs_bin} status --json > {out}.json; "
+            f"script -q -c '{nopfs_bin} status --watch --interval 0.1' /dev/null > {out}.tty & "
+            f"sleep 0.5; kill $!; "
+            f"timeout 0.5 {nopfs_bin} status --watch --json --interval 0.1 > {out}.jsonl; "
+            f"{nopfs_bin} cat > /dev/null")
+        p = nopfs("run", "--dataset", self.data.root, "--ranks", 1, *self.JOB, "--config", conf,
+                  "--", "bash", "-c", script)
+        status = json.loads(read(out + ".json"))
+        ram = status["tiers"][0]
+        self.assertEqual((ram["name"], ram["prefetch"], ram["eta_ns"]), ("ram", "done", 0), status)
+        self.assertEqual(ram["ready_bytes"], ram["planned_bytes"], status)
+        self.assertGreater(ram["planned_bytes"], 0, status)
+        # The plan line, on nopfs run's standard error, from the same report.
+        plan = re.search(r"(?m)^nopfs: plan: node 0 of 1, dataset [\d.]+ \w?B; tiers: ram "
+                         r"([\d.]+ \w?B) of [\d.]+ \w?B \((\d+) samples\); .* to stage; "
+                         r"predicted stall [\d.]+ \w+ \(a client that takes no time per sample\)$",
+                         p.stderr)
+        self.assertIsNotNone(plan, p.stderr)
+        self.assertEqual(int(plan.group(2)), ram["planned_samples"], p.stderr)
+        # The prose shows the same progress line as the watch.
+        self.assertRegex(read(out + ".text"),
+                         r"(?m)^staging ram: [\d.]+ \w?B of [\d.]+ \w?B staged \(100%\), "
+                         r"[\d.]+ \w?B/s, done$")
+        # The watch ran until nopfsd stopped, then said so (it may still be finishing).
+        deadline = time.monotonic() + 20
+        while "nopfsd has gone away" not in read(out + ".watch") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        watch = read(out + ".watch")
+        self.assertIn("nopfs status: nopfsd has gone away", watch)
+        lines = [x for x in watch.splitlines() if x.startswith("staging ram:")]
+        self.assertGreater(len(lines), 1, watch)
+        self.assertNotIn("\033", watch)  # plain lines in a file
+        self.assertRegex(lines[-1], r"staged \(100%\), .* done$")
+        # With --json, one object per refresh and line.
+        objects = [json.loads(x) for x in read(out + ".jsonl").splitlines()]
+        self.assertGreater(len(objects), 1, objects)
+        self.assertTrue(all(o["tiers"][0]["prefetch"] == "done" for o in objects), objects)
+        # On a terminal: bars, each refresh drawn over the previous one.
+        tty = read(out + ".tty")
+        self.assertRegex(tty, r"staging ram: \[#{20}\] ")
+        self.assertIn("\033[1A", tty)
+        self.assertIn("\033[2K", tty)
+
+    def test_metrics_file_agrees_with_the_status(self):
+        """With metrics_dir set, nopfsd writes nopfs_<job>.prom (Prometheus text format, parsed
+        here by prometheus_client's own parser); once the traffic stopped, the file written after
+        a `nopfs status --json` holds the same figures, and the file written at exit those of
+        `nopfs run`'s summary."""
+        from prometheus_client.parser import text_string_to_metric_families
+        metrics = os.path.join(self.work, "metrics")
+        os.mkdir(metrics)
+        os.chmod(metrics, 0o1777)
+        conf = os.path.join(self.work, "metrics.conf.lua")
+        write_config(conf, ram=str(self.total_bytes // 2))
+        with open(conf, "a") as fh:
+            fh.write(f'metrics_dir = "{metrics}"\n')
+        prom = os.path.join(metrics, "nopfs_local.prom")
+        out = os.path.join(self.work, "m")
+        nopfs_bin = os.path.join(BIN, "nopfs")
+        # All the traffic first (a rank's whole stream), then the status, then wait for the file
+        # nopfsd writes after it (every 5 s), and keep a copy.
+        script = (
+            f"until {nopfs_bin} status | grep -q 'tier ram: .*prefetch done'; do sleep 0.05; done; "
+            f"{nopfs_bin} cat --verify > {out} 2> {out}.err; "
+            f"{nopfs_bin} status --json > {out}.status; touch {out}.mark; sleep 0.02; "
+            f"until [ {prom} -nt {out}.mark ]; do sleep 0.1; done; cp {prom} {out}.prom")
+        p = nopfs("run", "--dataset", self.data.root, "--ranks", 1, *self.JOB, "--config", conf,
+                  "--", "bash", "-c", script)
+        status = json.loads(read(out + ".status"))
+
+        def samples(text):
+            found = {}
+            for family in text_string_to_metric_families(text):
+                for smp in family.samples:
+                    labels = dict(smp.labels)
+                    for key in ("job", "user", "node"):
+                        found.setdefault(key, set()).add(labels.pop(key))
+                    found[(smp.name, tuple(sorted(labels.items())))] = smp.value
+            return found
+
+        m = samples(read(out + ".prom"))
+        user = "nobody" if AS_ROOT else pwd.getpwuid(os.geteuid()).pw_name
+        self.assertEqual(m["job"], {"local"})
+        self.assertEqual(m["user"], {user})
+        self.assertEqual(m["node"], {socket.gethostname()})
+        for src in status["sources"]:
+            key = (("source", src["name"]),)
+            self.assertEqual(m[("nopfs_served_samples_total", key)], src["samples"], src)
+            self.assertEqual(m[("nopfs_served_bytes_total", key)], src["bytes"], src)
+        self.assertGreater(sum(s["samples"] for s in status["sources"]), 0, status)
+        hist = status["stall"]["histogram"]
+        self.assertEqual(m[("nopfs_stall_seconds_count", ())], sum(hist))
+        self.assertGreater(sum(hist), 0)
+        self.assertAlmostEqual(m[("nopfs_stall_seconds_sum", ())],
+                               status["stall"]["total_ns"] / 1e9, places=9)
+        for b in range(41):
+            le = (("le", repr(float(2 ** b) / 1e9)),)
+            got = [v for (name, lab), v in
+                   ((k, v) for k, v in m.items() if isinstance(k, tuple))
+                   if name == "nopfs_stall_seconds_bucket" and lab[0][1] != "+Inf"
+                   and abs(float(lab[0][1]) - 2 ** b / 1e9) < 1e-15]
+            self.assertEqual(got, [sum(hist[:b + 1])], (b, le))
+        self.assertEqual(m[("nopfs_stall_seconds_bucket", (("le", "+Inf"),))], sum(hist))
+        for t in status["tiers"]:
+            key = (("tier", t["name"]),)
+            self.assertEqual(m[("nopfs_tier_capacity_bytes", key)], t["capacity_bytes"], t)
+            self.assertEqual(m[("nopfs_tier_used_bytes", key)], t["planned_bytes"], t)
+            self.assertEqual(m[("nopfs_tier_ready_bytes", key)], t["ready_bytes"], t)
+            self.assertEqual(m[("nopfs_tier_ready_samples", key)], t["ready_samples"], t)
+            self.assertEqual(m[("nopfs_staging_eta_seconds", key)], 0, t)  # prefetch done
+            self.assertIn(("nopfs_staging_rate_bytes_per_second", key), m)
+        self.assertEqual(m[("nopfs_pfs_read_bytes_total", ())], status["pfs_bytes"])
+        self.assertIsNone(status["peers"])
+        self.assertEqual(m[("nopfs_peer_reads_total", (("direction", "fetched"),))], 0)
+        self.assertEqual(m[("nopfs_peer_failures_total", (("kind", "timeout"),))], 0)
+        for kind, field in (("owner", "owners"), ("stream", "streams"),
+                            ("connection", "connections"), ("timed_out", "timed_out")):
+            self.assertEqual(m[("nopfs_refusals_total", (("kind", kind),))],
+                             status["refusals"][field], kind)
+        # At exit nopfsd wrote the file once more, with what `nopfs run` summed up; nothing
+        # else is left in the directory (the temporary file was renamed).
+        self.assertEqual(os.listdir(metrics), ["nopfs_local.prom"])
+        self.assertEqual(stat.S_IMODE(os.stat(prom).st_mode), 0o644)
+        final = samples(read(prom))
+        for name in ("ram", "pfs"):
+            row = re.search(r"(?m)^%s\s+(\d+)\s" % name, p.stdout)
+            self.assertIsNotNone(row, p.stdout)
+            self.assertEqual(final[("nopfs_served_samples_total", (("source", name),))],
+                             int(row.group(1)), p.stdout)
+
     def test_ram_tier_samples_are_served_in_place(self):
         # Once the RAM tier is filled, every sample of the stream is handed to the client in
         # place (the client maps the tier read-only; zero copy), and its bytes are still the
@@ -266,15 +410,15 @@ class ServiceTest(unittest.TestCase):
         script = (
             f"until {nopfs_bin} status | grep -q 'tier ram: .*prefetch done'; do sleep 0.05; done; "
             f"{nopfs_bin} cat --verify --print > {out} 2> {out}.err; "
-            f"{nopfs_bin} status > {out}.status")
+            f"{nopfs_bin} status --json > {out}.status")
         p = nopfs("run", "--dataset", self.data.root, "--ranks", 1, *self.JOB, "--config", conf,
                   "--", "sh", "-c", script)
         ids = self.check_rank_output(0, 1, read(out))
-        m = re.search(r"(?m)^served ram: (\d+) samples, (\d+) bytes, (\d+) of them in place",
-                      read(out + ".status"))
-        self.assertIsNotNone(m, read(out + ".status"))
-        self.assertEqual(int(m.group(1)), len(ids))
-        self.assertEqual(int(m.group(3)), len(ids))
+        status = json.loads(read(out + ".status"))
+        ram = next(s for s in status["sources"] if s["name"] == "ram")
+        self.assertTrue(ram["zero_copy"], status)
+        self.assertEqual(ram["samples"], len(ids), status)
+        self.assertEqual(ram["in_place"], len(ids), status)
 
     def test_no_cache_reads_the_pfs(self):
         conf = os.path.join(self.work, "none.conf.lua")
@@ -373,20 +517,16 @@ class ServiceTest(unittest.TestCase):
             "python3 -c \"import sys; f=open(sys.argv[1],'r+b'); f.seek(0); b=f.read(4096); "
             "f.seek(0); f.write(bytes(x ^ 0xff for x in b))\" $f; "
             f"{nopfs_bin} cat --verify --print > {out} 2> {out}.err; "
-            f"{nopfs_bin} status > {out}.status")
+            f"{nopfs_bin} status --json > {out}.status")
         p = nopfs("run", "--dataset", self.data.root, "--ranks", 1, *self.JOB, "--config", conf,
                   "--", "sh", "-c", script)
         self.check_rank_output(0, 1, read(out))
-        status = read(out + ".status")
-        m = re.search(r"corrupt: (\d+)", status)
-        self.assertIsNotNone(m, status)
-        self.assertGreaterEqual(int(m.group(1)), 1, status)
+        status = json.loads(read(out + ".status"))
+        self.assertGreaterEqual(status["corrupt"], 1, status)
         # The refetched samples are ready once, not counted again on top of the first fill.
-        m = re.search(r"tier ssd: (\d+) of (\d+) samples ready .*?, ([\d.]+ \w?B) of "
-                      r"([\d.]+ \w?B) ", status)
-        self.assertIsNotNone(m, status)
-        self.assertEqual(m.group(1), m.group(2), status)
-        self.assertEqual(m.group(3), m.group(4), status)
+        ssd = next(t for t in status["tiers"] if t["name"] == "ssd")
+        self.assertEqual(ssd["ready_samples"], ssd["planned_samples"], status)
+        self.assertEqual(ssd["ready_bytes"], ssd["planned_bytes"], status)
         self.assert_nothing_left()
 
     def test_a_rank_cannot_write_the_ram_tier(self):
@@ -464,13 +604,11 @@ class ServiceTest(unittest.TestCase):
                   f"python3 -c \"import sys; f=open(sys.argv[1],'r+b'); b=f.read(); f.seek(0); "
                   f"f.write(bytes(x ^ 0x5a for x in b))\" {victim}; "
                   f"{nopfs_bin} cat --start-epoch 1 --verify > {out} 2> {out}.err; "
-                  f"{nopfs_bin} status > {out}.status")
+                  f"{nopfs_bin} status --json > {out}.status")
         nopfs("run", "--dataset", copy, "--ranks", 1, *self.JOB, "--config", conf,
               "--run-dir", run, "--keep-run-dir", "--", "sh", "-c", script)
         self.assertRegex(read(out), r"0 mismatches")
-        m = re.search(r"changed: (\d+) PFS reads found", read(out + ".status"))
-        self.assertIsNotNone(m, read(out + ".status"))
-        self.assertEqual(int(m.group(1)), 1)
+        self.assertEqual(json.loads(read(out + ".status"))["changed"], 1, read(out + ".status"))
         log = read(os.path.join(run, "nopfsd.log"))
         self.assertIn(f"({victim}): the file changed on the PFS during the job", log)
 

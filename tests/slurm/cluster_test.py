@@ -189,7 +189,17 @@ class ClusterTest(ClusterCase):
             # task knows the catalog's size.
             for node, index in (("n1", 0), ("n3", 1)):
                 self.assertEqual(out.count(f"{node}: NOPFS_SAMPLES=120\n"), 2, out)
-                self.assertRegex(out, rf"{node}: peers: node {index} of 2, directory of \d+", out)
+                peers = statuses(job)[node]["peers"]
+                self.assertEqual((peers["node"], peers["nodes"]), (index, 2), out)
+                self.assertTrue(peers["state"].startswith("directory of "), out)
+            # While the job runs, its nopfsd write its metrics (the epilog removes the file:
+            # assertNothingLeft).
+            with open(os.path.join(METRICS, f"nopfs_{job}.prom")) as fh:
+                prom = fh.read()
+            self.assertIn(f'nopfs_pfs_read_bytes_total{{job="{job}",user="nopfs-alice",', prom)
+            # The batch script's output starts with the first node's plan.
+            self.assertRegex(out, r"(?m)^nopfs: plan: node 0 of 2, dataset .*; tiers: ram .* "
+                             r"to stage; predicted stall ", out)
         release(job)
         self.assertEqual(wait_done(job), "COMPLETED", out)
         self.assertNothingLeft([job])

@@ -6,6 +6,7 @@ down at the end, with a dataset every test can read.
 Run as root. NOPFS_BINARY_DIR names the build (plugin in lib/, nopfs-job, nopfsd and nopfs in bin/).
 """
 import glob
+import json
 import os
 import pwd
 import re
@@ -24,11 +25,22 @@ DATASET = os.path.join(DIR, "data/ds")
 JOBS = os.path.join(DIR, "jobs")
 RUN = os.path.join(DIR, "run")
 SSD = os.path.join(DIR, "ssd")
+METRICS = os.path.join(DIR, "metrics")  # the node config's metrics_dir (shared by the nodes)
 MiB = 1 << 20
 RAM_CAPACITY = 512 * 1000 * 1000  # the local cluster's config: classes.ram capacity
 # Developer hook: a stand-in daemon before nopfsd is built. The byte check needs the real one.
 NOPFSD = os.environ.get("NOPFS_TEST_NOPFSD", os.path.join(BUILD, "bin/nopfsd"))
 REAL_NOPFSD = NOPFSD == os.path.join(BUILD, "bin/nopfsd")
+
+
+def statuses(job):
+    """What `nopfs status --json` said to the first task of each node of `job` (TASK writes it to
+    a file: long lines of two nodes' tasks interleave in the job's output): {node: status}."""
+    found = {}
+    for path in glob.glob(os.path.join(JOBS, f"status-{job}-*-0.json")):
+        with open(path) as fh:
+            found[path.rsplit("-", 2)[1]] = json.load(fh)
+    return found
 
 
 def env():
@@ -143,16 +155,17 @@ def ledger(node):
 HOLD = "while [ ! -e {jobs}/release-$SLURM_JOB_ID ]; do sleep 0.2; done\n"
 TASK = ("env | grep ^NOPFS_ | sed \"s/^/$SLURMD_NODENAME: /\" | sort; "
         "if [ -n \"$NOPFS_SOCKET\" ] && [ \"$VERIFY\" = 1 ]; then "
-        "{build}/bin/nopfs status | grep '^peers:' | sed \"s/^/$SLURMD_NODENAME: /\"; "
+        "{build}/bin/nopfs status --json > "
+        "{jobs}/status-$SLURM_JOB_ID-$SLURMD_NODENAME-$SLURM_LOCALID.json; "
         "{build}/bin/nopfs cat --verify 2>&1 | tail -n 1 | sed \"s/^/$SLURMD_NODENAME: verify: /\"; fi")
 
 
 
 def submit_two_node_job(user, verify):
     """A held 2-node job on n1 and n3 with peers, 2 tasks a node, each printing its NOPFS_* and,
-    with verify, its node's peers line and `nopfs cat --verify`'s last line."""
+    with verify, its node's status (statuses()) and `nopfs cat --verify`'s last line."""
     script = (f"export VERIFY={1 if verify else 0}\n"
-              f"srun --ntasks-per-node=2 bash -c '{TASK.format(build=BUILD)}'\n"
+              f"srun --ntasks-per-node=2 bash -c '{TASK.format(build=BUILD, jobs=JOBS)}'\n"
               + HOLD.format(jobs=JOBS))
     return submit(user,
                   f"-N2 -w n1,n3 --ntasks-per-node=2 --mem=600 --nopfs={DATASET} "
@@ -224,6 +237,8 @@ class ClusterCase(unittest.TestCase):
                         left.append(f"ledger entry {node}/{job}")
             for job in jobs:
                 left += glob.glob(os.path.join(SSD, "nopfs-*", f"{job}.*"))
+                if os.path.lexists(os.path.join(METRICS, f"nopfs_{job}.prom")):
+                    left.append(f"metrics file nopfs_{job}.prom")
             if not left or time.monotonic() > deadline:
                 break
             time.sleep(0.5)

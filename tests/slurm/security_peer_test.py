@@ -14,6 +14,7 @@ Run as root (ctest -L slurm), with nopfs_peer_forge built next to nopfsd.
 """
 import hashlib
 import hmac
+import json
 import os
 import re
 import subprocess
@@ -53,11 +54,11 @@ class SecurityPeerTest(ClusterCase):
         raise AssertionError(f"no nopfsd of job {job} with --peers within {timeout}s")
 
     def status(self, node, job):
-        """`nopfs status` of the job's nopfsd on `node`, asked as alice."""
+        """`nopfs status --json` of the job's nopfsd on `node`, asked as alice."""
         sock = f"{RUN}/{node}/{job}/nopfsd.sock"
-        r = as_user("nopfs-alice", f"NOPFS_SOCKET={sock} {BUILD}/bin/nopfs status")
+        r = as_user("nopfs-alice", f"NOPFS_SOCKET={sock} {BUILD}/bin/nopfs status --json")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        return r.stdout
+        return json.loads(r.stdout)
 
     def test_forged_peer_messages_change_nothing(self):
         if not REAL_NOPFSD:
@@ -111,14 +112,14 @@ class SecurityPeerTest(ClusterCase):
         self.assertEqual(sum(int(v[0]) for v in verified), 2 * 120, out)  # 2 epochs, strided
         self.assertTrue(all(v[2] == "0" for v in verified), out)
         for node, index in (("n1", 0), ("n3", 1)):
-            self.assertRegex(out, rf"{node}: peers: node {index} of 2, directory of \d+", out)
+            seen = statuses(job)[node]["peers"]
+            self.assertEqual((seen["node"], seen["nodes"]), (index, 2), out)
+            self.assertTrue(seen["state"].startswith("directory of "), out)
         # Both daemons refused and counted the forgeries, and neither gave its peer up.
         for node in ("n1", "n3"):
-            st = self.status(node, job)
-            c = re.search(r"(\d+) timeouts, (\d+) refused, (\d+) malformed; dead: (\S+)", st)
-            self.assertIsNotNone(c, st)
-            self.assertGreater(int(c.group(2)), 100, f"{node}:\n{st}")
-            self.assertEqual(c.group(4), "none", f"{node}:\n{st}")
+            seen = self.status(node, job)["peers"]
+            self.assertGreater(seen["refused"], 100, f"{node}: {seen}")
+            self.assertEqual(seen["dead"], [], f"{node}: {seen}")
         # The ports come from the job's secret, which bob cannot read, not from the job id.
         with open(f"{RUN}/n1/{job}/peer.secret", "rb") as f:
             offset = port_offset(f.read())

@@ -3,6 +3,7 @@
 allocate": nopfs-bob attacks, nopfs-alice's job must run unharmed. Run as root (see
 clusterlib.py); NOPFS_CLUSTER_CGROUP=1 adds the job-cgroup test (cgroup v1, PrologFlags=Contain)."""
 import glob
+import json
 import os
 import pwd
 import re
@@ -90,7 +91,7 @@ class SecurityResourcesTest(ClusterCase):
                         f"chmod 0777 {cache_dir}")
             self.assertEqual(r.returncode, 0, r.stderr)
             script = ("srun bash -c '"
-                      f"{BUILD}/bin/nopfs status | grep -E \"^tier ssd\" | sed \"s/^/status: /\"; "
+                      f"echo \"status: $({BUILD}/bin/nopfs status --json)\"; "
                       f"{BUILD}/bin/nopfs cat --verify 2>&1 | tail -n 1 | sed \"s/^/verify: /\"; "
                       f"stat -c \"dir: %n %u %a %F\" {ssd_dir} {cache_dir}'\n")
             job = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs={DATASET} --nopfs-ram=1KB "
@@ -99,9 +100,11 @@ class SecurityResourcesTest(ClusterCase):
             out = output(job)
             if REAL_NOPFSD:
                 self.assertRegex(out, r"verify: 120 samples, \d+ bytes, 0 mismatches", out)
-                m = re.search(r"status: tier ssd: (\d+) of (\d+) samples ready", out)
+                m = re.search(r"(?m)^status: (\{.*\})$", out)
                 self.assertIsNotNone(m, out)
-                self.assertGreater(int(m.group(2)), 0, out)
+                ssd = [t for t in json.loads(m.group(1))["tiers"] if t["name"] == "ssd"]
+                self.assertEqual(len(ssd), 1, out)
+                self.assertGreater(ssd[0]["planned_samples"], 0, out)
             # While the job ran, both were alice's (the SSD one goes with her last job).
             for path in (ssd_dir, cache_dir):
                 self.assertIn(f"dir: {path} {uid} 700 directory\n", out)
@@ -134,7 +137,7 @@ class SecurityResourcesTest(ClusterCase):
                   f"python3 {flood} {flooded} 300 {done}; else "
                   f"while [ ! -e {flooded} ]; do sleep 0.2; done; "
                   f"{BUILD}/bin/nopfs cat --verify 2>&1 | tail -n 1 | sed \"s/^/verify: /\"; "
-                  f"{BUILD}/bin/nopfs status | grep -E \"^limits\"; touch {done}; fi'\n")
+                  f"echo \"status: $({BUILD}/bin/nopfs status --json)\"; touch {done}; fi'\n")
         job = submit("nopfs-alice", opts, script)
         wait_state(job, {"RUNNING"})
         wait_file(f"{JOBS}/flooded-{job}", 90)
@@ -156,7 +159,10 @@ class SecurityResourcesTest(ClusterCase):
         self.assertIn("rank 1 already has 8 streams open, the most one rank may have", m.group(3))
         # The other rank read its whole stream after the flood, byte for byte.
         self.assertRegex(out, r"verify: [1-9]\d* samples, \d+ bytes, 0 mismatches", out)
-        self.assertIn("limits: 8 streams per rank; refused 292 streams", out)
+        m = re.search(r"(?m)^status: (\{.*\})$", out)
+        self.assertIsNotNone(m, out)
+        refusals = json.loads(m.group(1))["refusals"]
+        self.assertEqual((refusals["streams_per_rank"], refusals["streams"]), (8, 292), out)
         self.assertNothingLeft([job])
 
 

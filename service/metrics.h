@@ -1,0 +1,49 @@
+// Metrics: nopfsd's status in the Prometheus text exposition format, written for node_exporter's
+// textfile collector (docs/admin.md, "Metrics"). The file is `<dir>/nopfs_<job>.prom`, replaced
+// atomically (written to a hidden temporary file in the same directory, then renamed), so the
+// collector never reads half a file; the epilog removes it.
+//
+// Every series carries the labels job, user and node; the names and their meaning are in
+// docs/admin.md. The stall is a Prometheus histogram (_bucket, _sum, _count) in seconds.
+//
+// Thread safety: RenderMetrics is reentrant; a MetricsWriter is used from one thread at a time.
+#pragma once
+
+#include <string>
+
+#include "client/status_report.h"
+#include "common/status.h"
+
+namespace nopfs::service {
+
+struct MetricsLabels {
+  std::string job;   // the Slurm job id ("local" for `nopfs run`)
+  std::string user;  // the job's user name
+  std::string node;  // the host name
+};
+
+// The exposition text of one report.
+std::string RenderMetrics(const report::StatusReport& r, const MetricsLabels& labels);
+
+// "nopfs_<job>.prom": the file name for a job id ('/' is replaced by '_'). Inline: the epilog
+// (spank/nopfs_job.cc) removes the file by this name without linking the daemon.
+inline std::string MetricsFileName(std::string job_id) {
+  for (char& c : job_id)
+    if (c == '/') c = '_';
+  return "nopfs_" + job_id + ".prom";
+}
+
+class MetricsWriter {
+ public:
+  MetricsWriter(std::string dir, MetricsLabels labels);
+  // Renders `r` and replaces the file. An error names the path and the call that failed.
+  Status Write(const report::StatusReport& r);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string dir_;
+  MetricsLabels labels_;
+  std::string path_;
+};
+
+}  // namespace nopfs::service
