@@ -93,7 +93,9 @@ Result<CatalogMeta> DecodeCatalogMeta(std::string_view v) {
     return Bad("meta record (kind)", v);
   }
   m.kind = static_cast<DatasetKind>(kind);
-  m.reusable = v[5] != 0;
+  // One encoding per record: the flag is 0 or 1 (any other byte is damage, not "true").
+  if (v[5] != 0 && v[5] != 1) return Bad("meta record (reusable flag)", v);
+  m.reusable = v[5] == 1;
   m.samples = GetLe(v, 6, 8);
   m.classes = static_cast<uint32_t>(GetLe(v, 14, 4));
   m.stamps = GetLe(v, 18, 8);
