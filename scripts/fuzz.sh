@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing of every decoder of foreign bytes (docs/fuzzing.md).
-# Usage: scripts/fuzz.sh [TARGET] [--runs N] [--jobs N] [--seeds]
+# Usage: scripts/fuzz.sh [TARGET] [--runs N] [--jobs N] [--seeds | --build-only]
 #   TARGET   one of: wire peer directory manifest catalog spank_options (default: all, in turn)
 #   --runs N executions per target (default 10000000)
 #   --jobs N parallel build jobs (default 2)
 #   --seeds  rewrite the seed corpora fuzz/corpus/<target>/ with nopfs_fuzz_seeds and stop
+#   --build-only  build the tree and stop (scripts/test.sh then runs its ctest label fuzz)
 # Builds the fuzz tree build-fuzz/ (clang, -DNOPFS_FUZZ=ON: libFuzzer, ASan, UBSan; only the fuzz
 # targets and the decoders they link) and runs each target on a working copy of its seed corpus
 # (build-fuzz/corpus/<target>/, kept between runs), printing per target the executions, the
@@ -16,19 +17,21 @@ targets=(wire peer directory manifest catalog spank_options)
 runs=10000000
 jobs=2
 seeds=0
+build_only=0
 only=""
 while (($#)); do
   case "$1" in
     --runs) runs=${2:?"--runs needs a number, e.g. --runs 1000000"}; shift 2 ;;
     --jobs) jobs=${2:?"--jobs needs a number, e.g. --jobs 2"}; shift 2 ;;
     --seeds) seeds=1; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --build-only) build_only=1; shift ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *)
       if [[ " ${targets[*]} " == *" $1 "* ]]; then
         only=$1; shift
       else
         echo "nopfs: fuzz: unknown argument '$1': write a target (${targets[*]}), --runs N," \
-             "--jobs N or --seeds" >&2
+             "--jobs N, --seeds or --build-only" >&2
         exit 2
       fi ;;
   esac
@@ -51,6 +54,10 @@ if ((seeds)); then
   rm -rf fuzz/corpus/{wire,peer,directory,catalog,manifest,spank_options}
   build-fuzz/bin/nopfs_fuzz_seeds fuzz/corpus
   echo "nopfs: fuzz: seed corpora written under fuzz/corpus/"
+  exit 0
+fi
+if ((build_only)); then
+  cmake --build build-fuzz -j "$jobs"
   exit 0
 fi
 cmake --build build-fuzz -j "$jobs" --target "${targets[@]/#/fuzz_}"

@@ -7,6 +7,8 @@ set -euo pipefail
 PACKAGES=(
   # toolchain
   g++ cmake make pkg-config clang-format git
+  # the fuzz tree (scripts/fuzz.sh): clang and its libFuzzer, ASan and UBSan runtimes
+  clang libclang-rt-14-dev
   # libraries
   librocksdb-dev libspdlog-dev libfmt-dev liblua5.4-dev libfabric-dev libfabric-bin libmunge-dev
   libgtest-dev libgmock-dev libcli11-dev libxxhash-dev libbenchmark-dev libssl-dev
