@@ -7,8 +7,9 @@
 //   - Unseal under the job's session key refuses the raw input unless its MAC verifies; after
 //     Seal with that key and a seq, Unseal returns that seq, and a flipped byte anywhere in the
 //     sealed part makes it refuse.
-//   - A handshake message is answered as the server does (Challenge for a Hello, MacEqual for
-//     an Auth): a forged Auth is never admitted, and the one with the right MAC is.
+//   - A Hello is carried through the handshake (Challenge, Auth, each through the codec): the
+//     right Auth is admitted; the server's own MAC sent back, or one for another node, is not; a
+//     foreign Auth is admitted exactly when its MAC is the one the secret gives.
 //   - ReplayWindow admits a seq exactly when a set-of-seen-numbers model does.
 #include <cstring>
 #include <set>
@@ -80,22 +81,41 @@ void CheckSeal(std::span<const std::byte> in, fabric::SessionKey& key) {
 
 void CheckHandshake(const fabric::PeerMessage& m) {
   if (const auto* h = std::get_if<fabric::Hello>(&m)) {
-    // The server's answer, and the Auth that only a holder of the secret can compute.
+    // The server answers the Hello; the client checks the Challenge and sends its Auth, which the
+    // server admits after the trip through the codec. The server's own MAC sent back, or a MAC
+    // for another node, is refused: a reply cannot be replayed as a request.
     const fabric::Nonce server_nonce = fabric::RandomNonce();
     const fabric::Challenge c{
         server_nonce, fabric::PeerMac(kSecret, "nopfs-peer-server", h->client_nonce, server_nonce,
                                       h->node, kServerNode)};
-    nopfs::Result<fabric::PeerMessage> back = fabric::Decode(fabric::Encode(c));
-    NOPFS_FUZZ_CHECK(back.ok() && std::get<fabric::Challenge>(*back) == c);
-    const fabric::Mac right = fabric::PeerMac(kSecret, "nopfs-peer-client", h->client_nonce,
-                                              server_nonce, h->node, kServerNode);
-    NOPFS_FUZZ_CHECK(fabric::MacEqual(right, right));
-    NOPFS_FUZZ_CHECK(!fabric::MacEqual(right, c.server_mac));
+    nopfs::Result<fabric::PeerMessage> got = fabric::Decode(fabric::Encode(c));
+    NOPFS_FUZZ_CHECK(got.ok());
+    const auto& back = std::get<fabric::Challenge>(*got);
+    NOPFS_FUZZ_CHECK(back == c);
+    NOPFS_FUZZ_CHECK(fabric::MacEqual(back.server_mac,
+                                      fabric::PeerMac(kSecret, "nopfs-peer-server", h->client_nonce,
+                                                      back.server_nonce, h->node, kServerNode)));
+    auto admitted = [&](const fabric::Mac& mac, uint32_t node) {
+      const fabric::Auth a{h->client_nonce, server_nonce, mac};
+      nopfs::Result<fabric::PeerMessage> in = fabric::Decode(fabric::Encode(a));
+      NOPFS_FUZZ_CHECK(in.ok());
+      const auto& auth = std::get<fabric::Auth>(*in);
+      return fabric::MacEqual(auth.client_mac,
+                              fabric::PeerMac(kSecret, "nopfs-peer-client", auth.client_nonce,
+                                              auth.server_nonce, node, kServerNode));
+    };
+    NOPFS_FUZZ_CHECK(admitted(fabric::PeerMac(kSecret, "nopfs-peer-client", h->client_nonce,
+                                              server_nonce, h->node, kServerNode),
+                              h->node));
+    NOPFS_FUZZ_CHECK(!admitted(c.server_mac, h->node));
+    NOPFS_FUZZ_CHECK(!admitted(fabric::PeerMac(kSecret, "nopfs-peer-client", h->client_nonce,
+                                               server_nonce, h->node + 1, kServerNode),
+                               h->node));
   } else if (const auto* a = std::get_if<fabric::Auth>(&m)) {
+    // A foreign Auth is admitted exactly when its MAC is the one the secret gives.
     const fabric::Mac expected = fabric::PeerMac(kSecret, "nopfs-peer-client", a->client_nonce,
                                                  a->server_nonce, 0, kServerNode);
-    const bool admitted = fabric::MacEqual(a->client_mac, expected);
-    NOPFS_FUZZ_CHECK(admitted == (a->client_mac == expected));
+    NOPFS_FUZZ_CHECK(fabric::MacEqual(a->client_mac, expected) == (a->client_mac == expected));
   }
 }
 
@@ -104,7 +124,7 @@ void CheckReplayWindow(std::span<const std::byte> in) {
   std::set<uint64_t> seen;
   uint64_t top = 0;
   for (size_t i = 0; i + 2 <= in.size() && i < 4096; i += 2) {
-    // Small steps around the top, with an occasional jump, as messages overtaking each other do.
+    // Steps of -28,672 .. +36,863 around the highest seq: late, repeated and far-ahead messages.
     const auto b0 = std::to_integer<uint8_t>(in[i]);
     const auto b1 = std::to_integer<uint8_t>(in[i + 1]);
     const int64_t delta = static_cast<int64_t>((b0 << 8) | b1) - 0x7000;
