@@ -19,13 +19,14 @@ namespace spank = nopfs::spank;
 
 namespace {
 
-std::vector<std::string> Lines(std::string_view text) {
-  std::vector<std::string> out;
+// The lines of `text` (at most 64), as views into it.
+std::vector<std::string_view> Lines(std::string_view text) {
+  std::vector<std::string_view> out;
   size_t pos = 0;
   while (pos <= text.size() && out.size() < 64) {
     size_t nl = text.find('\n', pos);
     if (nl == std::string_view::npos) nl = text.size();
-    out.emplace_back(text.substr(pos, nl - pos));
+    out.push_back(text.substr(pos, nl - pos));
     pos = nl + 1;
   }
   return out;
@@ -48,10 +49,10 @@ bool SameJob(const spank::JobOptions& a, const spank::JobOptions& b) {
 
 void UserOptions(std::string_view text, uint8_t layout_byte) {
   spank::JobOptions opts;
-  for (const std::string& line : Lines(text)) {
+  for (const std::string_view line : Lines(text)) {
     const size_t eq = line.find('=');
-    const std::string name = line.substr(0, eq);
-    const std::string value = eq == std::string::npos ? "" : line.substr(eq + 1);
+    const std::string_view name = line.substr(0, eq);
+    const std::string_view value = eq == std::string_view::npos ? "" : line.substr(eq + 1);
     nopfs::Status st = spank::ApplyOption(&opts, name, value);
     if (!st.ok()) {
       NOPFS_FUZZ_CHECK(!st.message().empty());
@@ -94,7 +95,9 @@ bool SamePlugin(const spank::PluginArgs& a, const spank::PluginArgs& b) {
 }
 
 void PluginArgs(std::string_view text) {
-  nopfs::Result<spank::PluginArgs> args = spank::ParsePluginArgs(Lines(text));
+  const std::vector<std::string_view> lines = Lines(text);
+  nopfs::Result<spank::PluginArgs> args =
+      spank::ParsePluginArgs(std::vector<std::string>(lines.begin(), lines.end()));
   if (!args.ok()) {
     NOPFS_FUZZ_CHECK(!args.status().message().empty());
     return;
@@ -132,7 +135,8 @@ void Hostlist(std::string_view text) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
-  const std::string text(reinterpret_cast<const char*>(data) + 2, size - 2);
+  // Views of libFuzzer's exactly sized buffer, so that ASan sees any read past the input.
+  const std::string_view text(reinterpret_cast<const char*>(data) + 2, size - 2);
   switch (data[0] % 3) {
     case 0:
       UserOptions(text, data[1]);
