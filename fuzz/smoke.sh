@@ -15,7 +15,8 @@ if ! "$target" -max_total_time="${NOPFS_FUZZ_SMOKE_SECONDS:-5}" -print_final_sta
   exit 1
 fi
 runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
-echo "$(basename "$target"): $runs executions; $(grep -E '^#[0-9]+ +DONE' "$log" | tail -n 1)"
+cov=$(grep -E '^#[0-9]+' "$log" | tail -n 1 | sed -n 's/.*\(cov: [0-9]* ft: [0-9]*\).*/\1/p')
+echo "$(basename "$target"): $runs executions; $cov"
 if [[ -z $runs || $runs -lt 1000 ]]; then
   echo "nopfs: fuzz smoke: $(basename "$target") ran only ${runs:-0} inputs" >&2
   exit 1
