@@ -7,8 +7,9 @@ set -euo pipefail
 PACKAGES=(
   # toolchain
   g++ cmake make pkg-config clang-format git
-  # clang for the thread-safety analysis (scripts/thread_safety.py)
-  clang
+  # clang: the thread-safety analysis (scripts/thread_safety.py) and the fuzz tree
+  # (scripts/fuzz.sh), with its libFuzzer, ASan and UBSan runtimes
+  clang libclang-rt-14-dev
   # libraries
   librocksdb-dev libspdlog-dev libfmt-dev liblua5.4-dev libfabric-dev libfabric-bin libmunge-dev
   libgtest-dev libgmock-dev libcli11-dev libxxhash-dev libbenchmark-dev libssl-dev

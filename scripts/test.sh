@@ -24,6 +24,12 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # real clients); the Slurm cluster test runs in the release tree only.
 (cd build-asan && ctest --output-on-failure --timeout 900 -L "unit|integration") || status=1
 
+echo "== fuzz smoke (libFuzzer + ASan + UBSan, a few seconds per target; docs/fuzzing.md)"
+# Builds build-fuzz/ (only the fuzz targets) and runs its ctest label fuzz: each target from its
+# seed corpus, so that no target rots. scripts/fuzz.sh runs them for 10 M executions each.
+scripts/fuzz.sh --build-only
+(cd build-fuzz && ctest --output-on-failure -L fuzz) || status=1
+
 if ((status != 0)); then
   echo "nopfs: tests FAILED" >&2
 fi

@@ -69,7 +69,9 @@ Result<CatalogMeta> DecodeCatalogMeta(std::string_view v) {
     return Bad("meta record (kind)", v);
   }
   m.kind = static_cast<DatasetKind>(kind);
-  m.reusable = reusable != 0;
+  // One encoding per record: the flag is 0 or 1 (any other byte is damage, not "true").
+  if (reusable != 0 && reusable != 1) return Bad("meta record (reusable flag)", v);
+  m.reusable = reusable == 1;
   if (!r.Str(&m.dataset) || !r.Str(&m.root) || !r.done()) {
     return Bad("meta record", v);
   }

@@ -549,6 +549,11 @@ TEST(CatalogCodecTest, RoundTripsAndRejectsMalformedRecords) {
   std::string future = mv;
   future[0] = 2;  // format 2
   EXPECT_EQ(codec::DecodeCatalogMeta(future).status().code(), StatusCode::kFailedPrecondition);
+  // The reusable flag is 0 or 1; any other byte is corruption (found by fuzz/fuzz_catalog.cc;
+  // fuzz/corpus/catalog/regress-meta-reusable-flag).
+  std::string flag = mv;
+  flag[5] = 0x25;
+  EXPECT_EQ(codec::DecodeCatalogMeta(flag).status().code(), StatusCode::kCorruption);
 
   // Keys sort in id order.
   EXPECT_LT(codec::SampleKey(255), codec::SampleKey(256));
