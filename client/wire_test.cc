@@ -287,7 +287,8 @@ TEST(Wire, ErrorStatusMapping) {
   EXPECT_EQ(ToStatus(e).code(), StatusCode::kTimedOut);
 }
 
-// The fuzz target. GCC has no libFuzzer, so this randomized test is it: random buffers and
+// Randomized decoding in every build (the coverage-guided target is fuzz/fuzz_wire.cc, in the
+// clang fuzz tree: docs/fuzzing.md): random buffers and
 // mutations of every valid message must decode to ok or to an InvalidArgument status, never crash
 // (run under ASan/UBSan in the sanitizer build), and whatever decodes must re-encode identically.
 TEST(Wire, FuzzDecode) {

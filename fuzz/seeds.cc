@@ -43,7 +43,7 @@ void Wire() {
       {"stream_ok", {2, w::StreamOk{9, 1 << 20, 64, std::nullopt}}},
       {"stream_ok_region", {2, w::StreamOk{9, 1 << 20, 64, uint64_t{1} << 30}}},
       {"status", {3, w::StatusRequest{}}},
-      {"status_ok", {3, w::StatusOk{"job 1234: 8 ranks, staging 52%\n"}}},
+      {"status_ok", {3, w::StatusOk{"job 1234: 8 ranks, staging 52%\n", std::nullopt}}},
       {"close_stream", {4, w::CloseStream{9}}},
       {"close_ok", {4, w::CloseOk{9}}},
       {"error", {5, w::Error{3, "rank 9 is not served by this node"}}},

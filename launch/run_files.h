@@ -57,6 +57,15 @@ std::string FormatLayoutError(std::string_view message);
 // InvalidArgument. N is at most 4,096.
 Result<uint32_t> ParseLayout(std::string_view text);
 
+// "nopfs_<job>.prom": the name of the job's metrics file in the node config's metrics_dir
+// ('/' in the job id becomes '_'), written by nopfsd and removed by the Slurm epilog.
+inline std::string MetricsFileName(std::string job_id) {
+  for (char& c : job_id) {
+    if (c == '/') c = '_';
+  }
+  return "nopfs_" + job_id + ".prom";
+}
+
 // The ready pipe (nopfsd --ready-fd N): nopfsd writes "ready\n" + FormatReady's text, or
 // "failed\n" + the reason, then closes it.
 std::string ReadyMessage(const ReadyInfo& info);

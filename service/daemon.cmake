@@ -43,3 +43,7 @@ if(NOPFS_BUILD_TESTS)
 endif()
 nopfs_test(NAME daemon_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/daemon_test.cc
   LIBS nopfs_daemon nopfs_client)
+
+# The client's batch calls against a real nopfsd (here: client/ does not depend on service/).
+nopfs_test(NAME client_batch_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/client_batch_test.cc
+  LIBS nopfs_daemon nopfs_client LABELS integration)

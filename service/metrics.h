@@ -13,6 +13,7 @@
 
 #include "client/status_report.h"
 #include "common/status.h"
+#include "launch/run_files.h"
 
 namespace nopfs::service {
 
@@ -25,13 +26,8 @@ struct MetricsLabels {
 // The exposition text of one report.
 std::string RenderMetrics(const report::StatusReport& r, const MetricsLabels& labels);
 
-// "nopfs_<job>.prom": the file name for a job id ('/' is replaced by '_'). Inline: the epilog
-// (spank/nopfs_job.cc) removes the file by this name without linking the daemon.
-inline std::string MetricsFileName(std::string job_id) {
-  for (char& c : job_id)
-    if (c == '/') c = '_';
-  return "nopfs_" + job_id + ".prom";
-}
+// The file's name: launch::MetricsFileName (the epilog removes it by that name).
+using launch::MetricsFileName;
 
 class MetricsWriter {
  public:

@@ -44,7 +44,6 @@ extern "C" {
 #include "launch/run_files.h"
 #include "lua/admit.h"
 #include "lua/config.h"
-#include "service/metrics.h"
 #include "spank/job_cgroup.h"
 #include "spank/job_files.h"
 #include "spank/ledger.h"
@@ -307,7 +306,7 @@ std::string Teardown(const std::string& node_dir, const Target& t, std::chrono::
   }
   // The job's metrics file (docs/admin.md, "Metrics"), after nopfsd's last write.
   if (!metrics_dir.empty()) {
-    const std::string prom = metrics_dir + "/" + service::MetricsFileName(job);
+    const std::string prom = metrics_dir + "/" + launch::MetricsFileName(job);
     struct stat st {};
     if (::unlink(prom.c_str()) != 0 && errno != ENOENT) {
       left += " " + prom + " (" + std::strerror(errno) + ")";
