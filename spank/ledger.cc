@@ -52,6 +52,9 @@ std::string FormatEntry(const LedgerEntry& e) {
   for (const std::string& p : e.ssd_paths) {
     if (!p.empty() && p.find('\n') == std::string::npos) out += "ssd_path=" + p + "\n";
   }
+  if (!e.metrics_dir.empty() && e.metrics_dir.find('\n') == std::string::npos) {
+    out += "metrics_dir=" + e.metrics_dir + "\n";
+  }
   return out;
 }
 
@@ -69,6 +72,11 @@ Result<LedgerEntry> ParseEntry(const std::string& text) {
     if (key == "boot") {
       e.boot_id = std::string(value);
       seen |= 1u << 0;
+      continue;
+    }
+    if (key == "metrics_dir") {
+      if (value.empty()) return Status::Corruption("ledger entry line '" + line + "'");
+      e.metrics_dir = std::string(value);
       continue;
     }
     if (key == "ssd_path") {

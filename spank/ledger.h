@@ -42,6 +42,9 @@ struct LedgerEntry {
   // "ssd_path=PATH" (a path holding a newline is never recorded); entries written before this
   // field existed have none.
   std::vector<std::string> ssd_paths;
+  // The node config's metrics_dir when the job was admitted ("metrics_dir=PATH"; empty: none),
+  // so that the epilog removes the job's metrics file without the config.
+  std::string metrics_dir;
 };
 
 std::string FormatEntry(const LedgerEntry& e);

@@ -103,6 +103,24 @@ TEST_F(LedgerTest, EntryKeepsTheSsdPaths) {
   EXPECT_FALSE(ParseEntry(FormatEntry(e) + "ssd_path=\n").ok());
 }
 
+// ... and so does the metrics directory, whose file the epilog removes without the config.
+TEST_F(LedgerTest, EntryKeepsTheMetricsDirectory) {
+  LedgerEntry e = Entry(12, 100);
+  e.metrics_dir = "/var/lib/node_exporter/textfile";
+  Result<LedgerEntry> back = ParseEntry(FormatEntry(e));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->metrics_dir, "/var/lib/node_exporter/textfile");
+  e.metrics_dir.clear();
+  back = ParseEntry(FormatEntry(e));
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(back->metrics_dir.empty());
+  EXPECT_FALSE(ParseEntry(FormatEntry(e) + "metrics_dir=\n").ok());
+  e.metrics_dir = "bad\ndir";  // never recorded
+  back = ParseEntry(FormatEntry(e));
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(back->metrics_dir.empty());
+}
+
 TEST_F(LedgerTest, LockExcludesOtherProcessesAndTimesOut) {
   Result<Ledger> l = Ledger::Lock(dir_, 1s);
   ASSERT_TRUE(l.ok());

@@ -240,6 +240,7 @@ struct Target {
   uint32_t index = kUnknownIndex;  // the job's node index here; unknown: SSD not touched
   ProcessId daemon;                // pid 0: none recorded
   std::vector<std::string> ssd_paths;
+  std::string metrics_dir;  // where the job's metrics file is; "": none
 };
 
 Target FromEntry(const LedgerEntry& e) {
@@ -249,6 +250,7 @@ Target FromEntry(const LedgerEntry& e) {
   t.index = e.node_index;
   t.daemon = {static_cast<pid_t>(e.pid), e.start_time};
   t.ssd_paths = e.ssd_paths;
+  t.metrics_dir = e.metrics_dir;
   return t;
 }
 
@@ -276,10 +278,11 @@ std::optional<LedgerEntry> FindEntry(const std::string& ledger_dir, uint64_t job
 // Everything the epilog does for one job; also used on a stale ledger entry. Depends on nothing
 // that can fail but the removals themselves: the process is the one the ledger names (pid and
 // start time, never its command line), the run directory is reached through a checked walk of
-// `node_dir`; `metrics_dir` (the node config's, "" for none) is where the job's metrics file is.
+// `node_dir`, the metrics file is the one in the directory the ledger recorded.
 // Returns what is left (empty when nothing).
-std::string Teardown(const std::string& node_dir, const Target& t, std::chrono::milliseconds grace,
-                     const std::string& metrics_dir) {
+std::string Teardown(const std::string& node_dir, const Target& t,
+                     std::chrono::milliseconds grace) {
+  const std::string& metrics_dir = t.metrics_dir;
   const std::string job = std::to_string(t.job_id);
   std::string left;
   if (t.daemon.pid > 0) {
@@ -475,7 +478,8 @@ Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
       // Stale: its job is over and its epilog did not finish. Clean up after it.
       Target t = FromEntry(e);
       if (t.ssd_paths.empty()) t.ssd_paths = SsdPaths(config);
-      (void)Teardown(job.node_dir, t, 2s, config.metrics_dir());
+      if (t.metrics_dir.empty()) t.metrics_dir = config.metrics_dir();
+      (void)Teardown(job.node_dir, t, 2s);
       (void)ledger->Remove(e.job_id);
       continue;
     }
@@ -501,6 +505,7 @@ Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
     e.pid = ::getpid();
     e.start_time = ProcessStartTime(::getpid()).value_or(0);
     e.ssd_paths = SsdPaths(config);
+    e.metrics_dir = config.metrics_dir();
     if (Status s = ledger->Put(e); !s.ok()) return s;
   }
 
@@ -639,9 +644,10 @@ int Prolog(const Job& job, const char* self) {
   {
     std::string error;
     const std::optional<LedgerEntry> old = FindEntry(job.ledger_dir, job.job_id, &error);
-    Target t = old ? FromEntry(*old) : Target{job.job_id, job.uid, job.node_index, {}, {}};
+    Target t = old ? FromEntry(*old) : Target{job.job_id, job.uid, job.node_index, {}, {}, {}};
     if (t.ssd_paths.empty()) t.ssd_paths = SsdPaths(*config);
-    (void)Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace), config->metrics_dir());
+    if (t.metrics_dir.empty()) t.metrics_dir = config->metrics_dir();
+    (void)Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace));
   }
   if (::mkdir(job.run_dir.c_str(), 0700) != 0 ||
       ::lchown(job.run_dir.c_str(), job.uid, job.gid) != 0) {
@@ -726,7 +732,7 @@ int Epilog(const Job& job) {
   std::string error;
   const std::optional<LedgerEntry> entry = FindEntry(job.ledger_dir, job.job_id, &error);
   if (!error.empty()) left += " reservation (" + error + ")";
-  Target t = entry ? FromEntry(*entry) : Target{job.job_id, job.uid, job.node_index, {}, {}};
+  Target t = entry ? FromEntry(*entry) : Target{job.job_id, job.uid, job.node_index, {}, {}, {}};
   if (t.ssd_paths.empty()) {
     if (Result<lua::NodeConfig> config = LoadConfig(job); config.ok()) {
       t.ssd_paths = SsdPaths(*config);
@@ -742,10 +748,8 @@ int Epilog(const Job& job) {
   // An unknown index means no entry (an entry has one) and a node list without this node: the
   // job was never admitted here, so it has no SSD directory here either.
   if (t.index == kUnknownIndex) t.ssd_paths.clear();
-  // The metrics directory comes from the node config (a config that no longer loads has none).
-  const Result<lua::NodeConfig> config = LoadConfig(job);
-  left += Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace),
-                   config.ok() ? config->metrics_dir() : std::string());
+  // The metrics file's directory comes from the entry (no entry: nopfsd never ran here).
+  left += Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace));
   if (entry) {
     Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s);
     if (!l.ok()) {
