@@ -25,8 +25,8 @@ using nopfs::Status;
 namespace service = nopfs::service;
 namespace launch = nopfs::launch;
 
-// --ready-fd: the write end of a pipe that the Slurm plugin's launcher (root) created. nopfsd
-// writes "ready\n" plus the ready file's text, or "failed\n" and the reason, then closes it; the
+// --ready-fd: the write end of a pipe that the launcher (nopfs-job as root, or `nopfs run`)
+// created. nopfsd writes launch::ReadyMessage or launch::FailedMessage there, then closes it; the
 // launcher learns readiness there instead of reading files in the user's run directory.
 int g_ready_fd = -1;
 
