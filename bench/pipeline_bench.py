@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""A realistic input pipeline through a PyTorch DataLoader: JPEG files decoded and augmented as an
+ImageNet training script does, read through nopfs against torchvision reading the same files, in
+one run, for several worker counts.
+
+    python3 bench/pipeline_bench.py --build build [--files 2000 --workers 2,4 --passes 2]
+
+A synthetic ImageFolder of --files JPEG images (500x375, quality 90, about 110 KB each: the size
+of an ImageNet-1k training image) is written to a temporary directory; `nopfs run` serves it (one
+rank) while this process reads it two ways per worker count, one warm-up pass and --passes
+measured passes each (the files are in the page cache: this measures what nopfs adds to a
+pipeline whose cost is decoding, not a PFS):
+  direct   torchvision.datasets.ImageFolder + torch's DistributedSampler + DataLoader;
+  nopfs    nopfs.torch.ImageFolder + nopfs.torch.DistributedSampler + nopfs.torch.DataLoader
+           (the three-line change), decoding with PIL from the bytes nopfsd serves.
+Both apply RandomResizedCrop(224), RandomHorizontalFlip, ToTensor and Normalize, batch --batch,
+the default collate. The ratio nopfs/direct is of images per second in the same run. As root,
+runs as `nobody` (nopfsd refuses root).
+"""
+
+import argparse
+import io
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.utils.data as tud
+import torchvision
+import torchvision.transforms as T
+from PIL import Image
+
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+
+
+def make_jpeg(rnd, width=500, height=375, quality=90):
+    """An image with the detail of a photograph: a smooth colour field with noise on top, so that
+    JPEG needs about 110 KB for it at quality 90 (pure noise would need far more, a flat image
+    far less)."""
+    small = Image.frombytes("RGB", (width // 25, height // 25), rnd.randbytes(3 * (width // 25) *
+                                                                              (height // 25)))
+    base = small.resize((width, height), Image.BICUBIC)
+    noise = Image.frombytes("L", (width, height), rnd.randbytes(width * height)).convert("RGB")
+    img = Image.blend(base, noise, 0.28)
+    out = io.BytesIO()
+    img.save(out, format="JPEG", quality=quality)
+    return out.getvalue()
+
+
+def measure(loader, set_epoch, passes):
+    set_epoch(0)
+    for _ in loader:  # warm-up: workers start, caches fill
+        pass
+    n, t = 0, 0.0
+    for p in range(passes):
+        set_epoch(1 + p)
+        t0 = time.perf_counter()
+        for x, _ in loader:
+            n += x.shape[0]
+        t += time.perf_counter() - t0
+    return n / t
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", required=True, help="the build directory (bin/, python/)")
+    ap.add_argument("--files", type=int, default=2000)
+    ap.add_argument("--workers", default="2,4")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--passes", type=int, default=2)
+    args = ap.parse_args()
+    build = os.path.abspath(args.build)
+    if os.geteuid() == 0:
+        work = tempfile.mkdtemp(prefix="nopfs-pipeline-bench-")
+        shutil.chown(work, "nobody", "nogroup")
+        env = {**os.environ, "HOME": work, "TMPDIR": work}
+        try:
+            sys.exit(subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup",
+                                     "--clear-groups", "--", sys.executable,
+                                     os.path.abspath(__file__), *sys.argv[1:]], env=env).returncode)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    sys.path.insert(0, os.path.join(build, "python"))
+    from nopfs.torch import DataLoader, DistributedSampler, ImageFolder
+
+    transform = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
+                           T.Normalize(MEAN, STD)])
+    tmp = tempfile.mkdtemp(prefix="nopfs-pipeline-bench-")
+    service = None
+    try:
+        root = os.path.join(tmp, "data")
+        rnd = random.Random(11)
+        total = 0
+        for k in range(args.files):
+            d = os.path.join(root, f"n{k % 10:08d}")
+            os.makedirs(d, exist_ok=True)
+            data = make_jpeg(rnd)
+            total += len(data)
+            with open(os.path.join(d, f"img_{k:06d}.JPEG"), "wb") as fh:
+                fh.write(data)
+        epochs = 2 + args.passes
+        run_dir = os.path.join(tmp, "run")
+        service = subprocess.Popen(
+            [os.path.join(build, "bin", "nopfs"), "run", "--dataset", root, "--run-dir", run_dir,
+             "--seed", "3", "--epochs", str(epochs), "--ranks", "1", "--batch", str(args.batch),
+             "--scheme", "strided", "-q", "--", "sleep", "3600"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 300
+        while not os.path.exists(os.path.join(run_dir, "ready")):
+            if service.poll() is not None or time.monotonic() > deadline:
+                sys.exit("pipeline_bench: nopfsd did not start: " + service.stderr.read())
+            time.sleep(0.05)
+        os.environ.update({
+            "NOPFS_SOCKET": os.path.join(run_dir, "nopfsd.sock"), "NOPFS_RANK": "0",
+            "NOPFS_RANKS": "1", "NOPFS_RANKS_PER_NODE": "1", "NOPFS_NODE": "0",
+            "NOPFS_LOCAL_RANK": "0", "NOPFS_SEED": "3", "NOPFS_BATCH": str(args.batch),
+            "NOPFS_SCHEME": "strided", "NOPFS_DROP_LAST": "0", "NOPFS_SAMPLES": str(args.files),
+            "NOPFS_EPOCHS": str(epochs)})
+
+        print(f"pipeline_bench: {args.files} JPEG files, {total / args.files / 1e3:.0f} KB on "
+              f"average, RandomResizedCrop(224) + flip + ToTensor + Normalize, batch "
+              f"{args.batch}, {args.passes} measured passes after a warm-up, "
+              f"{os.cpu_count()} cores, torch {torch.__version__}, torchvision "
+              f"{torchvision.__version__}")
+        print(f"{'workers':>7} {'direct img/s':>12} {'nopfs img/s':>12} {'nopfs/direct':>12}")
+        for workers in [int(w) for w in args.workers.split(",")]:
+            direct_ds = torchvision.datasets.ImageFolder(root, transform=transform)
+            sampler = tud.distributed.DistributedSampler(direct_ds, num_replicas=1, rank=0)
+            direct = measure(tud.DataLoader(direct_ds, batch_size=args.batch, sampler=sampler,
+                                            num_workers=workers),
+                             sampler.set_epoch, args.passes)
+            ds = ImageFolder(root, transform=transform)
+            s = DistributedSampler(ds)
+            nopfs_rate = measure(DataLoader(ds, batch_size=args.batch, sampler=s,
+                                            num_workers=workers), s.set_epoch, args.passes)
+            print(f"{workers:>7} {direct:>12.0f} {nopfs_rate:>12.0f} "
+                  f"{nopfs_rate / direct:>12.2f}", flush=True)
+    finally:
+        if service is not None and service.poll() is None:
+            service.send_signal(signal.SIGTERM)
+            service.wait(timeout=60)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
