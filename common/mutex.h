@@ -78,8 +78,7 @@ class CondVar {
   }
   // As Wait, but returns false once `deadline` has passed.
   template <typename Clock, typename Duration>
-  bool WaitUntil(Mutex* mu, const std::chrono::time_point<Clock, Duration>& deadline)
-      REQUIRES(mu) {
+  bool WaitUntil(Mutex* mu, const std::chrono::time_point<Clock, Duration>& deadline) REQUIRES(mu) {
     std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
     const bool woke = cv_.wait_until(lock, deadline) == std::cv_status::no_timeout;
     lock.release();
