@@ -27,10 +27,11 @@ import argparse
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dataloader_util import measure, rerun_as_nobody, start_service  # noqa: E402
 
 import torch
 import torch.utils.data as tud
@@ -55,19 +56,6 @@ class Files(tud.Dataset):
             return to_tensor(fh.read()), label
 
 
-def measure(loader, set_epoch, passes):
-    set_epoch(0)
-    for _ in loader:  # warm-up: workers start, caches fill
-        pass
-    n, t = 0, 0.0
-    for p in range(passes):
-        set_epoch(1 + p)
-        t0 = time.perf_counter()
-        for x, _ in loader:
-            n += x.shape[0]
-        t += time.perf_counter() - t0
-    return n / t
-
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -79,16 +67,7 @@ def main():
     ap.add_argument("--passes", type=int, default=2)
     args = ap.parse_args()
     build = os.path.abspath(args.build)
-    if os.geteuid() == 0:
-        work = tempfile.mkdtemp(prefix="nopfs-loader-bench-")
-        shutil.chown(work, "nobody", "nogroup")
-        env = {**os.environ, "HOME": work, "TMPDIR": work}
-        try:
-            sys.exit(subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup",
-                                     "--clear-groups", "--", sys.executable,
-                                     os.path.abspath(__file__), *sys.argv[1:]], env=env).returncode)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+    rerun_as_nobody(__file__, "nopfs-loader-bench-")
     sys.path.insert(0, os.path.join(build, "python"))
     import nopfs
     from nopfs.torch import DataLoader, DistributedSampler, ImageFolder, uint8_tensor
@@ -105,16 +84,7 @@ def main():
                 fh.write(rnd(args.size))
         epochs = 2 + args.passes
         run_dir = os.path.join(tmp, "run")
-        service = subprocess.Popen(
-            [os.path.join(build, "bin", "nopfs"), "run", "--dataset", root, "--run-dir", run_dir,
-             "--seed", "3", "--epochs", str(epochs), "--ranks", "1", "--batch", str(args.batch),
-             "--scheme", "strided", "-q", "--", "sleep", "3600"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 300
-        while not os.path.exists(os.path.join(run_dir, "ready")):
-            if service.poll() is not None or time.monotonic() > deadline:
-                sys.exit("loader_bench: nopfsd did not start: " + service.stderr.read())
-            time.sleep(0.05)
+        service = start_service(build, root, run_dir, epochs, args.batch, "loader_bench")
         env = {"NOPFS_SOCKET": os.path.join(run_dir, "nopfsd.sock"), "NOPFS_RANK": "0",
                "NOPFS_RANKS": "1", "NOPFS_SEED": "3", "NOPFS_BATCH": str(args.batch),
                "NOPFS_SCHEME": "strided", "NOPFS_DROP_LAST": "0",

@@ -24,10 +24,11 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dataloader_util import measure, rerun_as_nobody, start_service  # noqa: E402
 
 import torch
 import torch.utils.data as tud
@@ -53,19 +54,6 @@ def make_jpeg(rnd, width=500, height=375, quality=90):
     return out.getvalue()
 
 
-def measure(loader, set_epoch, passes):
-    set_epoch(0)
-    for _ in loader:  # warm-up: workers start, caches fill
-        pass
-    n, t = 0, 0.0
-    for p in range(passes):
-        set_epoch(1 + p)
-        t0 = time.perf_counter()
-        for x, _ in loader:
-            n += x.shape[0]
-        t += time.perf_counter() - t0
-    return n / t
-
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -76,16 +64,7 @@ def main():
     ap.add_argument("--passes", type=int, default=2)
     args = ap.parse_args()
     build = os.path.abspath(args.build)
-    if os.geteuid() == 0:
-        work = tempfile.mkdtemp(prefix="nopfs-pipeline-bench-")
-        shutil.chown(work, "nobody", "nogroup")
-        env = {**os.environ, "HOME": work, "TMPDIR": work}
-        try:
-            sys.exit(subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup",
-                                     "--clear-groups", "--", sys.executable,
-                                     os.path.abspath(__file__), *sys.argv[1:]], env=env).returncode)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+    rerun_as_nobody(__file__, "nopfs-pipeline-bench-")
     sys.path.insert(0, os.path.join(build, "python"))
     from nopfs.torch import DataLoader, DistributedSampler, ImageFolder
 
@@ -106,16 +85,7 @@ def main():
                 fh.write(data)
         epochs = 2 + args.passes
         run_dir = os.path.join(tmp, "run")
-        service = subprocess.Popen(
-            [os.path.join(build, "bin", "nopfs"), "run", "--dataset", root, "--run-dir", run_dir,
-             "--seed", "3", "--epochs", str(epochs), "--ranks", "1", "--batch", str(args.batch),
-             "--scheme", "strided", "-q", "--", "sleep", "3600"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 300
-        while not os.path.exists(os.path.join(run_dir, "ready")):
-            if service.poll() is not None or time.monotonic() > deadline:
-                sys.exit("pipeline_bench: nopfsd did not start: " + service.stderr.read())
-            time.sleep(0.05)
+        service = start_service(build, root, run_dir, epochs, args.batch, "pipeline_bench")
         os.environ.update({
             "NOPFS_SOCKET": os.path.join(run_dir, "nopfsd.sock"), "NOPFS_RANK": "0",
             "NOPFS_RANKS": "1", "NOPFS_RANKS_PER_NODE": "1", "NOPFS_NODE": "0",
