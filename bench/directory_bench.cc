@@ -20,8 +20,8 @@
 // What is measured: for `--measure` nodes m = 0, 1, ..., the real BuildDirectory runs for node m.
 // The exchange it calls hands it, in each round, exactly what the other N-1 nodes would send
 // node m -- their holdings owned by m, their queries owned by m, and the owners' answers to m's
-// queries -- each produced on demand with the wire encoding of service/directory_wire.h from one
-// pass over the E permutations (two inverse permutations and the readers of m's shard are kept,
+// queries -- each produced on demand with the wire encoding of service/peers/directory_wire.h from
+// one pass over the E permutations (two inverse permutations and the readers of m's shard are kept,
 // never the other nodes' directories). Node time = BuildDirectory's wall time minus the time the
 // exchange spends producing those buffers. Bytes sent/received and peak heap (an estimate) come
 // from DirectoryStats; the directory's own size from PeerDirectory::memory_bytes. Every needed
@@ -46,8 +46,8 @@
 #include <vector>
 
 #include "policy/sampler.h"
-#include "service/directory.h"
-#include "service/directory_wire.h"
+#include "service/peers/directory.h"
+#include "service/peers/directory_wire.h"
 
 namespace {
 

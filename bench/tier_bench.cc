@@ -28,9 +28,9 @@
 #include <string>
 #include <vector>
 
-#include "service/prefetcher.h"
-#include "service/ram_tier.h"
-#include "service/ssd_tier.h"
+#include "service/tiers/prefetcher.h"
+#include "service/tiers/ram_tier.h"
+#include "service/tiers/ssd_tier.h"
 
 namespace {
 

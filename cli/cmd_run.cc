@@ -37,7 +37,7 @@
 #include "launch/process.h"
 #include "launch/run_files.h"
 #include "launch/task_env.h"
-#include "service/run_dir.h"
+#include "service/daemon/run_dir.h"
 
 namespace nopfs::cli {
 

@@ -1,6 +1,6 @@
 /* A C11 client: proves nopfs_client.h is C, and exercises the C API end to end. Run by
- * service/local_server_test.cc against a live server (NOPFS_SOCKET set), with the rank and the
- * expected sample count as arguments. Exit status 0 on success; a message on stderr otherwise.
+ * service/server/local_server_test.cc against a live server (NOPFS_SOCKET set), with the rank and
+ * the expected sample count as arguments. Exit status 0 on success; a message on stderr otherwise.
  *
  * Share mode, run by tests/python/test_client.py against a real nopfsd:
  *   c_api_test share RANK EPOCH STEP WORKER WORKERS BATCH EPOCHS

@@ -1,6 +1,6 @@
 // Byte coding for nopfs's hand-written formats: the client/service wire (client/wire.cc), the peer
-// protocol (fabric/peer_protocol.cc), the catalog's RocksDB records (service/catalog_codec.cc) and
-// the directory exchange (service/directory_wire.cc).
+// protocol (fabric/peer_protocol.cc), the catalog's RocksDB records
+// (service/catalog/catalog_codec.cc) and the directory exchange (service/peers/directory_wire.cc).
 //
 // - Fixed-width integers are little-endian (StoreLe/LoadLe on raw bytes; Writer::U8..U64 append
 //   them). BigEndian32 exists for RocksDB keys, whose byte order must be the numeric order.

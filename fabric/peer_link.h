@@ -173,7 +173,7 @@ class PeerLink {
   // Whether this link's endpoint does RMA reads.
   bool supports_remote_read() const;
 
-  // One collective all-to-all round (the shape of service/directory.h's dir::Exchange): sends
+  // One collective all-to-all round (the shape of service/peers/directory.h's dir::Exchange): sends
   // out[k] to node k and returns in[k] from node k (in[node] = out[node]). Every node must call it
   // with the same rounds in the same order; `round` numbers them (distinct per call). Needs
   // out.size() == nodes(). Unavailable if a peer is dead or refused us, TimedOut after 5 x timeout.

@@ -1,5 +1,5 @@
-// Fuzz target: the catalog codec (service/catalog_codec.h). The catalog database may come from
-// the admin's shared cache directory and the checksum database from a job's work directory, so
+// Fuzz target: the catalog codec (service/catalog/catalog_codec.h). The catalog database may come
+// from the admin's shared cache directory and the checksum database from a job's work directory, so
 // every record is decoded as foreign bytes. The first input byte chooses the record (meta, sample,
 // stamp, checksum meta, checksum, id key, class key); the rest is its bytes.
 // Properties: no decoder reads outside the record; a record a decoder accepts re-encodes to
@@ -8,7 +8,7 @@
 #include <string>
 
 #include "fuzz/fuzz_check.h"
-#include "service/catalog_codec.h"
+#include "service/catalog/catalog_codec.h"
 
 namespace codec = nopfs::service::codec;
 

@@ -1,5 +1,5 @@
-// Fuzz target: the peer directory's wire format (service/directory_wire.h), the three rounds of
-// buffers a node receives from the other nodes of its job, and the owner's side (OwnerTable)
+// Fuzz target: the peer directory's wire format (service/peers/directory_wire.h), the three rounds
+// of buffers a node receives from the other nodes of its job, and the owner's side (OwnerTable)
 // that answers them.
 // The first bytes choose the round and the job (nodes, owner, self, the queried ids); the rest is
 // the foreign buffer. Properties:
@@ -14,7 +14,7 @@
 #include <algorithm>
 
 #include "fuzz/fuzz_check.h"
-#include "service/directory_wire.h"
+#include "service/peers/directory_wire.h"
 
 namespace dir = nopfs::service::dir;
 namespace wire = nopfs::service::dir::wire;

@@ -1,7 +1,7 @@
-// Fuzz target: the manifest parser (service/catalog_scan.h, ScanManifest), which nopfsd runs as
-// the job's user on a file the user wrote. The input is the manifest's text; the files it names
-// exist in an in-memory Env (every path under the manifest's directory whose last component does
-// not start with 'x' is a regular file of 4096 bytes; every ancestor is a directory), so the
+// Fuzz target: the manifest parser (service/catalog/catalog_scan.h, ScanManifest), which nopfsd
+// runs as the job's user on a file the user wrote. The input is the manifest's text; the files it
+// names exist in an in-memory Env (every path under the manifest's directory whose last component
+// does not start with 'x' is a regular file of 4096 bytes; every ancestor is a directory), so the
 // whole scan runs, not only the line parser.
 // Properties: no read outside the text; an accepted manifest gives one sample per line that is
 // neither empty nor a comment, each with a relative path inside the manifest's directory (no
@@ -12,7 +12,7 @@
 #include <tuple>
 
 #include "fuzz/fuzz_check.h"
-#include "service/catalog_scan.h"
+#include "service/catalog/catalog_scan.h"
 
 namespace scan = nopfs::service::scan;
 using nopfs::service::FileStat;

@@ -8,8 +8,8 @@
 
 #include "client/wire.h"
 #include "fabric/peer_protocol.h"
-#include "service/catalog_codec.h"
-#include "service/directory_wire.h"
+#include "service/catalog/catalog_codec.h"
+#include "service/peers/directory_wire.h"
 
 namespace fs = std::filesystem;
 namespace fabric = nopfs::fabric;

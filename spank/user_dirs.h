@@ -1,8 +1,8 @@
 // User dirs: the per-user directories that nopfsd keeps below directories every user shares, made
 // and checked by root in the prolog, so that no other user can take one first.
 //
-//   <ssd class path>/nopfs-<uid>/    the SSD tier's jobs (service/ssd_tier.h)
-//   <catalog_cache>/<uid>/           the user's cached dataset catalogs (service/catalog.h)
+//   <ssd class path>/nopfs-<uid>/    the SSD tier's jobs (service/tiers/ssd_tier.h)
+//   <catalog_cache>/<uid>/           the user's cached dataset catalogs (service/catalog/catalog.h)
 //
 // The parents are the admin's: owned by root and writable by no one else (mode 0755 or 0711), or,
 // tolerated, root-owned and sticky (1777). Each per-user directory ends as a real directory (not a

@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """The dependency rules of docs/architecture.md, checked on the sources: a folder includes headers
 only from the project folders its row of the "Parts and dependencies" table names (and common/,
-which every part may use). The table is the rule: a new dependency is a change to the table.
+which every part may use), and a part of service/ includes only the parts of service/ its row of
+the "Parts of service/" table names. The tables are the rule: a new dependency is a change to a
+table.
 
   tests/layers_test.py [SOURCE_DIR]
 """
@@ -15,16 +17,28 @@ SRC = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
 ANYTHING = {"bench", "tests"}
 
 
-def allowed_from_table():
-    """{folder: set of project folders it may include}, from docs/architecture.md."""
-    with open(os.path.join(SRC, "docs/architecture.md"), encoding="utf-8") as f:
-        text = f.read()
-    section = text.split("## Parts and dependencies", 1)[1].split("\n## ", 1)[0]
+SERVICE_TABLE = "\n### Parts of service/"
+
+
+def table_rows(section):
+    """{folder: its "depends on" cell} for the rows of the first table in `section`."""
     rows = {}
     for line in section.splitlines():
         m = re.match(r"^\| `([a-z_]+)/` \|.*\| ([^|]*) \|$", line)
         if m:
             rows[m.group(1)] = m.group(2)
+    return rows
+
+
+def architecture():
+    with open(os.path.join(SRC, "docs/architecture.md"), encoding="utf-8") as f:
+        return f.read()
+
+
+def allowed_from_table():
+    """{folder: set of project folders it may include}, from docs/architecture.md."""
+    section = architecture().split("## Parts and dependencies", 1)[1].split("\n## ", 1)[0]
+    rows = table_rows(section.split(SERVICE_TABLE, 1)[0])
     if not rows:
         sys.exit("layers_test: docs/architecture.md has no parts table")
     folders = set(rows)
@@ -37,7 +51,17 @@ def allowed_from_table():
     return allowed
 
 
-def includes(folder):
+def service_parts():
+    """{part: set of service/ parts it may include}, from docs/architecture.md."""
+    text = architecture()
+    if SERVICE_TABLE not in text:
+        sys.exit("layers_test: docs/architecture.md has no table of service/'s parts")
+    rows = table_rows(text.split(SERVICE_TABLE, 1)[1].split("\n## ", 1)[0])
+    return {part: {part} | (set(re.findall(r"[a-z_]+", deps)) & set(rows))
+            for part, deps in rows.items()}
+
+
+def includes(folder, pattern=r'\s*#\s*include\s+"([a-z_]+)/'):
     """(file, line number, included folder) for every project include under `folder`."""
     root = os.path.join(SRC, folder)
     for dirpath, _, files in os.walk(root):
@@ -47,7 +71,7 @@ def includes(folder):
             path = os.path.join(dirpath, name)
             with open(path, encoding="utf-8", errors="replace") as f:
                 for n, line in enumerate(f, 1):
-                    m = re.match(r'\s*#\s*include\s+"([a-z_]+)/', line)
+                    m = re.match(pattern, line)
                     if m:
                         yield os.path.relpath(path, SRC), n, m.group(1)
 
@@ -68,9 +92,24 @@ def main():
                 wrong.append(f"{path}:{n}: {folder}/ includes {dep}/, which its row of "
                              f"docs/architecture.md does not list "
                              f"(it may use {', '.join(sorted(allowed[folder]))})")
+    parts = service_parts()
+    service_dirs = sorted(d for d in os.listdir(os.path.join(SRC, "service"))
+                          if os.path.isdir(os.path.join(SRC, "service", d)))
+    for part in service_dirs:
+        if part not in parts:
+            wrong.append(f"service/{part}/ has no row in docs/architecture.md's table of "
+                         f"service/'s parts")
+            continue
+        for path, n, dep in includes(f"service/{part}",
+                                     r'\s*#\s*include\s+"service/([a-z_]+)/'):
+            if dep not in parts[part]:
+                wrong.append(f"{path}:{n}: service/{part}/ includes service/{dep}/, which its "
+                             f"row of docs/architecture.md does not list "
+                             f"(it may use {', '.join(sorted(parts[part]))})")
     for w in wrong:
         print(w)
-    print(f"layers: {len(code_folders)} folders checked, {len(wrong)} rule(s) broken")
+    print(f"layers: {len(code_folders)} folders and {len(service_dirs)} parts of service/ "
+          f"checked, {len(wrong)} rule(s) broken")
     return 1 if wrong else 0
 
 

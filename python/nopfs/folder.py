@@ -1,4 +1,5 @@
-"""The ImageFolder scan, as nopfsd's catalog does it (service/catalog_scan.cc, docs/catalog.md).
+"""The ImageFolder scan, as nopfsd's catalog does it (service/catalog/catalog_scan.cc,
+docs/catalog.md).
 
 A sample's id is its index in the (label, relative path) order: classes are the root's visible
 (not dot-) directories in byte order, labelled 0, 1, ...; a class's samples are every visible

@@ -1,0 +1,455 @@
+// The dataset scan (see catalog_scan.h and docs/catalog.md).
+#include "service/catalog/catalog_scan.h"
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <string_view>
+#include <thread>
+#include <tuple>
+#include <utility>
+
+#include "common/mutex.h"
+
+namespace nopfs::service::scan {
+namespace {
+
+bool Hidden(std::string_view name) {
+  return !name.empty() && name[0] == '.';
+}
+
+void SortSamples(std::vector<Sample>& s) {
+  std::sort(s.begin(), s.end(), [](const Sample& a, const Sample& b) {
+    return std::tie(a.label, a.relative_path, a.offset, a.length) <
+           std::tie(b.label, b.relative_path, b.offset, b.length);
+  });
+}
+
+void SortStamps(std::vector<StampEntry>& s) {
+  std::sort(s.begin(), s.end(),
+            [](const StampEntry& a, const StampEntry& b) { return a.path < b.path; });
+}
+
+// A work queue run by a fixed set of threads until it is empty and no task is running; tasks
+// may push more tasks. The first error stops the rest.
+class TaskPool {
+ public:
+  void Push(std::function<void()> task) {
+    MutexLock lock(&mu_);
+    tasks_.push_back(std::move(task));
+    cv_.Signal();
+  }
+
+  void Fail(Status s) {
+    MutexLock lock(&mu_);
+    if (error_.ok()) error_ = std::move(s);
+    failed_.store(true, std::memory_order_relaxed);
+  }
+  bool failed() const { return failed_.load(std::memory_order_relaxed); }
+
+  Status Run(uint32_t threads) {
+    std::vector<std::thread> workers;
+    for (uint32_t i = 1; i < threads; ++i)
+      workers.emplace_back([this] { Work(); });
+    Work();
+    for (auto& t : workers)
+      t.join();
+    MutexLock lock(&mu_);
+    return error_;
+  }
+
+ private:
+  void Work() {
+    MutexLock lock(&mu_);
+    for (;;) {
+      while (tasks_.empty() && active_ != 0)
+        cv_.Wait(&mu_);
+      if (tasks_.empty()) {
+        cv_.SignalAll();
+        return;
+      }
+      std::function<void()> task = std::move(tasks_.front());
+      tasks_.pop_front();
+      ++active_;
+      lock.Unlock();
+      if (!failed()) task();
+      lock.Lock();
+      --active_;
+      if (active_ == 0 && tasks_.empty()) cv_.SignalAll();
+    }
+  }
+
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<void()>> tasks_ GUARDED_BY(mu_);
+  uint32_t active_ GUARDED_BY(mu_) = 0;
+  Status error_ GUARDED_BY(mu_);
+  std::atomic<bool> failed_{false};
+};
+
+// The directories (device, inode) from a class directory's parent down to the one being walked:
+// a directory that is its own ancestor (a symbolic link cycle) is not walked again.
+using Ancestors = std::shared_ptr<const std::vector<std::pair<uint64_t, uint64_t>>>;
+
+// The ImageFolder walk: one task lists a directory, then tasks of up to kChunk names stat them.
+// Directories reached through symbolic links are walked under every path that reaches them
+// (as os.walk(followlinks=True) does), except along a cycle, so the result does not depend on
+// which task runs first.
+class FolderWalk {
+ public:
+  FolderWalk(Env* env, TaskPool* pool) : env_(env), pool_(pool) {}
+
+  void ListDir(const std::string& dir, const std::string& rel_prefix, int64_t label,
+               const Ancestors& ancestors) {
+    nopfs::Result<FileStat> st = env_->Stat(dir);
+    if (!st.ok()) return pool_->Fail(st.status().WithContext("scanning the dataset"));
+    const std::pair<uint64_t, uint64_t> id{st->device, st->inode};
+    if (std::find(ancestors->begin(), ancestors->end(), id) != ancestors->end()) return;
+    auto mine = std::make_shared<std::vector<std::pair<uint64_t, uint64_t>>>(*ancestors);
+    mine->push_back(id);
+    {
+      MutexLock lock(&mu_);
+      stamps_.push_back({dir, ToStamp(*st)});
+    }
+    nopfs::Result<std::vector<std::string>> names = env_->ListDir(dir);
+    if (!names.ok()) return pool_->Fail(names.status().WithContext("scanning the dataset"));
+    std::vector<std::string> visible;
+    for (auto& n : *names) {
+      if (!Hidden(n)) visible.push_back(std::move(n));
+    }
+    for (size_t begin = 0; begin < visible.size(); begin += kChunk) {
+      const size_t end = std::min(visible.size(), begin + kChunk);
+      std::vector<std::string> chunk(std::make_move_iterator(visible.begin() + begin),
+                                     std::make_move_iterator(visible.begin() + end));
+      pool_->Push([this, dir, rel_prefix, label, anc = Ancestors(mine), chunk = std::move(chunk)] {
+        StatNames(dir, rel_prefix, label, anc, chunk);
+      });
+    }
+  }
+
+  void StatNames(const std::string& dir, const std::string& rel_prefix, int64_t label,
+                 const Ancestors& ancestors, const std::vector<std::string>& names) {
+    std::vector<Sample> found;
+    for (const std::string& name : names) {
+      const std::string path = dir + "/" + name;
+      nopfs::Result<FileStat> st = env_->Stat(path);
+      if (!st.ok()) {
+        // Gone since the listing, or a dangling symbolic link: not part of the dataset.
+        if (st.status().code() == StatusCode::kNotFound) continue;
+        return pool_->Fail(st.status().WithContext("scanning the dataset"));
+      }
+      if (st->is_dir) {
+        pool_->Push([this, path, rel = rel_prefix + name + "/", label, ancestors] {
+          ListDir(path, rel, label, ancestors);
+        });
+      } else if (st->is_regular) {
+        found.push_back({rel_prefix + name, 0, st->size, label});
+      }
+    }
+    MutexLock lock(&mu_);
+    for (auto& s : found)
+      samples_.push_back(std::move(s));
+  }
+
+  std::vector<Sample> TakeSamples() {
+    MutexLock lock(&mu_);
+    return std::move(samples_);
+  }
+  std::vector<StampEntry> TakeStamps() {
+    MutexLock lock(&mu_);
+    return std::move(stamps_);
+  }
+
+ private:
+  static constexpr size_t kChunk = 128;
+  Env* const env_;
+  TaskPool* const pool_;
+  Mutex mu_;
+  std::vector<Sample> samples_ GUARDED_BY(mu_);
+  std::vector<StampEntry> stamps_ GUARDED_BY(mu_);
+};
+
+// One parsed manifest line.
+struct Line {
+  uint64_t number = 0;
+  Sample sample;
+  bool whole_file = true;
+};
+
+std::vector<std::string_view> SplitTabs(std::string_view s) {
+  std::vector<std::string_view> out;
+  size_t start = 0;
+  for (;;) {
+    const size_t tab = s.find('\t', start);
+    if (tab == std::string_view::npos) {
+      out.push_back(s.substr(start));
+      return out;
+    }
+    out.push_back(s.substr(start, tab - start));
+    start = tab + 1;
+  }
+}
+
+bool ParseU64(std::string_view s, uint64_t& out) {
+  if (s.empty()) return false;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+// Why `path` is not an acceptable relative path, or "" if it is.
+std::string CheckRelative(std::string_view path) {
+  if (path.empty()) return "the path is empty";
+  if (path[0] == '/')
+    return "absolute paths are not allowed; write the path relative to the "
+           "manifest's directory";
+  size_t start = 0;
+  for (;;) {
+    const size_t slash = path.find('/', start);
+    const std::string_view part = path.substr(
+        start, slash == std::string_view::npos ? std::string_view::npos : slash - start);
+    if (part == "..")
+      return "\"..\" components are not allowed; the samples must lie under the "
+             "manifest's directory";
+    if (part.empty() || part == ".") {
+      return "empty or \".\" path components are not allowed; write a/b, not a//b, ./a or a/";
+    }
+    if (slash == std::string_view::npos) return "";
+    start = slash + 1;
+  }
+}
+
+nopfs::Result<std::vector<Line>> ParseManifest(const std::string& manifest, std::string_view text) {
+  std::vector<Line> lines;
+  uint64_t number = 0;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string_view::npos) nl = text.size();
+    std::string_view line = text.substr(pos, nl - pos);
+    pos = nl + 1;
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty() || line[0] == '#') continue;
+    const std::string where = manifest + " line " + std::to_string(number) + ": ";
+    const std::vector<std::string_view> f = SplitTabs(line);
+    if (f.size() != 1 && f.size() != 2 && f.size() != 4) {
+      return Status::InvalidArgument(
+          where +
+          "expected 1, 2 or 4 tab-separated fields (path, path<TAB>label, or "
+          "path<TAB>label<TAB>offset<TAB>length), found " +
+          std::to_string(f.size()));
+    }
+    Line l;
+    l.number = number;
+    if (const std::string why = CheckRelative(f[0]); !why.empty()) {
+      return Status::InvalidArgument(where + "bad path \"" + std::string(f[0]) + "\": " + why);
+    }
+    l.sample.relative_path = std::string(f[0]);
+    if (f.size() >= 2 && f[1] != "-") {
+      uint64_t label = 0;
+      if (!ParseU64(f[1], label) || label > static_cast<uint64_t>(INT64_MAX)) {
+        return Status::InvalidArgument(where + "bad label \"" + std::string(f[1]) +
+                                       "\": write an integer >= 0, or - for none");
+      }
+      l.sample.label = static_cast<int64_t>(label);
+    }
+    if (f.size() == 4) {
+      l.whole_file = false;
+      if (!ParseU64(f[2], l.sample.offset)) {
+        return Status::InvalidArgument(where + "bad offset \"" + std::string(f[2]) +
+                                       "\": write the byte offset as an integer >= 0");
+      }
+      if (!ParseU64(f[3], l.sample.length) || l.sample.length == 0) {
+        return Status::InvalidArgument(where + "bad length \"" + std::string(f[3]) +
+                                       "\": write the byte length as an integer >= 1");
+      }
+      if (l.sample.offset > UINT64_MAX - l.sample.length) {
+        return Status::InvalidArgument(where + "offset + length overflows 64 bits");
+      }
+    }
+    lines.push_back(std::move(l));
+  }
+  return lines;
+}
+
+std::string DirName(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+}  // namespace
+
+codec::Stamp ToStamp(const FileStat& st) {
+  return codec::Stamp{st.mtime_ns, st.inode, st.device, st.size};
+}
+
+void ParallelFor(uint64_t n, uint32_t threads, const std::function<void(uint64_t)>& fn) {
+  std::atomic<uint64_t> next{0};
+  auto work = [&] {
+    for (uint64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1))
+      fn(i);
+  };
+  const uint64_t extra = std::min<uint64_t>(threads > 0 ? threads - 1 : 0, n > 0 ? n - 1 : 0);
+  std::vector<std::thread> workers;
+  for (uint64_t i = 0; i < extra; ++i)
+    workers.emplace_back(work);
+  work();
+  for (auto& t : workers)
+    t.join();
+}
+
+nopfs::Result<ScanResult> ScanImageFolder(const std::string& root, Env* env, uint32_t threads) {
+  ScanResult out;
+  out.kind = codec::DatasetKind::kImageFolder;
+  out.root = root;
+  nopfs::Result<FileStat> root_st = env->Stat(root);
+  if (!root_st.ok()) return root_st.status().WithContext("scanning the dataset");
+  nopfs::Result<std::vector<std::string>> names = env->ListDir(root);
+  if (!names.ok()) return names.status().WithContext("scanning the dataset");
+  std::vector<std::string> visible;
+  for (auto& n : *names) {
+    if (!Hidden(n)) visible.push_back(std::move(n));
+  }
+  std::vector<char> is_dir(visible.size(), 0);
+  std::vector<Status> errors(visible.size());
+  ParallelFor(visible.size(), threads, [&](uint64_t i) {
+    nopfs::Result<FileStat> st = env->Stat(root + "/" + visible[i]);
+    if (st.ok()) {
+      is_dir[i] = st->is_dir ? 1 : 0;
+    } else if (st.status().code() != StatusCode::kNotFound) {
+      errors[i] = st.status().WithContext("scanning the dataset");
+    }
+  });
+  for (const Status& e : errors)
+    NOPFS_RETURN_IF_ERROR(e);
+  for (size_t i = 0; i < visible.size(); ++i) {
+    if (is_dir[i]) out.class_names.push_back(visible[i]);
+  }
+  std::sort(out.class_names.begin(), out.class_names.end());
+  if (out.class_names.empty()) {
+    return Status::InvalidArgument(root +
+                                   ": no class directories; an ImageFolder dataset holds one "
+                                   "directory per class (root/<class>/<files>), or pass a "
+                                   "manifest file instead");
+  }
+
+  TaskPool pool;
+  FolderWalk walk(env, &pool);
+  const Ancestors top = std::make_shared<const std::vector<std::pair<uint64_t, uint64_t>>>(
+      std::vector<std::pair<uint64_t, uint64_t>>{{root_st->device, root_st->inode}});
+  for (size_t label = 0; label < out.class_names.size(); ++label) {
+    pool.Push([&walk, &top, dir = root + "/" + out.class_names[label],
+               rel = out.class_names[label] + "/",
+               label] { walk.ListDir(dir, rel, static_cast<int64_t>(label), top); });
+  }
+  NOPFS_RETURN_IF_ERROR(pool.Run(threads));
+  out.samples = walk.TakeSamples();
+  out.stamps = walk.TakeStamps();
+  out.stamps.push_back({root, ToStamp(*root_st)});
+  if (out.samples.empty()) {
+    return Status::InvalidArgument(root + ": the dataset has no files (looked under " +
+                                   std::to_string(out.class_names.size()) + " class directories)");
+  }
+  SortSamples(out.samples);
+  SortStamps(out.stamps);
+  return out;
+}
+
+nopfs::Result<ScanResult> ScanManifest(const std::string& manifest, Env* env, uint32_t threads) {
+  ScanResult out;
+  out.kind = codec::DatasetKind::kManifest;
+  out.root = DirName(manifest);
+  nopfs::Result<FileStat> mst = env->Stat(manifest);
+  if (!mst.ok()) return mst.status().WithContext("reading the manifest");
+  nopfs::Result<std::string> text = env->ReadFile(manifest);
+  if (!text.ok()) return text.status().WithContext("reading the manifest");
+  nopfs::Result<std::vector<Line>> lines = ParseManifest(manifest, *text);
+  if (!lines.ok()) return lines.status();
+  if (lines->empty()) {
+    return Status::InvalidArgument(manifest +
+                                   ": the manifest lists no samples; write one line per "
+                                   "sample: path[<TAB>label[<TAB>offset<TAB>length]]");
+  }
+
+  // Stat every distinct file once; remember the first line naming it for the messages.
+  std::map<std::string, uint64_t> first_line;
+  for (const Line& l : *lines)
+    first_line.emplace(l.sample.relative_path, l.number);
+  std::vector<std::pair<std::string, uint64_t>> files(first_line.begin(), first_line.end());
+  // Stamps: the manifest, and every directory that directly holds a listed file, taken before
+  // the files are stat'ed so that a file replaced after its stat changes a stamp.
+  std::set<std::string> dirs;
+  for (const auto& f : files)
+    dirs.insert(DirName(out.root + "/" + f.first));
+  std::vector<std::string> dir_list(dirs.begin(), dirs.end());
+  std::vector<codec::Stamp> dir_stamps(dir_list.size());
+  std::vector<Status> dir_errors(dir_list.size());
+  ParallelFor(dir_list.size(), threads, [&](uint64_t i) {
+    nopfs::Result<FileStat> st = env->Stat(dir_list[i]);
+    if (st.ok()) {
+      dir_stamps[i] = ToStamp(*st);
+    } else if (st.status().code() != StatusCode::kNotFound) {
+      dir_errors[i] = st.status().WithContext("scanning the dataset");
+    }  // a missing directory: the file's stat below fails and names the line
+  });
+  for (const Status& e : dir_errors)
+    NOPFS_RETURN_IF_ERROR(e);
+  out.stamps.push_back({manifest, ToStamp(*mst)});
+  for (size_t i = 0; i < dir_list.size(); ++i)
+    out.stamps.push_back({dir_list[i], dir_stamps[i]});
+  std::vector<FileStat> stats(files.size());
+  std::vector<Status> errors(files.size());
+  ParallelFor(files.size(), threads, [&](uint64_t i) {
+    const std::string path = out.root + "/" + files[i].first;
+    const std::string where = manifest + " line " + std::to_string(files[i].second) + ": ";
+    nopfs::Result<FileStat> st = env->Stat(path);
+    if (!st.ok()) {
+      errors[i] = st.status().WithContext(where + "sample file");
+    } else if (!st->is_regular) {
+      errors[i] = Status::InvalidArgument(where + path + " is not a regular file");
+    } else {
+      stats[i] = *st;
+    }
+  });
+  for (const Status& e : errors)
+    NOPFS_RETURN_IF_ERROR(e);
+
+  std::map<std::string_view, uint64_t> size_of;
+  for (size_t i = 0; i < files.size(); ++i)
+    size_of.emplace(files[i].first, stats[i].size);
+  for (Line& l : *lines) {
+    const uint64_t size = size_of.at(l.sample.relative_path);
+    if (l.whole_file) {
+      l.sample.length = size;
+    } else if (l.sample.offset + l.sample.length > size) {
+      return Status::InvalidArgument(manifest + " line " + std::to_string(l.number) + ": " +
+                                     out.root + "/" + l.sample.relative_path + " is " +
+                                     std::to_string(size) + " bytes, the line needs bytes " +
+                                     std::to_string(l.sample.offset) + ".." +
+                                     std::to_string(l.sample.offset + l.sample.length));
+    }
+    out.samples.push_back(std::move(l.sample));
+  }
+  SortSamples(out.samples);
+  for (size_t i = 1; i < out.samples.size(); ++i) {
+    const Sample& a = out.samples[i - 1];
+    const Sample& b = out.samples[i];
+    if (std::tie(a.label, a.relative_path, a.offset, a.length) ==
+        std::tie(b.label, b.relative_path, b.offset, b.length)) {
+      return Status::InvalidArgument(
+          manifest + ": sample \"" + a.relative_path + "\" (label " + std::to_string(a.label) +
+          ", offset " + std::to_string(a.offset) + ") is listed twice; list each sample once");
+    }
+  }
+
+  SortStamps(out.stamps);
+  return out;
+}
+
+}  // namespace nopfs::service::scan

@@ -1,0 +1,158 @@
+// Daemon: nopfsd's parts put together for one job on one node.
+//
+// Start(): loads the node config, opens the dataset's catalog, replays the job's shuffle to plan
+// this node (policy::MakeNodePlan over the configured classes, capped by what the job was
+// granted), creates the RAM and SSD tiers and starts their prefetchers, and opens the local
+// server. From then on each client that opens a rank's stream gets a ring that a StagingStream
+// fills in that rank's order, at most limits().streams_per_rank streams per rank at once (one more
+// is refused with ResourceExhausted; the rank's open streams go on), and at most that many
+// connections per local rank plus a few (LocalServer::Options::max_connections). Stop(): closes the
+// server (cancelling every stream), stops the prefetchers and destroys the tiers, so that nothing
+// the job staged remains.
+//
+// Thread safety: Start/Stop from the main thread; the Handler methods are called by the server's
+// threads and are safe concurrently; StatusText from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/ring.h"
+#include "common/mutex.h"
+#include "common/status.h"
+#include "lua/config.h"
+#include "policy/job.h"
+#include "policy/plan.h"
+#include "service/catalog/catalog.h"
+#include "service/daemon/metrics.h"
+#include "service/daemon/staging.h"
+#include "service/peers/peers.h"
+#include "service/reader/sample_reader.h"
+#include "service/server/local_server.h"
+#include "service/tiers/prefetcher.h"
+#include "service/tiers/ram_tier.h"
+#include "service/tiers/ssd_tier.h"
+
+namespace nopfs::service {
+
+struct DaemonOptions {
+  std::string run_dir;           // the job's run directory (socket, log), already prepared
+  std::string dataset;           // ImageFolder directory or manifest file
+  std::string config_path;       // node config (Lua); "" = DefaultNodeConfig
+  std::string job_id = "local";  // Slurm job id, or "local" for `nopfs run`
+  policy::JobSpec job;           // job.samples = 0: take F from the dataset
+  uint32_t node = 0;             // this node's index in the job
+  // Bytes the admission policy granted this job on this node; UINT64_MAX = the config's capacity.
+  policy::Bytes ram_grant = UINT64_MAX;
+  policy::Bytes ssd_grant = UINT64_MAX;
+  unsigned plan_threads = 0;  // 0: all cores
+  uint32_t uid = 0;           // the only uid allowed to connect (the job's user)
+  // Peers (docs/fabric.md): every node's HOST:PORT in node order ("" = no peers), this node's
+  // entry again (checked against the list), the per-job secret file, the libfabric provider.
+  std::string peers;
+  std::string peer_listen;
+  std::string peer_secret_file;
+  std::string peer_provider = "tcp;ofi_rxm";
+  uint32_t peer_timeout_ms = 5000;
+};
+
+class Daemon final : public Handler {
+ public:
+  static Result<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
+  ~Daemon() override;
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Idempotent.
+  void Stop();
+
+  uint64_t samples() const { return catalog_->size(); }
+  const policy::NodePlan& plan() const { return plan_; }
+  const Catalog& catalog() const { return *catalog_; }
+  const std::string& log_level() const { return config_.log_level(); }
+  const SampleReader& reader() const { return *reader_; }
+  // Waits until every prefetcher has visited all of its slots (tests and benchmarks).
+  void WaitPrefetched();
+
+  // LocalServer::Handler
+  HelloInfo Hello() override;
+  Result<StreamGrant> OpenStream(const OpenStreamRequest& request, ConnectionId conn) override;
+  void CloseStream(uint64_t stream_id) override;
+  std::string StatusText() override;  // report::RenderText(Report())
+  report::StatusReport Report() override;
+  Result<wire::DescribeOk> Describe(uint32_t sample_id) override;
+
+ private:
+  explicit Daemon(DaemonOptions options);
+  Status Init();
+
+  DaemonOptions options_;
+  lua::NodeConfig config_;
+  policy::SystemModel model_;  // the config's, capacities capped by the grants
+  policy::JobSpec job_;        // options_.job with F from the catalog
+  std::unique_ptr<Catalog> catalog_;
+  policy::NodePlan plan_;
+  uint64_t predicted_stall_ns_ = report::kUnknown;  // set by Init (a consumer taking no time)
+  std::vector<std::unique_ptr<RamTier>> ram_tiers_;
+  std::vector<std::unique_ptr<SsdTier>> ssd_tiers_;
+  std::vector<TierRef> tier_refs_;  // [class]
+  std::unique_ptr<SampleReader> reader_;
+  std::vector<std::unique_ptr<Prefetcher>> prefetchers_;  // [class] (null for an empty class)
+  std::vector<std::chrono::steady_clock::time_point> prefetch_done_;
+  std::unique_ptr<LocalServer> server_;
+  std::chrono::steady_clock::time_point started_;
+  uint64_t ring_bytes_ = 0;
+
+  Mutex mu_;
+  std::map<uint64_t, std::unique_ptr<StagingStream>> streams_ GUARDED_BY(mu_);
+  uint64_t next_stream_ GUARDED_BY(mu_) = 1;
+  // Streams open or being opened, per local rank (at most limits().streams_per_rank each).
+  std::map<uint32_t, uint32_t> open_per_rank_ GUARDED_BY(mu_);
+  uint64_t refused_streams_ GUARDED_BY(mu_) = 0;
+  // One process per rank: which process each stream open or being opened is read for, and its
+  // epochs [first_epoch, end_epoch). Streams of a rank whose epochs overlap share one owner.
+  struct Claim {
+    uint32_t rank = 0;
+    uint32_t owner_pid = 0;
+    uint32_t first_epoch = 0;
+    uint32_t end_epoch = 0;
+  };
+  std::map<uint64_t, Claim> claims_ GUARDED_BY(mu_);  // by stream id
+  uint64_t refused_owners_ GUARDED_BY(mu_) = 0;       // opens refused for another owner
+  CondVar closed_cv_;                                 // notified when a stream closes (with mu_)
+  // Finished streams' client statistics, kept for the status after their clients left.
+  ring::RingStats closed_stats_ GUARDED_BY(mu_);
+  bool stopped_ GUARDED_BY(mu_) = false;
+  std::unique_ptr<PeerService> peers_;  // null without peers
+
+  // Bytes staged into each class so far (prefetched, kept from staging reads, pushed by peers).
+  std::vector<uint64_t> StagedBytes() const;
+  // Records StagedBytes() now and returns each class's rate in bytes/s over the last
+  // kRateWindow (since start at first).
+  std::vector<uint64_t> ObserveRates();
+  struct RateSample {
+    std::chrono::steady_clock::time_point t;
+    std::vector<uint64_t> bytes;  // [class]
+  };
+  Mutex rate_mu_;
+  std::deque<RateSample> rate_samples_ GUARDED_BY(rate_mu_);  // the oldest is kept
+
+  // The reporter thread: samples the staging rate every second and, with the config's
+  // metrics_dir, rewrites the metrics file every kMetricsPeriod (and once more in Stop()).
+  void Reporter();
+  void WriteMetrics();
+  std::unique_ptr<MetricsWriter> metrics_;  // null without metrics_dir
+  std::string metrics_error_;               // the last error logged (each new one is logged once)
+  std::thread reporter_;
+  Mutex reporter_mu_;
+  CondVar reporter_cv_;
+  bool reporter_stop_ GUARDED_BY(reporter_mu_) = false;
+};
+
+}  // namespace nopfs::service

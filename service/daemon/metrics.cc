@@ -1,0 +1,210 @@
+#include "service/daemon/metrics.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <vector>
+
+namespace nopfs::service {
+namespace {
+
+// A label value with the escapes the exposition format requires.
+std::string Escape(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string Num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+// Writes one metric family: its HELP and TYPE lines, then its samples.
+class Exposition {
+ public:
+  explicit Exposition(const MetricsLabels& l)
+      : base_("job=\"" + Escape(l.job) + "\",user=\"" + Escape(l.user) + "\",node=\"" +
+              Escape(l.node) + "\"") {}
+
+  void Family(const char* name, const char* type, const char* help) {
+    out_ += "# HELP ";
+    out_ += name;
+    out_ += ' ';
+    out_ += help;
+    out_ += "\n# TYPE ";
+    out_ += name;
+    out_ += ' ';
+    out_ += type;
+    out_ += '\n';
+  }
+  // name{job,user,node[,extra]} value
+  void Sample(const std::string& name, const std::string& extra, const std::string& value) {
+    out_ += name;
+    out_ += '{';
+    out_ += base_;
+    if (!extra.empty()) {
+      out_ += ',';
+      out_ += extra;
+    }
+    out_ += "} ";
+    out_ += value;
+    out_ += '\n';
+  }
+  void Sample(const std::string& name, const std::string& extra, uint64_t value) {
+    Sample(name, extra, std::to_string(value));
+  }
+  std::string& str() { return out_; }
+
+ private:
+  std::string base_;
+  std::string out_;
+};
+
+std::string Label(const char* key, const std::string& value) {
+  return std::string(key) + "=\"" + Escape(value) + "\"";
+}
+
+}  // namespace
+
+std::string RenderMetrics(const report::StatusReport& r, const MetricsLabels& labels) {
+  Exposition e(labels);
+  e.Family("nopfs_served_samples_total", "counter",
+           "Samples handed to the job's clients, by source.");
+  for (const report::Source& s : r.sources)
+    e.Sample("nopfs_served_samples_total", Label("source", s.name), s.samples);
+  e.Family("nopfs_served_bytes_total", "counter", "Bytes handed to the job's clients, by source.");
+  for (const report::Source& s : r.sources)
+    e.Sample("nopfs_served_bytes_total", Label("source", s.name), s.bytes);
+
+  // Bucket b of the report holds stalls in [2^(b-1), 2^b) ns (bucket 0: 0 ns), so every stall
+  // of bucket b is at most 2^b ns: the bucket `le` 2^b ns counts buckets 0..b. Buckets past
+  // 2^40 ns (18 min) are folded into +Inf.
+  constexpr size_t kLastBucket = 40;
+  e.Family("nopfs_stall_seconds", "histogram",
+           "Time the job's clients waited inside next() per call, over every stream.");
+  uint64_t cumulative = 0;
+  uint64_t count = 0;
+  for (uint64_t c : r.stall.histogram)
+    count += c;
+  for (size_t b = 0; b <= kLastBucket; ++b) {
+    cumulative += r.stall.histogram[b];
+    e.Sample("nopfs_stall_seconds_bucket",
+             "le=\"" + Num(static_cast<double>(uint64_t{1} << b) / 1e9) + "\"", cumulative);
+  }
+  e.Sample("nopfs_stall_seconds_bucket", "le=\"+Inf\"", count);
+  e.Sample("nopfs_stall_seconds_sum", "", Num(static_cast<double>(r.stall.total_ns) / 1e9));
+  e.Sample("nopfs_stall_seconds_count", "", count);
+
+  e.Family("nopfs_tier_capacity_bytes", "gauge",
+           "Bytes of the class the job may use on this node.");
+  for (const report::Tier& t : r.tiers)
+    e.Sample("nopfs_tier_capacity_bytes", Label("tier", t.name), t.capacity);
+  e.Family("nopfs_tier_used_bytes", "gauge",
+           "Bytes of the class the job's plan fills (the samples it puts there).");
+  for (const report::Tier& t : r.tiers)
+    e.Sample("nopfs_tier_used_bytes", Label("tier", t.name), t.planned_bytes);
+  e.Family("nopfs_tier_ready_bytes", "gauge", "Bytes of the class holding their sample now.");
+  for (const report::Tier& t : r.tiers)
+    e.Sample("nopfs_tier_ready_bytes", Label("tier", t.name), t.ready_bytes);
+  e.Family("nopfs_tier_ready_samples", "gauge", "Samples of the class ready now.");
+  for (const report::Tier& t : r.tiers)
+    e.Sample("nopfs_tier_ready_samples", Label("tier", t.name), t.ready_samples);
+  e.Family("nopfs_staging_rate_bytes_per_second", "gauge",
+           "Bytes per second entering the class over the last 5 s.");
+  for (const report::Tier& t : r.tiers)
+    e.Sample("nopfs_staging_rate_bytes_per_second", Label("tier", t.name), t.rate);
+  e.Family("nopfs_staging_eta_seconds", "gauge",
+           "Seconds until the class holds its plan at the current rate (absent when unknown).");
+  for (const report::Tier& t : r.tiers) {
+    if (t.eta_ns == report::kUnknown) continue;
+    e.Sample("nopfs_staging_eta_seconds", Label("tier", t.name),
+             Num(static_cast<double>(t.eta_ns) / 1e9));
+  }
+
+  e.Family("nopfs_pfs_read_bytes_total", "counter",
+           "Bytes read from the PFS on this node, prefetch included.");
+  e.Sample("nopfs_pfs_read_bytes_total", "", r.pfs_bytes);
+
+  const report::Peers none;
+  const report::Peers& p = r.peers ? *r.peers : none;
+  e.Family("nopfs_peer_reads_total", "counter",
+           "Samples read from the job's other nodes (fetched) and for them (served).");
+  e.Sample("nopfs_peer_reads_total", "direction=\"fetched\"", p.fetched_samples);
+  e.Sample("nopfs_peer_reads_total", "direction=\"served\"", p.served_samples);
+  e.Family("nopfs_peer_failures_total", "counter",
+           "Peer requests that failed, by kind (the sample then comes from the PFS).");
+  e.Sample("nopfs_peer_failures_total", "kind=\"not_available\"", p.fetch_not_available);
+  e.Sample("nopfs_peer_failures_total", "kind=\"timeout\"", p.timeouts);
+  e.Sample("nopfs_peer_failures_total", "kind=\"refused\"", p.refused);
+  e.Sample("nopfs_peer_failures_total", "kind=\"malformed\"", p.malformed);
+  e.Sample("nopfs_peer_failures_total", "kind=\"rma\"", p.rma_failed);
+  e.Family("nopfs_peers_dead", "gauge", "Nodes of the job this node found dead.");
+  e.Sample("nopfs_peers_dead", "", static_cast<uint64_t>(p.dead.size()));
+
+  e.Family("nopfs_refusals_total", "counter",
+           "Requests nopfsd refused, by kind (docs/service.md, \"Limits\").");
+  e.Sample("nopfs_refusals_total", "kind=\"owner\"", r.refusals.owners);
+  e.Sample("nopfs_refusals_total", "kind=\"stream\"", r.refusals.streams);
+  e.Sample("nopfs_refusals_total", "kind=\"connection\"", r.refusals.connections);
+  e.Sample("nopfs_refusals_total", "kind=\"timed_out\"", r.refusals.timed_out);
+
+  e.Family("nopfs_uptime_seconds", "gauge", "Seconds since nopfsd started.");
+  e.Sample("nopfs_uptime_seconds", "", Num(static_cast<double>(r.uptime_ns) / 1e9));
+  return std::move(e.str());
+}
+
+MetricsWriter::MetricsWriter(std::string dir, MetricsLabels labels)
+    : dir_(std::move(dir)),
+      labels_(std::move(labels)),
+      path_(dir_ + "/" + MetricsFileName(labels_.job)) {}
+
+Status MetricsWriter::Write(const report::StatusReport& r) {
+  const std::string text = RenderMetrics(r, labels_);
+  // Hidden and without the .prom suffix: the collector reads *.prom only.
+  const std::string tmp =
+      dir_ + "/." + MetricsFileName(labels_.job) + "." + std::to_string(::getpid()) + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::FromErrno(errno, "metrics: creating " + tmp);
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return Status::FromErrno(err, "metrics: writing " + tmp);
+    }
+    done += static_cast<size_t>(n);
+  }
+  // fchmod: the umask must not hide the file from node_exporter (which runs as its own user).
+  int err = ::fchmod(fd, 0644) == 0 ? 0 : errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    return Status::FromErrno(err, "metrics: finishing " + tmp);
+  }
+  if (::rename(tmp.c_str(), path_.c_str()) != 0) {
+    err = errno;
+    ::unlink(tmp.c_str());
+    return Status::FromErrno(err, "metrics: renaming " + tmp + " to " + path_);
+  }
+  return Status::Ok();
+}
+
+}  // namespace nopfs::service

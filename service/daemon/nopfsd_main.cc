@@ -1,0 +1,166 @@
+// nopfsd: the per-job per-node cache service. Started by the Slurm plugin at job start (as the
+// job's user) or by `nopfs run`; stopped by SIGTERM (or SIGINT, SIGHUP). See docs/architecture.md.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/spdlog.h>
+
+#include "common/units.h"
+#include "launch/daemon_args.h"
+#include "launch/run_files.h"
+#include "service/daemon/daemon.h"
+#include "service/daemon/run_dir.h"
+
+namespace {
+
+using nopfs::Status;
+namespace service = nopfs::service;
+namespace launch = nopfs::launch;
+
+// --ready-fd: the write end of a pipe that the launcher (nopfs-job as root, or `nopfs run`)
+// created. nopfsd writes launch::ReadyMessage or launch::FailedMessage there, then closes it; the
+// launcher learns readiness there instead of reading files in the user's run directory.
+int g_ready_fd = -1;
+
+void TellLauncher(const std::string& text) {
+  if (g_ready_fd < 0) return;
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = write(g_ready_fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  close(g_ready_fd);
+  g_ready_fd = -1;
+}
+
+// Start-up failed: say why where `nopfs run` and the Slurm plugin look (the `failed` file, the
+// launcher's pipe and stderr) and in the log.
+int StartFailed(const std::string& run_dir, const Status& s) {
+  spdlog::error("start-up failed: {}", s.message());
+  std::fprintf(stderr, "nopfsd: %s\n", s.message().c_str());
+  if (!run_dir.empty())
+    (void)service::WriteFileAtomically(run_dir, launch::kFailedName, s.message() + "\n");
+  TellLauncher(launch::FailedMessage(s.message()));
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"nopfsd: the nopfs cache service of one job on one node"};
+  nopfs::launch::DaemonArgs f;
+  nopfs::launch::AddDaemonFlags(&app, &f);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  g_ready_fd = f.ready_fd;
+  if (g_ready_fd >= 0) {
+    signal(SIGPIPE, SIG_IGN);  // a launcher that gave up must not kill us with our answer
+    if (fcntl(g_ready_fd, F_SETFD, FD_CLOEXEC) != 0) g_ready_fd = -1;
+  }
+  if (geteuid() == 0 && !f.allow_root) {
+    std::fprintf(stderr,
+                 "nopfsd: refusing to run as root: it runs as the job's user, so that the job's "
+                 "files, sockets and memory belong to that user (the Slurm plugin starts it so); "
+                 "pass --allow-root on a personal machine\n");
+    return 2;
+  }
+  const uint64_t samples = f.job.job.samples;
+  if (samples == 0)
+    f.job.job.samples = nopfs::policy::kMaxSamples;  // F from the dataset; check the rest
+  if (Status s = nopfs::launch::FinishJobFlags(&f.job); !s.ok()) {
+    std::fprintf(stderr, "nopfsd: %s\n", s.message().c_str());
+    return 2;
+  }
+  f.job.job.samples = samples;
+  service::DaemonOptions options;
+  options.run_dir = f.run_dir;
+  options.dataset = f.dataset;
+  options.config_path = f.config;
+  options.job_id = f.job_id;
+  options.job = f.job.job;
+  options.node = f.node;
+  options.plan_threads = f.plan_threads;
+  options.uid = static_cast<uint32_t>(geteuid());
+  options.peers = f.peers;
+  options.peer_listen = f.peer_listen;
+  options.peer_secret_file = f.peer_secret_file;
+  options.peer_provider = f.peer_provider;
+  options.peer_timeout_ms = f.peer_timeout_ms;
+  for (auto [text, out] :
+       {std::pair{&f.ram, &options.ram_grant}, std::pair{&f.ssd, &options.ssd_grant}}) {
+    if (text->empty()) continue;
+    nopfs::Result<uint64_t> v = nopfs::ParseSize(*text);
+    if (!v.ok()) {
+      std::fprintf(stderr, "nopfsd: %s\n", v.status().message().c_str());
+      return 2;
+    }
+    *out = *v;
+  }
+
+  const std::string& dir = options.run_dir;
+  if (Status s = service::PrepareRunDir(dir); !s.ok()) return StartFailed("", s);
+  if (Status s = service::ClearStaleState(dir); !s.ok()) return StartFailed("", s);
+  umask(077);
+  try {
+    auto log = spdlog::basic_logger_mt("nopfsd", dir + "/" + launch::kLogName);
+    log->set_pattern("%Y-%m-%d %H:%M:%S.%e %n[%t] %l: %v");
+    log->flush_on(spdlog::level::info);
+    spdlog::set_default_logger(log);
+  } catch (const spdlog::spdlog_ex& e) {
+    return StartFailed(dir, Status::IoError(std::string("opening the log: ") + e.what()));
+  }
+  if (Status s =
+          service::WriteFileAtomically(dir, launch::kPidName, std::to_string(getpid()) + "\n");
+      !s.ok()) {
+    return StartFailed(dir, s);
+  }
+
+  // Signals are taken by sigwait below; every thread started from here on inherits the mask.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  nopfs::Result<std::unique_ptr<service::Daemon>> daemon = service::Daemon::Start(options);
+  if (!daemon.ok()) {
+    const int rc = StartFailed(dir, daemon.status());
+    unlink((dir + "/" + launch::kPidName).c_str());
+    return rc;
+  }
+  spdlog::set_level(spdlog::level::from_str((*daemon)->log_level()));
+  const nopfs::launch::ReadyInfo ready{getpid(), (*daemon)->samples()};
+  if (Status s = service::WriteFileAtomically(dir, launch::kReadyName, launch::FormatReady(ready));
+      !s.ok()) {
+    return StartFailed(dir, s);
+  }
+  TellLauncher(launch::ReadyMessage(ready));
+  spdlog::info("ready");
+
+  int sig = 0;
+  while (sigwait(&stop, &sig) != 0) {
+  }
+  spdlog::info("{} received: stopping", sigabbrev_np(sig) ? sigabbrev_np(sig) : "signal");
+  unlink((dir + "/" + launch::kReadyName).c_str());
+  (*daemon)->Stop();
+  daemon->reset();
+  unlink((dir + "/" + launch::kPidName).c_str());
+  spdlog::info("exit");
+  spdlog::shutdown();
+  return 0;
+}

@@ -1,0 +1,211 @@
+// The POSIX Env and the fault-injecting wrapper (see env.h).
+#include "service/env/env.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <string>
+#include <thread>
+
+#include "common/mutex.h"
+
+namespace nopfs::service {
+namespace {
+
+// Closes a descriptor when it goes out of scope.
+class FdCloser {
+ public:
+  explicit FdCloser(int fd) : fd_(fd) {}
+  ~FdCloser() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FdCloser(const FdCloser&) = delete;
+  FdCloser& operator=(const FdCloser&) = delete;
+
+ private:
+  int fd_;
+};
+
+FileStat FromStat(const struct stat& st) {
+  FileStat s;
+  s.size = static_cast<uint64_t>(st.st_size);
+  s.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  s.inode = static_cast<uint64_t>(st.st_ino);
+  s.device = static_cast<uint64_t>(st.st_dev);
+  s.is_dir = S_ISDIR(st.st_mode);
+  s.is_regular = S_ISREG(st.st_mode);
+  return s;
+}
+
+int OpenRead(const std::string& path) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  return fd;
+}
+
+class PosixEnv final : public Env {
+ public:
+  Result<FileStat> Stat(const std::string& path) override {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return Status::FromErrno(errno, path);
+    return FromStat(st);
+  }
+
+  Result<std::vector<std::string>> ListDir(const std::string& dir) override {
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return Status::FromErrno(errno, dir);
+    std::vector<std::string> names;
+    for (;;) {
+      errno = 0;
+      const dirent* e = ::readdir(d);
+      if (e == nullptr) {
+        const int err = errno;
+        ::closedir(d);
+        if (err != 0) return Status::FromErrno(err, dir);
+        break;
+      }
+      const std::string_view name(e->d_name);
+      if (name == "." || name == "..") continue;
+      names.emplace_back(name);
+    }
+    return names;
+  }
+
+  Status ReadAt(const std::string& path, uint64_t offset, std::span<std::byte> dst) override {
+    const int fd = OpenRead(path);
+    if (fd < 0) return Status::FromErrno(errno, path);
+    FdCloser closer(fd);
+    uint64_t done = 0;
+    while (done < dst.size()) {
+      const ssize_t n =
+          ::pread(fd, dst.data() + done, dst.size() - done, static_cast<off_t>(offset + done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return Status::FromErrno(errno, path);
+      }
+      if (n == 0) {
+        struct stat st {};
+        const uint64_t size =
+            ::fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : offset + done;
+        return Status::FailedPrecondition(path + ": file is " + std::to_string(size) +
+                                          " bytes, sample needs bytes " + std::to_string(offset) +
+                                          ".." + std::to_string(offset + dst.size()));
+      }
+      done += static_cast<uint64_t>(n);
+    }
+    return Status::Ok();
+  }
+
+  Result<std::string> ReadFile(const std::string& path) override {
+    const int fd = OpenRead(path);
+    if (fd < 0) return Status::FromErrno(errno, path);
+    FdCloser closer(fd);
+    std::string out;
+    char buf[65536];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return Status::FromErrno(errno, path);
+      }
+      if (n == 0) break;
+      out.append(buf, static_cast<size_t>(n));
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+Env* Env::Default() {
+  static PosixEnv* env = new PosixEnv();  // never deleted: usable during static destruction
+  return env;
+}
+
+void FaultInjectionEnv::SetError(const std::string& path, Status error) {
+  MutexLock lock(&mu_);
+  if (error.ok()) error = Status::Internal("FaultInjectionEnv::SetError given an ok Status");
+  errors_[path] = std::move(error);
+}
+
+void FaultInjectionEnv::SetCorrupt(const std::string& path) {
+  MutexLock lock(&mu_);
+  corrupt_.insert(path);
+}
+
+void FaultInjectionEnv::SetDelay(std::chrono::nanoseconds delay) {
+  delay_ns_.store(delay.count(), std::memory_order_relaxed);
+}
+
+void FaultInjectionEnv::ClearError(const std::string& path) {
+  MutexLock lock(&mu_);
+  errors_.erase(path);
+}
+
+void FaultInjectionEnv::ClearCorrupt(const std::string& path) {
+  MutexLock lock(&mu_);
+  corrupt_.erase(path);
+}
+
+void FaultInjectionEnv::ClearFaults() {
+  MutexLock lock(&mu_);
+  errors_.clear();
+  corrupt_.clear();
+  delay_ns_.store(0, std::memory_order_relaxed);
+}
+
+Status FaultInjectionEnv::ErrorFor(const std::string& path) const {
+  MutexLock lock(&mu_);
+  const auto it = errors_.find(path);
+  return it == errors_.end() ? Status::Ok() : it->second;
+}
+
+bool FaultInjectionEnv::IsCorrupt(const std::string& path) const {
+  MutexLock lock(&mu_);
+  return corrupt_.count(path) != 0;
+}
+
+void FaultInjectionEnv::Delay() const {
+  const int64_t ns = delay_ns_.load(std::memory_order_relaxed);
+  if (ns > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(ns));
+}
+
+Result<FileStat> FaultInjectionEnv::Stat(const std::string& path) {
+  NOPFS_RETURN_IF_ERROR(ErrorFor(path));
+  stats_.fetch_add(1, std::memory_order_relaxed);
+  return base_->Stat(path);
+}
+
+Result<std::vector<std::string>> FaultInjectionEnv::ListDir(const std::string& dir) {
+  NOPFS_RETURN_IF_ERROR(ErrorFor(dir));
+  list_dirs_.fetch_add(1, std::memory_order_relaxed);
+  return base_->ListDir(dir);
+}
+
+Status FaultInjectionEnv::ReadAt(const std::string& path, uint64_t offset,
+                                 std::span<std::byte> dst) {
+  NOPFS_RETURN_IF_ERROR(ErrorFor(path));
+  Delay();
+  reads_.fetch_add(1, std::memory_order_relaxed);
+  NOPFS_RETURN_IF_ERROR(base_->ReadAt(path, offset, dst));
+  bytes_read_.fetch_add(dst.size(), std::memory_order_relaxed);
+  if (!dst.empty() && IsCorrupt(path)) dst[dst.size() / 2] ^= std::byte{0x01};
+  return Status::Ok();
+}
+
+Result<std::string> FaultInjectionEnv::ReadFile(const std::string& path) {
+  NOPFS_RETURN_IF_ERROR(ErrorFor(path));
+  Delay();
+  reads_.fetch_add(1, std::memory_order_relaxed);
+  Result<std::string> r = base_->ReadFile(path);
+  if (!r.ok()) return r;
+  bytes_read_.fetch_add(r->size(), std::memory_order_relaxed);
+  if (!r->empty() && IsCorrupt(path)) (*r)[r->size() / 2] ^= 0x01;
+  return r;
+}
+
+}  // namespace nopfs::service

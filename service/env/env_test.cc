@@ -1,0 +1,135 @@
+// Tests of the POSIX Env and the FaultInjectionEnv on real files in a temporary directory.
+#include "service/env/env.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace nopfs::service {
+namespace {
+
+class EnvTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/nopfs-env-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string Write(const std::string& name, const std::string& content) {
+    const std::string p = dir_ + "/" + name;
+    std::ofstream(p, std::ios::binary) << content;
+    return p;
+  }
+
+  std::string dir_;
+};
+
+std::string ToString(std::span<const std::byte> b) {
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
+
+TEST_F(EnvTest, StatListAndReadFile) {
+  const std::string p = Write("a.txt", "hello world");
+  ASSERT_EQ(::mkdir((dir_ + "/sub").c_str(), 0755), 0);
+  Env* env = Env::Default();
+  Result<FileStat> st = env->Stat(p);
+  ASSERT_TRUE(st.ok()) << st.status().message();
+  EXPECT_EQ(st->size, 11u);
+  EXPECT_TRUE(st->is_regular);
+  EXPECT_FALSE(st->is_dir);
+  EXPECT_GT(st->mtime_ns, 0);
+  struct stat raw {};
+  ASSERT_EQ(::stat(p.c_str(), &raw), 0);
+  EXPECT_EQ(st->inode, raw.st_ino);
+  EXPECT_EQ(st->device, raw.st_dev);
+  Result<FileStat> dst = env->Stat(dir_ + "/sub");
+  ASSERT_TRUE(dst.ok());
+  EXPECT_TRUE(dst->is_dir);
+
+  Result<std::vector<std::string>> names = env->ListDir(dir_);
+  ASSERT_TRUE(names.ok());
+  std::sort(names->begin(), names->end());
+  EXPECT_EQ(*names, (std::vector<std::string>{"a.txt", "sub"}));
+
+  Result<std::string> text = env->ReadFile(p);
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(*text, "hello world");
+}
+
+TEST_F(EnvTest, ReadAtReadsExactlyTheRange) {
+  std::string content;
+  for (int i = 0; i < 200000; ++i)
+    content.push_back(static_cast<char>('a' + i % 26));
+  const std::string p = Write("big", content);
+  std::vector<std::byte> buf(70000);
+  ASSERT_TRUE(Env::Default()->ReadAt(p, 12345, buf).ok());
+  EXPECT_EQ(ToString(buf), content.substr(12345, 70000));
+}
+
+TEST_F(EnvTest, ShortFileSaysSizeAndRange) {
+  const std::string p = Write("short", "0123456789");
+  std::vector<std::byte> buf(8);
+  const Status s = Env::Default()->ReadAt(p, 5, buf);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(), p + ": file is 10 bytes, sample needs bytes 5..13");
+}
+
+TEST_F(EnvTest, MissingFileIsNotFoundNamingThePath) {
+  const std::string p = dir_ + "/nope";
+  std::vector<std::byte> buf(4);
+  const Status s = Env::Default()->ReadAt(p, 0, buf);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_NE(s.message().find(p), std::string::npos) << s.message();
+  EXPECT_EQ(Env::Default()->Stat(p).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(Env::Default()->ListDir(p).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(Env::Default()->ReadFile(p).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(EnvTest, FaultInjectionErrorsCorruptionDelayAndCounters) {
+  const std::string p = Write("f", "abcdefgh");
+  FaultInjectionEnv env(Env::Default());
+  std::vector<std::byte> buf(8);
+  ASSERT_TRUE(env.ReadAt(p, 0, buf).ok());
+  EXPECT_EQ(ToString(buf), "abcdefgh");
+  EXPECT_EQ(env.reads(), 1u);
+  EXPECT_EQ(env.bytes_read(), 8u);
+
+  env.SetError(p, Status::IoError(p + ": injected"));
+  EXPECT_EQ(env.ReadAt(p, 0, buf).message(), p + ": injected");
+  EXPECT_EQ(env.Stat(p).status().code(), StatusCode::kIoError);
+  env.ClearError(p);
+  ASSERT_TRUE(env.Stat(p).ok());
+
+  env.SetCorrupt(p);
+  ASSERT_TRUE(env.ReadAt(p, 0, buf).ok());
+  const std::string got = ToString(buf);
+  int differing = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    differing += got[i] != "abcdefgh"[i];
+  EXPECT_EQ(differing, 1);
+  env.ClearCorrupt(p);
+  ASSERT_TRUE(env.ReadAt(p, 0, buf).ok());
+  EXPECT_EQ(ToString(buf), "abcdefgh");
+
+  env.SetDelay(std::chrono::milliseconds(30));
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(env.ReadAt(p, 0, buf).ok());
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(30));
+  env.ClearFaults();
+  EXPECT_EQ(env.reads(), 4u);  // the injected error never reached the wrapped Env
+  EXPECT_EQ(env.bytes_read(), 32u);
+  EXPECT_EQ(env.stats(), 1u);  // the failed Stat never reached the wrapped Env
+}
+
+}  // namespace
+}  // namespace nopfs::service

@@ -1,0 +1,105 @@
+// SsdTier: the SSD cache tier of one job on one node, held in a few preallocated data files under
+// the node's local scratch directory.
+//
+// Layout on disk (docs/tiers.md says why):
+//   <scratch>/nopfs-<uid>/                 0700, owned by the daemon's user (shared by its jobs)
+//   <scratch>/nopfs-<uid>/<job>.<node>/    0700, this tier
+//       lock                               flock()ed (LOCK_EX) for as long as the tier lives
+//       data.0, data.1, ...                preallocated (posix_fallocate), 0600, samples at
+//                                          4 KiB-aligned offsets given by the TierLayout
+// The directory is first built under a hidden temporary name with its lock held and then renamed
+// into place, so a job directory always has a lock file and a lock that is not held means its
+// daemon is gone. CleanupStale removes such directories (the next start and the epilog call it).
+// After a crash, the rule for an epilog that cannot link this library is: once the job's processes
+// are gone, `rm -rf <scratch>/nopfs-<uid>/<job>.*` (and the per-user directory if it is empty);
+// nothing else of a job lives on disk.
+//
+// Every Read verifies the xxh3 recorded at fill time: a mismatch returns Corruption naming the
+// sample and the file and marks the slot failed so that the caller refetches from the PFS.
+// Reads and writes use O_DIRECT when the file system supports it and buffered I/O otherwise
+// (tmpfs before Linux 6.6, some network file systems): the fallback is decided when the data
+// files are opened and logged as a warning; direct_io() tells which one is in use.
+//
+// Thread safety: Read, Fill, IsReady and WaitReady are safe concurrently; Destroy (and the
+// destructor) must not race with them.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "service/tiers/tier_layout.h"
+
+namespace nopfs::service {
+
+struct SsdTierOptions {
+  std::string scratch_root;  // the node's local scratch directory (StorageClass::path); must exist
+  std::string job;           // job id: letters, digits, '_', '-', '.'; not starting with '.'
+  std::string node;          // node name or index, same characters
+  bool direct_io = true;     // try O_DIRECT (falls back to buffered I/O where refused)
+};
+
+class SsdTier final : public Tier {
+ public:
+  // Removes stale directories of this user first (CleanupStale; its failure is only logged), then
+  // creates the job directory, takes its lock and preallocates the data files. ResourceExhausted,
+  // naming the directory and the shortfall in bytes, when the file system has too little free
+  // space; FailedPrecondition when a live daemon already holds the same job directory.
+  static Result<std::unique_ptr<SsdTier>> Create(const SsdTierOptions& options, TierLayout layout);
+  ~SsdTier() override;  // Destroy(), errors logged
+  SsdTier(const SsdTier&) = delete;
+  SsdTier& operator=(const SsdTier&) = delete;
+
+  // Closes and removes every file and directory this tier created (the per-user directory too
+  // when it is left empty). Idempotent. After it, the tier holds nothing (Read fails).
+  Status Destroy();
+
+  // Removes every job directory under <scratch_root>/nopfs-<uid>/ whose lock is not held (its
+  // daemon died), and temporary directories older than a minute. Returns how many it removed.
+  // Safe to run while live daemons of the same user use the directory.
+  static Result<uint64_t> CleanupStale(const std::string& scratch_root, uid_t uid);
+  static std::string UserDir(const std::string& scratch_root, uid_t uid);
+
+  const std::string& dir() const { return dir_; }
+  std::string DataPath(uint32_t file) const;
+  bool direct_io() const { return direct_; }
+
+  bool IsReady(policy::SampleId sample) const;
+  // As RamTier::WaitReady.
+  Status WaitReady(policy::SampleId sample, std::chrono::nanoseconds timeout) const;
+  // Reads the sample into dst (exactly its size) and verifies its checksum. NotFound (not in this
+  // tier), FailedPrecondition (not ready), Corruption (checksum mismatch; slot now failed),
+  // IoError. A dst aligned to 4096 bytes allows O_DIRECT; any other is read buffered.
+  Status Read(policy::SampleId sample, std::span<std::byte> dst);
+
+  const char* kind() const override { return "ssd"; }
+  const TierLayout& layout() const override { return layout_; }
+  SlotTable& slots() override { return slots_; }
+  const SlotTable& slots() const { return slots_; }
+  uint64_t bounce_bytes() const override { return layout_.max_padded_size(); }
+  Result<uint64_t> Fill(uint32_t slot, const FetchFn& fetch, std::span<std::byte> bounce) override;
+
+ private:
+  struct DataFile {
+    int fd = -1;         // buffered
+    int direct_fd = -1;  // O_DIRECT, or -1
+  };
+  SsdTier(std::string dir, TierLayout layout, int lock_fd);
+  Status OpenFiles(bool direct_io);
+
+  std::string dir_;
+  TierLayout layout_;
+  SlotTable slots_;
+  int lock_fd_;
+  bool direct_ = false;
+  std::vector<DataFile> files_;
+  bool destroyed_ = false;
+};
+
+}  // namespace nopfs::service

@@ -1,0 +1,209 @@
+#include "service/tiers/ssd_tier.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "service/tiers/tier_test_util.h"
+
+namespace nopfs::service {
+namespace {
+
+using testing::Content;
+using testing::FetchContent;
+using testing::OpenFdCount;
+using testing::PlanOf;
+using testing::TempDir;
+
+namespace fs = std::filesystem;
+
+const std::vector<uint64_t> kSizes = {1, 4096, 0, 100000, 4095, 4097, 8192, 12345, 7, 1 << 20};
+
+// Whether files in `dir` can be opened with O_DIRECT.
+bool AcceptsDirectIo(const std::string& dir) {
+  const std::string p = dir + "/probe";
+  const int fd = open(p.c_str(), O_RDWR | O_CREAT | O_DIRECT, 0600);
+  if (fd >= 0) close(fd);
+  unlink(p.c_str());
+  return fd >= 0;
+}
+
+struct AlignedBuf {
+  explicit AlignedBuf(uint64_t n)
+      : size(n),
+        p(static_cast<std::byte*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096 + 4096))) {}
+  ~AlignedBuf() { std::free(p); }
+  AlignedBuf(const AlignedBuf&) = delete;
+  AlignedBuf& operator=(const AlignedBuf&) = delete;
+  std::span<std::byte> span() { return {p, size}; }
+  uint64_t size;
+  std::byte* p;
+};
+
+// Parameter: the scratch base. /var/tmp is normally on a disk file system (O_DIRECT works),
+// /dev/shm is tmpfs (O_DIRECT refused: the tier must fall back to buffered I/O).
+class SsdTierTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    if (!fs::is_directory(GetParam())) {
+      GTEST_SKIP() << GetParam() << " does not exist here";
+    }
+    dir_ = std::make_unique<TempDir>(GetParam());
+  }
+  SsdTierOptions Options(const std::string& job = "job1", bool direct = true) const {
+    return SsdTierOptions{dir_->path(), job, "n0", direct};
+  }
+  std::unique_ptr<SsdTier> MakeFilled(const std::vector<policy::SampleId>& order,
+                                      uint64_t max_file = kDefaultSsdFileBytes,
+                                      bool direct = true) {
+    auto layout = TierLayout::Ssd(PlanOf(order, kSizes), kSizes, max_file);
+    EXPECT_TRUE(layout.ok());
+    auto tier = SsdTier::Create(Options("job1", direct), std::move(*layout));
+    EXPECT_TRUE(tier.ok()) << tier.status().ToString();
+    if (!tier.ok()) return nullptr;
+    AlignedBuf bounce((*tier)->bounce_bytes());
+    for (uint32_t slot = 0; slot < (*tier)->layout().slot_count(); ++slot) {
+      EXPECT_TRUE((*tier)->slots().TryBeginFill(slot));
+      auto h = (*tier)->Fill(slot, FetchContent, {bounce.p, bounce.size});
+      EXPECT_TRUE(h.ok()) << h.status().ToString();
+      (*tier)->slots().MarkReady(slot, *h);
+    }
+    return std::move(*tier);
+  }
+  std::unique_ptr<TempDir> dir_;
+};
+
+TEST_P(SsdTierTest, EveryByteReadBackAlignedAndNot) {
+  const std::vector<policy::SampleId> order = {9, 3, 0, 1, 2, 4, 5, 6, 7};
+  // Small files so that several data files are used.
+  auto tier = MakeFilled(order, 1 << 20);
+  ASSERT_TRUE(tier);
+  EXPECT_GE(tier->layout().file_count(), 2u);
+  // O_DIRECT exactly when the file system accepts it (tmpfs does since Linux 6.6, not before).
+  EXPECT_EQ(tier->direct_io(), AcceptsDirectIo(dir_->path())) << GetParam();
+  for (policy::SampleId k : order) {
+    AlignedBuf a(kSizes[k]);
+    ASSERT_TRUE(tier->Read(k, a.span()).ok()) << k;
+    const auto want = Content(k, kSizes[k]);
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), a.p, a.p + a.size)) << k;
+    std::vector<std::byte> u(kSizes[k] + 1);  // unaligned destination: buffered path
+    ASSERT_TRUE(tier->Read(k, std::span<std::byte>(u).subspan(1)).ok()) << k;
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), u.begin() + 1, u.end())) << k;
+  }
+  std::vector<std::byte> buf(10);
+  EXPECT_EQ(tier->Read(8, buf).code(), StatusCode::kNotFound);
+}
+
+TEST_P(SsdTierTest, BufferedIoWhenDirectDisabled) {
+  const std::vector<policy::SampleId> order = {5, 9, 4, 0, 7};
+  auto tier = MakeFilled(order, 1 << 20, /*direct=*/false);
+  ASSERT_TRUE(tier);
+  EXPECT_FALSE(tier->direct_io());
+  for (policy::SampleId k : order) {
+    AlignedBuf a(kSizes[k]);
+    ASSERT_TRUE(tier->Read(k, a.span()).ok()) << k;
+    const auto want = Content(k, kSizes[k]);
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), a.p, a.p + a.size)) << k;
+  }
+}
+
+TEST_P(SsdTierTest, CorruptFileByteDetected) {
+  auto tier = MakeFilled({3, 9, 7});
+  ASSERT_TRUE(tier);
+  const SlotExtent e = tier->layout().Extent(tier->layout().SlotOf(9));
+  {
+    const int fd = open(tier->DataPath(e.file).c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    const char garbage[4] = {'b', 'a', 'd', '!'};
+    ASSERT_EQ(pwrite(fd, garbage, 4, static_cast<off_t>(e.offset + 5000)), 4);
+    close(fd);
+  }
+  AlignedBuf a(kSizes[9]);
+  const Status s = tier->Read(9, a.span());
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+  EXPECT_NE(s.message().find(tier->DataPath(e.file)), std::string::npos);
+  EXPECT_EQ(tier->slots().state(tier->layout().SlotOf(9)), SlotState::kFailed);
+  EXPECT_EQ(tier->Read(9, a.span()).code(), StatusCode::kFailedPrecondition);
+  AlignedBuf b(kSizes[3]);
+  EXPECT_TRUE(tier->Read(3, b.span()).ok());
+}
+
+TEST_P(SsdTierTest, TooSmallDiskIsResourceExhaustedAndLeavesNothing) {
+  std::vector<uint64_t> huge = {uint64_t{1} << 50, 10};
+  auto layout = TierLayout::Ssd(PlanOf({0, 1}, huge), huge);
+  ASSERT_TRUE(layout.ok());
+  const uint64_t fds = OpenFdCount();
+  auto tier = SsdTier::Create(Options(), std::move(*layout));
+  ASSERT_FALSE(tier.ok());
+  EXPECT_EQ(tier.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(tier.status().message().find(dir_->path()), std::string::npos)
+      << tier.status().ToString();
+  EXPECT_EQ(OpenFdCount(), fds);
+  EXPECT_TRUE(fs::is_empty(dir_->path()));
+}
+
+TEST_P(SsdTierTest, DestroyRemovesEverythingAndClosesFds) {
+  const uint64_t fds = OpenFdCount();
+  std::string dir;
+  {
+    auto tier = MakeFilled({0, 1, 3, 9}, 1 << 20);
+    ASSERT_TRUE(tier);
+    dir = tier->dir();
+    EXPECT_TRUE(fs::is_directory(dir));
+    struct stat st {};
+    ASSERT_EQ(stat(dir.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 07777, 0700u);
+    EXPECT_GT(OpenFdCount(), fds);
+  }
+  EXPECT_FALSE(fs::exists(dir));
+  EXPECT_TRUE(fs::is_empty(dir_->path()));  // the per-user directory went too
+  EXPECT_EQ(OpenFdCount(), fds);
+}
+
+TEST_P(SsdTierTest, StaleDirectoryOfDeadDaemonIsRemovedLiveOneKept) {
+  auto live = MakeFilled({1, 3});
+  ASSERT_TRUE(live);
+  // A crashed daemon: a job directory with an unlocked lock file and a data file.
+  const std::string udir = SsdTier::UserDir(dir_->path(), geteuid());
+  const std::string dead = udir + "/deadjob.n0";
+  fs::create_directory(dead);
+  {
+    std::FILE* f = std::fopen((dead + "/lock").c_str(), "w");
+    ASSERT_TRUE(f);
+    std::fclose(f);
+  }
+  {
+    std::FILE* f = std::fopen((dead + "/data.0").c_str(), "w");
+    ASSERT_TRUE(f);
+    std::fclose(f);
+  }
+  auto removed = SsdTier::CleanupStale(dir_->path(), geteuid());
+  ASSERT_TRUE(removed.ok()) << removed.status().ToString();
+  EXPECT_EQ(*removed, 1u);
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::is_directory(live->dir()));
+  // A second daemon for the same job and node is refused while the first lives.
+  auto layout = TierLayout::Ssd(PlanOf({1}, kSizes), kSizes);
+  ASSERT_TRUE(layout.ok());
+  auto second = SsdTier::Create(Options(), std::move(*layout));
+  EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(live->Read(1, AlignedBuf(kSizes[1]).span()).ok());
+}
+
+TEST_P(SsdTierTest, RejectsBadNames) {
+  auto layout = TierLayout::Ssd(PlanOf({1}, kSizes), kSizes);
+  ASSERT_TRUE(layout.ok());
+  EXPECT_EQ(SsdTier::Create(Options("../x"), std::move(*layout)).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fs, SsdTierTest, ::testing::Values("/var/tmp", "/dev/shm"));
+
+}  // namespace
+}  // namespace nopfs::service
