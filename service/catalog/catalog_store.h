@@ -1,0 +1,62 @@
+// The catalog DB in RocksDB: loading a stored catalog when every stamp it recorded still matches
+// the dataset, and writing a freshly scanned one; the catalog's in-memory form both fill; and
+// RocksDB's status in nopfs terms. Internal to the catalog (service/catalog/); the records are
+// catalog_codec.h's.
+//
+// Thread safety: the functions are reentrant; a Contents is owned by one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "service/catalog/catalog_codec.h"
+#include "service/catalog/catalog_scan.h"
+#include "service/env/env.h"
+
+namespace rocksdb {
+class Status;
+}  // namespace rocksdb
+
+namespace nopfs::service::store {
+
+// RocksDB's status in nopfs terms, in one place; `context` starts the message.
+Status FromRocks(const rocksdb::Status& s, std::string_view context);
+
+// The catalog's in-memory form, filled by a load or a scan and then moved into the Catalog.
+struct Contents {
+  std::string root;
+  std::vector<std::string> classes;
+  std::string arena;  // relative paths back to back
+  std::vector<uint64_t> path_end;
+  std::vector<uint64_t> offsets;
+  std::vector<uint64_t> lengths;
+  std::vector<int64_t> labels;
+
+  void Reserve(uint64_t n);
+  void Add(std::string_view rel, uint64_t offset, uint64_t length, int64_t label);
+};
+
+// xxh3 over the root, the class names and every sample entry.
+uint64_t ComputeFingerprint(const Contents& c);
+
+// What the stored catalog must describe to be reused.
+struct LoadRequest {
+  std::string entry;  // the catalog DB's directory
+  std::string real;   // the dataset's absolute real path
+  codec::DatasetKind kind = codec::DatasetKind::kImageFolder;
+  uint32_t scan_threads = 8;  // threads that stat the stamps
+};
+
+// Loads the catalog DB at req.entry into `c` if it describes req.real and every stamp still
+// matches (re-stat'ed through `env`); otherwise returns why not (the caller scans): NotFound
+// without a DB, FailedPrecondition for a changed dataset, Corruption for a damaged DB.
+Status LoadIfFresh(const LoadRequest& req, Env* env, Contents* c, uint64_t* fingerprint);
+
+// Writes a new catalog DB into the empty directory `dir`; the meta record goes last.
+Status WriteCatalogDb(const std::string& dir, const codec::CatalogMeta& meta,
+                      const scan::ScanResult& scanned);
+
+}  // namespace nopfs::service::store
