@@ -51,6 +51,7 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& options, En
   NOPFS_RETURN_IF_ERROR(options.Validate());
   store::LoadRequest s;
   s.scan_threads = options.scan_threads;
+  s.db_env = options.db_env;
   std::string tmp_parent;
   {
     char* real = ::realpath(options.dataset.c_str(), nullptr);
@@ -139,15 +140,19 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& options, En
     meta.dataset = s.real;
     meta.root = scanned->root;
 
+    // The job has its catalog now; storing it only saves the next job a scan.
     const std::string tmp =
         tmp_parent + "/.tmp-" + fs::path(s.entry).filename().string() + "-" + cache::UniqueSuffix();
-    if (::mkdir(tmp.c_str(), 0700) != 0) return Status::FromErrno(errno, "creating " + tmp);
-    Status w = store::WriteCatalogDb(tmp, meta, *scanned);
+    Status w = ::mkdir(tmp.c_str(), 0700) == 0 ? Status::Ok()
+                                               : Status::FromErrno(errno, "creating " + tmp);
+    if (w.ok()) w = store::WriteCatalogDb(tmp, meta, *scanned, options.db_env);
     if (w.ok()) w = cache::Install(tmp, s.entry);
     if (!w.ok()) {
       std::error_code ec;
       fs::remove_all(tmp, ec);
-      return w;
+      cat->store_error_ = w.message();
+      spdlog::warn("the catalog of {} is not stored, the next job scans it again: {}", s.real,
+                   w.message());
     }
   }
 
@@ -160,7 +165,7 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& options, En
   cat->labels_ = std::move(contents.labels);
   cat->checksum_state_ = std::make_unique<std::atomic<uint8_t>[]>(cat->size());
   cat->checksum_value_ = std::make_unique<std::atomic<uint64_t>[]>(cat->size());
-  NOPFS_RETURN_IF_ERROR(cat->OpenChecksumDb(options.work_dir));
+  cat->OpenChecksumDb(options.work_dir, options.db_env);
   return cat;
 }
 
