@@ -90,9 +90,10 @@ Result<int> TryLock(const std::string& dir, bool create) {
   return fd;
 }
 
-Status PreadFull(int fd, std::byte* dst, uint64_t n, uint64_t off, const std::string& path) {
+Status PreadFull(LocalIo* io, int fd, std::byte* dst, uint64_t n, uint64_t off,
+                 const std::string& path) {
   while (n > 0) {
-    const ssize_t r = pread(fd, dst, n, static_cast<off_t>(off));
+    const ssize_t r = io->Pread(fd, dst, n, static_cast<off_t>(off));
     if (r < 0) {
       if (errno == EINTR) continue;
       return Status::FromErrno(errno, "ssd tier: reading " + path);
@@ -108,9 +109,10 @@ Status PreadFull(int fd, std::byte* dst, uint64_t n, uint64_t off, const std::st
   return Status::Ok();
 }
 
-Status PwriteFull(int fd, const std::byte* src, uint64_t n, uint64_t off, const std::string& path) {
+Status PwriteFull(LocalIo* io, int fd, const std::byte* src, uint64_t n, uint64_t off,
+                  const std::string& path) {
   while (n > 0) {
-    const ssize_t r = pwrite(fd, src, n, static_cast<off_t>(off));
+    const ssize_t r = io->Pwrite(fd, src, n, static_cast<off_t>(off));
     if (r < 0) {
       if (errno == EINTR) continue;
       return Status::FromErrno(errno, "ssd tier: writing " + path);
@@ -179,11 +181,12 @@ Result<uint64_t> SsdTier::CleanupStale(const std::string& scratch_root, uid_t ui
   return removed;
 }
 
-SsdTier::SsdTier(std::string dir, TierLayout layout, int lock_fd)
+SsdTier::SsdTier(std::string dir, TierLayout layout, int lock_fd, LocalIo* io)
     : dir_(std::move(dir)),
       layout_(std::move(layout)),
       slots_(layout_.slot_count()),
-      lock_fd_(lock_fd) {}
+      lock_fd_(lock_fd),
+      io_(io) {}
 
 Result<std::unique_ptr<SsdTier>> SsdTier::Create(const SsdTierOptions& o, TierLayout layout) {
   if (!ValidName(o.job) || !ValidName(o.node)) {
@@ -233,7 +236,8 @@ Result<std::unique_ptr<SsdTier>> SsdTier::Create(const SsdTierOptions& o, TierLa
       return Status::FromErrno(err, "ssd tier: renaming " + tmpl + " to " + final_dir);
     }
   }
-  std::unique_ptr<SsdTier> tier(new SsdTier(final_dir, std::move(layout), *lock));
+  std::unique_ptr<SsdTier> tier(new SsdTier(final_dir, std::move(layout), *lock,
+                                            o.io != nullptr ? o.io : LocalIo::Default()));
 
   // Space check first, so the message can name the shortfall before anything is written.
   struct statvfs vfs {};
@@ -273,7 +277,7 @@ Status SsdTier::OpenFiles(bool direct_io) {
     files_.push_back(f);
     const uint64_t bytes = layout_.file_bytes(i);
     if (bytes > 0) {
-      const int err = posix_fallocate(f.fd, 0, static_cast<off_t>(bytes));
+      const int err = io_->Fallocate(f.fd, 0, static_cast<off_t>(bytes));
       if (err == ENOSPC) {
         struct statvfs vfs {};
         const uint64_t avail =
@@ -360,9 +364,10 @@ Result<uint64_t> SsdTier::Fill(uint32_t slot, const FetchFn& fetch, std::span<st
   // Zero the padding so that no stale memory reaches the disk.
   std::memset(bounce.data() + e.size, 0, padded - e.size);
   const DataFile& f = files_[e.file];
-  const Status s = f.direct_fd >= 0
-                       ? PwriteFull(f.direct_fd, bounce.data(), padded, e.offset, DataPath(e.file))
-                       : PwriteFull(f.fd, bounce.data(), e.size, e.offset, DataPath(e.file));
+  const Status s =
+      f.direct_fd >= 0
+          ? PwriteFull(io_, f.direct_fd, bounce.data(), padded, e.offset, DataPath(e.file))
+          : PwriteFull(io_, f.fd, bounce.data(), e.size, e.offset, DataPath(e.file));
   if (!s.ok()) return s;
   return *hash;
 }
@@ -386,17 +391,26 @@ Status SsdTier::Read(policy::SampleId sample, std::span<std::byte> dst) {
   if (destroyed_) return Status::FailedPrecondition("ssd tier: " + dir_ + " was destroyed");
   const DataFile& f = files_[e.file];
   const std::string path = DataPath(e.file);
+  Status io = Status::Ok();
   if (f.direct_fd >= 0 && Aligned(dst.data())) {
     // The whole blocks straight into dst, the partial last block through an aligned buffer.
     const uint64_t whole = e.size & ~(kSsdAlignment - 1);
-    if (whole > 0) NOPFS_RETURN_IF_ERROR(PreadFull(f.direct_fd, dst.data(), whole, e.offset, path));
-    if (whole < e.size) {
+    if (whole > 0) io = PreadFull(io_, f.direct_fd, dst.data(), whole, e.offset, path);
+    if (io.ok() && whole < e.size) {
       alignas(kSsdAlignment) std::byte tail[kSsdAlignment];
-      NOPFS_RETURN_IF_ERROR(PreadFull(f.direct_fd, tail, kSsdAlignment, e.offset + whole, path));
-      std::memcpy(dst.data() + whole, tail, e.size - whole);
+      io = PreadFull(io_, f.direct_fd, tail, kSsdAlignment, e.offset + whole, path);
+      if (io.ok()) std::memcpy(dst.data() + whole, tail, e.size - whole);
     }
   } else {
-    NOPFS_RETURN_IF_ERROR(PreadFull(f.fd, dst.data(), e.size, e.offset, path));
+    io = PreadFull(io_, f.fd, dst.data(), e.size, e.offset, path);
+  }
+  if (!io.ok()) {
+    // A disk that failed once for this slot is not asked again: its sample comes from elsewhere.
+    slots_.MarkFailed(slot);
+    TierLog()->error("ssd tier: sample {} in {} at offset {}: {}", sample, path, e.offset,
+                     io.message());
+    return Status(io.code(), "ssd tier: sample " + std::to_string(sample) + ": " + io.message() +
+                                 "; slot marked failed, read it from the PFS");
   }
   const uint64_t got = XXH3_64bits(dst.data(), dst.size());
   const uint64_t want = slots_.expected(slot);

@@ -15,7 +15,10 @@
 // nothing else of a job lives on disk.
 //
 // Every Read verifies the xxh3 recorded at fill time: a mismatch returns Corruption naming the
-// sample and the file and marks the slot failed so that the caller refetches from the PFS.
+// sample and the file and marks the slot failed so that the caller refetches from the PFS; a read
+// that fails does the same. A fill that cannot write (a full disk) returns the error, and the
+// caller fails that slot. The data files' I/O goes through a LocalIo (SsdTierOptions::io), where
+// tests inject ENOSPC, EIO, short reads, slow I/O and flipped bytes.
 // Reads and writes use O_DIRECT when the file system supports it and buffered I/O otherwise
 // (tmpfs before Linux 6.6, some network file systems): the fallback is decided when the data
 // files are opened and logged as a warning; direct_io() tells which one is in use.
@@ -34,6 +37,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "service/env/local_io.h"
 #include "service/tiers/tier_layout.h"
 
 namespace nopfs::service {
@@ -43,6 +47,8 @@ struct SsdTierOptions {
   std::string job;           // job id: letters, digits, '_', '-', '.'; not starting with '.'
   std::string node;          // node name or index, same characters
   bool direct_io = true;     // try O_DIRECT (falls back to buffered I/O where refused)
+  LocalIo* io = nullptr;     // the data files' reads, writes and preallocation (tests inject
+                             // faults); nullptr: LocalIo::Default(). Must outlive the tier.
 };
 
 class SsdTier final : public Tier {
@@ -74,8 +80,10 @@ class SsdTier final : public Tier {
   // As RamTier::WaitReady.
   Status WaitReady(policy::SampleId sample, std::chrono::nanoseconds timeout) const;
   // Reads the sample into dst (exactly its size) and verifies its checksum. NotFound (not in this
-  // tier), FailedPrecondition (not ready), Corruption (checksum mismatch; slot now failed),
-  // IoError. A dst aligned to 4096 bytes allows O_DIRECT; any other is read buffered.
+  // tier), FailedPrecondition (not ready), Corruption (checksum mismatch) or the read's error
+  // (IoError, ...), both naming the file and leaving the slot failed, so that the sample is read
+  // from another source from then on. A dst aligned to 4096 bytes allows O_DIRECT; any other is
+  // read buffered.
   Status Read(policy::SampleId sample, std::span<std::byte> dst);
 
   const char* kind() const override { return "ssd"; }
@@ -90,13 +98,14 @@ class SsdTier final : public Tier {
     int fd = -1;         // buffered
     int direct_fd = -1;  // O_DIRECT, or -1
   };
-  SsdTier(std::string dir, TierLayout layout, int lock_fd);
+  SsdTier(std::string dir, TierLayout layout, int lock_fd, LocalIo* io);
   Status OpenFiles(bool direct_io);
 
   std::string dir_;
   TierLayout layout_;
   SlotTable slots_;
   int lock_fd_;
+  LocalIo* const io_;
   bool direct_ = false;
   std::vector<DataFile> files_;
   bool destroyed_ = false;

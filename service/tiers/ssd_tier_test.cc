@@ -5,11 +5,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <vector>
 
+#include "service/env/local_io.h"
 #include "service/tiers/tier_test_util.h"
 
 namespace nopfs::service {
@@ -201,6 +205,105 @@ TEST_P(SsdTierTest, RejectsBadNames) {
   ASSERT_TRUE(layout.ok());
   EXPECT_EQ(SsdTier::Create(Options("../x"), std::move(*layout)).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+// Faults of the local disk, injected under the tier: every failure names the file, fails only its
+// slot, and no wrong byte is ever returned as the sample.
+TEST_P(SsdTierTest, DiskFaultsFailTheirSlotAndNeverReturnWrongBytes) {
+  FaultInjectionLocalIo io(LocalIo::Default());
+  // Samples of 1 MiB, 100000, 4097, 8192, 12345 and 4096 bytes.
+  const std::vector<policy::SampleId> order = {9, 3, 5, 6, 7, 1};
+  auto layout = TierLayout::Ssd(PlanOf(order, kSizes), kSizes, 1 << 20);
+  ASSERT_TRUE(layout.ok());
+  SsdTierOptions o = Options();
+  o.io = &io;
+  auto created = SsdTier::Create(o, std::move(*layout));
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  SsdTier& tier = **created;
+  AlignedBuf bounce(tier.bounce_bytes());
+  auto fill = [&](policy::SampleId k) -> Status {
+    const uint32_t slot = tier.layout().SlotOf(k);
+    EXPECT_TRUE(tier.slots().TryBeginFill(slot));
+    Result<uint64_t> h = tier.Fill(slot, FetchContent, {bounce.p, bounce.size});
+    if (!h.ok()) {
+      tier.slots().MarkFailed(slot);
+      return h.status();
+    }
+    tier.slots().MarkReady(slot, *h);
+    return Status::Ok();
+  };
+  auto read_ok = [&](policy::SampleId k) {
+    AlignedBuf a(kSizes[k]);
+    const Status s = tier.Read(k, a.span());
+    const auto want = Content(k, kSizes[k]);
+    return s.ok() && std::equal(want.begin(), want.end(), a.p, a.p + a.size);
+  };
+  const std::string data0 = tier.DataPath(0);
+
+  // A full disk, at once and after one block of the sample.
+  io.FailWrites(ENOSPC);
+  Status s = fill(9);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("writing " + data0), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("No space"), std::string::npos) << s.ToString();
+  io.FailWrites(ENOSPC, 4096);
+  EXPECT_FALSE(fill(3).ok());
+  io.ClearFaults();
+  for (const policy::SampleId k : std::vector<policy::SampleId>{5, 6, 7, 1})
+    ASSERT_TRUE(fill(k).ok()) << k;
+  EXPECT_EQ(tier.Read(9, AlignedBuf(kSizes[9]).span()).code(), StatusCode::kFailedPrecondition);
+
+  // Short reads are completed; slow reads are only slow.
+  io.ShortReads(true);
+  io.SetDelay(std::chrono::milliseconds(1));
+  EXPECT_TRUE(read_ok(7));
+  std::vector<std::byte> u(kSizes[6] + 1);  // unaligned: the buffered path
+  ASSERT_TRUE(tier.Read(6, std::span<std::byte>(u).subspan(1)).ok());
+  const auto want1 = Content(6, kSizes[6]);
+  EXPECT_TRUE(std::equal(want1.begin(), want1.end(), u.begin() + 1, u.end()));
+  EXPECT_GT(io.short_reads(), 0u);
+  io.ClearFaults();
+
+  // A flipped byte is Corruption; an I/O error is that error; each fails its slot for good.
+  io.FlipReads(true);
+  AlignedBuf a(kSizes[5]);
+  s = tier.Read(5, a.span());
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+  EXPECT_GT(io.flipped_reads(), 0u);
+  io.ClearFaults();
+  io.FailReads(EIO);
+  s = tier.Read(1, AlignedBuf(kSizes[1]).span());
+  EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
+  EXPECT_NE(s.message().find("slot marked failed"), std::string::npos) << s.ToString();
+  io.ClearFaults();
+  EXPECT_EQ(tier.slots().state(tier.layout().SlotOf(5)), SlotState::kFailed);
+  EXPECT_EQ(tier.slots().state(tier.layout().SlotOf(1)), SlotState::kFailed);
+  EXPECT_EQ(tier.Read(1, AlignedBuf(kSizes[1]).span()).code(), StatusCode::kFailedPrecondition);
+  // The rest of the tier is untouched.
+  EXPECT_TRUE(read_ok(6));
+  EXPECT_TRUE(read_ok(7));
+}
+
+TEST_P(SsdTierTest, PreallocationThatFailsRefusesTheTierAndLeavesNothing) {
+  for (const int err : {ENOSPC, EIO}) {
+    SCOPED_TRACE(err);
+    FaultInjectionLocalIo io(LocalIo::Default());
+    io.FailFallocate(err);
+    auto layout = TierLayout::Ssd(PlanOf({0, 1}, kSizes), kSizes);
+    ASSERT_TRUE(layout.ok());
+    SsdTierOptions o = Options();
+    o.io = &io;
+    const uint64_t fds = OpenFdCount();
+    auto tier = SsdTier::Create(o, std::move(*layout));
+    ASSERT_FALSE(tier.ok());
+    EXPECT_EQ(tier.status().code(),
+              err == ENOSPC ? StatusCode::kResourceExhausted : StatusCode::kIoError)
+        << tier.status().ToString();
+    EXPECT_NE(tier.status().message().find("preallocating"), std::string::npos)
+        << tier.status().ToString();
+    EXPECT_EQ(OpenFdCount(), fds);
+    EXPECT_TRUE(fs::is_empty(dir_->path()));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fs, SsdTierTest, ::testing::Values("/var/tmp", "/dev/shm"));
