@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -264,7 +265,64 @@ Result<std::unique_ptr<SsdTier>> SsdTier::Create(const SsdTierOptions& o, TierLa
   TierLog()->info("ssd tier {}: {} samples in {} files, {} bytes, {} I/O", final_dir,
                   tier->layout_.slot_count(), tier->layout_.file_count(), need,
                   tier->direct_ ? "direct" : "buffered");
+  SsdTier* t = tier.get();
+  tier->allocator_ = std::thread([t] { t->PreallocateAll(); });
   return tier;
+}
+
+Status SsdTier::Preallocate(uint32_t file, uint64_t offset, uint64_t size) {
+  std::vector<std::atomic<ChunkState>>& chunks = chunks_[file];
+  if (size == 0 || chunks.empty()) return Status::Ok();
+  const uint64_t file_bytes = layout_.file_bytes(file);
+  const uint64_t first = offset / kAllocChunk;
+  const uint64_t last = std::min<uint64_t>((offset + size - 1) / kAllocChunk, chunks.size() - 1);
+  for (uint64_t c = first; c <= last; ++c) {
+    ChunkState s = chunks[c].load(std::memory_order_acquire);
+    if (s == ChunkState::kAllocated) continue;
+    MutexLock lock(&alloc_mu_);
+    s = chunks[c].load(std::memory_order_relaxed);
+    const uint64_t begin = c * kAllocChunk;
+    const uint64_t len = std::min(kAllocChunk, file_bytes - begin);
+    if (s == ChunkState::kNone) {
+      const int err =
+          io_->Fallocate(files_[file].fd, static_cast<off_t>(begin), static_cast<off_t>(len));
+      if (err != 0) {
+        s = ChunkState::kFailed;
+        struct statvfs vfs {};
+        const uint64_t avail = fstatvfs(files_[file].fd, &vfs) == 0
+                                   ? static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize
+                                   : 0;
+        TierLog()->error(
+            "ssd tier: preallocating bytes {}..{} of {}: {} ({} bytes free); the samples there "
+            "are read from the next source",
+            begin, begin + len, DataPath(file), std::strerror(err), avail);
+      } else {
+        s = ChunkState::kAllocated;
+        allocated_bytes_.fetch_add(len, std::memory_order_relaxed);
+      }
+      chunks[c].store(s, std::memory_order_release);
+    }
+    if (s == ChunkState::kFailed) {
+      return Status::ResourceExhausted("ssd tier: preallocating bytes " + std::to_string(begin) +
+                                       ".." + std::to_string(begin + len) + " of " +
+                                       DataPath(file) + " failed; no space for this sample");
+    }
+  }
+  return Status::Ok();
+}
+
+void SsdTier::PreallocateAll() {
+  for (uint32_t file = 0; file < chunks_.size(); ++file) {
+    for (uint64_t c = 0; c < chunks_[file].size(); ++c) {
+      if (stop_alloc_.load(std::memory_order_relaxed)) return;
+      // A failure is logged and fails that chunk's fills; the other chunks are still allocated.
+      (void)Preallocate(file, c * kAllocChunk, 1);
+    }
+  }
+}
+
+void SsdTier::WaitPreallocated() {
+  if (allocator_.joinable()) allocator_.join();
 }
 
 Status SsdTier::OpenFiles(bool direct_io) {
@@ -275,19 +333,7 @@ Status SsdTier::OpenFiles(bool direct_io) {
     f.fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (f.fd < 0) return Status::FromErrno(errno, "ssd tier: creating " + path);
     files_.push_back(f);
-    const uint64_t bytes = layout_.file_bytes(i);
-    if (bytes > 0) {
-      const int err = io_->Fallocate(f.fd, 0, static_cast<off_t>(bytes));
-      if (err == ENOSPC) {
-        struct statvfs vfs {};
-        const uint64_t avail =
-            fstatvfs(f.fd, &vfs) == 0 ? static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize : 0;
-        return Status::ResourceExhausted("ssd tier: preallocating " + std::to_string(bytes) +
-                                         " bytes for " + path + ": no space left (" +
-                                         std::to_string(avail) + " bytes free)");
-      }
-      if (err != 0) return Status::FromErrno(err, "ssd tier: preallocating " + path);
-    }
+    chunks_.emplace_back((layout_.file_bytes(i) + kAllocChunk - 1) / kAllocChunk);
     if (direct_) {
       files_.back().direct_fd = open(path.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC | O_NOFOLLOW);
       if (files_.back().direct_fd < 0) {
@@ -309,6 +355,8 @@ Status SsdTier::OpenFiles(bool direct_io) {
 Status SsdTier::Destroy() {
   if (destroyed_) return Status::Ok();
   destroyed_ = true;
+  stop_alloc_.store(true, std::memory_order_relaxed);
+  if (allocator_.joinable()) allocator_.join();
   Status first;
   for (uint32_t i = 0; i < files_.size(); ++i) {
     if (files_[i].direct_fd >= 0) close(files_[i].direct_fd);
@@ -359,6 +407,7 @@ Result<uint64_t> SsdTier::Fill(uint32_t slot, const FetchFn& fetch, std::span<st
   if (bounce.size() < padded || !Aligned(bounce.data())) {
     throw std::invalid_argument("SsdTier::Fill: bounce buffer too small or misaligned");
   }
+  if (Status a = Preallocate(e.file, e.offset, padded); !a.ok()) return a;
   auto hash = fetch(layout_.SampleAt(slot), bounce.first(e.size));
   if (!hash.ok()) return hash.status();
   // Zero the padding so that no stale memory reaches the disk.

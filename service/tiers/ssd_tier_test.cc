@@ -6,11 +6,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "service/env/local_io.h"
@@ -284,25 +286,96 @@ TEST_P(SsdTierTest, DiskFaultsFailTheirSlotAndNeverReturnWrongBytes) {
   EXPECT_TRUE(read_ok(7));
 }
 
-TEST_P(SsdTierTest, PreallocationThatFailsRefusesTheTierAndLeavesNothing) {
+TEST_P(SsdTierTest, PreallocationThatFailsFailsTheFillsOfItsChunksAndLeavesNothing) {
   for (const int err : {ENOSPC, EIO}) {
     SCOPED_TRACE(err);
     FaultInjectionLocalIo io(LocalIo::Default());
     io.FailFallocate(err);
-    auto layout = TierLayout::Ssd(PlanOf({0, 1}, kSizes), kSizes);
+    auto layout = TierLayout::Ssd(PlanOf({0, 1, 3}, kSizes), kSizes);
     ASSERT_TRUE(layout.ok());
     SsdTierOptions o = Options();
     o.io = &io;
     const uint64_t fds = OpenFdCount();
-    auto tier = SsdTier::Create(o, std::move(*layout));
-    ASSERT_FALSE(tier.ok());
-    EXPECT_EQ(tier.status().code(),
-              err == ENOSPC ? StatusCode::kResourceExhausted : StatusCode::kIoError)
-        << tier.status().ToString();
-    EXPECT_NE(tier.status().message().find("preallocating"), std::string::npos)
-        << tier.status().ToString();
+    {
+      auto tier = SsdTier::Create(o, std::move(*layout));
+      ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+      (*tier)->WaitPreallocated();
+      EXPECT_EQ((*tier)->allocated_bytes(), 0u);
+      AlignedBuf bounce((*tier)->bounce_bytes());
+      const uint32_t slot = (*tier)->layout().SlotOf(3);
+      ASSERT_TRUE((*tier)->slots().TryBeginFill(slot));
+      Result<uint64_t> h = (*tier)->Fill(slot, FetchContent, {bounce.p, bounce.size});
+      ASSERT_FALSE(h.ok());
+      EXPECT_EQ(h.status().code(), StatusCode::kResourceExhausted) << h.status().ToString();
+      EXPECT_NE(h.status().message().find("preallocating"), std::string::npos)
+          << h.status().ToString();
+      (*tier)->slots().MarkFailed(slot);
+      EXPECT_EQ((*tier)->Read(3, AlignedBuf(kSizes[3]).span()).code(),
+                StatusCode::kFailedPrecondition);
+    }
     EXPECT_EQ(OpenFdCount(), fds);
     EXPECT_TRUE(fs::is_empty(dir_->path()));
+  }
+}
+
+// A LocalIo whose preallocation waits until opened: Create must not wait for it.
+class GatedFallocate final : public LocalIo {
+ public:
+  ssize_t Pread(int fd, void* dst, size_t n, off_t off) override {
+    return LocalIo::Default()->Pread(fd, dst, n, off);
+  }
+  ssize_t Pwrite(int fd, const void* src, size_t n, off_t off) override {
+    return LocalIo::Default()->Pwrite(fd, src, n, off);
+  }
+  int Fallocate(int fd, off_t off, off_t len) override {
+    while (!open_.load())
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    calls_.fetch_add(1);
+    return LocalIo::Default()->Fallocate(fd, off, len);
+  }
+  std::atomic<bool> open_{false};
+  std::atomic<uint64_t> calls_{0};
+};
+
+TEST_P(SsdTierTest, StartsWithoutAllocatingAndAllocatesEverythingInTheBackground) {
+  GatedFallocate io;
+  // Two files of several chunks each: 1 MiB samples, 160 MiB files.
+  const std::vector<uint64_t> sizes(400, uint64_t{1} << 20);
+  std::vector<policy::SampleId> order(sizes.size());
+  for (policy::SampleId k = 0; k < order.size(); ++k)
+    order[k] = k;
+  auto layout = TierLayout::Ssd(PlanOf(order, sizes), sizes, uint64_t{256} << 20);
+  ASSERT_TRUE(layout.ok());
+  SsdTierOptions o = Options();
+  o.io = &io;
+  auto tier = SsdTier::Create(o, std::move(*layout));  // returns with the gate still closed
+  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+  EXPECT_EQ((*tier)->allocated_bytes(), 0u);
+  EXPECT_EQ(io.calls_.load(), 0u);
+  io.open_ = true;
+  (*tier)->WaitPreallocated();
+  uint64_t total = 0;
+  for (uint32_t f = 0; f < (*tier)->layout().file_count(); ++f) {
+    total += (*tier)->layout().file_bytes(f);
+    struct stat st {};
+    ASSERT_EQ(stat((*tier)->DataPath(f).c_str(), &st), 0);
+    EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, (*tier)->layout().file_bytes(f)) << f;
+  }
+  EXPECT_GE((*tier)->layout().file_count(), 2u);
+  EXPECT_EQ((*tier)->allocated_bytes(), total);
+  EXPECT_GE(io.calls_.load(), total / SsdTier::kAllocChunk);
+  // Fills after that write into allocated space and read back.
+  AlignedBuf bounce((*tier)->bounce_bytes());
+  for (const policy::SampleId k : {policy::SampleId{399}, policy::SampleId{0}}) {
+    const uint32_t slot = (*tier)->layout().SlotOf(k);
+    ASSERT_TRUE((*tier)->slots().TryBeginFill(slot));
+    Result<uint64_t> h = (*tier)->Fill(slot, FetchContent, {bounce.p, bounce.size});
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    (*tier)->slots().MarkReady(slot, *h);
+    AlignedBuf a(sizes[k]);
+    ASSERT_TRUE((*tier)->Read(k, a.span()).ok());
+    const auto want = Content(k, sizes[k]);
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), a.p, a.p + a.size)) << k;
   }
 }
 
