@@ -62,7 +62,9 @@ struct NodeState {
   policy::Bytes ssd_total = 0;     // the config's SSD classes
   policy::Bytes ram_reserved = 0;  // held by other nopfs jobs now
   policy::Bytes ssd_reserved = 0;
-  uint32_t jobs = 0;  // other nopfs jobs now
+  uint32_t jobs = 0;           // other nopfs jobs now
+  policy::Bytes ssd_kept = 0;  // kept datasets of every user (evicted, least recently used
+                               // first, when a job needs the space; ssd_free does not count them)
 };
 
 struct Admission {
@@ -81,5 +83,35 @@ Result<Admission> Admit(const std::string& policy_path, const NodeConfig& config
 Result<Admission> AdmitWithPolicyText(std::string_view policy_text, std::string_view name,
                                       const NodeConfig& config, const JobRequest& job,
                                       const NodeState& node, const LuaLimits& limits = {});
+
+// The keep hook of the same policy file: how much of a user's SSD tier may outlive its jobs on a
+// node (the kept area, launch/kept_area.h), asked at job start (the prolog) and by `nopfs gc`.
+//
+//   function keep(user, node)
+//     if user.name == "guest" then return nil end            -- keeps nothing
+//     return { quota = "200GB", lifetime = "7d" }
+//   end
+//
+// `user` has uid, gid and name; `node` is as for admit (gc asks with no reservations). `quota`
+// is the user's kept bytes on this node (a size); `lifetime` (seconds, or a string "90s",
+// "30m", "12h", "7d") how long a kept dataset lives after its last use (absent: until quota or
+// space evicts it). A policy without a keep function, or a hook returning nil/false, keeps
+// nothing: the default is that every job's SSD tier goes with it. Errors as for admit.
+struct KeepUser {
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  std::string name;
+};
+struct KeepGrant {
+  policy::Bytes quota = 0;  // 0: nothing may be kept
+  int64_t lifetime = 0;     // seconds after the last use; 0: no limit
+};
+Result<KeepGrant> Keep(const std::string& policy_path, const NodeConfig& config,
+                       const KeepUser& user, const NodeState& node, const LuaLimits& limits = {});
+Result<KeepGrant> KeepWithPolicyText(std::string_view policy_text, std::string_view name,
+                                     const NodeConfig& config, const KeepUser& user,
+                                     const NodeState& node, const LuaLimits& limits = {});
+// "90", "90s", "30m", "12h", "7d" as seconds; InvalidArgument saying what to write otherwise.
+Result<int64_t> ParseLifetime(std::string_view text);
 
 }  // namespace nopfs::lua
