@@ -9,6 +9,8 @@
 #include <charconv>
 #include <map>
 
+#include "common/units.h"
+
 namespace nopfs::launch {
 
 // One user's kept area under one SSD path, held open.
@@ -189,6 +191,18 @@ std::vector<Removal> KeptNode::MakeRoom(uint64_t room,
   for (const KeptEntry& e : lru) {
     if (Bytes() <= room) break;
     out.push_back(Remove(e, "space"));
+  }
+  return out;
+}
+
+std::string DescribeRemovals(const std::vector<Removal>& removals) {
+  std::string out;
+  for (const Removal& r : removals) {
+    if (!out.empty()) out += "; ";
+    out += "uid " + std::to_string(r.entry.uid) + " " + r.entry.data.key + " (" +
+           (r.entry.data.dataset.empty() ? "" : r.entry.data.dataset + ", ") +
+           FormatBytes(static_cast<double>(r.entry.data.bytes)) + ", " + r.why +
+           (r.status.ok() ? "" : ", not removed: " + r.status.message()) + ")";
   }
   return out;
 }

@@ -93,7 +93,10 @@ class KeptNode {
   std::vector<std::string> errors_;
 };
 
-// "<N> B" style sizes are the caller's; this is "3h", "2d", "40s" for an age in seconds.
+// "uid 1000 0123456789abcdef (/pfs/d, 2.1 GB, expired); ..." ("" for none).
+std::string DescribeRemovals(const std::vector<Removal>& removals);
+
+// "40s", "10m", "3h", "2d": an age in seconds, as `nopfs cache ls` shows it.
 std::string FormatAge(int64_t seconds);
 
 }  // namespace nopfs::launch

@@ -1,8 +1,11 @@
 #include "lua/admit.h"
 
+#include <pwd.h>
+
 #include <algorithm>
 #include <charconv>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include <lua.hpp>
@@ -264,6 +267,31 @@ Result<KeepGrant> Keep(const std::string& policy_path, const NodeConfig& config,
   Result<std::string> text = ReadPolicy(policy_path);
   if (!text.ok()) return text.status();
   return KeepWithPolicyText(*text, policy_path, config, user, node, limits);
+}
+
+KeepGrant KeepGrants::For(uint32_t uid) {
+  if (auto it = grants_.find(uid); it != grants_.end()) return it->second.first;
+  KeepUser user;
+  user.uid = uid;
+  if (const passwd* pw = ::getpwuid(uid); pw != nullptr) {
+    user.gid = pw->pw_gid;
+    user.name = pw->pw_name;
+  }
+  Result<KeepGrant> g = Keep(policy_, config_, user, node_);
+  if (g.ok()) {
+    grants_[uid] = {*g, false};
+    return *g;
+  }
+  errors_.push_back("keep policy for uid " + std::to_string(uid) + ": " + g.status().message());
+  KeepGrant unlimited;
+  unlimited.quota = std::numeric_limits<policy::Bytes>::max();
+  grants_[uid] = {unlimited, true};
+  return unlimited;
+}
+
+bool KeepGrants::Failed(uint32_t uid) {
+  (void)For(uid);
+  return grants_[uid].second;
 }
 
 }  // namespace nopfs::lua

@@ -27,7 +27,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "lua/config.h"
@@ -111,6 +113,29 @@ Result<KeepGrant> Keep(const std::string& policy_path, const NodeConfig& config,
 Result<KeepGrant> KeepWithPolicyText(std::string_view policy_text, std::string_view name,
                                      const NodeConfig& config, const KeepUser& user,
                                      const NodeState& node, const LuaLimits& limits = {});
+// The keep hook asked once per user for the users whose kept datasets root looks at on a node
+// (the prolog, the epilog, `nopfs gc`); the user's gid and name come from the passwd database.
+// A hook that fails for a user is noted in errors() and Failed(uid) is true: the caller then
+// leaves that user's complete datasets alone (the grant returned has no quota limit and no
+// lifetime) and lets the user's job keep nothing, so that a policy error neither wipes what
+// users kept nor lets them keep more. Use from one thread.
+class KeepGrants {
+ public:
+  // `policy`: the policy file ("" = none: nothing is kept); `node`: as the hook sees it.
+  KeepGrants(std::string policy, const NodeConfig& config, NodeState node)
+      : policy_(std::move(policy)), config_(config), node_(std::move(node)) {}
+  KeepGrant For(uint32_t uid);
+  bool Failed(uint32_t uid);
+  const std::vector<std::string>& errors() const { return errors_; }
+
+ private:
+  std::string policy_;
+  const NodeConfig& config_;
+  NodeState node_;
+  std::map<uint32_t, std::pair<KeepGrant, bool>> grants_;
+  std::vector<std::string> errors_;
+};
+
 // "90", "90s", "30m", "12h", "7d" as seconds; InvalidArgument saying what to write otherwise.
 Result<int64_t> ParseLifetime(std::string_view text);
 

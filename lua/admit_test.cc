@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <limits>
 #include <string>
 
 namespace nopfs::lua {
@@ -284,6 +286,31 @@ TEST(KeepTest, BadAnswersFailWithWhatToWrite) {
     EXPECT_NE(g.status().message().find("/etc/nopfs/policy.lua"), std::string::npos)
         << g.status().message();
   }
+}
+
+TEST(KeepTest, GrantsAreAskedOncePerUserAndAFailureLeavesThatUsersDataAlone) {
+  const std::string path = testing::TempDir() + "/keep_grants_policy.lua";
+  {
+    std::ofstream(path) << "calls = 0\n"
+                           "function keep(user, node)\n"
+                           "  if user.uid == 0 then error('no keeping for ' .. user.name) end\n"
+                           "  return { quota = user.uid, lifetime = 60 }\n"
+                           "end\n";
+  }
+  KeepGrants grants(path, Config(), Node());
+  EXPECT_EQ(grants.For(4242).quota, 4242u);
+  EXPECT_EQ(grants.For(4242).lifetime, 60);
+  EXPECT_FALSE(grants.Failed(4242));
+  EXPECT_TRUE(grants.errors().empty());
+  EXPECT_TRUE(grants.Failed(0));
+  EXPECT_EQ(grants.For(0).quota, std::numeric_limits<policy::Bytes>::max());
+  EXPECT_EQ(grants.For(0).lifetime, 0);
+  ASSERT_EQ(grants.errors().size(), 1u);  // asked once
+  EXPECT_NE(grants.errors()[0].find("no keeping for root"), std::string::npos)
+      << grants.errors()[0];
+  KeepGrants none("", Config(), Node());
+  EXPECT_EQ(none.For(4242).quota, 0u);
+  EXPECT_FALSE(none.Failed(4242));
 }
 
 TEST(KeepTest, Lifetimes) {
