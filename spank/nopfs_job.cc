@@ -14,6 +14,7 @@
 // One line on stdout says what happened; the plugin logs it and shows it to the user.
 #include <fcntl.h>
 #include <grp.h>
+#include <limits.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <poll.h>
@@ -28,7 +29,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,6 +43,7 @@ extern "C" {
 
 #include "common/units.h"
 #include "launch/daemon_args.h"
+#include "launch/kept_space.h"
 #include "launch/process.h"
 #include "launch/run_files.h"
 #include "lua/admit.h"
@@ -452,12 +456,101 @@ Result<uint32_t> DecideRanksPerNode(const Job& job, const SlurmJob& sj) {
   return rpn;
 }
 
+// What the job's nopfsd may keep at exit (docs/admin.md, "Kept datasets").
+struct KeepPlan {
+  bool keep = false;
+  uint64_t max_bytes = 0;
+  std::string note;  // what was decided and removed, for the prolog's line
+};
+
+std::string Canonical(const std::string& path) {
+  char buf[PATH_MAX];
+  return ::realpath(path.c_str(), buf) != nullptr ? std::string(buf) : path;
+}
+
+// The node's kept datasets before a job: removes incomplete, expired and over-quota ones of every
+// user (their .tmp.* entries only when they have no live job here, `busy`), then, once the job
+// is admitted, the least recently used of any user until the kept bytes fit beside the
+// reservations and the grant (the job's own kept copies of its dataset count within its grant:
+// it adopts them). Decides what the job keeps at exit: nothing with --nopfs-keep=no, without
+// an SSD grant or a quota; else at most the user's quota.
+class NodeKept {
+ public:
+  NodeKept(const Job& job, const lua::NodeConfig& config, const std::set<uint32_t>& busy,
+           lua::NodeState* ns)
+      : job_(job),
+        kept_(launch::KeptNode::Scan(SsdPaths(config))),
+        grants_(job.args.policy, config, WithKept(*ns)) {
+    removed_ = kept_.Sweep(
+        [&](uint32_t uid) {
+          const lua::KeepGrant g = grants_.For(uid);
+          return launch::KeepLimits{g.quota, g.lifetime};
+        },
+        [&](uint32_t uid) { return busy.count(uid) != 0; }, ::time(nullptr));
+    ns->ssd_kept = kept_.Bytes();
+  }
+
+  KeepPlan Admitted(const lua::NodeState& ns, const lua::Admission& adm) {
+    const std::string canonical = Canonical(job_.opts.dataset);
+    auto adoptable = [&](const launch::KeptEntry& k) {
+      return k.uid == job_.uid && k.Complete() &&
+             (k.data.dataset == job_.opts.dataset || k.data.dataset == canonical);
+    };
+    uint64_t own = 0;
+    for (const launch::KeptEntry& k : kept_.entries()) {
+      if (adoptable(k)) own += k.data.bytes;
+    }
+    const uint64_t used = ns.ssd_reserved + adm.ssd;
+    const uint64_t room =
+        (ns.ssd_total > used ? ns.ssd_total - used : 0) + std::min<uint64_t>(own, adm.ssd);
+    for (launch::Removal& r : kept_.MakeRoom(room, adoptable))
+      removed_.push_back(std::move(r));
+
+    KeepPlan plan;
+    const lua::KeepGrant g = grants_.For(job_.uid);
+    if (!job_.opts.keep) {
+      plan.note = "keeps nothing (--nopfs-keep=no)";
+    } else if (grants_.Failed(job_.uid)) {
+      plan.note = "keeps nothing (the policy's keep failed)";
+    } else if (g.quota == 0) {
+      plan.note = "";  // the site keeps nothing: nothing worth saying
+    } else if (adm.ssd == 0) {
+      plan.note = "keeps nothing (no SSD tier)";
+    } else {
+      plan.keep = true;
+      plan.max_bytes = std::min<uint64_t>(g.quota, adm.ssd);
+      plan.note = "keeps up to " + FormatBytes(static_cast<double>(plan.max_bytes));
+      if (own != 0) plan.note += ", adopts " + FormatBytes(static_cast<double>(own)) + " kept";
+    }
+    std::string extra;
+    for (const std::string& e : grants_.errors())
+      extra += (extra.empty() ? "" : "; ") + e;
+    for (const std::string& e : kept_.errors())
+      extra += (extra.empty() ? "" : "; ") + e;
+    if (!removed_.empty())
+      extra += (extra.empty() ? "" : "; ") + std::string("kept datasets removed: ") +
+               launch::DescribeRemovals(removed_);
+    if (!extra.empty()) plan.note += (plan.note.empty() ? "" : "; ") + extra;
+    return plan;
+  }
+
+ private:
+  lua::NodeState WithKept(lua::NodeState ns) {
+    ns.ssd_kept = kept_.Bytes();
+    return ns;
+  }
+  const Job& job_;
+  launch::KeptNode kept_;
+  lua::KeepGrants grants_;
+  std::vector<launch::Removal> removed_;
+};
+
 // Asks the admission policy with the node's reservations (cleaning up after stale ones), and
 // reserves what it grants in the ledger, under the ledger's lock. A refusal is an Admission
 // that is not admitted; an error is a Status. *entry is the reservation written (naming this
-// launcher until nopfsd runs).
+// launcher until nopfsd runs); *keep what nopfsd may keep at exit.
 Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
-                               const lua::JobRequest& req, LedgerEntry* entry) {
+                               const lua::JobRequest& req, LedgerEntry* entry, KeepPlan* keep) {
   lua::Admission adm;
   Result<Ledger> ledger = Ledger::Lock(job.ledger_dir, 30s);
   if (!ledger.ok()) return ledger.status();
@@ -468,6 +561,7 @@ Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
   ns.ram_total = config.CapacityOf(policy::ClassKind::kRam);
   ns.ssd_total = config.CapacityOf(policy::ClassKind::kSsd);
   const std::string boot = BootId();
+  std::set<uint32_t> busy;  // users with a live job on this node
   for (const LedgerEntry& e : *entries) {
     if (e.job_id == job.job_id) continue;
     // An entry of an earlier boot is stale; so is one whose job slurmctld reports over or
@@ -486,7 +580,9 @@ Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
     ns.ram_reserved += e.ram;
     ns.ssd_reserved += e.ssd;
     ++ns.jobs;
+    busy.insert(e.uid);
   }
+  NodeKept kept(job, config, busy, &ns);
   Result<lua::Admission> a = lua::Admit(job.args.policy, config, req, ns);
   if (!a.ok()) {
     adm.admitted = false;
@@ -507,6 +603,7 @@ Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
     e.ssd_paths = SsdPaths(config);
     e.metrics_dir = config.metrics_dir();
     if (Status s = ledger->Put(e); !s.ok()) return s;
+    *keep = kept.Admitted(ns, adm);
   }
 
   return adm;
@@ -514,7 +611,7 @@ Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
 
 // nopfsd's arguments for this node of the job; *peers_note says how it reaches its peers.
 launch::DaemonArgs DaemonArgsFor(const Job& job, uint32_t ranks_per_node, const lua::Admission& adm,
-                                 std::string* peers_note) {
+                                 const KeepPlan& keep, std::string* peers_note) {
   launch::DaemonArgs dargs;
   dargs.run_dir = job.run_dir;
   dargs.dataset = job.opts.dataset;
@@ -530,6 +627,8 @@ launch::DaemonArgs DaemonArgsFor(const Job& job, uint32_t ranks_per_node, const 
   dargs.ram = std::to_string(adm.ram);
   dargs.ssd = std::to_string(adm.ssd);
   dargs.config = job.args.config;
+  dargs.keep = keep.keep;
+  dargs.keep_max_bytes = keep.max_bytes;
   SetPeers(job, &dargs, peers_note);
   return dargs;
 }
@@ -674,7 +773,8 @@ int Prolog(const Job& job, const char* self) {
   req.memory = sj.memory;
 
   LedgerEntry entry;
-  Result<lua::Admission> admission = Reserve(job, *config, req, &entry);
+  KeepPlan keep;
+  Result<lua::Admission> admission = Reserve(job, *config, req, &entry, &keep);
   if (!admission.ok()) return fail(admission.status().message(), 1);
   const lua::Admission& adm = *admission;
   if (!adm.admitted) {
@@ -684,7 +784,7 @@ int Prolog(const Job& job, const char* self) {
   }
 
   std::string peers_note;
-  const launch::DaemonArgs dargs = DaemonArgsFor(job, *ranks_per_node, adm, &peers_note);
+  const launch::DaemonArgs dargs = DaemonArgsFor(job, *ranks_per_node, adm, keep, &peers_note);
   const std::vector<std::string> ssd_paths = SsdPaths(*config);
   // Releases the reservation of a job that gets no cache after all.
   auto release = [&] {
@@ -704,13 +804,14 @@ int Prolog(const Job& job, const char* self) {
   if (SlurmContainsJobs())
     (void)AdoptLater(JobCgroupOptions{.node = job.node}, job.job_id, job.uid, child,
                      ProcessStartTime(child).value_or(0), std::chrono::seconds(job.args.timeout));
-  std::printf("%sserving %s (partition %s, job memory %s) with RAM %s, SSD %s%s%s%s%s\n",
+  std::printf("%sserving %s (partition %s, job memory %s) with RAM %s, SSD %s%s%s%s%s%s%s\n",
               where.c_str(), job.opts.dataset.c_str(),
               req.partition.empty() ? "?" : req.partition.c_str(),
               req.memory == 0 ? "unlimited" : FormatBytes(static_cast<double>(req.memory)).c_str(),
               FormatBytes(static_cast<double>(adm.ram)).c_str(),
               FormatBytes(static_cast<double>(adm.ssd)).c_str(), adm.reason.empty() ? "" : "; ",
-              adm.reason.c_str(), peers_note.empty() ? "" : "; ", peers_note.c_str());
+              adm.reason.c_str(), peers_note.empty() ? "" : "; ", peers_note.c_str(),
+              keep.note.empty() ? "" : "; ", keep.note.c_str());
   return 0;
 }
 
@@ -756,6 +857,33 @@ int Epilog(const Job& job) {
       left += " reservation (" + l.status().message() + ")";
     } else if (Status s = l->Remove(job.job_id); !s.ok()) {
       left += " reservation (" + s.message() + ")";
+    }
+  }
+  // nopfsd has kept what it kept: the user's quota and lifetimes apply to the user's kept
+  // datasets now (their .tmp.* entries are left to the next prolog or `nopfs gc`, which know
+  // whether another job of the user still runs here).
+  if (entry && !t.ssd_paths.empty()) {
+    if (Result<lua::NodeConfig> config = LoadConfig(job); config.ok()) {
+      lua::NodeState ns;
+      ns.name = job.node;
+      ns.ram_total = config->CapacityOf(policy::ClassKind::kRam);
+      ns.ssd_total = config->CapacityOf(policy::ClassKind::kSsd);
+      launch::KeptNode kept = launch::KeptNode::Scan(t.ssd_paths, t.uid);
+      ns.ssd_kept = kept.Bytes();
+      lua::KeepGrants grants(job.args.policy, *config, ns);
+      const std::vector<launch::Removal> removed = kept.Sweep(
+          [&](uint32_t uid) {
+            const lua::KeepGrant g = grants.For(uid);
+            return launch::KeepLimits{g.quota, g.lifetime};
+          },
+          [](uint32_t) { return true; }, ::time(nullptr));
+      for (const std::string& e : grants.errors())
+        notes += e + "; ";
+      if (!removed.empty())
+        notes += "kept datasets removed: " + launch::DescribeRemovals(removed) + "; ";
+      if (kept.BytesOf(t.uid) != 0) {
+        notes += "kept " + FormatBytes(static_cast<double>(kept.BytesOf(t.uid))) + "; ";
+      }
     }
   }
   if (!left.empty()) {
