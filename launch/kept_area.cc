@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <span>
 
 #include "common/checksum.h"
@@ -168,6 +170,31 @@ void HexTo(uint64_t v, char* out) {
 
 std::string KeptAreaDir(const std::string& user_dir) {
   return user_dir + "/kept";
+}
+
+Result<int> LockKeptEntry(const std::string& dir) {
+  const std::string path = dir + "/lock";
+  Fd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (fd.get() < 0) return Status::FromErrno(errno, path);
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) return Status::FromErrno(errno, "flock " + path);
+  return fd.release();
+}
+
+bool KeptEntryInUse(const std::string& kept_dir, const std::string& name) {
+  Fd kfd(::open(kept_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (kfd.get() < 0) return false;
+  Fd dfd(::openat(kfd.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (dfd.get() < 0) return false;
+  Fd lock(::openat(dfd.get(), "lock", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (lock.get() < 0) {
+    struct stat st {};
+    return errno == ENOENT && ::fstat(dfd.get(), &st) == 0 &&
+           int64_t(::time(nullptr)) - int64_t(st.st_ctime) < kKeptLockGraceSeconds;
+  }
+  struct stat st {};
+  if (::fstat(lock.get(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  if (::flock(lock.get(), LOCK_SH | LOCK_NB) != 0) return errno == EWOULDBLOCK;
+  return false;
 }
 
 std::string KeptKey(std::string_view canonical_dataset, std::string_view scan_options) {

@@ -60,6 +60,15 @@ Result<std::vector<KeptDataset>> ListKept(const std::string& kept_dir);
 // never leaves the directory); safe as root inside a user's directory. A missing entry is ok.
 Status RemoveKept(const std::string& kept_dir, const std::string& name);
 
+// A .tmp.* entry is in use while a live nopfsd holds the flock of its `lock` file (LockKeptEntry),
+// and for kKeptLockGraceSeconds after its last change when it has no lock file yet.
+inline constexpr int64_t kKeptLockGraceSeconds = 60;
+// Creates <dir>/lock and takes its flock (LOCK_EX); returns the descriptor, which holds the lock
+// until closed.
+Result<int> LockKeptEntry(const std::string& dir);
+// Whether a live nopfsd writes or adopts <kept>/<name> (see above); never follows a symlink.
+bool KeptEntryInUse(const std::string& kept_dir, const std::string& name);
+
 // The key of a dataset: 16 lowercase hex digits of the xxh3 of the canonical dataset root and the
 // scan options that change which samples it has (not the seed, epochs, nodes or ranks).
 std::string KeptKey(std::string_view canonical_dataset, std::string_view scan_options);

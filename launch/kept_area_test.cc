@@ -216,6 +216,26 @@ TEST(KeptArea, SymlinksAreNeverFollowed) {
   EXPECT_TRUE(fs::exists(target + "/MANIFEST"));
 }
 
+TEST(KeptArea, EntryInUseWhileItsLockIsHeld) {
+  const std::string kept = Fresh("inuse");
+  fs::create_directories(kept + "/.tmp.1.a");
+  Result<int> fd = LockKeptEntry(kept + "/.tmp.1.a");
+  ASSERT_TRUE(fd.ok()) << fd.status().message();
+  EXPECT_TRUE(KeptEntryInUse(kept, ".tmp.1.a"));
+  // A second lock (as another nopfsd would take it) is refused.
+  EXPECT_FALSE(LockKeptEntry(kept + "/.tmp.1.a").ok());
+  ::close(*fd);
+  EXPECT_FALSE(KeptEntryInUse(kept, ".tmp.1.a"));
+  // Without a lock file: in use only while it is fresh.
+  fs::create_directories(kept + "/.tmp.2.b");
+  EXPECT_TRUE(KeptEntryInUse(kept, ".tmp.2.b"));
+  EXPECT_FALSE(KeptEntryInUse(kept, ".tmp.absent"));
+  // A lock that is a symlink is not a lock.
+  fs::create_directories(kept + "/.tmp.3.c");
+  fs::create_symlink(kept + "/.tmp.1.a/lock", kept + "/.tmp.3.c/lock");
+  EXPECT_FALSE(KeptEntryInUse(kept, ".tmp.3.c"));
+}
+
 TEST(KeptArea, RemoveKeptRemovesEverythingAndNothingOutside) {
   const std::string root = Fresh("remove");
   const std::string kept = root + "/kept";
