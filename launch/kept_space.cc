@@ -148,17 +148,18 @@ Removal KeptNode::Remove(const KeptEntry& e, std::string why) {
 }
 
 std::vector<Removal> KeptNode::Sweep(const std::function<KeepLimits(uint32_t uid)>& limits,
-                                     const std::function<bool(uint32_t uid)>& busy, int64_t now) {
+                                     int64_t now) {
   std::vector<Removal> out;
   for (const uint32_t uid : Users()) {
     const KeepLimits l = limits(uid);
-    const bool live = busy(uid);
     // Remove() changes entries_: collect first.
     std::vector<std::pair<KeptEntry, const char*>> doomed;
     for (const KeptEntry& e : entries_) {
       if (e.uid != uid) continue;
       if (!e.Complete()) {
-        if (!e.Pending() || !live) doomed.emplace_back(e, "incomplete");
+        if (!e.Pending() || !KeptEntryInUse(areas_[e.area]->kept_dir, e.data.key)) {
+          doomed.emplace_back(e, "incomplete");
+        }
       } else if (l.lifetime > 0 && e.data.last_used + l.lifetime < now) {
         doomed.emplace_back(e, "expired");
       }

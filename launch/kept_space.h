@@ -9,8 +9,8 @@
 // listing or removal elsewhere; ListKept and RemoveKept never follow a link below it.
 //
 // What is removed, and why (the `why` of each Removal):
-//   incomplete   an entry that is not a key with a valid MANIFEST; a .tmp.* entry only when the
-//                user has no live job on the node (it may be a keep or an adoption under way)
+//   incomplete   an entry that is not a key with a valid MANIFEST; a .tmp.* entry only when no
+//                live nopfsd writes or adopts it (KeptEntryInUse: its lock file's flock)
 //   expired      a complete dataset whose last use is more than the user's lifetime ago
 //   over quota   the user's least recently used datasets while the user's kept bytes exceed the
 //                quota (a quota of 0: everything the user kept)
@@ -76,10 +76,8 @@ class KeptNode {
   Removal Remove(const KeptEntry& e, std::string why);
 
   // Applies incomplete, expired and over-quota removal to every user listed. `limits` gives a
-  // user's quota and lifetime (the policy's keep hook); `busy` whether the user has a live job
-  // on the node (its .tmp.* entries are then left alone); `now` in unix seconds.
-  std::vector<Removal> Sweep(const std::function<KeepLimits(uint32_t uid)>& limits,
-                             const std::function<bool(uint32_t uid)>& busy, int64_t now);
+  // user's quota and lifetime (the policy's keep hook); `now` is in unix seconds.
+  std::vector<Removal> Sweep(const std::function<KeepLimits(uint32_t uid)>& limits, int64_t now);
   // Removes the least recently used complete datasets of any user, except those `keep` holds,
   // while Bytes() exceeds `room`.
   std::vector<Removal> MakeRoom(uint64_t room,

@@ -96,31 +96,33 @@ TEST(KeptSpace, SweepRemovesIncompleteExpiredAndOverQuotaLeastRecentlyUsedFirst)
   MakeKept(kept, kB, 2 * kMiB, 3000);
   MakeKept(kept, kC, 2 * kMiB, 2000);
   fs::create_directories(kept + "/00000000000000dd");  // a key without MANIFEST
-  fs::create_directories(kept + "/.tmp.99");            // a keep under way, or a crashed one
+  fs::create_directories(kept + "/.tmp.99");           // a keep under way, or a crashed one
   std::ofstream(kept + "/stray") << "x";
+  Result<int> lock = LockKeptEntry(kept + "/.tmp.99");
+  ASSERT_TRUE(lock.ok()) << lock.status().message();
 
-  // A busy user keeps the .tmp.* entry; nothing is over a large quota or past a long lifetime.
+  // A .tmp.* entry whose lock a live nopfsd holds stays; nothing is over a large quota or past
+  // a long lifetime.
   KeptNode n = KeptNode::Scan({ssd});
-  std::vector<Removal> r = n.Sweep([](uint32_t) { return KeepLimits{100 * kMiB, 100000}; },
-                                   [](uint32_t) { return true; }, 4000);
+  std::vector<Removal> r = n.Sweep([](uint32_t) { return KeepLimits{100 * kMiB, 100000}; }, 4000);
   for (const Removal& x : r) {
     EXPECT_TRUE(x.status.ok()) << x.status.message();
     EXPECT_EQ(x.why, "incomplete") << x.entry.data.key;
   }
   EXPECT_EQ(OnDisk(kept), (std::set<std::string>{kA, kB, kC, ".tmp.99"}));
 
-  // Not busy: the .tmp.* goes. A lifetime of 2500 s at t=4000 expires kA (last used 1000).
+  // Its nopfsd gone (the lock released), the .tmp.* goes. A lifetime of 2500 s at t=4000
+  // expires kA (last used 1000).
+  ::close(*lock);
   n = KeptNode::Scan({ssd});
-  r = n.Sweep([](uint32_t) { return KeepLimits{100 * kMiB, 2500}; },
-              [](uint32_t) { return false; }, 4000);
+  r = n.Sweep([](uint32_t) { return KeepLimits{100 * kMiB, 2500}; }, 4000);
   EXPECT_EQ(OnDisk(kept), (std::set<std::string>{kB, kC}));
   ASSERT_EQ(r.size(), 2u);
   EXPECT_EQ(Keys(n), (std::set<std::string>{kB, kC}));
 
   // A quota that holds one dataset: the least recently used (kC, 2000) goes, kB stays.
   n = KeptNode::Scan({ssd});
-  r = n.Sweep([](uint32_t) { return KeepLimits{3 * kMiB, 0}; }, [](uint32_t) { return false; },
-              4000);
+  r = n.Sweep([](uint32_t) { return KeepLimits{3 * kMiB, 0}; }, 4000);
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].why, "over quota");
   EXPECT_EQ(r[0].entry.data.key, kC);
@@ -128,7 +130,7 @@ TEST(KeptSpace, SweepRemovesIncompleteExpiredAndOverQuotaLeastRecentlyUsedFirst)
 
   // A quota of 0 (the policy keeps nothing for this user): everything goes.
   n = KeptNode::Scan({ssd});
-  r = n.Sweep([](uint32_t) { return KeepLimits{}; }, [](uint32_t) { return false; }, 4000);
+  r = n.Sweep([](uint32_t) { return KeepLimits{}; }, 4000);
   EXPECT_TRUE(OnDisk(kept).empty());
   EXPECT_EQ(n.Bytes(), 0u);
 }

@@ -31,7 +31,6 @@
 #include <cstring>
 #include <ctime>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -469,15 +468,14 @@ std::string Canonical(const std::string& path) {
 }
 
 // The node's kept datasets before a job: removes incomplete, expired and over-quota ones of every
-// user (their .tmp.* entries only when they have no live job here, `busy`), then, once the job
+// user (a .tmp.* entry only when no live nopfsd holds it), then, once the job
 // is admitted, the least recently used of any user until the kept bytes fit beside the
 // reservations and the grant (the job's own kept copies of its dataset count within its grant:
 // it adopts them). Decides what the job keeps at exit: nothing with --nopfs-keep=no, without
 // an SSD grant or a quota; else at most the user's quota.
 class NodeKept {
  public:
-  NodeKept(const Job& job, const lua::NodeConfig& config, const std::set<uint32_t>& busy,
-           lua::NodeState* ns)
+  NodeKept(const Job& job, const lua::NodeConfig& config, lua::NodeState* ns)
       : job_(job),
         kept_(launch::KeptNode::Scan(SsdPaths(config))),
         grants_(job.args.policy, config, WithKept(*ns)) {
@@ -486,7 +484,7 @@ class NodeKept {
           const lua::KeepGrant g = grants_.For(uid);
           return launch::KeepLimits{g.quota, g.lifetime};
         },
-        [&](uint32_t uid) { return busy.count(uid) != 0; }, ::time(nullptr));
+        ::time(nullptr));
     ns->ssd_kept = kept_.Bytes();
   }
 
@@ -561,7 +559,6 @@ Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
   ns.ram_total = config.CapacityOf(policy::ClassKind::kRam);
   ns.ssd_total = config.CapacityOf(policy::ClassKind::kSsd);
   const std::string boot = BootId();
-  std::set<uint32_t> busy;  // users with a live job on this node
   for (const LedgerEntry& e : *entries) {
     if (e.job_id == job.job_id) continue;
     // An entry of an earlier boot is stale; so is one whose job slurmctld reports over or
@@ -580,9 +577,8 @@ Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
     ns.ram_reserved += e.ram;
     ns.ssd_reserved += e.ssd;
     ++ns.jobs;
-    busy.insert(e.uid);
   }
-  NodeKept kept(job, config, busy, &ns);
+  NodeKept kept(job, config, &ns);
   Result<lua::Admission> a = lua::Admit(job.args.policy, config, req, ns);
   if (!a.ok()) {
     adm.admitted = false;
@@ -860,8 +856,7 @@ int Epilog(const Job& job) {
     }
   }
   // nopfsd has kept what it kept: the user's quota and lifetimes apply to the user's kept
-  // datasets now (their .tmp.* entries are left to the next prolog or `nopfs gc`, which know
-  // whether another job of the user still runs here).
+  // datasets now.
   if (entry && !t.ssd_paths.empty()) {
     if (Result<lua::NodeConfig> config = LoadConfig(job); config.ok()) {
       lua::NodeState ns;
@@ -876,7 +871,7 @@ int Epilog(const Job& job) {
             const lua::KeepGrant g = grants.For(uid);
             return launch::KeepLimits{g.quota, g.lifetime};
           },
-          [](uint32_t) { return true; }, ::time(nullptr));
+          ::time(nullptr));
       for (const std::string& e : grants.errors())
         notes += e + "; ";
       if (!removed.empty())
