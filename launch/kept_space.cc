@@ -150,7 +150,12 @@ Removal KeptNode::Remove(const KeptEntry& e, std::string why) {
 std::vector<Removal> KeptNode::Sweep(const std::function<KeepLimits(uint32_t uid)>& limits,
                                      int64_t now) {
   std::vector<Removal> out;
-  for (const uint32_t uid : Users()) {
+  std::vector<uint32_t> users;  // with entries: the policy is asked only about them
+  for (const KeptEntry& e : entries_)
+    users.push_back(e.uid);
+  std::sort(users.begin(), users.end());
+  users.erase(std::unique(users.begin(), users.end()), users.end());
+  for (const uint32_t uid : users) {
     const KeepLimits l = limits(uid);
     // Remove() changes entries_: collect first.
     std::vector<std::pair<KeptEntry, const char*>> doomed;

@@ -75,7 +75,7 @@ class KeptNode {
   // Removes one entry (by data.key and area) and forgets it.
   Removal Remove(const KeptEntry& e, std::string why);
 
-  // Applies incomplete, expired and over-quota removal to every user listed. `limits` gives a
+  // Applies incomplete, expired and over-quota removal to every user with entries. `limits` gives a
   // user's quota and lifetime (the policy's keep hook); `now` is in unix seconds.
   std::vector<Removal> Sweep(const std::function<KeepLimits(uint32_t uid)>& limits, int64_t now);
   // Removes the least recently used complete datasets of any user, except those `keep` holds,
