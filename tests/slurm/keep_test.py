@@ -296,6 +296,35 @@ class KeepTest(ClusterCase):
         self.assertGreater(second["pfs_bytes"], 0.5 * first["pfs_bytes"],
                            (first["pfs_bytes"], second["pfs_bytes"]))
 
+    @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd")
+    def test_sigkill_mid_keep_leaves_nothing_a_later_job_trusts(self):
+        """nopfsd is told to stop (it starts keeping) and killed a moment later, at a different
+        moment each round; whatever that leaves, the next job delivers the dataset's bytes and
+        nothing incomplete survives its prolog."""
+        write_policy(quota=50_000_000)
+        user = "nopfs-alice"
+        for delay in (0.0, 0.005, 0.02, 0.05, 0.2):
+            job = submit(user, f"-w n1 --mem=300 --nopfs-ram=1KB --nopfs-ssd=100MB "
+                         f"--nopfs={DATASET} --nopfs-seed=3",
+                         READ + HOLD.format(jobs=JOBS))
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and "status: " not in output(job):
+                time.sleep(0.2)
+            pids = [pid for pid, (_, a) in daemons().items() if f"{DIR}/run/n1/{job}" in a]
+            self.assertEqual(len(pids), 1, output(job))
+            os.kill(pids[0], 15)
+            time.sleep(delay)
+            try:
+                os.kill(pids[0], 9)
+            except ProcessLookupError:
+                pass
+            release(job)
+            wait_done(job, 120)
+            _, out, _ = self.run_job(user, "n2", extra="--nopfs-keep=no")
+            self.assertRegex(out, r"verify: 120 samples, \d+ bytes, 0 mismatches", out)
+            for name, complete in kept(user).items():
+                self.assertTrue(complete and KEY.match(name), (delay, kept(user)))
+
 
 if __name__ == "__main__":
     unittest.main()
