@@ -14,7 +14,6 @@
 // One line on stdout says what happened; the plugin logs it and shows it to the user.
 #include <fcntl.h>
 #include <grp.h>
-#include <limits.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <poll.h>
@@ -29,7 +28,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <optional>
 #include <string>
 #include <thread>
@@ -42,7 +40,6 @@ extern "C" {
 
 #include "common/units.h"
 #include "launch/daemon_args.h"
-#include "launch/kept_space.h"
 #include "launch/process.h"
 #include "launch/run_files.h"
 #include "lua/admit.h"
@@ -50,6 +47,7 @@ extern "C" {
 #include "spank/job_cgroup.h"
 #include "spank/job_files.h"
 #include "spank/ledger.h"
+#include "spank/node_kept.h"
 #include "spank/options.h"
 #include "spank/user_dirs.h"
 
@@ -455,94 +453,6 @@ Result<uint32_t> DecideRanksPerNode(const Job& job, const SlurmJob& sj) {
   return rpn;
 }
 
-// What the job's nopfsd may keep at exit (docs/admin.md, "Kept datasets").
-struct KeepPlan {
-  bool keep = false;
-  uint64_t max_bytes = 0;
-  std::string note;  // what was decided and removed, for the prolog's line
-};
-
-std::string Canonical(const std::string& path) {
-  char buf[PATH_MAX];
-  return ::realpath(path.c_str(), buf) != nullptr ? std::string(buf) : path;
-}
-
-// The node's kept datasets before a job: removes incomplete, expired and over-quota ones of every
-// user (a .tmp.* entry only when no live nopfsd holds it), then, once the job
-// is admitted, the least recently used of any user until the kept bytes fit beside the
-// reservations and the grant (the job's own kept copies of its dataset count within its grant:
-// it adopts them). Decides what the job keeps at exit: nothing with --nopfs-keep=no, without
-// an SSD grant or a quota; else at most the user's quota.
-class NodeKept {
- public:
-  NodeKept(const Job& job, const lua::NodeConfig& config, lua::NodeState* ns)
-      : job_(job),
-        kept_(launch::KeptNode::Scan(SsdPaths(config))),
-        grants_(job.args.policy, config, WithKept(*ns)) {
-    removed_ = kept_.Sweep(
-        [&](uint32_t uid) {
-          const lua::KeepGrant g = grants_.For(uid);
-          return launch::KeepLimits{g.quota, g.lifetime};
-        },
-        ::time(nullptr));
-    ns->ssd_kept = kept_.Bytes();
-  }
-
-  KeepPlan Admitted(const lua::NodeState& ns, const lua::Admission& adm) {
-    const std::string canonical = Canonical(job_.opts.dataset);
-    auto adoptable = [&](const launch::KeptEntry& k) {
-      return k.uid == job_.uid && k.Complete() &&
-             (k.data.dataset == job_.opts.dataset || k.data.dataset == canonical);
-    };
-    uint64_t own = 0;
-    for (const launch::KeptEntry& k : kept_.entries()) {
-      if (adoptable(k)) own += k.data.bytes;
-    }
-    const uint64_t used = ns.ssd_reserved + adm.ssd;
-    const uint64_t room =
-        (ns.ssd_total > used ? ns.ssd_total - used : 0) + std::min<uint64_t>(own, adm.ssd);
-    for (launch::Removal& r : kept_.MakeRoom(room, adoptable))
-      removed_.push_back(std::move(r));
-
-    KeepPlan plan;
-    const lua::KeepGrant g = grants_.For(job_.uid);
-    if (!job_.opts.keep) {
-      plan.note = "keeps nothing (--nopfs-keep=no)";
-    } else if (grants_.Failed(job_.uid)) {
-      plan.note = "keeps nothing (the policy's keep failed)";
-    } else if (g.quota == 0) {
-      plan.note = "";  // the site keeps nothing: nothing worth saying
-    } else if (adm.ssd == 0) {
-      plan.note = "keeps nothing (no SSD tier)";
-    } else {
-      plan.keep = true;
-      plan.max_bytes = std::min<uint64_t>(g.quota, adm.ssd);
-      plan.note = "keeps up to " + FormatBytes(static_cast<double>(plan.max_bytes));
-      if (own != 0) plan.note += ", adopts " + FormatBytes(static_cast<double>(own)) + " kept";
-    }
-    std::string extra;
-    for (const std::string& e : grants_.errors())
-      extra += (extra.empty() ? "" : "; ") + e;
-    for (const std::string& e : kept_.errors())
-      extra += (extra.empty() ? "" : "; ") + e;
-    if (!removed_.empty())
-      extra += (extra.empty() ? "" : "; ") + std::string("kept datasets removed: ") +
-               launch::DescribeRemovals(removed_);
-    if (!extra.empty()) plan.note += (plan.note.empty() ? "" : "; ") + extra;
-    return plan;
-  }
-
- private:
-  lua::NodeState WithKept(lua::NodeState ns) {
-    ns.ssd_kept = kept_.Bytes();
-    return ns;
-  }
-  const Job& job_;
-  launch::KeptNode kept_;
-  lua::KeepGrants grants_;
-  std::vector<launch::Removal> removed_;
-};
-
 // Asks the admission policy with the node's reservations (cleaning up after stale ones), and
 // reserves what it grants in the ledger, under the ledger's lock. A refusal is an Admission
 // that is not admitted; an error is a Status. *entry is the reservation written (naming this
@@ -578,7 +488,8 @@ Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
     ns.ssd_reserved += e.ssd;
     ++ns.jobs;
   }
-  NodeKept kept(job, config, &ns);
+  NodeKept kept(KeepJob{job.uid, job.opts.dataset, job.opts.keep, job.args.policy}, config,
+                SsdPaths(config), &ns);
   Result<lua::Admission> a = lua::Admit(job.args.policy, config, req, ns);
   if (!a.ok()) {
     adm.admitted = false;
@@ -859,26 +770,7 @@ int Epilog(const Job& job) {
   // datasets now.
   if (entry && !t.ssd_paths.empty()) {
     if (Result<lua::NodeConfig> config = LoadConfig(job); config.ok()) {
-      lua::NodeState ns;
-      ns.name = job.node;
-      ns.ram_total = config->CapacityOf(policy::ClassKind::kRam);
-      ns.ssd_total = config->CapacityOf(policy::ClassKind::kSsd);
-      launch::KeptNode kept = launch::KeptNode::Scan(t.ssd_paths, t.uid);
-      ns.ssd_kept = kept.Bytes();
-      lua::KeepGrants grants(job.args.policy, *config, ns);
-      const std::vector<launch::Removal> removed = kept.Sweep(
-          [&](uint32_t uid) {
-            const lua::KeepGrant g = grants.For(uid);
-            return launch::KeepLimits{g.quota, g.lifetime};
-          },
-          ::time(nullptr));
-      for (const std::string& e : grants.errors())
-        notes += e + "; ";
-      if (!removed.empty())
-        notes += "kept datasets removed: " + launch::DescribeRemovals(removed) + "; ";
-      if (kept.BytesOf(t.uid) != 0) {
-        notes += "kept " + FormatBytes(static_cast<double>(kept.BytesOf(t.uid))) + "; ";
-      }
+      notes += AfterJob(job.args.policy, *config, job.node, t.ssd_paths, t.uid);
     }
   }
   if (!left.empty()) {
