@@ -71,6 +71,7 @@ Daemon::~Daemon() {
 Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   std::unique_ptr<Daemon> d(new Daemon(options));
   if (Status s = d->Init(); !s.ok()) {
+    if (d->kept_) d->kept_->PutBack();  // nothing served: the next start may adopt it
     d->Stop();
     return s;
   }
@@ -461,6 +462,12 @@ void Daemon::AdoptKept() {
 
 void Daemon::KeepAtExit() {
   if (!options_.keep || !kept_place_ || ssd_tiers_.empty()) return;
+  SsdTier& tier = *ssd_tiers_.front();
+  const std::string user_dir = kept_place_->kept_dir.substr(0, kept_place_->kept_dir.rfind('/'));
+  if (tier.dir().rfind(user_dir + "/", 0) != 0) {
+    spdlog::warn("kept area: nothing kept: the first SSD class has no tier in this job");
+    return;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   KeepOptions ko;
   ko.place = *kept_place_;
@@ -470,7 +477,7 @@ void Daemon::KeepAtExit() {
   ko.unchanged_before_ns = start_wall_ns_ - 500'000'000;
   ko.stat_threads = std::max(1u, options_.plan_threads);
   ko.deadline = t0 + kKeepStatBudget;
-  Result<KeepResult> r = KeepSsdTier(ko, *ssd_tiers_.front(), *catalog_, Env::Default());
+  Result<KeepResult> r = KeepSsdTier(ko, tier, *catalog_, Env::Default());
   if (!r.ok()) {
     spdlog::error("kept area: keeping the SSD tier failed (nothing kept): {}",
                   r.status().message());

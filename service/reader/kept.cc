@@ -115,6 +115,7 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
   if (::lstat(src.c_str(), &st) != 0) return Status::FromErrno(errno, src);
   std::unique_ptr<KeptCopy> k(new KeptCopy(catalog, env));
   k->kept_dir_ = place.kept_dir;
+  k->key_ = place.key;
   k->name_ = ".tmp.adopt." + place.tag + "." + std::to_string(::getpid());
   k->dir_ = place.kept_dir + "/" + k->name_;
   if (!S_ISDIR(st.st_mode)) {
@@ -189,6 +190,22 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
   spdlog::info("kept area: adopted {} ({} kept samples, {} of them in this dataset's catalog)", src,
                k->records_.size(), k->matched_);
   return k;
+}
+
+void KeptCopy::PutBack() {
+  if (name_.empty()) return;
+  // Adoption only reads the copy: it is as it was kept.
+  for (int& fd : data_fds_) {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+  const std::string back = kept_dir_ + "/" + key_;
+  (void)::unlink((dir_ + "/lock").c_str());
+  if (::rename(dir_.c_str(), back.c_str()) == 0) {
+    spdlog::info("kept area: {} given back as {}", dir_, back);
+    name_.clear();
+  }
+  Remove();
 }
 
 KeptCopy::~KeptCopy() {

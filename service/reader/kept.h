@@ -67,6 +67,9 @@ class KeptCopy {
   const std::string& dir() const { return dir_; }
   // Closes and removes the private entry. Idempotent.
   void Remove();
+  // Gives the copy back under its key (nopfsd failed to start; adoption only reads it), or
+  // removes it when the key is taken meanwhile. Idempotent.
+  void PutBack();
 
  private:
   KeptCopy(Catalog& catalog, Env* env) : catalog_(catalog), env_(env) {}
@@ -74,7 +77,7 @@ class KeptCopy {
 
   Catalog& catalog_;
   Env* env_;
-  std::string kept_dir_, name_, dir_;
+  std::string kept_dir_, key_, name_, dir_;
   int lock_fd_ = -1;
   int64_t created_ = 0;
   std::vector<int> data_fds_;                      // [data file], -1: absent

@@ -229,6 +229,20 @@ class KeepTest(unittest.TestCase):
         self.assertEqual(self.the_kept_dir(), kept)
         self.assertIn("MANIFEST", os.listdir(kept))
 
+    def test_a_failed_start_gives_the_kept_copy_back(self):
+        self.run_job(self.keep_bin)
+        kept = self.the_kept_dir()
+        # The SSD tier's directory name taken by a file: nopfsd adopts, then fails to start.
+        blocker = os.path.join(os.path.dirname(os.path.dirname(kept)), "local.0")
+        open(blocker, "w").close()
+        p, _, _ = self.run_job(self.keep_bin, check=False)
+        self.assertNotEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertEqual(self.the_kept_dir(), kept)
+        self.assertIn("given back as", self.log(os.path.join(self.work, "run2")))
+        os.remove(blocker)
+        _, status, _ = self.run_job(self.keep_bin)
+        self.assertEqual(status["adopted_samples"], self.files, status)
+
     def test_without_keep_nothing_is_kept(self):
         _, status, _ = self.run_job()
         self.assertEqual(status["adopted_samples"], 0)
