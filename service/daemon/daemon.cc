@@ -42,6 +42,8 @@ constexpr char kKeptScanOptions[] = "catalog/1";
 // At exit, the dataset files of the kept samples are stat-ed for at most this long (the epilog
 // gives nopfsd `grace` seconds, 10 by default, to stop): files not reached are not kept.
 constexpr auto kKeepStatBudget = std::chrono::seconds(4);
+// Stats wait on the PFS's metadata servers, not on a core: many in flight.
+constexpr unsigned kKeepStatThreads = 32;
 // How often the metrics file is rewritten.
 constexpr std::chrono::seconds kMetricsPeriod(5);
 
@@ -475,7 +477,7 @@ void Daemon::KeepAtExit() {
   ko.created = kept_ ? kept_->created() : 0;
   // Half a second of margin for ctime's coarse clock (a write during the job is never trusted).
   ko.unchanged_before_ns = start_wall_ns_ - 500'000'000;
-  ko.stat_threads = std::max(1u, options_.plan_threads);
+  ko.stat_threads = kKeepStatThreads;
   ko.deadline = t0 + kKeepStatBudget;
   Result<KeepResult> r = KeepSsdTier(ko, tier, *catalog_, Env::Default());
   if (!r.ok()) {
