@@ -88,10 +88,8 @@ class CacheTest(unittest.TestCase):
                     f"function keep(user, node) {keep_body} end\n")
 
     def keep_run(self, dataset, extra=()):
-        run = os.path.join(self.work, "run")
         p = nopfs("run", "--dataset", dataset, "--ranks", 1, "--seed", 3, "--config", self.conf,
-                  "--run-dir", run, "--keep", *extra, "--", os.path.join(BIN, "nopfs"), "cat",
-                  "--verify")
+                  "--keep", *extra, "--", os.path.join(BIN, "nopfs"), "cat", "--verify")
         self.assertRegex(p.stdout + p.stderr, r"\d+ samples, \d+ bytes, 0 mismatches")
         return p
 
