@@ -17,6 +17,7 @@ import pwd
 import re
 import shutil
 import subprocess
+import sys
 import time
 import unittest
 
@@ -100,6 +101,10 @@ class KeepTest(ClusterCase):
             self.assertRegex(out, r"verify: 120 samples, \d+ bytes, 0 mismatches", out)
             self.assertIsNotNone(status, out)
         return job, out, status
+
+    def output_so_far(self, job):
+        path = os.path.join(JOBS, f"job-{job}.out")
+        return output(job) if os.path.exists(path) else ""
 
     def slurmd_log(self, node):
         with open(os.path.join(DIR, "log", f"slurmd-{node}.log"), errors="replace") as f:
@@ -205,6 +210,8 @@ class KeepTest(ClusterCase):
         self.assertGreater(first["pfs_bytes"], 0, first)
         self.assertLessEqual(second["pfs_bytes"], 0.05 * first["pfs_bytes"],
                              (first["pfs_bytes"], second["pfs_bytes"]))
+        print(f"\nPFS bytes: first job {first['pfs_bytes']}, second {second['pfs_bytes']}",
+              file=sys.stderr)
 
         # Another user: cannot list, open or read alice's kept data...
         before = disk_bytes(area)
@@ -217,6 +224,7 @@ class KeepTest(ClusterCase):
         self.assertEqual(json.loads(r.stdout), [], r.stdout)
         # ... and the same job of his reads the PFS in full, adopting nothing of hers.
         _, _, bobs = self.run_job("nopfs-bob", "n3")
+        print(f"PFS bytes: the other user's job {bobs['pfs_bytes']}", file=sys.stderr)
         self.assertGreaterEqual(bobs["pfs_bytes"], 0.95 * first["pfs_bytes"],
                                 (first["pfs_bytes"], bobs["pfs_bytes"]))
         self.assertIn(key, kept("nopfs-alice"))
@@ -308,7 +316,7 @@ class KeepTest(ClusterCase):
                          f"--nopfs={DATASET} --nopfs-seed=3",
                          READ + HOLD.format(jobs=JOBS))
             deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and "status: " not in output(job):
+            while time.monotonic() < deadline and "status: " not in self.output_so_far(job):
                 time.sleep(0.2)
             pids = [pid for pid, (_, a) in daemons().items() if f"{DIR}/run/n1/{job}" in a]
             self.assertEqual(len(pids), 1, output(job))
