@@ -23,6 +23,7 @@ namespace nopfs::service {
 namespace {
 
 constexpr char kLockName[] = "lock";
+constexpr char kKeptName[] = "kept";
 constexpr char kTempPrefix[] = ".tmp.";
 constexpr time_t kTempGraceSeconds = 60;
 
@@ -154,6 +155,7 @@ Result<uint64_t> SsdTier::CleanupStale(const std::string& scratch_root, uid_t ui
   closedir(d);
   uint64_t removed = 0;
   for (const std::string& n : names) {
+    if (n == kKeptName) continue;  // the kept area (launch/kept_area.h), not a job's tier
     const std::string path = udir + "/" + n;
     struct stat st {};
     if (lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
