@@ -257,8 +257,9 @@ class FaultsTest(ClusterCase):
         # (first bytes) and from the PFS (the bytes at the time).
         epochs = 40
         job = reader_job(f"-w n3 -n2 --mem=600 --nopfs={ds} --nopfs-ranks-per-node=2 "
-                         f"--nopfs-epochs={epochs} --nopfs-seed=0 --nopfs-scheme=strided --nopfs-batch=8 "
-                         "--nopfs-ram=1300KB --nopfs-ssd=1KB", gate_after=30, extra=f"--original {orig}",
+                         f"--nopfs-epochs={epochs} --nopfs-seed=0 --nopfs-scheme=strided "
+                         "--nopfs-batch=8 --nopfs-ram=1300KB --nopfs-ssd=1KB", gate_after=30,
+                         extra=f"--original {orig}",
                          then=f"echo \"status: $({BUILD}/bin/nopfs status --json)\"\n")
         wait_gate(job, (0, 1))
         # Every third file of each class, small and large ones, so that some are in the tier
@@ -298,7 +299,8 @@ class FaultsTest(ClusterCase):
         status = json.loads(m.group(1))
         self.assertGreater(status["changed"], 0, out)
         print(f"damaged mid-job: {sum(g[0] for g in got.values())} samples right, "
-              f"{len(errors)} clear errors, {status['changed']} PFS reads found a file rewritten, 0 wrong")
+              f"{len(errors)} clear errors, {status['changed']} PFS reads found a file "
+              "rewritten, 0 wrong")
         self.assertClean([job])
         self.assertNextJobStartsClean(["n3"])
 
