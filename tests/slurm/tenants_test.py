@@ -33,6 +33,12 @@ CACHE = os.path.join(DIR, "cache")
 IN_ACCESS, IN_OPEN = 0x1, 0x20
 
 
+def uptime(prom_text):
+    """nopfs_uptime_seconds of a metrics file (0 for an empty one)."""
+    m = re.search(r"(?m)^nopfs_uptime_seconds\{[^}]*\} (\S+)$", prom_text)
+    return float(m.group(1)) if m else 0.0
+
+
 def read_text(path):
     with open(path, errors="replace") as f:
         return f.read()
@@ -168,10 +174,22 @@ class TenantsTest(ClusterCase):
             text = f.read()
         self.assertIn(f'nopfs_pfs_read_bytes_total{{job="{job}",user="nopfs-alice",', text)
         self.assertNotIn("1e+18", text)
+        # bob then takes the temporary name nopfsd would write next (he sees its pid), a link to
+        # his file: her figures go on being published.
+        pid = int(ledger("n1")[job]["pid"])
+        taken = os.path.join(METRICS, f".nopfs_{job}.prom.{pid}.tmp")
+        r = as_user("nopfs-bob", f"ln -s {fake} {taken}")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        first = uptime(read_text(prom))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and uptime(read_text(prom)) < first + 5:
+            time.sleep(0.5)
+        self.assertGreaterEqual(uptime(read_text(prom)), first + 5, "her metrics stopped")
         self.alice_verified(job)
         self.assertNothingLeft([job])
         with open(fake) as f:
             self.assertEqual(f.read(), figures, "bob's file was written through the link")
+        os.unlink(taken)
 
     def test_bob_asks_for_a_dataset_only_alice_can_read(self):
         alice = pwd.getpwnam("nopfs-alice")
