@@ -222,6 +222,7 @@ class FaultsTest(ClusterCase):
     def test_ssd_directory_full_and_read_only(self):
         # A 1 MiB file system at the SSD path: the tier's 4 MB of data files do not fit. nopfsd
         # refuses to start rather than fail writes mid-job, and the job is told what to do.
+        # (Nothing of the job is left by each: ssd_job.)
         mounted = False
         try:
             subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", SSD],
@@ -236,12 +237,40 @@ class FaultsTest(ClusterCase):
             # The same file system read-only (as the kernel remounts a disk after errors).
             subprocess.run(["mount", "-o", "remount,ro", SSD], check=True)
             state, out = self.ssd_job()
-            print(out)
             self.assertEqual(state, "FAILED", out)
+            self.assertIn(f"nopfs: prolog: n1: class ssd: ssd tier: creating {SSD}/nopfs-", out)
             self.assertIn("Read-only file system", out)
+            subprocess.run(["umount", SSD], check=True)
+            mounted = False
+            # Room for the tier (16 MiB), filled up by somebody else while the rank is half-way:
+            # the tier reserved its files' space at start (posix_fallocate) and goes on serving.
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0755", "tmpfs", SSD],
+                           check=True)
+            mounted = True
+            job = reader_job(f"-w n1 --mem=300 --nopfs={DATASET} --nopfs-ram=1KB "
+                             "--nopfs-ssd=10MB --nopfs-epochs=40 --nopfs-seed=0", gate_after=100,
+                             then=f"echo \"status: $({BUILD}/bin/nopfs status --json)\"\n")
+            wait_gate(job, (0,))
+            r = subprocess.run(["dd", "if=/dev/zero", f"of={SSD}/filler", "bs=1M"],
+                               capture_output=True, text=True)
+            self.assertIn("No space left on device", r.stderr)
+            go(job)
+            got = results(job, (0,), 120)
+            release(job)
+            self.assertEqual(wait_done(job), "COMPLETED")
+            out = output(job)
+            self.assertEqual(got[0], (stream_length(0, 1, 1, 40, batch=1), got[0][1], 0, 0, None),
+                             (got, out))
+            m = re.search(r"(?m)^status: (\{.*\})$", out)
+            self.assertIsNotNone(m, out)
+            ssd = [src for src in json.loads(m.group(1))["sources"] if src["name"] == "ssd"]
+            self.assertGreater(ssd[0]["samples"], 0, out)  # the full tier served
+            self.assertClean([job])
         finally:
             if mounted:
-                subprocess.run(["umount", SSD], check=True)
+                # Lazily if a job still holds it (a failed test): never left under the cluster.
+                if subprocess.run(["umount", SSD]).returncode != 0:
+                    subprocess.run(["umount", "-l", SSD], check=True)
         self.assertNextJobStartsClean(["n1"])
 
     # ---------------------------------------------------------------------------------------
