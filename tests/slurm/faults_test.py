@@ -243,7 +243,7 @@ class FaultsTest(ClusterCase):
             subprocess.run(["umount", SSD], check=True)
             mounted = False
             # Room for the tier (16 MiB), filled up by somebody else while the rank is half-way:
-            # the tier reserved its files' space at start (posix_fallocate) and goes on serving.
+            # the tier has preallocated its files' space (docs/tiers.md) and goes on serving.
             subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0755", "tmpfs", SSD],
                            check=True)
             mounted = True
