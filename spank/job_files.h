@@ -92,6 +92,16 @@ Status RemoveBelowUserDir(const std::string& root, const std::string& user_dir, 
 Status WriteFileAs(const std::string& dir, const std::string& name, const std::string& text,
                    uid_t uid, gid_t gid, mode_t mode = 0644);
 
+// Makes `dir`/`name` an empty regular file owned by uid:gid with `mode`, whatever another user
+// put under that name first (a file, a link, a directory tree), for a name in a sticky directory
+// that everybody may write (the metrics directory): `dir` is reached with OpenTrustedDir (a
+// sticky last component allowed); the file is made through a fresh temporary name (O_EXCL |
+// O_NOFOLLOW), fchown'ed and fchmod'ed through its descriptor and renamed over the name (a
+// directory there is first removed with RemoveBelowAt, never followed). From then on only uid
+// (and root) can remove or replace it: uid's own later renames over it succeed, nobody else's.
+Status ClaimFileAs(const std::string& dir, const std::string& name, uid_t uid, gid_t gid,
+                   mode_t mode = 0644);
+
 // A process as the ledger names it: pid and start time (/proc/<pid>/stat field 22).
 struct ProcessId {
   pid_t pid = 0;

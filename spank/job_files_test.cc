@@ -192,6 +192,43 @@ TEST_F(JobFilesTest, WriteFileAsRefusesALinkedOrForeignDirectory) {
   EXPECT_EQ(ReadText(real + "/failed"), "why\n");
 }
 
+// The metrics file's name in a sticky directory, taken first by another user as a link to a file
+// of theirs, a file or a directory tree: the claim makes it the job user's own empty file, and
+// nothing the other user planted is followed or written.
+TEST_F(JobFilesTest, ClaimFileAsTakesTheNameBackFromAnotherUser) {
+  const std::string dir = root_ + "/metrics";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(dir.c_str(), 01777), 0);
+  const std::string theirs = root_ + "/theirs.prom";
+  Write(theirs, "their figures\n");
+  const std::string name = dir + "/nopfs_7.prom";
+  auto check = [&] {
+    struct stat st {};
+    ASSERT_EQ(::lstat(name.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISREG(st.st_mode));
+    EXPECT_EQ(st.st_uid, kOtherUid);
+    EXPECT_EQ(st.st_mode & 07777, 0644u);
+    EXPECT_EQ(st.st_size, 0);
+    EXPECT_EQ(ReadText(theirs), "their figures\n");
+  };
+  ASSERT_EQ(::symlink(theirs.c_str(), name.c_str()), 0);
+  ASSERT_TRUE(ClaimFileAs(dir, "nopfs_7.prom", kOtherUid, kOtherUid).ok());
+  check();
+  ASSERT_EQ(::unlink(name.c_str()), 0);
+  ASSERT_EQ(::mkdir(name.c_str(), 0755), 0);
+  Write(name + "/inside", "x");
+  ASSERT_EQ(::symlink(theirs.c_str(), (name + "/link").c_str()), 0);
+  ASSERT_TRUE(ClaimFileAs(dir, "nopfs_7.prom", kOtherUid, kOtherUid).ok());
+  check();
+  // The temporary name planted as a link too.
+  ASSERT_EQ(::symlink(theirs.c_str(),
+                      (dir + "/.nopfs_7.prom.nopfs-job." + std::to_string(::getpid())).c_str()),
+            0);
+  ASSERT_TRUE(ClaimFileAs(dir, "nopfs_7.prom", kOtherUid, kOtherUid).ok());
+  check();
+  EXPECT_FALSE(ClaimFileAs(dir, "../x", kOtherUid, kOtherUid).ok());
+}
+
 pid_t Spin(const char* argv0) {
   const pid_t p = ::fork();
   if (p == 0) {

@@ -696,10 +696,22 @@ int Prolog(const Job& job, const char* self) {
   // Releases the reservation of a job that gets no cache after all.
   auto release = [&] {
     (void)RemoveSsd(ssd_paths, job.job_id, job.uid, job.node_index);
+    if (!entry.metrics_dir.empty())
+      (void)RemoveBelow(entry.metrics_dir, launch::MetricsFileName(dargs.job_id));
     if (Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s); l.ok()) {
       (void)l->Remove(job.job_id);
     }
   };
+  // The metrics file's name is the user's before nopfsd starts: in the sticky metrics directory
+  // another user could otherwise hold it and stand in for the job's figures (docs/security.md).
+  if (!entry.metrics_dir.empty()) {
+    if (Status s =
+            ClaimFileAs(entry.metrics_dir, launch::MetricsFileName(dargs.job_id), job.uid, job.gid);
+        !s.ok()) {
+      std::printf("%smetrics: %s (the job goes on; nopfsd may not write its metrics)\n",
+                  where.c_str(), s.message().c_str());
+    }
+  }
   Result<pid_t> started = StartNopfsd(job, DaemonPath(job, self), dargs, entry);
   if (!started.ok()) {
     WriteStatus(job, launch::kFailedName, where + started.status().message());

@@ -1,6 +1,7 @@
 #include "service/daemon/metrics.h"
 
 #include <fcntl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -189,10 +190,22 @@ MetricsWriter::MetricsWriter(std::string dir, MetricsLabels labels)
 
 Status MetricsWriter::Write(const report::StatusReport& r) {
   const std::string text = RenderMetrics(r, labels_);
-  // Hidden and without the .prom suffix: the collector reads *.prom only.
-  const std::string tmp =
-      dir_ + "/." + MetricsFileName(labels_.job) + "." + std::to_string(::getpid()) + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+  // Hidden and without the .prom suffix: the collector reads *.prom only. A fresh random name
+  // each time, made with O_EXCL: in the sticky directory another user can take a name that can
+  // be predicted (a link, a file nopfsd could write but never rename or remove), never this one.
+  std::string tmp;
+  int fd = -1;
+  for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
+    uint64_t nonce = 0;
+    if (::getrandom(&nonce, sizeof nonce, 0) != static_cast<ssize_t>(sizeof nonce)) {
+      return Status::FromErrno(errno, "metrics: getrandom");
+    }
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016" PRIx64, nonce);
+    tmp = dir_ + "/." + MetricsFileName(labels_.job) + "." + hex + ".tmp";
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   if (fd < 0) return Status::FromErrno(errno, "metrics: creating " + tmp);
   size_t done = 0;
   while (done < text.size()) {

@@ -1,7 +1,7 @@
 // Metrics: nopfsd's status in the Prometheus text exposition format, written for node_exporter's
 // textfile collector (docs/admin.md, "Metrics"). The file is `<dir>/nopfs_<job>.prom`, replaced
-// atomically (written to a hidden temporary file in the same directory, then renamed), so the
-// collector never reads half a file; the epilog removes it.
+// atomically (written to a hidden temporary file of a fresh random name, made with O_EXCL, in the
+// same directory, then renamed), so the collector never reads half a file; the epilog removes it.
 //
 // Every series carries the labels job, user and node; the names and their meaning are in
 // docs/admin.md. The stall is a Prometheus histogram (_bucket, _sum, _count) in seconds.
