@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <string>
 
@@ -324,9 +325,18 @@ TEST(KeepTest, Lifetimes) {
   }
 }
 
-TEST(KeepTest, ShippedPolicy) {
+TEST(KeepTest, ShippedPolicyKeepsNothingUntilTheAdminSetsTheShare) {
   const std::string path = std::string(NOPFS_SOURCE_DIR) + "/contrib/config/policy.lua";
   Result<KeepGrant> g = Keep(path, Config(), Alice(), Node());
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  EXPECT_EQ(g->quota, 0u);
+  // The one line its comment says to change.
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string off = "local keep_share = nil";
+  ASSERT_NE(text.find(off), std::string::npos);
+  text.replace(text.find(off), off.size(), "local keep_share = 10");
+  g = KeepWithPolicyText(text, "policy.lua", Config(), Alice(), Node());
   ASSERT_TRUE(g.ok()) << g.status().message();
   EXPECT_EQ(g->quota, 100 * kGB);  // a tenth of the node's SSD
   EXPECT_EQ(g->lifetime, 7 * 86400);

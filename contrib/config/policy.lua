@@ -25,8 +25,11 @@ function admit(job, node)
 end
 
 -- Keeping: how much of a user's SSD tier may stay on a node after the job for the user's next
--- job on the same dataset (docs/admin.md, "Kept datasets"). Without this function nothing is
--- kept. Return { quota = SIZE, lifetime = SECONDS or "7d" } or nil.
+-- job on the same dataset (docs/admin.md, "Kept datasets"). Return { quota = SIZE, lifetime =
+-- SECONDS or "7d" }, or nil to keep nothing (a job then leaves nothing on the node). Shipped off:
+-- set keep_share to let every user keep that share of the node's SSD for a week (10: a tenth).
+local keep_share = nil
 function keep(user, node)
-  return { quota = node.ssd_total // 10, lifetime = "7d" }
+  if not keep_share then return nil end
+  return { quota = node.ssd_total // keep_share, lifetime = "7d" }
 end
