@@ -382,6 +382,13 @@ std::string RenderRunSummary(const StatusReport& r) {
   std::snprintf(buf, sizeof buf, "pfs read in all (prefetch included): %s\n",
                 Bytes(r.pfs_bytes).c_str());
   out += buf;
+  if (r.kept && (r.kept->adopted_samples > 0 || r.kept->adopt_rejected_samples > 0)) {
+    std::snprintf(buf, sizeof buf,
+                  "adopted from the kept copy: %" PRIu64 " samples, %s (%" PRIu64 " rejected)\n",
+                  r.kept->adopted_samples, Bytes(r.kept->adopted_bytes).c_str(),
+                  r.kept->adopt_rejected_samples);
+    out += buf;
+  }
   std::snprintf(buf, sizeof buf, "stall: total %s, median %s, p99 %s over %" PRIu64 " reads\n",
                 FormatSeconds(Sec(r.stall.total_ns)).c_str(),
                 FormatSeconds(Sec(r.stall.median_ns)).c_str(),

@@ -372,6 +372,8 @@ Result<KeepResult> KeepSsdTier(const KeepOptions& o, SsdTier& tier, const Catalo
   }
 
   // The data files that hold kept samples move into the entry; the rest of each is punched out.
+  // No chunk may be preallocated behind the punching.
+  tier.StopPreallocation();
   std::vector<std::string> names;
   bool punch_refused = false;
   for (uint32_t f = 0; f < layout.file_count(); ++f) {

@@ -327,6 +327,11 @@ void SsdTier::WaitPreallocated() {
   if (allocator_.joinable()) allocator_.join();
 }
 
+void SsdTier::StopPreallocation() {
+  stop_alloc_.store(true, std::memory_order_relaxed);
+  if (allocator_.joinable()) allocator_.join();
+}
+
 Status SsdTier::OpenFiles(bool direct_io) {
   direct_ = direct_io;
   for (uint32_t i = 0; i < layout_.file_count(); ++i) {

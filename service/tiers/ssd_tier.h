@@ -90,6 +90,9 @@ class SsdTier final : public Tier {
   uint64_t allocated_bytes() const { return allocated_bytes_.load(std::memory_order_relaxed); }
   // Waits until the background preallocation has finished (tests, benchmarks).
   void WaitPreallocated();
+  // Stops the background preallocation (chunks not reached stay unallocated) and joins it: the
+  // kept area (service/reader/kept.h) takes the data files as they are. Idempotent.
+  void StopPreallocation();
 
   static constexpr uint64_t kAllocChunk = uint64_t{64} << 20;
 

@@ -147,8 +147,9 @@ class KeepTest(unittest.TestCase):
         self.assertEqual(first["adopted_samples"], 0)
         kept = self.the_kept_dir()
         self.assertEqual(len(self.kept_index(kept)), self.files)
-        _, second, _ = self.run_job(self.keep_bin)
+        p, second, _ = self.run_job(self.keep_bin)
         self.assertLessEqual(second["pfs_bytes"], 0.05 * first["pfs_bytes"], second)
+        self.assertIn(f"adopted from the kept copy: {self.files} samples", p.stdout)
         self.assertEqual(second["adopted_samples"], self.files, second)
         self.assertEqual(second["adopted_bytes"], self.total, second)
         self.assertEqual(second["adopt_rejected_samples"], 0, second)
@@ -157,7 +158,6 @@ class KeepTest(unittest.TestCase):
         self.assertEqual(len(self.kept_index(kept)), self.files)
         log = self.log(os.path.join(self.work, "run2"))
         self.assertRegex(log, rf"kept area: kept {self.files} samples")
-        # The text status says the same.
         self.assertEqual(second["kept_bytes"], 0)  # only known at exit
 
     def test_a_file_rewritten_between_runs_is_read_again(self):
