@@ -134,9 +134,11 @@ class FolderWalk {
   void StatNames(const std::string& dir, const std::string& rel_prefix, int64_t label,
                  const Ancestors& ancestors, const std::vector<std::string>& names) {
     std::vector<Sample> found;
-    for (const std::string& name : names) {
+    const std::vector<nopfs::Result<FileStat>> stats = env_->StatNames(dir, names);
+    for (size_t i = 0; i < names.size(); ++i) {
+      const std::string& name = names[i];
       const std::string path = dir + "/" + name;
-      nopfs::Result<FileStat> st = env_->Stat(path);
+      const nopfs::Result<FileStat>& st = stats[i];
       if (!st.ok()) {
         // Gone since the listing, or a dangling symbolic link: not part of the dataset.
         if (st.status().code() == StatusCode::kNotFound) continue;
@@ -318,14 +320,15 @@ nopfs::Result<ScanResult> ScanImageFolder(const std::string& root, Env* env, uin
   }
   std::vector<char> is_dir(visible.size(), 0);
   std::vector<Status> errors(visible.size());
-  ParallelFor(visible.size(), threads, [&](uint64_t i) {
-    nopfs::Result<FileStat> st = env->Stat(root + "/" + visible[i]);
+  const std::vector<nopfs::Result<FileStat>> stats = env->StatNames(root, visible);
+  for (size_t i = 0; i < visible.size(); ++i) {
+    const nopfs::Result<FileStat>& st = stats[i];
     if (st.ok()) {
       is_dir[i] = st->is_dir ? 1 : 0;
     } else if (st.status().code() != StatusCode::kNotFound) {
       errors[i] = st.status().WithContext("scanning the dataset");
     }
-  });
+  }
   for (const Status& e : errors)
     NOPFS_RETURN_IF_ERROR(e);
   for (size_t i = 0; i < visible.size(); ++i) {
