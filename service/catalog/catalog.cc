@@ -140,6 +140,13 @@ Status OpenAlone(const CatalogOptions& options, Env* env, const store::LoadReque
   return StoreScan(options, s, tmp_parent, scan_start, *scanned, out);
 }
 
+// What this node's relative paths are relative to: the ImageFolder root, or the manifest's
+// directory (as the scan sets ScanResult::root).
+std::string OwnRoot(const store::LoadRequest& s) {
+  if (s.kind == codec::DatasetKind::kImageFolder) return s.real;
+  return fs::path(s.real).parent_path().string();
+}
+
 // One scan shared by the job's nodes (catalog_share.h). An error with *fatal set is the dataset's
 // (this node would meet it alone too); any other error means: scan alone.
 Status OpenShared(const CatalogOptions& options, Env* env, const store::LoadRequest& s,
@@ -191,13 +198,15 @@ Status OpenShared(const CatalogOptions& options, Env* env, const store::LoadRequ
     if (!decoded.ok()) return decoded.status().WithContext("catalog from node 0");
     lead = std::move(*decoded);
   }
-  out->reason = lead.reason;
+  out->reason = options.node == 0 ? lead.reason : "node 0: " + lead.reason;
   switch (lead.kind) {
     case share::LeadKind::kHit:
       out->contents = std::move(lead.contents);
       if (options.node == 0) {
         out->db_path = s.entry;
       } else {
+        // Relative paths from node 0, the root as this node sees the dataset.
+        out->contents.root = OwnRoot(s);
         out->fingerprint = store::ComputeFingerprint(out->contents);
       }
       out->reused = true;
@@ -206,6 +215,7 @@ Status OpenShared(const CatalogOptions& options, Env* env, const store::LoadRequ
       if (lead.scanned.kind != s.kind) {
         return Status::InvalidArgument("node 0 parsed a manifest, this node sees a directory");
       }
+      lead.scanned.root = OwnRoot(s);
       *fatal = true;  // from here on, errors are this node's own
       return StoreScan(options, s, tmp_parent, scan_start, lead.scanned, out);
     case share::LeadKind::kMiss:
