@@ -1,4 +1,4 @@
-// One dataset scan per job (see catalog_share.h and docs/wire.md, "Catalog share").
+// One dataset scan per job (see catalog_share.h and docs/catalog.md, "One scan per job").
 #include "service/catalog/catalog_share.h"
 
 #include <algorithm>

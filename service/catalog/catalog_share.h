@@ -1,7 +1,7 @@
 // One dataset scan per job: the messages the nodes of a job exchange to build one catalog, and the
 // all-gather that carries them over the job's collective exchange rounds (CatalogOptions::exchange,
 // PeerLink::Exchange in nopfsd). Internal to the catalog (service/catalog/catalog.cc);
-// docs/catalog.md describes the protocol and docs/wire.md the bytes.
+// docs/catalog.md ("One scan per job") describes the protocol and the bytes.
 //
 //   1. node 0 consults the catalog cache and sends a Lead to every node: kHit with the cached
 //      catalog, kMiss with the listing of the ImageFolder root (the class directories), or
