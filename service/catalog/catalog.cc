@@ -166,7 +166,8 @@ Status OpenShared(const CatalogOptions& options, Env* env, const store::LoadRequ
       lead.reason = RescanReason(user_dir, fresh, s.entry);
       if (s.kind == codec::DatasetKind::kImageFolder) {
         lead.kind = share::LeadKind::kMiss;
-        Result<scan::RootListing> listing = scan::ListImageFolderRoot(s.real, env);
+        Result<scan::RootListing> listing =
+            scan::ListImageFolderRoot(s.real, env, options.scan_threads);
         if (listing.ok()) {
           lead.listing = std::move(*listing);
         } else {
@@ -188,16 +189,45 @@ Status OpenShared(const CatalogOptions& options, Env* env, const store::LoadRequ
   }
   Result<std::vector<std::vector<std::byte>>> got =
       share::AllGather(options.exchange, options.nodes, &round, std::move(mine));
+  Status lead_status;  // why this node has no lead it can use
   if (!own_error.ok()) {
-    *fatal = true;
+    lead_status = own_error;
+  } else if (!got.ok()) {
+    lead_status = got.status().WithContext("catalog from node 0");
+  } else if (options.node != 0) {
+    Result<share::Lead> decoded = share::DecodeLead((*got)[0]);
+    if (decoded.ok()) {
+      lead = std::move(*decoded);
+    } else {
+      lead_status = decoded.status().WithContext("catalog from node 0");
+    }
+  }
+  if (lead_status.ok() && lead.kind == share::LeadKind::kScanned && s.kind != lead.scanned.kind) {
+    lead_status = Status::InvalidArgument("node 0 parsed a manifest, this node sees a directory");
+  }
+  if (lead_status.ok() && lead.kind == share::LeadKind::kMiss &&
+      s.kind != codec::DatasetKind::kImageFolder) {
+    lead_status = Status::InvalidArgument("node 0 listed a directory, this node sees a manifest");
+  }
+
+  // The second round, which every node runs whatever happened in the first, so that no node waits
+  // for a round that another skipped (a node that started late may hold node 0's lead while node
+  // 0 gave up on it): after a miss, each node's part of the walk (the classes whose label % nodes
+  // is its index); an empty buffer says "no part from me" and makes the others scan alone.
+  Result<scan::ClassesPart> part = Status::FailedPrecondition("no share of the walk");
+  if (lead_status.ok() && lead.kind == share::LeadKind::kMiss) {
+    const std::vector<uint32_t> labels =
+        share::ClassesOf(options.node, options.nodes, lead.listing.class_names.size());
+    part = scan::WalkClasses(s.real, lead.listing, labels, env, options.scan_threads);
+  }
+  got = share::AllGather(options.exchange, options.nodes, &round,
+                         part.ok() ? share::EncodePart(*part) : std::vector<std::byte>());
+  if (!own_error.ok()) {
+    *fatal = true;  // the dataset's error: alone, this node would meet it again
     return own_error;
   }
-  if (!got.ok()) return got.status().WithContext("catalog from node 0");
-  if (options.node != 0) {
-    Result<share::Lead> decoded = share::DecodeLead((*got)[0]);
-    if (!decoded.ok()) return decoded.status().WithContext("catalog from node 0");
-    lead = std::move(*decoded);
-  }
+  if (!lead_status.ok()) return lead_status;
+
   out->reason = options.node == 0 ? lead.reason : "node 0: " + lead.reason;
   switch (lead.kind) {
     case share::LeadKind::kHit:
@@ -212,26 +242,12 @@ Status OpenShared(const CatalogOptions& options, Env* env, const store::LoadRequ
       out->reused = true;
       return Status::Ok();
     case share::LeadKind::kScanned:
-      if (lead.scanned.kind != s.kind) {
-        return Status::InvalidArgument("node 0 parsed a manifest, this node sees a directory");
-      }
       lead.scanned.root = OwnRoot(s);
       *fatal = true;  // from here on, errors are this node's own
       return StoreScan(options, s, tmp_parent, scan_start, lead.scanned, out);
     case share::LeadKind::kMiss:
       break;
   }
-  if (s.kind != codec::DatasetKind::kImageFolder) {
-    return Status::InvalidArgument("node 0 listed a directory, this node sees a manifest");
-  }
-  // Each node walks its share of the classes; a failed walk sends an empty part, which the others
-  // cannot decode: they scan alone, and this node reports its error.
-  const std::vector<uint32_t> labels =
-      share::ClassesOf(options.node, options.nodes, lead.listing.class_names.size());
-  Result<scan::ClassesPart> part =
-      scan::WalkClasses(s.real, lead.listing, labels, env, options.scan_threads);
-  got = share::AllGather(options.exchange, options.nodes, &round,
-                         part.ok() ? share::EncodePart(*part) : std::vector<std::byte>());
   if (!part.ok()) {
     *fatal = true;
     return part.status();

@@ -306,7 +306,8 @@ void ParallelFor(uint64_t n, uint32_t threads, const std::function<void(uint64_t
     t.join();
 }
 
-nopfs::Result<RootListing> ListImageFolderRoot(const std::string& root, Env* env) {
+nopfs::Result<RootListing> ListImageFolderRoot(const std::string& root, Env* env,
+                                               uint32_t threads) {
   RootListing out;
   nopfs::Result<FileStat> root_st = env->Stat(root);
   if (!root_st.ok()) return root_st.status().WithContext("scanning the dataset");
@@ -317,7 +318,18 @@ nopfs::Result<RootListing> ListImageFolderRoot(const std::string& root, Env* env
   for (auto& n : *names) {
     if (!Hidden(n)) visible.push_back(std::move(n));
   }
-  const std::vector<nopfs::Result<FileStat>> stats = env->StatNames(root, visible);
+  // The entries in chunks, the chunks on `threads` threads.
+  constexpr size_t kRootChunk = 64;
+  std::vector<nopfs::Result<FileStat>> stats(visible.size(), Status::Internal("not stat'ed"));
+  ParallelFor((visible.size() + kRootChunk - 1) / kRootChunk, threads, [&](uint64_t c) {
+    const size_t begin = c * kRootChunk;
+    const size_t end = std::min(visible.size(), begin + kRootChunk);
+    std::vector<std::string> chunk(visible.begin() + static_cast<std::ptrdiff_t>(begin),
+                                   visible.begin() + static_cast<std::ptrdiff_t>(end));
+    std::vector<nopfs::Result<FileStat>> got = env->StatNames(root, chunk);
+    for (size_t i = begin; i < end; ++i)
+      stats[i] = std::move(got[i - begin]);
+  });
   for (size_t i = 0; i < visible.size(); ++i) {
     const nopfs::Result<FileStat>& st = stats[i];
     if (st.ok()) {
@@ -383,7 +395,7 @@ nopfs::Result<ScanResult> AssembleImageFolder(const std::string& root, RootListi
 }
 
 nopfs::Result<ScanResult> ScanImageFolder(const std::string& root, Env* env, uint32_t threads) {
-  nopfs::Result<RootListing> listing = ListImageFolderRoot(root, env);
+  nopfs::Result<RootListing> listing = ListImageFolderRoot(root, env, threads);
   if (!listing.ok()) return listing.status();
   std::vector<uint32_t> labels(listing->class_names.size());
   for (size_t i = 0; i < labels.size(); ++i)

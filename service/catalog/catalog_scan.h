@@ -55,8 +55,9 @@ struct ClassesPart {
   std::vector<Sample> samples;     // in no particular order
   std::vector<StampEntry> stamps;  // the directories walked, in no particular order
 };
-// Stats and lists `root` and stats its entries: the class directories.
-nopfs::Result<RootListing> ListImageFolderRoot(const std::string& root, Env* env);
+// Stats and lists `root` and stats its entries (on up to `threads` threads): the class
+// directories.
+nopfs::Result<RootListing> ListImageFolderRoot(const std::string& root, Env* env, uint32_t threads);
 // Walks the class directories of `labels` (indexes into listing.class_names).
 nopfs::Result<ClassesPart> WalkClasses(const std::string& root, const RootListing& listing,
                                        const std::vector<uint32_t>& labels, Env* env,

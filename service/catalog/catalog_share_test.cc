@@ -31,14 +31,15 @@ using Buffers = std::vector<std::vector<std::byte>>;
 // The collective round among `nodes` in-process nodes.
 class LocalRounds {
  public:
-  explicit LocalRounds(uint32_t nodes) : nodes_(nodes) {}
+  explicit LocalRounds(uint32_t nodes, std::chrono::milliseconds timeout = std::chrono::seconds(20))
+      : nodes_(nodes), timeout_(timeout) {}
 
   Result<Buffers> Exchange(uint32_t node, uint64_t round, Buffers out) {
     MutexLock lock(&mu_);
     ++rounds_[node];
     sent_[{round, node}] = std::move(out);
     cv_.SignalAll();
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
     Buffers in(nodes_);
     for (uint32_t k = 0; k < nodes_; ++k) {
       while (sent_.count({round, k}) == 0 && dead_.count(k) == 0) {
@@ -69,6 +70,7 @@ class LocalRounds {
 
  private:
   const uint32_t nodes_;
+  const std::chrono::milliseconds timeout_;
   Mutex mu_;
   CondVar cv_;
   std::map<std::pair<uint64_t, uint32_t>, Buffers> sent_ GUARDED_BY(mu_);
@@ -139,10 +141,12 @@ class CatalogShareTest : public ::testing::Test {
 
   // Opens the catalog on `nodes` nodes at once; `hook(node, round)` may kill a node before it
   // sends a round (returns false to make that node's exchange fail as a dead node's would).
-  std::vector<NodeResult> OpenOnNodes(uint32_t nodes, const std::string& dataset, bool cached,
-                                      const std::function<bool(uint32_t, uint64_t)>& hook = {}) {
+  std::vector<NodeResult> OpenOnNodes(
+      uint32_t nodes, const std::string& dataset, bool cached,
+      const std::function<bool(uint32_t, uint64_t)>& hook = {},
+      std::chrono::milliseconds round_timeout = std::chrono::seconds(20)) {
     ++run_;  // a fresh work directory per node: each run finds no catalog of an earlier one
-    LocalRounds rounds(nodes);
+    LocalRounds rounds(nodes, round_timeout);
     std::vector<NodeResult> results(nodes);
     std::vector<std::thread> threads;
     for (uint32_t n = 0; n < nodes; ++n) {
@@ -264,6 +268,32 @@ TEST_F(CatalogShareTest, APeerDyingMidScanLeavesTheOthersScanningAlone) {
         << r[n].catalog->share_note();
     ExpectSame(*r[n].catalog, *alone.catalog);
   }
+}
+
+TEST_F(CatalogShareTest, ANodeStartingLateMakesNoOneWaitForARoundOthersSkipped) {
+  MakeImageFolder();
+  NodeResult alone = OpenAlone(data_);
+  ASSERT_TRUE(alone.status.ok());
+  // Node 1 joins the first round after node 0 gave up on it (rounds time out after 1 s); it
+  // still finds node 0's lead, walks its share, and learns in the second round that node 0 has
+  // no part: both scan alone, neither waits for a round the other skipped.
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<NodeResult> r = OpenOnNodes(
+      2, data_, /*cached=*/false,
+      [](uint32_t node, uint64_t round) {
+        if (node == 1 && round == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        return true;
+      },
+      std::chrono::milliseconds(1000));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (uint32_t n = 0; n < 2; ++n) {
+    ASSERT_TRUE(r[n].status.ok()) << r[n].status.message();
+    EXPECT_EQ(r[n].catalog->share_note().rfind("alone: ", 0), 0u) << r[n].catalog->share_note();
+    ExpectSame(*r[n].catalog, *alone.catalog);
+  }
+  EXPECT_NE(r[0].catalog->share_note().find("nothing from node 1"), std::string::npos)
+      << r[0].catalog->share_note();
+  EXPECT_LT(secs, 1.5 + 1.0 + 5.0);  // no second timeout on top of the first
 }
 
 TEST_F(CatalogShareTest, ManifestIsScannedByNodeZeroAndShared) {
