@@ -553,7 +553,8 @@ class FabricTest(unittest.TestCase):
     @staticmethod
     def pfs_counters(mnt):
         with open(os.path.join(mnt, ".pfsemu_stats")) as fh:
-            return {k: int(v) for k, v in (line.split() for line in fh) if v.isdigit()}
+            fields = (line.split() for line in fh)
+            return {f[0]: int(f[1]) for f in fields if len(f) == 2 and f[1].isdigit()}
 
     @staticmethod
     def catalog_lines(log):
