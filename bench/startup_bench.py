@@ -85,7 +85,8 @@ def run_job(nopfs_bin, mnt, nodes, conf, work):
     os.chmod(run_parent, 0o755)
     shutil.chown(run_parent, "nobody", "nogroup")
     marks = os.path.join(run_parent, "marks")
-    os.mkdir(marks, 0o777)
+    os.mkdir(marks)
+    os.chmod(marks, 0o777)
     rank_cmd = (f"{os.path.join(nopfs_bin, 'nopfs')} cat --count 1 >/dev/null && "
                 f"date +%s.%N > {marks}/first-$NOPFS_RANK")
     before = counters(mnt)
