@@ -108,6 +108,19 @@ int RunConfig(const ConfigFlags& f) {
   std::printf("admit: ram %s, ssd %s%s%s\n", FormatBytes(static_cast<double>(a->ram)).c_str(),
               FormatBytes(static_cast<double>(a->ssd)).c_str(), a->reason.empty() ? "" : " (",
               a->reason.empty() ? "" : (a->reason + ")").c_str());
+  lua::KeepUser user;
+  user.uid = f.uid;
+  user.name = f.user;
+  Result<lua::KeepGrant> k = lua::Keep(f.policy, *config, user, node);
+  if (!k.ok()) return Fail(k.status());
+  if (k->quota == 0) {
+    std::printf("keep: nothing (the policy's keep(user, node) grants no quota)\n");
+  } else {
+    std::printf("keep: quota %s per node, lifetime %s\n",
+                FormatBytes(static_cast<double>(k->quota)).c_str(),
+                k->lifetime == 0 ? "none (until quota or space evicts)"
+                                 : (std::to_string(k->lifetime) + " s after the last use").c_str());
+  }
   return 0;
 }
 

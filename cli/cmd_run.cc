@@ -65,6 +65,8 @@ struct RunFlags {
   double start_timeout = 3600;  // seconds: a first scan of a large dataset takes a while
   double stop_timeout = 30;
   bool keep_run_dir = false;
+  bool keep = false;            // nopfsd keeps the SSD tier's samples for the next run
+  uint64_t keep_max_bytes = 0;  // 0: no limit
   bool quiet = false;
   std::vector<std::string> command;
 };
@@ -382,6 +384,8 @@ struct JobRun {
     handed_netns = true;
     dargs.dataset = dataset.string();
     dargs.job = f.job;
+    dargs.keep = f.keep;
+    dargs.keep_max_bytes = f.keep_max_bytes;
     if (!f.config.empty()) dargs.config = fs::absolute(f.config).string();
     if (f.nodes > 1) {
       Result<uint16_t> base = FreePorts(f.nodes);
@@ -693,6 +697,12 @@ void RegisterRun(CLI::App* app, int* exit_code) {
                   "Directory for nopfsd's socket and log (default: $TMPDIR/nopfs-run-UID-PID, "
                   "removed afterwards)");
   sub->add_flag("--keep-run-dir", f->keep_run_dir, "Keep the run directory (and the log)");
+  sub->add_flag("--keep", f->keep,
+                "Keep the SSD tier's samples on this machine for the next run on the dataset "
+                "(nopfs cache ls shows them)");
+  sub->add_option("--keep-max-bytes", f->keep_max_bytes,
+                  "With --keep: keep at most this many bytes (0: no limit)")
+      ->needs("--keep");
   sub->add_option("--start-timeout", f->start_timeout, "Seconds to wait for nopfsd to be ready")
       ->capture_default_str();
   sub->add_option("--stop-timeout", f->stop_timeout, "Seconds to wait for nopfsd to stop")

@@ -2,8 +2,10 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "cli/cmd_cache.h"
 #include "cli/cmd_cat.h"
 #include "cli/cmd_config.h"
+#include "cli/cmd_gc.h"
 #include "cli/cmd_plan.h"
 #include "cli/cmd_run.h"
 #include "cli/cmd_simulate.h"
@@ -24,6 +26,8 @@ int main(int argc, char** argv) {
   nopfs::cli::RegisterCat(&app, &exit_code);
   nopfs::cli::RegisterStatus(&app, &exit_code);
   nopfs::cli::RegisterSimulate(&app, &exit_code);
+  nopfs::cli::RegisterCache(&app, &exit_code);
+  nopfs::cli::RegisterGc(&app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

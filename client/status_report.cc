@@ -233,6 +233,12 @@ std::string RenderText(const StatusReport& r) {
       Line("corrupt: %" PRIu64 " tier reads failed their checksum and were refetched", r.corrupt);
   out += Line("changed: %" PRIu64 " PFS reads found a sample's file rewritten during the job",
               r.changed);
+  if (r.kept) {
+    out += Line("kept: %" PRIu64 " samples (%s) adopted from an earlier job's kept copy, %" PRIu64
+                " of its samples rejected; %s kept at exit",
+                r.kept->adopted_samples, Bytes(r.kept->adopted_bytes).c_str(),
+                r.kept->adopt_rejected_samples, Bytes(r.kept->kept_bytes).c_str());
+  }
   out += Line("stall: %" PRIu64 " reads, total %.6f s, median %.6f s, p99 %.6f s", r.stall.reads,
               Sec(r.stall.total_ns), Sec(r.stall.median_ns), Sec(r.stall.p99_ns));
   out += Line("owners: refused %" PRIu64 " opens of a rank another process had open",
@@ -294,6 +300,13 @@ std::string RenderJson(const StatusReport& r) {
               .str();
         }));
   o.U("pfs_bytes", r.pfs_bytes).U("corrupt", r.corrupt).U("changed", r.changed);
+  const auto kept = [&r](uint64_t report::Kept::*field) {
+    return r.kept ? std::to_string((*r.kept).*field) : std::string("null");
+  };
+  o.Raw("kept_bytes", kept(&report::Kept::kept_bytes))
+      .Raw("adopted_bytes", kept(&report::Kept::adopted_bytes))
+      .Raw("adopted_samples", kept(&report::Kept::adopted_samples))
+      .Raw("adopt_rejected_samples", kept(&report::Kept::adopt_rejected_samples));
   std::string hist = "[";
   for (size_t b = 0; b < kStallBuckets; ++b) {
     hist += b ? "," : "";

@@ -116,6 +116,17 @@ struct Peers {
   bool operator==(const Peers&) const = default;
 };
 
+// The kept area (docs/tiers.md): disk bytes kept at exit (0 until nopfsd stops), samples and bytes
+// taken from the copy an earlier job kept, and its samples dropped (file changed, bytes differ,
+// not in the dataset any more).
+struct Kept {
+  uint64_t kept_bytes = 0;
+  uint64_t adopted_bytes = 0;
+  uint64_t adopted_samples = 0;
+  uint64_t adopt_rejected_samples = 0;
+  bool operator==(const Kept&) const = default;
+};
+
 struct StatusReport {
   std::string job_id;
   uint32_t node = 0;
@@ -134,6 +145,7 @@ struct StatusReport {
   uint64_t pfs_bytes = 0;       // every byte read from the PFS, prefetch included
   uint64_t corrupt = 0;         // tier reads that failed their checksum and were refetched
   uint64_t changed = 0;         // PFS reads that found a sample's file rewritten
+  std::optional<Kept> kept;     // nopfsd always sets it (an optional group of the wire format)
   Stall stall;
   Refusals refusals;
   uint64_t cpu_user_ns = 0;

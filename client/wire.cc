@@ -57,6 +57,8 @@ void EncodeBody(Writer& w, const StreamOk& m) {
   if (m.region_bytes) w.U64(*m.region_bytes);
 }
 // The structured status (docs/wire.md, "Structured status"), after its u16 version.
+void EncodePeers(Writer& w, const report::Peers& p);
+
 void EncodeReport(Writer& w, const report::StatusReport& r) {
   w.Str(r.job_id);
   w.U32(r.node);
@@ -104,8 +106,16 @@ void EncodeReport(Writer& w, const report::StatusReport& r) {
     w.U64(v);
   }
   w.U8(r.peers ? 1 : 0);
-  if (!r.peers) return;
-  const report::Peers& p = *r.peers;
+  if (r.peers) EncodePeers(w, *r.peers);
+  // The kept area's group (optional and trailing; nopfsd always sends it).
+  if (r.kept) {
+    const report::Kept& k = *r.kept;
+    for (uint64_t v : {k.kept_bytes, k.adopted_bytes, k.adopted_samples, k.adopt_rejected_samples})
+      w.U64(v);
+  }
+}
+
+void EncodePeers(Writer& w, const report::Peers& p) {
   w.U32(p.node);
   w.U32(p.nodes);
   w.Str(p.state);
@@ -200,6 +210,8 @@ bool U64s(Reader& r, std::initializer_list<uint64_t*> fields) {
   return true;
 }
 
+bool DecodePeers(Reader& r, report::StatusReport* m);
+
 bool DecodeReport(Reader& r, report::StatusReport* m) {
   uint32_t n = 0;
   if (!(r.Str(&m->job_id) && r.U32(&m->node) && r.U32(&m->nodes) && r.U32(&m->pid) &&
@@ -251,7 +263,17 @@ bool DecodeReport(Reader& r, report::StatusReport* m) {
         ReadBool(r, &has_peers))) {
     return false;
   }
-  if (!has_peers) return true;
+  if (has_peers && !DecodePeers(r, m)) return false;
+  if (r.done()) return true;  // without the kept area's group
+  report::Kept k;
+  if (!U64s(r, {&k.kept_bytes, &k.adopted_bytes, &k.adopted_samples, &k.adopt_rejected_samples}))
+    return false;
+  m->kept = k;
+  return true;
+}
+
+bool DecodePeers(Reader& r, report::StatusReport* m) {
+  uint32_t n = 0;
   report::Peers p;
   if (!(r.U32(&p.node) && r.U32(&p.nodes) && r.Str(&p.state) && r.U64(&p.held_elsewhere) &&
         r.U64(&p.needed) &&

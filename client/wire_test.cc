@@ -33,6 +33,7 @@ report::StatusReport FullReport() {
   r.pfs_bytes = 77'000'000;
   r.corrupt = 1;
   r.changed = 2;
+  r.kept = report::Kept{21, 22, 23, 24};
   r.stall = {15, 1'500'000, 65'536, 1'048'576, {}};
   r.stall.histogram[0] = 4;
   r.stall.histogram[17] = 11;
@@ -129,6 +130,33 @@ TEST(Wire, OpenStreamShareIsAnOptionalTail) {
   EXPECT_FALSE(Decode(longer).ok());
 }
 
+// The report's kept-area group is an optional tail of 32 bytes: without it the report has no kept
+// figures; a partial group is malformed.
+TEST(Wire, StatusReportKeptGroupIsAnOptionalTail) {
+  const StatusOk full_msg{"", FullReport()};
+  std::vector<std::byte> full = Bytes({6, full_msg});
+  const auto payload = [](std::vector<std::byte>* b, size_t n) {
+    for (size_t i = 0; i < 4; ++i)
+      (*b)[8 + i] = static_cast<std::byte>((n >> (8 * i)) & 0xff);
+  };
+  const size_t n = full.size() - kHeaderSize;
+  std::vector<std::byte> base(full.begin(), full.end() - 32);
+  payload(&base, n - 32);
+  Result<Message> d = Decode(base);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  report::StatusReport want = FullReport();
+  want.kept.reset();
+  EXPECT_EQ(*std::get<StatusOk>(d->body).report, want);
+  Result<Message> f = Decode(full);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(std::get<StatusOk>(f->body).report->kept, (report::Kept{21, 22, 23, 24}));
+  for (size_t cut = 1; cut < 32; cut += 7) {
+    std::vector<std::byte> b(full.begin(), full.end() - static_cast<ptrdiff_t>(cut));
+    payload(&b, n - cut);
+    EXPECT_FALSE(Decode(b).ok()) << cut;
+  }
+}
+
 // The flags are a second tail of 4 bytes after the share; a flags-only message carries the
 // default share. Unknown flag bits are malformed. STREAM_OK's region size is an 8-byte tail.
 TEST(Wire, OpenStreamFlagsAndStreamOkRegionAreOptionalTails) {
@@ -199,6 +227,8 @@ TEST(Wire, StatusReportIsAnOptionalTail) {
   const std::vector<std::byte> full = Bytes({1, StatusOk{"", FullReport()}});
   ASSERT_EQ(base.size(), kHeaderSize + 4);
   for (size_t cut = 1; cut < full.size() - base.size(); ++cut) {
+    if (cut == 32)
+      continue;  // exactly the kept area's group: StatusReportKeptGroupIsAnOptionalTail
     std::vector<std::byte> b(full.begin(), full.end() - static_cast<ptrdiff_t>(cut));
     const size_t payload = b.size() - kHeaderSize;
     for (int i = 0; i < 4; ++i)

@@ -95,6 +95,9 @@ nopfs_man_page(nopfs 1 DEPENDS nopfs ${_docs}/user.md ARGS
   --help-cmd "+nopfs plan=$<TARGET_FILE:nopfs> plan --help"
   --help-cmd "+nopfs simulate=$<TARGET_FILE:nopfs> simulate --help"
   --help-cmd "+nopfs config=$<TARGET_FILE:nopfs> config --help"
+  --help-cmd "+nopfs cache ls=$<TARGET_FILE:nopfs> cache ls --help"
+  --help-cmd "+nopfs cache rm=$<TARGET_FILE:nopfs> cache rm --help"
+  --help-cmd "+nopfs gc=$<TARGET_FILE:nopfs> gc --help"
   --see-also "**nopfsd**(8), **nopfs-spank**(8), **sbatch**(1); /usr/share/doc/nopfs/docs")
 nopfs_man_page(nopfsd 8 DEPENDS nopfsd ${_docs}/service.md ARGS
   --summary "the cache service of one nopfs job on one node"
@@ -106,7 +109,7 @@ nopfs_man_page(nopfs-spank 8 DEPENDS ${_docs}/user.md ${_docs}/admin.md ARGS
   --summary "the nopfs SPANK plugin: sbatch options, plugstack.conf arguments, what a job gets"
   --synopsis "`optional` *PLUGINDIR*`/spank_nopfs.so` [*KEY*`=`*VALUE* ...]  (plugstack.conf)"
   --synopsis "`sbatch --nopfs=`*DATASET* [`--nopfs-`*OPTION*`=`*VALUE* ...] *SCRIPT*"
-  --md "${_docs}/user.md:The options,What your tasks see,Ranks,When your job gets no cache"
-  --md "${_docs}/admin.md:plugstack.conf,Peers,The node config and the policy,Reservations,What happens to a job,Logs,Troubleshooting"
+  --md "${_docs}/user.md:The options,What your tasks see,Ranks,When your job gets no cache,Kept datasets"
+  --md "${_docs}/admin.md:plugstack.conf,Peers,The node config and the policy,Reservations,Kept datasets,What happens to a job,Logs,Troubleshooting"
   --see-also "**nopfs**(1), **nopfsd**(8), **spank**(8), **slurm.conf**(5)")
 add_custom_target(nopfs_man ALL DEPENDS ${_nopfs_man_gz})

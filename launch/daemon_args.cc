@@ -32,6 +32,8 @@ std::vector<std::string> DaemonArgs::ToArgv() const {
   if (peer_timeout_ms != defaults.peer_timeout_ms) {
     add("--peer-timeout-ms", std::to_string(peer_timeout_ms));
   }
+  if (keep) a.emplace_back("--keep");
+  if (keep_max_bytes != 0) add("--keep-max-bytes", std::to_string(keep_max_bytes));
   if (ready_fd >= 0) add("--ready-fd", std::to_string(ready_fd));
   if (allow_root) a.emplace_back("--allow-root");
   return a;
@@ -62,6 +64,11 @@ void AddDaemonFlags(CLI::App* app, DaemonArgs* args) {
   app->add_option("--peer-timeout-ms", args->peer_timeout_ms,
                   "A peer silent this long is dead for the rest of the job")
       ->capture_default_str();
+  app->add_flag("--keep", args->keep,
+                "Keep the SSD tier's samples at exit for the next job on the same dataset "
+                "(docs/tiers.md, \"The kept area\")");
+  app->add_option("--keep-max-bytes", args->keep_max_bytes,
+                  "Keep at most this many bytes (0: no limit)");
   app->add_option("--ready-fd", args->ready_fd,
                   "Also say ready/failed on this inherited pipe (the launcher's)");
   app->add_flag("--allow-root", args->allow_root,

@@ -31,6 +31,10 @@ struct DaemonArgs {
   std::string peer_secret_file;
   std::string peer_provider = "tcp;ofi_rxm";
   uint32_t peer_timeout_ms = 5000;
+  // The kept area (launch/kept_area.h): keep the SSD tier's samples at exit; keep at most this
+  // many bytes (0: no limit given).
+  bool keep = false;
+  uint64_t keep_max_bytes = 0;
   int ready_fd = -1;  // an inherited pipe on which to say ready or failed (run_files.h)
   bool allow_root = false;
 

@@ -199,6 +199,8 @@ TEST(DaemonArgs, RoundTripsThroughArgv) {
   a.peer_secret_file = "/run/nopfs/n1/42/peer.secret";
   a.peer_provider = "tcp";
   a.peer_timeout_ms = 1500;
+  a.keep = true;
+  a.keep_max_bytes = 123'456'789'012;
   a.ready_fd = 3;
   a.allow_root = true;
   const DaemonArgs b = Parse(a.ToArgv());
@@ -224,6 +226,8 @@ TEST(DaemonArgs, RoundTripsThroughArgv) {
   EXPECT_EQ(b.peer_secret_file, a.peer_secret_file);
   EXPECT_EQ(b.peer_provider, "tcp");
   EXPECT_EQ(b.peer_timeout_ms, 1500u);
+  EXPECT_TRUE(b.keep);
+  EXPECT_EQ(b.keep_max_bytes, 123'456'789'012u);
   EXPECT_EQ(b.ready_fd, 3);
   EXPECT_TRUE(b.allow_root);
 }
@@ -233,8 +237,9 @@ TEST(DaemonArgs, DefaultsStayDefaults) {
   a.run_dir = "/tmp/r";
   a.dataset = "/tmp/d";
   const std::vector<std::string> argv = a.ToArgv();
-  for (const char* absent : {"--samples", "--config", "--job-id", "--ram", "--ssd", "--peers",
-                             "--ready-fd", "--allow-root", "--drop-last", "--peer-provider"}) {
+  for (const char* absent :
+       {"--samples", "--config", "--job-id", "--ram", "--ssd", "--peers", "--ready-fd",
+        "--allow-root", "--drop-last", "--peer-provider", "--keep", "--keep-max-bytes"}) {
     EXPECT_EQ(std::count(argv.begin(), argv.end(), absent), 0) << absent;
   }
   const DaemonArgs b = Parse(argv);

@@ -1,7 +1,11 @@
 #include "lua/admit.h"
 
+#include <pwd.h>
+
 #include <algorithm>
+#include <charconv>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include <lua.hpp>
@@ -61,6 +65,34 @@ void Clamp(policy::Bytes* v, policy::Bytes cap, const char* what, const char* by
       std::string(what) + " limited to " + FormatBytes(static_cast<double>(cap)) + " by " + by;
 }
 
+// Pushes the read-only `node` table of both hooks.
+void PushNode(lua_State* L, const NodeState& node) {
+  lua_newtable(L);
+  SetStr(L, "name", node.name);
+  SetInt(L, "ram_total", node.ram_total);
+  SetInt(L, "ssd_total", node.ssd_total);
+  SetInt(L, "ram_reserved", node.ram_reserved);
+  SetInt(L, "ssd_reserved", node.ssd_reserved);
+  SetInt(L, "ram_free", Free(node.ram_total, node.ram_reserved));
+  SetInt(L, "ssd_free", Free(node.ssd_total, node.ssd_reserved));
+  SetInt(L, "ssd_kept", node.ssd_kept);
+  SetInt(L, "jobs", node.jobs);
+  MakeReadOnly(L);
+}
+
+// Reads the policy file at `path` (not empty).
+Result<std::string> ReadPolicy(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::FromErrno(errno, "policy " + path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (text.str().empty()) {
+    return Status::InvalidArgument("policy " + path +
+                                   ": is empty; define function admit(job, node)");
+  }
+  return text.str();
+}
+
 }  // namespace
 
 Result<Admission> AdmitWithPolicyText(std::string_view policy_text, std::string_view name,
@@ -110,16 +142,7 @@ Result<Admission> AdmitWithPolicyText(std::string_view policy_text, std::string_
       SetInt(L, "ssd", job.ssd);
       SetInt(L, "memory", job.memory);
       MakeReadOnly(L);
-      lua_newtable(L);
-      SetStr(L, "name", node.name);
-      SetInt(L, "ram_total", node.ram_total);
-      SetInt(L, "ssd_total", node.ssd_total);
-      SetInt(L, "ram_reserved", node.ram_reserved);
-      SetInt(L, "ssd_reserved", node.ssd_reserved);
-      SetInt(L, "ram_free", ram_free);
-      SetInt(L, "ssd_free", ssd_free);
-      SetInt(L, "jobs", node.jobs);
-      MakeReadOnly(L);
+      PushNode(L, node);
       NOPFS_RETURN_IF_ERROR(state.Call(2, 2, std::string(name) + ": admit()"));
       const std::string where = std::string(name) + ": admit() returned";
       if (lua_isnil(L, -2) || (lua_isboolean(L, -2) && !lua_toboolean(L, -2))) {
@@ -160,15 +183,115 @@ Result<Admission> AdmitWithPolicyText(std::string_view policy_text, std::string_
 Result<Admission> Admit(const std::string& policy_path, const NodeConfig& config,
                         const JobRequest& job, const NodeState& node, const LuaLimits& limits) {
   if (policy_path.empty()) return AdmitWithPolicyText("", "", config, job, node, limits);
-  std::ifstream in(policy_path, std::ios::binary);
-  if (!in) return Status::FromErrno(errno, "policy " + policy_path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (text.str().empty()) {
-    return Status::InvalidArgument("policy " + policy_path +
-                                   ": is empty; define function admit(job, node)");
+  Result<std::string> text = ReadPolicy(policy_path);
+  if (!text.ok()) return text.status();
+  return AdmitWithPolicyText(*text, policy_path, config, job, node, limits);
+}
+
+Result<int64_t> ParseLifetime(std::string_view text) {
+  const std::string shown(text.substr(0, 40));
+  size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9')
+    ++digits;
+  const std::string_view unit = text.substr(digits);
+  int64_t scale = 0;
+  if (unit.empty() || unit == "s") scale = 1;
+  if (unit == "m") scale = 60;
+  if (unit == "h") scale = 3600;
+  if (unit == "d") scale = 86400;
+  int64_t v = 0;
+  const auto r = std::from_chars(text.data(), text.data() + digits, v);
+  if (digits == 0 || scale == 0 || r.ec != std::errc() || v > INT64_MAX / scale / 2) {
+    return Status::InvalidArgument("lifetime '" + shown +
+                                   "': write whole seconds or a number with s, m, h or d, e.g. "
+                                   "\"12h\" or \"7d\"");
   }
-  return AdmitWithPolicyText(text.str(), policy_path, config, job, node, limits);
+  return v * scale;
+}
+
+Result<KeepGrant> KeepWithPolicyText(std::string_view policy_text, std::string_view name,
+                                     const NodeConfig& /*config*/, const KeepUser& user,
+                                     const NodeState& node, const LuaLimits& limits) {
+  KeepGrant none;
+  if (policy_text.empty()) return none;
+  LuaState state(limits);
+  lua_State* L = state.get();
+  lua_pushcfunction(L, SizeFn);
+  lua_setglobal(L, "size");
+  NOPFS_RETURN_IF_ERROR(state.RunString(policy_text, name));
+  if (const int type = lua_getglobal(L, "keep"); type != LUA_TFUNCTION) {
+    if (type == LUA_TNIL) return none;  // no keep hook: nothing is kept
+    return Status::InvalidArgument(std::string(name) + ": the global keep is a " +
+                                   lua_typename(L, type) +
+                                   "; define function keep(user, node), or leave keep unset");
+  }
+  lua_newtable(L);
+  SetInt(L, "uid", user.uid);
+  SetInt(L, "gid", user.gid);
+  SetStr(L, "name", user.name);
+  MakeReadOnly(L);
+  PushNode(L, node);
+  NOPFS_RETURN_IF_ERROR(state.Call(2, 1, std::string(name) + ": keep()"));
+  const std::string where = std::string(name) + ": keep() returned";
+  if (lua_isnil(L, -1) || (lua_isboolean(L, -1) && !lua_toboolean(L, -1))) return none;
+  if (!lua_istable(L, -1)) {
+    return Status::InvalidArgument(where + " a " + std::string(luaL_typename(L, -1)) +
+                                   "; return { quota = SIZE, lifetime = SECONDS } or nil");
+  }
+  NOPFS_RETURN_IF_ERROR(internal::CheckKeys(L, -1, {"quota", "lifetime"}, where));
+  KeepGrant g;
+  if (lua_getfield(L, -1, "quota") != LUA_TNIL) {
+    Result<uint64_t> v = internal::ReadSize(L, -1, where + " quota");
+    if (!v.ok()) return v.status();
+    g.quota = *v;
+  }
+  lua_pop(L, 1);
+  const int type = lua_getfield(L, -1, "lifetime");
+  if (type == LUA_TNUMBER && lua_isinteger(L, -1) && lua_tointeger(L, -1) >= 0) {
+    g.lifetime = static_cast<int64_t>(lua_tointeger(L, -1));
+  } else if (type == LUA_TSTRING) {
+    Result<int64_t> v = ParseLifetime(lua_tostring(L, -1));
+    if (!v.ok()) return Status::InvalidArgument(where + " " + v.status().message());
+    g.lifetime = *v;
+  } else if (type != LUA_TNIL) {
+    return Status::InvalidArgument(where + " lifetime as a " + std::string(luaL_typename(L, -1)) +
+                                   "; write whole seconds or a string such as \"7d\"");
+  }
+  lua_pop(L, 1);
+  return g;
+}
+
+Result<KeepGrant> Keep(const std::string& policy_path, const NodeConfig& config,
+                       const KeepUser& user, const NodeState& node, const LuaLimits& limits) {
+  if (policy_path.empty()) return KeepGrant{};
+  Result<std::string> text = ReadPolicy(policy_path);
+  if (!text.ok()) return text.status();
+  return KeepWithPolicyText(*text, policy_path, config, user, node, limits);
+}
+
+KeepGrant KeepGrants::For(uint32_t uid) {
+  if (auto it = grants_.find(uid); it != grants_.end()) return it->second.first;
+  KeepUser user;
+  user.uid = uid;
+  if (const passwd* pw = ::getpwuid(uid); pw != nullptr) {
+    user.gid = pw->pw_gid;
+    user.name = pw->pw_name;
+  }
+  Result<KeepGrant> g = Keep(policy_, config_, user, node_);
+  if (g.ok()) {
+    grants_[uid] = {*g, false};
+    return *g;
+  }
+  errors_.push_back("keep policy for uid " + std::to_string(uid) + ": " + g.status().message());
+  KeepGrant unlimited;
+  unlimited.quota = std::numeric_limits<policy::Bytes>::max();
+  grants_[uid] = {unlimited, true};
+  return unlimited;
+}
+
+bool KeepGrants::Failed(uint32_t uid) {
+  (void)For(uid);
+  return grants_[uid].second;
 }
 
 }  // namespace nopfs::lua

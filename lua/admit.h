@@ -27,7 +27,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "lua/config.h"
@@ -62,7 +64,9 @@ struct NodeState {
   policy::Bytes ssd_total = 0;     // the config's SSD classes
   policy::Bytes ram_reserved = 0;  // held by other nopfs jobs now
   policy::Bytes ssd_reserved = 0;
-  uint32_t jobs = 0;  // other nopfs jobs now
+  uint32_t jobs = 0;           // other nopfs jobs now
+  policy::Bytes ssd_kept = 0;  // kept datasets of every user (evicted, least recently used
+                               // first, when a job needs the space; ssd_free does not count them)
 };
 
 struct Admission {
@@ -81,5 +85,58 @@ Result<Admission> Admit(const std::string& policy_path, const NodeConfig& config
 Result<Admission> AdmitWithPolicyText(std::string_view policy_text, std::string_view name,
                                       const NodeConfig& config, const JobRequest& job,
                                       const NodeState& node, const LuaLimits& limits = {});
+
+// The keep hook of the same policy file: how much of a user's SSD tier may outlive its jobs on a
+// node (the kept area, launch/kept_area.h), asked at job start (the prolog) and by `nopfs gc`.
+//
+//   function keep(user, node)
+//     if user.name == "guest" then return nil end            -- keeps nothing
+//     return { quota = "200GB", lifetime = "7d" }
+//   end
+//
+// `user` has uid, gid and name; `node` is as for admit (gc asks with no reservations). `quota`
+// is the user's kept bytes on this node (a size); `lifetime` (seconds, or a string "90s",
+// "30m", "12h", "7d") how long a kept dataset lives after its last use (absent: until quota or
+// space evicts it). A policy without a keep function, or a hook returning nil/false, keeps
+// nothing: the default is that every job's SSD tier goes with it. Errors as for admit.
+struct KeepUser {
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  std::string name;
+};
+struct KeepGrant {
+  policy::Bytes quota = 0;  // 0: nothing may be kept
+  int64_t lifetime = 0;     // seconds after the last use; 0: no limit
+};
+Result<KeepGrant> Keep(const std::string& policy_path, const NodeConfig& config,
+                       const KeepUser& user, const NodeState& node, const LuaLimits& limits = {});
+Result<KeepGrant> KeepWithPolicyText(std::string_view policy_text, std::string_view name,
+                                     const NodeConfig& config, const KeepUser& user,
+                                     const NodeState& node, const LuaLimits& limits = {});
+// The keep hook asked once per user for the users whose kept datasets root looks at on a node
+// (the prolog, the epilog, `nopfs gc`); the user's gid and name come from the passwd database.
+// A hook that fails for a user is noted in errors() and Failed(uid) is true: the caller then
+// leaves that user's complete datasets alone (the grant returned has no quota limit and no
+// lifetime) and lets the user's job keep nothing, so that a policy error neither wipes what
+// users kept nor lets them keep more. Use from one thread.
+class KeepGrants {
+ public:
+  // `policy`: the policy file ("" = none: nothing is kept); `node`: as the hook sees it.
+  KeepGrants(std::string policy, const NodeConfig& config, NodeState node)
+      : policy_(std::move(policy)), config_(config), node_(std::move(node)) {}
+  KeepGrant For(uint32_t uid);
+  bool Failed(uint32_t uid);
+  const std::vector<std::string>& errors() const { return errors_; }
+
+ private:
+  std::string policy_;
+  const NodeConfig& config_;
+  NodeState node_;
+  std::map<uint32_t, std::pair<KeepGrant, bool>> grants_;
+  std::vector<std::string> errors_;
+};
+
+// "90", "90s", "30m", "12h", "7d" as seconds; InvalidArgument saying what to write otherwise.
+Result<int64_t> ParseLifetime(std::string_view text);
 
 }  // namespace nopfs::lua

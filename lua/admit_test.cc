@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <limits>
 #include <string>
 
 namespace nopfs::lua {
@@ -205,6 +207,129 @@ TEST(AdmitTest, ShippedPolicy) {
   Result<Admission> missing = Admit("/nonexistent/policy.lua", Config(), j, Node());
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("/nonexistent/policy.lua"), std::string::npos);
+}
+
+KeepUser Alice() {
+  return KeepUser{1000, 100, "alice"};
+}
+
+Result<KeepGrant> AskKeep(const std::string& policy, const KeepUser& user = Alice(),
+                          const NodeState& node = Node()) {
+  return KeepWithPolicyText(policy, "/etc/nopfs/policy.lua", Config(), user, node);
+}
+
+TEST(KeepTest, NoHookOrNoPolicyKeepsNothing) {
+  for (const std::string& policy :
+       {std::string(""), std::string("function admit(job, node) return {} end")}) {
+    Result<KeepGrant> g = AskKeep(policy);
+    ASSERT_TRUE(g.ok()) << g.status().message();
+    EXPECT_EQ(g->quota, 0u);
+    EXPECT_EQ(g->lifetime, 0);
+  }
+  Result<KeepGrant> g = AskKeep("function keep(user, node) return nil end");
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->quota, 0u);
+}
+
+TEST(KeepTest, HookSeesTheUserAndTheNodeAndGrantsQuotaAndLifetime) {
+  const std::string policy = R"(
+    function keep(user, node)
+      assert(user.uid == 1000 and user.gid == 100 and user.name == "alice")
+      assert(node.name == "node7" and node.ssd_total == size("1000GB"))
+      assert(node.ssd_kept == size("3GB") and node.ssd_free == size("990GB"))
+      return { quota = node.ssd_total // 10, lifetime = "7d" }
+    end
+  )";
+  NodeState n = Node(0, 10 * kGB);
+  n.ssd_kept = 3 * kGB;
+  Result<KeepGrant> g = AskKeep(policy, Alice(), n);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  EXPECT_EQ(g->quota, 100 * kGB);
+  EXPECT_EQ(g->lifetime, 7 * 86400);
+  g = AskKeep("function keep(u, n) return { quota = \"20GB\", lifetime = 3600 } end");
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  EXPECT_EQ(g->quota, 20 * kGB);
+  EXPECT_EQ(g->lifetime, 3600);
+  g = AskKeep(
+      "function keep(u, n) if u.name == 'alice' then return false end "
+      "return { quota = 1 } end");
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->quota, 0u);
+  g = AskKeep(
+      "function keep(u, n) if u.name == 'alice' then return false end "
+      "return { quota = 1 } end",
+      KeepUser{1001, 100, "bob"});
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->quota, 1u);
+}
+
+TEST(KeepTest, BadAnswersFailWithWhatToWrite) {
+  struct Case {
+    const char* policy;
+    const char* says;
+  } cases[] = {
+      {"function keep(u, n) return 5 end", "return { quota = SIZE, lifetime = SECONDS } or nil"},
+      {"function keep(u, n) return { qouta = '1GB' } end", "qouta"},
+      {"function keep(u, n) return { quota = '1 parsec' } end", "quota"},
+      {"function keep(u, n) return { lifetime = '3 weeks' } end", "\"7d\""},
+      {"function keep(u, n) return { lifetime = -5 } end", "whole seconds"},
+      {"function keep(u, n) return { lifetime = true } end", "whole seconds"},
+      {"keep = 3", "define function keep(user, node)"},
+      {"function keep(u, n) u.uid = 0 end", "read-only"},
+      {"function keep(u, n) while true do end end", "instruction budget"},
+  };
+  for (const Case& c : cases) {
+    Result<KeepGrant> g = AskKeep(c.policy);
+    ASSERT_FALSE(g.ok()) << c.policy;
+    EXPECT_NE(g.status().message().find(c.says), std::string::npos)
+        << c.policy << ": " << g.status().message();
+    EXPECT_NE(g.status().message().find("/etc/nopfs/policy.lua"), std::string::npos)
+        << g.status().message();
+  }
+}
+
+TEST(KeepTest, GrantsAreAskedOncePerUserAndAFailureLeavesThatUsersDataAlone) {
+  const std::string path = testing::TempDir() + "/keep_grants_policy.lua";
+  {
+    std::ofstream(path) << "calls = 0\n"
+                           "function keep(user, node)\n"
+                           "  if user.uid == 0 then error('no keeping for ' .. user.name) end\n"
+                           "  return { quota = user.uid, lifetime = 60 }\n"
+                           "end\n";
+  }
+  KeepGrants grants(path, Config(), Node());
+  EXPECT_EQ(grants.For(4242).quota, 4242u);
+  EXPECT_EQ(grants.For(4242).lifetime, 60);
+  EXPECT_FALSE(grants.Failed(4242));
+  EXPECT_TRUE(grants.errors().empty());
+  EXPECT_TRUE(grants.Failed(0));
+  EXPECT_EQ(grants.For(0).quota, std::numeric_limits<policy::Bytes>::max());
+  EXPECT_EQ(grants.For(0).lifetime, 0);
+  ASSERT_EQ(grants.errors().size(), 1u);  // asked once
+  EXPECT_NE(grants.errors()[0].find("no keeping for root"), std::string::npos)
+      << grants.errors()[0];
+  KeepGrants none("", Config(), Node());
+  EXPECT_EQ(none.For(4242).quota, 0u);
+  EXPECT_FALSE(none.Failed(4242));
+}
+
+TEST(KeepTest, Lifetimes) {
+  EXPECT_EQ(*ParseLifetime("90"), 90);
+  EXPECT_EQ(*ParseLifetime("90s"), 90);
+  EXPECT_EQ(*ParseLifetime("30m"), 1800);
+  EXPECT_EQ(*ParseLifetime("12h"), 43200);
+  EXPECT_EQ(*ParseLifetime("7d"), 604800);
+  for (const char* bad : {"", "d", "7 d", "7w", "-1", "1.5h", "99999999999999999999d"}) {
+    EXPECT_FALSE(ParseLifetime(bad).ok()) << bad;
+  }
+}
+
+TEST(KeepTest, ShippedPolicy) {
+  const std::string path = std::string(NOPFS_SOURCE_DIR) + "/contrib/config/policy.lua";
+  Result<KeepGrant> g = Keep(path, Config(), Alice(), Node());
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  EXPECT_EQ(g->quota, 100 * kGB);  // a tenth of the node's SSD
+  EXPECT_EQ(g->lifetime, 7 * 86400);
 }
 
 }  // namespace

@@ -47,6 +47,7 @@ extern "C" {
 #include "spank/job_cgroup.h"
 #include "spank/job_files.h"
 #include "spank/ledger.h"
+#include "spank/node_kept.h"
 #include "spank/options.h"
 #include "spank/user_dirs.h"
 
@@ -455,9 +456,9 @@ Result<uint32_t> DecideRanksPerNode(const Job& job, const SlurmJob& sj) {
 // Asks the admission policy with the node's reservations (cleaning up after stale ones), and
 // reserves what it grants in the ledger, under the ledger's lock. A refusal is an Admission
 // that is not admitted; an error is a Status. *entry is the reservation written (naming this
-// launcher until nopfsd runs).
+// launcher until nopfsd runs); *keep what nopfsd may keep at exit.
 Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
-                               const lua::JobRequest& req, LedgerEntry* entry) {
+                               const lua::JobRequest& req, LedgerEntry* entry, KeepPlan* keep) {
   lua::Admission adm;
   Result<Ledger> ledger = Ledger::Lock(job.ledger_dir, 30s);
   if (!ledger.ok()) return ledger.status();
@@ -487,6 +488,8 @@ Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
     ns.ssd_reserved += e.ssd;
     ++ns.jobs;
   }
+  NodeKept kept(KeepJob{job.uid, job.opts.dataset, job.opts.keep, job.args.policy}, config,
+                SsdPaths(config), &ns);
   Result<lua::Admission> a = lua::Admit(job.args.policy, config, req, ns);
   if (!a.ok()) {
     adm.admitted = false;
@@ -507,6 +510,7 @@ Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
     e.ssd_paths = SsdPaths(config);
     e.metrics_dir = config.metrics_dir();
     if (Status s = ledger->Put(e); !s.ok()) return s;
+    *keep = kept.Admitted(ns, adm);
   }
 
   return adm;
@@ -514,7 +518,7 @@ Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
 
 // nopfsd's arguments for this node of the job; *peers_note says how it reaches its peers.
 launch::DaemonArgs DaemonArgsFor(const Job& job, uint32_t ranks_per_node, const lua::Admission& adm,
-                                 std::string* peers_note) {
+                                 const KeepPlan& keep, std::string* peers_note) {
   launch::DaemonArgs dargs;
   dargs.run_dir = job.run_dir;
   dargs.dataset = job.opts.dataset;
@@ -530,6 +534,8 @@ launch::DaemonArgs DaemonArgsFor(const Job& job, uint32_t ranks_per_node, const 
   dargs.ram = std::to_string(adm.ram);
   dargs.ssd = std::to_string(adm.ssd);
   dargs.config = job.args.config;
+  dargs.keep = keep.keep;
+  dargs.keep_max_bytes = keep.max_bytes;
   SetPeers(job, &dargs, peers_note);
   return dargs;
 }
@@ -674,7 +680,8 @@ int Prolog(const Job& job, const char* self) {
   req.memory = sj.memory;
 
   LedgerEntry entry;
-  Result<lua::Admission> admission = Reserve(job, *config, req, &entry);
+  KeepPlan keep;
+  Result<lua::Admission> admission = Reserve(job, *config, req, &entry, &keep);
   if (!admission.ok()) return fail(admission.status().message(), 1);
   const lua::Admission& adm = *admission;
   if (!adm.admitted) {
@@ -684,7 +691,7 @@ int Prolog(const Job& job, const char* self) {
   }
 
   std::string peers_note;
-  const launch::DaemonArgs dargs = DaemonArgsFor(job, *ranks_per_node, adm, &peers_note);
+  const launch::DaemonArgs dargs = DaemonArgsFor(job, *ranks_per_node, adm, keep, &peers_note);
   const std::vector<std::string> ssd_paths = SsdPaths(*config);
   // Releases the reservation of a job that gets no cache after all.
   auto release = [&] {
@@ -704,13 +711,14 @@ int Prolog(const Job& job, const char* self) {
   if (SlurmContainsJobs())
     (void)AdoptLater(JobCgroupOptions{.node = job.node}, job.job_id, job.uid, child,
                      ProcessStartTime(child).value_or(0), std::chrono::seconds(job.args.timeout));
-  std::printf("%sserving %s (partition %s, job memory %s) with RAM %s, SSD %s%s%s%s%s\n",
+  std::printf("%sserving %s (partition %s, job memory %s) with RAM %s, SSD %s%s%s%s%s%s%s\n",
               where.c_str(), job.opts.dataset.c_str(),
               req.partition.empty() ? "?" : req.partition.c_str(),
               req.memory == 0 ? "unlimited" : FormatBytes(static_cast<double>(req.memory)).c_str(),
               FormatBytes(static_cast<double>(adm.ram)).c_str(),
               FormatBytes(static_cast<double>(adm.ssd)).c_str(), adm.reason.empty() ? "" : "; ",
-              adm.reason.c_str(), peers_note.empty() ? "" : "; ", peers_note.c_str());
+              adm.reason.c_str(), peers_note.empty() ? "" : "; ", peers_note.c_str(),
+              keep.note.empty() ? "" : "; ", keep.note.c_str());
   return 0;
 }
 
@@ -756,6 +764,13 @@ int Epilog(const Job& job) {
       left += " reservation (" + l.status().message() + ")";
     } else if (Status s = l->Remove(job.job_id); !s.ok()) {
       left += " reservation (" + s.message() + ")";
+    }
+  }
+  // nopfsd has kept what it kept: the user's quota and lifetimes apply to the user's kept
+  // datasets now.
+  if (entry && !t.ssd_paths.empty()) {
+    if (Result<lua::NodeConfig> config = LoadConfig(job); config.ok()) {
+      notes += AfterJob(job.args.policy, *config, job.node, t.ssd_paths, t.uid);
     }
   }
   if (!left.empty()) {

@@ -32,6 +32,7 @@ enum Opt : uint32_t {
   kRanksPerNode,
   kRam,
   kSsd,
+  kKeep,
 };
 
 std::string Quote(std::string_view name, std::string_view value, bool flag) {
@@ -106,6 +107,9 @@ const std::vector<OptionInfo>& UserOptions() {
        "nopfs: training processes per node (default: the job's tasks per node)"},
       {"nopfs-ram", "SIZE", "nopfs: RAM cache per node, e.g. 16GB (default: site policy)"},
       {"nopfs-ssd", "SIZE", "nopfs: SSD cache per node, e.g. 400GB (default: site policy)"},
+      {"nopfs-keep", "yes|no",
+       "nopfs: keep the SSD cache on the nodes for your next job on the dataset (default yes, "
+       "as the site policy allows)"},
   };
   return kOptions;
 }
@@ -192,6 +196,13 @@ Status ApplyOption(JobOptions* opts, std::string_view name, std::string_view val
       return opt == kRam ? Store(opts, kRam, shown, &opts->ram, *v)
                          : Store(opts, kSsd, shown, &opts->ssd, *v);
     }
+    case kKeep:
+      if (value != "yes" && value != "no") {
+        return Status::InvalidArgument(shown +
+                                       ": write --nopfs-keep=yes (keep the SSD cache for the "
+                                       "next job, as the site allows) or --nopfs-keep=no");
+      }
+      return Store(opts, kKeep, shown, &opts->keep, value == "yes");
     case kDropLast:
       break;
   }
@@ -286,6 +297,8 @@ std::vector<std::string> ToArgs(const JobOptions& opts) {
   }
   if (opts.ram != 0) out.push_back("--nopfs-ram=" + std::to_string(opts.ram));
   if (opts.ssd != 0) out.push_back("--nopfs-ssd=" + std::to_string(opts.ssd));
+  if (OptionGiven(opts, "nopfs-keep"))
+    out.push_back(opts.keep ? "--nopfs-keep=yes" : "--nopfs-keep=no");
   return out;
 }
 

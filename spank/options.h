@@ -13,6 +13,8 @@
 //                              per node, RanksPerNode)
 //   --nopfs-ram=SIZE           RAM tier asked for on each node, e.g. 16GB (default: policy's)
 //   --nopfs-ssd=SIZE           SSD tier asked for on each node (default: policy's)
+//   --nopfs-keep=yes|no        keep the SSD tier's samples on the node for the user's next job
+//                              on the dataset (default yes: as much as the policy's keep allows)
 // Every value is treated as hostile: bounded length, no control characters, numbers in range,
 // sizes through ParseSize. Each error message says what to write instead.
 //
@@ -54,6 +56,7 @@ struct JobOptions {
   uint32_t ranks_per_node = 1;
   uint64_t ram = 0;  // bytes asked for per node; 0: what the policy grants
   uint64_t ssd = 0;
+  bool keep = true;  // --nopfs-keep: false when the job asked to keep nothing
   // Which options were given (bit i = UserOptions()[i]), so that a repeated option with a
   // different value is refused while the same value twice (Slurm calls back twice) is accepted.
   uint32_t given = 0;

@@ -34,7 +34,9 @@ TEST(OptionsTest, ValidOptionsAreParsed) {
                         {"nopfs-drop-last", ""},
                         {"nopfs-ranks-per-node", "4"},
                         {"nopfs-ram", "16GB"},
-                        {"nopfs-ssd", "1.5TiB"}});
+                        {"nopfs-ssd", "1.5TiB"},
+                        {"nopfs-keep", "no"}});
+  EXPECT_FALSE(o.keep);
   EXPECT_EQ(o.dataset, "/pfs/datasets/imagenet");
   EXPECT_EQ(o.seed, 18446744073709551615ull);
   EXPECT_EQ(o.epochs, 90u);
@@ -56,6 +58,7 @@ TEST(OptionsTest, DefaultsWhenOnlyTheDatasetIsGiven) {
   EXPECT_FALSE(o.drop_last);
   EXPECT_EQ(o.ranks_per_node, 1u);
   EXPECT_EQ(o.ram, 0u);
+  EXPECT_TRUE(o.keep);  // as much as the site's policy lets the user keep
   EXPECT_TRUE(ValidateJob(o).ok());
 }
 
@@ -98,6 +101,19 @@ TEST(OptionsTest, ArgsRoundTrip) {
   }
   EXPECT_TRUE(OptionGiven(again, "nopfs-ranks-per-node"));
   EXPECT_EQ(again.ranks_per_node, 6u);
+  // --nopfs-keep likewise: absent stays absent (the default, yes), no comes back as no.
+  for (const char* v : {"yes", "no"}) {
+    JobOptions k = Apply({{"nopfs", "/d"}, {"nopfs-keep", v}});
+    JobOptions kb;
+    for (const std::string& a : ToArgs(k)) {
+      const size_t eq = a.find('=');
+      ASSERT_TRUE(ApplyOption(&kb, a.substr(2, eq - 2), a.substr(eq + 1)).ok()) << a;
+    }
+    EXPECT_TRUE(OptionGiven(kb, "nopfs-keep"));
+    EXPECT_EQ(kb.keep, std::string(v) == "yes");
+  }
+  for (const std::string& a : ToArgs(o))
+    EXPECT_EQ(a.find("--nopfs-keep"), std::string::npos) << a;
 }
 
 TEST(LayoutTest, RanksPerNodeComeFromTheJobsTasks) {
@@ -208,6 +224,11 @@ TEST(OptionsTest, InvalidValuesAreRefusedWithAHint) {
       {"nopfs-ram", std::string(100, '9'), "at most"},
       {"nopfs-ssd", "12 parsecs", "size"},
       {"nopfs-drop-last", "no", "takes no value"},
+      {"nopfs-keep", "", "--nopfs-keep=no"},
+      {"nopfs-keep", "NO", "--nopfs-keep=yes"},
+      {"nopfs-keep", "0", "--nopfs-keep=no"},
+      {"nopfs-keep", "yes\n", "control"},
+      {"nopfs-keep", std::string(100, 'y'), "at most"},
       {"nopfs-cache", "1", "not a nopfs option"},
       {"", "x", "not a nopfs option"},
   };

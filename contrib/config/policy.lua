@@ -23,3 +23,10 @@ function admit(job, node)
   if job.ram ~= 0 and job.ram <= size("8GB") then grant.ram = job.ram end
   return grant
 end
+
+-- Keeping: how much of a user's SSD tier may stay on a node after the job for the user's next
+-- job on the same dataset (docs/admin.md, "Kept datasets"). Without this function nothing is
+-- kept. Return { quota = SIZE, lifetime = SECONDS or "7d" } or nil.
+function keep(user, node)
+  return { quota = node.ssd_total // 10, lifetime = "7d" }
+end

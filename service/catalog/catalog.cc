@@ -59,8 +59,9 @@ struct Opened {
   store::Contents contents;
   uint64_t fingerprint = 0;
   bool reused = false;
-  std::string reason;   // why not reused
-  std::string db_path;  // the DB this node reads or wrote ("" = none)
+  std::string reason;       // why not reused
+  std::string db_path;      // the DB this node reads or wrote ("" = none)
+  std::string store_error;  // why the scanned catalog was not stored ("" = it was, or reused)
 };
 
 // Why the cached catalog was not used, as nopfsd logs it: a damaged entry must not be rebuilt
@@ -108,15 +109,20 @@ Status StoreScan(const CatalogOptions& options, const store::LoadRequest& s,
   meta.dataset = s.real;
   meta.root = scanned.root;
 
+  // The job has its catalog now; storing it only saves the next job a scan.
   const std::string tmp =
       tmp_parent + "/.tmp-" + fs::path(s.entry).filename().string() + "-" + cache::UniqueSuffix();
-  if (::mkdir(tmp.c_str(), 0700) != 0) return Status::FromErrno(errno, "creating " + tmp);
-  Status w = store::WriteCatalogDb(tmp, meta, scanned);
+  Status w =
+      ::mkdir(tmp.c_str(), 0700) == 0 ? Status::Ok() : Status::FromErrno(errno, "creating " + tmp);
+  if (w.ok()) w = store::WriteCatalogDb(tmp, meta, scanned, options.db_env);
   if (w.ok()) w = cache::Install(tmp, s.entry);
   if (!w.ok()) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
-    return w;
+    out->store_error = w.message();
+    spdlog::warn("the catalog of {} is not stored, the next job scans it again: {}", s.real,
+                 w.message());
+    return Status::Ok();
   }
   out->db_path = s.entry;
   return Status::Ok();
@@ -276,6 +282,7 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& options, En
   NOPFS_RETURN_IF_ERROR(options.Validate());
   store::LoadRequest s;
   s.scan_threads = options.scan_threads;
+  s.db_env = options.db_env;
   std::string tmp_parent;
   {
     char* real = ::realpath(options.dataset.c_str(), nullptr);
@@ -333,6 +340,7 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& options, En
   cat->db_path_ = std::move(opened.db_path);
   cat->reused_ = opened.reused;
   cat->rescan_reason_ = std::move(opened.reason);
+  cat->store_error_ = std::move(opened.store_error);
   cat->fingerprint_ = opened.fingerprint;
   store::Contents& contents = opened.contents;
   cat->root_ = std::move(contents.root);
@@ -344,7 +352,7 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& options, En
   cat->labels_ = std::move(contents.labels);
   cat->checksum_state_ = std::make_unique<std::atomic<uint8_t>[]>(cat->size());
   cat->checksum_value_ = std::make_unique<std::atomic<uint64_t>[]>(cat->size());
-  NOPFS_RETURN_IF_ERROR(cat->OpenChecksumDb(options.work_dir));
+  cat->OpenChecksumDb(options.work_dir, options.db_env);
   return cat;
 }
 

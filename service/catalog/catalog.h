@@ -14,6 +14,11 @@
 // renamed into place, so jobs racing on one cache entry each end with a correct catalog. Checksums
 // are per job, in a private RocksDB under work_dir.
 //
+// The DBs only save work: a catalog DB that cannot be written (a full or failing disk) leaves the
+// job with the catalog it scanned, and the next job scans again; a checksum DB that cannot be
+// opened or written leaves the job's checksums in memory. Both are logged once, never a failed
+// Open or read.
+//
 // The whole catalog is kept in memory after Open (one string arena for the paths plus per-id
 // arrays: about 32 bytes + path length per sample), so lookups never touch RocksDB.
 //
@@ -40,6 +45,7 @@
 
 namespace rocksdb {
 class DB;
+class Env;
 class WriteBatch;
 }  // namespace rocksdb
 
@@ -70,6 +76,9 @@ struct CatalogOptions {
   std::function<Result<std::vector<std::vector<std::byte>>>(uint64_t round,
                                                             std::vector<std::vector<std::byte>>)>
       exchange;
+  // RocksDB's file access for the catalog and checksum DBs (tests inject faults through it);
+  // nullptr is RocksDB's default. Must outlive the Catalog.
+  rocksdb::Env* db_env = nullptr;
 
   // Every field in range; the message names the field.
   Status Validate() const;
@@ -114,7 +123,8 @@ class Catalog {
   // the rest). Recording the same value again is ok; a different value is Corruption naming the
   // sample and both values (the first one is kept). InvalidArgument for an id out of range.
   Status RecordChecksum(policy::SampleId id, uint64_t xxh3);
-  // Writes pending checksums to the checksum DB.
+  // Writes pending checksums to the checksum DB. The first write that fails is returned (and
+  // logged); the DB is then closed and later checksums stay in memory only.
   Status Flush();
 
   // Reads the sample's bytes (dst.size() must equal length(id)) through the Env. Every error
@@ -133,14 +143,22 @@ class Catalog {
   const std::string& db_path() const { return db_path_; }
   // The job-private checksum DB's directory.
   const std::string& checksum_db_path() const { return checksum_db_path_; }
+  // Why the scanned catalog was not stored in its DB ("" when it was, or when it was reused).
+  const std::string& store_error() const { return store_error_; }
+  // Whether checksums are persisted (false once the checksum DB could not be opened or written).
+  bool checksums_persisted() const;
   // xxh3 over every sample entry; identical catalogs have identical fingerprints.
   uint64_t fingerprint() const { return fingerprint_; }
 
  private:
   Catalog() = default;
 
-  Status OpenChecksumDb(const std::string& work_dir);
+  // Opens (or makes) the checksum DB; on failure logs it and leaves checksums in memory only.
+  void OpenChecksumDb(const std::string& work_dir, rocksdb::Env* db_env);
+  Status LoadChecksums() REQUIRES(mu_);
   Status FlushLocked() REQUIRES(mu_);
+  // Closes the checksum DB after `error` (logged once); later checksums stay in memory.
+  void StopPersistingLocked(const Status& error) REQUIRES(mu_);
 
   Env* env_ = nullptr;
   std::string root_;
@@ -149,6 +167,7 @@ class Catalog {
   bool reused_ = false;
   std::string rescan_reason_;
   std::string share_note_ = "alone";
+  std::string store_error_;
   uint64_t fingerprint_ = 0;
 
   // Relative paths back to back; path of id i is arena_[path_end_[i-1], path_end_[i]).
@@ -163,8 +182,9 @@ class Catalog {
   std::unique_ptr<std::atomic<uint8_t>[]> checksum_state_;
   std::unique_ptr<std::atomic<uint64_t>[]> checksum_value_;
 
-  Mutex mu_;
-  std::unique_ptr<rocksdb::DB> checksum_db_;  // set once in Open
+  mutable Mutex mu_;
+  // Set in Open; closed (null) for good after a failed write.
+  std::unique_ptr<rocksdb::DB> checksum_db_ GUARDED_BY(mu_);
   std::unique_ptr<rocksdb::WriteBatch> pending_ GUARDED_BY(mu_);
   uint64_t pending_count_ GUARDED_BY(mu_) = 0;
 };

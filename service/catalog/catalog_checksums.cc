@@ -9,6 +9,7 @@
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
+#include <spdlog/spdlog.h>
 
 #include "service/catalog/catalog.h"
 #include "service/catalog/catalog_cache.h"
@@ -25,16 +26,27 @@ constexpr uint64_t kChecksumBatch = 4096;
 
 }  // namespace
 
-Status Catalog::OpenChecksumDb(const std::string& work_dir) {
+void Catalog::OpenChecksumDb(const std::string& work_dir, rocksdb::Env* db_env) {
   checksum_db_path_ = work_dir + "/checksums";
   rocksdb::Options opts;
   opts.create_if_missing = true;
   opts.info_log_level = rocksdb::InfoLogLevel::HEADER_LEVEL;
+  if (db_env != nullptr) opts.env = db_env;
   rocksdb::DB* raw = nullptr;
-  NOPFS_RETURN_IF_ERROR(FromRocks(
+  const Status opened = FromRocks(
       rocksdb::DB::Open(opts, checksum_db_path_, &raw),
-      "opening checksum DB " + checksum_db_path_ + " (one Catalog per work_dir at a time)"));
+      "opening checksum DB " + checksum_db_path_ + " (one Catalog per work_dir at a time)");
+  MutexLock lock(&mu_);
+  pending_ = std::make_unique<rocksdb::WriteBatch>();
+  if (!opened.ok()) {
+    StopPersistingLocked(opened);
+    return;
+  }
   checksum_db_.reset(raw);
+  if (Status loaded = LoadChecksums(); !loaded.ok()) StopPersistingLocked(loaded);
+}
+
+Status Catalog::LoadChecksums() {
   std::string v;
   const rocksdb::Status got = checksum_db_->Get({}, std::string(codec::kMetaKey), &v);
   bool keep = false;
@@ -66,18 +78,27 @@ Status Catalog::OpenChecksumDb(const std::string& work_dir) {
                             codec::EncodeChecksumMeta({codec::kCatalogFormat, fingerprint_})),
                   "batch"));
   }
-  NOPFS_RETURN_IF_ERROR(
-      FromRocks(checksum_db_->Write({}, &batch), "writing checksum DB " + checksum_db_path_));
+  return FromRocks(checksum_db_->Write({}, &batch), "writing checksum DB " + checksum_db_path_);
+}
+
+void Catalog::StopPersistingLocked(const Status& error) {
+  spdlog::warn(
+      "{}; this job keeps its sample checksums in memory only (a later job with the "
+      "same work directory records them again)",
+      error.message());
+  checksum_db_.reset();
+  pending_->Clear();
+  pending_count_ = 0;
+}
+
+bool Catalog::checksums_persisted() const {
   MutexLock lock(&mu_);
-  pending_ = std::make_unique<rocksdb::WriteBatch>();
-  return Status::Ok();
+  return checksum_db_ != nullptr;
 }
 
 Catalog::~Catalog() {
-  if (checksum_db_ != nullptr) {
-    MutexLock lock(&mu_);
-    (void)FlushLocked();
-  }
+  MutexLock lock(&mu_);
+  if (checksum_db_ != nullptr) (void)FlushLocked();
 }
 
 std::optional<uint64_t> Catalog::checksum(SampleId id) const {
@@ -95,9 +116,11 @@ Status Catalog::RecordChecksum(SampleId id, uint64_t xxh3) {
     checksum_value_[id].store(xxh3, std::memory_order_relaxed);
     checksum_state_[id].store(2, std::memory_order_release);
     MutexLock lock(&mu_);
+    if (checksum_db_ == nullptr) return Status::Ok();  // in memory only (logged when it stopped)
     NOPFS_RETURN_IF_ERROR(
         FromRocks(pending_->Put(codec::ChecksumKey(id), codec::EncodeChecksum(xxh3)), "batch"));
-    if (++pending_count_ >= kChecksumBatch) return FlushLocked();
+    // A failed write is logged once and ends persistence; the checksum itself is recorded.
+    if (++pending_count_ >= kChecksumBatch) (void)FlushLocked();
     return Status::Ok();
   }
   // Another thread records or recorded this sample: wait for its value and compare.
@@ -117,9 +140,13 @@ Status Catalog::Flush() {
 }
 
 Status Catalog::FlushLocked() {
-  if (pending_count_ == 0) return Status::Ok();
-  NOPFS_RETURN_IF_ERROR(FromRocks(checksum_db_->Write({}, pending_.get()),
-                                  "writing checksum DB " + checksum_db_path_));
+  if (pending_count_ == 0 || checksum_db_ == nullptr) return Status::Ok();
+  const Status written = FromRocks(checksum_db_->Write({}, pending_.get()),
+                                   "writing checksum DB " + checksum_db_path_);
+  if (!written.ok()) {
+    StopPersistingLocked(written);
+    return written;
+  }
   pending_->Clear();
   pending_count_ = 0;
   return Status::Ok();

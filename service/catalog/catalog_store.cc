@@ -91,6 +91,7 @@ Status LoadIfFresh(const LoadRequest& req, Env* env, Contents* c, uint64_t* fing
   rocksdb::Options opts;
   opts.create_if_missing = false;
   opts.info_log_level = rocksdb::InfoLogLevel::HEADER_LEVEL;
+  if (req.db_env != nullptr) opts.env = req.db_env;
   rocksdb::DB* raw = nullptr;
   NOPFS_RETURN_IF_ERROR(
       FromRocks(rocksdb::DB::OpenForReadOnly(opts, req.entry, &raw), "opening " + req.entry));
@@ -169,11 +170,12 @@ Status LoadIfFresh(const LoadRequest& req, Env* env, Contents* c, uint64_t* fing
 }
 
 Status WriteCatalogDb(const std::string& dir, const codec::CatalogMeta& meta,
-                      const scan::ScanResult& scanned) {
+                      const scan::ScanResult& scanned, rocksdb::Env* db_env) {
   rocksdb::Options opts;
   opts.create_if_missing = true;
   opts.error_if_exists = true;
   opts.info_log_level = rocksdb::InfoLogLevel::HEADER_LEVEL;
+  if (db_env != nullptr) opts.env = db_env;
   rocksdb::DB* raw = nullptr;
   NOPFS_RETURN_IF_ERROR(
       FromRocks(rocksdb::DB::Open(opts, dir, &raw), "creating catalog DB " + dir));

@@ -17,6 +17,7 @@
 #include "service/env/env.h"
 
 namespace rocksdb {
+class Env;
 class Status;
 }  // namespace rocksdb
 
@@ -47,7 +48,8 @@ struct LoadRequest {
   std::string entry;  // the catalog DB's directory
   std::string real;   // the dataset's absolute real path
   codec::DatasetKind kind = codec::DatasetKind::kImageFolder;
-  uint32_t scan_threads = 8;  // threads that stat the stamps
+  uint32_t scan_threads = 8;       // threads that stat the stamps
+  rocksdb::Env* db_env = nullptr;  // RocksDB's file access (nullptr: its default)
 };
 
 // Loads the catalog DB at req.entry into `c` if it describes req.real and every stamp still
@@ -55,8 +57,9 @@ struct LoadRequest {
 // without a DB, FailedPrecondition for a changed dataset, Corruption for a damaged DB.
 Status LoadIfFresh(const LoadRequest& req, Env* env, Contents* c, uint64_t* fingerprint);
 
-// Writes a new catalog DB into the empty directory `dir`; the meta record goes last.
+// Writes a new catalog DB into the empty directory `dir` through `db_env` (nullptr: RocksDB's
+// default); the meta record goes last.
 Status WriteCatalogDb(const std::string& dir, const codec::CatalogMeta& meta,
-                      const scan::ScanResult& scanned);
+                      const scan::ScanResult& scanned, rocksdb::Env* db_env);
 
 }  // namespace nopfs::service::store

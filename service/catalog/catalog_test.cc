@@ -1,6 +1,7 @@
 // Tests of the dataset catalog on real files and a real RocksDB in a temporary directory.
 #include "service/catalog/catalog.h"
 #include "service/catalog/catalog_codec.h"
+#include "service/catalog/db_fault_fs_test_util.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -619,6 +620,138 @@ TEST_F(CatalogTest, UnusableCacheMeansScanningNotFailing) {
   }
   // Nothing was written into the squatted directory.
   EXPECT_TRUE(fs::is_empty(squat));
+}
+
+// Faults in the catalog's own DBs (a full or failing local disk): the job keeps a correct catalog
+// and its checksums; only the work the DBs save is lost.
+class CatalogDbFaultTest : public CatalogTest {
+ protected:
+  void SetUp() override {
+    CatalogTest::SetUp();
+    fault_ = std::make_shared<testing::DbFaultFs>();
+    env_ = testing::DbFaultFs::NewEnv(fault_);
+  }
+  CatalogOptions Faulty(bool cached = true, const std::string& work = "work") const {
+    CatalogOptions o = Options(cached, work);
+    o.db_env = env_.get();
+    return o;
+  }
+  // Entries of the user's cache directory (stored catalogs and leftovers of failed stores).
+  std::vector<std::string> CacheEntries() const {
+    std::vector<std::string> names;
+    const fs::path dir = fs::path(cache_) / std::to_string(::getuid());
+    if (!fs::exists(dir)) return names;
+    for (const auto& e : fs::directory_iterator(dir))
+      names.push_back(e.path().filename());
+    return names;
+  }
+
+  std::shared_ptr<testing::DbFaultFs> fault_;
+  std::unique_ptr<rocksdb::Env> env_;
+};
+
+TEST_F(CatalogDbFaultTest, AFullDiskWhileStoringLeavesTheJobItsScannedCatalog) {
+  const std::vector<Expected> want = MakeImageFolder();
+  AgeTree();
+  for (const uint64_t after : {uint64_t{0}, uint64_t{1000}}) {  // at once, and part-way through
+    SCOPED_TRACE("writes fail after " + std::to_string(after) + " bytes");
+    fault_->FailWrites(cache_, rocksdb::IOStatus::NoSpace("injected ENOSPC"), after);
+    Result<std::unique_ptr<Catalog>> cat = Catalog::Open(Faulty(), Env::Default());
+    ASSERT_TRUE(cat.ok()) << cat.status().message();
+    EXPECT_GT(fault_->failed_writes(), 0u);
+    EXPECT_FALSE((*cat)->reused());
+    EXPECT_NE((*cat)->store_error().find("injected ENOSPC"), std::string::npos)
+        << (*cat)->store_error();
+    ExpectCatalog(**cat, want);
+    // Nothing half-written is left where a later job would look.
+    EXPECT_TRUE(CacheEntries().empty()) << CacheEntries().front();
+    fault_->Clear();
+  }
+  // The disk has room again: the next job scans and stores, the one after reuses.
+  Result<std::unique_ptr<Catalog>> next = Catalog::Open(Faulty(true, "work2"), Env::Default());
+  ASSERT_TRUE(next.ok()) << next.status().message();
+  EXPECT_FALSE((*next)->reused());
+  EXPECT_EQ((*next)->store_error(), "");
+  next = Status::Internal("closed");
+  Result<std::unique_ptr<Catalog>> third = Catalog::Open(Faulty(true, "work3"), Env::Default());
+  ASSERT_TRUE(third.ok()) << third.status().message();
+  EXPECT_TRUE((*third)->reused());
+  ExpectCatalog(**third, want);
+}
+
+TEST_F(CatalogDbFaultTest, AStoredCatalogReadBackWrongOrNotAtAllIsScannedAgain) {
+  const std::vector<Expected> want = MakeImageFolder();
+  AgeTree();
+  ASSERT_TRUE(Catalog::Open(Faulty(), Env::Default()).ok());
+  {
+    fault_->FlipReads(cache_);
+    Result<std::unique_ptr<Catalog>> cat = Catalog::Open(Faulty(true, "flip"), Env::Default());
+    ASSERT_TRUE(cat.ok()) << cat.status().message();
+    EXPECT_GT(fault_->flipped_reads(), 0u);
+    EXPECT_FALSE((*cat)->reused());
+    EXPECT_NE((*cat)->rescan_reason(), "");
+    ExpectCatalog(**cat, want);
+    fault_->Clear();
+  }
+  {
+    fault_->FailReads(cache_, rocksdb::IOStatus::IOError("injected EIO"));
+    Result<std::unique_ptr<Catalog>> cat = Catalog::Open(Faulty(true, "eio"), Env::Default());
+    ASSERT_TRUE(cat.ok()) << cat.status().message();
+    EXPECT_FALSE((*cat)->reused());
+    EXPECT_NE((*cat)->rescan_reason().find("injected EIO"), std::string::npos)
+        << (*cat)->rescan_reason();
+    ExpectCatalog(**cat, want);
+    fault_->Clear();
+  }
+  // The faults were in flight, not on the disk: the stored catalog is good and is reused.
+  Result<std::unique_ptr<Catalog>> again = Catalog::Open(Faulty(true, "again"), Env::Default());
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_TRUE((*again)->reused());
+  ExpectCatalog(**again, want);
+}
+
+TEST_F(CatalogDbFaultTest, AChecksumDbThatCannotBeMadeKeepsChecksumsInMemory) {
+  const std::vector<Expected> want = MakeImageFolder();
+  fault_->FailWrites(tmp_ + "/work/checksums", rocksdb::IOStatus::IOError("injected EIO"));
+  Result<std::unique_ptr<Catalog>> cat = Catalog::Open(Faulty(false), Env::Default());
+  ASSERT_TRUE(cat.ok()) << cat.status().message();
+  EXPECT_FALSE((*cat)->checksums_persisted());
+  ExpectCatalog(**cat, want);
+  ASSERT_TRUE((*cat)->RecordChecksum(3, 0xabc).ok());
+  EXPECT_EQ((*cat)->checksum(3), 0xabcu);
+  // A different value is still caught: the checks do not depend on the DB.
+  EXPECT_EQ((*cat)->RecordChecksum(3, 0xabd).code(), StatusCode::kCorruption);
+  EXPECT_TRUE((*cat)->Flush().ok());
+}
+
+TEST_F(CatalogDbFaultTest, TheChecksumDbFillingUpMidJobNeverFailsARecord) {
+  // Enough samples for more than one batch of checksums (4,096 per write).
+  for (int i = 0; i < 5000; ++i)
+    WriteFile("c/" + std::to_string(i), std::to_string(i));
+  Result<std::unique_ptr<Catalog>> cat = Catalog::Open(Faulty(false), Env::Default());
+  ASSERT_TRUE(cat.ok()) << cat.status().message();
+  ASSERT_TRUE((*cat)->checksums_persisted());
+  fault_->FailWrites(tmp_ + "/work/checksums", rocksdb::IOStatus::NoSpace("injected ENOSPC"));
+  for (policy::SampleId id = 0; id < 5000; ++id) {
+    ASSERT_TRUE((*cat)->RecordChecksum(id, id * 3 + 1).ok()) << id;
+  }
+  EXPECT_GT(fault_->failed_writes(), 0u);
+  EXPECT_FALSE((*cat)->checksums_persisted());
+  for (policy::SampleId id = 0; id < 5000; ++id)
+    EXPECT_EQ((*cat)->checksum(id), id * 3 + 1);
+  EXPECT_TRUE((*cat)->Flush().ok());  // nothing left to persist
+  fault_->Clear();
+  cat = Status::Internal("closed");
+  // The next job with this work directory trusts only what was written whole.
+  Result<std::unique_ptr<Catalog>> next = Catalog::Open(Faulty(false), Env::Default());
+  ASSERT_TRUE(next.ok()) << next.status().message();
+  EXPECT_TRUE((*next)->checksums_persisted());
+  for (policy::SampleId id = 0; id < 5000; ++id) {
+    const std::optional<uint64_t> sum = (*next)->checksum(id);
+    if (sum) {
+      EXPECT_EQ(*sum, id * 3 + 1) << id;
+    }
+  }
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include "common/mutex.h"
 #include "common/units.h"
+#include "launch/kept_area.h"
 #include "policy/predict.h"
 #include "service/daemon/run_dir.h"
 #include "service/env/env.h"
@@ -36,6 +37,13 @@ constexpr auto kOwnerGrace = std::chrono::seconds(2);
 constexpr auto kRateWindow = std::chrono::seconds(5);
 // The status lists at most this many open streams (so that the report fits one message).
 constexpr size_t kMaxReportedStreams = 512;
+// What the kept key covers beside the dataset's path: the catalog's scan (no options today).
+constexpr char kKeptScanOptions[] = "catalog/1";
+// At exit, the dataset files of the kept samples are stat-ed for at most this long (the epilog
+// gives nopfsd `grace` seconds, 10 by default, to stop): files not reached are not kept.
+constexpr auto kKeepStatBudget = std::chrono::seconds(4);
+// Stats wait on the PFS's metadata servers, not on a core: many in flight.
+constexpr unsigned kKeepStatThreads = 32;
 // How often the metrics file is rewritten.
 constexpr std::chrono::seconds kMetricsPeriod(5);
 
@@ -65,6 +73,7 @@ Daemon::~Daemon() {
 Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   std::unique_ptr<Daemon> d(new Daemon(options));
   if (Status s = d->Init(); !s.ok()) {
+    if (d->kept_) d->kept_->PutBack();  // nothing served: the next start may adopt it
     d->Stop();
     return s;
   }
@@ -73,6 +82,11 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
 
 Status Daemon::Init() {
   started_ = std::chrono::steady_clock::now();
+  {
+    timespec ts{};
+    clock_gettime(CLOCK_REALTIME, &ts);
+    start_wall_ns_ = int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+  }
   if (options_.config_path.empty()) {
     config_ = lua::DefaultNodeConfig(lua::HostMemoryBytes());
   } else {
@@ -197,6 +211,8 @@ Status Daemon::Init() {
     spdlog::warn("no stall prediction for the status: {}", e.what());
   }
 
+  AdoptKept();
+
   // Tiers.
   for (size_t j = 0; j < model_.classes.size(); ++j) {
     const policy::StorageClass& c = model_.classes[j];
@@ -233,6 +249,11 @@ Status Daemon::Init() {
   reader_ = std::make_unique<SampleReader>(*catalog_, plan_, tier_refs_, model_,
                                            job_.nodes() * std::max<uint32_t>(1, prefetch_threads));
   reader_->set_verify_ram_hits(config_.ram_verify() == lua::RamVerify::kAlways);
+  if (kept_) {
+    KeptCopy* k = kept_.get();
+    reader_->SetKeptSource(
+        [k](policy::SampleId id, std::span<std::byte> dst) { return k->Fetch(id, dst); });
+  }
 
   // Prefetchers, one per non-empty class, each with the class's threads.
   prefetch_done_.assign(model_.classes.size(), {});
@@ -403,7 +424,10 @@ void Daemon::Stop() {
     if (p) p->Stop();
   peers_.reset();
   prefetchers_.clear();
+  KeepAtExit();
+  if (metrics_ && reader_) WriteMetrics();  // with what was kept
   reader_.reset();
+  kept_.reset();  // the adopted copy: what is worth keeping again is in the new kept entry
   for (auto& t : ssd_tiers_) {
     if (Status s = t->Destroy(); !s.ok()) spdlog::error("removing SSD tier: {}", s.message());
   }
@@ -414,7 +438,73 @@ void Daemon::Stop() {
   std::error_code ec;
   std::filesystem::remove_all(options_.run_dir + "/catalog", ec);
   if (ec) spdlog::error("removing {}/catalog: {}", options_.run_dir, ec.message());
-  spdlog::info("stopped; nothing staged remains");
+  spdlog::info("stopped; nothing staged remains{}",
+               kept_bytes_.load() > 0 ? " but the kept samples" : "");
+}
+
+void Daemon::AdoptKept() {
+  const policy::StorageClass* ssd = nullptr;
+  for (const policy::StorageClass& c : model_.classes) {
+    if (c.kind == policy::ClassKind::kSsd) {
+      ssd = &c;
+      break;
+    }
+  }
+  std::error_code ec;
+  const std::filesystem::path dataset = std::filesystem::canonical(options_.dataset, ec);
+  if (ssd == nullptr || ec) {
+    if (options_.keep) {
+      spdlog::warn("kept area: nothing will be kept: {}",
+                   ssd == nullptr ? "the node config has no SSD class" : ec.message());
+    }
+    return;
+  }
+  KeptPlace place;
+  place.kept_dir = launch::KeptAreaDir(SsdTier::UserDir(ssd->path, geteuid()));
+  place.dataset = dataset.string();
+  place.key = launch::KeptKey(place.dataset, kKeptScanOptions);
+  place.tag = options_.job_id + "." + std::to_string(options_.node);
+  kept_place_ = place;
+  if (Result<uint64_t> n = CleanKeptArea(place.kept_dir); !n.ok()) {
+    spdlog::warn("kept area: cleaning {}: {}", place.kept_dir, n.status().message());
+  }
+  Result<std::unique_ptr<KeptCopy>> k = KeptCopy::Adopt(place, *catalog_, Env::Default());
+  if (k.ok()) {
+    kept_ = std::move(*k);
+  } else if (k.status().code() != StatusCode::kNotFound) {
+    spdlog::warn("kept area: the kept copy of {} is unusable and was removed: {}", place.dataset,
+                 k.status().message());
+  }
+}
+
+void Daemon::KeepAtExit() {
+  if (!options_.keep || !kept_place_ || ssd_tiers_.empty()) return;
+  SsdTier& tier = *ssd_tiers_.front();
+  const std::string user_dir = kept_place_->kept_dir.substr(0, kept_place_->kept_dir.rfind('/'));
+  if (tier.dir().rfind(user_dir + "/", 0) != 0) {
+    spdlog::warn("kept area: nothing kept: the first SSD class has no tier in this job");
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  KeepOptions ko;
+  ko.place = *kept_place_;
+  ko.max_bytes = options_.keep_max_bytes;
+  ko.created = kept_ ? kept_->created() : 0;
+  // Half a second of margin for ctime's coarse clock (a write during the job is never trusted).
+  ko.unchanged_before_ns = start_wall_ns_ - 500'000'000;
+  ko.stat_threads = kKeepStatThreads;
+  ko.deadline = t0 + kKeepStatBudget;
+  Result<KeepResult> r = KeepSsdTier(ko, tier, *catalog_, Env::Default());
+  if (!r.ok()) {
+    spdlog::error("kept area: keeping the SSD tier failed (nothing kept): {}",
+                  r.status().message());
+    return;
+  }
+  kept_bytes_.store(r->bytes);
+  spdlog::info(
+      "kept area: kept {} samples ({} on disk) in {} in {:.2f} s; {} ready samples not kept",
+      r->samples, FormatBytes(static_cast<double>(r->bytes)), r->dir,
+      Seconds(std::chrono::steady_clock::now() - t0), r->skipped);
 }
 
 HelloInfo Daemon::Hello() {
@@ -698,6 +788,13 @@ report::StatusReport Daemon::Report() {
   r.pfs_bytes = reader_->pfs_bytes_total();
   r.corrupt = reader_->corruptions();
   r.changed = reader_->changed_on_pfs();
+  report::Kept& kept = r.kept.emplace();
+  kept.kept_bytes = kept_bytes_.load();
+  if (kept_) {
+    kept.adopted_bytes = kept_->adopted_bytes();
+    kept.adopted_samples = kept_->adopted_samples();
+    kept.adopt_rejected_samples = kept_->rejected_samples();
+  }
   r.stall.reads = stall.samples;
   r.stall.total_ns = stall.stall_ns_total;
   r.stall.median_ns = stall.stall_ns_median;

@@ -7,18 +7,21 @@
 // fills in that rank's order, at most limits().streams_per_rank streams per rank at once (one more
 // is refused with ResourceExhausted; the rank's open streams go on), and at most that many
 // connections per local rank plus a few (LocalServer::Options::max_connections). Stop(): closes the
-// server (cancelling every stream), stops the prefetchers and destroys the tiers, so that nothing
-// the job staged remains.
+// server (cancelling every stream), stops the prefetchers, with `keep` moves the SSD tier's ready
+// samples to the kept area (service/reader/kept.h), and destroys the tiers, so that nothing else
+// the job staged remains. Start() adopts the dataset's kept copy, if any, as a source of samples.
 //
 // Thread safety: Start/Stop from the main thread; the Handler methods are called by the server's
 // threads and are safe concurrently; StatusText from any thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +36,7 @@
 #include "service/daemon/metrics.h"
 #include "service/daemon/staging.h"
 #include "service/peers/peers.h"
+#include "service/reader/kept.h"
 #include "service/reader/sample_reader.h"
 #include "service/server/local_server.h"
 #include "service/tiers/prefetcher.h"
@@ -60,6 +64,10 @@ struct DaemonOptions {
   std::string peer_secret_file;
   std::string peer_provider = "tcp;ofi_rxm";
   uint32_t peer_timeout_ms = 5000;
+  // The kept area (service/reader/kept.h): keep the SSD tier's ready samples at Stop(), at most
+  // keep_max_bytes of disk (0: no limit). A kept copy of the dataset is adopted whatever these say.
+  bool keep = false;
+  uint64_t keep_max_bytes = 0;
 };
 
 class Daemon final : public Handler {
@@ -130,6 +138,15 @@ class Daemon final : public Handler {
   ring::RingStats closed_stats_ GUARDED_BY(mu_);
   bool stopped_ GUARDED_BY(mu_) = false;
   std::unique_ptr<PeerService> peers_;  // null without peers
+
+  // The kept area: where (unset without an SSD class or when the dataset has no canonical path),
+  // the adopted copy (null when none), and what Stop() kept. Set in Init and Stop (main thread).
+  std::optional<KeptPlace> kept_place_;
+  std::unique_ptr<KeptCopy> kept_;
+  std::atomic<uint64_t> kept_bytes_{0};
+  int64_t start_wall_ns_ = 0;  // the real time at the start of Init
+  void AdoptKept();
+  void KeepAtExit();
 
   // Bytes staged into each class so far (prefetched, kept from staging reads, pushed by peers).
   std::vector<uint64_t> StagedBytes() const;

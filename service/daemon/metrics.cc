@@ -140,6 +140,20 @@ std::string RenderMetrics(const report::StatusReport& r, const MetricsLabels& la
            "Bytes read from the PFS on this node, prefetch included.");
   e.Sample("nopfs_pfs_read_bytes_total", "", r.pfs_bytes);
 
+  e.Family("nopfs_kept_bytes", "gauge",
+           "Disk bytes of the SSD tier's samples kept at exit for the next job (0 until then).");
+  const report::Kept kept = r.kept.value_or(report::Kept{});
+  e.Sample("nopfs_kept_bytes", "", kept.kept_bytes);
+  e.Family("nopfs_adopted_bytes_total", "counter",
+           "Bytes taken from the copy an earlier job kept instead of the PFS.");
+  e.Sample("nopfs_adopted_bytes_total", "", kept.adopted_bytes);
+  e.Family("nopfs_adopted_samples_total", "counter",
+           "Samples taken from the copy an earlier job kept instead of the PFS.");
+  e.Sample("nopfs_adopted_samples_total", "", kept.adopted_samples);
+  e.Family("nopfs_adopt_rejected_samples_total", "counter",
+           "Kept samples not used (file changed, bytes differ, gone from the dataset).");
+  e.Sample("nopfs_adopt_rejected_samples_total", "", kept.adopt_rejected_samples);
+
   const report::Peers none;
   const report::Peers& p = r.peers ? *r.peers : none;
   e.Family("nopfs_peer_reads_total", "counter",

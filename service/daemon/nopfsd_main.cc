@@ -99,6 +99,8 @@ int main(int argc, char** argv) {
   options.peer_secret_file = f.peer_secret_file;
   options.peer_provider = f.peer_provider;
   options.peer_timeout_ms = f.peer_timeout_ms;
+  options.keep = f.keep;
+  options.keep_max_bytes = f.keep_max_bytes;
   for (auto [text, out] :
        {std::pair{&f.ram, &options.ram_grant}, std::pair{&f.ssd, &options.ssd_grant}}) {
     if (text->empty()) continue;

@@ -32,6 +32,7 @@ FileStat FromStat(const struct stat& st) {
   FileStat s;
   s.size = static_cast<uint64_t>(st.st_size);
   s.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  s.ctime_ns = static_cast<int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec;
   s.inode = static_cast<uint64_t>(st.st_ino);
   s.device = static_cast<uint64_t>(st.st_dev);
   s.is_dir = S_ISDIR(st.st_mode);

@@ -28,6 +28,7 @@ namespace nopfs::service {
 struct FileStat {
   uint64_t size = 0;     // bytes
   int64_t mtime_ns = 0;  // last modification, nanoseconds since the epoch
+  int64_t ctime_ns = 0;  // last change of content or attributes (not settable by users), ns
   uint64_t inode = 0;    // st_ino
   uint64_t device = 0;   // st_dev
   bool is_dir = false;

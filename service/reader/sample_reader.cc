@@ -128,8 +128,17 @@ bool SampleReader::KeepPushed(policy::SampleId sample, std::span<const std::byte
   return claimed->slots().state(claimed->layout().SlotOf(sample)) == SlotState::kReady;
 }
 
+Result<uint64_t> SampleReader::FetchKept(policy::SampleId sample, std::span<std::byte> dst) {
+  if (!kept_fetch_) return Status::NotFound("no kept copy");
+  const uint64_t t0 = NowNanos();
+  Result<uint64_t> h = kept_fetch_(sample, dst);
+  if (h.ok()) Count(kept_, dst.size(), NowNanos() - t0);
+  return h;
+}
+
 Result<uint64_t> SampleReader::FetchForFill(policy::SampleId sample, std::span<std::byte> dst,
                                             bool may_defer) {
+  if (Result<uint64_t> h = FetchKept(sample, dst); h.ok()) return h;
   if (peer_set_.load(std::memory_order_acquire) && peer_fill_fetch_) {
     const uint64_t t0 = NowNanos();
     Result<uint64_t> h = peer_fill_fetch_(sample, dst);
@@ -315,6 +324,13 @@ Result<SourceId> SampleReader::Read(policy::SampleId sample, std::span<std::byte
   // Fetch-and-cache: claim the planned slot before reading, so that a prefetcher reaching the
   // same sample meanwhile skips it instead of reading the PFS a second time.
   if (planned && !tried_claim) claimed = ClaimForCache(static_cast<size_t>(klass), sample);
+  if (Result<uint64_t> k = FetchKept(sample, dst); k.ok()) {
+    if (claimed != nullptr) {
+      CacheAfterRead(static_cast<size_t>(klass), claimed, sample, dst, *k,
+                     *cached_on_read_[static_cast<size_t>(klass)]);
+    }
+    return SourceId{SourceId::kKept};
+  }
   Result<uint64_t> h = FetchFromPfs(sample, dst, /*staging=*/true);
   if (!h.ok()) {
     if (claimed != nullptr) claimed->slots().Abandon(claimed->layout().SlotOf(sample));

@@ -46,6 +46,7 @@ struct TierRef {
 
 // Where a read was served from: a class index (0..classes-1), a peer, or the PFS.
 struct SourceId {
+  static constexpr int kKept = -3;  // the kept copy an earlier job left (service/reader/kept.h)
   static constexpr int kPeer = -2;
   static constexpr int kPfs = -1;
   int index = kPfs;
@@ -69,6 +70,10 @@ using PeerLookupFn = std::function<int(policy::SampleId)>;
 // for the job) but was not presumed to have it yet; best effort, must not block.
 using PeerPushFn =
     std::function<void(policy::SampleId, std::span<const std::byte> bytes, uint64_t xxh3)>;
+
+// A kept copy's fetch (KeptCopy::Fetch): fills dst with verified bytes and returns their xxh3;
+// NotFound when it does not have the sample, another error when it rejected it.
+using KeptFetchFn = std::function<Result<uint64_t>(policy::SampleId, std::span<std::byte> dst)>;
 
 class SampleReader {
  public:
@@ -115,6 +120,12 @@ class SampleReader {
   void SetPeerSource(PeerLookupFn lookup, PeerFetchFn fetch, PeerFetchFn fill,
                      PeerPushFn push = nullptr);
 
+  // Installs the kept copy: prefetches and staging reads that would go to a peer or the PFS take
+  // the sample from it first. Call before any read.
+  void SetKeptSource(KeptFetchFn fetch) { kept_fetch_ = std::move(fetch); }
+  // Samples and bytes taken from the kept copy (prefetches and staging reads).
+  const SourceCounters& kept_counters() const { return kept_; }
+
   // A peer pushed `sample` (read from the PFS there before this node had it): when the plan
   // places it in a tier whose slot is still empty, stores it there (as fetch-and-cache does) and
   // returns true; otherwise (not planned here, filled or being filled, wrong size or checksum)
@@ -146,6 +157,8 @@ class SampleReader {
  private:
   Status ReadTier(const TierRef& t, policy::SampleId sample, std::span<std::byte> dst);
   bool TierReady(const TierRef& t, policy::SampleId sample) const;
+  // The kept copy's bytes (counted), or an error: NotFound without a kept copy.
+  Result<uint64_t> FetchKept(policy::SampleId sample, std::span<std::byte> dst);
   // Fetch-and-cache: claims `sample`'s slot in class j's tier (TryBeginFill) if it is empty;
   // the tier, or null when there is nothing to claim.
   Tier* ClaimForCache(size_t j, policy::SampleId sample);
@@ -166,6 +179,8 @@ class SampleReader {
   PeerFetchFn peer_fetch_;
   PeerFetchFn peer_fill_fetch_;
   PeerPushFn peer_push_;
+  KeptFetchFn kept_fetch_;  // set before any read, then read-only
+  SourceCounters kept_;
   std::vector<std::unique_ptr<SourceCounters>> pushed_kept_;
   std::atomic<bool> peer_set_{false};
   SourceCounters peer_fill_;

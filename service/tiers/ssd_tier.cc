@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -22,6 +23,7 @@ namespace nopfs::service {
 namespace {
 
 constexpr char kLockName[] = "lock";
+constexpr char kKeptName[] = "kept";
 constexpr char kTempPrefix[] = ".tmp.";
 constexpr time_t kTempGraceSeconds = 60;
 
@@ -90,9 +92,10 @@ Result<int> TryLock(const std::string& dir, bool create) {
   return fd;
 }
 
-Status PreadFull(int fd, std::byte* dst, uint64_t n, uint64_t off, const std::string& path) {
+Status PreadFull(LocalIo* io, int fd, std::byte* dst, uint64_t n, uint64_t off,
+                 const std::string& path) {
   while (n > 0) {
-    const ssize_t r = pread(fd, dst, n, static_cast<off_t>(off));
+    const ssize_t r = io->Pread(fd, dst, n, static_cast<off_t>(off));
     if (r < 0) {
       if (errno == EINTR) continue;
       return Status::FromErrno(errno, "ssd tier: reading " + path);
@@ -108,9 +111,10 @@ Status PreadFull(int fd, std::byte* dst, uint64_t n, uint64_t off, const std::st
   return Status::Ok();
 }
 
-Status PwriteFull(int fd, const std::byte* src, uint64_t n, uint64_t off, const std::string& path) {
+Status PwriteFull(LocalIo* io, int fd, const std::byte* src, uint64_t n, uint64_t off,
+                  const std::string& path) {
   while (n > 0) {
-    const ssize_t r = pwrite(fd, src, n, static_cast<off_t>(off));
+    const ssize_t r = io->Pwrite(fd, src, n, static_cast<off_t>(off));
     if (r < 0) {
       if (errno == EINTR) continue;
       return Status::FromErrno(errno, "ssd tier: writing " + path);
@@ -151,6 +155,7 @@ Result<uint64_t> SsdTier::CleanupStale(const std::string& scratch_root, uid_t ui
   closedir(d);
   uint64_t removed = 0;
   for (const std::string& n : names) {
+    if (n == kKeptName) continue;  // the kept area (launch/kept_area.h), not a job's tier
     const std::string path = udir + "/" + n;
     struct stat st {};
     if (lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
@@ -179,11 +184,12 @@ Result<uint64_t> SsdTier::CleanupStale(const std::string& scratch_root, uid_t ui
   return removed;
 }
 
-SsdTier::SsdTier(std::string dir, TierLayout layout, int lock_fd)
+SsdTier::SsdTier(std::string dir, TierLayout layout, int lock_fd, LocalIo* io)
     : dir_(std::move(dir)),
       layout_(std::move(layout)),
       slots_(layout_.slot_count()),
-      lock_fd_(lock_fd) {}
+      lock_fd_(lock_fd),
+      io_(io) {}
 
 Result<std::unique_ptr<SsdTier>> SsdTier::Create(const SsdTierOptions& o, TierLayout layout) {
   if (!ValidName(o.job) || !ValidName(o.node)) {
@@ -233,7 +239,8 @@ Result<std::unique_ptr<SsdTier>> SsdTier::Create(const SsdTierOptions& o, TierLa
       return Status::FromErrno(err, "ssd tier: renaming " + tmpl + " to " + final_dir);
     }
   }
-  std::unique_ptr<SsdTier> tier(new SsdTier(final_dir, std::move(layout), *lock));
+  std::unique_ptr<SsdTier> tier(new SsdTier(final_dir, std::move(layout), *lock,
+                                            o.io != nullptr ? o.io : LocalIo::Default()));
 
   // Space check first, so the message can name the shortfall before anything is written.
   struct statvfs vfs {};
@@ -260,7 +267,64 @@ Result<std::unique_ptr<SsdTier>> SsdTier::Create(const SsdTierOptions& o, TierLa
   TierLog()->info("ssd tier {}: {} samples in {} files, {} bytes, {} I/O", final_dir,
                   tier->layout_.slot_count(), tier->layout_.file_count(), need,
                   tier->direct_ ? "direct" : "buffered");
+  SsdTier* t = tier.get();
+  tier->allocator_ = std::thread([t] { t->PreallocateAll(); });
   return tier;
+}
+
+Status SsdTier::Preallocate(uint32_t file, uint64_t offset, uint64_t size) {
+  std::vector<std::atomic<ChunkState>>& chunks = chunks_[file];
+  if (size == 0 || chunks.empty()) return Status::Ok();
+  const uint64_t file_bytes = layout_.file_bytes(file);
+  const uint64_t first = offset / kAllocChunk;
+  const uint64_t last = std::min<uint64_t>((offset + size - 1) / kAllocChunk, chunks.size() - 1);
+  for (uint64_t c = first; c <= last; ++c) {
+    ChunkState s = chunks[c].load(std::memory_order_acquire);
+    if (s == ChunkState::kAllocated) continue;
+    MutexLock lock(&alloc_mu_);
+    s = chunks[c].load(std::memory_order_relaxed);
+    const uint64_t begin = c * kAllocChunk;
+    const uint64_t len = std::min(kAllocChunk, file_bytes - begin);
+    if (s == ChunkState::kNone) {
+      const int err =
+          io_->Fallocate(files_[file].fd, static_cast<off_t>(begin), static_cast<off_t>(len));
+      if (err != 0) {
+        s = ChunkState::kFailed;
+        struct statvfs vfs {};
+        const uint64_t avail = fstatvfs(files_[file].fd, &vfs) == 0
+                                   ? static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize
+                                   : 0;
+        TierLog()->error(
+            "ssd tier: preallocating bytes {}..{} of {}: {} ({} bytes free); the samples there "
+            "are read from the next source",
+            begin, begin + len, DataPath(file), std::strerror(err), avail);
+      } else {
+        s = ChunkState::kAllocated;
+        allocated_bytes_.fetch_add(len, std::memory_order_relaxed);
+      }
+      chunks[c].store(s, std::memory_order_release);
+    }
+    if (s == ChunkState::kFailed) {
+      return Status::ResourceExhausted("ssd tier: preallocating bytes " + std::to_string(begin) +
+                                       ".." + std::to_string(begin + len) + " of " +
+                                       DataPath(file) + " failed; no space for this sample");
+    }
+  }
+  return Status::Ok();
+}
+
+void SsdTier::PreallocateAll() {
+  for (uint32_t file = 0; file < chunks_.size(); ++file) {
+    for (uint64_t c = 0; c < chunks_[file].size(); ++c) {
+      if (stop_alloc_.load(std::memory_order_relaxed)) return;
+      // A failure is logged and fails that chunk's fills; the other chunks are still allocated.
+      (void)Preallocate(file, c * kAllocChunk, 1);
+    }
+  }
+}
+
+void SsdTier::WaitPreallocated() {
+  if (allocator_.joinable()) allocator_.join();
 }
 
 Status SsdTier::OpenFiles(bool direct_io) {
@@ -271,19 +335,7 @@ Status SsdTier::OpenFiles(bool direct_io) {
     f.fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (f.fd < 0) return Status::FromErrno(errno, "ssd tier: creating " + path);
     files_.push_back(f);
-    const uint64_t bytes = layout_.file_bytes(i);
-    if (bytes > 0) {
-      const int err = posix_fallocate(f.fd, 0, static_cast<off_t>(bytes));
-      if (err == ENOSPC) {
-        struct statvfs vfs {};
-        const uint64_t avail =
-            fstatvfs(f.fd, &vfs) == 0 ? static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize : 0;
-        return Status::ResourceExhausted("ssd tier: preallocating " + std::to_string(bytes) +
-                                         " bytes for " + path + ": no space left (" +
-                                         std::to_string(avail) + " bytes free)");
-      }
-      if (err != 0) return Status::FromErrno(err, "ssd tier: preallocating " + path);
-    }
+    chunks_.emplace_back((layout_.file_bytes(i) + kAllocChunk - 1) / kAllocChunk);
     if (direct_) {
       files_.back().direct_fd = open(path.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC | O_NOFOLLOW);
       if (files_.back().direct_fd < 0) {
@@ -305,6 +357,8 @@ Status SsdTier::OpenFiles(bool direct_io) {
 Status SsdTier::Destroy() {
   if (destroyed_) return Status::Ok();
   destroyed_ = true;
+  stop_alloc_.store(true, std::memory_order_relaxed);
+  if (allocator_.joinable()) allocator_.join();
   Status first;
   for (uint32_t i = 0; i < files_.size(); ++i) {
     if (files_[i].direct_fd >= 0) close(files_[i].direct_fd);
@@ -355,14 +409,16 @@ Result<uint64_t> SsdTier::Fill(uint32_t slot, const FetchFn& fetch, std::span<st
   if (bounce.size() < padded || !Aligned(bounce.data())) {
     throw std::invalid_argument("SsdTier::Fill: bounce buffer too small or misaligned");
   }
+  if (Status a = Preallocate(e.file, e.offset, padded); !a.ok()) return a;
   auto hash = fetch(layout_.SampleAt(slot), bounce.first(e.size));
   if (!hash.ok()) return hash.status();
   // Zero the padding so that no stale memory reaches the disk.
   std::memset(bounce.data() + e.size, 0, padded - e.size);
   const DataFile& f = files_[e.file];
-  const Status s = f.direct_fd >= 0
-                       ? PwriteFull(f.direct_fd, bounce.data(), padded, e.offset, DataPath(e.file))
-                       : PwriteFull(f.fd, bounce.data(), e.size, e.offset, DataPath(e.file));
+  const Status s =
+      f.direct_fd >= 0
+          ? PwriteFull(io_, f.direct_fd, bounce.data(), padded, e.offset, DataPath(e.file))
+          : PwriteFull(io_, f.fd, bounce.data(), e.size, e.offset, DataPath(e.file));
   if (!s.ok()) return s;
   return *hash;
 }
@@ -386,17 +442,26 @@ Status SsdTier::Read(policy::SampleId sample, std::span<std::byte> dst) {
   if (destroyed_) return Status::FailedPrecondition("ssd tier: " + dir_ + " was destroyed");
   const DataFile& f = files_[e.file];
   const std::string path = DataPath(e.file);
+  Status io = Status::Ok();
   if (f.direct_fd >= 0 && Aligned(dst.data())) {
     // The whole blocks straight into dst, the partial last block through an aligned buffer.
     const uint64_t whole = e.size & ~(kSsdAlignment - 1);
-    if (whole > 0) NOPFS_RETURN_IF_ERROR(PreadFull(f.direct_fd, dst.data(), whole, e.offset, path));
-    if (whole < e.size) {
+    if (whole > 0) io = PreadFull(io_, f.direct_fd, dst.data(), whole, e.offset, path);
+    if (io.ok() && whole < e.size) {
       alignas(kSsdAlignment) std::byte tail[kSsdAlignment];
-      NOPFS_RETURN_IF_ERROR(PreadFull(f.direct_fd, tail, kSsdAlignment, e.offset + whole, path));
-      std::memcpy(dst.data() + whole, tail, e.size - whole);
+      io = PreadFull(io_, f.direct_fd, tail, kSsdAlignment, e.offset + whole, path);
+      if (io.ok()) std::memcpy(dst.data() + whole, tail, e.size - whole);
     }
   } else {
-    NOPFS_RETURN_IF_ERROR(PreadFull(f.fd, dst.data(), e.size, e.offset, path));
+    io = PreadFull(io_, f.fd, dst.data(), e.size, e.offset, path);
+  }
+  if (!io.ok()) {
+    // A disk that failed once for this slot is not asked again: its sample comes from elsewhere.
+    slots_.MarkFailed(slot);
+    TierLog()->error("ssd tier: sample {} in {} at offset {}: {}", sample, path, e.offset,
+                     io.message());
+    return Status(io.code(), "ssd tier: sample " + std::to_string(sample) + ": " + io.message() +
+                                 "; slot marked failed, read it from the PFS");
   }
   const uint64_t got = XXH3_64bits(dst.data(), dst.size());
   const uint64_t want = slots_.expected(slot);

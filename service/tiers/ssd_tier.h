@@ -3,10 +3,11 @@
 //
 // Layout on disk (docs/tiers.md says why):
 //   <scratch>/nopfs-<uid>/                 0700, owned by the daemon's user (shared by its jobs)
+//   <scratch>/nopfs-<uid>/kept/            the kept area (launch/kept_area.h), never touched here
 //   <scratch>/nopfs-<uid>/<job>.<node>/    0700, this tier
 //       lock                               flock()ed (LOCK_EX) for as long as the tier lives
-//       data.0, data.1, ...                preallocated (posix_fallocate), 0600, samples at
-//                                          4 KiB-aligned offsets given by the TierLayout
+//       data.0, data.1, ...                0600, samples at 4 KiB-aligned offsets given by the
+//                                          TierLayout, preallocated (posix_fallocate) as below
 // The directory is first built under a hidden temporary name with its lock held and then renamed
 // into place, so a job directory always has a lock file and a lock that is not held means its
 // daemon is gone. CleanupStale removes such directories (the next start and the epilog call it).
@@ -14,8 +15,18 @@
 // are gone, `rm -rf <scratch>/nopfs-<uid>/<job>.*` (and the per-user directory if it is empty);
 // nothing else of a job lives on disk.
 //
+// Create checks the free space (statvfs) but allocates nothing: the data files are preallocated
+// in chunks of kAllocChunk, in slot order, by a background thread that starts at Create, and a
+// fill whose chunk that thread has not reached yet allocates it first. Start-up therefore takes
+// the same time whatever the tier's size, and the space is secured within moments of it. A chunk
+// that cannot be allocated (the disk filled up meanwhile) fails the fills of its slots with
+// ResourceExhausted, logged once; those samples come from the next source.
+//
 // Every Read verifies the xxh3 recorded at fill time: a mismatch returns Corruption naming the
-// sample and the file and marks the slot failed so that the caller refetches from the PFS.
+// sample and the file and marks the slot failed so that the caller refetches from the PFS; a read
+// that fails does the same. A fill that cannot write (a full disk) returns the error, and the
+// caller fails that slot. The data files' I/O goes through a LocalIo (SsdTierOptions::io), where
+// tests inject ENOSPC, EIO, short reads, slow I/O and flipped bytes.
 // Reads and writes use O_DIRECT when the file system supports it and buffered I/O otherwise
 // (tmpfs before Linux 6.6, some network file systems): the fallback is decided when the data
 // files are opened and logged as a warning; direct_io() tells which one is in use.
@@ -26,14 +37,18 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
+#include "service/env/local_io.h"
 #include "service/tiers/tier_layout.h"
 
 namespace nopfs::service {
@@ -43,6 +58,8 @@ struct SsdTierOptions {
   std::string job;           // job id: letters, digits, '_', '-', '.'; not starting with '.'
   std::string node;          // node name or index, same characters
   bool direct_io = true;     // try O_DIRECT (falls back to buffered I/O where refused)
+  LocalIo* io = nullptr;     // the data files' reads, writes and preallocation (tests inject
+                             // faults); nullptr: LocalIo::Default(). Must outlive the tier.
 };
 
 class SsdTier final : public Tier {
@@ -69,13 +86,21 @@ class SsdTier final : public Tier {
   const std::string& dir() const { return dir_; }
   std::string DataPath(uint32_t file) const;
   bool direct_io() const { return direct_; }
+  // Bytes of the data files preallocated so far.
+  uint64_t allocated_bytes() const { return allocated_bytes_.load(std::memory_order_relaxed); }
+  // Waits until the background preallocation has finished (tests, benchmarks).
+  void WaitPreallocated();
+
+  static constexpr uint64_t kAllocChunk = uint64_t{64} << 20;
 
   bool IsReady(policy::SampleId sample) const;
   // As RamTier::WaitReady.
   Status WaitReady(policy::SampleId sample, std::chrono::nanoseconds timeout) const;
   // Reads the sample into dst (exactly its size) and verifies its checksum. NotFound (not in this
-  // tier), FailedPrecondition (not ready), Corruption (checksum mismatch; slot now failed),
-  // IoError. A dst aligned to 4096 bytes allows O_DIRECT; any other is read buffered.
+  // tier), FailedPrecondition (not ready), Corruption (checksum mismatch) or the read's error
+  // (IoError, ...), both naming the file and leaving the slot failed, so that the sample is read
+  // from another source from then on. A dst aligned to 4096 bytes allows O_DIRECT; any other is
+  // read buffered.
   Status Read(policy::SampleId sample, std::span<std::byte> dst);
 
   const char* kind() const override { return "ssd"; }
@@ -90,16 +115,29 @@ class SsdTier final : public Tier {
     int fd = -1;         // buffered
     int direct_fd = -1;  // O_DIRECT, or -1
   };
-  SsdTier(std::string dir, TierLayout layout, int lock_fd);
+  SsdTier(std::string dir, TierLayout layout, int lock_fd, LocalIo* io);
   Status OpenFiles(bool direct_io);
+  // Preallocates the chunks that bytes [offset, offset + size) of data file `file` lie in.
+  Status Preallocate(uint32_t file, uint64_t offset, uint64_t size);
+  void PreallocateAll();  // the background thread
+
+  enum class ChunkState : uint8_t { kNone, kAllocated, kFailed };
 
   std::string dir_;
   TierLayout layout_;
   SlotTable slots_;
   int lock_fd_;
+  LocalIo* const io_;
   bool direct_ = false;
   std::vector<DataFile> files_;
   bool destroyed_ = false;
+  // One chunk is allocated at a time; a chunk's state is read without the mutex (atomic) and
+  // written under it. chunks_[file][chunk].
+  Mutex alloc_mu_;
+  std::vector<std::vector<std::atomic<ChunkState>>> chunks_;
+  std::atomic<uint64_t> allocated_bytes_{0};
+  std::atomic<bool> stop_alloc_{false};
+  std::thread allocator_;
 };
 
 }  // namespace nopfs::service

@@ -5,11 +5,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <thread>
 #include <vector>
 
+#include "service/env/local_io.h"
 #include "service/tiers/tier_test_util.h"
 
 namespace nopfs::service {
@@ -201,6 +207,176 @@ TEST_P(SsdTierTest, RejectsBadNames) {
   ASSERT_TRUE(layout.ok());
   EXPECT_EQ(SsdTier::Create(Options("../x"), std::move(*layout)).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+// Faults of the local disk, injected under the tier: every failure names the file, fails only its
+// slot, and no wrong byte is ever returned as the sample.
+TEST_P(SsdTierTest, DiskFaultsFailTheirSlotAndNeverReturnWrongBytes) {
+  FaultInjectionLocalIo io(LocalIo::Default());
+  // Samples of 1 MiB, 100000, 4097, 8192, 12345 and 4096 bytes.
+  const std::vector<policy::SampleId> order = {9, 3, 5, 6, 7, 1};
+  auto layout = TierLayout::Ssd(PlanOf(order, kSizes), kSizes, 1 << 20);
+  ASSERT_TRUE(layout.ok());
+  SsdTierOptions o = Options();
+  o.io = &io;
+  auto created = SsdTier::Create(o, std::move(*layout));
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  SsdTier& tier = **created;
+  AlignedBuf bounce(tier.bounce_bytes());
+  auto fill = [&](policy::SampleId k) -> Status {
+    const uint32_t slot = tier.layout().SlotOf(k);
+    EXPECT_TRUE(tier.slots().TryBeginFill(slot));
+    Result<uint64_t> h = tier.Fill(slot, FetchContent, {bounce.p, bounce.size});
+    if (!h.ok()) {
+      tier.slots().MarkFailed(slot);
+      return h.status();
+    }
+    tier.slots().MarkReady(slot, *h);
+    return Status::Ok();
+  };
+  auto read_ok = [&](policy::SampleId k) {
+    AlignedBuf a(kSizes[k]);
+    const Status s = tier.Read(k, a.span());
+    const auto want = Content(k, kSizes[k]);
+    return s.ok() && std::equal(want.begin(), want.end(), a.p, a.p + a.size);
+  };
+  const std::string data0 = tier.DataPath(0);
+
+  // A full disk, at once and after one block of the sample.
+  io.FailWrites(ENOSPC);
+  Status s = fill(9);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("writing " + data0), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("No space"), std::string::npos) << s.ToString();
+  io.FailWrites(ENOSPC, 4096);
+  EXPECT_FALSE(fill(3).ok());
+  io.ClearFaults();
+  for (const policy::SampleId k : std::vector<policy::SampleId>{5, 6, 7, 1})
+    ASSERT_TRUE(fill(k).ok()) << k;
+  EXPECT_EQ(tier.Read(9, AlignedBuf(kSizes[9]).span()).code(), StatusCode::kFailedPrecondition);
+
+  // Short reads are completed; slow reads are only slow.
+  io.ShortReads(true);
+  io.SetDelay(std::chrono::milliseconds(1));
+  EXPECT_TRUE(read_ok(7));
+  std::vector<std::byte> u(kSizes[6] + 1);  // unaligned: the buffered path
+  ASSERT_TRUE(tier.Read(6, std::span<std::byte>(u).subspan(1)).ok());
+  const auto want1 = Content(6, kSizes[6]);
+  EXPECT_TRUE(std::equal(want1.begin(), want1.end(), u.begin() + 1, u.end()));
+  EXPECT_GT(io.short_reads(), 0u);
+  io.ClearFaults();
+
+  // A flipped byte is Corruption; an I/O error is that error; each fails its slot for good.
+  io.FlipReads(true);
+  AlignedBuf a(kSizes[5]);
+  s = tier.Read(5, a.span());
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+  EXPECT_GT(io.flipped_reads(), 0u);
+  io.ClearFaults();
+  io.FailReads(EIO);
+  s = tier.Read(1, AlignedBuf(kSizes[1]).span());
+  EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
+  EXPECT_NE(s.message().find("slot marked failed"), std::string::npos) << s.ToString();
+  io.ClearFaults();
+  EXPECT_EQ(tier.slots().state(tier.layout().SlotOf(5)), SlotState::kFailed);
+  EXPECT_EQ(tier.slots().state(tier.layout().SlotOf(1)), SlotState::kFailed);
+  EXPECT_EQ(tier.Read(1, AlignedBuf(kSizes[1]).span()).code(), StatusCode::kFailedPrecondition);
+  // The rest of the tier is untouched.
+  EXPECT_TRUE(read_ok(6));
+  EXPECT_TRUE(read_ok(7));
+}
+
+TEST_P(SsdTierTest, PreallocationThatFailsFailsTheFillsOfItsChunksAndLeavesNothing) {
+  for (const int err : {ENOSPC, EIO}) {
+    SCOPED_TRACE(err);
+    FaultInjectionLocalIo io(LocalIo::Default());
+    io.FailFallocate(err);
+    auto layout = TierLayout::Ssd(PlanOf({0, 1, 3}, kSizes), kSizes);
+    ASSERT_TRUE(layout.ok());
+    SsdTierOptions o = Options();
+    o.io = &io;
+    const uint64_t fds = OpenFdCount();
+    {
+      auto tier = SsdTier::Create(o, std::move(*layout));
+      ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+      (*tier)->WaitPreallocated();
+      EXPECT_EQ((*tier)->allocated_bytes(), 0u);
+      AlignedBuf bounce((*tier)->bounce_bytes());
+      const uint32_t slot = (*tier)->layout().SlotOf(3);
+      ASSERT_TRUE((*tier)->slots().TryBeginFill(slot));
+      Result<uint64_t> h = (*tier)->Fill(slot, FetchContent, {bounce.p, bounce.size});
+      ASSERT_FALSE(h.ok());
+      EXPECT_EQ(h.status().code(), StatusCode::kResourceExhausted) << h.status().ToString();
+      EXPECT_NE(h.status().message().find("preallocating"), std::string::npos)
+          << h.status().ToString();
+      (*tier)->slots().MarkFailed(slot);
+      EXPECT_EQ((*tier)->Read(3, AlignedBuf(kSizes[3]).span()).code(),
+                StatusCode::kFailedPrecondition);
+    }
+    EXPECT_EQ(OpenFdCount(), fds);
+    EXPECT_TRUE(fs::is_empty(dir_->path()));
+  }
+}
+
+// A LocalIo whose preallocation waits until opened: Create must not wait for it.
+class GatedFallocate final : public LocalIo {
+ public:
+  ssize_t Pread(int fd, void* dst, size_t n, off_t off) override {
+    return LocalIo::Default()->Pread(fd, dst, n, off);
+  }
+  ssize_t Pwrite(int fd, const void* src, size_t n, off_t off) override {
+    return LocalIo::Default()->Pwrite(fd, src, n, off);
+  }
+  int Fallocate(int fd, off_t off, off_t len) override {
+    while (!open_.load())
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    calls_.fetch_add(1);
+    return LocalIo::Default()->Fallocate(fd, off, len);
+  }
+  std::atomic<bool> open_{false};
+  std::atomic<uint64_t> calls_{0};
+};
+
+TEST_P(SsdTierTest, StartsWithoutAllocatingAndAllocatesEverythingInTheBackground) {
+  GatedFallocate io;
+  // Two files of several chunks each: 1 MiB samples, 160 MiB files.
+  const std::vector<uint64_t> sizes(400, uint64_t{1} << 20);
+  std::vector<policy::SampleId> order(sizes.size());
+  for (policy::SampleId k = 0; k < order.size(); ++k)
+    order[k] = k;
+  auto layout = TierLayout::Ssd(PlanOf(order, sizes), sizes, uint64_t{256} << 20);
+  ASSERT_TRUE(layout.ok());
+  SsdTierOptions o = Options();
+  o.io = &io;
+  auto tier = SsdTier::Create(o, std::move(*layout));  // returns with the gate still closed
+  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+  EXPECT_EQ((*tier)->allocated_bytes(), 0u);
+  EXPECT_EQ(io.calls_.load(), 0u);
+  io.open_ = true;
+  (*tier)->WaitPreallocated();
+  uint64_t total = 0;
+  for (uint32_t f = 0; f < (*tier)->layout().file_count(); ++f) {
+    total += (*tier)->layout().file_bytes(f);
+    struct stat st {};
+    ASSERT_EQ(stat((*tier)->DataPath(f).c_str(), &st), 0);
+    EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, (*tier)->layout().file_bytes(f)) << f;
+  }
+  EXPECT_GE((*tier)->layout().file_count(), 2u);
+  EXPECT_EQ((*tier)->allocated_bytes(), total);
+  EXPECT_GE(io.calls_.load(), total / SsdTier::kAllocChunk);
+  // Fills after that write into allocated space and read back.
+  AlignedBuf bounce((*tier)->bounce_bytes());
+  for (const policy::SampleId k : {policy::SampleId{399}, policy::SampleId{0}}) {
+    const uint32_t slot = (*tier)->layout().SlotOf(k);
+    ASSERT_TRUE((*tier)->slots().TryBeginFill(slot));
+    Result<uint64_t> h = (*tier)->Fill(slot, FetchContent, {bounce.p, bounce.size});
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    (*tier)->slots().MarkReady(slot, *h);
+    AlignedBuf a(sizes[k]);
+    ASSERT_TRUE((*tier)->Read(k, a.span()).ok());
+    const auto want = Content(k, sizes[k]);
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), a.p, a.p + a.size)) << k;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fs, SsdTierTest, ::testing::Values("/var/tmp", "/dev/shm"));

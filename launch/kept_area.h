@@ -1,0 +1,108 @@
+// The kept area: the SSD tier's samples that nopfsd keeps on a node's local scratch when it stops
+// (`--keep`), so that the next job on the same dataset starts warm (docs/tiers.md, "The kept
+// area"). nopfsd writes and adopts kept datasets; the prolog, `nopfs gc` and `nopfs cache` (which
+// may run as root inside the user's directory) list and remove them with ListKept and RemoveKept.
+//
+// Layout, inside the per-user directory (spank/user_dirs.h, service/tiers/ssd_tier.h):
+//   <scratch>/nopfs-<uid>/kept/            0700, the user's kept datasets on this node
+//   <scratch>/nopfs-<uid>/kept/<key>/      one kept dataset; key = 16 lowercase hex digits
+//       data.0, data.1, ...                the samples' bytes (the SSD tier's data files, with the
+//                                          slots that were not kept punched out)
+//       index                              one record per kept sample (EncodeKeptIndex)
+//       MANIFEST                           written last (temporary file, fsync, rename, fsync of
+//                                          the directory): without a valid MANIFEST the directory
+//                                          is incomplete, never trusted, only removed
+//   <scratch>/nopfs-<uid>/kept/.tmp.*      being written or being adopted by a live nopfsd
+//
+// MANIFEST (at most kMaxManifestBytes; every integer little-endian, strings le32-length-prefixed,
+// common/coding.h):
+//   "NOPFSKPT" u32 version(=1) str key str dataset i64 created i64 last_used u64 samples
+//   u64 index_bytes u64 index_xxh3 u32 data_files, then u64 xxh3 of every byte before it.
+// index (at most kMaxIndexBytes):
+//   "NOPFSKIX" u32 version(=1) u64 count, count × { str relative_path u64 offset u64 length
+//   u64 xxh3 u64 file_size i64 mtime_ns i64 ctime_ns u64 inode u32 data_file u64 data_offset },
+//   then u64 xxh3 of every byte before it.
+//
+// Thread safety: reentrant.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace nopfs::launch {
+
+inline constexpr uint32_t kKeptVersion = 1;
+inline constexpr uint64_t kMaxManifestBytes = 64 * 1024;
+inline constexpr uint64_t kMaxIndexBytes = uint64_t{1} << 30;
+inline constexpr uint32_t kMaxKeptDataFiles = 4096;
+
+std::string KeptAreaDir(const std::string& user_dir);  // <user_dir>/kept
+
+struct KeptDataset {
+  std::string key, dir;  // dir = <kept>/<key>
+  std::string dataset;   // the dataset root it holds (from MANIFEST)
+  uint64_t bytes = 0;    // disk bytes (st_blocks*512 of its regular files, lstat only)
+  uint64_t samples = 0;
+  int64_t created = 0, last_used = 0;  // unix seconds (MANIFEST fields)
+  bool complete = false;               // a valid MANIFEST is present
+};
+
+// Every entry of <kept> (complete or not; .tmp.* as incomplete), sorted by name. Never follows a
+// symlink; a MANIFEST is parsed with size limits (root reads it: hostile input) with
+// common/coding.h. A missing <kept> is an empty list.
+Result<std::vector<KeptDataset>> ListKept(const std::string& kept_dir);
+
+// Removes <kept>/<key> (or a .tmp.* entry) on descriptors (openat/unlinkat, AT_SYMLINK_NOFOLLOW,
+// never leaves the directory); safe as root inside a user's directory. A missing entry is ok.
+Status RemoveKept(const std::string& kept_dir, const std::string& name);
+
+// A .tmp.* entry is in use while a live nopfsd holds the flock of its `lock` file (LockKeptEntry),
+// and for kKeptLockGraceSeconds after its last change when it has no lock file yet.
+inline constexpr int64_t kKeptLockGraceSeconds = 60;
+// Creates <dir>/lock and takes its flock (LOCK_EX); returns the descriptor, which holds the lock
+// until closed.
+Result<int> LockKeptEntry(const std::string& dir);
+// Whether a live nopfsd writes or adopts <kept>/<name> (see above); never follows a symlink.
+bool KeptEntryInUse(const std::string& kept_dir, const std::string& name);
+
+// The key of a dataset: 16 lowercase hex digits of the xxh3 of the canonical dataset root and the
+// scan options that change which samples it has (not the seed, epochs, nodes or ranks).
+std::string KeptKey(std::string_view canonical_dataset, std::string_view scan_options);
+// Whether `name` has the form of a key.
+bool IsKeptKey(std::string_view name);
+
+struct KeptManifest {
+  std::string key;
+  std::string dataset;
+  int64_t created = 0, last_used = 0;  // unix seconds
+  uint64_t samples = 0;
+  uint64_t index_bytes = 0, index_xxh3 = 0;
+  uint32_t data_files = 0;
+};
+std::string EncodeKeptManifest(const KeptManifest& m);
+// Corruption naming what is wrong (truncated, bad magic or version, checksum mismatch, ...).
+Result<KeptManifest> ParseKeptManifest(std::string_view bytes);
+
+// One kept sample: the catalog entry it came from, the PFS file's stat when it was kept, and
+// where its bytes are.
+struct KeptSample {
+  std::string relative_path;
+  uint64_t offset = 0, length = 0;  // the sample's bytes in its file
+  uint64_t xxh3 = 0;                // of those bytes
+  uint64_t file_size = 0;
+  int64_t mtime_ns = 0, ctime_ns = 0;
+  uint64_t inode = 0;
+  uint32_t data_file = 0;    // data.<data_file>
+  uint64_t data_offset = 0;  // where the bytes start in it
+};
+std::string EncodeKeptIndex(const std::vector<KeptSample>& samples);
+Result<std::vector<KeptSample>> ParseKeptIndex(std::string_view bytes);
+
+// Writes `bytes` to <dir>/<name> durably: a temporary file, fsync, rename, fsync of `dir`.
+Status WriteFileDurably(const std::string& dir, const std::string& name, std::string_view bytes);
+
+}  // namespace nopfs::launch

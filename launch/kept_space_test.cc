@@ -1,0 +1,189 @@
+#include "launch/kept_space.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace nopfs::launch {
+namespace {
+
+namespace fs = std::filesystem;
+
+const uint32_t kMe = ::getuid();
+
+std::string Fresh(const std::string& name) {
+  const std::string dir =
+      fs::path(testing::TempDir()).lexically_normal().string() + "/kept_space_" + name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return fs::canonical(dir).string();
+}
+
+std::string UserKept(const std::string& ssd, uint32_t uid = kMe) {
+  const std::string kept = ssd + "/nopfs-" + std::to_string(uid) + "/kept";
+  fs::create_directories(kept);
+  return kept;
+}
+
+// A complete kept dataset of `bytes` data bytes last used at `last_used`.
+void MakeKept(const std::string& kept, const std::string& key, size_t bytes, int64_t last_used) {
+  const std::string dir = kept + "/" + key;
+  fs::create_directories(dir);
+  std::ofstream(dir + "/data.0", std::ios::binary) << std::string(bytes, 'x');
+  KeptManifest m;
+  m.key = key;
+  m.dataset = "/pfs/" + key;
+  m.created = last_used - 10;
+  m.last_used = last_used;
+  m.samples = 1;
+  ASSERT_TRUE(WriteFileDurably(dir, "MANIFEST", EncodeKeptManifest(m)).ok());
+}
+
+std::set<std::string> Keys(const KeptNode& n) {
+  std::set<std::string> out;
+  for (const KeptEntry& e : n.entries())
+    out.insert(e.data.key);
+  return out;
+}
+
+std::set<std::string> OnDisk(const std::string& kept) {
+  std::set<std::string> out;
+  for (const auto& e : fs::directory_iterator(kept))
+    out.insert(e.path().filename().string());
+  return out;
+}
+
+const std::string kA = "000000000000000a", kB = "000000000000000b", kC = "000000000000000c";
+constexpr size_t kMiB = 1 << 20;
+
+TEST(KeptSpace, ScanListsEveryUserAreaAndSkipsWhatIsNotTheirs) {
+  const std::string ssd = Fresh("scan");
+  const std::string kept = UserKept(ssd);
+  MakeKept(kept, kA, kMiB, 1000);
+  fs::create_directories(kept + "/.tmp.123");
+  // A directory named for another uid but owned by this one, and a link named for a user: never
+  // listed (and never followed).
+  MakeKept(UserKept(ssd, kMe + 777), kB, kMiB, 1000);
+  const std::string elsewhere = Fresh("scan_elsewhere");
+  MakeKept(elsewhere + "/kept", kC, kMiB, 1000);
+  fs::create_directory_symlink(elsewhere, ssd + "/nopfs-" + std::to_string(kMe + 778));
+  fs::create_directories(ssd + "/not-a-user");
+
+  KeptNode n = KeptNode::Scan({ssd, ssd + "/missing"});
+  EXPECT_TRUE(n.errors().empty()) << n.errors().front();
+  EXPECT_EQ(Keys(n), (std::set<std::string>{kA, ".tmp.123"}));
+  EXPECT_EQ(n.Users(), std::vector<uint32_t>{kMe});
+  EXPECT_GE(n.BytesOf(kMe), kMiB);
+  EXPECT_EQ(n.Bytes(), n.BytesOf(kMe));
+  for (const KeptEntry& e : n.entries()) {
+    EXPECT_EQ(e.data.dir, kept + "/" + e.data.key) << "shown paths are the real ones";
+    EXPECT_EQ(e.Complete(), e.data.key == kA);
+    EXPECT_EQ(e.Pending(), e.data.key == ".tmp.123");
+  }
+  EXPECT_EQ(Keys(KeptNode::Scan({ssd}, kMe)), Keys(n));
+  EXPECT_TRUE(KeptNode::Scan({ssd}, kMe + 1).entries().empty());
+}
+
+TEST(KeptSpace, SweepRemovesIncompleteExpiredAndOverQuotaLeastRecentlyUsedFirst) {
+  const std::string ssd = Fresh("sweep");
+  const std::string kept = UserKept(ssd);
+  MakeKept(kept, kA, 2 * kMiB, 1000);  // oldest
+  MakeKept(kept, kB, 2 * kMiB, 3000);
+  MakeKept(kept, kC, 2 * kMiB, 2000);
+  fs::create_directories(kept + "/00000000000000dd");  // a key without MANIFEST
+  fs::create_directories(kept + "/.tmp.99");           // a keep under way, or a crashed one
+  std::ofstream(kept + "/stray") << "x";
+  Result<int> lock = LockKeptEntry(kept + "/.tmp.99");
+  ASSERT_TRUE(lock.ok()) << lock.status().message();
+
+  // A .tmp.* entry whose lock a live nopfsd holds stays; nothing is over a large quota or past
+  // a long lifetime.
+  KeptNode n = KeptNode::Scan({ssd});
+  std::vector<Removal> r = n.Sweep([](uint32_t) { return KeepLimits{100 * kMiB, 100000}; }, 4000);
+  for (const Removal& x : r) {
+    EXPECT_TRUE(x.status.ok()) << x.status.message();
+    EXPECT_EQ(x.why, "incomplete") << x.entry.data.key;
+  }
+  EXPECT_EQ(OnDisk(kept), (std::set<std::string>{kA, kB, kC, ".tmp.99"}));
+
+  // Its nopfsd gone (the lock released), the .tmp.* goes. A lifetime of 2500 s at t=4000
+  // expires kA (last used 1000).
+  ::close(*lock);
+  n = KeptNode::Scan({ssd});
+  r = n.Sweep([](uint32_t) { return KeepLimits{100 * kMiB, 2500}; }, 4000);
+  EXPECT_EQ(OnDisk(kept), (std::set<std::string>{kB, kC}));
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(Keys(n), (std::set<std::string>{kB, kC}));
+
+  // A quota that holds one dataset: the least recently used (kC, 2000) goes, kB stays.
+  n = KeptNode::Scan({ssd});
+  r = n.Sweep([](uint32_t) { return KeepLimits{3 * kMiB, 0}; }, 4000);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].why, "over quota");
+  EXPECT_EQ(r[0].entry.data.key, kC);
+  EXPECT_EQ(OnDisk(kept), (std::set<std::string>{kB}));
+
+  // A quota of 0 (the policy keeps nothing for this user): everything goes.
+  n = KeptNode::Scan({ssd});
+  r = n.Sweep([](uint32_t) { return KeepLimits{}; }, 4000);
+  EXPECT_TRUE(OnDisk(kept).empty());
+  EXPECT_EQ(n.Bytes(), 0u);
+}
+
+TEST(KeptSpace, MakeRoomEvictsLeastRecentlyUsedAcrossAreasAndSparesWhatItIsTold) {
+  const std::string ssd1 = Fresh("room1"), ssd2 = Fresh("room2");
+  const std::string k1 = UserKept(ssd1), k2 = UserKept(ssd2);
+  MakeKept(k1, kA, 2 * kMiB, 1000);
+  MakeKept(k2, kB, 2 * kMiB, 500);  // the oldest, but spared
+  MakeKept(k2, kC, 2 * kMiB, 3000);
+  KeptNode n = KeptNode::Scan({ssd1, ssd2});
+  const uint64_t one = n.Bytes() / 3;
+  std::vector<Removal> r =
+      n.MakeRoom(n.Bytes() - 1, [](const KeptEntry& e) { return e.data.key == kB; });
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].entry.data.key, kA);
+  EXPECT_EQ(r[0].why, "space");
+  EXPECT_EQ(OnDisk(k1), std::set<std::string>{});
+  EXPECT_EQ(OnDisk(k2), (std::set<std::string>{kB, kC}));
+  EXPECT_TRUE(n.MakeRoom(2 * one).empty());
+  r = n.MakeRoom(one);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].entry.data.key, kB);
+  EXPECT_EQ(OnDisk(k2), std::set<std::string>{kC});
+  n.MakeRoom(0);
+  EXPECT_TRUE(OnDisk(k2).empty());
+}
+
+TEST(KeptSpace, AUserDirectorySwappedForALinkAfterTheScanMovesNothingElsewhere) {
+  const std::string ssd = Fresh("swap");
+  const std::string kept = UserKept(ssd);
+  MakeKept(kept, kA, kMiB, 1000);
+  KeptNode n = KeptNode::Scan({ssd});
+  ASSERT_EQ(n.entries().size(), 1u);
+  // The user renames the directory away and puts a link to a victim's in its place.
+  const std::string victim = Fresh("swap_victim");
+  MakeKept(victim + "/kept", kA, kMiB, 1000);
+  const std::string user_dir = ssd + "/nopfs-" + std::to_string(kMe);
+  fs::rename(user_dir, ssd + "/moved");
+  fs::create_directory_symlink(victim, user_dir);
+  const Removal r = n.Remove(n.entries()[0], "asked");
+  EXPECT_TRUE(r.status.ok()) << r.status.message();
+  EXPECT_TRUE(fs::exists(victim + "/kept/" + kA)) << "the removal followed the link";
+  EXPECT_FALSE(fs::exists(ssd + "/moved/kept/" + kA)) << "the held directory's entry stays";
+}
+
+TEST(KeptSpace, Ages) {
+  EXPECT_EQ(FormatAge(-3), "0s");
+  EXPECT_EQ(FormatAge(59), "59s");
+  EXPECT_EQ(FormatAge(600), "10m");
+  EXPECT_EQ(FormatAge(5 * 3600), "5h");
+  EXPECT_EQ(FormatAge(3 * 86400), "3d");
+}
+
+}  // namespace
+}  // namespace nopfs::launch

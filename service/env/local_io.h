@@ -1,0 +1,82 @@
+// LocalIo: nopfsd's reads and writes of its own files on the node's local disks (the SSD tier's
+// data files), as Env is its view of the PFS: one place where tests put faults between nopfsd and
+// the disk. LocalIo::Default() makes the system calls; FaultInjectionLocalIo wraps another LocalIo
+// and fails, shortens, slows or corrupts them.
+//
+// Thread safety: every LocalIo is safe to call from many threads at once.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+
+namespace nopfs::service {
+
+class LocalIo {
+ public:
+  virtual ~LocalIo() = default;
+
+  // pread(2) and pwrite(2): the bytes moved, or -1 with errno set. Either may move fewer bytes
+  // than asked, as the system calls may; callers loop.
+  virtual ssize_t Pread(int fd, void* dst, size_t n, off_t offset) = 0;
+  virtual ssize_t Pwrite(int fd, const void* src, size_t n, off_t offset) = 0;
+  // posix_fallocate(3): 0 or an errno value.
+  virtual int Fallocate(int fd, off_t offset, off_t length) = 0;
+
+  // The process-wide LocalIo of plain system calls; never deleted.
+  static LocalIo* Default();
+};
+
+// Wraps another LocalIo and injects faults into every call, for tests. Errors are errno values
+// (ENOSPC, EIO, ...); 0 turns a fault off.
+class FaultInjectionLocalIo final : public LocalIo {
+ public:
+  explicit FaultInjectionLocalIo(LocalIo* base) : base_(base) {}
+  FaultInjectionLocalIo(const FaultInjectionLocalIo&) = delete;
+  FaultInjectionLocalIo& operator=(const FaultInjectionLocalIo&) = delete;
+
+  // Writes fail with `err` once `after_bytes` more bytes have been written: the write that
+  // crosses the limit moves the bytes up to it (a short write), the next one fails. (With
+  // O_DIRECT, keep after_bytes a multiple of 4096.)
+  void FailWrites(int err, uint64_t after_bytes = 0);
+  void FailReads(int err);
+  void FailFallocate(int err);
+  // Every read moves at most half of what was asked (at least `unit` bytes, in multiples of it:
+  // 4096 keeps O_DIRECT reads aligned).
+  void ShortReads(bool on, size_t unit = 4096);
+  // Successful reads return one bit flipped (in the middle byte of what was read).
+  void FlipReads(bool on);
+  // Every read and write sleeps this long first (a slow disk). Zero turns it off.
+  void SetDelay(std::chrono::nanoseconds delay);
+  // Removes every fault; counters are kept.
+  void ClearFaults();
+
+  uint64_t failed_calls() const { return failed_.load(std::memory_order_relaxed); }
+  uint64_t short_reads() const { return short_reads_.load(std::memory_order_relaxed); }
+  uint64_t flipped_reads() const { return flipped_.load(std::memory_order_relaxed); }
+
+  ssize_t Pread(int fd, void* dst, size_t n, off_t offset) override;
+  ssize_t Pwrite(int fd, const void* src, size_t n, off_t offset) override;
+  int Fallocate(int fd, off_t offset, off_t length) override;
+
+ private:
+  void Delay() const;
+  ssize_t Fail(int err);
+
+  LocalIo* const base_;
+  std::atomic<int> write_error_{0};
+  std::atomic<uint64_t> write_budget_{0};
+  std::atomic<int> read_error_{0};
+  std::atomic<int> fallocate_error_{0};
+  std::atomic<size_t> short_unit_{0};  // 0: reads are not shortened
+  std::atomic<bool> flip_{false};
+  std::atomic<int64_t> delay_ns_{0};
+  std::atomic<uint64_t> failed_{0};
+  std::atomic<uint64_t> short_reads_{0};
+  std::atomic<uint64_t> flipped_{0};
+};
+
+}  // namespace nopfs::service

@@ -1,0 +1,446 @@
+#include "service/reader/kept.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <thread>
+#include <unordered_map>
+
+#include <spdlog/spdlog.h>
+#include <xxhash.h>
+
+namespace nopfs::service {
+namespace {
+
+constexpr uint32_t kNone = UINT32_MAX;
+constexpr uint64_t kLoggedRejects = 10;  // the first rejections are logged at info, then debug
+
+int64_t NowSeconds() {
+  return static_cast<int64_t>(::time(nullptr));
+}
+
+// The whole regular file at `path` (not a symlink), at most `limit` bytes.
+Result<std::string> ReadPrivateFile(const std::string& path, uint64_t limit) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return Status::FromErrno(errno, path);
+  struct stat st {};
+  std::string out;
+  Status s;
+  if (::fstat(fd, &st) != 0) {
+    s = Status::FromErrno(errno, path);
+  } else if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) > limit) {
+    s = Status::Corruption(path + ": not a regular file of at most " + std::to_string(limit) +
+                           " bytes");
+  } else {
+    out.resize(static_cast<size_t>(st.st_size));
+    size_t got = 0;
+    while (got < out.size()) {
+      const ssize_t n = ::pread(fd, out.data() + got, out.size() - got, off_t(got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        s = n < 0 ? Status::FromErrno(errno, path) : Status::Corruption(path + ": shrank");
+        break;
+      }
+      got += size_t(n);
+    }
+  }
+  ::close(fd);
+  if (!s.ok()) return s;
+  return out;
+}
+
+Status PreadAll(int fd, std::span<std::byte> dst, uint64_t off, const std::string& what) {
+  size_t got = 0;
+  while (got < dst.size()) {
+    const ssize_t n = ::pread(fd, dst.data() + got, dst.size() - got, off_t(off + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::FromErrno(errno, what);
+    if (n == 0) return Status::Corruption(what + ": ends before the sample's bytes");
+    got += size_t(n);
+  }
+  return Status::Ok();
+}
+
+uint64_t DiskBytesOf(const std::string& dir, const std::vector<std::string>& names) {
+  uint64_t bytes = 0;
+  for (const std::string& n : names) {
+    struct stat st {};
+    if (::lstat((dir + "/" + n).c_str(), &st) == 0 && S_ISREG(st.st_mode))
+      bytes += uint64_t(st.st_blocks) * 512;
+  }
+  return bytes;
+}
+
+// Creates <kept> (0700) if missing and checks that it is our own directory.
+Status EnsureKeptDir(const std::string& kept) {
+  if (::mkdir(kept.c_str(), 0700) != 0 && errno != EEXIST)
+    return Status::FromErrno(errno, "kept area: creating " + kept);
+  struct stat st {};
+  if (::lstat(kept.c_str(), &st) != 0) return Status::FromErrno(errno, "kept area: " + kept);
+  if (!S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) {
+    return Status::PermissionDenied("kept area: " + kept +
+                                    " is not a directory of this user; remove it");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<uint64_t> CleanKeptArea(const std::string& kept_dir) {
+  Result<std::vector<launch::KeptDataset>> list = launch::ListKept(kept_dir);
+  if (!list.ok()) return list.status();
+  uint64_t removed = 0;
+  for (const launch::KeptDataset& k : *list) {
+    if (k.complete) continue;
+    if (k.key.rfind(".tmp.", 0) == 0 && launch::KeptEntryInUse(kept_dir, k.key)) continue;
+    if (Status s = launch::RemoveKept(kept_dir, k.key); !s.ok()) {
+      spdlog::warn("kept area: removing incomplete {}: {}", k.dir, s.message());
+      continue;
+    }
+    spdlog::info("kept area: removed incomplete {}", k.dir);
+    ++removed;
+  }
+  return removed;
+}
+
+Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalog& catalog,
+                                                  Env* env) {
+  const std::string src = place.kept_dir + "/" + place.key;
+  struct stat st {};
+  if (::lstat(src.c_str(), &st) != 0) return Status::FromErrno(errno, src);
+  std::unique_ptr<KeptCopy> k(new KeptCopy(catalog, env));
+  k->kept_dir_ = place.kept_dir;
+  k->key_ = place.key;
+  k->name_ = ".tmp.adopt." + place.tag + "." + std::to_string(::getpid());
+  k->dir_ = place.kept_dir + "/" + k->name_;
+  if (!S_ISDIR(st.st_mode)) {
+    (void)launch::RemoveKept(place.kept_dir, place.key);
+    return Status::Corruption(src + ": not a directory (removed)");
+  }
+  // Private first: two jobs never adopt the same directory (the loser finds nothing).
+  if (::rename(src.c_str(), k->dir_.c_str()) != 0) return Status::FromErrno(errno, src);
+  const auto fail = [&k](Status s) {
+    k->Remove();
+    return s;
+  };
+  Result<int> lock = launch::LockKeptEntry(k->dir_);
+  if (!lock.ok()) return fail(lock.status());
+  k->lock_fd_ = *lock;
+
+  Result<std::string> mbytes = ReadPrivateFile(k->dir_ + "/MANIFEST", launch::kMaxManifestBytes);
+  if (!mbytes.ok()) return fail(mbytes.status());
+  Result<launch::KeptManifest> m = launch::ParseKeptManifest(*mbytes);
+  if (!m.ok()) return fail(m.status().WithContext(src));
+  if (m->key != place.key) return fail(Status::Corruption(src + ": MANIFEST names another key"));
+  Result<std::string> ibytes = ReadPrivateFile(k->dir_ + "/index", m->index_bytes);
+  if (!ibytes.ok()) return fail(ibytes.status());
+  if (ibytes->size() != m->index_bytes ||
+      XXH3_64bits(ibytes->data(), ibytes->size()) != m->index_xxh3) {
+    return fail(Status::Corruption(src + ": index differs from what MANIFEST records"));
+  }
+  Result<std::vector<launch::KeptSample>> records = launch::ParseKeptIndex(*ibytes);
+  if (!records.ok()) return fail(records.status().WithContext(src));
+  k->records_ = std::move(*records);
+  k->created_ = m->created;
+  for (uint32_t f = 0; f < m->data_files; ++f) {
+    const std::string path = k->dir_ + "/data." + std::to_string(f);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    struct stat fst {};
+    if (fd >= 0 && (::fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode))) {
+      ::close(fd);
+      k->data_fds_.push_back(-1);
+      continue;
+    }
+    k->data_fds_.push_back(fd);  // -1 when absent: its samples are rejected
+  }
+
+  // Each kept record to the catalog's id for the same entry (path, offset, length).
+  std::unordered_map<std::string_view, std::vector<uint32_t>> by_path;
+  for (uint32_t r = 0; r < k->records_.size(); ++r)
+    by_path[k->records_[r].relative_path].push_back(r);
+  k->record_of_.assign(catalog.size(), kNone);
+  k->state_ = std::make_unique<std::atomic<uint8_t>[]>(k->records_.size());
+  for (policy::SampleId id = 0; id < catalog.size(); ++id) {
+    auto it = by_path.find(catalog.relative_path(id));
+    if (it == by_path.end()) continue;
+    for (uint32_t r : it->second) {
+      const launch::KeptSample& rec = k->records_[r];
+      if (rec.offset == catalog.offset(id) && rec.length == catalog.length(id) &&
+          k->state_[r].load(std::memory_order_relaxed) == 0) {
+        k->record_of_[id] = r;
+        k->state_[r].store(3, std::memory_order_relaxed);  // matched (reset below)
+        ++k->matched_;
+        break;
+      }
+    }
+  }
+  for (uint32_t r = 0; r < k->records_.size(); ++r) {
+    if (k->state_[r].load(std::memory_order_relaxed) == 3) {
+      k->state_[r].store(0, std::memory_order_relaxed);
+    } else {
+      k->state_[r].store(2, std::memory_order_relaxed);  // the dataset no longer has it
+      k->rejected_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  spdlog::info("kept area: adopted {} ({} kept samples, {} of them in this dataset's catalog)", src,
+               k->records_.size(), k->matched_);
+  return k;
+}
+
+void KeptCopy::PutBack() {
+  if (name_.empty()) return;
+  // Adoption only reads the copy: it is as it was kept.
+  for (int& fd : data_fds_) {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+  const std::string back = kept_dir_ + "/" + key_;
+  (void)::unlink((dir_ + "/lock").c_str());
+  if (::rename(dir_.c_str(), back.c_str()) == 0) {
+    spdlog::info("kept area: {} given back as {}", dir_, back);
+    name_.clear();
+  }
+  Remove();
+}
+
+KeptCopy::~KeptCopy() {
+  Remove();
+}
+
+void KeptCopy::Remove() {
+  for (int& fd : data_fds_) {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+  if (!name_.empty()) {
+    if (Status s = launch::RemoveKept(kept_dir_, name_); !s.ok())
+      spdlog::warn("kept area: removing {}: {}", dir_, s.message());
+    name_.clear();
+  }
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+  lock_fd_ = -1;
+}
+
+void KeptCopy::Reject(uint32_t record, policy::SampleId sample, const std::string& why) {
+  uint8_t expected = 0;
+  bool first = state_[record].compare_exchange_strong(expected, 2);
+  if (!first && expected == 1) first = state_[record].compare_exchange_strong(expected, 2);
+  if (!first) return;
+  const uint64_t n = rejected_.fetch_add(1, std::memory_order_relaxed);
+  if (n < kLoggedRejects) {
+    spdlog::info("kept area: sample {} ({}) not adopted, read from its source: {}", sample,
+                 catalog_.path(sample), why);
+  } else {
+    spdlog::debug("kept area: sample {} ({}) not adopted: {}", sample, catalog_.path(sample), why);
+  }
+}
+
+Result<uint64_t> KeptCopy::Fetch(policy::SampleId sample, std::span<std::byte> dst) {
+  if (name_.empty() || sample >= record_of_.size() || record_of_[sample] == kNone) {
+    return Status::NotFound("sample " + std::to_string(sample) + " is not kept");
+  }
+  const uint32_t r = record_of_[sample];
+  if (state_[r].load(std::memory_order_acquire) == 2) {
+    return Status::NotFound("sample " + std::to_string(sample) + " was rejected");
+  }
+  const launch::KeptSample& rec = records_[r];
+  const auto reject = [&](const std::string& why, StatusCode code) -> Status {
+    Reject(r, sample, why);
+    return Status(code, "kept sample " + std::to_string(sample) + ": " + why);
+  };
+  if (dst.size() != rec.length) return reject("size differs", StatusCode::kFailedPrecondition);
+  Result<FileStat> st = env_->Stat(catalog_.path(sample));
+  if (!st.ok()) return reject(st.status().message(), StatusCode::kFailedPrecondition);
+  if (st->size != rec.file_size || st->mtime_ns != rec.mtime_ns || st->ctime_ns != rec.ctime_ns ||
+      st->inode != rec.inode) {
+    return reject("its file changed since it was kept", StatusCode::kFailedPrecondition);
+  }
+  const int fd = rec.data_file < data_fds_.size() ? data_fds_[rec.data_file] : -1;
+  if (fd < 0) return reject("its data file is missing", StatusCode::kCorruption);
+  if (Status s =
+          PreadAll(fd, dst, rec.data_offset, dir_ + "/data." + std::to_string(rec.data_file));
+      !s.ok()) {
+    return reject(s.message(), StatusCode::kCorruption);
+  }
+  const uint64_t h = XXH3_64bits(dst.data(), dst.size());
+  const std::optional<uint64_t> known = catalog_.checksum(sample);
+  if (h != rec.xxh3 || (known && *known != h)) {
+    return reject("the kept bytes differ from their checksum", StatusCode::kCorruption);
+  }
+  uint8_t expected = 0;
+  if (state_[r].compare_exchange_strong(expected, 1)) {
+    adopted_samples_.fetch_add(1, std::memory_order_relaxed);
+    adopted_bytes_.fetch_add(dst.size(), std::memory_order_relaxed);
+    if (!known) (void)catalog_.RecordChecksum(sample, h);
+  }
+  return h;
+}
+
+Result<KeepResult> KeepSsdTier(const KeepOptions& o, SsdTier& tier, const Catalog& catalog,
+                               Env* env) {
+  const KeptPlace& place = o.place;
+  NOPFS_RETURN_IF_ERROR(EnsureKeptDir(place.kept_dir));
+  std::string tmp = place.kept_dir + "/.tmp.keep." + place.tag + ".XXXXXX";
+  if (::mkdtemp(tmp.data()) == nullptr) {
+    return Status::FromErrno(errno, "kept area: creating a directory in " + place.kept_dir);
+  }
+  const std::string tmp_name = tmp.substr(place.kept_dir.size() + 1);
+  Result<int> lock = launch::LockKeptEntry(tmp);
+  if (!lock.ok()) {
+    (void)launch::RemoveKept(place.kept_dir, tmp_name);
+    return lock.status();
+  }
+  const int lock_fd = *lock;
+  const auto fail = [&](Status s) -> Status {
+    (void)launch::RemoveKept(place.kept_dir, tmp_name);
+    ::close(lock_fd);
+    return s;
+  };
+
+  // The ready slots in slot order (first access first), within the budget.
+  const TierLayout& layout = tier.layout();
+  KeepResult result;
+  std::vector<uint32_t> slots;
+  uint64_t budget_used = 0;
+  for (uint32_t s = 0; s < layout.slot_count(); ++s) {
+    if (tier.slots().state(s) != SlotState::kReady) continue;
+    const uint64_t padded = layout.PaddedSizeOf(s);
+    if (o.max_bytes != 0 && budget_used + padded > o.max_bytes) {
+      ++result.skipped;
+      continue;
+    }
+    budget_used += padded;
+    slots.push_back(s);
+  }
+
+  // One stat per distinct file, in parallel, until the deadline.
+  std::vector<std::string> paths;
+  paths.reserve(slots.size());
+  for (uint32_t s : slots)
+    paths.push_back(catalog.path(layout.SampleAt(s)));
+  std::sort(paths.begin(), paths.end());
+  paths.erase(std::unique(paths.begin(), paths.end()), paths.end());
+  std::vector<std::optional<FileStat>> stats(paths.size());
+  {
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> threads;
+    const unsigned n = std::max(1u, std::min<unsigned>(o.stat_threads, unsigned(paths.size())));
+    for (unsigned t = 0; t < n; ++t) {
+      threads.emplace_back([&] {
+        for (size_t i; (i = next.fetch_add(1)) < paths.size();) {
+          if (std::chrono::steady_clock::now() >= o.deadline) return;
+          Result<FileStat> st = env->Stat(paths[i]);
+          if (st.ok()) stats[i] = *st;
+        }
+      });
+    }
+    for (std::thread& t : threads)
+      t.join();
+  }
+
+  std::vector<launch::KeptSample> records;
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> extents(layout.file_count());
+  for (uint32_t s : slots) {
+    const policy::SampleId id = layout.SampleAt(s);
+    const std::string path = catalog.path(id);
+    const size_t i = size_t(std::lower_bound(paths.begin(), paths.end(), path) - paths.begin());
+    const std::optional<FileStat>& st = stats[i];
+    if (!st || !st->is_regular || st->ctime_ns >= o.unchanged_before_ns ||
+        catalog.offset(id) + catalog.length(id) > st->size) {
+      ++result.skipped;
+      continue;
+    }
+    const SlotExtent e = layout.Extent(s);
+    launch::KeptSample k;
+    k.relative_path = std::string(catalog.relative_path(id));
+    k.offset = catalog.offset(id);
+    k.length = catalog.length(id);
+    k.xxh3 = tier.slots().expected(s);
+    k.file_size = st->size;
+    k.mtime_ns = st->mtime_ns;
+    k.ctime_ns = st->ctime_ns;
+    k.inode = st->inode;
+    k.data_file = e.file;
+    k.data_offset = e.offset;
+    records.push_back(std::move(k));
+    extents[e.file].emplace_back(e.offset, layout.PaddedSizeOf(s));
+  }
+
+  // The data files that hold kept samples move into the entry; the rest of each is punched out.
+  std::vector<std::string> names;
+  bool punch_refused = false;
+  for (uint32_t f = 0; f < layout.file_count(); ++f) {
+    if (extents[f].empty()) continue;
+    const std::string name = "data." + std::to_string(f);
+    const std::string dst = tmp + "/" + name;
+    if (::rename(tier.DataPath(f).c_str(), dst.c_str()) != 0) {
+      return fail(Status::FromErrno(errno, "kept area: moving " + tier.DataPath(f)));
+    }
+    names.push_back(name);
+    const int fd = ::open(dst.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return fail(Status::FromErrno(errno, "kept area: " + dst));
+    std::sort(extents[f].begin(), extents[f].end());
+    uint64_t at = 0;
+    const auto punch = [&](uint64_t from, uint64_t to) {
+      if (to <= from || punch_refused) return;
+      if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(from),
+                      off_t(to - from)) != 0) {
+        punch_refused = true;
+        spdlog::warn("kept area: {} cannot punch holes ({}); the unkept slots stay allocated", dst,
+                     std::strerror(errno));
+      }
+    };
+    for (const auto& [off, len] : extents[f]) {
+      punch(at, off);
+      at = off + len;
+    }
+    punch(at, layout.file_bytes(f));
+    ::close(fd);
+  }
+
+  const std::string index = launch::EncodeKeptIndex(records);
+  launch::KeptManifest m;
+  m.key = place.key;
+  m.dataset = place.dataset;
+  m.created = o.created != 0 ? o.created : NowSeconds();
+  m.last_used = NowSeconds();
+  m.samples = records.size();
+  m.index_bytes = index.size();
+  m.index_xxh3 = XXH3_64bits(index.data(), index.size());
+  m.data_files = layout.file_count();
+  // The samples' bytes are not synced: adoption checks every one against its xxh3.
+  if (Status s = launch::WriteFileDurably(tmp, "index", index); !s.ok()) return fail(s);
+  if (Status s = launch::WriteFileDurably(tmp, "MANIFEST", launch::EncodeKeptManifest(m));
+      !s.ok()) {
+    return fail(s);
+  }
+  names.push_back("index");
+  names.push_back("MANIFEST");
+
+  // Into place, replacing what another job of the user kept meanwhile.
+  result.dir = place.kept_dir + "/" + place.key;
+  if (::rename(tmp.c_str(), result.dir.c_str()) != 0) {
+    if (errno != EEXIST && errno != ENOTEMPTY)
+      return fail(Status::FromErrno(errno, "kept area: renaming " + tmp));
+    if (Status s = launch::RemoveKept(place.kept_dir, place.key); !s.ok()) return fail(s);
+    if (::rename(tmp.c_str(), result.dir.c_str()) != 0)
+      return fail(Status::FromErrno(errno, "kept area: renaming " + tmp));
+  }
+  const int kfd = ::open(place.kept_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (kfd >= 0) {
+    (void)::fsync(kfd);
+    ::close(kfd);
+  }
+  (void)::unlink((result.dir + "/lock").c_str());
+  ::close(lock_fd);
+  result.samples = records.size();
+  result.bytes = DiskBytesOf(result.dir, names);
+  return result;
+}
+
+}  // namespace nopfs::service

@@ -1,0 +1,117 @@
+// nopfsd's side of the kept area (launch/kept_area.h; docs/tiers.md, "The kept area"): adopting a
+// kept dataset at start (KeptCopy, a source of verified samples for the SampleReader) and keeping
+// the SSD tier's ready samples at exit (KeepSsdTier).
+//
+// A kept sample is trusted only when its PFS file is still what it was when it was kept (size,
+// mtime, ctime and inode, by one stat) and its bytes hash to the xxh3 recorded then (and to the
+// job's own checksum of the sample when one is known); otherwise it is rejected, counted, and the
+// sample is read from its normal source. A sample is kept only when its file's ctime is older than
+// the job's start, so the bytes the tier holds are the file's bytes at the stat.
+//
+// Thread safety: KeptCopy::Fetch and the counters are safe from any number of threads;
+// KeepSsdTier runs alone (the tier's writers stopped).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "launch/kept_area.h"
+#include "policy/job.h"
+#include "service/catalog/catalog.h"
+#include "service/env/env.h"
+#include "service/tiers/ssd_tier.h"
+
+namespace nopfs::service {
+
+// Where this daemon's kept dataset lives.
+struct KeptPlace {
+  std::string kept_dir;  // <scratch>/nopfs-<uid>/kept
+  std::string key;       // launch::KeptKey of the dataset
+  std::string dataset;   // the canonical dataset path (recorded in the MANIFEST)
+  std::string tag;       // "<job>.<node>": names this daemon's private .tmp.* entries
+};
+
+// Removes what no live nopfsd uses and nobody may trust: .tmp.* entries whose lock is free, and
+// key directories without a valid MANIFEST. Returns how many entries it removed (one it cannot
+// remove is logged and skipped).
+Result<uint64_t> CleanKeptArea(const std::string& kept_dir);
+
+class KeptCopy {
+ public:
+  // Renames <kept>/<key> to a private, locked .tmp.adopt.* entry and reads its MANIFEST and
+  // index. NotFound when nothing is kept for the key; any other error (the entry is removed)
+  // means it was unusable.
+  static Result<std::unique_ptr<KeptCopy>> Adopt(const KeptPlace& place, Catalog& catalog,
+                                                 Env* env);
+  ~KeptCopy();  // Remove()
+  KeptCopy(const KeptCopy&) = delete;
+  KeptCopy& operator=(const KeptCopy&) = delete;
+
+  // Fills dst (exactly the sample's size) with the kept bytes and returns their xxh3, after the
+  // checks above. NotFound: not kept (or rejected before); FailedPrecondition or Corruption:
+  // rejected now (counted once).
+  Result<uint64_t> Fetch(policy::SampleId sample, std::span<std::byte> dst);
+
+  uint64_t kept_samples() const { return matched_; }  // kept samples the catalog still has
+  uint64_t adopted_samples() const { return adopted_samples_.load(std::memory_order_relaxed); }
+  uint64_t adopted_bytes() const { return adopted_bytes_.load(std::memory_order_relaxed); }
+  // Kept samples dropped: not in the catalog any more, file changed, bytes differ.
+  uint64_t rejected_samples() const { return rejected_.load(std::memory_order_relaxed); }
+  int64_t created() const { return created_; }
+  const std::string& dir() const { return dir_; }
+  // Closes and removes the private entry. Idempotent.
+  void Remove();
+  // Gives the copy back under its key (nopfsd failed to start; adoption only reads it), or
+  // removes it when the key is taken meanwhile. Idempotent.
+  void PutBack();
+
+ private:
+  KeptCopy(Catalog& catalog, Env* env) : catalog_(catalog), env_(env) {}
+  void Reject(uint32_t record, policy::SampleId sample, const std::string& why);
+
+  Catalog& catalog_;
+  Env* env_;
+  std::string kept_dir_, key_, name_, dir_;
+  int lock_fd_ = -1;
+  int64_t created_ = 0;
+  std::vector<int> data_fds_;                      // [data file], -1: absent
+  std::vector<launch::KeptSample> records_;        // from the index
+  std::vector<uint32_t> record_of_;                // [sample]: index into records_, or kNone
+  std::unique_ptr<std::atomic<uint8_t>[]> state_;  // [record]: 0 untried, 1 adopted, 2 rejected
+  uint64_t matched_ = 0;
+  std::atomic<uint64_t> adopted_samples_{0}, adopted_bytes_{0}, rejected_{0};
+};
+
+struct KeepOptions {
+  KeptPlace place;
+  uint64_t max_bytes = 0;  // disk bytes at most (0: no limit)
+  int64_t created = 0;     // the MANIFEST's created (unix seconds); 0: now
+  // A sample whose file's ctime is at or after this (ns since the epoch) is not kept: the file
+  // may have changed after the tier read it.
+  int64_t unchanged_before_ns = 0;
+  unsigned stat_threads = 8;
+  // Files not stat-ed by then are not kept (the epilog's grace bounds the whole stop).
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+};
+
+struct KeepResult {
+  std::string dir;       // <kept>/<key>
+  uint64_t samples = 0;  // kept
+  uint64_t bytes = 0;    // disk bytes of the kept directory
+  uint64_t skipped = 0;  // ready samples not kept (changed file, budget, deadline)
+};
+
+// Moves the tier's data files into <kept>/.tmp.keep.*, punches out every byte not holding a kept
+// sample, writes the index and the MANIFEST (last), then renames the entry to <kept>/<key>
+// (replacing an older one). The tier's writers must be stopped; the tier is then only destroyed.
+// A failure or crash at any point leaves at most an incomplete entry.
+Result<KeepResult> KeepSsdTier(const KeepOptions& options, SsdTier& tier, const Catalog& catalog,
+                               Env* env);
+
+}  // namespace nopfs::service

@@ -1,0 +1,273 @@
+// KeepSsdTier and KeptCopy against a real catalog (RocksDB over real files) and a real SSD tier:
+// the round trip, a sample whose file changed, a kept byte flipped, and a keeper killed with
+// SIGKILL in the middle of its keep.
+#include "service/reader/kept.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "service/tiers/tier_test_util.h"
+
+namespace nopfs::service {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::PlanOf;
+using testing::TempDir;
+
+constexpr uint32_t kFiles = 24;
+
+std::string Bytes(uint32_t k) {
+  std::string s(1 + (k * 7919) % 9000, '\0');
+  for (size_t i = 0; i < s.size(); ++i)
+    s[i] = static_cast<char>((k * 131 + i * 17) & 0xff);
+  return s;
+}
+
+// Env::Default() whose every Stat first sleeps (a loaded PFS's metadata servers).
+class SlowStatEnv final : public Env {
+ public:
+  explicit SlowStatEnv(std::chrono::milliseconds d) : delay_(d) {}
+  Result<FileStat> Stat(const std::string& p) override {
+    std::this_thread::sleep_for(delay_);
+    return Env::Default()->Stat(p);
+  }
+  Result<std::vector<std::string>> ListDir(const std::string& d) override {
+    return Env::Default()->ListDir(d);
+  }
+  Status ReadAt(const std::string& p, uint64_t o, std::span<std::byte> dst) override {
+    return Env::Default()->ReadAt(p, o, dst);
+  }
+  Result<std::string> ReadFile(const std::string& p) override {
+    return Env::Default()->ReadFile(p);
+  }
+
+ private:
+  std::chrono::milliseconds delay_;
+};
+
+class KeptTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    data_ = dir_.path() + "/data";
+    fs::create_directories(data_ + "/c");
+    for (uint32_t k = 0; k < kFiles; ++k) {
+      char name[32];
+      std::snprintf(name, sizeof name, "/c/img%03u.bin", k);
+      std::ofstream(data_ + name, std::ios::binary) << Bytes(k);
+    }
+    CatalogOptions o;
+    o.dataset = data_;
+    o.work_dir = dir_.path() + "/work";
+    o.scan_threads = 2;
+    Result<std::unique_ptr<Catalog>> cat = Catalog::Open(o, Env::Default());
+    ASSERT_TRUE(cat.ok()) << cat.status().message();
+    catalog_ = std::move(*cat);
+    ASSERT_EQ(catalog_->size(), kFiles);
+    scratch_ = dir_.path() + "/ssd";
+    fs::create_directories(scratch_);
+    place_.kept_dir = launch::KeptAreaDir(SsdTier::UserDir(scratch_, ::geteuid()));
+    place_.dataset = data_;
+    place_.key = launch::KeptKey(data_, "test");
+    place_.tag = "job1.0";
+    ssd_ = MakeTier("job1");
+  }
+
+  // An SSD tier holding every sample, filled.
+  std::unique_ptr<SsdTier> MakeTier(const std::string& job) {
+    const std::vector<uint64_t> sizes(catalog_->sizes().begin(), catalog_->sizes().end());
+    std::vector<policy::SampleId> all;
+    for (policy::SampleId k = 0; k < kFiles; ++k)
+      all.push_back(k);
+    auto layout = TierLayout::Ssd(PlanOf(all, sizes), sizes);
+    EXPECT_TRUE(layout.ok());
+    auto t = SsdTier::Create(SsdTierOptions{scratch_, job, "0", true}, std::move(*layout));
+    EXPECT_TRUE(t.ok()) << t.status().message();
+    std::unique_ptr<SsdTier> tier = std::move(*t);
+    void* bounce = std::aligned_alloc(kSsdAlignment, tier->bounce_bytes());
+    for (uint32_t s = 0; s < tier->layout().slot_count(); ++s) {
+      EXPECT_TRUE(tier->slots().TryBeginFill(s));
+      Result<uint64_t> h =
+          tier->Fill(s,
+                     [this](policy::SampleId id, std::span<std::byte> dst) -> Result<uint64_t> {
+                       NOPFS_RETURN_IF_ERROR(catalog_->Read(id, dst));
+                       return XXH3_64bits(dst.data(), dst.size());
+                     },
+                     {static_cast<std::byte*>(bounce), tier->bounce_bytes()});
+      EXPECT_TRUE(h.ok()) << h.status().message();
+      tier->slots().MarkReady(s, *h);
+    }
+    std::free(bounce);
+    return tier;
+  }
+
+  KeepOptions Options() const {
+    KeepOptions o;
+    o.place = place_;
+    // The files were written just now: every ctime is before "the job's start".
+    o.unchanged_before_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count() +
+                            10'000'000'000;
+    return o;
+  }
+
+  std::string Fetch(KeptCopy& k, policy::SampleId id, Status* status) {
+    std::string out(catalog_->length(id), '\0');
+    Result<uint64_t> h = k.Fetch(id, {reinterpret_cast<std::byte*>(out.data()), out.size()});
+    *status = h.status();
+    return out;
+  }
+
+  TempDir dir_;
+  std::string data_, scratch_;
+  std::unique_ptr<Catalog> catalog_;
+  std::unique_ptr<SsdTier> ssd_;
+  KeptPlace place_;
+};
+
+TEST_F(KeptTest, KeepThenAdopt) {
+  Result<KeepResult> r = KeepSsdTier(Options(), *ssd_, *catalog_, Env::Default());
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->samples, kFiles);
+  EXPECT_EQ(r->skipped, 0u);
+  EXPECT_EQ(r->dir, place_.kept_dir + "/" + place_.key);
+  EXPECT_FALSE(fs::exists(ssd_->DataPath(0)));  // moved, not copied
+  ASSERT_TRUE(ssd_->Destroy().ok());
+  Result<std::vector<launch::KeptDataset>> l = launch::ListKept(place_.kept_dir);
+  ASSERT_TRUE(l.ok());
+  ASSERT_EQ(l->size(), 1u);
+  EXPECT_TRUE((*l)[0].complete);
+  EXPECT_EQ((*l)[0].samples, kFiles);
+  EXPECT_EQ((*l)[0].dataset, data_);
+  EXPECT_EQ((*l)[0].bytes, r->bytes);
+
+  // One file rewritten (same size) after the keep: only that sample is rejected.
+  const std::string victim = catalog_->path(5);
+  {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.put('\x5a');
+  }
+  Result<std::unique_ptr<KeptCopy>> k = KeptCopy::Adopt(place_, *catalog_, Env::Default());
+  ASSERT_TRUE(k.ok()) << k.status().message();
+  EXPECT_EQ((*k)->kept_samples(), kFiles);
+  EXPECT_FALSE(fs::exists(r->dir));  // renamed to a private entry
+  for (policy::SampleId id = 0; id < kFiles; ++id) {
+    Status s;
+    const std::string got = Fetch(**k, id, &s);
+    if (id == 5) {
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.message();
+    } else {
+      ASSERT_TRUE(s.ok()) << id << ": " << s.message();
+      EXPECT_EQ(got, Bytes(id)) << id;
+    }
+  }
+  Status again;
+  Fetch(**k, 5, &again);
+  EXPECT_EQ(again.code(), StatusCode::kNotFound);
+  EXPECT_EQ((*k)->adopted_samples(), kFiles - 1);
+  EXPECT_EQ((*k)->rejected_samples(), 1u);
+  const std::string adopted_dir = (*k)->dir();
+  k->reset();
+  EXPECT_FALSE(fs::exists(adopted_dir));
+  EXPECT_TRUE(fs::is_empty(place_.kept_dir));
+  Result<std::unique_ptr<KeptCopy>> none = KeptCopy::Adopt(place_, *catalog_, Env::Default());
+  EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(KeptTest, FlippedKeptByteIsRejected) {
+  Result<KeepResult> r = KeepSsdTier(Options(), *ssd_, *catalog_, Env::Default());
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const SlotExtent e = ssd_->layout().Extent(ssd_->layout().SlotOf(9));
+  {
+    std::fstream f(r->dir + "/data." + std::to_string(e.file),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(e.offset + e.size / 2));
+    f.put('\x01');
+  }
+  Result<std::unique_ptr<KeptCopy>> k = KeptCopy::Adopt(place_, *catalog_, Env::Default());
+  ASSERT_TRUE(k.ok()) << k.status().message();
+  Status s;
+  Fetch(**k, 9, &s);
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.message();
+  EXPECT_EQ(Fetch(**k, 8, &s), Bytes(8));
+  EXPECT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ((*k)->rejected_samples(), 1u);
+}
+
+TEST_F(KeptTest, BudgetAndChangedFilesLimitWhatIsKept) {
+  KeepOptions o = Options();
+  o.max_bytes = 3 * kSsdAlignment;  // the first slots (first access first) that fit
+  Result<KeepResult> r = KeepSsdTier(o, *ssd_, *catalog_, Env::Default());
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_GT(r->samples, 0u);
+  EXPECT_LT(r->samples, kFiles);
+  EXPECT_EQ(r->samples + r->skipped, kFiles);
+  EXPECT_LE(r->bytes, o.max_bytes + 2 * 4096);  // + index and MANIFEST
+  // A job that started before the files' last change keeps none of them.
+  auto tier = MakeTier("job2");
+  o = Options();
+  o.unchanged_before_ns = 0;
+  r = KeepSsdTier(o, *tier, *catalog_, Env::Default());
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->samples, 0u);
+  EXPECT_EQ(r->skipped, kFiles);
+}
+
+TEST_F(KeptTest, KeeperKilledMidKeepLeavesNothingTrusted) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    SlowStatEnv slow(std::chrono::milliseconds(200));
+    KeepOptions o = Options();
+    o.stat_threads = 1;
+    (void)KeepSsdTier(o, *ssd_, *catalog_, &slow);
+    ::_exit(0);
+  }
+  // The child holds its .tmp.keep.* entry's lock while it stats the files (24 × 200 ms).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::string tmp;
+  while (tmp.empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    Result<std::vector<launch::KeptDataset>> l = launch::ListKept(place_.kept_dir);
+    if (l.ok() && !l->empty() && launch::KeptEntryInUse(place_.kept_dir, (*l)[0].key))
+      tmp = (*l)[0].key;
+  }
+  ASSERT_FALSE(tmp.empty());
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status));
+
+  Result<std::vector<launch::KeptDataset>> l = launch::ListKept(place_.kept_dir);
+  ASSERT_TRUE(l.ok());
+  ASSERT_EQ(l->size(), 1u);
+  EXPECT_EQ((*l)[0].key, tmp);
+  EXPECT_FALSE((*l)[0].complete);
+  EXPECT_FALSE(launch::KeptEntryInUse(place_.kept_dir, tmp));  // its lock died with it
+  EXPECT_EQ(KeptCopy::Adopt(place_, *catalog_, Env::Default()).status().code(),
+            StatusCode::kNotFound);
+  Result<uint64_t> removed = CleanKeptArea(place_.kept_dir);
+  ASSERT_TRUE(removed.ok());
+  EXPECT_EQ(*removed, 1u);
+  EXPECT_TRUE(fs::is_empty(place_.kept_dir));
+  // The tier is still whole: a keep now succeeds.
+  Result<KeepResult> r = KeepSsdTier(Options(), *ssd_, *catalog_, Env::Default());
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->samples, kFiles);
+}
+
+}  // namespace
+}  // namespace nopfs::service

@@ -1,0 +1,112 @@
+#include "spank/node_kept.h"
+
+#include <limits.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <ctime>
+
+#include "common/units.h"
+
+namespace nopfs::spank {
+namespace {
+
+std::string Canonical(const std::string& path) {
+  char buf[PATH_MAX];
+  return ::realpath(path.c_str(), buf) != nullptr ? std::string(buf) : path;
+}
+
+std::function<launch::KeepLimits(uint32_t)> LimitsOf(lua::KeepGrants* grants) {
+  return [grants](uint32_t uid) {
+    const lua::KeepGrant g = grants->For(uid);
+    return launch::KeepLimits{g.quota, g.lifetime};
+  };
+}
+
+void Append(std::string* out, const std::string& what) {
+  if (!what.empty()) *out += (out->empty() ? "" : "; ") + what;
+}
+
+}  // namespace
+
+NodeKept::NodeKept(KeepJob job, const lua::NodeConfig& config,
+                   const std::vector<std::string>& ssd_paths, lua::NodeState* ns)
+    : job_(std::move(job)),
+      kept_(launch::KeptNode::Scan(ssd_paths)),
+      grants_(job_.policy, config, WithKept(*ns)) {
+  removed_ = kept_.Sweep(LimitsOf(&grants_), ::time(nullptr));
+  ns->ssd_kept = kept_.Bytes();
+}
+
+lua::NodeState NodeKept::WithKept(lua::NodeState ns) const {
+  ns.ssd_kept = kept_.Bytes();
+  return ns;
+}
+
+KeepPlan NodeKept::Admitted(const lua::NodeState& ns, const lua::Admission& adm) {
+  const std::string canonical = Canonical(job_.dataset);
+  auto adoptable = [&](const launch::KeptEntry& k) {
+    return k.uid == job_.uid && k.Complete() &&
+           (k.data.dataset == job_.dataset || k.data.dataset == canonical);
+  };
+  uint64_t own = 0;
+  for (const launch::KeptEntry& k : kept_.entries()) {
+    if (adoptable(k)) own += k.data.bytes;
+  }
+  const uint64_t used = ns.ssd_reserved + adm.ssd;
+  const uint64_t room =
+      (ns.ssd_total > used ? ns.ssd_total - used : 0) + std::min<uint64_t>(own, adm.ssd);
+  for (launch::Removal& r : kept_.MakeRoom(room, adoptable))
+    removed_.push_back(std::move(r));
+
+  KeepPlan plan;
+  const lua::KeepGrant g = grants_.For(job_.uid);
+  if (!job_.keep) {
+    plan.note = "keeps nothing (--nopfs-keep=no)";
+  } else if (grants_.Failed(job_.uid)) {
+    plan.note = "keeps nothing (the policy's keep failed)";
+  } else if (g.quota == 0) {
+    // The site keeps nothing for this user: nothing worth saying.
+  } else if (adm.ssd == 0) {
+    plan.note = "keeps nothing (no SSD tier)";
+  } else {
+    plan.keep = true;
+    plan.max_bytes = std::min<uint64_t>(g.quota, adm.ssd);
+    plan.note = "keeps up to " + FormatBytes(static_cast<double>(plan.max_bytes));
+    if (own != 0) plan.note += ", adopts " + FormatBytes(static_cast<double>(own)) + " kept";
+  }
+  for (const std::string& e : grants_.errors())
+    Append(&plan.note, e);
+  for (const std::string& e : kept_.errors())
+    Append(&plan.note, e);
+  if (!removed_.empty()) {
+    Append(&plan.note, "kept datasets removed: " + launch::DescribeRemovals(removed_));
+  }
+  return plan;
+}
+
+std::string AfterJob(const std::string& policy, const lua::NodeConfig& config,
+                     const std::string& node, const std::vector<std::string>& ssd_paths,
+                     uint32_t uid) {
+  lua::NodeState ns;
+  ns.name = node;
+  ns.ram_total = config.CapacityOf(policy::ClassKind::kRam);
+  ns.ssd_total = config.CapacityOf(policy::ClassKind::kSsd);
+  launch::KeptNode kept = launch::KeptNode::Scan(ssd_paths, uid);
+  ns.ssd_kept = kept.Bytes();
+  lua::KeepGrants grants(policy, config, ns);
+  const std::vector<launch::Removal> removed = kept.Sweep(LimitsOf(&grants), ::time(nullptr));
+  std::string notes;
+  for (const std::string& e : grants.errors())
+    notes += e + "; ";
+  for (const std::string& e : kept.errors())
+    notes += e + "; ";
+  if (!removed.empty())
+    notes += "kept datasets removed: " + launch::DescribeRemovals(removed) + "; ";
+  if (kept.BytesOf(uid) != 0) {
+    notes += "kept " + FormatBytes(static_cast<double>(kept.BytesOf(uid))) + "; ";
+  }
+  return notes;
+}
+
+}  // namespace nopfs::spank

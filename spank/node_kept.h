@@ -1,0 +1,64 @@
+// The kept datasets of a node as nopfs-job sees them around a job (docs/admin.md, "Kept
+// datasets"): the prolog's removal of incomplete, expired and over-quota entries of every user,
+// its eviction of the least recently used for the admitted job's SSD, and its decision of what
+// the job's nopfsd may keep at exit; the epilog's quota and lifetime after nopfsd kept. Runs as
+// root; every listing and removal goes through launch::KeptNode (descriptors, no link followed).
+//
+// Thread safety: use from one thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "launch/kept_space.h"
+#include "lua/admit.h"
+#include "lua/config.h"
+
+namespace nopfs::spank {
+
+// What the job's nopfsd may keep at exit.
+struct KeepPlan {
+  bool keep = false;       // nopfsd --keep
+  uint64_t max_bytes = 0;  // --keep-max-bytes
+  std::string note;        // what was decided and removed, for the prolog's line ("": nothing)
+};
+
+// The job as far as keeping goes.
+struct KeepJob {
+  uint32_t uid = 0;
+  std::string dataset;  // --nopfs=
+  bool keep = true;     // --nopfs-keep
+  std::string policy;   // the policy file ("": none, nothing is kept)
+};
+
+class NodeKept {
+ public:
+  // Lists every user's kept datasets under `ssd_paths`, removes their incomplete, expired and
+  // over-quota ones (the policy's keep hook, asked about `node` with ssd_kept set), and sets
+  // ns->ssd_kept to what is left.
+  NodeKept(KeepJob job, const lua::NodeConfig& config, const std::vector<std::string>& ssd_paths,
+           lua::NodeState* ns);
+  // Once the job is admitted with `adm` (ns: the node before it): removes the least recently
+  // used datasets of any user until the kept bytes fit beside ns.ssd_reserved and adm.ssd (the
+  // job's user's kept copies of its dataset count within the grant: the job adopts them), and
+  // decides what the job keeps: nothing with --nopfs-keep=no, a failing or absent keep hook, no
+  // quota or no SSD grant; else at most min(quota, SSD grant).
+  KeepPlan Admitted(const lua::NodeState& ns, const lua::Admission& adm);
+
+ private:
+  lua::NodeState WithKept(lua::NodeState ns) const;
+  KeepJob job_;
+  launch::KeptNode kept_;
+  lua::KeepGrants grants_;
+  std::vector<launch::Removal> removed_;
+};
+
+// The epilog's part, after the job's nopfsd has stopped: the user's quota and lifetimes on the
+// user's kept datasets under `ssd_paths`. Returns what to add to the epilog's line ("kept ...;
+// kept datasets removed: ...; "), "" when the user has nothing kept.
+std::string AfterJob(const std::string& policy, const lua::NodeConfig& config,
+                     const std::string& node, const std::vector<std::string>& ssd_paths,
+                     uint32_t uid);
+
+}  // namespace nopfs::spank

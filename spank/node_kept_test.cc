@@ -1,0 +1,179 @@
+#include "spank/node_kept.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace nopfs::spank {
+namespace {
+
+namespace fs = std::filesystem;
+
+const uint32_t kMe = ::getuid();
+constexpr size_t kMiB = 1 << 20;
+const std::string kA = "000000000000000a", kB = "000000000000000b", kC = "000000000000000c";
+
+class NodeKeptTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::path(testing::TempDir()).lexically_normal().string() + "/node_kept_" +
+            testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(root_);
+    fs::create_directories(root_ + "/ssd");
+    kept_ = root_ + "/ssd/nopfs-" + std::to_string(kMe) + "/kept";
+    fs::create_directories(kept_);
+    Result<lua::NodeConfig> c =
+        lua::LoadNodeConfigFromString("classes = { ram { capacity = \"1GB\" }, ssd { path = \"" +
+                                          root_ + "/ssd\", capacity = \"100MB\" } }\n",
+                                      "node.conf.lua", uint64_t{8} << 30);
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    config_ = std::make_unique<lua::NodeConfig>(*c);
+  }
+
+  std::string Policy(const std::string& keep_body) {
+    const std::string path = root_ + "/policy.lua";
+    std::ofstream(path) << "function admit(job, node) return {} end\n"
+                        << (keep_body.empty()
+                                ? ""
+                                : "function keep(user, node) " + keep_body + " end\n");
+    return path;
+  }
+
+  void Kept(const std::string& key, const std::string& dataset, size_t bytes, int64_t last_used) {
+    const std::string dir = kept_ + "/" + key;
+    fs::create_directories(dir);
+    std::ofstream(dir + "/data.0", std::ios::binary) << std::string(bytes, 'x');
+    launch::KeptManifest m;
+    m.key = key;
+    m.dataset = dataset;
+    m.created = m.last_used = last_used;
+    m.samples = 1;
+    ASSERT_TRUE(launch::WriteFileDurably(dir, "MANIFEST", launch::EncodeKeptManifest(m)).ok());
+  }
+
+  std::set<std::string> Left() const {
+    std::set<std::string> out;
+    for (const auto& e : fs::directory_iterator(kept_))
+      out.insert(e.path().filename().string());
+    return out;
+  }
+
+  lua::NodeState Node(uint64_t reserved = 0) const {
+    lua::NodeState ns;
+    ns.name = "n1";
+    ns.ssd_total = 100 * kMiB;
+    ns.ssd_reserved = reserved;
+    return ns;
+  }
+
+  std::vector<std::string> Paths() const { return {root_ + "/ssd"}; }
+
+  std::string root_, kept_;
+  std::unique_ptr<lua::NodeConfig> config_;
+};
+
+TEST_F(NodeKeptTest, AJobThatNeedsTheSpaceEvictsOthersButAdoptsItsOwn) {
+  const int64_t now = ::time(nullptr);
+  Kept(kA, "/pfs/mine", 10 * kMiB, now - 300);   // the job's dataset, the oldest
+  Kept(kB, "/pfs/other", 10 * kMiB, now - 200);  // evicted first
+  Kept(kC, "/pfs/third", 10 * kMiB, now - 100);  // evicted next, if still needed
+  lua::NodeState ns = Node(50 * kMiB);
+  NodeKept kept(KeepJob{kMe, "/pfs/mine", true, Policy("return { quota = '1GB' }")}, *config_,
+                Paths(), &ns);
+  EXPECT_GE(ns.ssd_kept, 30 * kMiB);
+  EXPECT_EQ(Left(), (std::set<std::string>{kA, kB, kC})) << "nothing over quota or expired";
+  // 50 MiB reserved + a 39 MiB grant leave 11 MiB, plus the 10 MiB of its own it adopts: one of
+  // the others (10 MiB and a MANIFEST each) must go, the least recently used (kB).
+  lua::Admission adm;
+  adm.admitted = true;
+  adm.ssd = 39 * kMiB;
+  const KeepPlan plan = kept.Admitted(ns, adm);
+  EXPECT_EQ(Left(), (std::set<std::string>{kA, kC}));
+  EXPECT_TRUE(plan.keep);
+  EXPECT_EQ(plan.max_bytes, 39 * kMiB) << "never more than the SSD grant";
+  EXPECT_NE(plan.note.find("keeps up to"), std::string::npos) << plan.note;
+  EXPECT_NE(plan.note.find("adopts"), std::string::npos) << plan.note;
+  EXPECT_NE(plan.note.find("kept datasets removed: uid " + std::to_string(kMe) + " " + kB +
+                           " (/pfs/other, "),
+            std::string::npos)
+      << plan.note;
+  EXPECT_NE(plan.note.find(", space)"), std::string::npos) << plan.note;
+}
+
+TEST_F(NodeKeptTest, QuotaBoundsTheKeepAndTheOptionOrTheAbsentHookKeepNothing) {
+  lua::NodeState ns = Node();
+  lua::Admission adm;
+  adm.admitted = true;
+  adm.ssd = 40 * kMiB;
+  {
+    NodeKept kept(KeepJob{kMe, "/pfs/d", true, Policy("return { quota = '5MB' }")}, *config_,
+                  Paths(), &ns);
+    const KeepPlan plan = kept.Admitted(ns, adm);
+    EXPECT_TRUE(plan.keep);
+    EXPECT_EQ(plan.max_bytes, 5'000'000u);
+  }
+  {
+    NodeKept kept(KeepJob{kMe, "/pfs/d", false, Policy("return { quota = '5MB' }")}, *config_,
+                  Paths(), &ns);
+    const KeepPlan plan = kept.Admitted(ns, adm);
+    EXPECT_FALSE(plan.keep);
+    EXPECT_EQ(plan.max_bytes, 0u);
+    EXPECT_EQ(plan.note, "keeps nothing (--nopfs-keep=no)");
+  }
+  {
+    lua::Admission no_ssd = adm;
+    no_ssd.ssd = 0;
+    NodeKept kept(KeepJob{kMe, "/pfs/d", true, Policy("return { quota = '5MB' }")}, *config_,
+                  Paths(), &ns);
+    EXPECT_FALSE(kept.Admitted(ns, no_ssd).keep);
+  }
+  // No keep hook: nothing may be kept, and what the user kept before goes.
+  Kept(kA, "/pfs/d", kMiB, ::time(nullptr));
+  NodeKept kept(KeepJob{kMe, "/pfs/d", true, Policy("")}, *config_, Paths(), &ns);
+  EXPECT_TRUE(Left().empty());
+  EXPECT_EQ(ns.ssd_kept, 0u);
+  const KeepPlan plan = kept.Admitted(ns, adm);
+  EXPECT_FALSE(plan.keep);
+  EXPECT_NE(plan.note.find("over quota"), std::string::npos) << plan.note;
+}
+
+TEST_F(NodeKeptTest, AFailingHookLeavesTheUsersDataAndKeepsNothingMore) {
+  Kept(kA, "/pfs/d", kMiB, 1000);  // long ago
+  lua::NodeState ns = Node();
+  NodeKept kept(KeepJob{kMe, "/pfs/d", true, Policy("error('typo')")}, *config_, Paths(), &ns);
+  EXPECT_EQ(Left(), std::set<std::string>{kA});
+  lua::Admission adm;
+  adm.admitted = true;
+  adm.ssd = 40 * kMiB;
+  const KeepPlan plan = kept.Admitted(ns, adm);
+  EXPECT_FALSE(plan.keep);
+  EXPECT_NE(plan.note.find("keeps nothing (the policy's keep failed)"), std::string::npos)
+      << plan.note;
+  EXPECT_NE(plan.note.find("typo"), std::string::npos) << plan.note;
+}
+
+TEST_F(NodeKeptTest, AfterTheJobTheQuotaAndTheLifetimeApply) {
+  const int64_t now = ::time(nullptr);
+  Kept(kA, "/pfs/a", 2 * kMiB, now - 7200);   // expired with a lifetime of 1h
+  Kept(kB, "/pfs/b", 2 * kMiB, now - 60);     // over a 3 MB quota with kC
+  Kept(kC, "/pfs/c", 2 * kMiB, now);          // just kept
+  fs::create_directories(kept_ + "/.tmp.1");  // a keep of another job, in its first minute
+  const std::string notes =
+      AfterJob(Policy("return { quota = '3MB', lifetime = '1h' }"), *config_, "n1", Paths(), kMe);
+  EXPECT_EQ(Left(), (std::set<std::string>{kC, ".tmp.1"}));
+  EXPECT_NE(notes.find(kA + " (/pfs/a, "), std::string::npos) << notes;
+  EXPECT_NE(notes.find("expired)"), std::string::npos) << notes;
+  EXPECT_NE(notes.find(kB + " (/pfs/b, "), std::string::npos) << notes;
+  EXPECT_NE(notes.find("over quota)"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("kept "), std::string::npos) << notes;
+  fs::remove_all(kept_);
+  EXPECT_EQ(AfterJob(Policy("return { quota = '3MB' }"), *config_, "n1", Paths(), kMe), "");
+}
+
+}  // namespace
+}  // namespace nopfs::spank

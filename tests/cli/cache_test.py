@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""`nopfs cache ls|rm` and `nopfs gc` on datasets a real nopfsd kept (`nopfs run --keep`): the
+user lists and removes their own, never another user's; gc applies the policy's keep(user, node)
+(quota, lifetime) and removes what a crash left; bad arguments say what to write instead.
+
+As root, the runs and the user's commands go through setpriv as `nobody`, and gc runs as root
+(as an admin runs it); as another user, gc's root-only parts are not checked.
+
+Usage: cache_test.py BUILD_BIN_DIR
+"""
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+BIN = None
+AS_ROOT = os.geteuid() == 0
+USER_UID = 65534 if AS_ROOT else os.geteuid()  # nobody
+
+
+def as_user(argv):
+    if not AS_ROOT:
+        return argv
+    return ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"] + argv
+
+
+def nopfs(*args, root=False, check=True):
+    argv = [os.path.join(BIN, "nopfs"), *map(str, args)]
+    p = subprocess.run(argv if root else as_user(argv), capture_output=True, text=True,
+                       timeout=300)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)} exited {p.returncode}\nstdout:\n{p.stdout}\n"
+                             f"stderr:\n{p.stderr}")
+    return p
+
+
+class CacheTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="nopfs-cache-test-")
+        os.chmod(cls.tmp, 0o755)
+        rnd = random.Random(5)
+        cls.datasets = []
+        for name in ("ds1", "ds2"):
+            root = os.path.join(cls.tmp, name)
+            for c in range(3):
+                os.makedirs(os.path.join(root, f"c{c}"))
+                for i in range(30):
+                    with open(os.path.join(root, f"c{c}", f"{i:03d}.bin"), "wb") as f:
+                        f.write(rnd.randbytes(rnd.randint(2000, 60000)))
+            cls.datasets.append(root)
+        for root, dirs, files in os.walk(cls.tmp):
+            os.chmod(root, 0o755)
+            for f in files:
+                os.chmod(os.path.join(root, f), 0o644)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def setUp(self):
+        self.work = tempfile.mkdtemp(dir=self.tmp)
+        os.chmod(self.work, 0o755)
+        self.scratch = os.path.join(self.work, "scratch")
+        os.mkdir(self.scratch)
+        os.chmod(self.scratch, 0o1777 if not AS_ROOT else 0o755)
+        if AS_ROOT:  # as the prolog makes it
+            os.mkdir(os.path.join(self.scratch, f"nopfs-{USER_UID}"), 0o700)
+            os.chown(os.path.join(self.scratch, f"nopfs-{USER_UID}"), USER_UID, 65534)
+        self.conf = os.path.join(self.work, "node.conf.lua")
+        with open(self.conf, "w") as f:
+            f.write('staging = { capacity = "16MB", threads = 2 }\n'
+                    f'classes = {{ ram {{ capacity = "1KB" }}, ssd {{ path = "{self.scratch}", '
+                    'capacity = "1GB", threads = 2 } }\n')
+        os.chmod(self.conf, 0o644)
+        self.policy = os.path.join(self.work, "policy.lua")
+        self.write_policy("return { quota = '1GB', lifetime = '1d' }")
+
+    def write_policy(self, keep_body):
+        with open(self.policy, "w") as f:
+            f.write("function admit(job, node) return {} end\n"
+                    f"function keep(user, node) {keep_body} end\n")
+
+    def keep_run(self, dataset, extra=()):
+        p = nopfs("run", "--dataset", dataset, "--ranks", 1, "--seed", 3, "--config", self.conf,
+                  "--keep", *extra, "--", os.path.join(BIN, "nopfs"), "cat", "--verify")
+        self.assertRegex(p.stdout + p.stderr, r"\d+ samples, \d+ bytes, 0 mismatches")
+        return p
+
+    def ls(self):
+        return json.loads(nopfs("cache", "ls", "--config", self.conf, "--json").stdout)
+
+    def kept_dir(self):
+        return os.path.join(self.scratch, f"nopfs-{USER_UID}", "kept")
+
+    def test_ls_shows_what_was_kept_and_rm_removes_it(self):
+        self.assertEqual(self.ls(), [])
+        self.assertIn("no kept datasets", nopfs("cache", "ls", "--config", self.conf).stdout)
+        self.keep_run(self.datasets[0])
+        self.keep_run(self.datasets[1])
+        listed = self.ls()
+        self.assertEqual(len(listed), 2, listed)
+        self.assertEqual(sorted(e["dataset"] for e in listed), sorted(self.datasets))
+        for e in listed:
+            self.assertTrue(e["complete"], e)
+            self.assertRegex(e["key"], r"^[0-9a-f]{16}$")
+            self.assertEqual(e["samples"], 90, e)
+            self.assertGreater(e["bytes"], 90 * 2000, e)
+            self.assertLessEqual(e["last_used"], time.time() + 1)
+            self.assertEqual(e["dir"], os.path.join(self.kept_dir(), e["key"]))
+        text = nopfs("cache", "ls", "--config", self.conf).stdout
+        self.assertRegex(text, r"(?m)^KEY +SIZE +SAMPLES +AGE +LAST USE +DATASET$")
+        for e in listed:
+            self.assertRegex(text, rf"(?m)^{e['key']} .* 90 .* ago +{e['dataset']}$")
+        # rm of one key, then of the rest.
+        p = nopfs("cache", "rm", "--config", self.conf, listed[0]["key"])
+        self.assertIn(f"removed {listed[0]['key']}", p.stdout)
+        self.assertEqual([e["key"] for e in self.ls()], [listed[1]["key"]])
+        p = nopfs("cache", "rm", "--config", self.conf, "0123456789abcdef", check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("no such kept dataset here (nopfs cache ls)", p.stderr)
+        nopfs("cache", "rm", "--config", self.conf, "--all")
+        self.assertEqual(self.ls(), [])
+        self.assertEqual(os.listdir(self.kept_dir()), [])
+
+    def test_bad_arguments_say_what_to_write(self):
+        p = nopfs("cache", "rm", "--config", self.conf, check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("give the keys to remove (as nopfs cache ls shows them) or --all", p.stderr)
+        p = nopfs("cache", "rm", "--config", self.conf, "--all", "0123456789abcdef", check=False)
+        self.assertEqual(p.returncode, 2)
+        p = nopfs("cache", "rm", "--config", self.conf, "../..", check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertTrue(os.path.isdir(self.scratch))
+        p = nopfs("cache", "ls", "--config", "/nonexistent.lua", check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("give the node's config with --config FILE", p.stderr)
+        p = nopfs("run", "--dataset", self.datasets[0], "--ranks", 1, "--keep-max-bytes", 5,
+                  "--", "true", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--keep", p.stderr)
+
+    @unittest.skipUnless(AS_ROOT, "gc runs as root")
+    def test_gc_applies_lifetime_quota_and_removes_crash_leftovers(self):
+        self.keep_run(self.datasets[0])
+        time.sleep(1.1)  # last use is in seconds: ds2 is the more recent
+        self.keep_run(self.datasets[1])
+        keys = {e["dataset"]: e["key"] for e in self.ls()}
+        # What a crash leaves: a .tmp.* entry whose lock nobody holds, a key without MANIFEST.
+        tmp = os.path.join(self.kept_dir(), ".tmp.crashed")
+        os.mkdir(tmp)
+        with open(os.path.join(tmp, "lock"), "w"):
+            pass
+        os.mkdir(os.path.join(self.kept_dir(), "00000000000000aa"))
+        gc = ["gc", "--config", self.conf, "--policy", self.policy, "--node", "n7"]
+        p = nopfs(*gc, root=True)
+        self.assertRegex(p.stdout, r"removed .*/kept/\.tmp\.crashed \(uid \d+, .*, incomplete\)")
+        self.assertRegex(p.stdout, r"removed .*/kept/00000000000000aa \(uid \d+, .*, incomplete\)")
+        self.assertRegex(p.stdout, r"(?m)^kept on n7: 2 entries, .* of 1 users$")
+        self.assertEqual(sorted(os.listdir(self.kept_dir())), sorted(keys.values()))
+        # A quota that holds one: the least recently used (ds1) goes.
+        one = max(e["bytes"] for e in self.ls())
+        self.write_policy(f"return {{ quota = {one + 4096} }}")
+        p = nopfs(*gc, root=True)
+        self.assertRegex(p.stdout, rf"removed .*/kept/{keys[self.datasets[0]]} .*over quota\)")
+        self.assertEqual(os.listdir(self.kept_dir()), [keys[self.datasets[1]]])
+        # A lifetime of 1 s: the rest expires.
+        self.write_policy("return { quota = '1GB', lifetime = 1 }")
+        time.sleep(2.1)
+        p = nopfs(*gc, root=True)
+        self.assertRegex(p.stdout, rf"removed .*/kept/{keys[self.datasets[1]]} .*expired\)")
+        self.assertEqual(os.listdir(self.kept_dir()), [])
+        # A policy whose keep fails leaves the user's datasets alone and says so.
+        self.keep_run(self.datasets[0])
+        self.write_policy("error('broken')")
+        p = nopfs(*gc, root=True, check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("broken", p.stderr)
+        self.assertIn("that user's datasets are left alone", p.stderr)
+        self.assertEqual(len(os.listdir(self.kept_dir())), 1)
+        # Without a keep function, nothing may be kept: gc removes it.
+        with open(self.policy, "w") as f:
+            f.write("function admit(job, node) return {} end\n")
+        p = nopfs(*gc, root=True)
+        self.assertIn("over quota", p.stdout)
+        self.assertEqual(os.listdir(self.kept_dir()), [])
+        # As a user, gc says what to use instead.
+        p = nopfs(*gc, check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("nopfs cache rm", p.stderr)
+
+    @unittest.skipUnless(AS_ROOT, "needs a second user")
+    def test_another_user_sees_and_removes_nothing_of_it(self):
+        self.keep_run(self.datasets[0])
+        key = self.ls()[0]["key"]
+        other = ["setpriv", "--reuid=daemon", "--regid=daemon", "--clear-groups", "--",
+                 os.path.join(BIN, "nopfs"), "cache"]
+        p = subprocess.run(other + ["ls", "--config", self.conf, "--json"], capture_output=True,
+                           text=True)
+        self.assertEqual(json.loads(p.stdout), [], p.stderr)
+        p = subprocess.run(other + ["rm", "--config", self.conf, "--all"], capture_output=True,
+                           text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        p = subprocess.run(other + ["rm", "--config", self.conf, key], capture_output=True,
+                           text=True)
+        self.assertEqual(p.returncode, 1)
+        self.assertEqual([e["key"] for e in self.ls()], [key])
+        p = subprocess.run(["setpriv", "--reuid=daemon", "--regid=daemon", "--clear-groups", "--",
+                            "ls", self.kept_dir()], capture_output=True, text=True)
+        self.assertNotEqual(p.returncode, 0)
+
+
+if __name__ == "__main__":
+    BIN = sys.argv.pop(1)
+    unittest.main()

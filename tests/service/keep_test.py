@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""The kept area end to end (docs/tiers.md, "The kept area"): a real nopfsd with an SSD tier keeps
+its samples at exit (`--keep`) and the next job on the same dataset adopts them, through
+`nopfs run` and `nopfs cat --verify` on a generated ImageFolder tree.
+
+Checked here:
+- the same job run twice: the second reads at most 5 % of the first's PFS bytes, every sample
+  adopted, every byte right;
+- a dataset file rewritten between the runs: only that sample is rejected and read again, and its
+  new bytes are delivered;
+- a flipped byte in the kept copy: that sample rejected, the right bytes delivered;
+- what a crash leaves (a nopfsd killed with SIGKILL, an entry without its MANIFEST): never trusted,
+  removed by the next start;
+- without `--keep` nothing is kept.
+
+`nopfs run` starts the nopfsd beside its own executable: the runs that keep use a copy of `nopfs`
+next to a `nopfsd` that adds `--keep` (and `--keep-max-bytes`) to the real one's arguments, as a
+launcher that passes the flags does.
+
+Usage: keep_test.py BUILD_BIN_DIR
+"""
+
+import glob
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import service_test as st  # noqa: E402  (the dataset and config helpers)
+
+BIN = None
+
+
+class KeepTest(unittest.TestCase):
+    JOB = ["--seed", 5, "--epochs", 2, "--batch", 16]
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="nopfs-keep-test-")
+        os.chmod(cls.tmp, 0o755)
+        cls.files = 300
+        # Samples are kept only from files unchanged since before the job started (ctime).
+        time.sleep(1)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def setUp(self):
+        self.work = tempfile.mkdtemp(prefix="case-", dir=self.tmp)
+        os.chmod(self.work, 0o777)
+        self.data = st.Dataset(os.path.join(self.work, "data"), files=self.files, seed=7)
+        self.total = sum(os.path.getsize(f) for f in self.data.files)
+        self.scratch = os.path.join(self.work, "scratch")
+        os.mkdir(self.scratch)
+        os.chmod(self.scratch, 0o777)
+        self.conf = os.path.join(self.work, "ssd.conf.lua")
+        st.write_config(self.conf, ssd="1GB", ssd_path=self.scratch)
+        self.keep_bin = self.launcher("keep", ["--keep"])
+        self.runs = 0
+        time.sleep(1)  # the dataset's ctimes are then before any run's start
+
+    def launcher(self, name, extra):
+        """A directory with a copy of `nopfs` and a `nopfsd` that runs the real one with `extra`."""
+        d = os.path.join(self.work, "bin-" + name)
+        os.mkdir(d)
+        shutil.copy2(os.path.join(BIN, "nopfs"), os.path.join(d, "nopfs"))
+        with open(os.path.join(d, "nopfsd"), "w") as fh:
+            fh.write(f'#!/bin/sh\nexec {os.path.join(BIN, "nopfsd")} "$@" {" ".join(extra)}\n')
+        os.chmod(os.path.join(d, "nopfsd"), 0o755)
+        os.chmod(d, 0o755)
+        return d
+
+    def run_job(self, bin_dir=None, check=True):
+        """One `nopfs run` of one rank that reads both epochs with `nopfs cat --verify`, waits for
+        the SSD tier's prefetch, and saves `nopfs status --json`. Returns (proc, status, cat)."""
+        self.runs += 1
+        out = os.path.join(self.work, f"run{self.runs}")
+        nopfs_bin = os.path.join(BIN, "nopfs")
+        script = (f"{nopfs_bin} cat --verify > {out}.cat 2> {out}.err && "
+                  f"until {nopfs_bin} status | grep -q 'tier ssd: .*prefetch done'; "
+                  f"do sleep 0.05; done; {nopfs_bin} status --json > {out}.json")
+        argv = st.demote_argv([os.path.join(bin_dir or BIN, "nopfs"), "run", "--dataset",
+                               self.data.root, "--ranks", "1", *map(str, self.JOB), "--config",
+                               self.conf, "--run-dir", out + ".rundir", "--keep-run-dir", "--", "sh",
+                               "-c", script])
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        if check and p.returncode != 0:
+            raise AssertionError(f"{argv} exited {p.returncode}\n{p.stdout}\n{p.stderr}\n"
+                                 f"{self.log(out)}")
+        status = json.loads(st.read(out + ".json")) if os.path.exists(out + ".json") else None
+        cat = st.read(out + ".cat") if os.path.exists(out + ".cat") else ""
+        if check:
+            self.assertRegex(cat, r"(?m)^\d+ samples, \d+ bytes, 0 mismatches$", cat)
+        return p, status, cat
+
+    def log(self, out):
+        path = out + ".rundir/nopfsd.log"
+        return st.read(path) if os.path.exists(path) else "(no log)"
+
+    def kept_entries(self):
+        """{name: sorted file names} of every entry of the kept area."""
+        kept = glob.glob(os.path.join(self.scratch, "nopfs-*", "kept"))
+        if not kept:
+            return {}
+        self.assertEqual(len(kept), 1, kept)
+        return {n: sorted(os.listdir(os.path.join(kept[0], n))) for n in os.listdir(kept[0])}
+
+    def the_kept_dir(self):
+        entries = self.kept_entries()
+        self.assertEqual(len(entries), 1, entries)
+        (name, files), = entries.items()
+        self.assertRegex(name, r"^[0-9a-f]{16}$")
+        self.assertIn("MANIFEST", files)
+        self.assertIn("index", files)
+        return glob.glob(os.path.join(self.scratch, "nopfs-*", "kept", name))[0]
+
+    def kept_index(self, kept_dir):
+        """The index's records (launch/kept_area.h) as dicts."""
+        with open(os.path.join(kept_dir, "index"), "rb") as fh:
+            b = fh.read()
+        self.assertEqual(b[:8], b"NOPFSKIX")
+        (count,) = struct.unpack_from("<Q", b, 12)
+        at, out = 20, []
+        for _ in range(count):
+            (n,) = struct.unpack_from("<I", b, at)
+            path = b[at + 4:at + 4 + n].decode()
+            at += 4 + n
+            off, length, xxh3, size, mtime, ctime, ino = struct.unpack_from("<QQQQqqQ", b, at)
+            at += 56
+            data_file, data_offset = struct.unpack_from("<IQ", b, at)
+            at += 12
+            out.append(dict(path=path, length=length, data_file=data_file,
+                            data_offset=data_offset))
+        return out
+
+    def test_second_run_adopts_and_reads_almost_nothing_from_the_pfs(self):
+        _, first, _ = self.run_job(self.keep_bin)
+        self.assertGreaterEqual(first["pfs_bytes"], self.total)
+        self.assertEqual(first["adopted_samples"], 0)
+        kept = self.the_kept_dir()
+        self.assertEqual(len(self.kept_index(kept)), self.files)
+        _, second, _ = self.run_job(self.keep_bin)
+        self.assertLessEqual(second["pfs_bytes"], 0.05 * first["pfs_bytes"], second)
+        self.assertEqual(second["adopted_samples"], self.files, second)
+        self.assertEqual(second["adopted_bytes"], self.total, second)
+        self.assertEqual(second["adopt_rejected_samples"], 0, second)
+        # Kept again at exit, under the same key, with nothing left over.
+        self.assertEqual(self.the_kept_dir(), kept)
+        self.assertEqual(len(self.kept_index(kept)), self.files)
+        log = self.log(os.path.join(self.work, "run2"))
+        self.assertRegex(log, rf"kept area: kept {self.files} samples")
+        # The text status says the same.
+        self.assertEqual(second["kept_bytes"], 0)  # only known at exit
+
+    def test_a_file_rewritten_between_runs_is_read_again(self):
+        _, first, _ = self.run_job(self.keep_bin)
+        victim = self.data.files[17]
+        size = os.path.getsize(victim)
+        with open(victim, "r+b") as fh:  # same size, other bytes
+            fh.write(os.urandom(size))
+        time.sleep(1)
+        _, second, cat = self.run_job(self.keep_bin)
+        self.assertEqual(second["adopt_rejected_samples"], 1, second)
+        self.assertEqual(second["adopted_samples"], self.files - 1, second)
+        self.assertEqual(second["pfs_bytes"], size, second)
+        log = self.log(os.path.join(self.work, "run2"))
+        self.assertIn(f"{os.path.relpath(victim, self.data.root)}) not adopted", log)
+        self.assertIn("its file changed since it was kept", log)
+
+    def test_a_flipped_byte_in_the_kept_copy_is_rejected(self):
+        self.run_job(self.keep_bin)
+        kept = self.the_kept_dir()
+        rec = max(self.kept_index(kept), key=lambda r: r["length"])
+        with open(os.path.join(kept, f"data.{rec['data_file']}"), "r+b") as fh:
+            at = rec["data_offset"] + rec["length"] // 2
+            fh.seek(at)
+            b = fh.read(1)
+            fh.seek(at)
+            fh.write(bytes([b[0] ^ 0x40]))
+        _, second, _ = self.run_job(self.keep_bin)
+        self.assertEqual(second["adopt_rejected_samples"], 1, second)
+        self.assertEqual(second["adopted_samples"], self.files - 1, second)
+        self.assertEqual(second["pfs_bytes"], rec["length"], second)
+        self.assertIn("the kept bytes differ from their checksum",
+                      self.log(os.path.join(self.work, "run2")))
+
+    def test_nothing_incomplete_is_trusted(self):
+        # A nopfsd killed with SIGKILL keeps nothing (its tier is left for the next start).
+        out = os.path.join(self.work, "killed")
+        nopfs_bin = os.path.join(BIN, "nopfs")
+        script = (f"until {nopfs_bin} status | grep -q 'tier ssd: .*prefetch done'; "
+                  f"do sleep 0.05; done; kill -9 $(cat {out}.rundir/nopfsd.pid); sleep 1")
+        argv = st.demote_argv([os.path.join(self.keep_bin, "nopfs"), "run", "--dataset",
+                               self.data.root, "--ranks", "1", *map(str, self.JOB), "--config",
+                               self.conf, "--run-dir", out + ".rundir", "--", "sh", "-c", script])
+        subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        self.assertFalse([n for n in self.kept_entries() if not n.startswith(".tmp.")],
+                         self.kept_entries())
+        # What a crash inside the keep leaves: an entry being written (its lock free), and a key
+        # directory whose MANIFEST never arrived or arrived torn.
+        self.run_job(self.keep_bin)
+        kept = self.the_kept_dir()
+        area = os.path.dirname(kept)
+        writing = os.path.join(area, ".tmp.keep.9.0.abcdef")
+        shutil.copytree(kept, writing)
+        open(os.path.join(writing, "lock"), "w").close()  # its nopfsd's flock died with it
+        torn = os.path.join(area, "0123456789abcdef")
+        shutil.copytree(kept, torn)
+        with open(os.path.join(torn, "MANIFEST"), "r+b") as fh:
+            fh.truncate(20)
+        os.remove(os.path.join(kept, "MANIFEST"))
+        owner = os.stat(kept)
+        for d in (writing, torn):  # as its nopfsd (the user) would have left them
+            for root, dirs, files in os.walk(d):
+                for n in [root] + [os.path.join(root, f) for f in files]:
+                    os.chown(n, owner.st_uid, owner.st_gid)
+        _, status, _ = self.run_job(self.keep_bin)
+        self.assertEqual(status["adopted_samples"], 0, status)
+        self.assertGreaterEqual(status["pfs_bytes"], self.total, status)
+        # Removed at start; what this run kept is the only entry.
+        self.assertEqual(self.the_kept_dir(), kept)
+        self.assertIn("MANIFEST", os.listdir(kept))
+
+    def test_a_failed_start_gives_the_kept_copy_back(self):
+        self.run_job(self.keep_bin)
+        kept = self.the_kept_dir()
+        # The SSD tier's directory name taken by a file: nopfsd adopts, then fails to start.
+        blocker = os.path.join(os.path.dirname(os.path.dirname(kept)), "local.0")
+        open(blocker, "w").close()
+        p, _, _ = self.run_job(self.keep_bin, check=False)
+        self.assertNotEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertEqual(self.the_kept_dir(), kept)
+        self.assertIn("given back as", self.log(os.path.join(self.work, "run2")))
+        os.remove(blocker)
+        _, status, _ = self.run_job(self.keep_bin)
+        self.assertEqual(status["adopted_samples"], self.files, status)
+
+    def test_without_keep_nothing_is_kept(self):
+        _, status, _ = self.run_job()
+        self.assertEqual(status["adopted_samples"], 0)
+        self.assertEqual(self.kept_entries(), {})
+        self.assertEqual(os.listdir(self.scratch), [])  # nothing else either
+
+    def test_keep_max_bytes_bounds_what_is_kept(self):
+        limit = self.total // 3
+        bounded = self.launcher("bounded", ["--keep", "--keep-max-bytes", str(limit)])
+        self.run_job(bounded)
+        kept = self.the_kept_dir()
+        records = self.kept_index(kept)
+        self.assertGreater(len(records), 0)
+        self.assertLess(len(records), self.files)
+        data = sum(os.stat(os.path.join(kept, f)).st_blocks * 512
+                   for f in os.listdir(kept) if f.startswith("data."))
+        self.assertLessEqual(data, limit)
+        _, second, _ = self.run_job(self.keep_bin)
+        self.assertEqual(second["adopted_samples"], len(records), second)
+        self.assertEqual(second["pfs_bytes"], self.total - second["adopted_bytes"], second)
+
+
+if __name__ == "__main__":
+    BIN = os.path.abspath(sys.argv.pop(1))
+    st.BIN = BIN
+    unittest.main(verbosity=2)

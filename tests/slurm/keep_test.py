@@ -1,0 +1,344 @@
+#!/usr/bin/python3
+"""Kept datasets on the local cluster (issue 20, docs/admin.md "Kept datasets"): the policy's
+keep(user, node) hook and --nopfs-keep decide what nopfsd keeps at exit; the second job of a user
+on the same dataset reads almost nothing from the PFS; another user reads it in full and cannot
+list, open or adopt the first user's kept data; quota and space evict the least recently used;
+`nopfs gc` removes an expired dataset; what a crash leaves is removed, never trusted.
+
+The local cluster's three nodes share one SSD directory (one machine), so a dataset kept on one
+node is found on every node: the tests pin jobs to nodes only to keep them apart in time.
+
+Run as root, one cluster test at a time: flock /tmp/nopfs-cluster.lock ctest -L slurm -R keep
+"""
+import glob
+import json
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+import time
+import unittest
+
+from clusterlib import (BUILD, DATASET, DIR, JOBS, REAL_NOPFSD, SSD, ClusterCase, as_user,
+                        daemons, ledger, output, sbatch, submit, wait_done, HOLD, release,
+                        wait_state)
+
+POLICY = os.path.join(DIR, "etc/policy.lua")
+CONFIG = os.path.join(DIR, "etc/nopfs.conf.lua")
+NOPFS = os.path.join(BUILD, "bin/nopfs")
+DATASET2 = os.path.join(DIR, "data/ds2")
+KEY = re.compile(r"^[0-9a-f]{16}$")
+# Each task reads its whole stream (verifying every sample) and then prints its node's status.
+READ = (f"srun bash -c '{NOPFS} cat --verify 2>&1 | tail -n 1 | sed \"s/^/verify: /\"; "
+        f"echo \"status: $({NOPFS} status --json)\"'\n")
+
+
+def write_policy(quota=None, lifetime=None):
+    """The cluster's policy: admits what was asked; with quota, keeps up to it per user."""
+    text = "function admit(job, node) return {} end\n"
+    if quota is not None:
+        life = "" if lifetime is None else f", lifetime = {lifetime}"
+        text += f"function keep(user, node) return {{ quota = {quota}{life} }} end\n"
+    with open(POLICY, "w") as f:
+        f.write(text)
+
+
+def uid_of(user):
+    return pwd.getpwnam(user).pw_uid
+
+
+def kept_dir(user):
+    return os.path.join(SSD, f"nopfs-{uid_of(user)}", "kept")
+
+
+def kept(user):
+    """{name: has MANIFEST} of the user's kept area."""
+    d = kept_dir(user)
+    if not os.path.isdir(d):
+        return {}
+    return {n: os.path.exists(os.path.join(d, n, "MANIFEST")) for n in os.listdir(d)}
+
+
+def disk_bytes(path):
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            total += os.lstat(os.path.join(root, name)).st_blocks * 512
+    return total
+
+
+class KeepTest(ClusterCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        if not os.path.isdir(DATASET2):
+            shutil.copytree(DATASET, DATASET2)
+            subprocess.run(["chmod", "-R", "a+rX", DATASET2], check=True)
+
+    def setUp(self):
+        super().setUp()
+        for user in ("nopfs-alice", "nopfs-bob"):
+            shutil.rmtree(kept_dir(user), ignore_errors=True)
+        write_policy()
+
+    def run_job(self, user, node, dataset=DATASET, extra="", ssd="100MB"):
+        """Runs a one-node job reading `dataset` to the end; returns (job, output, status), after
+        the epilog has finished on the node (nopfsd has kept what it keeps)."""
+        job = submit(user, f"-w {node} --mem=300 --nopfs-ram=1KB --nopfs-ssd={ssd} "
+                     f"--nopfs={dataset} --nopfs-seed=3 {extra}", READ)
+        state = wait_done(job, 180)
+        out = output(job)
+        self.assertEqual(state, "COMPLETED", out)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (job in ledger(node) or daemons()):
+            time.sleep(0.2)
+        self.assertNotIn(job, ledger(node))
+        m = re.search(r"(?m)^status: (\{.*\})$", out)
+        status = json.loads(m.group(1)) if m else None
+        if REAL_NOPFSD:
+            self.assertRegex(out, r"verify: 120 samples, \d+ bytes, 0 mismatches", out)
+            self.assertIsNotNone(status, out)
+        return job, out, status
+
+    def output_so_far(self, job):
+        path = os.path.join(JOBS, f"job-{job}.out")
+        return output(job) if os.path.exists(path) else ""
+
+    def slurmd_log(self, node):
+        with open(os.path.join(DIR, "log", f"slurmd-{node}.log"), errors="replace") as f:
+            return f.read()
+
+    def held_daemon_argv(self, options, ssd="100MB"):
+        """The argv of the nopfsd of a held job of alice's on n2."""
+        job = submit("nopfs-alice", f"-w n2 --mem=300 --nopfs-ram=1KB --nopfs-ssd={ssd} "
+                     f"--nopfs={DATASET} {options}",
+                     HOLD.format(jobs=JOBS))
+        wait_state(job, {"RUNNING"}, 90)
+        deadline = time.monotonic() + 30
+        argv = None
+        while time.monotonic() < deadline and argv is None:
+            for _, (user, a) in daemons().items():
+                if f"{DIR}/run/n2/{job}" in a:
+                    argv = a
+            time.sleep(0.2)
+        release(job)
+        wait_done(job, 120)
+        self.assertIsNotNone(argv, f"no nopfsd of job {job}")
+        return job, argv
+
+    def test_policy_and_option_decide_what_nopfsd_may_keep(self):
+        write_policy(quota=6_000_000)
+        job, argv = self.held_daemon_argv("")
+        self.assertIn("--keep", argv)
+        self.assertEqual(argv[argv.index("--keep-max-bytes") + 1], "6000000")
+        self.assertRegex(self.slurmd_log("n2"), rf"nopfs: prolog: n2: serving .*keeps up to 6")
+        # The grant bounds it too: an SSD tier of 4 MB keeps at most 4 MB.
+        _, argv = self.held_daemon_argv("", ssd="4MB")
+        self.assertEqual(argv[argv.index("--keep-max-bytes") + 1], "4000000")
+        # The user asks to keep nothing.
+        _, argv = self.held_daemon_argv("--nopfs-keep=no")
+        self.assertNotIn("--keep", argv)
+        self.assertIn("keeps nothing (--nopfs-keep=no)", self.slurmd_log("n2"))
+        # No keep hook in the policy: nothing is kept.
+        write_policy()
+        _, argv = self.held_daemon_argv("--nopfs-keep=yes")
+        self.assertNotIn("--keep", argv)
+        self.assertNotIn("--keep-max-bytes", argv)
+
+    def test_a_bad_keep_value_stops_sbatch_with_what_to_write(self):
+        for bad in ("maybe", "YES", "1"):
+            r = sbatch("nopfs-alice", f"--nopfs={DATASET} --nopfs-keep={bad}", "true\n")
+            self.assertNotEqual(r.returncode, 0, bad)
+            self.assertIn("write --nopfs-keep=yes", r.stderr, bad)
+        r = sbatch("nopfs-alice", "--nopfs-keep=no", "true\n")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("needs --nopfs=DATASET", r.stderr)
+
+    def test_what_a_crash_leaves_is_removed_by_the_next_prolog(self):
+        """A SIGKILLed keep leaves a .tmp.* entry (its lock file no longer held), a crash before
+        MANIFEST a directory without one; a garbage MANIFEST is as good as none. The next job's
+        prolog removes all of them; none is ever listed as usable."""
+        write_policy(quota=50_000_000)
+        user = "nopfs-alice"
+        area = kept_dir(user)
+        # The user directory as the prolog makes it.
+        os.makedirs(os.path.dirname(area), mode=0o700, exist_ok=True)
+        os.chown(os.path.dirname(area), uid_of(user), pwd.getpwnam(user).pw_gid)
+        r = as_user(user, f"mkdir -p -m 0700 {area} && cd {area} && "
+                    "mkdir .tmp.4242.1 && head -c 100000 /dev/urandom > .tmp.4242.1/data.0 && "
+                    ": > .tmp.4242.1/lock && "
+                    "mkdir 00000000000000aa && head -c 5000 /dev/urandom > 00000000000000aa/data.0"
+                    " && mkdir 00000000000000bb && echo garbage > 00000000000000bb/MANIFEST && "
+                    "echo stray > stray")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        # As the user sees them: nothing complete.
+        r = as_user(user, f"{NOPFS} cache ls --config {CONFIG} --json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(all(not e["complete"] for e in json.loads(r.stdout)), r.stdout)
+        self.run_job(user, "n1", extra="--nopfs-keep=no")
+        left = set(kept(user))
+        self.assertEqual(left & {".tmp.4242.1", "00000000000000aa", "00000000000000bb", "stray"},
+                         set(), left)
+        self.assertRegex(self.slurmd_log("n1"), r"kept datasets removed: .*incomplete")
+
+    # The rest needs nopfsd's keep and adopt (--keep).
+
+    @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd")
+    def test_second_job_starts_warm_and_another_user_gets_nothing_of_it(self):
+        write_policy(quota=50_000_000)
+        _, _, first = self.run_job("nopfs-alice", "n1")
+        names = kept("nopfs-alice")
+        keys = [n for n, complete in names.items() if complete and KEY.match(n)]
+        self.assertEqual(len(keys), 1, names)
+        key = keys[0]
+        area = kept_dir("nopfs-alice")
+        st = os.stat(area)
+        self.assertEqual((st.st_uid, st.st_mode & 0o777), (uid_of("nopfs-alice"), 0o700))
+        # The user sees it.
+        r = as_user("nopfs-alice", f"{NOPFS} cache ls --config {CONFIG} --json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        listed = json.loads(r.stdout)
+        self.assertEqual([e["key"] for e in listed], [key], r.stdout)
+        self.assertEqual(listed[0]["dataset"], DATASET)
+        self.assertTrue(listed[0]["complete"])
+        self.assertGreater(listed[0]["samples"], 0)
+
+        # The same job again: its PFS bytes are at most 5 % of the first's.
+        _, _, second = self.run_job("nopfs-alice", "n2")
+        self.assertGreater(first["pfs_bytes"], 0, first)
+        self.assertLessEqual(second["pfs_bytes"], 0.05 * first["pfs_bytes"],
+                             (first["pfs_bytes"], second["pfs_bytes"]))
+        print(f"\nPFS bytes: first job {first['pfs_bytes']}, second {second['pfs_bytes']}",
+              file=sys.stderr)
+
+        # Another user: cannot list, open or read alice's kept data...
+        before = disk_bytes(area)
+        manifest = os.path.join(area, key, "MANIFEST")
+        for cmd in (f"ls {area}", f"cat {manifest}", f"ls {area}/{key}",
+                    f"{NOPFS} cache rm --config {CONFIG} {key}"):
+            r = as_user("nopfs-bob", cmd)
+            self.assertNotEqual(r.returncode, 0, cmd)
+        r = as_user("nopfs-bob", f"{NOPFS} cache ls --config {CONFIG} --json")
+        self.assertEqual(json.loads(r.stdout), [], r.stdout)
+        # ... and the same job of his reads the PFS in full, adopting nothing of hers.
+        _, _, bobs = self.run_job("nopfs-bob", "n3")
+        print(f"PFS bytes: the other user's job {bobs['pfs_bytes']}", file=sys.stderr)
+        self.assertGreaterEqual(bobs["pfs_bytes"], 0.95 * first["pfs_bytes"],
+                                (first["pfs_bytes"], bobs["pfs_bytes"]))
+        self.assertIn(key, kept("nopfs-alice"))
+        self.assertGreater(disk_bytes(area), 0.5 * before)
+
+        # nopfs cache rm removes it.
+        r = as_user("nopfs-alice", f"{NOPFS} cache rm --config {CONFIG} --all")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(f"removed {key}", r.stdout)
+        self.assertEqual(kept("nopfs-alice"), {})
+
+    @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd")
+    def test_keep_no_keeps_nothing(self):
+        write_policy(quota=50_000_000)
+        self.run_job("nopfs-alice", "n1", extra="--nopfs-keep=no")
+        self.assertEqual([n for n in kept("nopfs-alice") if KEY.match(n)], [])
+
+    @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd")
+    def test_quota_and_space_evict_the_least_recently_used(self):
+        _, _, first = self.run_job("nopfs-alice", "n1")  # nothing kept: no keep hook
+        self.assertEqual(kept("nopfs-alice"), {})
+        # A quota that holds one dataset: the second dataset's keep evicts the first.
+        write_policy(quota=int(first["pfs_bytes"] * 1.5) + 2_000_000)
+        self.run_job("nopfs-alice", "n1")
+        one = [n for n, c in kept("nopfs-alice").items() if c]
+        self.assertEqual(len(one), 1, kept("nopfs-alice"))
+        time.sleep(1.1)  # last use is in seconds
+        self.run_job("nopfs-alice", "n1", dataset=DATASET2)
+        two = [n for n, c in kept("nopfs-alice").items() if c]
+        self.assertEqual(len(two), 1, kept("nopfs-alice"))
+        self.assertNotEqual(one, two)
+        self.assertRegex(self.slurmd_log("n1"), r"kept datasets removed: .*over quota")
+        # A job of another user that needs the node's whole SSD evicts alice's kept dataset.
+        self.run_job("nopfs-bob", "n1", extra="--nopfs-keep=no", ssd="1GB")
+        self.assertEqual([n for n, c in kept("nopfs-alice").items() if c], [])
+        self.assertRegex(self.slurmd_log("n1"), r"kept datasets removed: .*space")
+
+    @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd")
+    def test_gc_removes_an_expired_dataset(self):
+        write_policy(quota=50_000_000, lifetime=3600)
+        self.run_job("nopfs-alice", "n2")
+        names = [n for n, c in kept("nopfs-alice").items() if c]
+        self.assertEqual(len(names), 1)
+        r = subprocess.run([NOPFS, "gc", "--config", CONFIG, "--policy", POLICY, "--node", "n2"],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("removed", r.stdout)
+        self.assertIn(names[0], kept("nopfs-alice"))
+        write_policy(quota=50_000_000, lifetime=1)
+        time.sleep(2.1)
+        r = subprocess.run([NOPFS, "gc", "--config", CONFIG, "--policy", POLICY, "--node", "n2"],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, rf"removed .*/kept/{names[0]} \(uid {uid_of('nopfs-alice')}, "
+                         r".*, expired\)")
+        self.assertEqual(kept("nopfs-alice"), {})
+        # As a user, gc refuses and says what to use instead.
+        r = as_user("nopfs-alice", f"{NOPFS} gc --config {CONFIG} --policy {POLICY}")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("nopfs cache rm", r.stderr)
+
+    @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd")
+    def test_a_kept_copy_damaged_after_a_crash_is_never_trusted(self):
+        """A kept dataset whose bytes were changed (a torn write, a crash mid-keep that left a
+        complete-looking directory) is verified sample by sample: the job delivers the right
+        bytes (verify: 0 mismatches, run_job) and reads the damaged samples from the PFS."""
+        write_policy(quota=50_000_000)
+        _, _, first = self.run_job("nopfs-alice", "n1")
+        key = [n for n, c in kept("nopfs-alice").items() if c][0]
+        for data in glob.glob(os.path.join(kept_dir("nopfs-alice"), key, "data.*")):
+            with open(data, "r+b") as f:
+                size = os.fstat(f.fileno()).st_size
+                for off in range(0, size, 4096):
+                    f.seek(off)
+                    f.write(b"\xff")
+        _, _, second = self.run_job("nopfs-alice", "n1")
+        self.assertGreater(second["pfs_bytes"], 0.5 * first["pfs_bytes"],
+                           (first["pfs_bytes"], second["pfs_bytes"]))
+
+    @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd")
+    def test_sigkill_mid_keep_leaves_nothing_a_later_job_trusts(self):
+        """nopfsd is told to stop (it starts keeping) and killed a moment later, at a different
+        moment each round; whatever that leaves, the next job delivers the dataset's bytes, and
+        its prolog removes every incomplete entry no live nopfsd holds."""
+        write_policy(quota=50_000_000)
+        user = "nopfs-alice"
+        for delay in (0.0, 0.005, 0.02, 0.05, 0.2):
+            job = submit(user, f"-w n1 --mem=300 --nopfs-ram=1KB --nopfs-ssd=100MB "
+                         f"--nopfs={DATASET} --nopfs-seed=3",
+                         READ + HOLD.format(jobs=JOBS))
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and "status: " not in self.output_so_far(job):
+                time.sleep(0.2)
+            pids = [pid for pid, (_, a) in daemons().items() if f"{DIR}/run/n1/{job}" in a]
+            self.assertEqual(len(pids), 1, output(job))
+            os.kill(pids[0], 15)
+            time.sleep(delay)
+            try:
+                os.kill(pids[0], 9)
+            except ProcessLookupError:
+                pass
+            release(job)
+            wait_done(job, 120)
+            _, out, _ = self.run_job(user, "n2", extra="--nopfs-keep=no")
+            self.assertRegex(out, r"verify: 120 samples, \d+ bytes, 0 mismatches", out)
+            # Left: complete datasets, or a .tmp.* that its lock (or, when killed before it had
+            # one, its first minute) still protects; nothing under a key without a MANIFEST.
+            for name, complete in kept(user).items():
+                self.assertTrue((complete and KEY.match(name)) or name.startswith(".tmp."),
+                                (delay, kept(user)))
+                if name.startswith(".tmp."):
+                    self.assertFalse(os.path.exists(os.path.join(kept_dir(user), name, "lock")),
+                                     (delay, name))
+
+
+if __name__ == "__main__":
+    unittest.main()
