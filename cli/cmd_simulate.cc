@@ -16,6 +16,7 @@
 #include "lua/config.h"
 #include "policy/partition.h"
 #include "policy/simulate.h"
+#include "policy/startup.h"
 
 namespace nopfs::cli {
 namespace {
@@ -78,6 +79,11 @@ struct SimFlags {
   uint32_t pfs_readers = 0;
   std::string format = "table";
   unsigned threads = 0;
+  // The start-up model (policy/startup.h).
+  bool startup = false;
+  uint64_t classes = 1000;
+  uint32_t scan_threads = 8;
+  double metadata_latency_ms = 1.0;
   // Which flags were given (presets fill the others).
   bool given_nodes = false, given_rpn = false, given_epochs = false, given_samples = false,
        given_rate = false;
@@ -86,6 +92,36 @@ struct SimFlags {
 int Fail(const Status& s) {
   std::fprintf(stderr, "nopfs simulate: %s\n", s.message().c_str());
   return 2;
+}
+
+// --startup: the start-up model's prediction for the job's nodes (docs/simulate.md, "Start-up").
+int PrintStartup(const SimFlags& f, uint64_t files, const policy::SystemModel& model) {
+  policy::StartupModel m;
+  m.files = files;
+  m.classes = f.classes;
+  m.nodes = f.nodes;
+  m.scan_threads = f.scan_threads;
+  m.metadata_latency = f.metadata_latency_ms / 1e3;
+  m.network_bandwidth = model.network_bandwidth;
+  if (Status s = m.Validate(); !s.ok()) return Fail(s);
+  const policy::StartupPrediction shared = policy::PredictSharedScan(m);
+  const policy::StartupPrediction lone = policy::PredictLoneScans(m);
+  const double n = static_cast<double>(files);
+  std::printf(
+      "start-up: %llu files in %llu classes, %u nodes x %u scan threads, %.2f ms per metadata "
+      "operation, network %s/s\n",
+      static_cast<unsigned long long>(files), static_cast<unsigned long long>(m.classes), m.nodes,
+      m.scan_threads, f.metadata_latency_ms, FormatBytes(m.network_bandwidth).c_str());
+  std::printf(
+      "one scan per job: root %.3f s + walk %.3f s + exchange %.3f s = %.3f s; %llu metadata "
+      "operations (%.3f per file)\n",
+      shared.root_seconds, shared.walk_seconds, shared.exchange_seconds, shared.total_seconds,
+      static_cast<unsigned long long>(shared.metadata_ops),
+      static_cast<double>(shared.metadata_ops) / n);
+  std::printf("every node alone: %.3f s; %llu metadata operations (%.3f per file)\n",
+              lone.total_seconds, static_cast<unsigned long long>(lone.metadata_ops),
+              static_cast<double>(lone.metadata_ops) / n);
+  return 0;
 }
 
 Result<std::vector<policy::Bytes>> MakeSizes(const std::string& spec, uint64_t samples,
@@ -274,6 +310,8 @@ int RunSimulate(SimFlags& f) {
                                         "\" is not a format: write table, kv or json"));
   }
 
+  if (f.startup) return PrintStartup(f, sizes->size(), o.model);
+
   const auto t0 = std::chrono::steady_clock::now();
   Result<std::vector<policy::PolicyResult>> results = policy::Simulate(o, *sizes, *policies);
   if (!results.ok()) return Fail(results.status());
@@ -430,6 +468,16 @@ void RegisterSimulate(CLI::App* app, int* exit_code) {
   sub->add_option("--format", f.format, "table, kv (one key=value line per policy) or json")
       ->capture_default_str();
   sub->add_option("--threads", f.threads, "Worker threads (0: all cores)")->capture_default_str();
+  sub->add_flag("--startup", f.startup,
+                "Predict the start-up instead (one scan per job): the catalog's time on every "
+                "node and the PFS metadata operations");
+  sub->add_option("--classes", f.classes, "--startup: class directories of the dataset")
+      ->capture_default_str();
+  sub->add_option("--scan-threads", f.scan_threads, "--startup: scan threads per node")
+      ->capture_default_str();
+  sub->add_option("--metadata-latency-ms", f.metadata_latency_ms,
+                  "--startup: milliseconds per PFS metadata operation")
+      ->capture_default_str();
   sub->callback([flags, sub, exit_code] {
     SimFlags& g = *flags;
     g.given_nodes = sub->get_option("--nodes")->count() != 0;

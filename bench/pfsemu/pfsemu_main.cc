@@ -207,13 +207,19 @@ int DoAccess(const char* path, int mask) {
   return 0;
 }
 
+// How long a lookup's attributes serve later calls when attr_cache_ms is 0.
+constexpr double kLookupAttrSeconds = 0.05;
+
 void* DoInit(struct fuse_conn_info* /*conn*/, struct fuse_config* cfg) {
   const Fs* fs = static_cast<const Fs*>(fuse_get_context()->private_data);
   cfg->direct_io = 1;
   cfg->kernel_cache = 0;
   cfg->use_ino = 1;
-  cfg->attr_timeout = static_cast<double>(fs->options.attr_cache_ms) / 1000;
-  cfg->entry_timeout = cfg->attr_timeout;
+  cfg->entry_timeout = static_cast<double>(fs->options.attr_cache_ms) / 1000;
+  // Without a cache every lookup reaches the file system, and the attributes it returns serve the
+  // call that made it (as a PFS's lookup returns them): a stat is one getattr, not a lookup and a
+  // second getattr because the kernel saw the attributes expire the same instant.
+  cfg->attr_timeout = fs->options.attr_cache_ms == 0 ? kLookupAttrSeconds : cfg->entry_timeout;
   cfg->negative_timeout = 0;
   return fuse_get_context()->private_data;
 }

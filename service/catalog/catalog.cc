@@ -18,6 +18,7 @@
 #include "service/catalog/catalog_cache.h"
 #include "service/catalog/catalog_codec.h"
 #include "service/catalog/catalog_scan.h"
+#include "service/catalog/catalog_share.h"
 #include "service/catalog/catalog_store.h"
 
 namespace nopfs::service {
@@ -44,8 +45,238 @@ Status CatalogOptions::Validate() const {
                                    std::to_string(scan_threads));
   }
   if (racy_window_ns < 0) return Status::InvalidArgument("catalog: racy_window_ns must be >= 0");
+  if (nodes < 1 || node >= nodes) {
+    return Status::InvalidArgument("catalog: node " + std::to_string(node) + " of " +
+                                   std::to_string(nodes) + " nodes; write node < nodes");
+  }
   return Status::Ok();
 }
+
+namespace {
+
+// What Open found, before it becomes the Catalog.
+struct Opened {
+  store::Contents contents;
+  uint64_t fingerprint = 0;
+  bool reused = false;
+  std::string reason;       // why not reused
+  std::string db_path;      // the DB this node reads or wrote ("" = none)
+  std::string store_error;  // why the scanned catalog was not stored ("" = it was, or reused)
+};
+
+// Why the cached catalog was not used, as nopfsd logs it: a damaged entry must not be rebuilt
+// silently.
+std::string RescanReason(const Result<std::string>& user_dir, const Status& fresh,
+                         const std::string& entry) {
+  if (!user_dir.ok()) return "catalog cache not used: " + user_dir.status().message();
+  if (fresh.code() == StatusCode::kCorruption) {
+    return "the cached catalog " + entry + " is corrupt (" + fresh.message() + ")";
+  }
+  return fresh.message();
+}
+
+// Takes a finished scan as the catalog: fills out->contents and fingerprint, and writes the
+// catalog DB at s.entry (through a temporary directory in tmp_parent).
+Status StoreScan(const CatalogOptions& options, const store::LoadRequest& s,
+                 const std::string& tmp_parent, int64_t scan_start, const scan::ScanResult& scanned,
+                 Opened* out) {
+  if (scanned.samples.size() > policy::kMaxSamples) {
+    return Status::InvalidArgument("dataset " + s.real + " has " +
+                                   std::to_string(scanned.samples.size()) + " samples; at most " +
+                                   std::to_string(policy::kMaxSamples) + " are supported");
+  }
+  const size_t n = scanned.samples.size();
+  store::Contents& contents = out->contents;
+  contents = store::Contents();
+  contents.root = scanned.root;
+  contents.classes = scanned.class_names;
+  contents.Reserve(n);
+  for (const scan::Sample& smp : scanned.samples) {
+    contents.Add(smp.relative_path, smp.offset, smp.length, smp.label);
+  }
+  out->fingerprint = store::ComputeFingerprint(contents);
+
+  codec::CatalogMeta meta;
+  meta.kind = s.kind;
+  meta.reusable = true;
+  for (const auto& st : scanned.stamps) {
+    if (st.stamp.mtime_ns >= scan_start - options.racy_window_ns) meta.reusable = false;
+  }
+  meta.samples = n;
+  meta.classes = static_cast<uint32_t>(scanned.class_names.size());
+  meta.stamps = scanned.stamps.size();
+  meta.fingerprint = out->fingerprint;
+  meta.dataset = s.real;
+  meta.root = scanned.root;
+
+  // The job has its catalog now; storing it only saves the next job a scan.
+  const std::string tmp =
+      tmp_parent + "/.tmp-" + fs::path(s.entry).filename().string() + "-" + cache::UniqueSuffix();
+  Status w =
+      ::mkdir(tmp.c_str(), 0700) == 0 ? Status::Ok() : Status::FromErrno(errno, "creating " + tmp);
+  if (w.ok()) w = store::WriteCatalogDb(tmp, meta, scanned, options.db_env);
+  if (w.ok()) w = cache::Install(tmp, s.entry);
+  if (!w.ok()) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    out->store_error = w.message();
+    spdlog::warn("the catalog of {} is not stored, the next job scans it again: {}", s.real,
+                 w.message());
+    return Status::Ok();
+  }
+  out->db_path = s.entry;
+  return Status::Ok();
+}
+
+// This node alone: reuses the catalog at s.entry if fresh, else scans the whole dataset.
+Status OpenAlone(const CatalogOptions& options, Env* env, const store::LoadRequest& s,
+                 const Result<std::string>& user_dir, const std::string& tmp_parent, Opened* out) {
+  Status fresh = store::LoadIfFresh(s, env, &out->contents, &out->fingerprint);
+  if (fresh.ok()) {
+    out->reused = true;
+    out->db_path = s.entry;
+    return Status::Ok();
+  }
+  out->reason = RescanReason(user_dir, fresh, s.entry);
+  const int64_t scan_start = NowNs();
+  Result<scan::ScanResult> scanned = s.kind == codec::DatasetKind::kImageFolder
+                                         ? scan::ScanImageFolder(s.real, env, options.scan_threads)
+                                         : scan::ScanManifest(s.real, env, options.scan_threads);
+  if (!scanned.ok()) return scanned.status();
+  return StoreScan(options, s, tmp_parent, scan_start, *scanned, out);
+}
+
+// What this node's relative paths are relative to: the ImageFolder root, or the manifest's
+// directory (as the scan sets ScanResult::root).
+std::string OwnRoot(const store::LoadRequest& s) {
+  if (s.kind == codec::DatasetKind::kImageFolder) return s.real;
+  return fs::path(s.real).parent_path().string();
+}
+
+// One scan shared by the job's nodes (catalog_share.h). An error with *fatal set is the dataset's
+// (this node would meet it alone too); any other error means: scan alone.
+Status OpenShared(const CatalogOptions& options, Env* env, const store::LoadRequest& s,
+                  const Result<std::string>& user_dir, const std::string& tmp_parent, Opened* out,
+                  bool* fatal) {
+  uint64_t round = 1;
+  const int64_t scan_start = NowNs();
+  share::Lead lead;
+  std::vector<std::byte> mine;
+  Status own_error;  // node 0's dataset error, after telling the others
+  if (options.node == 0) {
+    Status fresh = store::LoadIfFresh(s, env, &lead.contents, &out->fingerprint);
+    if (fresh.ok()) {
+      lead.kind = share::LeadKind::kHit;
+    } else {
+      lead.contents = store::Contents();
+      lead.reason = RescanReason(user_dir, fresh, s.entry);
+      if (s.kind == codec::DatasetKind::kImageFolder) {
+        lead.kind = share::LeadKind::kMiss;
+        Result<scan::RootListing> listing =
+            scan::ListImageFolderRoot(s.real, env, options.scan_threads);
+        if (listing.ok()) {
+          lead.listing = std::move(*listing);
+        } else {
+          own_error = listing.status();
+        }
+      } else {
+        lead.kind = share::LeadKind::kScanned;
+        Result<scan::ScanResult> scanned = scan::ScanManifest(s.real, env, options.scan_threads);
+        if (scanned.ok()) {
+          lead.scanned = std::move(*scanned);
+        } else {
+          own_error = scanned.status();
+        }
+      }
+    }
+    // A failed listing or scan sends nothing the others can decode: they scan alone (and meet
+    // the same error, or not if the dataset was fixed meanwhile).
+    if (own_error.ok()) mine = share::EncodeLead(lead);
+  }
+  Result<std::vector<std::vector<std::byte>>> got =
+      share::AllGather(options.exchange, options.nodes, &round, std::move(mine));
+  Status lead_status;  // why this node has no lead it can use
+  if (!own_error.ok()) {
+    lead_status = own_error;
+  } else if (!got.ok()) {
+    lead_status = got.status().WithContext("catalog from node 0");
+  } else if (options.node != 0) {
+    Result<share::Lead> decoded = share::DecodeLead((*got)[0]);
+    if (decoded.ok()) {
+      lead = std::move(*decoded);
+    } else {
+      lead_status = decoded.status().WithContext("catalog from node 0");
+    }
+  }
+  if (lead_status.ok() && lead.kind == share::LeadKind::kScanned && s.kind != lead.scanned.kind) {
+    lead_status = Status::InvalidArgument("node 0 parsed a manifest, this node sees a directory");
+  }
+  if (lead_status.ok() && lead.kind == share::LeadKind::kMiss &&
+      s.kind != codec::DatasetKind::kImageFolder) {
+    lead_status = Status::InvalidArgument("node 0 listed a directory, this node sees a manifest");
+  }
+
+  // The second round, which every node runs whatever happened in the first, so that no node waits
+  // for a round that another skipped (a node that started late may hold node 0's lead while node
+  // 0 gave up on it): after a miss, each node's part of the walk (the classes whose label % nodes
+  // is its index); an empty buffer says "no part from me" and makes the others scan alone.
+  Result<scan::ClassesPart> part = Status::FailedPrecondition("no share of the walk");
+  if (lead_status.ok() && lead.kind == share::LeadKind::kMiss) {
+    const std::vector<uint32_t> labels =
+        share::ClassesOf(options.node, options.nodes, lead.listing.class_names.size());
+    part = scan::WalkClasses(s.real, lead.listing, labels, env, options.scan_threads);
+  }
+  got = share::AllGather(options.exchange, options.nodes, &round,
+                         part.ok() ? share::EncodePart(*part) : std::vector<std::byte>());
+  if (!own_error.ok()) {
+    *fatal = true;  // the dataset's error: alone, this node would meet it again
+    return own_error;
+  }
+  if (!lead_status.ok()) return lead_status;
+
+  out->reason = options.node == 0 ? lead.reason : "node 0: " + lead.reason;
+  switch (lead.kind) {
+    case share::LeadKind::kHit:
+      out->contents = std::move(lead.contents);
+      if (options.node == 0) {
+        out->db_path = s.entry;
+      } else {
+        // Relative paths from node 0, the root as this node sees the dataset.
+        out->contents.root = OwnRoot(s);
+        out->fingerprint = store::ComputeFingerprint(out->contents);
+      }
+      out->reused = true;
+      return Status::Ok();
+    case share::LeadKind::kScanned:
+      lead.scanned.root = OwnRoot(s);
+      *fatal = true;  // from here on, errors are this node's own
+      return StoreScan(options, s, tmp_parent, scan_start, lead.scanned, out);
+    case share::LeadKind::kMiss:
+      break;
+  }
+  if (!part.ok()) {
+    *fatal = true;
+    return part.status();
+  }
+  if (!got.ok()) return got.status().WithContext("scan parts");
+  std::vector<scan::ClassesPart> parts;
+  for (uint32_t k = 0; k < options.nodes; ++k) {
+    if (k == options.node) {
+      parts.push_back(std::move(*part));
+      continue;
+    }
+    Result<scan::ClassesPart> p = share::DecodePart((*got)[k]);
+    if (!p.ok()) return p.status().WithContext("scan part of node " + std::to_string(k));
+    parts.push_back(std::move(*p));
+  }
+  Result<scan::ScanResult> scanned =
+      scan::AssembleImageFolder(s.real, std::move(lead.listing), std::move(parts));
+  *fatal = true;
+  if (!scanned.ok()) return scanned.status();
+  return StoreScan(options, s, tmp_parent, scan_start, *scanned, out);
+}
+
+}  // namespace
 
 Result<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& options, Env* env) {
   NOPFS_RETURN_IF_ERROR(options.Validate());
@@ -90,72 +321,28 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& options, En
 
   std::unique_ptr<Catalog> cat(new Catalog());
   cat->env_ = env;
-  cat->db_path_ = s.entry;
-  store::Contents contents;
-  Status fresh = store::LoadIfFresh(s, env, &contents, &cat->fingerprint_);
-  if (fresh.ok()) {
-    cat->reused_ = true;
-  } else {
-    // nopfsd logs this reason: a damaged entry must not be rebuilt silently.
-    if (!user_dir.ok()) {
-      cat->rescan_reason_ = "catalog cache not used: " + user_dir.status().message();
-    } else if (fresh.code() == StatusCode::kCorruption) {
-      cat->rescan_reason_ =
-          "the cached catalog " + s.entry + " is corrupt (" + fresh.message() + ")";
+  Opened opened;
+  bool done = false;
+  if (options.nodes > 1 && options.exchange) {
+    bool fatal = false;
+    Status shared = OpenShared(options, env, s, user_dir, tmp_parent, &opened, &fatal);
+    if (shared.ok()) {
+      cat->share_note_ = "shared by " + std::to_string(options.nodes) + " nodes";
+      done = true;
+    } else if (fatal) {
+      return shared;
     } else {
-      cat->rescan_reason_ = fresh.message();
-    }
-    contents = store::Contents();
-
-    const int64_t scan_start = NowNs();
-    Result<scan::ScanResult> scanned =
-        s.kind == codec::DatasetKind::kImageFolder
-            ? scan::ScanImageFolder(s.real, env, options.scan_threads)
-            : scan::ScanManifest(s.real, env, options.scan_threads);
-    if (!scanned.ok()) return scanned.status();
-    if (scanned->samples.size() > policy::kMaxSamples) {
-      return Status::InvalidArgument(
-          "dataset " + s.real + " has " + std::to_string(scanned->samples.size()) +
-          " samples; at most " + std::to_string(policy::kMaxSamples) + " are supported");
-    }
-    const size_t n = scanned->samples.size();
-    contents.root = scanned->root;
-    contents.classes = scanned->class_names;
-    contents.Reserve(n);
-    for (const scan::Sample& smp : scanned->samples) {
-      contents.Add(smp.relative_path, smp.offset, smp.length, smp.label);
-    }
-    cat->fingerprint_ = store::ComputeFingerprint(contents);
-
-    codec::CatalogMeta meta;
-    meta.kind = s.kind;
-    meta.reusable = true;
-    for (const auto& st : scanned->stamps) {
-      if (st.stamp.mtime_ns >= scan_start - options.racy_window_ns) meta.reusable = false;
-    }
-    meta.samples = n;
-    meta.classes = static_cast<uint32_t>(scanned->class_names.size());
-    meta.stamps = scanned->stamps.size();
-    meta.fingerprint = cat->fingerprint_;
-    meta.dataset = s.real;
-    meta.root = scanned->root;
-
-    // The job has its catalog now; storing it only saves the next job a scan.
-    const std::string tmp =
-        tmp_parent + "/.tmp-" + fs::path(s.entry).filename().string() + "-" + cache::UniqueSuffix();
-    Status w = ::mkdir(tmp.c_str(), 0700) == 0 ? Status::Ok()
-                                               : Status::FromErrno(errno, "creating " + tmp);
-    if (w.ok()) w = store::WriteCatalogDb(tmp, meta, *scanned, options.db_env);
-    if (w.ok()) w = cache::Install(tmp, s.entry);
-    if (!w.ok()) {
-      std::error_code ec;
-      fs::remove_all(tmp, ec);
-      cat->store_error_ = w.message();
-      spdlog::warn("the catalog of {} is not stored, the next job scans it again: {}", s.real,
-                   w.message());
+      cat->share_note_ = "alone: " + shared.message();
+      opened = Opened();
     }
   }
-
+  if (!done) NOPFS_RETURN_IF_ERROR(OpenAlone(options, env, s, user_dir, tmp_parent, &opened));
+  cat->db_path_ = std::move(opened.db_path);
+  cat->reused_ = opened.reused;
+  cat->rescan_reason_ = std::move(opened.reason);
+  cat->store_error_ = std::move(opened.store_error);
+  cat->fingerprint_ = opened.fingerprint;
+  store::Contents& contents = opened.contents;
   cat->root_ = std::move(contents.root);
   cat->class_names_ = std::move(contents.classes);
   cat->arena_ = std::move(contents.arena);

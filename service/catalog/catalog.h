@@ -28,7 +28,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -65,6 +67,15 @@ struct CatalogOptions {
   // A stamp whose mtime is this close to (or after) the scan's start may hide a change made in the
   // same clock tick; a catalog with such a stamp is used by this job but never reused. Nanoseconds.
   int64_t racy_window_ns = 2'000'000'000;
+  // One scan per job (docs/catalog.md, "One scan per job"): this node's index among the job's
+  // `nodes`, and the collective round among them (sends out[k] to node k, returns in[k] from node
+  // k; rounds are numbered from 1). Node 0 consults the cache and every node walks a share of the
+  // classes; without an exchange, with one node, or when a round fails, the node scans alone.
+  uint32_t node = 0;
+  uint32_t nodes = 1;
+  std::function<Result<std::vector<std::vector<std::byte>>>(uint64_t round,
+                                                            std::vector<std::vector<std::byte>>)>
+      exchange;
   // RocksDB's file access for the catalog and checksum DBs (tests inject faults through it);
   // nullptr is RocksDB's default. Must outlive the Catalog.
   rocksdb::Env* db_env = nullptr;
@@ -120,11 +131,15 @@ class Catalog {
   // message starts "sample <id> (<path>): ".
   Status Read(policy::SampleId id, std::span<std::byte> dst) const;
 
-  // Whether Open loaded an earlier catalog instead of scanning the dataset.
+  // Whether Open loaded an earlier catalog (here or, shared, on node 0) instead of scanning.
   bool reused() const { return reused_; }
+  // How this node got the catalog, for logs: "alone", "shared by N nodes" (one scan, or node 0's
+  // cache hit, shared over the exchange), or "alone: <why the shared scan failed>".
+  const std::string& share_note() const { return share_note_; }
   // Why Open scanned instead of reusing ("" when reused), e.g. "<dir> changed": for logs.
   const std::string& rescan_reason() const { return rescan_reason_; }
-  // The catalog DB's directory (in the cache, or under work_dir).
+  // The catalog DB's directory (in the cache, or under work_dir); "" on a node that took node 0's
+  // cached catalog over the exchange (it writes none).
   const std::string& db_path() const { return db_path_; }
   // The job-private checksum DB's directory.
   const std::string& checksum_db_path() const { return checksum_db_path_; }
@@ -151,6 +166,7 @@ class Catalog {
   std::string checksum_db_path_;
   bool reused_ = false;
   std::string rescan_reason_;
+  std::string share_note_ = "alone";
   std::string store_error_;
   uint64_t fingerprint_ = 0;
 

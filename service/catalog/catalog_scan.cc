@@ -134,9 +134,11 @@ class FolderWalk {
   void StatNames(const std::string& dir, const std::string& rel_prefix, int64_t label,
                  const Ancestors& ancestors, const std::vector<std::string>& names) {
     std::vector<Sample> found;
-    for (const std::string& name : names) {
+    const std::vector<nopfs::Result<FileStat>> stats = env_->StatNames(dir, names);
+    for (size_t i = 0; i < names.size(); ++i) {
+      const std::string& name = names[i];
       const std::string path = dir + "/" + name;
-      nopfs::Result<FileStat> st = env_->Stat(path);
+      const nopfs::Result<FileStat>& st = stats[i];
       if (!st.ok()) {
         // Gone since the listing, or a dangling symbolic link: not part of the dataset.
         if (st.status().code() == StatusCode::kNotFound) continue;
@@ -304,32 +306,37 @@ void ParallelFor(uint64_t n, uint32_t threads, const std::function<void(uint64_t
     t.join();
 }
 
-nopfs::Result<ScanResult> ScanImageFolder(const std::string& root, Env* env, uint32_t threads) {
-  ScanResult out;
-  out.kind = codec::DatasetKind::kImageFolder;
-  out.root = root;
+nopfs::Result<RootListing> ListImageFolderRoot(const std::string& root, Env* env,
+                                               uint32_t threads) {
+  RootListing out;
   nopfs::Result<FileStat> root_st = env->Stat(root);
   if (!root_st.ok()) return root_st.status().WithContext("scanning the dataset");
+  out.root_stamp = ToStamp(*root_st);
   nopfs::Result<std::vector<std::string>> names = env->ListDir(root);
   if (!names.ok()) return names.status().WithContext("scanning the dataset");
   std::vector<std::string> visible;
   for (auto& n : *names) {
     if (!Hidden(n)) visible.push_back(std::move(n));
   }
-  std::vector<char> is_dir(visible.size(), 0);
-  std::vector<Status> errors(visible.size());
-  ParallelFor(visible.size(), threads, [&](uint64_t i) {
-    nopfs::Result<FileStat> st = env->Stat(root + "/" + visible[i]);
-    if (st.ok()) {
-      is_dir[i] = st->is_dir ? 1 : 0;
-    } else if (st.status().code() != StatusCode::kNotFound) {
-      errors[i] = st.status().WithContext("scanning the dataset");
-    }
+  // The entries in chunks, the chunks on `threads` threads.
+  constexpr size_t kRootChunk = 64;
+  std::vector<nopfs::Result<FileStat>> stats(visible.size(), Status::Internal("not stat'ed"));
+  ParallelFor((visible.size() + kRootChunk - 1) / kRootChunk, threads, [&](uint64_t c) {
+    const size_t begin = c * kRootChunk;
+    const size_t end = std::min(visible.size(), begin + kRootChunk);
+    std::vector<std::string> chunk(visible.begin() + static_cast<std::ptrdiff_t>(begin),
+                                   visible.begin() + static_cast<std::ptrdiff_t>(end));
+    std::vector<nopfs::Result<FileStat>> got = env->StatNames(root, chunk);
+    for (size_t i = begin; i < end; ++i)
+      stats[i] = std::move(got[i - begin]);
   });
-  for (const Status& e : errors)
-    NOPFS_RETURN_IF_ERROR(e);
   for (size_t i = 0; i < visible.size(); ++i) {
-    if (is_dir[i]) out.class_names.push_back(visible[i]);
+    const nopfs::Result<FileStat>& st = stats[i];
+    if (st.ok()) {
+      if (st->is_dir) out.class_names.push_back(visible[i]);
+    } else if (st.status().code() != StatusCode::kNotFound) {
+      return st.status().WithContext("scanning the dataset");
+    }
   }
   std::sort(out.class_names.begin(), out.class_names.end());
   if (out.class_names.empty()) {
@@ -338,20 +345,46 @@ nopfs::Result<ScanResult> ScanImageFolder(const std::string& root, Env* env, uin
                                    "directory per class (root/<class>/<files>), or pass a "
                                    "manifest file instead");
   }
+  return out;
+}
 
+nopfs::Result<ClassesPart> WalkClasses(const std::string& root, const RootListing& listing,
+                                       const std::vector<uint32_t>& labels, Env* env,
+                                       uint32_t threads) {
   TaskPool pool;
   FolderWalk walk(env, &pool);
   const Ancestors top = std::make_shared<const std::vector<std::pair<uint64_t, uint64_t>>>(
-      std::vector<std::pair<uint64_t, uint64_t>>{{root_st->device, root_st->inode}});
-  for (size_t label = 0; label < out.class_names.size(); ++label) {
-    pool.Push([&walk, &top, dir = root + "/" + out.class_names[label],
-               rel = out.class_names[label] + "/",
+      std::vector<std::pair<uint64_t, uint64_t>>{
+          {listing.root_stamp.device, listing.root_stamp.inode}});
+  for (const uint32_t label : labels) {
+    if (label >= listing.class_names.size()) {
+      return Status::InvalidArgument("class " + std::to_string(label) + " of " +
+                                     std::to_string(listing.class_names.size()));
+    }
+    pool.Push([&walk, &top, dir = root + "/" + listing.class_names[label],
+               rel = listing.class_names[label] + "/",
                label] { walk.ListDir(dir, rel, static_cast<int64_t>(label), top); });
   }
   NOPFS_RETURN_IF_ERROR(pool.Run(threads));
-  out.samples = walk.TakeSamples();
-  out.stamps = walk.TakeStamps();
-  out.stamps.push_back({root, ToStamp(*root_st)});
+  ClassesPart part;
+  part.samples = walk.TakeSamples();
+  part.stamps = walk.TakeStamps();
+  return part;
+}
+
+nopfs::Result<ScanResult> AssembleImageFolder(const std::string& root, RootListing listing,
+                                              std::vector<ClassesPart> parts) {
+  ScanResult out;
+  out.kind = codec::DatasetKind::kImageFolder;
+  out.root = root;
+  for (ClassesPart& p : parts) {
+    for (Sample& s : p.samples)
+      out.samples.push_back(std::move(s));
+    for (StampEntry& st : p.stamps)
+      out.stamps.push_back(std::move(st));
+  }
+  out.stamps.push_back({root, listing.root_stamp});
+  out.class_names = std::move(listing.class_names);
   if (out.samples.empty()) {
     return Status::InvalidArgument(root + ": the dataset has no files (looked under " +
                                    std::to_string(out.class_names.size()) + " class directories)");
@@ -359,6 +392,19 @@ nopfs::Result<ScanResult> ScanImageFolder(const std::string& root, Env* env, uin
   SortSamples(out.samples);
   SortStamps(out.stamps);
   return out;
+}
+
+nopfs::Result<ScanResult> ScanImageFolder(const std::string& root, Env* env, uint32_t threads) {
+  nopfs::Result<RootListing> listing = ListImageFolderRoot(root, env, threads);
+  if (!listing.ok()) return listing.status();
+  std::vector<uint32_t> labels(listing->class_names.size());
+  for (size_t i = 0; i < labels.size(); ++i)
+    labels[i] = static_cast<uint32_t>(i);
+  nopfs::Result<ClassesPart> part = WalkClasses(root, *listing, labels, env, threads);
+  if (!part.ok()) return part.status();
+  std::vector<ClassesPart> parts;
+  parts.push_back(std::move(*part));
+  return AssembleImageFolder(root, std::move(*listing), std::move(parts));
 }
 
 nopfs::Result<ScanResult> ScanManifest(const std::string& manifest, Env* env, uint32_t threads) {

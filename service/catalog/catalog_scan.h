@@ -41,8 +41,30 @@ codec::Stamp ToStamp(const FileStat& st);
 // Runs fn(0) .. fn(n-1) on up to `threads` threads (the caller's among them).
 void ParallelFor(uint64_t n, uint32_t threads, const std::function<void(uint64_t)>& fn);
 
-// Walks the ImageFolder tree at `root` (an absolute real path of a directory).
+// Walks the ImageFolder tree at `root` (an absolute real path of a directory): the three steps
+// below, on one node.
 nopfs::Result<ScanResult> ScanImageFolder(const std::string& root, Env* env, uint32_t threads);
+
+// The ImageFolder walk in steps that the nodes of a job share (one lists the root, each walks
+// some classes, every node assembles the same result).
+struct RootListing {
+  codec::Stamp root_stamp;               // the root directory's
+  std::vector<std::string> class_names;  // sorted bytewise; label = index
+};
+struct ClassesPart {
+  std::vector<Sample> samples;     // in no particular order
+  std::vector<StampEntry> stamps;  // the directories walked, in no particular order
+};
+// Stats and lists `root` and stats its entries (on up to `threads` threads): the class
+// directories.
+nopfs::Result<RootListing> ListImageFolderRoot(const std::string& root, Env* env, uint32_t threads);
+// Walks the class directories of `labels` (indexes into listing.class_names).
+nopfs::Result<ClassesPart> WalkClasses(const std::string& root, const RootListing& listing,
+                                       const std::vector<uint32_t>& labels, Env* env,
+                                       uint32_t threads);
+// The scan result of the parts that together walked every class once.
+nopfs::Result<ScanResult> AssembleImageFolder(const std::string& root, RootListing listing,
+                                              std::vector<ClassesPart> parts);
 // Parses the manifest at `manifest` (an absolute real path of a file) and stats what it names.
 nopfs::Result<ScanResult> ScanManifest(const std::string& manifest, Env* env, uint32_t threads);
 

@@ -136,6 +136,16 @@ Status Daemon::Init() {
   co.cache_dir = config_.catalog_cache();
   co.work_dir = options_.run_dir + "/catalog";
   co.uid = options_.uid;
+  // One scan per job: the nodes divide it among themselves over the peer link (without peers, the
+  // node scans alone).
+  if (peers_) {
+    co.node = options_.node;
+    co.nodes = options_.job.nodes();
+    PeerService* ps = peers_.get();
+    co.exchange = [ps](uint64_t round, std::vector<std::vector<std::byte>> out) {
+      return ps->CatalogExchange(round, std::move(out));
+    };
+  }
   const auto t0 = std::chrono::steady_clock::now();
   Result<std::unique_ptr<Catalog>> catalog = Catalog::Open(co, Env::Default());
   if (!catalog.ok()) return catalog.status().WithContext("dataset " + options_.dataset);
@@ -143,11 +153,16 @@ Status Daemon::Init() {
   if (!catalog_->reused()) {
     spdlog::info("catalog: scanning the dataset: {}", catalog_->rescan_reason());
   }
-  spdlog::info("catalog: {} samples, {} ({}) in {:.2f} s", catalog_->size(),
+  if (catalog_->share_note().rfind("alone: ", 0) == 0) {
+    spdlog::warn("catalog: the job's shared scan failed, this node scanned {}",
+                 catalog_->share_note());
+  }
+  spdlog::info("catalog: {} samples, {} ({}, {}) in {:.2f} s, fingerprint {:016x}",
+               catalog_->size(),
                FormatBytes(static_cast<double>(std::accumulate(
                    catalog_->sizes().begin(), catalog_->sizes().end(), uint64_t{0}))),
-               catalog_->reused() ? "reused from the cache" : "scanned",
-               Seconds(std::chrono::steady_clock::now() - t0));
+               catalog_->reused() ? "reused from the cache" : "scanned", catalog_->share_note(),
+               Seconds(std::chrono::steady_clock::now() - t0), catalog_->fingerprint());
 
   // The job, now that F is known.
   job_ = options_.job;

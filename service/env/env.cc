@@ -56,6 +56,29 @@ class PosixEnv final : public Env {
     return FromStat(st);
   }
 
+  std::vector<Result<FileStat>> StatNames(const std::string& dir,
+                                          const std::vector<std::string>& names) override {
+    std::vector<Result<FileStat>> out;
+    out.reserve(names.size());
+    const int dfd = ::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+      const Status err = Status::FromErrno(errno, dir);
+      for (size_t i = 0; i < names.size(); ++i)
+        out.emplace_back(err);
+      return out;
+    }
+    for (const std::string& name : names) {
+      struct stat st {};
+      if (::fstatat(dfd, name.c_str(), &st, 0) != 0) {
+        out.emplace_back(Status::FromErrno(errno, dir + "/" + name));
+      } else {
+        out.emplace_back(FromStat(st));
+      }
+    }
+    ::close(dfd);
+    return out;
+  }
+
   Result<std::vector<std::string>> ListDir(const std::string& dir) override {
     DIR* d = ::opendir(dir.c_str());
     if (d == nullptr) return Status::FromErrno(errno, dir);
@@ -179,6 +202,15 @@ Result<FileStat> FaultInjectionEnv::Stat(const std::string& path) {
   NOPFS_RETURN_IF_ERROR(ErrorFor(path));
   stats_.fetch_add(1, std::memory_order_relaxed);
   return base_->Stat(path);
+}
+
+std::vector<Result<FileStat>> Env::StatNames(const std::string& dir,
+                                             const std::vector<std::string>& names) {
+  std::vector<Result<FileStat>> out;
+  out.reserve(names.size());
+  for (const std::string& name : names)
+    out.push_back(Stat(dir + "/" + name));
+  return out;
 }
 
 Result<std::vector<std::string>> FaultInjectionEnv::ListDir(const std::string& dir) {

@@ -43,6 +43,11 @@ class Env {
   virtual Result<FileStat> Stat(const std::string& path) = 0;
   // The names in directory `dir` (without "." and ".."), in the order the file system returns them.
   virtual Result<std::vector<std::string>> ListDir(const std::string& dir) = 0;
+  // Stat(dir + "/" + name) for each of `names`, one result per name, in order; an error that
+  // concerns the directory itself fails every name. The POSIX Env resolves the names relative to
+  // one descriptor of `dir`, so that a PFS looks up each file once, not its whole path again.
+  virtual std::vector<Result<FileStat>> StatNames(const std::string& dir,
+                                                  const std::vector<std::string>& names);
   // Reads exactly dst.size() bytes of `path` starting at `offset`, or fails. A file shorter than
   // offset + dst.size() is an error "<path>: file is N bytes, sample needs bytes A..B" (half-open
   // range [A, B)). Interrupted reads are retried.

@@ -38,6 +38,48 @@ std::string ToString(std::span<const std::byte> b) {
   return std::string(reinterpret_cast<const char*>(b.data()), b.size());
 }
 
+TEST_F(EnvTest, StatNamesMatchesStatOfEachPath) {
+  Write("a.txt", "hello");
+  ASSERT_EQ(::mkdir((dir_ + "/sub").c_str(), 0755), 0);
+  ASSERT_EQ(::symlink("a.txt", (dir_ + "/link").c_str()), 0);
+  const std::vector<std::string> names = {"a.txt", "sub", "link", "gone"};
+  Env* env = Env::Default();
+  std::vector<Result<FileStat>> got = env->StatNames(dir_, names);
+  ASSERT_EQ(got.size(), names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    Result<FileStat> one = env->Stat(dir_ + "/" + names[i]);
+    ASSERT_EQ(got[i].ok(), one.ok()) << names[i];
+    if (!one.ok()) {
+      EXPECT_EQ(got[i].status().code(), StatusCode::kNotFound);
+      EXPECT_EQ(got[i].status().message(), one.status().message());
+      continue;
+    }
+    EXPECT_EQ(got[i]->size, one->size) << names[i];
+    EXPECT_EQ(got[i]->inode, one->inode) << names[i];
+    EXPECT_EQ(got[i]->mtime_ns, one->mtime_ns) << names[i];
+    EXPECT_EQ(got[i]->is_dir, one->is_dir) << names[i];
+    EXPECT_EQ(got[i]->is_regular, one->is_regular) << names[i];
+  }
+  EXPECT_TRUE(got[2]->is_regular);  // the link is followed
+
+  // A directory that is not there fails every name, naming the directory.
+  got = env->StatNames(dir_ + "/nodir", names);
+  ASSERT_EQ(got.size(), names.size());
+  for (const auto& r : got) {
+    EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+    EXPECT_NE(r.status().message().find(dir_ + "/nodir"), std::string::npos);
+  }
+
+  // The fault-injecting Env keeps its per-path faults and counts each name that reached the real
+  // Env as a Stat (all but the failed one).
+  FaultInjectionEnv faulty(Env::Default());
+  faulty.SetError(dir_ + "/sub", Status::IoError("injected"));
+  got = faulty.StatNames(dir_, names);
+  EXPECT_TRUE(got[0].ok());
+  EXPECT_EQ(got[1].status().code(), StatusCode::kIoError);
+  EXPECT_EQ(faulty.stats(), names.size() - 1);
+}
+
 TEST_F(EnvTest, StatListAndReadFile) {
   const std::string p = Write("a.txt", "hello world");
   ASSERT_EQ(::mkdir((dir_ + "/sub").c_str(), 0755), 0);

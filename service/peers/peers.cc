@@ -253,6 +253,11 @@ Status PeerService::Attach(const policy::NodePlan& plan, const policy::NodeAcces
   return Status::Ok();
 }
 
+Result<std::vector<std::vector<std::byte>>> PeerService::CatalogExchange(
+    uint64_t round, std::vector<std::vector<std::byte>> out) {
+  return link_->Exchange(kCatalogRoundBase + round, std::move(out));
+}
+
 report::Peers PeerService::Report() const {
   const fabric::PeerLinkCounters c = link_->counters();
   report::Peers p;

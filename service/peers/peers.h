@@ -60,6 +60,13 @@ class PeerService {
                 const std::vector<const Prefetcher*>& prefetchers, const Catalog& catalog,
                 SampleReader& reader);
 
+  // One collective round of the catalog's shared scan (CatalogOptions::exchange): catalog round r
+  // is the link's round kCatalogRoundBase + r, apart from the directory's rounds. Usable from
+  // Start on; every node must call it with the same rounds.
+  static constexpr uint64_t kCatalogRoundBase = uint64_t{1} << 48;
+  Result<std::vector<std::vector<std::byte>>> CatalogExchange(
+      uint64_t round, std::vector<std::vector<std::byte>> out);
+
   // The link's counters and the directory's state, for the status (the daemon adds the copies
   // its prefetchers made).
   report::Peers Report() const;

@@ -256,6 +256,21 @@ class SimulateTest(unittest.TestCase):
         self.assertEqual(int(by["staging"]["job_pfs_bytes"]),
                          1024 * int(by["staging"]["node_pfs_bytes"]))
 
+    def test_startup_at_1024_nodes(self):
+        # ImageNet-1k, one scan per job: the walk is one class of ~1,283 stats on 8 threads.
+        out = run("simulate", "--preset", "imagenet1k-lassen", "--nodes", 1024,
+                  "--startup").stdout
+        m = re.search(r"one scan per job: root ([\d.]+) s \+ walk ([\d.]+) s \+ exchange "
+                      r"([\d.]+) s = ([\d.]+) s; (\d+) metadata operations", out)
+        self.assertIsNotNone(m, out)
+        self.assertEqual(m.group(2), "0.161")
+        self.assertLess(float(m.group(4)), 5.0)
+        self.assertLessEqual(int(m.group(5)), 1.05 * 1281167)
+        alone = re.search(r"every node alone: ([\d.]+) s; (\d+) metadata", out)
+        self.assertGreater(int(alone.group(2)), 1000 * 1281167)
+        self.expect_error(["simulate", "--samples", 100, "--startup", "--classes", 101],
+                          r"classes must be 1\.\.files")
+
     def test_simulate_errors_say_what_to_write(self):
         self.expect_error(["simulate", "--sizes", "huge"], r"fixed:SIZE, lognormal:MEAN")
         self.expect_error(["simulate"], r"needs --samples F")

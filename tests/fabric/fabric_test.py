@@ -16,7 +16,10 @@ What a user relies on, checked here:
   serve each other the same way;
 - `nopfs run --nodes 2` runs a job of two nodes serving each other, on loopback or (as root, with
   --netns, --hosts and --user) in two network namespaces; its flags' errors say what to write;
-- nothing is left behind after SIGTERM.
+- nothing is left behind after SIGTERM;
+- one dataset scan per job: on the emulated PFS, a job of 1, 2 or 4 nodes asks it for at most
+  1.05 metadata operations per file, and every node logs the same catalog fingerprint; a node
+  whose peer is killed mid-scan scans alone and starts with the same catalog.
 
 As root, every process runs as `nobody` (nopfsd refuses root).
 
@@ -107,7 +110,7 @@ class FabricTest(unittest.TestCase):
         return path
 
     def start(self, nodes, conf, secrets, timeout_ms=1500, hosts=None, netns=None, job=JOB,
-              datasets=None):
+              datasets=None, wait=True):
         """Starts `nodes` daemons, node n listening on hosts[n] (default 127.0.0.1) inside network
         namespace netns[n] (default this one), reading the dataset at datasets[n] (default the
         test's)."""
@@ -134,6 +137,8 @@ class FabricTest(unittest.TestCase):
             self.addCleanup(err.close)
             self.daemons.append((subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err),
                                  run))
+        if not wait:
+            return
         deadline = time.time() + 120
         for n, (d, run) in enumerate(self.daemons):
             while not os.path.exists(os.path.join(run, "ready")):
@@ -516,6 +521,123 @@ class FabricTest(unittest.TestCase):
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("--peer-secret-file", p.stderr + st.read(os.path.join(run, "failed"))
                       if os.path.exists(os.path.join(run, "failed")) else p.stderr)
+
+    def mount_pfs(self, backing, name, getattr_us=0):
+        """`backing` through nopfs_pfsemu with no attribute cache (each node's lookups reach it,
+        as on separate hosts), each getattr costing `getattr_us`; returns the mount point."""
+        mnt = os.path.join(self.work, name)
+        os.mkdir(mnt, 0o755)
+        proc = subprocess.Popen([os.path.join(BIN, "nopfs_pfsemu"), "--open-latency-us", "0",
+                                 "--attr-cache-ms", "0", "--getattr-latency-us", str(getattr_us),
+                                 backing, mnt],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def unmount():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            subprocess.run(["fusermount3", "-u", "-z", mnt], stderr=subprocess.DEVNULL,
+                           check=False)
+        self.addCleanup(unmount)
+        deadline = time.time() + 20
+        while not os.path.exists(os.path.join(mnt, ".pfsemu_stats")):
+            self.assertIsNone(proc.poll(), "nopfs_pfsemu exited")
+            self.assertLess(time.time(), deadline, "nopfs_pfsemu did not mount")
+            time.sleep(0.02)
+        return mnt
+
+    @staticmethod
+    def pfs_counters(mnt):
+        with open(os.path.join(mnt, ".pfsemu_stats")) as fh:
+            fields = (line.split() for line in fh)
+            return {f[0]: int(f[1]) for f in fields if len(f) == 2 and f[1].isdigit()}
+
+    @staticmethod
+    def catalog_lines(log):
+        """The (fingerprint, how) of each `catalog: ... fingerprint X` line of a nopfsd log."""
+        return re.findall(r"catalog: \d+ samples, .*\((?:scanned|reused from the cache), "
+                          r"([^)]*)\) in [\d.]+ s, fingerprint ([0-9a-f]{16})", st.read(log))
+
+    def big_dataset(self):
+        if not hasattr(FabricTest, "big"):
+            FabricTest.big = st.Dataset(os.path.join(self.tmp, "big"), files=3000, classes=10,
+                                        seed=11, max_size=2000)
+        return FabricTest.big
+
+    @unittest.skipUnless(st.AS_ROOT, "mounting the emulated PFS needs root")
+    def test_one_scan_per_job_whatever_the_node_count(self):
+        data = self.big_dataset()
+        files = len(data.files)
+        mnt = self.mount_pfs(data.root, "pfs")
+        conf = self.config("0")  # no tier: the job's start-up is the scan alone
+        fingerprints = set()
+        for nodes in (1, 2, 4):
+            parent = os.path.join(self.work, f"runs{nodes}")
+            os.mkdir(parent, 0o755)
+            shutil.chown(parent, "nobody", "nogroup")
+            run = os.path.join(parent, "run")
+            before = self.pfs_counters(mnt)
+            p = subprocess.run(
+                [os.path.join(BIN, "nopfs"), "run", "--dataset", mnt, "--nodes", str(nodes),
+                 "--ranks", str(nodes), "--user", "nobody", "--config", conf, "--run-dir", run,
+                 "--keep-run-dir", "-q", "--", "/bin/true"],
+                capture_output=True, text=True, timeout=300)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            after = self.pfs_counters(mnt)
+            ops = {k: after[k] - before[k] for k in ("getattrs", "readdirs", "opens")}
+            print(f"\n{nodes} node(s), {files} files: {ops}", file=sys.stderr)
+            self.assertEqual(ops["opens"], 0, ops)
+            self.assertLessEqual(ops["getattrs"] + ops["readdirs"], 1.05 * files, ops)
+            for n in range(nodes):
+                node_dir = os.path.join(run, f"node{n}") if nodes > 1 else run
+                lines = self.catalog_lines(os.path.join(node_dir, "nopfsd.log"))
+                self.assertEqual(len(lines), 1, n)
+                how, fingerprint = lines[0]
+                self.assertEqual(how, "alone" if nodes == 1 else f"shared by {nodes} nodes")
+                fingerprints.add(fingerprint)
+        self.assertEqual(len(fingerprints), 1, fingerprints)  # one catalog, byte for byte
+
+    @unittest.skipUnless(st.AS_ROOT, "mounting the emulated PFS needs root")
+    def test_a_node_whose_peer_dies_mid_scan_scans_alone(self):
+        data = self.big_dataset()
+        # The reference: the catalog one node builds alone.
+        conf = self.config("0")
+        secret = self.private_file("secret", os.urandom(32))
+        self.start(1, conf, [secret], datasets=[data.root],
+                   job=JOB[:6] + ["--ranks", "2", "--ranks-per-node", "2"])
+        ref = self.catalog_lines(os.path.join(self.daemons[0][1], "nopfsd.log"))
+        self.stop_all()
+        self.daemons = []
+        self.work = tempfile.mkdtemp(prefix="case-", dir=self.tmp)  # fresh run directories
+        os.chmod(self.work, 0o755)
+        # Node 1 reads a PFS where each getattr takes 20 ms: its half of the scan takes seconds.
+        slow = self.mount_pfs(data.root, "slow-pfs", getattr_us=20000)
+        self.start(2, conf, [secret, secret], timeout_ms=1500, datasets=[data.root, slow],
+                   wait=False)
+        (d0, run0), (d1, run1) = self.daemons
+        deadline = time.time() + 60
+        before = self.pfs_counters(slow)["getattrs"]
+        while self.pfs_counters(slow)["getattrs"] < before + 200:  # node 1 is walking its share
+            self.assertIsNone(d1.poll())
+            self.assertLess(time.time(), deadline, "node 1 did not start its scan")
+            time.sleep(0.05)
+        d1.kill()
+        d1.wait()
+        while not os.path.exists(os.path.join(run0, "ready")):
+            self.assertIsNone(d0.poll(), st.read(os.path.join(self.work, "nopfsd0.err")))
+            self.assertLess(time.time(), deadline + 60, "node 0 not ready")
+            time.sleep(0.05)
+        log = os.path.join(run0, "nopfsd.log")
+        self.assertIn("the job's shared scan failed", st.read(log))
+        got = self.catalog_lines(log)
+        self.assertEqual(len(got), 1, st.read(log))
+        self.assertTrue(got[0][0].startswith("alone: "), got)
+        self.assertEqual(got[0][1], ref[0][1])  # the same catalog as one node alone
+        self.assertIn("tiers", self.status(0))  # it serves
 
 
 if __name__ == "__main__":

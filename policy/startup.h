@@ -1,0 +1,43 @@
+// The start-up model: how long the nodes of a job take to build the dataset's catalog in one
+// shared scan (docs/catalog.md, "One scan per job"), what it asks of the PFS's metadata servers,
+// and the same for every node scanning alone. `nopfs simulate --startup` prints it
+// (docs/simulate.md, "Start-up").
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstdint>
+
+#include "common/status.h"
+
+namespace nopfs::policy {
+
+struct StartupModel {
+  uint64_t files = 0;    // F, files of an ImageFolder dataset
+  uint64_t classes = 1;  // class directories (the unit the nodes divide the walk by)
+  uint32_t nodes = 1;
+  uint32_t scan_threads = 8;        // per node (CatalogOptions::scan_threads)
+  double metadata_latency = 0.001;  // seconds per PFS metadata operation (stat, listing)
+  double network_bandwidth = 0;     // bytes/s into and out of each node (0: no peers)
+  double round_latency = 0.001;     // seconds per exchange round, on top of the bytes
+  double path_bytes = 32;           // mean relative path length, bytes
+
+  // Every field in range; the message names the field.
+  Status Validate() const;
+};
+
+struct StartupPrediction {
+  double root_seconds = 0;      // node 0: stat and list the root, stat its entries
+  double walk_seconds = 0;      // the slowest node's share of the walk
+  double exchange_seconds = 0;  // the two rounds: the lead, then every node's part to every node
+  double total_seconds = 0;     // root + walk + exchange: the catalog on every node
+  uint64_t metadata_ops = 0;    // the job's PFS metadata operations
+  uint64_t catalog_bytes = 0;   // what each node receives in the second round
+};
+
+// One scan per job (with nodes == 1 or no network: the node scans alone).
+StartupPrediction PredictSharedScan(const StartupModel& m);
+// Every node scanning the whole dataset itself.
+StartupPrediction PredictLoneScans(const StartupModel& m);
+
+}  // namespace nopfs::policy
