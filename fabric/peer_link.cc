@@ -339,10 +339,10 @@ struct PeerLink::State {
         break;
       case V::kForged: {
         // Not proof that node is bad: anybody can send a challenge in its name. The handshake's
-        // deadline decides.
+        // deadline decides. Logged under the same limit as the other refusals.
         MutexLock lock(&mu);
         ++counters.auth_refused;
-        spdlog::warn("nopfsd: {}", step.why);
+        if (ShouldLogLocked()) spdlog::warn("nopfsd: {}", step.why);
         break;
       }
       case V::kDead: {
