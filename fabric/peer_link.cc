@@ -595,8 +595,9 @@ Result<std::unique_ptr<PeerLink>> PeerLink::Start(const PeerLinkOptions& options
     s->dead.assign(nodes, false);
   }
   State* raw = s.get();
-  s->thread = std::thread([raw] { raw->Run(); });
+  // The pool first: the progress thread asks it whether it has threads.
   s->pool.Start(options.serve_threads, [raw](ServeJob& job) { raw->Serve(job); });
+  s->thread = std::thread([raw] { raw->Run(); });
   return std::unique_ptr<PeerLink>(new PeerLink(std::move(s)));
 }
 
