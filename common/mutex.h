@@ -1,6 +1,8 @@
 // Mutex, MutexLock and CondVar: std::mutex, std::lock_guard and std::condition_variable with the
 // thread-safety annotations of common/thread_annotations.h, so that clang can check that every
-// GUARDED_BY member is used with its mutex held.
+// GUARDED_BY member is used with its mutex held. SharedMutex, ReaderLock and WriterLock: the same
+// for std::shared_mutex (a GUARDED_BY member may be read under a ReaderLock, written only under
+// a WriterLock).
 //
 //   Mutex mu_;
 //   uint64_t count_ GUARDED_BY(mu_) = 0;
@@ -18,6 +20,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <shared_mutex>
 
 #include "common/thread_annotations.h"
 
@@ -61,6 +64,46 @@ class SCOPED_CAPABILITY MutexLock {
  private:
   Mutex* const mu_;
   bool held_ = true;
+};
+
+// A reader/writer lock: any number of readers at once, or one writer.
+class CAPABILITY("shared mutex") SharedMutex {
+ public:
+  SharedMutex() = default;
+  SharedMutex(const SharedMutex&) = delete;
+  SharedMutex& operator=(const SharedMutex&) = delete;
+
+  void Lock() ACQUIRE() { mu_.lock(); }
+  void Unlock() RELEASE() { mu_.unlock(); }
+  void LockShared() ACQUIRE_SHARED() { mu_.lock_shared(); }
+  void UnlockShared() RELEASE_SHARED() { mu_.unlock_shared(); }
+
+ private:
+  std::shared_mutex mu_;
+};
+
+// Holds a SharedMutex shared (as a reader) for its scope.
+class SCOPED_CAPABILITY ReaderLock {
+ public:
+  explicit ReaderLock(SharedMutex* mu) ACQUIRE_SHARED(mu) : mu_(mu) { mu_->LockShared(); }
+  ~ReaderLock() RELEASE() { mu_->UnlockShared(); }
+  ReaderLock(const ReaderLock&) = delete;
+  ReaderLock& operator=(const ReaderLock&) = delete;
+
+ private:
+  SharedMutex* const mu_;
+};
+
+// Holds a SharedMutex exclusively (as the writer) for its scope.
+class SCOPED_CAPABILITY WriterLock {
+ public:
+  explicit WriterLock(SharedMutex* mu) ACQUIRE(mu) : mu_(mu) { mu_->Lock(); }
+  ~WriterLock() RELEASE() { mu_->Unlock(); }
+  WriterLock(const WriterLock&) = delete;
+  WriterLock& operator=(const WriterLock&) = delete;
+
+ private:
+  SharedMutex* const mu_;
 };
 
 // A condition variable used with one Mutex, which every Wait requires held.

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -82,6 +83,56 @@ TEST(Mutex, MutexLockUnlocksAndRelocks) {
   EXPECT_EQ(c.AddTwiceUnlockedBetween(), 2);
   c.Add();  // the lock was released at the end of the scope: this does not deadlock
   EXPECT_EQ(c.WaitFor(3, milliseconds(0)), 3);
+}
+
+// A value that readers read together and a writer changes alone.
+class Shared {
+ public:
+  int Read() {
+    ReaderLock lock(&mu_);
+    return value_;
+  }
+  // Holds a reader's lock until `release` is set, after saying it holds it in `holding`.
+  int ReadHolding(std::atomic<int>* holding, const std::atomic<bool>* release) {
+    ReaderLock lock(&mu_);
+    ++*holding;
+    while (!release->load())
+      std::this_thread::yield();
+    return value_;
+  }
+  void Write(int v) {
+    WriterLock lock(&mu_);
+    value_ = v;
+  }
+
+ private:
+  SharedMutex mu_;
+  int value_ GUARDED_BY(mu_) = 0;
+};
+
+TEST(SharedMutex, ReadersHoldItTogetherAndTheWriterAlone) {
+  Shared s;
+  std::atomic<int> holding{0};
+  std::atomic<bool> release{false};
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 2; ++r)
+    readers.emplace_back([&] { EXPECT_EQ(s.ReadHolding(&holding, &release), 0); });
+  // Both readers are inside at once (a plain mutex would keep the second out for good).
+  while (holding.load() < 2)
+    std::this_thread::yield();
+  std::atomic<bool> written{false};
+  std::thread writer([&] {
+    s.Write(7);
+    written = true;
+  });
+  std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_FALSE(written.load()) << "the writer waits for the readers";
+  release = true;
+  writer.join();
+  for (auto& t : readers)
+    t.join();
+  EXPECT_TRUE(written.load());
+  EXPECT_EQ(s.Read(), 7);
 }
 
 }  // namespace

@@ -28,10 +28,15 @@
 
 // Functions: the caller holds (REQUIRES) or does not hold (EXCLUDES) the mutex.
 #define REQUIRES(...) NOPFS_THREAD_ANNOTATION(requires_capability(__VA_ARGS__))
+// ... or holds it at least shared (a reader's lock of a SharedMutex).
+#define REQUIRES_SHARED(...) NOPFS_THREAD_ANNOTATION(requires_shared_capability(__VA_ARGS__))
 #define EXCLUDES(...) NOPFS_THREAD_ANNOTATION(locks_excluded(__VA_ARGS__))
 // The function takes (ACQUIRE) or lets go of (RELEASE) the mutex.
 #define ACQUIRE(...) NOPFS_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
 #define RELEASE(...) NOPFS_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
+// The same for a shared (reader's) hold of a SharedMutex.
+#define ACQUIRE_SHARED(...) NOPFS_THREAD_ANNOTATION(acquire_shared_capability(__VA_ARGS__))
+#define RELEASE_SHARED(...) NOPFS_THREAD_ANNOTATION(release_shared_capability(__VA_ARGS__))
 #define TRY_ACQUIRE(...) NOPFS_THREAD_ANNOTATION(try_acquire_capability(__VA_ARGS__))
 // The function checks at run time that the mutex is held (and tells the analysis so).
 #define ASSERT_CAPABILITY(x) NOPFS_THREAD_ANNOTATION(assert_capability(x))

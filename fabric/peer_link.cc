@@ -11,12 +11,12 @@
 #include <utility>
 
 #include "common/mutex.h"
+#include "fabric/peer_handshake.h"
+#include "fabric/serve_pool.h"
 
 namespace nopfs::fabric {
 namespace {
 
-constexpr std::string_view kServerLabel = "nopfs-peer-server";
-constexpr std::string_view kClientLabel = "nopfs-peer-client";
 constexpr auto kPollSlice = std::chrono::milliseconds(50);
 // Exchange rounds a node may send before this node asks for them (Exchange is collective, so a
 // node runs at most a round or two ahead); more are dropped, so that buffers cannot pile up.
@@ -74,72 +74,41 @@ struct PeerLink::Pending {
   std::chrono::steady_clock::time_point deadline{};
 };
 
+// The link core: the endpoint, the reads waiting for replies, the outgoing queue, exchanges,
+// pushes, RMA registration and the counters. The progress thread (Run) alone drives the endpoint
+// and the handshake; the serving threads answer requests through Answer.
 struct PeerLink::State {
   PeerLinkOptions opts;
   ServeFn serve;
   std::unique_ptr<Endpoint> ep;
   std::vector<PeerAddr> addr;  // fi_addr of every node
+  // The handshake and the sessions, read and written by the progress thread only (the other
+  // threads see a peer's death through `dead`).
+  std::unique_ptr<PeerHandshake> shake;
+  ServePool pool;
 
-  // Server side, per client node: the session its last successful handshake opened (written
-  // and read by the progress thread only). The server keeps no state per Hello: its nonce is a
-  // MAC of the client's under `cookie`, and the Auth echoes both, so that a forged Hello changes
-  // nothing.
-  struct InState {
-    bool authed = false;
-    Nonce client_nonce{};
-    std::unique_ptr<SessionKey> key;
-    ReplayWindow window;    // the client's requests
-    uint64_t send_seq = 0;  // our replies
-  };
-  std::vector<InState> in;
-  Secret cookie{};
-
-  // Client side, one per server node. `state` is written with mu held (by the progress thread,
-  // which also reads it without mu); the session (key, window, send_seq) is written and read by
-  // the progress thread only.
-  enum class Out { kNone, kHelloSent, kAuthSent, kAuthed, kDead };
-  struct OutState {
-    Out state = Out::kNone;
-    Nonce client_nonce{};
-    std::chrono::steady_clock::time_point handshake_deadline{};
-    std::unique_ptr<SessionKey> key;  // from the server's challenge on
-    ReplayWindow window;              // the server's replies
-    uint64_t send_seq = 0;            // our requests, exchanges, notices and pushes
-  };
   using Pending = PeerLink::Pending;
   mutable Mutex mu;
   CondVar cv;  // exchanges, registrations and dead peers (each Read has its own)
-  std::vector<OutState> out;
+  // Per node, whether it is dead (as shake's client state kDead, for the threads other than the
+  // progress thread; both are set together by KillLocked).
+  std::vector<bool> dead GUARDED_BY(mu);
   std::map<uint64_t, Pending*> pending GUARDED_BY(mu);
   std::deque<std::pair<uint32_t, std::vector<std::byte>>> outbox GUARDED_BY(mu);  // (node, message)
   uint64_t next_id GUARDED_BY(mu) = 1;
-  // Exchange buffers waiting for their peer's handshake, and buffers received per (round, node).
-  // Exchange buffers and class-done notices waiting for their peer's handshake.
+  // Exchange buffers, class-done notices and pushes waiting for their peer's handshake.
   std::deque<std::pair<uint32_t, PeerMessage>> exchange_out GUARDED_BY(mu);
   // Per node, the classes it reported done (bit c: class c < 64; larger classes never count).
   std::vector<uint64_t> peer_done GUARDED_BY(mu);
   std::chrono::steady_clock::time_point last_reject_log GUARDED_BY(mu){};
+  // Exchange buffers received per (round, node).
   std::map<std::pair<uint64_t, uint32_t>, std::vector<std::byte>> exchange_in GUARDED_BY(mu);
   PeerLinkCounters counters GUARDED_BY(mu);
   bool stop GUARDED_BY(mu) = false;
   std::atomic<bool> wake{false};  // a Read is waiting to be scheduled: end the receive slice
   std::thread thread;
-  // Serving: authenticated read requests wait in serve_queue for the serving threads, so that a
-  // slow tier read (an SSD) delays neither the progress thread nor the other requests.
-  struct ServeJob {
-    uint32_t node;
-    uint64_t request_id;
-    uint64_t sample;
-    bool remote_ok;     // the reader asked with kAcceptsRemoteRead
-    bool push = false;  // a Push to hand to on_push, not a read request
-    uint64_t push_xxh3 = 0;
-    std::vector<std::byte> push_data;
-  };
   uint64_t push_queued_bytes GUARDED_BY(mu) = 0;  // pushes waiting in exchange_out
   static constexpr uint64_t kMaxPushQueued = uint64_t{64} << 20;
-  std::deque<ServeJob> serve_queue GUARDED_BY(mu);
-  CondVar serve_cv;
-  std::vector<std::thread> servers;
   // RMA: memory exposed for peers' reads (registered by the progress thread; a Region's fields are
   // read and written with mu held).
   struct Region {
@@ -167,25 +136,14 @@ struct PeerLink::State {
     return nullptr;
   }
 
-  void ServeLoop() {
-    for (;;) {
-      ServeJob job{};
-      {
-        MutexLock lock(&mu);
-        while (!stop && serve_queue.empty())
-          serve_cv.Wait(&mu);
-        if (stop) return;
-        job = std::move(serve_queue.front());
-        serve_queue.pop_front();
-      }
-      if (job.push) {
-        opts.on_push(job.node, job.sample, job.push_xxh3, job.push_data);
-      } else {
-        Answer(job);
-      }
+  // A serving thread's job (or the progress thread's, without serving threads).
+  void Serve(ServeJob& job) {
+    if (job.push) {
+      opts.on_push(job.node, job.sample, job.push_xxh3, job.push_data);
+    } else {
+      Answer(job);
     }
   }
-
   // Serves one request and queues its reply (any thread).
   void Answer(const ServeJob& job) {
     ServeResult r = serve(job.sample);
@@ -319,10 +277,9 @@ struct PeerLink::State {
 
   // Kills `peer`, failing every read waiting on it.
   void KillLocked(uint32_t peer, const std::string& why) REQUIRES(mu) {
-    if (out[peer].state != Out::kDead) {
-      spdlog::warn("nopfsd: peer node {} marked dead: {}", peer, why);
-    }
-    out[peer].state = Out::kDead;
+    if (!dead[peer]) spdlog::warn("nopfsd: peer node {} marked dead: {}", peer, why);
+    dead[peer] = true;
+    shake->Kill(peer);
     for (auto it = pending.begin(); it != pending.end();) {
       if (it->second->peer == peer) {
         it->second->done = true;
@@ -368,37 +325,43 @@ struct PeerLink::State {
     return false;
   }
 
-  // Messages to this node as a server. Every one but Hello and Auth has passed its session's MAC
-  // and replay check (Admit) before it gets here.
-  void HandleServer(uint32_t node, PeerMessage& m) {
-    InState& st = in[node];
-    if (auto* h = std::get_if<Hello>(&m)) {
-      if (h->node != node) return Malformed(node, "hello names another node");
-      const Nonce server_nonce = CookieNonce(h->client_nonce, node);
-      Challenge c{server_nonce, PeerMac(opts.secret, kServerLabel, h->client_nonce, server_nonce,
-                                        node, opts.node)};
-      MutexLock lock(&mu);
-      Queue(node, c);
-    } else if (auto* a = std::get_if<Auth>(&m)) {
-      const bool ok = a->server_nonce == CookieNonce(a->client_nonce, node) &&
-                      MacEqual(a->client_mac, PeerMac(opts.secret, kClientLabel, a->client_nonce,
-                                                      a->server_nonce, node, opts.node));
-      if (!ok) {
-        Refused(node, "failed the challenge (wrong secret, or not that node)");
+  // Progress thread: acts on what the handshake made of a message from `node`.
+  void Apply(uint32_t node, HandshakeStep step) {
+    using V = HandshakeStep::Verdict;
+    switch (step.verdict) {
+      case V::kOk:
+      case V::kIgnored:
+        break;
+      case V::kMalformed:
+        return Malformed(node, step.why);
+      case V::kRefused:
+        Refused(node, step.why);
+        break;
+      case V::kForged: {
+        // Not proof that node is bad: anybody can send a challenge in its name. The handshake's
+        // deadline decides. Logged under the same limit as the other refusals.
         MutexLock lock(&mu);
-        Queue(node, AuthResult{false});  // unsealed: a courtesy the client cannot trust
-        return;
+        ++counters.auth_refused;
+        if (ShouldLogLocked()) spdlog::warn("nopfsd: {}", step.why);
+        break;
       }
-      if (st.authed && st.client_nonce == a->client_nonce) return;  // a duplicate
-      st.authed = true;
-      st.client_nonce = a->client_nonce;
-      st.key = std::make_unique<SessionKey>(
-          SessionKeyOf(opts.secret, a->client_nonce, a->server_nonce, node, opts.node));
-      st.window = ReplayWindow();
-      st.send_seq = 0;
+      case V::kDead: {
+        MutexLock lock(&mu);
+        ++counters.auth_refused;
+        KillLocked(node, step.why);
+        break;
+      }
+    }
+    if (step.reply) {
       MutexLock lock(&mu);
-      Queue(node, AuthResult{true});
-    } else if (auto* x = std::get_if<ExchangeData>(&m)) {
+      Queue(node, *step.reply);
+    }
+  }
+
+  // Requests, exchanges, notices and pushes to this node as a server; each has passed its
+  // session's Admit.
+  void HandleRequest(uint32_t node, PeerMessage& m) {
+    if (auto* x = std::get_if<ExchangeData>(&m)) {
       MutexLock lock(&mu);
       if (XXH3_64bits(x->data.data(), x->data.size()) != x->xxh3) {
         ++counters.malformed;
@@ -433,122 +396,28 @@ struct PeerLink::State {
       }
       ++counters.pushes_received;
       ServeJob job{node, 0, u->sample, false, true, u->xxh3, std::move(u->data)};
-      if (servers.empty()) {
+      if (pool.inline_only()) {
         lock.Unlock();
         opts.on_push(job.node, job.sample, job.push_xxh3, job.push_data);
         return;
       }
-      serve_queue.push_back(std::move(job));
-      serve_cv.Signal();
+      lock.Unlock();
+      pool.Submit(std::move(job));
     } else if (auto* q = std::get_if<ReadRequest>(&m)) {
-      const ServeJob job{
-          node, q->request_id, q->sample, (q->flags & kAcceptsRemoteRead) != 0, false, 0, {}};
-      if (servers.empty() || (opts.serve_inline && opts.serve_inline(q->sample))) {
+      ServeJob job{node, q->request_id, q->sample, (q->flags & kAcceptsRemoteRead) != 0, false, 0,
+                   {}};
+      if (pool.inline_only() || (opts.serve_inline && opts.serve_inline(q->sample))) {
         Answer(job);
         return;
       }
-      MutexLock lock(&mu);
-      serve_queue.push_back(job);
-      serve_cv.Signal();
+      pool.Submit(std::move(job));
     }
-  }
-
-  // The server nonce for a client's Hello: a MAC of its nonce under this link's own random
-  // cookie, so that an Auth proves which Hello it answers without the server keeping any state.
-  Nonce CookieNonce(const Nonce& client_nonce, uint32_t client) const {
-    return PeerMac(cookie, "nopfs-peer-cookie", client_nonce, Nonce{}, client, opts.node);
-  }
-
-  // Progress thread: checks a sealed message's MAC and sequence number under the session it
-  // belongs to (the sender's requests: the session the sender opened with us; replies: ours with
-  // it) and returns its seq; nullopt (refused, counted and logged) for anything else.
-  std::optional<uint64_t> Admit(uint32_t node, PeerType type, std::span<const std::byte> bytes) {
-    const bool reply = type == PeerType::kAuthResult || type == PeerType::kReadReply ||
-                       type == PeerType::kRemoteReply;
-    SessionKey* key = nullptr;
-    ReplayWindow* window = nullptr;
-    if (reply) {
-      OutState& st = out[node];  // state is written by this thread only: read without mu
-      const Out want = type == PeerType::kAuthResult ? Out::kAuthSent : Out::kAuthed;
-      if (st.state == want && st.key) key = st.key.get(), window = &st.window;
-    } else if (in[node].authed) {
-      key = in[node].key.get(), window = &in[node].window;
-    }
-    if (key == nullptr) {
-      Refused(node, "no session with that node");
-      return std::nullopt;
-    }
-    Result<uint64_t> seq = Unseal(bytes, *key);
-    if (!seq.ok()) {
-      Refused(node, seq.status().message());
-      return std::nullopt;
-    }
-    if (!window->Accept(*seq)) {
-      Refused(node, "sequence number " + std::to_string(*seq) + " replayed or too old");
-      return std::nullopt;
-    }
-    return *seq;
-  }
-
-  // Progress thread: seals an outgoing message under its session; false if it has none (the
-  // session it answers is gone), and then it is not sent.
-  bool SealOutgoing(uint32_t node, std::vector<std::byte>& bytes) {
-    const PeerType type = *TypeOf(bytes);
-    if (!IsSealed(type)) return true;
-    if (type == PeerType::kAuthResult || type == PeerType::kReadReply ||
-        type == PeerType::kRemoteReply) {
-      InState& st = in[node];
-      if (type == PeerType::kAuthResult && std::to_integer<uint8_t>(bytes[kPeerHeaderBytes]) == 0) {
-        return true;  // a refusal: there is no session to seal it with
-      }
-      if (!st.authed) return false;
-      Seal(bytes, ++st.send_seq, *st.key);
-      return true;
-    }
-    OutState& st = out[node];
-    if (!st.key) return false;
-    Seal(bytes, ++st.send_seq, *st.key);
-    return true;
   }
 
   // Replies to this node as a client; a sealed one has passed Admit with sequence number `seq`.
-  void HandleClient(uint32_t node, uint64_t seq, PeerMessage& m) {
+  void HandleReply(uint32_t node, uint64_t seq, PeerMessage& m) {
     MutexLock lock(&mu);
-    OutState& st = out[node];
-    if (auto* c = std::get_if<Challenge>(&m)) {
-      if (st.state != Out::kHelloSent) {
-        lock.Unlock();
-        return Malformed(node, "unexpected challenge");
-      }
-      Mac expect =
-          PeerMac(opts.secret, kServerLabel, st.client_nonce, c->server_nonce, opts.node, node);
-      if (!MacEqual(expect, c->server_mac)) {
-        // Not proof that node is bad: anybody can send a challenge in its name. The handshake's
-        // deadline decides.
-        ++counters.auth_refused;
-        spdlog::warn(
-            "nopfsd: a challenge in the name of node {} does not prove the job secret; "
-            "ignored",
-            node);
-        return;
-      }
-      st.key = std::make_unique<SessionKey>(
-          SessionKeyOf(opts.secret, st.client_nonce, c->server_nonce, opts.node, node));
-      st.window = ReplayWindow();
-      st.send_seq = 0;
-      Queue(node, Auth{st.client_nonce, c->server_nonce,
-                       PeerMac(opts.secret, kClientLabel, st.client_nonce, c->server_nonce,
-                               opts.node, node)});
-      st.state = Out::kAuthSent;
-    } else if (auto* r = std::get_if<AuthResult>(&m)) {
-      // Admit has checked it under the session of our Auth: only that server could seal it.
-      if (!r->accepted) {
-        ++counters.auth_refused;
-        KillLocked(node, "it refused our authentication");
-        return;
-      }
-      st.state = Out::kAuthed;
-    } else if (auto* v = std::get_if<RemoteReply>(&m)) {
+    if (auto* v = std::get_if<RemoteReply>(&m)) {
       auto it = pending.find(v->request_id);
       if (it == pending.end() || it->second->peer != node || it->second->sample != v->sample ||
           it->second->remote_posted || !ep->supports_remote_read()) {
@@ -557,7 +426,7 @@ struct PeerLink::State {
       }
       it->second->remote_posted = true;
       it->second->remote_xxh3 = v->xxh3;
-      v->key ^= RemoteKeyMask(*st.key, seq);
+      v->key = shake->UnmaskRemoteKey(node, seq, v->key);
       reads_to_post.emplace_back(node, *v);
     } else if (auto* p = std::get_if<ReadReply>(&m)) {
       auto it = pending.find(p->request_id);
@@ -582,48 +451,57 @@ struct PeerLink::State {
     }
   }
 
+  // Progress thread: hands a message from `node` (sealed ones admitted with seq `seq`) to the
+  // handshake or to the request and reply handlers.
+  void Dispatch(uint32_t node, uint64_t seq, PeerMessage& m) {
+    if (auto* h = std::get_if<Hello>(&m)) {
+      Apply(node, shake->OnHello(node, *h));
+    } else if (auto* a = std::get_if<Auth>(&m)) {
+      Apply(node, shake->OnAuth(node, *a));
+    } else if (auto* c = std::get_if<Challenge>(&m)) {
+      Apply(node, shake->OnChallenge(node, *c));
+    } else if (auto* r = std::get_if<AuthResult>(&m)) {
+      Apply(node, shake->OnAuthResult(node, *r));
+    } else if (std::holds_alternative<ReadReply>(m) || std::holds_alternative<RemoteReply>(m)) {
+      HandleReply(node, seq, m);
+    } else {
+      HandleRequest(node, m);
+    }
+  }
+
+  // Starts the handshake with `peer` if none was started.
+  void BeginLocked(uint32_t peer, std::chrono::steady_clock::time_point now) REQUIRES(mu) {
+    if (std::optional<Hello> h = shake->Begin(peer, now)) Queue(peer, *h);
+  }
+
   // Starts handshakes, queues reads of authenticated peers, expires deadlines.
   void ScheduleLocked() REQUIRES(mu) {
     auto now = std::chrono::steady_clock::now();
     for (auto& [id, w] : pending) {
-      OutState& st = out[w->peer];
-      if (st.state == Out::kNone) {
-        st.client_nonce = RandomNonce();
-        st.handshake_deadline = now + opts.timeout;
-        st.state = Out::kHelloSent;
-        Queue(w->peer, Hello{opts.node, st.client_nonce});
-      }
-      if (st.state == Out::kAuthed && !w->sent) {
+      BeginLocked(w->peer, now);
+      if (shake->state(w->peer) == PeerState::kAuthed && !w->sent) {
         w->sent = true;
         Queue(w->peer,
               ReadRequest{id, w->sample, ep->supports_remote_read() ? kAcceptsRemoteRead : 0u});
       }
     }
     for (auto it = exchange_out.begin(); it != exchange_out.end();) {
-      OutState& st = out[it->first];
-      if (st.state == Out::kNone) {
-        st.client_nonce = RandomNonce();
-        st.handshake_deadline = now + opts.timeout;
-        st.state = Out::kHelloSent;
-        Queue(it->first, Hello{opts.node, st.client_nonce});
-      }
-      if (st.state == Out::kAuthed || st.state == Out::kDead) {
+      BeginLocked(it->first, now);
+      const PeerState st = shake->state(it->first);
+      if (st == PeerState::kAuthed || st == PeerState::kDead) {
         if (const auto* u = std::get_if<PushSample>(&it->second)) {
           push_queued_bytes -= u->data.size();
-          if (st.state == Out::kDead) ++counters.pushes_dropped;
+          if (st == PeerState::kDead) ++counters.pushes_dropped;
         }
-        if (st.state == Out::kAuthed) Queue(it->first, it->second);
+        if (st == PeerState::kAuthed) Queue(it->first, it->second);
         it = exchange_out.erase(it);
       } else {
         ++it;
       }
     }
-    for (uint32_t p = 0; p < out.size(); ++p) {
-      bool shaking = out[p].state == Out::kHelloSent || out[p].state == Out::kAuthSent;
-      if (shaking && now >= out[p].handshake_deadline) {
-        ++counters.timeouts;
-        KillLocked(p, "no handshake within " + std::to_string(opts.timeout.count()) + " ms");
-      }
+    for (uint32_t p : shake->Expire(now)) {
+      ++counters.timeouts;
+      KillLocked(p, "no handshake within " + std::to_string(opts.timeout.count()) + " ms");
     }
     for (auto it = pending.begin(); it != pending.end(); ++it) {
       if (now >= it->second->deadline) {
@@ -646,7 +524,7 @@ struct PeerLink::State {
         wake.store(false);
       }
       for (auto& [node, bytes] : sends) {
-        if (!SealOutgoing(node, bytes)) continue;  // its session is gone
+        if (!shake->Seal(node, bytes)) continue;  // its session is gone
         Status st = ep->Post(addr[node], TagOf(opts.node), std::move(bytes), opts.timeout);
         if (!st.ok()) {
           MutexLock lock(&mu);
@@ -677,19 +555,14 @@ struct PeerLink::State {
       const PeerType type = *TypeOf(msg->data);
       uint64_t seq = 0;
       if (IsSealed(type)) {
-        std::optional<uint64_t> admitted = Admit(node, type, msg->data);
-        if (!admitted) continue;
+        Result<uint64_t> admitted = shake->Admit(node, type, msg->data);
+        if (!admitted.ok()) {
+          Refused(node, admitted.status().message());
+          continue;
+        }
         seq = *admitted;
       }
-      if (std::holds_alternative<Hello>(*decoded) || std::holds_alternative<Auth>(*decoded) ||
-          std::holds_alternative<ReadRequest>(*decoded) ||
-          std::holds_alternative<ExchangeData>(*decoded) ||
-          std::holds_alternative<ClassDone>(*decoded) ||
-          std::holds_alternative<PushSample>(*decoded)) {
-        HandleServer(node, *decoded);
-      } else {
-        HandleClient(node, seq, *decoded);
-      }
+      Dispatch(node, seq, *decoded);
     }
   }
 };
@@ -714,18 +587,17 @@ Result<std::unique_ptr<PeerLink>> PeerLink::Start(const PeerLinkOptions& options
     if (!a.ok()) return a.status();
     s->addr.push_back(*a);
   }
-  s->in.resize(options.peers.size());
-  const Nonce cookie = RandomNonce();
-  std::copy(cookie.begin(), cookie.end(), s->cookie.begin());
-  s->out.resize(options.peers.size());
+  const auto nodes = static_cast<uint32_t>(options.peers.size());
+  s->shake = std::make_unique<PeerHandshake>(options.secret, options.node, nodes, options.timeout);
   {
     MutexLock lock(&s->mu);  // no other thread yet: for the analysis
-    s->peer_done.assign(options.peers.size(), 0);
+    s->peer_done.assign(nodes, 0);
+    s->dead.assign(nodes, false);
   }
   State* raw = s.get();
+  // The pool first: the progress thread asks it whether it has threads.
+  s->pool.Start(options.serve_threads, [raw](ServeJob& job) { raw->Serve(job); });
   s->thread = std::thread([raw] { raw->Run(); });
-  for (uint32_t i = 0; i < options.serve_threads; ++i)
-    s->servers.emplace_back([raw] { raw->ServeLoop(); });
   return std::unique_ptr<PeerLink>(new PeerLink(std::move(s)));
 }
 
@@ -747,18 +619,16 @@ void PeerLink::Stop() {
     }
     s_->pending.clear();
     s_->cv.SignalAll();
-    s_->serve_cv.SignalAll();
   }
-  for (std::thread& t : s_->servers)
-    if (t.joinable()) t.join();
+  s_->pool.Stop();
   if (s_->thread.joinable()) s_->thread.join();
 }
 
 void PeerLink::AnnounceClassDone(uint32_t cls) {
   MutexLock lock(&s_->mu);
   if (s_->stop || cls > 0xFFFF) return;
-  for (uint32_t k = 0; k < s_->out.size(); ++k) {
-    if (k != s_->opts.node && s_->out[k].state != State::Out::kDead) {
+  for (uint32_t k = 0; k < s_->dead.size(); ++k) {
+    if (k != s_->opts.node && !s_->dead[k]) {
       s_->exchange_out.emplace_back(k, ClassDone{cls});
     }
   }
@@ -775,9 +645,8 @@ void PeerLink::Push(uint32_t peer, uint64_t sample, uint64_t xxh3,
   }
   PushSample m{sample, xxh3, {data.begin(), data.end()}};  // copied before taking the lock
   MutexLock lock(&s_->mu);
-  if (s_->stop || peer >= s_->out.size() || peer == s_->opts.node) return;
-  if (s_->out[peer].state == State::Out::kDead ||
-      s_->push_queued_bytes + m.data.size() > State::kMaxPushQueued) {
+  if (s_->stop || peer >= s_->dead.size() || peer == s_->opts.node) return;
+  if (s_->dead[peer] || s_->push_queued_bytes + m.data.size() > State::kMaxPushQueued) {
     ++s_->counters.pushes_dropped;
     return;
   }
@@ -795,14 +664,14 @@ bool PeerLink::PeerClassDone(uint32_t peer, uint32_t cls) const {
 }
 
 Status PeerLink::Await(uint32_t peer, uint64_t sample, Pending& w) {
-  if (peer >= s_->out.size() || peer == s_->opts.node) {
+  if (peer >= nodes() || peer == s_->opts.node) {
     return Status::InvalidArgument("peer link: no peer node " + std::to_string(peer));
   }
   w.peer = peer;
   w.sample = sample;
   MutexLock lock(&s_->mu);
   if (s_->stop) return Status::Unavailable("peer link stopped");
-  if (s_->out[peer].state == State::Out::kDead) {
+  if (s_->dead[peer]) {
     return Status::Unavailable("peer node " + std::to_string(peer) + " is dead");
   }
   // The deadline covers the handshake too; the progress thread expires it.
@@ -934,9 +803,7 @@ Result<std::vector<std::vector<std::byte>>> PeerLink::Exchange(
     auto key = std::make_pair(round, k);
     bool ready = false;
     bool timed_out = false;
-    while (!(ready = s_->stop || s_->exchange_in.count(key) > 0 ||
-                     s_->out[k].state == State::Out::kDead) &&
-           !timed_out) {
+    while (!(ready = s_->stop || s_->exchange_in.count(key) > 0 || s_->dead[k]) && !timed_out) {
       timed_out = !s_->cv.WaitUntil(&s_->mu, deadline);
     }
     auto it = s_->exchange_in.find(key);
@@ -957,7 +824,7 @@ Result<std::vector<std::vector<std::byte>>> PeerLink::Exchange(
 
 bool PeerLink::IsDead(uint32_t peer) const {
   MutexLock lock(&s_->mu);
-  return peer < s_->out.size() && s_->out[peer].state == State::Out::kDead;
+  return peer < s_->dead.size() && s_->dead[peer];
 }
 
 PeerLinkCounters PeerLink::counters() const {

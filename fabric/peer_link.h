@@ -1,38 +1,12 @@
-// fabric::PeerLink: one nopfsd's authenticated peer service over a fabric::Endpoint — it serves
-// samples of this node's tiers to the other nodes of the job and fetches samples from them.
-//
-// What it is: a node `node` of `peers.size()` nodes listens on peers[node] and knows every other
-// node by its HOST:PORT (node i = i-th entry of `--peers`). A progress thread owns the endpoint:
-// it sends queued messages, receives every incoming one, hands authenticated read requests and
-// pushed samples to a few serving threads (which answer them through the ServeFn, or pass them
-// to on_push), posts the RMA reads that remote replies ask for, and hands replies and finished
-// reads to the waiting Read calls.
-//
-// What it promises:
-//   - No request is served to, and no reply accepted from, a node that has not passed the HMAC
-//     challenge/response on the per-job secret (both directions are proven: the server signs the
-//     client's nonce, the client the server's). After it, every message is sealed with the
-//     session's key (a MAC over its header, fixed fields and sequence number; its data bound by
-//     the xxh3 it carries, checked before use), and one that fails the MAC, repeats a sequence
-//     number or belongs to no session is refused, counted and logged: a process without the
-//     secret can make the link accept, keep, serve, drop or reset nothing. Forged Hellos and
-//     challenges in a node's name change no state (the server keeps none per Hello).
-//   - Every incoming message is length- and type-checked (peer_protocol.h); a malformed one is
-//     counted, logged and dropped; nothing a peer sends can crash the daemon.
-//   - A reply must match an outstanding request id, the node it was sent to, and the sample asked
-//     for; any other reply is dropped as malformed.
-//   - A peer that does not answer within `timeout` costs that one timeout: it is marked dead and
-//     every later Read to it fails at once with Unavailable (callers fall back to local/PFS).
-//   - The tag of every message carries the sending node in its high 32 bits, a claim that only
-//     the session's MAC proves; replies always go to the address the `--peers` list gives for
-//     that node. Exchange buffers of rounds not yet asked for are kept up to 4 per node.
-//   - RMA (where the provider does it, remote_read): memory given to ExposeForRemoteRead is
-//     registered for remote reads only, under a random 64-bit key that only authenticated peers
-//     learn (in a sealed kRemoteReply, masked on the wire). A sample served in place from such
-//     memory is answered with its address, key, length and xxh3; the reader fetches it with an RMA
-//     read into a buffer of its endpoint and checks the xxh3 before the caller sees a byte. A
-//     failed RMA read kills the peer like a timeout. Peers without RMA (or memory not exposed) get
-//     the bytes in the reply.
+// fabric::PeerLink: one nopfsd's authenticated peer service over a fabric::Endpoint: it serves
+// samples of this node's tiers to the other nodes of the job (through a ServeFn, by copy or by
+// RMA), fetches samples from them, runs the all-to-all Exchange and carries pushes and class-done
+// notices. Node `node` of `peers.size()` listens on peers[node] and knows node i by the i-th entry
+// of `--peers`. Its parts: fabric/peer_handshake.h (the HMAC handshake and the sealed sessions),
+// fabric/serve_pool.h (the serving threads) and the link core in peer_link.cc (the progress
+// thread, the waiting reads, RMA, exchanges, pushes, counters). What it promises (authentication,
+// malformed and unmatched messages, dead peers, RMA, resource limits) is docs/fabric.md, "Peer
+// transport".
 //
 // Thread safety: Read, ReadInto, Push, IsDead and counters() may be called from any number of
 // threads; the ServeFn and on_push are called from the serving threads concurrently (or from the

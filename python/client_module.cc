@@ -21,15 +21,14 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <shared_mutex>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "client/client.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "policy/job.h"
 #include "policy/partition.h"
@@ -89,44 +88,44 @@ class StreamHolder {
       : client_(std::move(c)), stream_(std::move(s)) {}
 
   Result<std::optional<client::Sample>> Next(std::chrono::milliseconds timeout) {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(&mu_);
     if (closed_) return Status::FailedPrecondition("nopfs: next() on a closed stream");
     return stream_->Next(timeout);
   }
   Status Release(const client::Sample& s) {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(&mu_);
     if (closed_) return Status::Ok();  // the ring is gone with the stream: nothing to give back
     return stream_->Release(s);
   }
   Result<size_t> NextBatch(size_t n, std::vector<client::Sample>* out,
                            std::chrono::milliseconds timeout) {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(&mu_);
     if (closed_) return Status::FailedPrecondition("nopfs: next_batch() on a closed stream");
     return stream_->NextBatch(n, out, timeout);
   }
   Status ReleaseBatch(std::span<const client::Sample> samples) {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(&mu_);
     if (closed_) return Status::Ok();  // the ring is gone with the stream
     return stream_->ReleaseBatch(samples);
   }
   Result<size_t> FillBatch(size_t n, std::span<std::byte> dst,
                            std::vector<client::BatchEntry>* entries,
                            std::chrono::milliseconds timeout) {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(&mu_);
     if (closed_) return Status::FailedPrecondition("nopfs: next_batch_into() on a closed stream");
     return stream_->FillBatch(n, dst, entries, timeout);
   }
   // A failure met after a batch call had samples to return: raised by the next call.
   void Defer(Status st) {
-    std::lock_guard lock(deferred_mu_);
+    MutexLock lock(&deferred_mu_);
     deferred_ = std::move(st);
   }
   Status TakeDeferred() {
-    std::lock_guard lock(deferred_mu_);
+    MutexLock lock(&deferred_mu_);
     return std::exchange(deferred_, Status::Ok());
   }
   Status Close() {
-    std::unique_lock lock(mu_);
+    WriterLock lock(&mu_);
     if (closed_) return Status::Ok();
     closed_ = true;
     return stream_->Close();
@@ -134,17 +133,17 @@ class StreamHolder {
   client::Stats stats() const { return stream_->stats(); }
   uint64_t id() const { return stream_->id(); }
   bool closed() const {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(&mu_);
     return closed_;
   }
   ClientHolder& client() { return *client_; }
 
  private:
   std::shared_ptr<ClientHolder> client_;
-  mutable std::shared_mutex mu_;
-  bool closed_ = false;  // GUARDED_BY(mu_)
-  std::mutex deferred_mu_;
-  Status deferred_ = Status::Ok();  // GUARDED_BY(deferred_mu_)
+  mutable SharedMutex mu_;
+  bool closed_ GUARDED_BY(mu_) = false;
+  Mutex deferred_mu_;
+  Status deferred_ GUARDED_BY(deferred_mu_) = Status::Ok();
   // Declared last: destroyed first. Its mapping stays valid after Close() (the memfd is ours
   // until unmapped), so views of samples outlive a closed stream safely.
   std::unique_ptr<client::Stream> stream_;
