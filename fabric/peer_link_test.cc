@@ -535,6 +535,15 @@ TEST(PeerLinkTest, ForgedMessagesInTheNameOfANodeChangeNothing) {
       std::this_thread::sleep_for(milliseconds(1));
     }
   });
+  // A failed ASSERT returns early: the storm must still stop before its captures go away.
+  struct StormStopper {
+    std::atomic<bool>& stop;
+    std::thread& storm;
+    ~StormStopper() {
+      stop.store(true);
+      if (storm.joinable()) storm.join();
+    }
+  } stopper{stop, storm};
   std::this_thread::sleep_for(milliseconds(200));
   std::atomic<uint64_t> kept{0};
   PeerLinkOptions o0 = Options(0, peers, 9);
