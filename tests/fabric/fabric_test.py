@@ -240,15 +240,14 @@ class FabricTest(unittest.TestCase):
         self.assertLessEqual(pfs, 1.05 * self.total, statuses)
         self.stop_all()
 
-    def mount_slow_pfs(self, mbps):
-        """The test's dataset through nopfs_pfsemu (a throttled FUSE passthrough) at `mbps` MB/s;
-        returns the mount point."""
+    def mount_emulated_pfs(self, backing, name, *options):
+        """`backing` through nopfs_pfsemu (docs/pfsemu.md) at <work>/<name> with `options`,
+        unmounted at the test's end; returns the mount point once it answers."""
         emu = os.path.join(BIN, "nopfs_pfsemu")
         self.assertTrue(os.path.exists(emu), "nopfs_pfsemu is built in every tree with tests")
-        mnt = os.path.join(self.work, "slow-pfs")
+        mnt = os.path.join(self.work, name)
         os.mkdir(mnt, 0o755)
-        proc = subprocess.Popen([emu, "--bandwidth", str(mbps), "--open-latency-us", "0",
-                                 "--burst-bytes", "0", self.data.root, mnt],
+        proc = subprocess.Popen([emu, *options, backing, mnt],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
         def unmount():
@@ -263,11 +262,17 @@ class FabricTest(unittest.TestCase):
                            check=False)
         self.addCleanup(unmount)
         deadline = time.time() + 20
-        while not any(line.split()[1] == mnt for line in open("/proc/mounts")):
+        while not os.path.exists(os.path.join(mnt, ".pfsemu_stats")):
             self.assertIsNone(proc.poll(), "nopfs_pfsemu exited")
             self.assertLess(time.time(), deadline, "nopfs_pfsemu did not mount")
             time.sleep(0.02)
         return mnt
+
+    def mount_slow_pfs(self, mbps):
+        """The test's dataset through nopfs_pfsemu (a throttled FUSE passthrough) at `mbps` MB/s;
+        returns the mount point."""
+        return self.mount_emulated_pfs(self.data.root, "slow-pfs", "--bandwidth", str(mbps),
+                                       "--open-latency-us", "0", "--burst-bytes", "0")
 
     @unittest.skipUnless(st.AS_ROOT, "mounting the emulated PFS needs root")
     def test_a_sample_read_before_its_holder_had_it_is_pushed_not_read_again(self):
@@ -525,30 +530,9 @@ class FabricTest(unittest.TestCase):
     def mount_pfs(self, backing, name, getattr_us=0):
         """`backing` through nopfs_pfsemu with no attribute cache (each node's lookups reach it,
         as on separate hosts), each getattr costing `getattr_us`; returns the mount point."""
-        mnt = os.path.join(self.work, name)
-        os.mkdir(mnt, 0o755)
-        proc = subprocess.Popen([os.path.join(BIN, "nopfs_pfsemu"), "--open-latency-us", "0",
-                                 "--attr-cache-ms", "0", "--getattr-latency-us", str(getattr_us),
-                                 backing, mnt],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-        def unmount():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            subprocess.run(["fusermount3", "-u", "-z", mnt], stderr=subprocess.DEVNULL,
-                           check=False)
-        self.addCleanup(unmount)
-        deadline = time.time() + 20
-        while not os.path.exists(os.path.join(mnt, ".pfsemu_stats")):
-            self.assertIsNone(proc.poll(), "nopfs_pfsemu exited")
-            self.assertLess(time.time(), deadline, "nopfs_pfsemu did not mount")
-            time.sleep(0.02)
-        return mnt
+        return self.mount_emulated_pfs(backing, name, "--open-latency-us", "0",
+                                       "--attr-cache-ms", "0", "--getattr-latency-us",
+                                       str(getattr_us))
 
     @staticmethod
     def pfs_counters(mnt):
