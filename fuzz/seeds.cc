@@ -9,6 +9,7 @@
 #include "client/wire.h"
 #include "fabric/peer_protocol.h"
 #include "service/catalog/catalog_codec.h"
+#include "service/catalog/catalog_share.h"
 #include "service/peers/directory_wire.h"
 
 namespace fs = std::filesystem;
@@ -141,6 +142,40 @@ void Catalog() {
   Write("catalog", "class_key", "\x07" + codec::ClassKey(3));
 }
 
+void CatalogShare() {
+  namespace scan = nopfs::service::scan;
+  namespace share = nopfs::service::share;
+  auto with_selector = [](uint8_t selector, const std::vector<std::byte>& bytes) {
+    std::string out(1, static_cast<char>(selector));
+    out.append(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    return out;
+  };
+  share::Lead hit;
+  hit.kind = share::LeadKind::kHit;
+  hit.contents.root = "/pfs/data";
+  hit.contents.classes = {"cat", "dog"};
+  hit.contents.Add("cat/001.jpg", 0, 4096, 0);
+  hit.contents.Add("dog/002.jpg", 0, 100, 1);
+  Write("catalog_share", "lead_hit", with_selector(0, share::EncodeLead(hit)));
+  share::Lead miss;
+  miss.kind = share::LeadKind::kMiss;
+  miss.reason = "no catalog at /cache/1000/0123456789abcdef";
+  miss.listing.root_stamp = {1700000000123456789, 77, 2049, 4096};
+  miss.listing.class_names = {"cat", "dog", "eel"};
+  Write("catalog_share", "lead_miss", with_selector(0, share::EncodeLead(miss)));
+  share::Lead manifest;
+  manifest.kind = share::LeadKind::kScanned;
+  manifest.scanned.kind = codec::DatasetKind::kManifest;
+  manifest.scanned.root = "/pfs/data";
+  manifest.scanned.samples = {{"shards/big.bin", 0, 1000, 0}, {"shards/big.bin", 1000, 3096, 1}};
+  manifest.scanned.stamps = {{"/pfs/data/train.manifest", {1700000000, 5, 2049, 120}}};
+  Write("catalog_share", "lead_scanned", with_selector(0, share::EncodeLead(manifest)));
+  scan::ClassesPart part;
+  part.samples = {{"dog/002.jpg", 0, 100, 1}, {"dog/deep/003.jpg", 0, 7, 1}};
+  part.stamps = {{"/pfs/data/dog", {1700000000, 9, 2049, 4096}}};
+  Write("catalog_share", "part", with_selector(1, share::EncodePart(part)));
+}
+
 void Manifest() {
   Write("manifest", "paths", "train/cat/001.jpg\ntrain/dog/002.jpg\n");
   Write("manifest", "labels", "# path<TAB>label\n\na.bin\t0\nb/c.bin\t1\nd.bin\t-\r\n");
@@ -178,6 +213,7 @@ int main(int argc, char** argv) {
   Peer();
   Directory();
   Catalog();
+  CatalogShare();
   Manifest();
   SpankOptions();
   return 0;

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing of every decoder of foreign bytes (docs/fuzzing.md).
 # Usage: scripts/fuzz.sh [TARGET] [--runs N] [--jobs N] [--seeds | --build-only]
-#   TARGET   one of: wire peer directory manifest catalog spank_options (default: all, in turn)
+#   TARGET   one of: wire peer directory manifest catalog catalog_share spank_options (default: all,
+#            in turn)
 #   --runs N executions per target (default 10000000)
 #   --jobs N parallel build jobs (default 2)
-#   --seeds  rewrite the seed corpora fuzz/corpus/<target>/ with nopfs_fuzz_seeds and stop
+#   --seeds  rewrite the seed corpora fuzz/corpus/<target>/ with nopfs_fuzz_seeds (keeping the
+#            regression inputs regress-*) and stop
 #   --build-only  build the tree and stop (scripts/test.sh then runs its ctest label fuzz)
 # Builds the fuzz tree build-fuzz/ (clang, -DNOPFS_FUZZ=ON: libFuzzer, ASan, UBSan; only the fuzz
 # targets and the decoders they link) and runs each target on a working copy of its seed corpus
@@ -15,7 +17,7 @@
 # them, as a slow decoder of hostile input is a denial of service.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-targets=(wire peer directory manifest catalog spank_options)
+targets=(wire peer directory manifest catalog catalog_share spank_options)
 runs=10000000
 jobs=2
 seeds=0
@@ -53,7 +55,12 @@ fi
 cmake -S . -B build-fuzz "${args[@]}" >/dev/null
 if ((seeds)); then
   cmake --build build-fuzz -j "$jobs" --target nopfs_fuzz_seeds
-  rm -rf fuzz/corpus/{wire,peer,directory,catalog,manifest,spank_options}
+  # The generated seeds are rewritten; regression inputs (regress-*, from crashes) are kept.
+  for t in "${targets[@]}"; do
+    if [[ -d fuzz/corpus/$t ]]; then
+      find fuzz/corpus/"$t" -maxdepth 1 -type f ! -name 'regress-*' -delete
+    fi
+  done
   build-fuzz/bin/nopfs_fuzz_seeds fuzz/corpus
   echo "nopfs: fuzz: seed corpora written under fuzz/corpus/"
   exit 0

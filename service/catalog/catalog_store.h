@@ -13,6 +13,7 @@
 
 #include "common/status.h"
 #include "service/catalog/catalog_codec.h"
+#include "service/catalog/catalog_contents.h"
 #include "service/catalog/catalog_scan.h"
 #include "service/env/env.h"
 
@@ -25,23 +26,6 @@ namespace nopfs::service::store {
 
 // RocksDB's status in nopfs terms, in one place; `context` starts the message.
 Status FromRocks(const rocksdb::Status& s, std::string_view context);
-
-// The catalog's in-memory form, filled by a load or a scan and then moved into the Catalog.
-struct Contents {
-  std::string root;
-  std::vector<std::string> classes;
-  std::string arena;  // relative paths back to back
-  std::vector<uint64_t> path_end;
-  std::vector<uint64_t> offsets;
-  std::vector<uint64_t> lengths;
-  std::vector<int64_t> labels;
-
-  void Reserve(uint64_t n);
-  void Add(std::string_view rel, uint64_t offset, uint64_t length, int64_t label);
-};
-
-// xxh3 over the root, the class names and every sample entry.
-uint64_t ComputeFingerprint(const Contents& c);
 
 // What the stored catalog must describe to be reused.
 struct LoadRequest {
