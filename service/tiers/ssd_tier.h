@@ -65,9 +65,10 @@ struct SsdTierOptions {
 class SsdTier final : public Tier {
  public:
   // Removes stale directories of this user first (CleanupStale; its failure is only logged), then
-  // creates the job directory, takes its lock and preallocates the data files. ResourceExhausted,
-  // naming the directory and the shortfall in bytes, when the file system has too little free
-  // space; FailedPrecondition when a live daemon already holds the same job directory.
+  // creates the job directory, takes its lock, creates the data files and starts preallocating
+  // them in the background (above). ResourceExhausted, naming the directory and the shortfall in
+  // bytes, when the file system has too little free space; FailedPrecondition when a live daemon
+  // already holds the same job directory.
   static Result<std::unique_ptr<SsdTier>> Create(const SsdTierOptions& options, TierLayout layout);
   ~SsdTier() override;  // Destroy(), errors logged
   SsdTier(const SsdTier&) = delete;
