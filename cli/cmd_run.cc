@@ -701,7 +701,16 @@ void RegisterRun(CLI::App* app, int* exit_code) {
                 "Keep the SSD tier's samples on this machine for the next run on the dataset "
                 "(nopfs cache ls shows them)");
   sub->add_option("--keep-max-bytes", f->keep_max_bytes,
-                  "With --keep: keep at most this many bytes (0: no limit)")
+                  "With --keep: keep at most this much (a size: 40GB, 512MiB, or bytes; 0: no "
+                  "limit)")
+      ->transform(CLI::Validator(
+          [](std::string& value) -> std::string {
+            Result<uint64_t> bytes = ParseSize(value);
+            if (!bytes.ok()) return bytes.status().message();
+            value = std::to_string(*bytes);
+            return std::string();
+          },
+          "SIZE"))
       ->needs("--keep");
   sub->add_option("--start-timeout", f->start_timeout, "Seconds to wait for nopfsd to be ready")
       ->capture_default_str();

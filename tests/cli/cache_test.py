@@ -145,6 +145,16 @@ class CacheTest(unittest.TestCase):
                   "--", "true", check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("--keep", p.stderr)
+        p = nopfs("run", "--dataset", self.datasets[0], "--ranks", 1, "--keep",
+                  "--keep-max-bytes", "10XB", "--", "true", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("'10XB' is not a size: write a number of bytes with an optional unit",
+                      p.stderr)
+        # A size with a unit is taken (and bounds what is kept: data, index and MANIFEST).
+        self.keep_run(self.datasets[0], ("--keep-max-bytes", "64KiB"))
+        kept = [e for e in self.ls() if e["dataset"].endswith(os.path.basename(self.datasets[0]))]
+        self.assertEqual(len(kept), 1, self.ls())
+        self.assertLessEqual(kept[0]["bytes"], 64 * 1024 + 32 * 1024, kept)
 
     @unittest.skipUnless(AS_ROOT, "gc runs as root")
     def test_gc_applies_lifetime_quota_and_removes_crash_leftovers(self):
