@@ -408,16 +408,6 @@ Status RecvExact(int sock, std::byte* buf, size_t len, std::chrono::milliseconds
 
 }  // namespace
 
-UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
-  if (this != &other) Reset(other.Release());
-  return *this;
-}
-
-void UniqueFd::Reset(int fd) {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = fd;
-}
-
 MsgType TypeOf(const Body& body) {
   return static_cast<MsgType>(body.index() + 1);  // Body's alternatives follow MsgType's order
 }

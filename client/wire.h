@@ -25,6 +25,7 @@
 
 #include "client/status_report.h"
 #include "common/status.h"
+#include "common/unique_fd.h"
 
 namespace nopfs::wire {
 
@@ -183,28 +184,8 @@ Result<Message> Decode(std::span<const std::byte> bytes);
 Status ToStatus(const Error& error);
 Error FromStatus(const Status& status);
 
-// An owned file descriptor (closed on destruction). Move-only.
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  ~UniqueFd() { Reset(); }
-  UniqueFd(UniqueFd&& other) noexcept : fd_(other.Release()) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept;
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  int Release() {
-    int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-  void Reset(int fd = -1);
-
- private:
-  int fd_ = -1;
-};
+// An owned file descriptor (common/unique_fd.h).
+using ::nopfs::UniqueFd;
 
 // A received message and the descriptor that came with it (invalid if none).
 struct Received {

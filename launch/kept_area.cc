@@ -15,6 +15,7 @@
 
 #include "common/checksum.h"
 #include "common/coding.h"
+#include "common/unique_fd.h"
 
 namespace nopfs::launch {
 namespace {
@@ -22,25 +23,6 @@ namespace {
 constexpr std::string_view kManifestMagic = "NOPFSKPT";
 constexpr std::string_view kIndexMagic = "NOPFSKIX";
 constexpr int kMaxRemoveDepth = 8;
-
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  int release() {
-    const int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-
- private:
-  int fd_;
-};
 
 uint64_t Hash(std::string_view bytes) {
   return ColdXxh3(std::as_bytes(std::span(bytes.data(), bytes.size())));
@@ -78,7 +60,7 @@ Result<std::string_view> Unseal(std::string_view bytes, std::string_view magic, 
 // Reads a regular file at `dfd`/`name` without following a symlink or blocking on a FIFO; at most
 // `limit` bytes (a larger file is Corruption).
 Result<std::string> ReadSmallAt(int dfd, const char* name, uint64_t limit) {
-  Fd fd(::openat(dfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY));
+  UniqueFd fd(::openat(dfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY));
   if (fd.get() < 0) return Status::FromErrno(errno, name);
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, name);
@@ -145,7 +127,7 @@ Status EmptyDirAt(int dfd, const std::string& path, int depth) {
       return Status::FromErrno(errno, sub);
     }
     if (S_ISDIR(st.st_mode)) {
-      Fd child(::openat(dfd, n.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      UniqueFd child(::openat(dfd, n.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
       if (child.get() < 0) return Status::FromErrno(errno, sub);
       NOPFS_RETURN_IF_ERROR(EmptyDirAt(child.get(), sub, depth + 1));
       if (::unlinkat(dfd, n.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
@@ -174,18 +156,18 @@ std::string KeptAreaDir(const std::string& user_dir) {
 
 Result<int> LockKeptEntry(const std::string& dir) {
   const std::string path = dir + "/lock";
-  Fd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (fd.get() < 0) return Status::FromErrno(errno, path);
   if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) return Status::FromErrno(errno, "flock " + path);
-  return fd.release();
+  return fd.Release();
 }
 
 bool KeptEntryInUse(const std::string& kept_dir, const std::string& name) {
-  Fd kfd(::open(kept_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  UniqueFd kfd(::open(kept_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (kfd.get() < 0) return false;
-  Fd dfd(::openat(kfd.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  UniqueFd dfd(::openat(kfd.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (dfd.get() < 0) return false;
-  Fd lock(::openat(dfd.get(), "lock", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  UniqueFd lock(::openat(dfd.get(), "lock", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   if (lock.get() < 0) {
     struct stat st {};
     return errno == ENOENT && ::fstat(dfd.get(), &st) == 0 &&
@@ -304,12 +286,12 @@ Result<std::vector<KeptSample>> ParseKeptIndex(std::string_view bytes) {
 }
 
 Status WriteFileDurably(const std::string& dir, const std::string& name, std::string_view bytes) {
-  Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  UniqueFd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (dfd.get() < 0) return Status::FromErrno(errno, dir);
   const std::string tmp = ".tmp." + name;
   const std::string path = dir + "/" + name;
-  Fd fd(::openat(dfd.get(), tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
-                 0600));
+  UniqueFd fd(::openat(dfd.get(), tmp.c_str(),
+                       O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (fd.get() < 0) return Status::FromErrno(errno, dir + "/" + tmp);
   size_t done = 0;
   while (done < bytes.size()) {
@@ -328,7 +310,7 @@ Status WriteFileDurably(const std::string& dir, const std::string& name, std::st
 
 Result<std::vector<KeptDataset>> ListKept(const std::string& kept_dir) {
   std::vector<KeptDataset> out;
-  Fd kfd(::open(kept_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  UniqueFd kfd(::open(kept_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (kfd.get() < 0) {
     if (errno == ENOENT) return out;
     return Status::FromErrno(errno, kept_dir);
@@ -359,7 +341,8 @@ Result<std::vector<KeptDataset>> ListKept(const std::string& kept_dir) {
       out.push_back(std::move(k));
       continue;
     }
-    Fd dfd(::openat(kfd.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    UniqueFd dfd(
+        ::openat(kfd.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (dfd.get() < 0) {
       out.push_back(std::move(k));
       continue;
@@ -390,7 +373,7 @@ Status RemoveKept(const std::string& kept_dir, const std::string& name) {
                                    "\": not an entry name; give a key (16 hex digits) or a .tmp.* "
                                    "name as `nopfs cache ls` shows it");
   }
-  Fd kfd(::open(kept_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  UniqueFd kfd(::open(kept_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (kfd.get() < 0) {
     if (errno == ENOENT) return Status::Ok();
     return Status::FromErrno(errno, kept_dir);
@@ -407,7 +390,7 @@ Status RemoveKept(const std::string& kept_dir, const std::string& name) {
     }
     return Status::Ok();
   }
-  Fd dfd(::openat(kfd.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  UniqueFd dfd(::openat(kfd.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (dfd.get() < 0) return Status::FromErrno(errno, path);
   NOPFS_RETURN_IF_ERROR(EmptyDirAt(dfd.get(), path, 0));
   if (::unlinkat(kfd.get(), name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {

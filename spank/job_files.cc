@@ -137,18 +137,6 @@ Result<UniqueFd> WalkTrusted(const std::string& path, bool create, mode_t mode,
 
 }  // namespace
 
-UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
-  if (this != &o) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = o.release();
-  }
-  return *this;
-}
-
-UniqueFd::~UniqueFd() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
 Result<std::string> ReadUserFile(int dir_fd, const std::string& name, uid_t owner,
                                  size_t max_bytes) {
   const UniqueFd fd(

@@ -23,29 +23,12 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/unique_fd.h"
 
 namespace nopfs::spank {
 
-// An owned file descriptor (-1: none); closes it on destruction.
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
-  UniqueFd& operator=(UniqueFd&& o) noexcept;
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd();
-  int get() const { return fd_; }
-  int release() {
-    const int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-
- private:
-  int fd_ = -1;
-};
+// An owned file descriptor (common/unique_fd.h).
+using ::nopfs::UniqueFd;
 
 // Reads `dir_fd`/`name` (or `path`), a file that a user may have replaced by anything: opened
 // with O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, so a link fails and a FIFO or device opens
