@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "service/reader/reader_test_util.h"
 #include "service/tiers/tier_test_util.h"
 
 namespace nopfs::service {
@@ -26,14 +27,8 @@ namespace fs = std::filesystem;
 using testing::PlanOf;
 using testing::TempDir;
 
-constexpr uint32_t kFiles = 24;
-
-std::string Bytes(uint32_t k) {
-  std::string s(1 + (k * 7919) % 9000, '\0');
-  for (size_t i = 0; i < s.size(); ++i)
-    s[i] = static_cast<char>((k * 131 + i * 17) & 0xff);
-  return s;
-}
+using testing::Bytes;
+using testing::kFiles;
 
 // Env::Default() whose every Stat first sleeps (a loaded PFS's metadata servers).
 class SlowStatEnv final : public Env {
@@ -61,17 +56,7 @@ class KeptTest : public ::testing::Test {
  protected:
   void SetUp() override {
     data_ = dir_.path() + "/data";
-    fs::create_directories(data_ + "/c");
-    for (uint32_t k = 0; k < kFiles; ++k) {
-      char name[32];
-      std::snprintf(name, sizeof name, "/c/img%03u.bin", k);
-      std::ofstream(data_ + name, std::ios::binary) << Bytes(k);
-    }
-    CatalogOptions o;
-    o.dataset = data_;
-    o.work_dir = dir_.path() + "/work";
-    o.scan_threads = 2;
-    Result<std::unique_ptr<Catalog>> cat = Catalog::Open(o, Env::Default());
+    Result<std::unique_ptr<Catalog>> cat = testing::MakeDatasetAndCatalog(dir_.path());
     ASSERT_TRUE(cat.ok()) << cat.status().message();
     catalog_ = std::move(*cat);
     ASSERT_EQ(catalog_->size(), kFiles);

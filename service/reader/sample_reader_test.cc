@@ -6,12 +6,12 @@
 #include <xxhash.h>
 
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "service/env/env.h"
+#include "service/reader/reader_test_util.h"
 #include "service/tiers/tier_test_util.h"
 
 namespace nopfs::service {
@@ -21,14 +21,8 @@ namespace fs = std::filesystem;
 using testing::PlanOf;
 using testing::TempDir;
 
-constexpr uint32_t kFiles = 24;
-
-std::string Bytes(uint32_t k) {
-  std::string s(1 + (k * 7919) % 9000, '\0');
-  for (size_t i = 0; i < s.size(); ++i)
-    s[i] = static_cast<char>((k * 131 + i * 17) & 0xff);
-  return s;
-}
+using testing::Bytes;
+using testing::kFiles;
 
 policy::SystemModel Model() {
   policy::SystemModel m;
@@ -57,19 +51,7 @@ policy::SystemModel Model() {
 class SampleReaderTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string data = dir_.path() + "/data";
-    for (uint32_t k = 0; k < kFiles; ++k) {
-      // One class folder; names sort in k order, so sample id k is file k.
-      fs::create_directories(data + "/c");
-      char name[32];
-      std::snprintf(name, sizeof name, "/c/img%03u.bin", k);
-      std::ofstream(data + name, std::ios::binary) << Bytes(k);
-    }
-    CatalogOptions o;
-    o.dataset = data;
-    o.work_dir = dir_.path() + "/work";
-    o.scan_threads = 2;
-    Result<std::unique_ptr<Catalog>> cat = Catalog::Open(o, Env::Default());
+    Result<std::unique_ptr<Catalog>> cat = testing::MakeDatasetAndCatalog(dir_.path());
     ASSERT_TRUE(cat.ok()) << cat.status().message();
     catalog_ = std::move(*cat);
     ASSERT_EQ(catalog_->size(), kFiles);
