@@ -4,6 +4,7 @@ measure."""
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,13 @@ def start_service(build, root, run_dir, epochs, batch, name):
             sys.exit(f"{name}: nopfsd did not start: " + service.stderr.read())
         time.sleep(0.05)
     return service
+
+
+def stop_service(service):
+    """Stops what start_service started (if it still runs) and waits for nopfsd's teardown."""
+    if service is not None and service.poll() is None:
+        service.send_signal(signal.SIGTERM)
+        service.wait(timeout=60)
 
 
 def measure(loader, set_epoch, passes):

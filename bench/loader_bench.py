@@ -26,12 +26,12 @@ root).
 import argparse
 import os
 import shutil
-import signal
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dataloader_util import measure, rerun_as_nobody, start_service  # noqa: E402
+from dataloader_util import (measure, rerun_as_nobody, start_service,  # noqa: E402
+                             stop_service)
 
 import torch
 import torch.utils.data as tud
@@ -118,9 +118,7 @@ def main():
                   f"{rates['nopfs'] / direct:>12.2f} {rates['decode'] / direct:>13.2f} "
                   f"{rates['fallback'] / direct:>15.2f}", flush=True)
     finally:
-        if service is not None and service.poll() is None:
-            service.send_signal(signal.SIGTERM)
-            service.wait(timeout=60)
+        stop_service(service)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -23,12 +23,12 @@ import io
 import os
 import random
 import shutil
-import signal
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dataloader_util import measure, rerun_as_nobody, start_service  # noqa: E402
+from dataloader_util import (measure, rerun_as_nobody, start_service,  # noqa: E402
+                             stop_service)
 
 import torch
 import torch.utils.data as tud
@@ -112,9 +112,7 @@ def main():
             print(f"{workers:>7} {direct:>12.0f} {nopfs_rate:>12.0f} "
                   f"{nopfs_rate / direct:>12.2f}", flush=True)
     finally:
-        if service is not None and service.poll() is None:
-            service.send_signal(signal.SIGTERM)
-            service.wait(timeout=60)
+        stop_service(service)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
