@@ -20,6 +20,7 @@
 #include "common/mutex.h"
 #include "service/catalog/catalog.h"
 #include "service/catalog/catalog_share.h"
+#include "service/catalog/catalog_test_util.h"
 #include "service/env/env.h"
 
 namespace nopfs::service {
@@ -78,25 +79,8 @@ class LocalRounds {
   std::map<uint32_t, uint64_t> rounds_ GUARDED_BY(mu_);
 };
 
-class CatalogShareTest : public ::testing::Test {
+class CatalogShareTest : public testing::DatasetDirTest {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/nopfs-catalog-share-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    tmp_ = tmpl;
-    data_ = tmp_ + "/data";
-    cache_ = tmp_ + "/cache";
-    fs::create_directories(data_);
-    fs::create_directories(cache_);
-  }
-  void TearDown() override { fs::remove_all(tmp_); }
-
-  void WriteFile(const std::string& rel, const std::string& content) {
-    const fs::path p = fs::path(data_) / rel;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p, std::ios::binary) << content;
-  }
-
   // Seven classes of uneven sizes, some with nested directories, and entries the scan skips.
   // Returns the number of sample files.
   uint64_t MakeImageFolder() {
@@ -198,7 +182,6 @@ class CatalogShareTest : public ::testing::Test {
     }
   }
 
-  std::string tmp_, data_, cache_;
   int run_ = 0;
 };
 

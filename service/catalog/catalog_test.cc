@@ -1,6 +1,7 @@
 // Tests of the dataset catalog on real files and a real RocksDB in a temporary directory.
 #include "service/catalog/catalog.h"
 #include "service/catalog/catalog_codec.h"
+#include "service/catalog/catalog_test_util.h"
 #include "service/catalog/db_fault_fs_test_util.h"
 
 #include <fcntl.h>
@@ -53,25 +54,8 @@ bool ByOrder(const Expected& a, const Expected& b) {
   return std::tie(a.label, a.rel, a.offset) < std::tie(b.label, b.rel, b.offset);
 }
 
-class CatalogTest : public ::testing::Test {
+class CatalogTest : public testing::DatasetDirTest {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/nopfs-catalog-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    tmp_ = tmpl;
-    data_ = tmp_ + "/data";
-    cache_ = tmp_ + "/cache";
-    fs::create_directories(data_);
-    fs::create_directories(cache_);
-  }
-  void TearDown() override { fs::remove_all(tmp_); }
-
-  void WriteFile(const std::string& rel, const std::string& content) {
-    const fs::path p = fs::path(data_) / rel;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p, std::ios::binary) << content;
-  }
-
   // Sets every mtime under data_ an hour back, as if the dataset was written long ago.
   void AgeTree() {
     const auto old = fs::file_time_type::clock::now() - std::chrono::hours(1);
@@ -126,8 +110,6 @@ class CatalogTest : public ::testing::Test {
       EXPECT_EQ(AsString(buf), want[id].bytes);
     }
   }
-
-  std::string tmp_, data_, cache_;
 };
 
 TEST_F(CatalogTest, ImageFolderOrderSizesAndBytes) {
