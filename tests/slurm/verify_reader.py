@@ -47,8 +47,11 @@ def main():
                 f"{counts['mismatches']} mismatches, {counts['errors']} errors")
         if stopped:
             line += "; stopped: " + stopped[0]
-        with open(a.out, "w") as f:
+        # Whole or not at all: the test reads the file as soon as it exists.
+        tmp = f"{a.out}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
             f.write(line + "\n")
+        os.replace(tmp, a.out)
         print(line, flush=True)
 
     def on_term(signum, frame):
