@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "client/ring.h"
 #include "client/wire.h"
@@ -72,8 +73,32 @@ class Connection {
     return r;
   }
 
+  // The region (a RAM cache tier) that memfd `fd` holds, mapped once per connection: a stream
+  // handed the memfd of an earlier stream shares its mapping, so its first reads fault in no
+  // page the connection has read before (a fresh mapping of a tier costs a fault per few pages,
+  // which on some machines takes longer than copying the sample).
+  Result<std::shared_ptr<const ring::Region>> MapRegion(int fd, uint64_t bytes) {
+    MutexLock lock(&regions_mu_);
+    for (const std::shared_ptr<const ring::Region>& r : regions_) {
+      if (r->bytes() >= bytes && r->Maps(fd)) return r;
+    }
+    Result<std::shared_ptr<const ring::Region>> m = ring::Region::Map(fd, bytes);
+    if (!m.ok()) return m.status();
+    // A smaller mapping of the same file is replaced; beyond a few files, the oldest is dropped
+    // (the streams that use it keep it mapped).
+    std::erase_if(regions_,
+                  [&](const std::shared_ptr<const ring::Region>& r) { return r->Maps(fd); });
+    if (regions_.size() >= kMaxRegions) regions_.erase(regions_.begin());
+    regions_.push_back(*m);
+    return m;
+  }
+
  private:
+  static constexpr size_t kMaxRegions = 4;
+
   Mutex mu_;
+  Mutex regions_mu_;
+  std::vector<std::shared_ptr<const ring::Region>> regions_ GUARDED_BY(regions_mu_);
   wire::UniqueFd fd_;
   std::chrono::milliseconds timeout_;
   pid_t pid_;
@@ -348,9 +373,10 @@ Result<std::unique_ptr<Stream>> Client::Open(uint32_t rank, const OpenOptions& o
       return abandon(Status::Corruption(
           "nopfs client: STREAM_OK names a region the client did not ask for or did not attach"));
     }
-    if (Status a = (*reader)->AttachRegion(std::move(r->fd2), *ok.region_bytes); !a.ok()) {
-      return abandon(a);
-    }
+    Result<std::shared_ptr<const ring::Region>> region =
+        conn_->MapRegion(r->fd2.get(), *ok.region_bytes);
+    if (!region.ok()) return abandon(region.status());
+    if (Status a = (*reader)->AttachRegion(std::move(*region)); !a.ok()) return abandon(a);
   }
   return std::unique_ptr<Stream>(new Stream(conn_, ok.stream_id, std::move(*reader)));
 }

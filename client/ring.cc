@@ -129,6 +129,8 @@ void WakeConsumer(SharedHeader* h) {
 // us.
 constexpr std::chrono::milliseconds kWaitSlice{50};
 constexpr int kSpins = 64;
+// The arena is committed in chunks of this size as it is first written (RingWriter::CommitArena).
+constexpr uint64_t kCommitChunk = uint64_t{4} << 20;
 
 // Whether the socket `fd` was hung up by its other end (the process that held it is gone).
 bool HungUp(int fd) {
@@ -201,20 +203,21 @@ Result<std::unique_ptr<RingWriter>> RingWriter::Create(uint64_t capacity, uint32
   if (::ftruncate(w->fd_.get(), static_cast<off_t>(w->map_bytes_)) != 0) {
     return Status::FromErrno(errno, "ring: sizing the memfd to " + std::to_string(w->map_bytes_));
   }
-  // Commit the memory now (a node short of memory fails here, not with SIGBUS mid-job) and map it
-  // populated: a sample written to a page never touched before would pay a page fault on each
-  // side, which costs more than copying the sample.
-  if (const int err = ::posix_fallocate(w->fd_.get(), 0, static_cast<off_t>(w->map_bytes_));
-      err != 0) {
+  // The header and the slot table are committed and mapped populated now; the arena is
+  // committed in chunks as it is first written (CommitArena). A page written for the first time
+  // costs a fault on each side, more than copying a sample into it, and a ring whose samples are
+  // all published in the region never writes its arena at all.
+  const uint64_t ctl_bytes = kHeaderBytes + SlotTableBytes(slot_count);
+  if (const int err = ::posix_fallocate(w->fd_.get(), 0, static_cast<off_t>(ctl_bytes)); err != 0) {
     return Status::FromErrno(
-        err, "ring: reserving " + std::to_string(w->map_bytes_) + " bytes of shared memory");
+        err, "ring: reserving " + std::to_string(ctl_bytes) + " bytes of shared memory");
   }
   if (::fcntl(w->fd_.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     return Status::FromErrno(errno, "ring: sealing the memfd");
   }
-  void* p = ::mmap(nullptr, w->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                   w->fd_.get(), 0);
+  void* p = ::mmap(nullptr, w->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, w->fd_.get(), 0);
   if (p == MAP_FAILED) return Status::FromErrno(errno, "ring: mmap");
+  (void)::madvise(p, ctl_bytes, MADV_POPULATE_WRITE);  // an older kernel faults them in instead
   w->base_ = static_cast<std::byte*>(p);
   w->capacity_ = capacity;
   w->slot_count_ = slot_count;
@@ -254,8 +257,9 @@ uint64_t RingWriter::ReclaimLocked() {
   return reclaimed_;
 }
 
-Result<RingWriter::Reservation> RingWriter::Reserve(
-    uint64_t size, const SampleMeta& meta, std::chrono::steady_clock::time_point deadline) {
+Result<RingWriter::Reservation> RingWriter::Reserve(uint64_t size, const SampleMeta& meta,
+                                                    std::chrono::steady_clock::time_point deadline,
+                                                    Space space) {
   if (size > capacity_) {
     return Status::InvalidArgument("ring: a sample of " + std::to_string(size) +
                                    " bytes does not fit a ring of " + std::to_string(capacity_) +
@@ -298,8 +302,12 @@ Result<RingWriter::Reservation> RingWriter::Reserve(
       s->size = size;
       s->code = 0;
       s->region = 0;
-      std::byte* dst = base_ + kHeaderBytes + SlotTableBytes(slot_count_) + p.offset;
-      return Reservation{seq, std::span<std::byte>(dst, size)};
+      const uint64_t offset = p.offset;
+      lock.Unlock();
+      if (space == Space::kCommitted) {
+        if (Status c = CommitArena(offset + size); !c.ok()) return c;
+      }
+      return Reservation{seq, std::span<std::byte>(arena() + offset, size)};
     }
     auto now = std::chrono::steady_clock::now();
     if (now >= deadline) {
@@ -321,6 +329,44 @@ Result<RingWriter::Reservation> RingWriter::Reserve(
     h->space_waiters.fetch_sub(1, std::memory_order_seq_cst);
     lock.Lock();
   }
+}
+
+std::byte* RingWriter::arena() const {
+  return base_ + kHeaderBytes + SlotTableBytes(slot_count_);
+}
+
+Status RingWriter::CommitArena(uint64_t end) {
+  if (committed_.load(std::memory_order_acquire) >= end) return Status::Ok();
+  MutexLock lock(&commit_mu_);
+  uint64_t done = committed_.load(std::memory_order_relaxed);
+  const uint64_t data_offset = kHeaderBytes + SlotTableBytes(slot_count_);
+  while (done < end) {
+    const uint64_t len = std::min(kCommitChunk, capacity_ - done);
+    if (const int err = ::posix_fallocate(fd_.get(), static_cast<off_t>(data_offset + done),
+                                          static_cast<off_t>(len));
+        err != 0) {
+      return Status::ResourceExhausted(
+          "ring: cannot commit " + std::to_string(len) +
+          " bytes of shared memory for the ring: " + std::strerror(err));
+    }
+    (void)::madvise(arena() + done, len, MADV_POPULATE_WRITE);
+    done += len;
+    committed_.store(done, std::memory_order_release);
+  }
+  return Status::Ok();
+}
+
+Status RingWriter::Commit(uint64_t seq) {
+  uint64_t end = 0;
+  {
+    MutexLock lock(&mu_);
+    if (seq < reclaimed_ || seq >= next_seq_ || pending_[seq % slot_count_].published) {
+      return Status::FailedPrecondition("ring: Commit of seq " + std::to_string(seq) +
+                                        " that is not reserved or already published");
+    }
+    end = pending_[seq % slot_count_].offset + pending_[seq % slot_count_].size;
+  }
+  return CommitArena(end);
 }
 
 Status RingWriter::Publish(uint64_t seq) {
@@ -382,18 +428,33 @@ Status RingWriter::PublishInRegion(uint64_t seq, uint64_t offset, uint64_t size)
 
 Status RingWriter::PublishError(uint64_t seq, const Status& error) {
   SharedHeader* h = HeaderAt(base_);
+  const std::string& msg = error.ok() ? std::string("error without a message") : error.message();
   {
     MutexLock lock(&mu_);
-    if (seq < reclaimed_ || seq >= next_seq_ || pending_[seq % slot_count_].published) {
+    auto outstanding = [&]() REQUIRES(mu_) {
+      return seq >= reclaimed_ && seq < next_seq_ && !pending_[seq % slot_count_].published;
+    };
+    if (!outstanding()) {
       return Status::FailedPrecondition("ring: PublishError of seq " + std::to_string(seq) +
                                         " that is not reserved or already published");
+    }
+    uint64_t n = std::min<uint64_t>(msg.size(), pending_[seq % slot_count_].size);
+    // The message goes in the seq's arena bytes; without memory for them, the code alone.
+    if (const uint64_t end = pending_[seq % slot_count_].offset + n;
+        n != 0 && committed_.load(std::memory_order_acquire) < end) {
+      lock.Unlock();
+      const bool room = CommitArena(end).ok();
+      lock.Lock();
+      if (!outstanding()) {  // published meanwhile by another thread
+        return Status::FailedPrecondition("ring: PublishError of seq " + std::to_string(seq) +
+                                          " that was published meanwhile");
+      }
+      if (!room) n = 0;
     }
     Pending& p = pending_[seq % slot_count_];
     p.published = true;
     ++published_;
-    const std::string& msg = error.ok() ? std::string("error without a message") : error.message();
-    uint64_t n = std::min<uint64_t>(msg.size(), p.size);
-    std::memcpy(base_ + kHeaderBytes + SlotTableBytes(slot_count_) + p.offset, msg.data(), n);
+    std::memcpy(arena() + p.offset, msg.data(), n);
     Slot* s = SlotAt(base_, seq % slot_count_);
     s->offset = p.offset;
     s->size = n;
@@ -501,7 +562,9 @@ Result<std::unique_ptr<RingReader>> RingReader::Open(wire::UniqueFd fd, uint64_t
   void* ctl = ::mmap(nullptr, r->ctl_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (ctl == MAP_FAILED) return Status::FromErrno(errno, "ring: mmap of the ring header");
   r->ctl_ = static_cast<std::byte*>(ctl);
-  void* data = ::mmap(nullptr, expect_capacity, PROT_READ, MAP_SHARED | MAP_POPULATE, fd.get(),
+  // Not populated: the producer commits the arena as it first writes it, and a populated
+  // read-only mapping would allocate every page of it.
+  void* data = ::mmap(nullptr, expect_capacity, PROT_READ, MAP_SHARED, fd.get(),
                       static_cast<off_t>(r->ctl_bytes_));
   if (data == MAP_FAILED) return Status::FromErrno(errno, "ring: mmap of the ring arena");
   r->data_ = static_cast<const std::byte*>(data);
@@ -524,27 +587,55 @@ Result<std::unique_ptr<RingReader>> RingReader::Open(wire::UniqueFd fd, uint64_t
 RingReader::~RingReader() {
   if (ctl_ != nullptr) ::munmap(ctl_, ctl_bytes_);
   if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), capacity_);
-  if (region_ != nullptr) ::munmap(const_cast<std::byte*>(region_), region_bytes_);
+}
+
+Status RingReader::AttachRegion(std::shared_ptr<const Region> region) {
+  if (region == nullptr) return Status::InvalidArgument("ring: no region to attach");
+  MutexLock lock(&mu_);
+  if (region_ != nullptr) return Status::FailedPrecondition("ring: a region is already attached");
+  region_ = region->data();
+  region_bytes_ = region->bytes();
+  region_hold_ = std::move(region);
+  return Status::Ok();
 }
 
 Status RingReader::AttachRegion(wire::UniqueFd fd, uint64_t bytes) {
-  MutexLock lock(&mu_);
-  if (region_ != nullptr) return Status::FailedPrecondition("ring: a region is already attached");
+  Result<std::shared_ptr<const Region>> region = Region::Map(fd.get(), bytes);
+  if (!region.ok()) return region.status();
+  return AttachRegion(std::move(*region));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Region
+
+Result<std::shared_ptr<const Region>> Region::Map(int fd, uint64_t bytes) {
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "ring: fstat of the region");
+  if (::fstat(fd, &st) != 0) return Status::FromErrno(errno, "ring: fstat of the region");
   if (bytes == 0 || static_cast<uint64_t>(st.st_size) < bytes) {
     return Status::Corruption("ring: the region is " + std::to_string(st.st_size) +
                               " bytes, the service said " + std::to_string(bytes));
   }
-  const int seals = ::fcntl(fd.get(), F_GET_SEALS);
+  const int seals = ::fcntl(fd, F_GET_SEALS);
   if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
     return Status::FailedPrecondition("ring: the region is not sealed against shrinking");
   }
-  void* m = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd.get(), 0);
+  void* m = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
   if (m == MAP_FAILED) return Status::FromErrno(errno, "ring: mmap of the region");
-  region_ = static_cast<const std::byte*>(m);
-  region_bytes_ = bytes;
-  return Status::Ok();
+  std::shared_ptr<Region> r(new Region());
+  r->data_ = static_cast<const std::byte*>(m);
+  r->bytes_ = bytes;
+  r->dev_ = st.st_dev;
+  r->ino_ = st.st_ino;
+  return std::shared_ptr<const Region>(std::move(r));
+}
+
+Region::~Region() {
+  if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), bytes_);
+}
+
+bool Region::Maps(int fd) const {
+  struct stat st {};
+  return ::fstat(fd, &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_;
 }
 
 void RingReader::RecordStall(uint64_t ns, uint64_t samples, uint64_t bytes) {

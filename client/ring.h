@@ -80,6 +80,33 @@ void SummarizeStalls(RingStats* stats);
 // Total bytes of a ring's memfd for the given geometry (header + slots rounded to a page + arena).
 uint64_t RingBytes(uint64_t capacity, uint32_t slot_count);
 
+// A read-only mapping of a region: a RAM cache tier's memfd, sealed against shrinking, that a
+// ring's slots may point into (RingWriter::PublishInRegion). Shared: the streams of one client
+// connection that are handed the same memfd use one mapping (client::Client keeps it while the
+// connection lives), so that a later stream does not fault in every page of the tier again.
+class Region {
+ public:
+  // Maps the first `bytes` of `fd` read-only, after checking that the file holds them and is
+  // sealed against shrinking (so no page of the mapping can vanish under a reader).
+  static Result<std::shared_ptr<const Region>> Map(int fd, uint64_t bytes);
+  ~Region();
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
+
+  const std::byte* data() const { return data_; }
+  uint64_t bytes() const { return bytes_; }
+  // Whether `fd` is the file this region maps (the same device and inode: unambiguous, since
+  // the mapping keeps the file alive).
+  bool Maps(int fd) const;
+
+ private:
+  Region() = default;
+  const std::byte* data_ = nullptr;
+  uint64_t bytes_ = 0;
+  uint64_t dev_ = 0;
+  uint64_t ino_ = 0;
+};
+
 // The producer side, owned by nopfsd.
 // Thread safety: Reserve() and Finish() from one sequencing thread; Publish(), PublishError(),
 // Cancel() and stats() from any thread.
@@ -103,11 +130,24 @@ class RingWriter {
   uint64_t capacity() const { return capacity_; }
   uint32_t slot_count() const { return slot_count_; }
 
+  // How a reservation's arena bytes are backed.
+  enum class Space {
+    kCommitted,  // committed before Reserve returns: write them at once
+    kOnCommit,   // not yet: call Commit(seq) before writing them (a producer that may publish
+                 // the sample in the region instead never commits the arena for it)
+  };
   // Reserves the next sequence number and `size` contiguous bytes, blocking until the consumer
   // has released enough (back-pressure). InvalidArgument if size > capacity; TimedOut at
-  // `deadline`; Unavailable after Cancel(); FailedPrecondition after Finish().
+  // `deadline`; Unavailable after Cancel(); FailedPrecondition after Finish(); with kCommitted,
+  // the error of committing the space (Commit).
   Result<Reservation> Reserve(uint64_t size, const SampleMeta& meta,
-                              std::chrono::steady_clock::time_point deadline);
+                              std::chrono::steady_clock::time_point deadline,
+                              Space space = Space::kCommitted);
+  // Commits the shared memory under a reserved seq's bytes, if it is not yet (the arena is
+  // committed from its start in chunks, as positions are first written, so that a ring costs
+  // no memory and no time for the bytes it never holds). A node short of memory fails here
+  // (ResourceExhausted) rather than with SIGBUS or the OOM killer mid-write. Any thread.
+  Status Commit(uint64_t seq);
   // Makes a reserved sample visible. FailedPrecondition for a seq not reserved or already
   // published.
   Status Publish(uint64_t seq);
@@ -143,6 +183,9 @@ class RingWriter {
   RingWriter() = default;
   // Advances the arena tail over released samples; returns released.
   uint64_t ReclaimLocked() REQUIRES(mu_);
+  // Commits the arena's first `end` bytes (rounded up to a chunk), if not yet.
+  Status CommitArena(uint64_t end) EXCLUDES(commit_mu_);
+  std::byte* arena() const;
 
   wire::UniqueFd fd_;
   std::byte* base_ = nullptr;
@@ -168,6 +211,8 @@ class RingWriter {
   uint64_t published_bytes_ GUARDED_BY(mu_) = 0;  // payload bytes of published samples
   std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
   std::atomic<bool> cancelled_{false};  // private copy: the client cannot forge it
+  Mutex commit_mu_;                     // one committer at a time
+  std::atomic<uint64_t> committed_{0};  // arena bytes committed, from offset 0
 };
 
 // One sample as seen by the consumer. `data` points into the shared mapping and stays valid until
@@ -223,9 +268,11 @@ class RingReader {
   // Unavailable within one slice (50 ms) instead of at its timeout. Samples published before
   // the producer died are still delivered first. -1 (the default): no watch.
   void WatchProducer(int fd) { watch_fd_ = fd; }
-  // Maps `bytes` of a read-only region (a RAM cache tier's memfd, sealed against shrinking) that
-  // slots may point into (RingWriter::PublishInRegion). At most once, before such slots arrive;
-  // without it such a slot is a Corruption error. Its views stay valid while the reader lives.
+  // Attaches the region that slots may point into (RingWriter::PublishInRegion). At most once,
+  // before such slots arrive; without it such a slot is a Corruption error. Its views stay valid
+  // while the reader lives (the reader holds the region).
+  Status AttachRegion(std::shared_ptr<const Region> region);
+  // The same, mapping `bytes` of `fd` for this reader alone (Region::Map).
   Status AttachRegion(wire::UniqueFd fd, uint64_t bytes);
   RingStats stats() const;
   // FUTEX_WAKE calls this reader made to wake the producer, and whether a producer sleeps now
@@ -250,8 +297,9 @@ class RingReader {
   wire::UniqueFd fd_;
   std::byte* ctl_ = nullptr;  // header + slot table, read-write
   uint64_t ctl_bytes_ = 0;
-  const std::byte* data_ = nullptr;    // arena, read-only
-  const std::byte* region_ = nullptr;  // the attached region, read-only (mapped once)
+  const std::byte* data_ = nullptr;            // arena, read-only
+  std::shared_ptr<const Region> region_hold_;  // the attached region (set once, before use)
+  const std::byte* region_ = nullptr;          // its bytes, read-only
   uint64_t region_bytes_ = 0;
   uint64_t capacity_ = 0;
   uint32_t slot_count_ = 0;

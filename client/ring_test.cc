@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -63,6 +64,57 @@ TEST(Ring, CreateValidatesAndSeals) {
   EXPECT_NE(::ftruncate((*w)->fd(), 10), 0);
   auto big = (*w)->Reserve(2000, {}, Deadline());
   EXPECT_EQ(big.status().code(), StatusCode::kInvalidArgument);
+}
+
+// Bytes of shared memory the memfd holds (allocated pages, not its size).
+uint64_t Committed(int fd) {
+  struct stat st {};
+  EXPECT_EQ(::fstat(fd, &st), 0);
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+TEST(Ring, TheArenaIsCommittedAsItIsFirstWritten) {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  auto w = RingWriter::Create(64 * kMiB, 64);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  const int fd = (*w)->fd();
+  EXPECT_LT(Committed(fd), kMiB);  // the header and the slot table only
+  auto r = ReaderFor(**w);
+  ASSERT_NE(r, nullptr);
+  EXPECT_LT(Committed(fd), kMiB);  // mapping it for the reader allocates nothing either
+  // Reserved on commit and never written (a sample published in the region): nothing.
+  auto a = (*w)->Reserve(8 * kMiB, SampleMeta{}, Deadline(), RingWriter::Space::kOnCommit);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_LT(Committed(fd), kMiB);
+  // Committed for writing: the arena up to the sample's end, in chunks.
+  ASSERT_TRUE((*w)->Commit(a->seq).ok());
+  EXPECT_GE(Committed(fd), 8 * kMiB);
+  EXPECT_LT(Committed(fd), 16 * kMiB);
+  Fill(a->dst, a->seq);
+  ASSERT_TRUE((*w)->Publish(a->seq).ok());
+  // The default reservation is committed when Reserve returns.
+  auto b = (*w)->Reserve(12 * kMiB, SampleMeta{}, Deadline());
+  ASSERT_TRUE(b.ok());
+  EXPECT_GE(Committed(fd), 20 * kMiB);
+  EXPECT_LT(Committed(fd), 28 * kMiB);
+  Fill(b->dst, b->seq);
+  ASSERT_TRUE((*w)->Publish(b->seq).ok());
+  // An error slot in bytes never committed still carries its message.
+  auto c = (*w)->Reserve(30 * kMiB, SampleMeta{}, Deadline(), RingWriter::Space::kOnCommit);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*w)->PublishError(c->seq, Status::NotFound("sample 7 (/d/x): gone")).ok());
+  EXPECT_LT(Committed(fd), 28 * kMiB);
+  EXPECT_FALSE((*w)->Commit(c->seq).ok());  // published already
+  for (uint64_t seq : {a->seq, b->seq}) {
+    auto v = r->Next(1s);
+    ASSERT_TRUE(v.ok() && v->has_value()) << v.status().ToString();
+    EXPECT_TRUE(Check(**v));
+    ASSERT_TRUE(r->Release(seq).ok());
+  }
+  auto e = r->Next(1s);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(e.status().message(), "sample 7 (/d/x): gone");
 }
 
 TEST(Ring, ReaderRejectsWrongGeometry) {

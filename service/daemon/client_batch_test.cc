@@ -200,6 +200,65 @@ TEST_F(BatchTest, FillBatchStopsAtTheBufferAndRefusesASampleLargerThanIt) {
   EXPECT_FALSE(x->has_value());
 }
 
+// Mappings of the RAM tier's memfd in this process (/proc/self/maps names it memfd:nopfs-*-ram).
+int TierMappings() {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("memfd:nopfs-") != std::string::npos && line.find("-ram") != std::string::npos) {
+      ++n;
+    }
+  }
+  return n;
+}
+
+// Reads `s` to its end; returns the sample ids, checking every sample's bytes.
+std::vector<uint32_t> ReadAll(Stream* s) {
+  std::vector<uint32_t> got;
+  std::vector<Sample> batch;
+  for (;;) {
+    batch.clear();
+    auto r = s->NextBatch(16, &batch, 10s);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (!r.ok() || *r == 0) break;
+    for (const Sample& x : batch) {
+      EXPECT_EQ(std::string(reinterpret_cast<const char*>(x.data), x.size), Bytes(x.sample_id));
+      got.push_back(x.sample_id);
+    }
+    EXPECT_TRUE(s->ReleaseBatch(batch).ok());
+  }
+  return got;
+}
+
+TEST_F(BatchTest, TheStreamsOfAConnectionMapTheTierOnce) {
+  // nopfsd runs in this process: its own mapping, and the client's, which the fixture's stream
+  // made and which outlives that stream.
+  const int before = TierMappings();
+  ASSERT_GE(before, 2);
+  auto a = Open();
+  auto b = Open();
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(ReadAll(a.get()), order_);
+  EXPECT_EQ(ReadAll(b.get()), order_);
+  EXPECT_EQ(TierMappings(), before);
+  // Another connection maps it for itself, and unmaps it when it and its streams are gone.
+  auto other = Client::Connect(socket());
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  auto c = (*other)->Open(0);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(TierMappings(), before + 1);
+  EXPECT_EQ(ReadAll(c->get()), order_);
+  other->reset();
+  EXPECT_EQ(TierMappings(), before + 1);  // the stream holds it
+  c->reset();
+  EXPECT_EQ(TierMappings(), before);
+  a.reset();
+  b.reset();
+  client_.reset();
+  EXPECT_EQ(TierMappings(), before - 1);
+}
+
 TEST_F(BatchTest, CApi) {
   nopfs_client* c = nullptr;
   ASSERT_EQ(nopfs_connect(socket().c_str(), &c), 0) << nopfs_last_error();

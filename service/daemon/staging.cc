@@ -101,8 +101,11 @@ void StagingStream::Sequence() {
     meta.position = a.index;
     // Room for the error text too, should the read fail.
     const uint64_t size = catalog_.length(a.sample);
+    // The arena's memory is committed only for samples copied into it (Stage): one published
+    // in the region (zero copy) never touches it.
     Result<ring::RingWriter::Reservation> r = ring_->Reserve(
-        std::max<uint64_t>(size, kErrorRoom), meta, std::chrono::steady_clock::time_point::max());
+        std::max<uint64_t>(size, kErrorRoom), meta, std::chrono::steady_clock::time_point::max(),
+        ring::RingWriter::Space::kOnCommit);
     if (!r.ok()) {
       if (!cancelled_.load()) {
         spdlog::error("stream {} (rank {}): cannot stage sample {}: {}", id_, rank_, a.sample,
@@ -148,7 +151,10 @@ void StagingStream::Stage() {
         continue;
       }
     }
-    Result<SourceId> src = reader_.Read(w.sample, w.dst.first(catalog_.length(w.sample)));
+    const Status room = ring_->Commit(w.seq);
+    Result<SourceId> src =
+        room.ok() ? reader_.Read(w.sample, w.dst.first(catalog_.length(w.sample)))
+                  : Result<SourceId>(room.WithContext("sample " + std::to_string(w.sample)));
     if (src.ok()) {
       if (Status p = ring_->Publish(w.seq, catalog_.length(w.sample)); !p.ok()) {
         spdlog::error("stream {} (rank {}): publishing sample {}: {}", id_, rank_, w.sample,
