@@ -479,6 +479,34 @@ class DistributedSampler(tud.Sampler):
         return len(self.order())
 
 
+# This process's connections to nopfsd, per socket path: every pass of every DataLoader of the
+# process opens its stream on one, so that the RAM tier is mapped once per process and a later
+# epoch does not fault its pages in again. A DataLoader worker (another process) makes its own.
+_connections: Dict[Tuple[int, str], Any] = {}
+
+
+def _open_stream(socket: Optional[str], rank: int, **share: Any) -> Any:
+    """client.open(rank, **share) on this process's connection to the service at `socket`
+    (None: $NOPFS_SOCKET), connecting if there is none; a connection that has broken since (the
+    service restarted, or timed out an answer) is replaced once."""
+    path = socket if socket is not None else os.environ.get("NOPFS_SOCKET", "")
+    key = (os.getpid(), path)
+    for inherited in [k for k in _connections if k[0] != key[0]]:
+        del _connections[inherited]  # the parent's, across fork(): unusable here
+    client = _connections.pop(key, None)
+    if client is not None:
+        try:
+            stream = client.open(rank, **share)
+            _connections[key] = client
+            return stream
+        except (_client.UnavailableError, TimeoutError):
+            pass  # connect again below
+    client = _client.connect(socket)
+    stream = client.open(rank, **share)
+    _connections[key] = client
+    return stream
+
+
 def _identity(batch: Any) -> Any:
     """The DataLoader's collate_fn: StreamDataset yields batches already collated."""
     return batch
@@ -603,10 +631,9 @@ class StreamDataset(tud.IterableDataset):
     def _iter_service(self, epoch, step, worker, workers):
         delivered = 0  # samples of the batches yielded
         try:
-            client = _client.connect(self.socket)
-            with client.open(self.sampler.rank, epoch=epoch, step=step, worker=worker,
-                             workers=workers, batch=self.batch_size, epochs=1,
-                             owner=self.owner) as stream:
+            with _open_stream(self.socket, self.sampler.rank, epoch=epoch, step=step,
+                              worker=worker, workers=workers, batch=self.batch_size, epochs=1,
+                              owner=self.owner) as stream:
                 take = self._tensor_batch if self.mode == "tensor" else self._item_batch
                 while True:
                     batch, n = take(stream)
@@ -787,6 +814,18 @@ class DataLoader(tud.DataLoader):
         self.nopfs_fallback = not use_service
         self.nopfs_batch = int(batch_size)
         collate_fn = kwargs.pop("collate_fn", None)
+        # From the service with nothing to run per sample (uint8_tensor items, no transform, the
+        # default collate: each batch is one tensor filled in C++ from nopfsd's prefetched ring),
+        # worker processes would only copy every batch once more, across processes, which costs
+        # far more than filling it: the batches are filled in this process and no worker starts.
+        # A worker_init_fn keeps the workers (it may set up what the caller relies on).
+        self.nopfs_requested_workers = int(num_workers)
+        if (use_service and num_workers > 0 and kwargs.get("worker_init_fn") is None
+                and _batch_mode(dataset, collate_fn) == "tensor"):
+            num_workers = 0
+            for worker_only in ("prefetch_factor", "persistent_workers",
+                                "multiprocessing_context"):
+                kwargs.pop(worker_only, None)
         self.nopfs_stream = StreamDataset(dataset, sampler, batch_size, fallback=not use_service,
                                socket=socket, timeout=timeout_per_sample,
                                fallback_on_loss=bool(fallback), collate_fn=collate_fn,

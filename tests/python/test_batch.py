@@ -209,6 +209,8 @@ def test_default_collate_of_tensors_fills_one_tensor_per_batch_larger_than_the_r
     loader = DataLoader(dataset, batch_size=30, sampler=sampler, num_workers=workers)
     assert loader.batch_size == 30 and len(loader) == 2
     assert loader.nopfs_stream.mode == "tensor"  # one tensor per batch, filled in C++
+    # Nothing runs per sample: the batches are filled in this process, no worker starts.
+    assert loader.num_workers == 0 and loader.nopfs_requested_workers == workers
     for epoch in range(2):
         sampler.set_epoch(epoch)
         got = list(loader)
@@ -222,6 +224,35 @@ def test_default_collate_of_tensors_fills_one_tensor_per_batch_larger_than_the_r
     sampler.resume(1, 1)
     got = list(loader)
     same(got, expected_batches(paths, order[70:80], 30, uint8_tensor))
+
+
+def test_tensor_batches_in_workers_when_a_worker_init_fn_asks_for_them(big, monkeypatch):
+    """A worker_init_fn keeps the workers of a tensor-mode DataLoader: each fills its batches in
+    shared memory, and the loader still gives the stream's bytes in the stream's order; the
+    worker-only options are accepted whether or not workers start."""
+    root, paths, svc = big
+    set_env(monkeypatch, svc, 0)
+    order = svc.stream(0)
+    dataset = ImageFolder(root, decode=uint8_tensor)
+    sampler = DistributedSampler(dataset)
+    started = torch.multiprocessing.get_context("fork").Value("i", 0)
+
+    def init(worker_id):
+        with started.get_lock():
+            started.value += 1
+
+    loader = DataLoader(dataset, batch_size=30, sampler=sampler, num_workers=2,
+                        worker_init_fn=init)
+    assert loader.num_workers == 2
+    sampler.set_epoch(1)
+    got = list(loader)
+    assert started.value == 2
+    same(got, expected_batches(paths, order[40:80], 30, uint8_tensor))
+    in_process = DataLoader(dataset, batch_size=30, sampler=sampler, num_workers=2,
+                            persistent_workers=True, prefetch_factor=4)
+    assert in_process.num_workers == 0
+    sampler.set_epoch(0)
+    same(list(in_process), expected_batches(paths, order[:40], 30, uint8_tensor))
 
 
 @pytest.mark.parametrize("workers", [0, 3])
