@@ -165,7 +165,7 @@ class Bench:
                 str(self.args.ranks // nodes), "--batch",
                 str(self.args.batch * self.args.ranks), "--scheme", "strided", "--config", config,
                 "--run-dir", run_dir, "-q", "--"]
-        argv += self.consumer_argv("nopfs", root, 0, tag)
+        argv += self.consumer_argv("nopfs", root, self.args.nopfs_workers, tag)
         p = subprocess.run(NOBODY + argv, env=self.env, capture_output=True, text=True)
         if p.returncode != 0:
             raise RuntimeError(f"{tag}: nopfs run exited {p.returncode}:\n{p.stderr[-3000:]}")
@@ -208,6 +208,8 @@ def main():
                     help="RAM tier as a fraction of the dataset (below 1: it does not fit)")
     ap.add_argument("--ssd-fraction", type=float, default=0.75)
     ap.add_argument("--pfs-config", default=os.path.join(HERE, "pfs.conf"))
+    ap.add_argument("--nopfs-workers", type=int, default=0,
+                    help="DataLoader workers of the nopfs setups (default 0)")
     ap.add_argument("--only", default="", help="comma-separated setups to run (default: all)")
     args = ap.parse_args()
     if args.samples is None:
