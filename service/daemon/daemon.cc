@@ -524,8 +524,10 @@ void Daemon::FindSibling() {
           e.job, e.pid);
       return;
     }
-    spdlog::info("sibling: job {}'s entry is stale, removed: {}", e.job, s.status().message());
-    if (s.status().code() == StatusCode::kUnavailable) RemoveLive(user_dir, e.name);
+    const bool stale = s.status().code() == StatusCode::kUnavailable;
+    spdlog::info("sibling: not reading from job {}{}: {}", e.job,
+                 stale ? " (its entry is stale, removed)" : "", s.status().message());
+    if (stale) RemoveLive(user_dir, e.name);
   }
 }
 

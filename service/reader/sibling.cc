@@ -131,10 +131,16 @@ Result<std::string> RegisterLive(const std::string& user_dir, const std::string&
   UniqueFd udir(::open(user_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!udir.valid()) return Status::FromErrno(errno, "sibling registry: opening " + user_dir);
   const std::string live = LiveDir(user_dir);
-  if (::mkdirat(udir.get(), kLiveName, 0700) != 0 && errno != EEXIST) {
-    return Status::FromErrno(errno, "sibling registry: creating " + live);
+  // Another job's UnregisterLive may remove the empty directory between its creation and its
+  // opening here: then it is created again.
+  Result<UniqueFd> dfd = Status::NotFound(live);
+  for (int attempt = 0; attempt < 3 && !dfd.ok() && dfd.status().code() == StatusCode::kNotFound;
+       ++attempt) {
+    if (::mkdirat(udir.get(), kLiveName, 0700) != 0 && errno != EEXIST) {
+      return Status::FromErrno(errno, "sibling registry: creating " + live);
+    }
+    dfd = OpenPrivateDir(udir.get(), kLiveName, live);
   }
-  Result<UniqueFd> dfd = OpenPrivateDir(udir.get(), kLiveName, live);
   if (!dfd.ok()) return dfd.status();
   const std::string name = key + "." + entry.job;
   const std::string tmp = ".tmp." + name;
@@ -157,7 +163,11 @@ Result<std::string> RegisterLive(const std::string& user_dir, const std::string&
 }
 
 void UnregisterLive(const std::string& path) {
-  if (!path.empty()) (void)::unlink(path.c_str());
+  if (path.empty()) return;
+  (void)::unlink(path.c_str());
+  // The directory goes with its last entry (ENOTEMPTY while other jobs run), as the per-user
+  // directory does with its last job.
+  (void)::rmdir(path.substr(0, path.rfind('/')).c_str());
 }
 
 void RemoveLive(const std::string& user_dir, const std::string& name) {
@@ -241,8 +251,12 @@ Result<UniqueFd> SiblingSource::Dial() const {
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return Status::FromErrno(errno, "sibling: socket");
   if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return Status::Unavailable("sibling: connecting to " + entry_.socket + ": " +
-                               std::strerror(errno));
+    const int err = errno;
+    const std::string what = "sibling: connecting to " + entry_.socket + ": " + std::strerror(err);
+    // Nobody listens there (any more): a stale entry. Anything else (a socket this user may not
+    // use): refused.
+    if (err == ECONNREFUSED || err == ENOENT) return Status::Unavailable(what);
+    return Status::PermissionDenied(what);
   }
   Result<uint32_t> uid = wire::PeerUid(fd.get());
   if (!uid.ok()) return uid.status();

@@ -59,7 +59,7 @@ Result<LiveEntry> ParseLiveEntry(std::string_view text);
 // Writes <live>/<key>.<entry.job>, creating <live> (0700) when missing; returns the entry's path.
 Result<std::string> RegisterLive(const std::string& user_dir, const std::string& key,
                                  const LiveEntry& entry);
-// Removes an entry RegisterLive wrote (a missing one is fine).
+// Removes an entry RegisterLive wrote (a missing one is fine), and <live> when it is then empty.
 void UnregisterLive(const std::string& path);
 // Removes <live>/<name> (a stale entry) without following a link.
 void RemoveLive(const std::string& user_dir, const std::string& name);
