@@ -514,6 +514,9 @@ void Daemon::FindSibling() {
     return;
   }
   for (const LiveEntry& e : *found) {
+    // Another node of this very job (nodes that share a scratch directory, as on one machine)
+    // is a peer, not a sibling.
+    if (e.job.rfind(options_.job_id + ".", 0) == 0) continue;
     Result<std::unique_ptr<SiblingSource>> s =
         SiblingSource::Connect(e, catalog_->fingerprint(), kSiblingTimeout);
     if (s.ok()) {
