@@ -237,10 +237,10 @@ class KeepTest(ClusterCase):
         self.assertIn(f"removed {key}", r.stdout)
         self.assertEqual(kept("nopfs-alice"), {})
 
-    @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd")
-    def test_two_jobs_of_one_user_at_once_read_the_pfs_once(self):
-        # Job A (alice, n1) serves before job B (alice, n1) starts; B reads through A's nopfsd
-        # (docs/tiers.md, "Sibling jobs"); A reads only once B is done, and stays until released.
+    def two_jobs_at_once(self, extra_b=""):
+        """Job A (alice, n1) serves before job B (alice, n1, `extra_b`) starts; B reads (through
+        A's nopfsd: docs/tiers.md, "Sibling jobs"); A reads only once B is done, and stays until
+        released. Returns A's and B's statuses, after checking every byte of both."""
         go = os.path.join(JOBS, "go-$SLURM_JOB_ID")
         a = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs-ram=1KB --nopfs-ssd=100MB "
                    f"--nopfs={DATASET} --nopfs-seed=3",
@@ -257,7 +257,7 @@ class KeepTest(ClusterCase):
             self.assertEqual((st.st_uid, st.st_mode & 0o777), (uid_of("nopfs-alice"), 0o700))
             self.assertNotEqual(as_user("nopfs-bob", f"ls {live}").returncode, 0)
             b = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs-ram=1KB --nopfs-ssd=100MB "
-                       f"--nopfs={DATASET} --nopfs-seed=4", READ)
+                       f"--nopfs={DATASET} --nopfs-seed=4 {extra_b}", READ)
             self.assertEqual(wait_done(b, 180), "COMPLETED", self.output_so_far(b))
             out_b = output(b)
             self.assertRegex(out_b, r"verify: 120 samples, \d+ bytes, 0 mismatches", out_b)
@@ -273,6 +273,15 @@ class KeepTest(ClusterCase):
         out_a = output(a)
         self.assertRegex(out_a, r"verify: 120 samples, \d+ bytes, 0 mismatches", out_a)
         first = json.loads(re.search(r"(?m)^status: (\{.*\})$", out_a).group(1))
+        deadline = time.monotonic() + 60
+        while daemons() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.assertFalse(os.path.exists(live) and os.listdir(live), "entries left behind")
+        return first, second
+
+    @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd")
+    def test_two_jobs_of_one_user_at_once_read_the_pfs_once(self):
+        first, second = self.two_jobs_at_once()
         sibling = [s for s in second["sources"] if s["name"] == "sibling"]
         print(f"\ntwo jobs of one user at once: PFS bytes {first['pfs_bytes']} (first), "
               f"{second['pfs_bytes']} (second); the second took {sibling} from the first",
@@ -282,10 +291,13 @@ class KeepTest(ClusterCase):
         self.assertGreater(first["pfs_bytes"], 0, first)
         self.assertLessEqual(second["pfs_bytes"], 0.05 * first["pfs_bytes"],
                              (first["pfs_bytes"], second["pfs_bytes"]))
-        deadline = time.monotonic() + 60
-        while daemons() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        self.assertFalse(os.path.exists(live) and os.listdir(live), "entries left behind")
+
+    @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd")
+    def test_share_running_no_reads_alone(self):
+        first, second = self.two_jobs_at_once("--nopfs-share-running=no")
+        self.assertEqual([s for s in second["sources"] if s["name"] == "sibling"], [], second)
+        self.assertGreaterEqual(second["pfs_bytes"], 0.95 * first["pfs_bytes"],
+                                (first["pfs_bytes"], second["pfs_bytes"]))
 
     @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd")
     def test_keep_no_keeps_nothing(self):
