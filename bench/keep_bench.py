@@ -2,10 +2,14 @@
 """A job run twice on the emulated PFS (docs/pfsemu.md), the first with `--keep` (docs/tiers.md,
 "The kept area"): per job, the seconds of its first and second epoch (one rank reading its stream
 with `nopfs cat`), the PFS bytes, the samples adopted, and how long nopfsd took to keep at exit.
-Prints figures; never passes or fails.
+With `--array N`: instead, N jobs of one user on one node and dataset at once (a packed job
+array; docs/tiers.md, "Sibling jobs"), with sibling reads and then with `--share-running=no`: the
+bytes all N read from the PFS (as pfsemu counts them) and the seconds of the slowest job's epochs.
+The first job starts first (a later job finds only a sibling already serving), the others once it
+serves; all read when every one is up. Prints figures; never passes or fails.
 
   sudo bench/keep_bench.py BUILD_DIR [--files N] [--size BYTES] [--bandwidth MBPS]
-                           [--getattr-latency-us US]
+                           [--getattr-latency-us US] [--array N]
 
 Runs as root (pfsemu mounts with allow_other); the jobs run as `nobody`.
 """
@@ -29,6 +33,7 @@ def main():
     ap.add_argument("--size", type=int, default=64 * 1024)
     ap.add_argument("--bandwidth", type=int, default=50, help="pfsemu's flat MB/s")
     ap.add_argument("--getattr-latency-us", type=int, default=200)
+    ap.add_argument("--array", type=int, default=0, help="N concurrent jobs (sibling reads)")
     a = ap.parse_args()
     bindir = os.path.abspath(os.path.join(a.build, "bin"))
     work = tempfile.mkdtemp(prefix="nopfs-keep-bench-")
@@ -59,6 +64,9 @@ def main():
             fh.write('staging = { capacity = "64MB", threads = 4 }\n'
                      f'classes = {{ ssd {{ path = "{scratch}", capacity = "4GB", threads = 4 }} }}\n')
         os.chmod(conf, 0o644)
+        if a.array:
+            array(a, bindir, work, mnt, conf)
+            return
         launcher = os.path.join(work, "bin")
         os.mkdir(launcher)
         shutil.copy2(os.path.join(bindir, "nopfs"), launcher)
@@ -91,6 +99,70 @@ def main():
         emu.terminate()
         emu.wait()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def pfs_bytes_read(mnt):
+    with open(os.path.join(mnt, ".pfsemu_stats")) as fh:
+        return int(dict(line.split(" ", 1) for line in fh.read().splitlines())["bytes_read"])
+
+
+def array(a, bindir, work, mnt, conf):
+    """--array N: N jobs at once, with and without sibling reads."""
+    nopfs = os.path.join(bindir, "nopfs")
+    dataset = a.files * a.size
+    print(f"{a.files} files of {a.size} B ({dataset / 1e6:.0f} MB) on pfsemu at {a.bandwidth} "
+          f"MB/s, getattr {a.getattr_latency_us} us; {a.array} jobs of one user at once, each "
+          "with an SSD tier that holds it all")
+    print("share  jobs  pfs_MB  datasets  slowest_epoch0_s  slowest_epoch1_s  from_sibling")
+    for share in ("yes", "no"):
+        flags = os.path.join(work, f"flags-{share}")
+        os.mkdir(flags)
+        os.chmod(flags, 0o777)
+        before = pfs_bytes_read(mnt)
+        procs = []
+        for j in range(a.array):
+            launcher = os.path.join(work, f"bin-{share}-{j}")
+            os.mkdir(launcher)
+            shutil.copy2(nopfs, launcher)
+            with open(os.path.join(launcher, "nopfsd"), "w") as fh:
+                fh.write(f'#!/bin/sh\nexec {bindir}/nopfsd "$@" --job-id arr{share}{j} '
+                         f'--share-running {share}\n')
+            os.chmod(os.path.join(launcher, "nopfsd"), 0o755)
+            os.chmod(launcher, 0o755)
+            out = os.path.join(flags, f"job{j}")
+            # Every job stays until all are done, so that none falls back to the PFS.
+            script = (f"touch {out}.up; until [ -e {flags}/go ]; do sleep 0.02; done; "
+                      f"t0=$(date +%s.%N); {nopfs} cat --count {a.files} > /dev/null; "
+                      f"t1=$(date +%s.%N); {nopfs} cat --start-epoch 1 > /dev/null; "
+                      f"t2=$(date +%s.%N); {nopfs} status --json > {out}.json; "
+                      f"echo $t0 $t1 $t2 > {out}.times; touch {out}.done; "
+                      f"until [ $(ls {flags} | grep -c '\\.done$') -ge {a.array} ]; "
+                      "do sleep 0.05; done")
+            procs.append(subprocess.Popen(
+                DEMOTE + [os.path.join(launcher, "nopfs"), "run", "--dataset", mnt, "--ranks",
+                          "1", "--epochs", "2", "--batch", "16", "--seed", str(3 + j),
+                          "--config", conf, "--run-dir", out + ".run", "--keep-run-dir", "-q",
+                          "--", "sh", "-c", script],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            # The first job serves before the others start; they start together.
+            while j == 0 and not os.path.exists(out + ".up"):
+                time.sleep(0.05)
+        while sum(os.path.exists(os.path.join(flags, f"job{j}.up"))
+                  for j in range(a.array)) < a.array:
+            time.sleep(0.05)
+        open(os.path.join(flags, "go"), "w").close()
+        for p in procs:
+            p.wait()
+        pfs = pfs_bytes_read(mnt) - before
+        e0 = e1 = 0.0
+        sibling = 0
+        for j in range(a.array):
+            t0, t1, t2 = map(float, open(os.path.join(flags, f"job{j}.times")).read().split())
+            e0, e1 = max(e0, t1 - t0), max(e1, t2 - t1)
+            st = json.load(open(os.path.join(flags, f"job{j}.json")))
+            sibling += sum(s["samples"] for s in st["sources"] if s["name"] == "sibling")
+        print(f"{share:>5}  {a.array:4d}  {pfs / 1e6:6.1f}  {pfs / dataset:8.2f}  {e0:16.2f}  "
+              f"{e1:16.2f}  {sibling:12d}")
 
 
 if __name__ == "__main__":

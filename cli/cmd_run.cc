@@ -67,6 +67,7 @@ struct RunFlags {
   bool keep_run_dir = false;
   bool keep = false;            // nopfsd keeps the SSD tier's samples for the next run
   uint64_t keep_max_bytes = 0;  // 0: no limit
+  bool share_running = true;    // sibling reads with this user's other runs on the dataset
   bool quiet = false;
   std::vector<std::string> command;
 };
@@ -386,6 +387,7 @@ struct JobRun {
     dargs.job = f.job;
     dargs.keep = f.keep;
     dargs.keep_max_bytes = f.keep_max_bytes;
+    dargs.share_running = f.share_running;
     if (!f.config.empty()) dargs.config = fs::absolute(f.config).string();
     if (f.nodes > 1) {
       Result<uint16_t> base = FreePorts(f.nodes);
@@ -712,6 +714,10 @@ void RegisterRun(CLI::App* app, int* exit_code) {
           },
           "SIZE"))
       ->needs("--keep");
+  sub->add_option("--share-running", f->share_running,
+                  "yes: read samples through this user's other running jobs on the dataset, "
+                  "and serve them, so that the PFS is read once; no: read alone")
+      ->capture_default_str();
   sub->add_option("--start-timeout", f->start_timeout, "Seconds to wait for nopfsd to be ready")
       ->capture_default_str();
   sub->add_option("--stop-timeout", f->stop_timeout, "Seconds to wait for nopfsd to stop")

@@ -167,6 +167,16 @@ void EncodeBody(Writer& w, const DescribeOk& m) {
   w.U64(m.length);
   w.U64(static_cast<uint64_t>(m.label));
 }
+void EncodeBody(Writer& w, const ReadSample& m) {
+  w.U64(m.fingerprint);
+  w.U32(m.sample_id);
+}
+void EncodeBody(Writer& w, const SampleOk& m) {
+  w.U32(m.sample_id);
+  w.U64(m.xxh3);
+  w.U64(m.size);
+  w.Str(m.data);
+}
 
 bool DecodeBody(Reader& r, Hello* m) {
   return r.U16(&m->client_version) && r.U32(&m->pid);
@@ -336,6 +346,16 @@ bool DecodeBody(Reader& r, DescribeOk* m) {
   m->label = static_cast<int64_t>(label);
   return true;
 }
+bool DecodeBody(Reader& r, ReadSample* m) {
+  return r.U64(&m->fingerprint) && r.U32(&m->sample_id);
+}
+bool DecodeBody(Reader& r, SampleOk* m) {
+  if (!(r.U32(&m->sample_id) && r.U64(&m->xxh3) && r.U64(&m->size) && r.Str(&m->data))) {
+    return false;
+  }
+  // Inline exactly when small: the bytes are all there, or none (a memfd carries them).
+  return m->size <= kMaxInlineSample ? m->data.size() == m->size : m->data.empty();
+}
 
 template <typename T>
 Result<Message> DecodeAs(const Header& h, std::span<const std::byte> payload) {
@@ -436,6 +456,10 @@ std::string_view TypeName(MsgType type) {
       return "DESCRIBE";
     case MsgType::kDescribeOk:
       return "DESCRIBE_OK";
+    case MsgType::kReadSample:
+      return "READ_SAMPLE";
+    case MsgType::kSampleOk:
+      return "SAMPLE_OK";
   }
   return "UNKNOWN";
 }
@@ -513,6 +537,10 @@ Result<Message> DecodePayload(const Header& header, std::span<const std::byte> p
       return DecodeAs<Describe>(header, payload);
     case MsgType::kDescribeOk:
       return DecodeAs<DescribeOk>(header, payload);
+    case MsgType::kReadSample:
+      return DecodeAs<ReadSample>(header, payload);
+    case MsgType::kSampleOk:
+      return DecodeAs<SampleOk>(header, payload);
   }
   return Status::InvalidArgument("wire: unknown message type");
 }

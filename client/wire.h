@@ -46,8 +46,10 @@ enum class MsgType : uint16_t {
   kError = 9,
   kDescribe = 10,
   kDescribeOk = 11,
+  kReadSample = 12,
+  kSampleOk = 13,
 };
-inline constexpr MsgType kLastType = MsgType::kDescribeOk;
+inline constexpr MsgType kLastType = MsgType::kSampleOk;
 
 // client -> service: the first message on a connection.
 struct Hello {
@@ -151,9 +153,30 @@ struct DescribeOk {
   bool operator==(const DescribeOk&) const = default;
 };
 
+// A sibling's request (docs/wire.md, "Sibling reads"): another job of the same user on this node
+// and dataset asks for sample `sample_id` of the catalog whose fingerprint is `fingerprint`. The
+// service answers SAMPLE_OK (reading the sample from the PFS itself when no tier holds it) or
+// ERROR (failed precondition when the fingerprints differ).
+struct ReadSample {
+  uint64_t fingerprint = 0;
+  uint32_t sample_id = 0;
+  bool operator==(const ReadSample&) const = default;
+};
+// Samples up to this size travel inside SAMPLE_OK; larger ones in a memfd (SCM_RIGHTS).
+inline constexpr uint64_t kMaxInlineSample = 60 * 1024;
+// service -> client: the sample's bytes, `size` of them, whose xxh3 is `xxh3`: in `data` when
+// size <= kMaxInlineSample, else `data` is empty and a memfd holding them is attached.
+struct SampleOk {
+  uint32_t sample_id = 0;
+  uint64_t xxh3 = 0;
+  uint64_t size = 0;
+  std::string data;
+  bool operator==(const SampleOk&) const = default;
+};
+
 // The alternatives follow MsgType's order (TypeOf relies on it).
 using Body = std::variant<Hello, HelloOk, OpenStream, StreamOk, StatusRequest, StatusOk,
-                          CloseStream, CloseOk, Error, Describe, DescribeOk>;
+                          CloseStream, CloseOk, Error, Describe, DescribeOk, ReadSample, SampleOk>;
 
 struct Message {
   uint32_t request_id = 0;  // echoed in the answer

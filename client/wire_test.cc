@@ -76,6 +76,10 @@ std::vector<Message> Samples() {
       {9, Error{static_cast<uint32_t>(StatusCode::kNotFound), "sample 17 (/pfs/a.jpg): gone"}},
       {10, Describe{17}},
       {11, DescribeOk{17, "/pfs/train/n01/a.jpg", 4096, 110000, -1}},
+      {12, ReadSample{0x0123456789abcdefULL, 17}},
+      {13, SampleOk{17, 0xfeedULL, 5, "abcde"}},
+      {13, SampleOk{17, 0xfeedULL, 0, ""}},
+      {13, SampleOk{17, 0xfeedULL, kMaxInlineSample + 1, ""}},
   };
 }
 
@@ -101,6 +105,15 @@ TEST(Wire, HeaderIsLittleEndianAsDocumented) {
                           4,   3,   2,   1,   0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11};
   for (size_t i = 0; i < b.size(); ++i)
     EXPECT_EQ(static_cast<uint8_t>(b[i]), want[i]) << i;
+}
+
+// SAMPLE_OK carries a small sample's bytes exactly, and a large one's in a memfd, never both.
+TEST(Wire, SampleOkIsInlineExactlyWhenSmall) {
+  EXPECT_TRUE(Decode(Bytes({1, SampleOk{3, 9, 4, "abcd"}})).ok());
+  EXPECT_FALSE(Decode(Bytes({1, SampleOk{3, 9, 5, "abcd"}})).ok());  // bytes missing
+  EXPECT_FALSE(Decode(Bytes({1, SampleOk{3, 9, 3, "abcd"}})).ok());  // bytes too many
+  EXPECT_TRUE(Decode(Bytes({1, SampleOk{3, 9, kMaxInlineSample + 1, ""}})).ok());
+  EXPECT_FALSE(Decode(Bytes({1, SampleOk{3, 9, kMaxInlineSample + 1, "a"}})).ok());
 }
 
 // The base OPEN_STREAM (16 payload bytes) is what every version-1 peer speaks; the share is a

@@ -34,6 +34,7 @@ std::vector<std::string> DaemonArgs::ToArgv() const {
   }
   if (keep) a.emplace_back("--keep");
   if (keep_max_bytes != 0) add("--keep-max-bytes", std::to_string(keep_max_bytes));
+  if (!share_running) add("--share-running", "no");
   if (ready_fd >= 0) add("--ready-fd", std::to_string(ready_fd));
   if (allow_root) a.emplace_back("--allow-root");
   return a;
@@ -69,6 +70,11 @@ void AddDaemonFlags(CLI::App* app, DaemonArgs* args) {
                 "(docs/tiers.md, \"The kept area\")");
   app->add_option("--keep-max-bytes", args->keep_max_bytes,
                   "Keep at most this many bytes (0: no limit)");
+  app->add_option("--share-running", args->share_running,
+                  "yes: read samples from, and serve them to, this user's other running jobs on "
+                  "this node and dataset, so that the PFS is read once (docs/tiers.md, \"Sibling "
+                  "jobs\"); no: each job reads on its own")
+      ->capture_default_str();
   app->add_option("--ready-fd", args->ready_fd,
                   "Also say ready/failed on this inherited pipe (the launcher's)");
   app->add_flag("--allow-root", args->allow_root,

@@ -35,6 +35,9 @@ struct DaemonArgs {
   // many bytes (0: no limit given).
   bool keep = false;
   uint64_t keep_max_bytes = 0;
+  // Serve, and read from, the user's other jobs on this node and dataset (docs/tiers.md,
+  // "Sibling jobs"); off with --share-running=no.
+  bool share_running = true;
   int ready_fd = -1;  // an inherited pipe on which to say ready or failed (run_files.h)
   bool allow_root = false;
 

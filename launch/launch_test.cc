@@ -201,6 +201,7 @@ TEST(DaemonArgs, RoundTripsThroughArgv) {
   a.peer_timeout_ms = 1500;
   a.keep = true;
   a.keep_max_bytes = 123'456'789'012;
+  a.share_running = false;
   a.ready_fd = 3;
   a.allow_root = true;
   const DaemonArgs b = Parse(a.ToArgv());
@@ -228,6 +229,7 @@ TEST(DaemonArgs, RoundTripsThroughArgv) {
   EXPECT_EQ(b.peer_timeout_ms, 1500u);
   EXPECT_TRUE(b.keep);
   EXPECT_EQ(b.keep_max_bytes, 123'456'789'012u);
+  EXPECT_FALSE(b.share_running);
   EXPECT_EQ(b.ready_fd, 3);
   EXPECT_TRUE(b.allow_root);
 }
@@ -237,9 +239,9 @@ TEST(DaemonArgs, DefaultsStayDefaults) {
   a.run_dir = "/tmp/r";
   a.dataset = "/tmp/d";
   const std::vector<std::string> argv = a.ToArgv();
-  for (const char* absent :
-       {"--samples", "--config", "--job-id", "--ram", "--ssd", "--peers", "--ready-fd",
-        "--allow-root", "--drop-last", "--peer-provider", "--keep", "--keep-max-bytes"}) {
+  for (const char* absent : {"--samples", "--config", "--job-id", "--ram", "--ssd", "--peers",
+                             "--ready-fd", "--allow-root", "--drop-last", "--peer-provider",
+                             "--keep", "--keep-max-bytes", "--share-running"}) {
     EXPECT_EQ(std::count(argv.begin(), argv.end(), absent), 0) << absent;
   }
   const DaemonArgs b = Parse(argv);

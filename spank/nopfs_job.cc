@@ -536,6 +536,7 @@ launch::DaemonArgs DaemonArgsFor(const Job& job, uint32_t ranks_per_node, const 
   dargs.config = job.args.config;
   dargs.keep = keep.keep;
   dargs.keep_max_bytes = keep.max_bytes;
+  dargs.share_running = job.opts.share_running;
   SetPeers(job, &dargs, peers_note);
   return dargs;
 }

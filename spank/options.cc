@@ -33,6 +33,7 @@ enum Opt : uint32_t {
   kRam,
   kSsd,
   kKeep,
+  kShareRunning,
 };
 
 std::string Quote(std::string_view name, std::string_view value, bool flag) {
@@ -110,6 +111,9 @@ const std::vector<OptionInfo>& UserOptions() {
       {"nopfs-keep", "yes|no",
        "nopfs: keep the SSD cache on the nodes for your next job on the dataset (default yes, "
        "as the site policy allows)"},
+      {"nopfs-share-running", "yes|no",
+       "nopfs: read through your other running jobs on the same node and dataset, so that the "
+       "PFS is read once (default yes)"},
   };
   return kOptions;
 }
@@ -203,6 +207,14 @@ Status ApplyOption(JobOptions* opts, std::string_view name, std::string_view val
                                        "next job, as the site allows) or --nopfs-keep=no");
       }
       return Store(opts, kKeep, shown, &opts->keep, value == "yes");
+    case kShareRunning:
+      if (value != "yes" && value != "no") {
+        return Status::InvalidArgument(
+            shown +
+            ": write --nopfs-share-running=yes (read through your other running jobs on the "
+            "dataset) or --nopfs-share-running=no (read alone)");
+      }
+      return Store(opts, kShareRunning, shown, &opts->share_running, value == "yes");
     case kDropLast:
       break;
   }
@@ -299,6 +311,9 @@ std::vector<std::string> ToArgs(const JobOptions& opts) {
   if (opts.ssd != 0) out.push_back("--nopfs-ssd=" + std::to_string(opts.ssd));
   if (OptionGiven(opts, "nopfs-keep"))
     out.push_back(opts.keep ? "--nopfs-keep=yes" : "--nopfs-keep=no");
+  if (OptionGiven(opts, "nopfs-share-running")) {
+    out.push_back(opts.share_running ? "--nopfs-share-running=yes" : "--nopfs-share-running=no");
+  }
   return out;
 }
 

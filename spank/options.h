@@ -15,6 +15,8 @@
 //   --nopfs-ssd=SIZE           SSD tier asked for on each node (default: policy's)
 //   --nopfs-keep=yes|no        keep the SSD tier's samples on the node for the user's next job
 //                              on the dataset (default yes: as much as the policy's keep allows)
+//   --nopfs-share-running=yes|no  read through the user's other running jobs on the node and
+//                              dataset, and serve them (default yes; docs/tiers.md "Sibling jobs")
 // Every value is treated as hostile: bounded length, no control characters, numbers in range,
 // sizes through ParseSize. Each error message says what to write instead.
 //
@@ -56,7 +58,8 @@ struct JobOptions {
   uint32_t ranks_per_node = 1;
   uint64_t ram = 0;  // bytes asked for per node; 0: what the policy grants
   uint64_t ssd = 0;
-  bool keep = true;  // --nopfs-keep: false when the job asked to keep nothing
+  bool keep = true;           // --nopfs-keep: false when the job asked to keep nothing
+  bool share_running = true;  // --nopfs-share-running: false when the job reads alone
   // Which options were given (bit i = UserOptions()[i]), so that a repeated option with a
   // different value is refused while the same value twice (Slurm calls back twice) is accepted.
   uint32_t given = 0;

@@ -114,6 +114,20 @@ TEST(OptionsTest, ArgsRoundTrip) {
   }
   for (const std::string& a : ToArgs(o))
     EXPECT_EQ(a.find("--nopfs-keep"), std::string::npos) << a;
+  // --nopfs-share-running likewise.
+  for (const char* v : {"yes", "no"}) {
+    JobOptions k = Apply({{"nopfs", "/d"}, {"nopfs-share-running", v}});
+    JobOptions kb;
+    for (const std::string& a : ToArgs(k)) {
+      const size_t eq = a.find('=');
+      ASSERT_TRUE(ApplyOption(&kb, a.substr(2, eq - 2), a.substr(eq + 1)).ok()) << a;
+    }
+    EXPECT_TRUE(OptionGiven(kb, "nopfs-share-running"));
+    EXPECT_EQ(kb.share_running, std::string(v) == "yes");
+  }
+  EXPECT_TRUE(o.share_running);
+  for (const std::string& a : ToArgs(o))
+    EXPECT_EQ(a.find("--nopfs-share-running"), std::string::npos) << a;
 }
 
 TEST(LayoutTest, RanksPerNodeComeFromTheJobsTasks) {
@@ -229,6 +243,7 @@ TEST(OptionsTest, InvalidValuesAreRefusedWithAHint) {
       {"nopfs-keep", "0", "--nopfs-keep=no"},
       {"nopfs-keep", "yes\n", "control"},
       {"nopfs-keep", std::string(100, 'y'), "at most"},
+      {"nopfs-share-running", "off", "--nopfs-share-running=no"},
       {"nopfs-cache", "1", "not a nopfs option"},
       {"", "x", "not a nopfs option"},
   };

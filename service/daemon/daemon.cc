@@ -12,6 +12,7 @@
 #include <numeric>
 
 #include <spdlog/spdlog.h>
+#include <xxhash.h>
 
 #include "common/mutex.h"
 #include "common/units.h"
@@ -29,6 +30,11 @@ constexpr uint32_t kMinRingSlots = 64;
 constexpr uint32_t kMaxRingSlots = 1u << 16;
 // Connections beyond one per stream: status queries, a client between two streams.
 constexpr size_t kSpareConnections = 16;
+// Connections kept for sibling jobs' nopfsd (a packed array of a few jobs, each opening at most
+// SiblingSource::kMaxConnections).
+constexpr size_t kSiblingConnections = 8 * SiblingSource::kMaxConnections;
+// How long a sibling read may take (the sibling may read the PFS for it) before the PFS is read.
+constexpr std::chrono::milliseconds kSiblingTimeout(10000);
 // How long an open waits for another process's streams of its rank to close before it is
 // refused: a process that died or exited a moment ago has its connection closed by the kernel,
 // and the server closes its streams within milliseconds.
@@ -212,6 +218,7 @@ Status Daemon::Init() {
   }
 
   AdoptKept();
+  FindSibling();
 
   // Tiers.
   for (size_t j = 0; j < model_.classes.size(); ++j) {
@@ -253,6 +260,12 @@ Status Daemon::Init() {
     KeptCopy* k = kept_.get();
     reader_->SetKeptSource(
         [k](policy::SampleId id, std::span<std::byte> dst) { return k->Fetch(id, dst); });
+  }
+  if (sibling_) {
+    SiblingSource* sib = sibling_.get();
+    reader_->SetSiblingSource([sib](policy::SampleId id, std::span<std::byte> dst) {
+      return sib->Fetch(static_cast<uint32_t>(id), dst);
+    });
   }
 
   // Prefetchers, one per non-empty class, each with the class's threads.
@@ -319,8 +332,11 @@ Status Daemon::Init() {
   so.allowed_uid = options_.uid;
   // One connection per stream a rank may open, and a few for `nopfs status` and the like.
   so.max_connections = size_t{local_ranks} * config_.limits().streams_per_rank + kSpareConnections;
+  // Sibling jobs' nopfsd (each opens at most SiblingSource::kMaxConnections).
+  if (options_.share_running) so.max_connections += kSiblingConnections;
   server_ = std::make_unique<LocalServer>(so, this);
   NOPFS_RETURN_IF_ERROR(server_->Start());
+  RegisterSibling();
   spdlog::info(
       "serving on {} (rings of {} each; at most {} streams per rank, {} of rings in all, "
       "{} connections)",
@@ -402,7 +418,17 @@ void Daemon::Stop() {
     reporter_.join();
   }
   closed_cv_.SignalAll();  // an open waiting for another owner's stream gives up
+  // No new sibling finds this daemon; the ones reading from it fall back to the PFS when the
+  // server closes their connections.
+  UnregisterLive(live_entry_);
+  live_entry_.clear();
+  serving_.store(false);
   if (server_) server_->Stop();
+  if (sibling_served_.load() > 0) {
+    spdlog::info("sibling: served {} samples ({}) to other jobs of this user",
+                 sibling_served_.load(),
+                 FormatBytes(static_cast<double>(sibling_served_bytes_.load())));
+  }
   std::map<uint64_t, std::unique_ptr<StagingStream>> streams;
   {
     MutexLock lock(&mu_);
@@ -427,6 +453,7 @@ void Daemon::Stop() {
   KeepAtExit();
   if (metrics_ && reader_) WriteMetrics();  // with what was kept
   reader_.reset();
+  sibling_.reset();
   kept_.reset();  // the adopted copy: what is worth keeping again is in the new kept entry
   for (auto& t : ssd_tiers_) {
     if (Status s = t->Destroy(); !s.ok()) spdlog::error("removing SSD tier: {}", s.message());
@@ -475,6 +502,78 @@ void Daemon::AdoptKept() {
     spdlog::warn("kept area: the kept copy of {} is unusable and was removed: {}", place.dataset,
                  k.status().message());
   }
+}
+
+void Daemon::FindSibling() {
+  if (!options_.share_running || !kept_place_) return;
+  const std::string user_dir = kept_place_->kept_dir.substr(0, kept_place_->kept_dir.rfind('/'));
+  Result<std::vector<LiveEntry>> found =
+      FindLive(user_dir, kept_place_->key, catalog_->fingerprint());
+  if (!found.ok()) {
+    spdlog::warn("sibling: not looking for this user's other jobs: {}", found.status().message());
+    return;
+  }
+  for (const LiveEntry& e : *found) {
+    // Another node of this very job (nodes that share a scratch directory, as on one machine)
+    // is a peer, not a sibling.
+    if (e.job.rfind(options_.job_id + ".", 0) == 0) continue;
+    Result<std::unique_ptr<SiblingSource>> s =
+        SiblingSource::Connect(e, catalog_->fingerprint(), kSiblingTimeout);
+    if (s.ok()) {
+      sibling_ = std::move(*s);
+      spdlog::info(
+          "sibling: job {} (pid {}) runs on this dataset; samples this node does not "
+          "hold are read from its nopfsd, not from the PFS",
+          e.job, e.pid);
+      return;
+    }
+    const bool stale = s.status().code() == StatusCode::kUnavailable;
+    spdlog::info("sibling: not reading from job {}{}: {}", e.job,
+                 stale ? " (its entry is stale, removed)" : "", s.status().message());
+    if (stale) RemoveLive(user_dir, e.name);
+  }
+}
+
+void Daemon::RegisterSibling() {
+  if (!options_.share_running || !kept_place_) return;
+  const std::string user_dir = kept_place_->kept_dir.substr(0, kept_place_->kept_dir.rfind('/'));
+  LiveEntry e;
+  e.job = kept_place_->tag;
+  e.pid = static_cast<uint32_t>(::getpid());
+  e.started_ns = start_wall_ns_;
+  e.fingerprint = catalog_->fingerprint();
+  std::error_code ec;
+  e.socket = std::filesystem::absolute(options_.run_dir + "/nopfsd.sock", ec).string();
+  serving_.store(true);
+  Result<std::string> path = RegisterLive(user_dir, kept_place_->key, e);
+  if (path.ok()) {
+    live_entry_ = *path;
+  } else {
+    spdlog::warn("sibling: other jobs of this user will not find this one: {}",
+                 path.status().message());
+  }
+}
+
+Result<uint64_t> Daemon::ReadSample(uint64_t fingerprint, uint32_t sample_id,
+                                    std::vector<std::byte>* bytes) {
+  if (!options_.share_running || !serving_.load()) {
+    return Status::FailedPrecondition("nopfsd: this job does not serve sibling reads");
+  }
+  if (fingerprint != catalog_->fingerprint()) {
+    return Status::FailedPrecondition("nopfsd: the dataset's catalog differs here (fingerprint " +
+                                      std::to_string(catalog_->fingerprint()) + ")");
+  }
+  if (sample_id >= catalog_->size()) {
+    return Status::InvalidArgument("nopfsd: sample " + std::to_string(sample_id) +
+                                   " is not in the dataset (" + std::to_string(catalog_->size()) +
+                                   " samples)");
+  }
+  bytes->resize(catalog_->length(sample_id));
+  Result<SourceId> src = reader_->Read(sample_id, *bytes);
+  if (!src.ok()) return src.status();
+  sibling_served_.fetch_add(1, std::memory_order_relaxed);
+  sibling_served_bytes_.fetch_add(bytes->size(), std::memory_order_relaxed);
+  return XXH3_64bits(bytes->data(), bytes->size());
 }
 
 void Daemon::KeepAtExit() {
@@ -774,6 +873,10 @@ report::StatusReport Daemon::Report() {
   }
   r.sources.push_back({"peer", reader_->peer_counters().reads.load(),
                        reader_->peer_counters().bytes.load(), false, 0});
+  if (sibling_) {
+    r.sources.push_back({"sibling", reader_->sibling_counters().reads.load(),
+                         reader_->sibling_counters().bytes.load(), false, 0});
+  }
   r.sources.push_back({"pfs", reader_->pfs_counters().reads.load(),
                        reader_->pfs_counters().bytes.load(), false, 0});
   if (peers_) {

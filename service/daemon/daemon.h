@@ -38,6 +38,7 @@
 #include "service/peers/peers.h"
 #include "service/reader/kept.h"
 #include "service/reader/sample_reader.h"
+#include "service/reader/sibling.h"
 #include "service/server/local_server.h"
 #include "service/tiers/prefetcher.h"
 #include "service/tiers/ram_tier.h"
@@ -68,6 +69,9 @@ struct DaemonOptions {
   // keep_max_bytes of disk (0: no limit). A kept copy of the dataset is adopted whatever these say.
   bool keep = false;
   uint64_t keep_max_bytes = 0;
+  // Sibling jobs (service/reader/sibling.h): register in the user's registry, serve READ_SAMPLE,
+  // and read from the oldest running sibling on the same dataset before the PFS.
+  bool share_running = true;
 };
 
 class Daemon final : public Handler {
@@ -95,6 +99,8 @@ class Daemon final : public Handler {
   std::string StatusText() override;  // report::RenderText(Report())
   report::StatusReport Report() override;
   Result<wire::DescribeOk> Describe(uint32_t sample_id) override;
+  Result<uint64_t> ReadSample(uint64_t fingerprint, uint32_t sample_id,
+                              std::vector<std::byte>* bytes) override;
 
  private:
   explicit Daemon(DaemonOptions options);
@@ -147,6 +153,16 @@ class Daemon final : public Handler {
   int64_t start_wall_ns_ = 0;  // the real time at the start of Init
   void AdoptKept();
   void KeepAtExit();
+
+  // Sibling jobs: the one this daemon reads from (null: none), its registry entry's path (empty:
+  // not registered), and what it served to siblings.
+  std::unique_ptr<SiblingSource> sibling_;
+  std::string live_entry_;
+  std::atomic<uint64_t> sibling_served_{0};
+  std::atomic<uint64_t> sibling_served_bytes_{0};
+  std::atomic<bool> serving_{false};  // READ_SAMPLE is served from Init's end to Stop's start
+  void FindSibling();
+  void RegisterSibling();
 
   // Bytes staged into each class so far (prefetched, kept from staging reads, pushed by peers).
   std::vector<uint64_t> StagedBytes() const;

@@ -101,6 +101,7 @@ int main(int argc, char** argv) {
   options.peer_timeout_ms = f.peer_timeout_ms;
   options.keep = f.keep;
   options.keep_max_bytes = f.keep_max_bytes;
+  options.share_running = f.share_running;
   for (auto [text, out] :
        {std::pair{&f.ram, &options.ram_grant}, std::pair{&f.ssd, &options.ssd_grant}}) {
     if (text->empty()) continue;

@@ -136,6 +136,29 @@ Result<uint64_t> SampleReader::FetchKept(policy::SampleId sample, std::span<std:
   return h;
 }
 
+Result<uint64_t> SampleReader::FetchSibling(policy::SampleId sample, std::span<std::byte> dst) {
+  if (!sibling_fetch_) return Status::NotFound("no sibling");
+  const uint64_t t0 = NowNanos();
+  Result<uint64_t> h = sibling_fetch_(sample, dst);
+  const std::optional<uint64_t> known = h.ok() ? catalog_.checksum(sample) : std::nullopt;
+  if (h.ok() && (!known || *known == *h)) {
+    Count(sibling_, dst.size(), NowNanos() - t0);
+    return h;
+  }
+  const Status why = h.ok() ? Status::Corruption("sample " + std::to_string(sample) + " (" +
+                                                 catalog_.path(sample) +
+                                                 "): the sibling's bytes differ from the "
+                                                 "checksum recorded here")
+                            : h.status();
+  if (sibling_failed_.fetch_add(1, std::memory_order_relaxed) == 0) {
+    spdlog::warn(
+        "sibling: a read failed, reading the PFS for it instead (later failures are "
+        "counted, not logged): {}",
+        why.message());
+  }
+  return why;
+}
+
 Result<uint64_t> SampleReader::FetchForFill(policy::SampleId sample, std::span<std::byte> dst,
                                             bool may_defer) {
   if (Result<uint64_t> h = FetchKept(sample, dst); h.ok()) return h;
@@ -156,6 +179,7 @@ Result<uint64_t> SampleReader::FetchForFill(policy::SampleId sample, std::span<s
                    h.ok() ? std::string("checksum differs") : h.status().message());
     }
   }
+  if (Result<uint64_t> sb = FetchSibling(sample, dst); sb.ok()) return sb;
   Result<uint64_t> h = FetchFromPfs(sample, dst, /*staging=*/false);
   // When another node fills this sample for the job and did not have it (a copy given up on), it
   // will read the PFS too unless it is offered these bytes (for a sample this node fills itself,
@@ -330,6 +354,13 @@ Result<SourceId> SampleReader::Read(policy::SampleId sample, std::span<std::byte
                      *cached_on_read_[static_cast<size_t>(klass)]);
     }
     return SourceId{SourceId::kKept};
+  }
+  if (Result<uint64_t> sb = FetchSibling(sample, dst); sb.ok()) {
+    if (claimed != nullptr) {
+      CacheAfterRead(static_cast<size_t>(klass), claimed, sample, dst, *sb,
+                     *cached_on_read_[static_cast<size_t>(klass)]);
+    }
+    return SourceId{SourceId::kSibling};
   }
   Result<uint64_t> h = FetchFromPfs(sample, dst, /*staging=*/true);
   if (!h.ok()) {

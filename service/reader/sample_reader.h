@@ -46,7 +46,8 @@ struct TierRef {
 
 // Where a read was served from: a class index (0..classes-1), a peer, or the PFS.
 struct SourceId {
-  static constexpr int kKept = -3;  // the kept copy an earlier job left (service/reader/kept.h)
+  static constexpr int kSibling = -4;  // another job's nopfsd on this node (sibling.h)
+  static constexpr int kKept = -3;     // the kept copy an earlier job left (service/reader/kept.h)
   static constexpr int kPeer = -2;
   static constexpr int kPfs = -1;
   int index = kPfs;
@@ -74,6 +75,10 @@ using PeerPushFn =
 // A kept copy's fetch (KeptCopy::Fetch): fills dst with verified bytes and returns their xxh3;
 // NotFound when it does not have the sample, another error when it rejected it.
 using KeptFetchFn = std::function<Result<uint64_t>(policy::SampleId, std::span<std::byte> dst)>;
+
+// A sibling's fetch (SiblingSource::Fetch): fills dst with bytes checked against the xxh3 the
+// sibling sent and returns it; any error: the reader reads the PFS instead.
+using SiblingFetchFn = std::function<Result<uint64_t>(policy::SampleId, std::span<std::byte> dst)>;
 
 class SampleReader {
  public:
@@ -126,6 +131,15 @@ class SampleReader {
   // Samples and bytes taken from the kept copy (prefetches and staging reads).
   const SourceCounters& kept_counters() const { return kept_; }
 
+  // Installs a sibling (sibling.h): prefetches and staging reads that would go to the PFS ask it
+  // first. Its bytes must match the catalog's checksum when one is known; any failure (the
+  // sibling gone, a timeout, a mismatch) reads the PFS for that sample, and is logged once.
+  // Call before any read.
+  void SetSiblingSource(SiblingFetchFn fetch) { sibling_fetch_ = std::move(fetch); }
+  // Samples and bytes taken from the sibling (prefetches and staging reads), and its failures.
+  const SourceCounters& sibling_counters() const { return sibling_; }
+  uint64_t sibling_failures() const { return sibling_failed_.load(std::memory_order_relaxed); }
+
   // A peer pushed `sample` (read from the PFS there before this node had it): when the plan
   // places it in a tier whose slot is still empty, stores it there (as fetch-and-cache does) and
   // returns true; otherwise (not planned here, filled or being filled, wrong size or checksum)
@@ -159,6 +173,8 @@ class SampleReader {
   bool TierReady(const TierRef& t, policy::SampleId sample) const;
   // The kept copy's bytes (counted), or an error: NotFound without a kept copy.
   Result<uint64_t> FetchKept(policy::SampleId sample, std::span<std::byte> dst);
+  // The sibling's bytes (counted), or an error: NotFound without a sibling.
+  Result<uint64_t> FetchSibling(policy::SampleId sample, std::span<std::byte> dst);
   // Fetch-and-cache: claims `sample`'s slot in class j's tier (TryBeginFill) if it is empty;
   // the tier, or null when there is nothing to claim.
   Tier* ClaimForCache(size_t j, policy::SampleId sample);
@@ -181,6 +197,9 @@ class SampleReader {
   PeerPushFn peer_push_;
   KeptFetchFn kept_fetch_;  // set before any read, then read-only
   SourceCounters kept_;
+  SiblingFetchFn sibling_fetch_;  // set before any read, then read-only
+  SourceCounters sibling_;
+  std::atomic<uint64_t> sibling_failed_{0};
   std::vector<std::unique_ptr<SourceCounters>> pushed_kept_;
   std::atomic<bool> peer_set_{false};
   SourceCounters peer_fill_;

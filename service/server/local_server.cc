@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -18,6 +19,21 @@
 
 namespace nopfs::service {
 namespace {
+
+// A sample too large for SAMPLE_OK's payload, in a memfd the asker reads with pread.
+Result<wire::UniqueFd> BytesInMemfd(const std::vector<std::byte>& bytes) {
+  wire::UniqueFd fd(memfd_create("nopfs-sample", MFD_CLOEXEC));
+  if (!fd.valid()) return Status::FromErrno(errno, "nopfsd: memfd for a sibling read");
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n =
+        ::pwrite(fd.get(), bytes.data() + done, bytes.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status::FromErrno(errno, "nopfsd: writing a sibling read's memfd");
+    done += static_cast<size_t>(n);
+  }
+  return fd;
+}
 
 std::shared_ptr<spdlog::logger> RpcLog() {
   static const std::shared_ptr<spdlog::logger> log = [] {
@@ -313,6 +329,7 @@ void LocalServer::Serve(Conn* conn) {
     wire::Message answer{rid, wire::Error{}};
     int pass_fd = -1;
     wire::UniqueFd region_fd;  // sent after pass_fd, then closed
+    wire::UniqueFd sample_fd;  // SAMPLE_OK's memfd (pass_fd), closed after sending
     bool close_after = false;
     if (auto* h = std::get_if<wire::Hello>(&r->message.body)) {
       hello = true;
@@ -360,6 +377,25 @@ void LocalServer::Serve(Conn* conn) {
         answer.body = std::move(*info);
       } else {
         answer.body = wire::FromStatus(info.status());
+      }
+    } else if (auto* rs = std::get_if<wire::ReadSample>(&r->message.body)) {
+      std::vector<std::byte> bytes;
+      Result<uint64_t> sum = handler_->ReadSample(rs->fingerprint, rs->sample_id, &bytes);
+      if (!sum.ok()) {
+        answer.body = wire::FromStatus(sum.status());
+      } else if (bytes.size() <= wire::kMaxInlineSample) {
+        answer.body =
+            wire::SampleOk{rs->sample_id, *sum, bytes.size(),
+                           std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size())};
+      } else {
+        Result<wire::UniqueFd> mfd = BytesInMemfd(bytes);
+        if (mfd.ok()) {
+          answer.body = wire::SampleOk{rs->sample_id, *sum, bytes.size(), ""};
+          sample_fd = std::move(*mfd);  // the message's only descriptor
+          pass_fd = sample_fd.get();
+        } else {
+          answer.body = wire::FromStatus(mfd.status());
+        }
       }
     } else if (auto* c = std::get_if<wire::CloseStream>(&r->message.body)) {
       if (streams.erase(c->stream_id) == 1) {

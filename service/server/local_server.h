@@ -30,6 +30,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "client/wire.h"
 #include "common/mutex.h"
@@ -88,6 +89,16 @@ class Handler {
   virtual report::StatusReport Report() = 0;
   // Where a sample's bytes come from on the PFS (for clients that verify what they received).
   virtual Result<wire::DescribeOk> Describe(uint32_t sample_id) = 0;
+  // A sibling job's read (READ_SAMPLE, docs/wire.md "Sibling reads"): fills `bytes` with sample
+  // `sample_id` of the catalog whose fingerprint is `fingerprint` and returns their xxh3. The
+  // default serves nobody (failed precondition).
+  virtual Result<uint64_t> ReadSample(uint64_t fingerprint, uint32_t sample_id,
+                                      std::vector<std::byte>* bytes) {
+    (void)fingerprint;
+    (void)sample_id;
+    (void)bytes;
+    return Status::FailedPrecondition("nopfsd: this service does not serve sibling reads");
+  }
 };
 
 class LocalServer {

@@ -155,7 +155,9 @@ Result<uint64_t> SsdTier::CleanupStale(const std::string& scratch_root, uid_t ui
   closedir(d);
   uint64_t removed = 0;
   for (const std::string& n : names) {
-    if (n == kKeptName) continue;  // the kept area (launch/kept_area.h), not a job's tier
+    // The kept area (launch/kept_area.h) and the sibling registry (service/reader/sibling.h)
+    // are not a job's tier.
+    if (n == kKeptName || n == "live") continue;
     const std::string path = udir + "/" + n;
     struct stat st {};
     if (lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;

@@ -189,11 +189,18 @@ TEST_P(SsdTierTest, StaleDirectoryOfDeadDaemonIsRemovedLiveOneKept) {
     ASSERT_TRUE(f);
     std::fclose(f);
   }
+  // The kept area and the sibling registry have no lock file, and are not a job's tier.
+  fs::create_directory(udir + "/kept");
+  fs::create_directory(udir + "/live");
   auto removed = SsdTier::CleanupStale(dir_->path(), geteuid());
   ASSERT_TRUE(removed.ok()) << removed.status().ToString();
   EXPECT_EQ(*removed, 1u);
   EXPECT_FALSE(fs::exists(dead));
   EXPECT_TRUE(fs::is_directory(live->dir()));
+  EXPECT_TRUE(fs::is_directory(udir + "/kept"));
+  EXPECT_TRUE(fs::is_directory(udir + "/live"));
+  fs::remove(udir + "/kept");
+  fs::remove(udir + "/live");
   // A second daemon for the same job and node is refused while the first lives.
   auto layout = TierLayout::Ssd(PlanOf({1}, kSizes), kSizes);
   ASSERT_TRUE(layout.ok());

@@ -3,7 +3,8 @@
 keep(user, node) hook and --nopfs-keep decide what nopfsd keeps at exit; the second job of a user
 on the same dataset reads almost nothing from the PFS; another user reads it in full and cannot
 list, open or adopt the first user's kept data; quota and space evict the least recently used;
-`nopfs gc` removes an expired dataset; what a crash leaves is removed, never trusted.
+`nopfs gc` removes an expired dataset; what a crash leaves is removed, never trusted; two jobs of
+one user at once on one node read the PFS once (the second through the first's nopfsd).
 
 The local cluster's three nodes share one SSD directory (one machine), so a dataset kept on one
 node is found on every node: the tests pin jobs to nodes only to keep them apart in time.
@@ -235,6 +236,68 @@ class KeepTest(ClusterCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn(f"removed {key}", r.stdout)
         self.assertEqual(kept("nopfs-alice"), {})
+
+    def two_jobs_at_once(self, extra_b=""):
+        """Job A (alice, n1) serves before job B (alice, n1, `extra_b`) starts; B reads (through
+        A's nopfsd: docs/tiers.md, "Sibling jobs"); A reads only once B is done, and stays until
+        released. Returns A's and B's statuses, after checking every byte of both."""
+        go = os.path.join(JOBS, "go-$SLURM_JOB_ID")
+        a = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs-ram=1KB --nopfs-ssd=100MB "
+                   f"--nopfs={DATASET} --nopfs-seed=3",
+                   f"while [ ! -e {go} ]; do sleep 0.2; done\n" + READ + HOLD.format(jobs=JOBS))
+        try:
+            wait_state(a, {"RUNNING"}, 90)
+            live = os.path.join(SSD, f"nopfs-{uid_of('nopfs-alice')}", "live")
+            deadline = time.monotonic() + 60
+            while not (os.path.isdir(live) and [n for n in os.listdir(live)
+                                                if n.endswith(f".{a}.0")]):
+                self.assertLess(time.monotonic(), deadline, "job A's nopfsd never registered")
+                time.sleep(0.2)
+            st = os.stat(live)
+            self.assertEqual((st.st_uid, st.st_mode & 0o777), (uid_of("nopfs-alice"), 0o700))
+            self.assertNotEqual(as_user("nopfs-bob", f"ls {live}").returncode, 0)
+            b = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs-ram=1KB --nopfs-ssd=100MB "
+                       f"--nopfs={DATASET} --nopfs-seed=4 {extra_b}", READ)
+            self.assertEqual(wait_done(b, 180), "COMPLETED", self.output_so_far(b))
+            out_b = output(b)
+            self.assertRegex(out_b, r"verify: 120 samples, \d+ bytes, 0 mismatches", out_b)
+            second = json.loads(re.search(r"(?m)^status: (\{.*\})$", out_b).group(1))
+            open(os.path.join(JOBS, f"go-{a}"), "w").close()
+            deadline = time.monotonic() + 120
+            while "status: " not in self.output_so_far(a):
+                self.assertLess(time.monotonic(), deadline, self.output_so_far(a))
+                time.sleep(0.2)
+        finally:
+            release(a)
+        self.assertEqual(wait_done(a, 120), "COMPLETED", self.output_so_far(a))
+        out_a = output(a)
+        self.assertRegex(out_a, r"verify: 120 samples, \d+ bytes, 0 mismatches", out_a)
+        first = json.loads(re.search(r"(?m)^status: (\{.*\})$", out_a).group(1))
+        deadline = time.monotonic() + 60
+        while daemons() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.assertFalse(os.path.exists(live) and os.listdir(live), "entries left behind")
+        return first, second
+
+    @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd")
+    def test_two_jobs_of_one_user_at_once_read_the_pfs_once(self):
+        first, second = self.two_jobs_at_once()
+        sibling = [s for s in second["sources"] if s["name"] == "sibling"]
+        print(f"\ntwo jobs of one user at once: PFS bytes {first['pfs_bytes']} (first), "
+              f"{second['pfs_bytes']} (second); the second took {sibling} from the first",
+              file=sys.stderr)
+        self.assertEqual(len(sibling), 1, second)
+        self.assertGreater(sibling[0]["samples"], 0, second)
+        self.assertGreater(first["pfs_bytes"], 0, first)
+        self.assertLessEqual(second["pfs_bytes"], 0.05 * first["pfs_bytes"],
+                             (first["pfs_bytes"], second["pfs_bytes"]))
+
+    @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd")
+    def test_share_running_no_reads_alone(self):
+        first, second = self.two_jobs_at_once("--nopfs-share-running=no")
+        self.assertEqual([s for s in second["sources"] if s["name"] == "sibling"], [], second)
+        self.assertGreaterEqual(second["pfs_bytes"], 0.95 * first["pfs_bytes"],
+                                (first["pfs_bytes"], second["pfs_bytes"]))
 
     @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd")
     def test_keep_no_keeps_nothing(self):

@@ -1,0 +1,370 @@
+#include "service/reader/sibling.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <map>
+
+#include <dirent.h>
+
+#include "client/wire.h"
+
+namespace nopfs::service {
+namespace {
+
+constexpr char kMagicLine[] = "nopfs-live 1";
+
+// Opens `name` in `dfd` as a directory, never following a link, and checks that only this uid
+// owns and can use it.
+Result<UniqueFd> OpenPrivateDir(int dfd, const std::string& name, const std::string& path) {
+  UniqueFd fd(::openat(dfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) return Status::FromErrno(errno, "sibling registry: opening " + path);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "sibling registry: " + path);
+  if (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
+    return Status::PermissionDenied("sibling registry: " + path + " is owned by uid " +
+                                    std::to_string(st.st_uid) + " with mode " +
+                                    std::to_string(st.st_mode & 0777) +
+                                    ", not by this user with mode 0700; not used");
+  }
+  return fd;
+}
+
+bool ParseU64(std::string_view s, uint64_t* v, int base = 10) {
+  if (s.empty()) return false;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *v, base);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+bool ProcessGone(uint32_t pid) {
+  return pid == 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
+}
+
+Status WriteAll(int fd, const std::byte* data, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, data, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return Status::FromErrno(errno, "write");
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string LiveDir(const std::string& user_dir) {
+  return user_dir + "/" + kLiveName;
+}
+
+std::string EncodeLiveEntry(const LiveEntry& e) {
+  char fp[17];
+  std::snprintf(fp, sizeof(fp), "%016llx", static_cast<unsigned long long>(e.fingerprint));
+  return std::string(kMagicLine) + "\njob " + e.job + "\npid " + std::to_string(e.pid) +
+         "\nstarted " + std::to_string(e.started_ns) + "\nfingerprint " + fp + "\nsocket " +
+         e.socket + "\n";
+}
+
+Result<LiveEntry> ParseLiveEntry(std::string_view text) {
+  if (text.size() > kMaxLiveEntryBytes) {
+    return Status::InvalidArgument("sibling registry entry: longer than " +
+                                   std::to_string(kMaxLiveEntryBytes) + " bytes");
+  }
+  std::map<std::string, std::string, std::less<>> fields;
+  bool first = true;
+  while (!text.empty()) {
+    const size_t nl = text.find('\n');
+    if (nl == std::string_view::npos) {
+      return Status::InvalidArgument("sibling registry entry: its last line is cut");
+    }
+    const std::string_view line = text.substr(0, nl);
+    text.remove_prefix(nl + 1);
+    if (first) {
+      if (line != kMagicLine) {
+        return Status::InvalidArgument("sibling registry entry: does not start with \"" +
+                                       std::string(kMagicLine) + "\"");
+      }
+      first = false;
+      continue;
+    }
+    const size_t sp = line.find(' ');
+    if (sp == std::string_view::npos) {
+      return Status::InvalidArgument("sibling registry entry: a line without a value");
+    }
+    if (!fields.emplace(std::string(line.substr(0, sp)), std::string(line.substr(sp + 1))).second) {
+      return Status::InvalidArgument("sibling registry entry: a field appears twice");
+    }
+  }
+  LiveEntry e;
+  uint64_t pid = 0, started = 0;
+  if (first || fields.size() != 5 || !fields.count("job") || !fields.count("socket") ||
+      !fields.count("pid") || !ParseU64(fields["pid"], &pid) || pid > UINT32_MAX ||
+      !fields.count("started") || !ParseU64(fields["started"], &started) ||
+      !fields.count("fingerprint") || fields["fingerprint"].size() != 16 ||
+      !ParseU64(fields["fingerprint"], &e.fingerprint, 16) || fields["socket"].empty() ||
+      fields["socket"][0] != '/') {
+    return Status::InvalidArgument(
+        "sibling registry entry: needs exactly job, pid, started, fingerprint (16 hex digits) "
+        "and socket (an absolute path)");
+  }
+  e.job = fields["job"];
+  e.socket = fields["socket"];
+  e.pid = static_cast<uint32_t>(pid);
+  e.started_ns = static_cast<int64_t>(started);
+  return e;
+}
+
+Result<std::string> RegisterLive(const std::string& user_dir, const std::string& key,
+                                 const LiveEntry& entry) {
+  if (entry.job.empty() || entry.job.find('/') != std::string::npos || entry.job[0] == '.') {
+    return Status::InvalidArgument("sibling registry: job \"" + entry.job + "\" is not a name");
+  }
+  UniqueFd udir(::open(user_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!udir.valid()) return Status::FromErrno(errno, "sibling registry: opening " + user_dir);
+  const std::string live = LiveDir(user_dir);
+  // Another job's UnregisterLive may remove the empty directory between its creation and its
+  // opening here: then it is created again.
+  Result<UniqueFd> dfd = Status::NotFound(live);
+  for (int attempt = 0; attempt < 3 && !dfd.ok() && dfd.status().code() == StatusCode::kNotFound;
+       ++attempt) {
+    if (::mkdirat(udir.get(), kLiveName, 0700) != 0 && errno != EEXIST) {
+      return Status::FromErrno(errno, "sibling registry: creating " + live);
+    }
+    dfd = OpenPrivateDir(udir.get(), kLiveName, live);
+  }
+  if (!dfd.ok()) return dfd.status();
+  const std::string name = key + "." + entry.job;
+  const std::string tmp = ".tmp." + name;
+  (void)::unlinkat(dfd->get(), tmp.c_str(), 0);
+  UniqueFd fd(::openat(dfd->get(), tmp.c_str(),
+                       O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd.valid())
+    return Status::FromErrno(errno, "sibling registry: creating " + live + "/" + tmp);
+  const std::string text = EncodeLiveEntry(entry);
+  Status w = WriteAll(fd.get(), reinterpret_cast<const std::byte*>(text.data()), text.size());
+  fd.Reset();
+  if (w.ok() && ::renameat(dfd->get(), tmp.c_str(), dfd->get(), name.c_str()) != 0) {
+    w = Status::FromErrno(errno, "rename");
+  }
+  if (!w.ok()) {
+    (void)::unlinkat(dfd->get(), tmp.c_str(), 0);
+    return w.WithContext("sibling registry: writing " + live + "/" + name);
+  }
+  return live + "/" + name;
+}
+
+void UnregisterLive(const std::string& path) {
+  if (path.empty()) return;
+  (void)::unlink(path.c_str());
+  // The directory goes with its last entry (ENOTEMPTY while other jobs run), as the per-user
+  // directory does with its last job.
+  (void)::rmdir(path.substr(0, path.rfind('/')).c_str());
+}
+
+void RemoveLive(const std::string& user_dir, const std::string& name) {
+  UniqueFd udir(::open(user_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!udir.valid()) return;
+  Result<UniqueFd> dfd = OpenPrivateDir(udir.get(), kLiveName, LiveDir(user_dir));
+  if (dfd.ok() && name.find('/') == std::string::npos)
+    (void)::unlinkat(dfd->get(), name.c_str(), 0);
+}
+
+Result<std::vector<LiveEntry>> FindLive(const std::string& user_dir, const std::string& key,
+                                        uint64_t fingerprint) {
+  std::vector<LiveEntry> out;
+  UniqueFd udir(::open(user_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!udir.valid()) {
+    if (errno == ENOENT) return out;
+    return Status::FromErrno(errno, "sibling registry: opening " + user_dir);
+  }
+  const std::string live = LiveDir(user_dir);
+  Result<UniqueFd> dfd = OpenPrivateDir(udir.get(), kLiveName, live);
+  if (!dfd.ok()) {
+    if (dfd.status().code() == StatusCode::kNotFound) return out;
+    return dfd.status();
+  }
+  // fdopendir takes the descriptor; list through a duplicate so that dfd stays usable.
+  DIR* d = ::fdopendir(::dup(dfd->get()));
+  if (d == nullptr) return Status::FromErrno(errno, "sibling registry: listing " + live);
+  std::vector<std::string> names;
+  const std::string prefix = key + ".";
+  while (const dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n.size() > prefix.size() && n.compare(0, prefix.size(), prefix) == 0) names.push_back(n);
+  }
+  ::closedir(d);
+  for (const std::string& n : names) {
+    UniqueFd fd(::openat(dfd->get(), n.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    if (!fd.valid()) continue;
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() ||
+        static_cast<uint64_t>(st.st_size) > kMaxLiveEntryBytes) {
+      continue;
+    }
+    std::string text(static_cast<size_t>(st.st_size), '\0');
+    const ssize_t r = ::pread(fd.get(), text.data(), text.size(), 0);
+    if (r != static_cast<ssize_t>(text.size())) continue;
+    Result<LiveEntry> e = ParseLiveEntry(text);
+    if (!e.ok()) continue;
+    if (ProcessGone(e->pid)) {
+      (void)::unlinkat(dfd->get(), n.c_str(), 0);  // its nopfsd died without removing it
+      continue;
+    }
+    if (e->fingerprint != fingerprint) continue;
+    e->name = n;
+    out.push_back(std::move(*e));
+  }
+  std::sort(out.begin(), out.end(), [](const LiveEntry& a, const LiveEntry& b) {
+    return a.started_ns != b.started_ns ? a.started_ns < b.started_ns : a.name < b.name;
+  });
+  return out;
+}
+
+Result<std::unique_ptr<SiblingSource>> SiblingSource::Connect(const LiveEntry& entry,
+                                                              uint64_t fingerprint,
+                                                              std::chrono::milliseconds timeout) {
+  std::unique_ptr<SiblingSource> s(new SiblingSource(entry, fingerprint, timeout));
+  Result<UniqueFd> fd = s->Dial();
+  if (!fd.ok()) return fd.status();
+  MutexLock lock(&s->mu_);
+  s->idle_.push_back(std::move(*fd));
+  s->open_ = 1;
+  return s;
+}
+
+Result<UniqueFd> SiblingSource::Dial() const {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (entry_.socket.size() >= sizeof(addr.sun_path)) {
+    return Status::InvalidArgument("sibling: socket path too long: " + entry_.socket);
+  }
+  std::memcpy(addr.sun_path, entry_.socket.data(), entry_.socket.size());
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return Status::FromErrno(errno, "sibling: socket");
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
+    const std::string what = "sibling: connecting to " + entry_.socket + ": " + std::strerror(err);
+    // Nobody listens there (any more): a stale entry. Anything else (a socket this user may not
+    // use): refused.
+    if (err == ECONNREFUSED || err == ENOENT) return Status::Unavailable(what);
+    return Status::PermissionDenied(what);
+  }
+  Result<uint32_t> uid = wire::PeerUid(fd.get());
+  if (!uid.ok()) return uid.status();
+  if (*uid != ::geteuid()) {
+    return Status::PermissionDenied("sibling: the service at " + entry_.socket + " runs as uid " +
+                                    std::to_string(*uid) + ", not as uid " +
+                                    std::to_string(::geteuid()) + "; refusing to use it");
+  }
+  NOPFS_RETURN_IF_ERROR(wire::SendMessage(
+      fd.get(), wire::Message{1, wire::Hello{wire::kVersion, static_cast<uint32_t>(::getpid())}}));
+  Result<wire::Received> r = wire::RecvMessage(fd.get(), timeout_);
+  if (!r.ok()) return r.status().WithContext("sibling: HELLO to " + entry_.socket);
+  if (!std::holds_alternative<wire::HelloOk>(r->message.body)) {
+    if (auto* e = std::get_if<wire::Error>(&r->message.body)) return wire::ToStatus(*e);
+    return Status::Unavailable("sibling: " + entry_.socket + " did not answer HELLO");
+  }
+  return fd;
+}
+
+Result<uint64_t> SiblingSource::FetchOn(int fd, uint32_t sample, std::span<std::byte> dst) {
+  uint32_t rid = 0;
+  {
+    MutexLock lock(&mu_);
+    rid = next_request_++;
+  }
+  NOPFS_RETURN_IF_ERROR(
+      wire::SendMessage(fd, wire::Message{rid, wire::ReadSample{fingerprint_, sample}}));
+  Result<wire::Received> r = wire::RecvMessage(fd, timeout_);
+  if (!r.ok()) return r.status();
+  if (r->message.request_id != rid) {
+    return Status::Unavailable("sibling: an answer to another request");
+  }
+  if (auto* e = std::get_if<wire::Error>(&r->message.body)) return wire::ToStatus(*e);
+  auto* ok = std::get_if<wire::SampleOk>(&r->message.body);
+  if (ok == nullptr || ok->sample_id != sample) {
+    return Status::Unavailable("sibling: not an answer to READ_SAMPLE");
+  }
+  if (ok->size != dst.size()) {
+    return Status::Corruption("sibling: sample " + std::to_string(sample) + " has " +
+                              std::to_string(ok->size) + " bytes there, " +
+                              std::to_string(dst.size()) + " here");
+  }
+  if (ok->size <= wire::kMaxInlineSample) {
+    if (!dst.empty()) std::memcpy(dst.data(), ok->data.data(), dst.size());
+  } else {
+    if (!r->fd.valid()) return Status::Unavailable("sibling: SAMPLE_OK without its memfd");
+    size_t done = 0;
+    while (done < dst.size()) {
+      const ssize_t n =
+          ::pread(r->fd.get(), dst.data() + done, dst.size() - done, static_cast<off_t>(done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        return Status::Corruption("sibling: sample " + std::to_string(sample) +
+                                  ": its memfd is short");
+      done += static_cast<size_t>(n);
+    }
+  }
+  if (XXH3_64bits(dst.data(), dst.size()) != ok->xxh3) {
+    return Status::Corruption("sibling: sample " + std::to_string(sample) +
+                              ": the bytes differ from the checksum sent with them");
+  }
+  return ok->xxh3;
+}
+
+Result<uint64_t> SiblingSource::Fetch(uint32_t sample, std::span<std::byte> dst) {
+  if (gone()) return Status::Unavailable("sibling: gone");
+  UniqueFd fd;
+  bool dial = false;
+  {
+    MutexLock lock(&mu_);
+    while (idle_.empty() && open_ >= kMaxConnections && !gone())
+      cv_.Wait(&mu_);
+    if (gone()) return Status::Unavailable("sibling: gone");
+    if (!idle_.empty()) {
+      fd = std::move(idle_.back());
+      idle_.pop_back();
+    } else {
+      ++open_;
+      dial = true;
+    }
+  }
+  if (dial) {
+    Result<UniqueFd> d = Dial();
+    if (!d.ok()) {
+      gone_.store(true);
+      MutexLock lock(&mu_);
+      --open_;
+      cv_.SignalAll();
+      return d.status();
+    }
+    fd = std::move(*d);
+  }
+  Result<uint64_t> h = FetchOn(fd.get(), sample, dst);
+  MutexLock lock(&mu_);
+  // A refusal about this sample leaves the connection usable; a broken or confused one is closed,
+  // and a sibling whose connection broke has ended (or is ending): it is not asked again.
+  const bool usable = h.ok() || h.status().code() == StatusCode::kFailedPrecondition ||
+                      h.status().code() == StatusCode::kNotFound ||
+                      h.status().code() == StatusCode::kInvalidArgument ||
+                      h.status().code() == StatusCode::kIoError;
+  if (usable) {
+    idle_.push_back(std::move(fd));
+  } else {
+    --open_;
+    if (h.status().code() == StatusCode::kUnavailable) gone_.store(true);
+  }
+  cv_.SignalAll();
+  return h;
+}
+
+}  // namespace nopfs::service
