@@ -537,6 +537,9 @@ launch::DaemonArgs DaemonArgsFor(const Job& job, uint32_t ranks_per_node, const 
   dargs.keep = keep.keep;
   dargs.keep_max_bytes = keep.max_bytes;
   SetPeers(job, &dargs, peers_note);
+  // The nodes wait for each other at most half of the time nopfsd has to become ready.
+  dargs.peer_startup_timeout_ms =
+      std::min(launch::kDefaultPeerStartupTimeoutMs, job.args.timeout * 500);
   return dargs;
 }
 
