@@ -22,7 +22,7 @@ constexpr auto kPollSlice = std::chrono::milliseconds(50);
 // node runs at most a round or two ahead); more are dropped, so that buffers cannot pile up.
 constexpr uint32_t kMaxEarlyExchanges = 4;
 // How long a Hello may wait for the provider's queue (a connection under way) before it is dropped.
-constexpr auto kHelloPost = std::chrono::milliseconds(10);
+constexpr auto kHelloPost = std::chrono::milliseconds(50);
 
 uint64_t TagOf(uint32_t node) {
   return uint64_t{node} << 32;
