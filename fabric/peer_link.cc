@@ -87,6 +87,8 @@ struct PeerLink::State {
   // The handshake and the sessions, read and written by the progress thread only (the other
   // threads see a peer's death through `dead`).
   std::unique_ptr<PeerHandshake> shake;
+  // Per node, whether a message claiming to be from it has arrived (progress thread only).
+  std::vector<bool> heard;
   ServePool pool;
 
   using Pending = PeerLink::Pending;
@@ -524,7 +526,9 @@ struct PeerLink::State {
     bool changed = false;
     for (uint32_t p = 0; p < joined.size(); ++p) {
       if (p == opts.node) continue;
-      if (std::optional<Hello> h = shake->Resend(p, now, kHelloRetry)) Queue(p, *h);
+      if (now < startup_until) {  // the start-up phase: a node may not be listening yet
+        if (std::optional<Hello> h = shake->Resend(p, now, kHelloRetry)) Queue(p, *h);
+      }
       const bool j = shake->state(p) == PeerState::kAuthed;
       changed |= j != joined[p];
       joined[p] = j;
@@ -549,21 +553,25 @@ struct PeerLink::State {
   void Run() {
     for (;;) {
       std::deque<std::pair<uint32_t, std::vector<std::byte>>> sends;
+      bool starting = false;
       {
         MutexLock lock(&mu);
         if (stop) break;
         ScheduleLocked();
         sends.swap(outbox);
         wake.store(false);
+        starting = std::chrono::steady_clock::now() < startup_until;
       }
       for (auto& [node, bytes] : sends) {
         if (!shake->Seal(node, bytes)) continue;  // its session is gone
-        // A Hello to a node that is not listening yet stays in the provider's queue while it
-        // connects: it is dropped after a moment (Resend sends it again), and the handshake's
-        // deadline, not the send, decides whether the node is dead.
+        // In the start-up phase a Hello to a node that is not listening yet stays in the
+        // provider's queue while it connects: until the node has been heard from, it is dropped
+        // after a moment (Resend sends it again) rather than hold the progress thread for a
+        // timeout. A Hello that cannot be sent never kills the node: the handshake's deadline
+        // decides.
         const bool hello = *TypeOf(bytes) == PeerType::kHello;
         Status st = ep->Post(addr[node], TagOf(opts.node), std::move(bytes),
-                             hello ? kHelloPost : opts.timeout);
+                             hello && starting && !heard[node] ? kHelloPost : opts.timeout);
         if (!st.ok() && hello) continue;
         if (!st.ok()) {
           MutexLock lock(&mu);
@@ -586,6 +594,7 @@ struct PeerLink::State {
         continue;
       }
       auto node = static_cast<uint32_t>(sender);
+      heard[node] = true;  // a claim only, but enough to wait for the provider's queue
       auto decoded = Decode(msg->data);
       if (!decoded.ok()) {
         Malformed(node, decoded.status().ToString());
@@ -628,6 +637,7 @@ Result<std::unique_ptr<PeerLink>> PeerLink::Start(const PeerLinkOptions& options
   }
   const auto nodes = static_cast<uint32_t>(options.peers.size());
   s->shake = std::make_unique<PeerHandshake>(options.secret, options.node, nodes, options.timeout);
+  s->heard.assign(nodes, false);
   {
     MutexLock lock(&s->mu);  // no other thread yet: for the analysis
     s->peer_done.assign(nodes, 0);

@@ -147,11 +147,12 @@ class PeerLink {
   // Whether this link's endpoint does RMA reads.
   bool supports_remote_read() const;
 
-  // The start-up phase (docs/fabric.md, "Start-up"): handshakes with every other node, sending
-  // its Hello again every kHelloRetry until it answers, and waits until every one has answered or
-  // `deadline` has passed. Handshakes started by other calls before the deadline also last until
-  // it. Ok once every other node has answered; Unavailable naming the nodes that had not by the
-  // deadline (they are then dead; one that starts later still joins when its Hello arrives).
+  // The start-up phase (docs/fabric.md, "Start-up"): handshakes with every other node and waits
+  // until every one has answered or `deadline` has passed. Until then every handshake waiting
+  // for its Challenge sends its Hello again every kHelloRetry, and handshakes started by other
+  // calls also last until the deadline. Ok once every other node has answered; Unavailable naming
+  // the nodes that had not by the deadline (they are then dead; one that starts later still joins
+  // when its Hello arrives).
   Status WaitForPeers(std::chrono::steady_clock::time_point deadline);
   static constexpr std::chrono::milliseconds kHelloRetry{250};
 
