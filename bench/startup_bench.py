@@ -9,9 +9,15 @@ and the same latency on every metadata operation (getattr, readdir, open). Each 
 `nopfs cat --count 1` and records when its first sample arrived. Every run starts from an empty
 run directory: no catalog cache, a full scan.
 
+--ram gives the RAM tier's capacity (a list: one run per size; 0: no tier). With a RAM tier, the
+files are sparse and large enough that the dataset fills the largest tier (files x size >= the
+size), so that the tier really is that large (its mapped bytes are in the `ram_gb` column, from
+nopfsd's log): its memory is committed as its slots are filled, in the background, so the ready
+time must not grow with it.
+
 Needs root (the emulated PFS mounts with allow_other; the job runs as nobody).
 
-Usage: startup_bench.py BUILD_DIR [--files 10000,30000,100000] [--nodes 1,2,4]
+Usage: startup_bench.py BUILD_DIR [--files 10000,30000,100000] [--nodes 1,2,4] [--ram 0,1GB]
                         [--latency-us 1000] [--nopfs-bin DIR] [--work DIR]
 --nopfs-bin runs another build's nopfs and nopfsd (e.g. to compare with an older one) against
 the same mount.
@@ -19,6 +25,7 @@ the same mount.
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -31,8 +38,9 @@ CLASSES = 100
 FILE_BYTES = 512
 
 
-def make_tree(root, files):
-    """`files` files of FILE_BYTES in CLASSES class directories, world-readable."""
+def make_tree(root, files, file_bytes=FILE_BYTES):
+    """`files` files of `file_bytes` (sparse past FILE_BYTES) in CLASSES class directories,
+    world-readable."""
     os.makedirs(root)
     payload = os.urandom(FILE_BYTES)
     for c in range(CLASSES):
@@ -43,6 +51,8 @@ def make_tree(root, files):
         path = os.path.join(root, f"c{k % CLASSES:03d}", f"f{k:07d}.bin")
         with open(path, "wb") as fh:
             fh.write(payload)
+            if file_bytes > FILE_BYTES:
+                fh.truncate(file_bytes)
         os.chmod(path, 0o644)
     os.chmod(root, 0o755)
 
@@ -79,8 +89,38 @@ def counters(mnt):
             return {f[0]: int(f[1]) for f in fields if len(f) == 2 and f[1].isdigit()}
 
 
+SIZE_UNITS = {"": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20,
+              "GIB": 2**30}
+
+
+def parse_size(text):
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)", text.strip())
+    if not m or m.group(2).upper() not in SIZE_UNITS:
+        sys.exit(f"startup_bench: --ram: {text!r} is not a size; write e.g. 0,1GB,4GB,16GB")
+    return int(float(m.group(1)) * SIZE_UNITS[m.group(2).upper()])
+
+
+def write_conf(path, ram_bytes, file_bytes):
+    """No SSD tier; a RAM tier of `ram_bytes` (none at 0); staging for a few files."""
+    with open(path, "w") as fh:
+        # Without a tier, what the job waits for is the start-up itself, and the only opens are
+        # the ranks' first samples and the staging threads' read-ahead.
+        staging = max(1 << 20, 4 * file_bytes)
+        fh.write(f'staging = {{ capacity = "{staging}", threads = 1 }}\n'
+                 f'classes = {{ ram {{ capacity = "{ram_bytes}", threads = 1 }} }}\n')
+    os.chmod(path, 0o644)
+
+
+def ram_mapped(run, nodes):
+    """The RAM tier's mapped bytes in node 0's nopfsd log (0 without a tier)."""
+    log = os.path.join(run, "node0" if nodes > 1 else "", "nopfsd.log")
+    m = re.search(r"ram tier \S+: \d+ samples, (\d+) bytes mapped", open(log).read())
+    return int(m.group(1)) if m else 0
+
+
 def run_job(nopfs_bin, mnt, nodes, conf, work):
-    """One job: returns (seconds from launch to each rank's first sample, counter deltas)."""
+    """One job: returns (seconds from launch to each rank's first sample, counter deltas, the RAM
+    tier's mapped bytes)."""
     run_parent = tempfile.mkdtemp(prefix=f"n{nodes}-", dir=work)
     os.chmod(run_parent, 0o755)
     shutil.chown(run_parent, "nobody", "nogroup")
@@ -94,7 +134,8 @@ def run_job(nopfs_bin, mnt, nodes, conf, work):
     p = subprocess.run(
         [os.path.join(nopfs_bin, "nopfs"), "run", "--dataset", mnt, "--nodes", str(nodes),
          "--ranks", str(nodes), "--user", "nobody", "--config", conf, "--run-dir",
-         os.path.join(run_parent, "run"), "-q", "--", "/bin/sh", "-c", rank_cmd],
+         os.path.join(run_parent, "run"), "--keep-run-dir", "-q", "--", "/bin/sh", "-c",
+         rank_cmd],
         capture_output=True, text=True, timeout=3600)
     after = counters(mnt)
     if p.returncode != 0:
@@ -103,8 +144,9 @@ def run_job(nopfs_bin, mnt, nodes, conf, work):
     for r in range(nodes):
         with open(os.path.join(marks, f"first-{r}")) as fh:
             firsts.append(float(fh.read()) - launched)
+    mapped = ram_mapped(os.path.join(run_parent, "run"), nodes)
     shutil.rmtree(run_parent, ignore_errors=True)
-    return firsts, {k: after[k] - before[k] for k in ("getattrs", "readdirs", "opens")}
+    return firsts, {k: after[k] - before[k] for k in ("getattrs", "readdirs", "opens")}, mapped
 
 
 def main():
@@ -112,6 +154,7 @@ def main():
     ap.add_argument("build")
     ap.add_argument("--files", default="10000,30000,100000")
     ap.add_argument("--nodes", default="1,2,4")
+    ap.add_argument("--ram", default="0")
     ap.add_argument("--latency-us", type=int, default=1000)
     ap.add_argument("--nopfs-bin", default=None)
     ap.add_argument("--work", default=None)
@@ -122,30 +165,30 @@ def main():
     nopfs_bin = a.nopfs_bin or bin_dir
     work = tempfile.mkdtemp(prefix="nopfs-startup-", dir=a.work)
     os.chmod(work, 0o755)
+    rams = [parse_size(x) for x in a.ram.split(",")]
     conf = os.path.join(work, "node.conf.lua")
-    with open(conf, "w") as fh:
-        # No tier to fill: what the job waits for is the start-up itself, and the only opens are
-        # the ranks' first samples and the staging threads' read-ahead.
-        fh.write('staging = { capacity = "1MB", threads = 1 }\n'
-                 'classes = { ram { capacity = "0", threads = 1 } }\n')
-    os.chmod(conf, 0o644)
-    print(f"# {nopfs_bin}: {CLASSES} classes of {FILE_BYTES}-byte files, every metadata "
-          f"operation {a.latency_us} us, no attribute cache")
-    print(f"{'files':>8} {'nodes':>5} {'first_max_s':>11} {'first_med_s':>11} "
-          f"{'meta_ops':>9} {'ops/file':>8} {'opens':>7}")
+    print(f"# {nopfs_bin}: {CLASSES} classes, every metadata operation {a.latency_us} us, no "
+          f"attribute cache")
+    print(f"{'files':>8} {'file_kb':>8} {'nodes':>5} {'ram_gb':>7} {'first_max_s':>11} "
+          f"{'first_med_s':>11} {'meta_ops':>9} {'ops/file':>8} {'opens':>7}")
     try:
         for files in (int(x) for x in a.files.split(",")):
+            # Large enough files that the dataset fills the largest RAM tier (4 KiB pages).
+            file_bytes = max(FILE_BYTES, -(-max(rams) // files // 4096) * 4096)
             backing = os.path.join(work, f"tree{files}")
-            make_tree(backing, files)
+            make_tree(backing, files, file_bytes)
             mnt = os.path.join(work, f"mnt{files}")
             emu = mount(os.path.join(bin_dir, "nopfs_pfsemu"), backing, mnt, a.latency_us)
             try:
                 for nodes in (int(x) for x in a.nodes.split(",")):
-                    firsts, ops = run_job(nopfs_bin, mnt, nodes, conf, work)
-                    meta = ops["getattrs"] + ops["readdirs"]
-                    print(f"{files:>8} {nodes:>5} {max(firsts):>11.2f} "
-                          f"{statistics.median(firsts):>11.2f} {meta:>9} {meta / files:>8.3f} "
-                          f"{ops['opens']:>7}", flush=True)
+                    for ram in rams:
+                        write_conf(conf, ram, file_bytes)
+                        firsts, ops, mapped = run_job(nopfs_bin, mnt, nodes, conf, work)
+                        meta = ops["getattrs"] + ops["readdirs"]
+                        print(f"{files:>8} {file_bytes / 1024:>8.1f} {nodes:>5} "
+                              f"{mapped / 1e9:>7.2f} {max(firsts):>11.2f} "
+                              f"{statistics.median(firsts):>11.2f} {meta:>9} "
+                              f"{meta / files:>8.3f} {ops['opens']:>7}", flush=True)
             finally:
                 unmount(emu, mnt)
             shutil.rmtree(backing, ignore_errors=True)

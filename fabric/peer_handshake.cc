@@ -28,9 +28,12 @@ struct PeerHandshake::Client {
   PeerState state = PeerState::kNone;
   Nonce client_nonce{};
   Clock::time_point deadline{};
-  std::unique_ptr<SessionKey> key;  // from the server's challenge on
-  ReplayWindow window;              // the server's replies
-  uint64_t send_seq = 0;            // our requests, exchanges, notices and pushes
+  Clock::time_point hello_sent{};            // the last Hello (Begin or Resend)
+  bool revivable = false;                    // kDead because its handshake expired
+  std::optional<Clock::time_point> revived;  // the last Revive
+  std::unique_ptr<SessionKey> key;           // from the server's challenge on
+  ReplayWindow window;                       // the server's replies
+  uint64_t send_seq = 0;                     // our requests, exchanges, notices and pushes
 };
 
 // This node as the server of one client node: the session its last successful Auth opened.
@@ -64,21 +67,39 @@ bool PeerHandshake::authed(uint32_t client) const {
   return servers_[client].authed;
 }
 
-std::optional<Hello> PeerHandshake::Begin(uint32_t server, Clock::time_point now) {
+std::optional<Hello> PeerHandshake::Begin(uint32_t server, Clock::time_point now,
+                                          Clock::time_point until) {
   Client& c = clients_[server];
+  if (c.state == PeerState::kHelloSent || c.state == PeerState::kAuthSent) {
+    c.deadline = std::max(c.deadline, until);
+  }
   if (c.state != PeerState::kNone) return std::nullopt;
   c.client_nonce = random_();
-  c.deadline = now + timeout_;
+  c.deadline = until > now ? until : now + timeout_;
+  c.hello_sent = now;
   c.state = PeerState::kHelloSent;
+  return Hello{self_, c.client_nonce};
+}
+
+std::optional<Hello> PeerHandshake::Resend(uint32_t server, Clock::time_point now,
+                                           std::chrono::milliseconds interval) {
+  Client& c = clients_[server];
+  if (c.state != PeerState::kHelloSent || now < c.hello_sent + interval) return std::nullopt;
+  c.hello_sent = now;
   return Hello{self_, c.client_nonce};
 }
 
 HandshakeStep PeerHandshake::OnChallenge(uint32_t server, const Challenge& ch) {
   Client& c = clients_[server];
-  if (c.state != PeerState::kHelloSent) {
+  const bool answered = c.state == PeerState::kAuthSent || c.state == PeerState::kAuthed;
+  if (c.state != PeerState::kHelloSent && !answered) {
     return Step(HandshakeStep::Verdict::kMalformed, "unexpected challenge");
   }
   const Mac expect = PeerMac(secret_, kServerLabel, c.client_nonce, ch.server_nonce, self_, server);
+  if (answered) {
+    if (MacEqual(expect, ch.server_mac)) return Step(HandshakeStep::Verdict::kIgnored, "");
+    return Step(HandshakeStep::Verdict::kMalformed, "unexpected challenge");
+  }
   if (!MacEqual(expect, ch.server_mac)) {
     return Step(HandshakeStep::Verdict::kForged, "a challenge in the name of node " +
                                                      std::to_string(server) +
@@ -99,6 +120,7 @@ HandshakeStep PeerHandshake::OnAuthResult(uint32_t server, const AuthResult& r) 
   Client& c = clients_[server];
   if (!r.accepted) {
     c.state = PeerState::kDead;
+    c.revivable = false;
     return Step(HandshakeStep::Verdict::kDead, "it refused our authentication");
   }
   c.state = PeerState::kAuthed;
@@ -112,6 +134,7 @@ std::vector<uint32_t> PeerHandshake::Expire(Clock::time_point now) {
     const bool shaking = c.state == PeerState::kHelloSent || c.state == PeerState::kAuthSent;
     if (shaking && now >= c.deadline) {
       c.state = PeerState::kDead;
+      c.revivable = true;
       expired.push_back(p);
     }
   }
@@ -119,7 +142,20 @@ std::vector<uint32_t> PeerHandshake::Expire(Clock::time_point now) {
 }
 
 void PeerHandshake::Kill(uint32_t server) {
-  clients_[server].state = PeerState::kDead;
+  Client& c = clients_[server];
+  if (c.state != PeerState::kDead) c.revivable = false;
+  c.state = PeerState::kDead;
+}
+
+bool PeerHandshake::Revive(uint32_t server, Clock::time_point now) {
+  Client& c = clients_[server];
+  if (c.state != PeerState::kDead || !c.revivable) return false;
+  if (c.revived && now < *c.revived + 10 * timeout_) return false;
+  c.revived = now;
+  c.revivable = false;
+  c.key.reset();
+  c.state = PeerState::kNone;
+  return true;
 }
 
 // The server nonce for a client's Hello: a MAC of its nonce under this node's own random cookie,

@@ -7,7 +7,9 @@
 // Per other node it holds two halves:
 //   - as a client (this node asks that one): kNone -> kHelloSent (Begin) -> kAuthSent (a
 //     Challenge that proves the job secret) -> kAuthed (the sealed AuthResult); kDead on a
-//     refusal, a handshake past its deadline (Expire) or Kill, and kDead is final;
+//     refusal, a handshake past its deadline (Expire) or Kill. kDead is final, except after an
+//     expired handshake: Revive (the server was not listening yet, e.g. it started later) puts
+//     it back to kNone, at most once per ten timeouts;
 //   - as a server (that node asks this one): no state per Hello (the server nonce is a MAC of
 //     the client's under this node's random cookie, echoed in the Auth), a session once an Auth
 //     proves the secret; a later valid Auth with another client nonce replaces it.
@@ -64,11 +66,20 @@ class PeerHandshake {
 
   // --- client half (towards server node `server`) ---
   PeerState state(uint32_t server) const;
-  // Starts the handshake with `server` if none was started: the Hello to send (its deadline is
-  // now + timeout); nullopt if one is under way, done or dead.
-  std::optional<Hello> Begin(uint32_t server, Clock::time_point now);
-  // kHelloSent + a Challenge proving the secret -> kAuthSent, reply Auth. In another state:
-  // kMalformed; a Challenge that proves nothing: kForged (the state stays).
+  // Starts the handshake with `server` if none was started: the Hello to send. Its deadline is
+  // `until` if that is later than `now` (a start-up phase: a node that starts later has until
+  // then), else now + timeout. nullopt if one is under way (its deadline is then moved to `until`
+  // if that is later), done or dead.
+  std::optional<Hello> Begin(uint32_t server, Clock::time_point now, Clock::time_point until = {});
+  // The Hello of a handshake still waiting for the server's Challenge again, if the last one went
+  // out `interval` or more before `now` (a Hello to a node not listening yet is lost); else
+  // nullopt. The server answers each copy; the Challenges after the first are ignored.
+  std::optional<Hello> Resend(uint32_t server, Clock::time_point now,
+                              std::chrono::milliseconds interval);
+  // kHelloSent + a Challenge proving the secret -> kAuthSent, reply Auth. In kAuthSent or
+  // kAuthed, a Challenge proving the secret for our Hello: kIgnored (the answer to a resent
+  // Hello). In another state: kMalformed; a Challenge that proves nothing: kForged (the state
+  // stays).
   HandshakeStep OnChallenge(uint32_t server, const Challenge& c);
   // An AuthResult that Admit has admitted under the session of our Auth: accepted -> kAuthed;
   // refused -> kDead (verdict kDead).
@@ -76,8 +87,12 @@ class PeerHandshake {
   // Handshakes (kHelloSent or kAuthSent) past their deadline at `now`: those servers, ascending,
   // now kDead.
   std::vector<uint32_t> Expire(Clock::time_point now);
-  // Marks `server` kDead (idempotent).
+  // Marks `server` kDead (idempotent); such a death is final.
   void Kill(uint32_t server);
+  // A server whose handshake expired back to kNone (a new Begin may start), unless it was revived
+  // less than ten timeouts before `now` (someone could send Hellos in its name to make this node
+  // try again and again); true if so. A refusal or a Kill stays final.
+  bool Revive(uint32_t server, Clock::time_point now);
 
   // --- server half (towards client node `client`) ---
   // A Hello from `client`: reply Challenge (nothing is kept); kMalformed if it names another node.

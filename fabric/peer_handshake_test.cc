@@ -303,9 +303,90 @@ TEST(PeerHandshakeTest, UnexpectedChallengesAreMalformed) {
   EXPECT_EQ(idle.OnChallenge(1, ch).verdict, V::kMalformed) << "no Hello was sent";
   ASSERT_EQ(p.client.OnChallenge(1, ch).verdict, V::kOk);
   HandshakeStep again = p.client.OnChallenge(1, ch);  // replayed after the Auth
-  EXPECT_EQ(again.verdict, V::kMalformed);
-  EXPECT_EQ(again.why, "unexpected challenge");
+  EXPECT_EQ(again.verdict, V::kIgnored) << "the answer to a resent Hello";
+  EXPECT_FALSE(again.reply.has_value());
   EXPECT_EQ(p.client.state(1), PeerState::kAuthSent);
+  Challenge other = ch;
+  other.server_nonce[0] ^= 1;  // proves nothing for our Hello
+  HandshakeStep bad = p.client.OnChallenge(1, other);
+  EXPECT_EQ(bad.verdict, V::kMalformed);
+  EXPECT_EQ(bad.why, "unexpected challenge");
+  EXPECT_EQ(p.client.state(1), PeerState::kAuthSent);
+}
+
+// A server that is not listening yet loses our Hello: Resend gives the same Hello again, once
+// per interval, as long as no Challenge came; the server answers each copy alike and the client
+// takes the first answer and ignores the others.
+TEST(PeerHandshakeTest, AHelloIsResentUntilTheServerAnswers) {
+  Pair p;
+  const std::chrono::milliseconds every(10);
+  std::optional<Hello> h = p.client.Begin(1, p.t0);
+  ASSERT_TRUE(h.has_value());
+  EXPECT_FALSE(p.client.Resend(1, p.t0 + every / 2, every).has_value()) << "too soon";
+  std::optional<Hello> again = p.client.Resend(1, p.t0 + every, every);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->client_nonce, h->client_nonce);
+  EXPECT_EQ(again->node, 0u);
+  EXPECT_FALSE(p.client.Resend(1, p.t0 + every + every / 2, every).has_value());
+  EXPECT_TRUE(p.client.Resend(1, p.t0 + 2 * every, every).has_value());
+  const Challenge c1 = Wire<Challenge>(*p.server.OnHello(0, *h).reply);
+  const Challenge c2 = Wire<Challenge>(*p.server.OnHello(0, *again).reply);
+  EXPECT_EQ(p.client.OnChallenge(1, c1).verdict, V::kOk);
+  EXPECT_EQ(p.client.OnChallenge(1, c2).verdict, V::kIgnored);
+  EXPECT_FALSE(p.client.Resend(1, p.t0 + 10 * every, every).has_value()) << "answered";
+  EXPECT_FALSE(p.client.Resend(0, p.t0 + 10 * every, every).has_value()) << "never begun";
+}
+
+// A start-up phase (Begin's `until`) gives a server that starts later more than one timeout;
+// one begun earlier gets its deadline moved to it.
+TEST(PeerHandshakeTest, AStartUpDeadlineOutlastsTheTimeout) {
+  PeerHandshake client{SecretOf(7), 0, 3, kTimeout, Counter(0x10)};
+  const Clock::time_point t0 = Clock::now();
+  ASSERT_TRUE(client.Begin(1, t0).has_value());
+  ASSERT_TRUE(client.Begin(2, t0, t0 + 10 * kTimeout).has_value());
+  EXPECT_FALSE(client.Begin(1, t0, t0 + 10 * kTimeout).has_value()) << "under way: extended";
+  EXPECT_TRUE(client.Expire(t0 + 5 * kTimeout).empty());
+  EXPECT_FALSE(client.Begin(1, t0, t0 + kTimeout / 2).has_value()) << "never shortened";
+  EXPECT_EQ(client.Expire(t0 + 10 * kTimeout), (std::vector<uint32_t>{1, 2}));
+}
+
+// A server whose handshake expired (it was not up) is revived when it shows up, at most once per
+// ten timeouts; one that refused us or was killed is not.
+TEST(PeerHandshakeTest, AnExpiredPeerMayBeRevivedARefusedOneMayNot) {
+  PeerHandshake client{SecretOf(7), 0, 3, kTimeout, Counter(0x10)};
+  PeerHandshake server{SecretOf(7), 1, 3, kTimeout, Counter(0x20)};
+  const Clock::time_point t0 = Clock::now();
+  ASSERT_TRUE(client.Begin(1, t0).has_value());
+  ASSERT_EQ(client.Expire(t0 + kTimeout), std::vector<uint32_t>{1});
+  client.Kill(1);  // as the link does after Expire: still revivable
+  EXPECT_FALSE(client.Begin(1, t0 + kTimeout).has_value()) << "dead until revived";
+  const Clock::time_point t1 = t0 + 2 * kTimeout;
+  ASSERT_TRUE(client.Revive(1, t1));
+  EXPECT_EQ(client.state(1), PeerState::kNone);
+  EXPECT_FALSE(client.Revive(1, t1)) << "not dead";
+  // It expires again at once: the next revival waits ten timeouts.
+  ASSERT_TRUE(client.Begin(1, t1).has_value());
+  ASSERT_EQ(client.Expire(t1 + kTimeout), std::vector<uint32_t>{1});
+  EXPECT_FALSE(client.Revive(1, t1 + 9 * kTimeout));
+  ASSERT_TRUE(client.Revive(1, t1 + 10 * kTimeout));
+  // This time the server is up: the handshake completes after the revival.
+  std::optional<Hello> h = client.Begin(1, t1 + 10 * kTimeout);
+  ASSERT_TRUE(h.has_value());
+  HandshakeStep c = server.OnHello(0, *h);
+  HandshakeStep a = client.OnChallenge(1, std::get<Challenge>(*c.reply));
+  ASSERT_EQ(a.verdict, V::kOk);
+  HandshakeStep r = server.OnAuth(0, std::get<Auth>(*a.reply));
+  std::vector<std::byte> bytes = Encode(*r.reply);
+  ASSERT_TRUE(server.Seal(0, bytes));
+  ASSERT_TRUE(client.Admit(1, PeerType::kAuthResult, bytes).ok());
+  EXPECT_EQ(client.OnAuthResult(1, AuthResult{true}).verdict, V::kOk);
+  EXPECT_EQ(client.state(1), PeerState::kAuthed);
+  // Killed (a peer that died after answering) or refused: final.
+  client.Kill(1);
+  EXPECT_FALSE(client.Revive(1, t1 + 100 * kTimeout));
+  ASSERT_TRUE(client.Begin(2, t0).has_value());
+  client.Kill(2);
+  EXPECT_FALSE(client.Revive(2, t0 + 100 * kTimeout)) << "killed before it expired";
 }
 
 TEST(PeerHandshakeTest, ARefusalKillsThePeer) {

@@ -21,6 +21,8 @@ constexpr auto kPollSlice = std::chrono::milliseconds(50);
 // Exchange rounds a node may send before this node asks for them (Exchange is collective, so a
 // node runs at most a round or two ahead); more are dropped, so that buffers cannot pile up.
 constexpr uint32_t kMaxEarlyExchanges = 4;
+// How long a Hello may wait for the provider's queue (a connection under way) before it is dropped.
+constexpr auto kHelloPost = std::chrono::milliseconds(50);
 
 uint64_t TagOf(uint32_t node) {
   return uint64_t{node} << 32;
@@ -85,6 +87,8 @@ struct PeerLink::State {
   // The handshake and the sessions, read and written by the progress thread only (the other
   // threads see a peer's death through `dead`).
   std::unique_ptr<PeerHandshake> shake;
+  // Per node, whether a message claiming to be from it has arrived (progress thread only).
+  std::vector<bool> heard;
   ServePool pool;
 
   using Pending = PeerLink::Pending;
@@ -93,6 +97,10 @@ struct PeerLink::State {
   // Per node, whether it is dead (as shake's client state kDead, for the threads other than the
   // progress thread; both are set together by KillLocked).
   std::vector<bool> dead GUARDED_BY(mu);
+  // Per node, whether this node's handshake with it is done (shake's client state kAuthed).
+  std::vector<bool> joined GUARDED_BY(mu);
+  // WaitForPeers' deadline: handshakes started before it last until it.
+  std::chrono::steady_clock::time_point startup_until GUARDED_BY(mu){};
   std::map<uint64_t, Pending*> pending GUARDED_BY(mu);
   std::deque<std::pair<uint32_t, std::vector<std::byte>>> outbox GUARDED_BY(mu);  // (node, message)
   uint64_t next_id GUARDED_BY(mu) = 1;
@@ -455,7 +463,10 @@ struct PeerLink::State {
   // handshake or to the request and reply handlers.
   void Dispatch(uint32_t node, uint64_t seq, PeerMessage& m) {
     if (auto* h = std::get_if<Hello>(&m)) {
-      Apply(node, shake->OnHello(node, *h));
+      HandshakeStep step = shake->OnHello(node, *h);
+      const bool valid = step.verdict == HandshakeStep::Verdict::kOk;
+      Apply(node, std::move(step));
+      if (valid) ReviveOnHello(node);
     } else if (auto* a = std::get_if<Auth>(&m)) {
       Apply(node, shake->OnAuth(node, *a));
     } else if (auto* c = std::get_if<Challenge>(&m)) {
@@ -469,9 +480,22 @@ struct PeerLink::State {
     }
   }
 
+  // Progress thread: a node that this one gave up on because it did not answer the handshake
+  // (it started later) has sent a Hello: it is up now, so this node tries again (at most once per
+  // ten timeouts, PeerHandshake::Revive).
+  void ReviveOnHello(uint32_t node) {
+    MutexLock lock(&mu);
+    const auto now = std::chrono::steady_clock::now();
+    if (!shake->Revive(node, now)) return;
+    dead[node] = false;
+    spdlog::info(
+        "nopfsd: peer node {} sent a hello after this node gave up on it: handshaking again", node);
+    BeginLocked(node, now);
+  }
+
   // Starts the handshake with `peer` if none was started.
   void BeginLocked(uint32_t peer, std::chrono::steady_clock::time_point now) REQUIRES(mu) {
-    if (std::optional<Hello> h = shake->Begin(peer, now)) Queue(peer, *h);
+    if (std::optional<Hello> h = shake->Begin(peer, now, startup_until)) Queue(peer, *h);
   }
 
   // Starts handshakes, queues reads of authenticated peers, expires deadlines.
@@ -499,9 +523,22 @@ struct PeerLink::State {
         ++it;
       }
     }
+    bool changed = false;
+    for (uint32_t p = 0; p < joined.size(); ++p) {
+      if (p == opts.node) continue;
+      if (now < startup_until) {  // the start-up phase: a node may not be listening yet
+        if (std::optional<Hello> h = shake->Resend(p, now, kHelloRetry)) Queue(p, *h);
+      }
+      const bool j = shake->state(p) == PeerState::kAuthed;
+      changed |= j != joined[p];
+      joined[p] = j;
+    }
+    if (changed) cv.SignalAll();
     for (uint32_t p : shake->Expire(now)) {
       ++counters.timeouts;
-      KillLocked(p, "no handshake within " + std::to_string(opts.timeout.count()) + " ms");
+      KillLocked(p, now < startup_until + opts.timeout
+                        ? "no handshake by the start-up deadline"
+                        : "no handshake within " + std::to_string(opts.timeout.count()) + " ms");
     }
     for (auto it = pending.begin(); it != pending.end(); ++it) {
       if (now >= it->second->deadline) {
@@ -516,16 +553,26 @@ struct PeerLink::State {
   void Run() {
     for (;;) {
       std::deque<std::pair<uint32_t, std::vector<std::byte>>> sends;
+      bool starting = false;
       {
         MutexLock lock(&mu);
         if (stop) break;
         ScheduleLocked();
         sends.swap(outbox);
         wake.store(false);
+        starting = std::chrono::steady_clock::now() < startup_until;
       }
       for (auto& [node, bytes] : sends) {
         if (!shake->Seal(node, bytes)) continue;  // its session is gone
-        Status st = ep->Post(addr[node], TagOf(opts.node), std::move(bytes), opts.timeout);
+        // In the start-up phase a Hello to a node that is not listening yet stays in the
+        // provider's queue while it connects: until the node has been heard from, it is dropped
+        // after a moment (Resend sends it again) rather than hold the progress thread for a
+        // timeout. A Hello that cannot be sent never kills the node: the handshake's deadline
+        // decides.
+        const bool hello = *TypeOf(bytes) == PeerType::kHello;
+        Status st = ep->Post(addr[node], TagOf(opts.node), std::move(bytes),
+                             hello && starting && !heard[node] ? kHelloPost : opts.timeout);
+        if (!st.ok() && hello) continue;
         if (!st.ok()) {
           MutexLock lock(&mu);
           ++counters.timeouts;
@@ -547,6 +594,7 @@ struct PeerLink::State {
         continue;
       }
       auto node = static_cast<uint32_t>(sender);
+      heard[node] = true;  // a claim only, but enough to wait for the provider's queue
       auto decoded = Decode(msg->data);
       if (!decoded.ok()) {
         Malformed(node, decoded.status().ToString());
@@ -589,10 +637,12 @@ Result<std::unique_ptr<PeerLink>> PeerLink::Start(const PeerLinkOptions& options
   }
   const auto nodes = static_cast<uint32_t>(options.peers.size());
   s->shake = std::make_unique<PeerHandshake>(options.secret, options.node, nodes, options.timeout);
+  s->heard.assign(nodes, false);
   {
     MutexLock lock(&s->mu);  // no other thread yet: for the analysis
     s->peer_done.assign(nodes, 0);
     s->dead.assign(nodes, false);
+    s->joined.assign(nodes, false);
   }
   State* raw = s.get();
   // The pool first: the progress thread asks it whether it has threads.
@@ -774,8 +824,44 @@ bool PeerLink::supports_remote_read() const {
   return s_->ep->supports_remote_read();
 }
 
+Status PeerLink::WaitForPeers(std::chrono::steady_clock::time_point deadline) {
+  MutexLock lock(&s_->mu);
+  const auto now = std::chrono::steady_clock::now();
+  s_->startup_until = std::max(s_->startup_until, deadline);
+  for (uint32_t k = 0; k < nodes(); ++k) {
+    if (k != s_->opts.node) s_->BeginLocked(k, now);
+  }
+  s_->wake.store(true);
+  s_->ep->Wake();
+  // The progress thread expires the handshakes that are not done at the deadline (within one
+  // receive slice of it).
+  for (uint32_t k = 0; k < nodes() && !s_->stop;) {
+    if (k == s_->opts.node || s_->joined[k] || s_->dead[k]) {
+      ++k;
+    } else if (!s_->cv.WaitUntil(&s_->mu, deadline + 10 * kPollSlice)) {
+      break;
+    }
+  }
+  std::string missing;
+  for (uint32_t k = 0; k < nodes(); ++k) {
+    if (k != s_->opts.node && !s_->joined[k]) {
+      missing += (missing.empty() ? "" : ", ") + std::to_string(k);
+    }
+  }
+  if (s_->stop) return Status::Unavailable("peer link stopped");
+  if (missing.empty()) return Status::Ok();
+  return Status::Unavailable("peer node(s) " + missing + " did not answer the handshake by the " +
+                             "start-up deadline");
+}
+
 Result<std::vector<std::vector<std::byte>>> PeerLink::Exchange(
     uint64_t round, std::vector<std::vector<std::byte>> out) {
+  return Exchange(round, std::move(out), std::chrono::steady_clock::now() + 5 * s_->opts.timeout);
+}
+
+Result<std::vector<std::vector<std::byte>>> PeerLink::Exchange(
+    uint64_t round, std::vector<std::vector<std::byte>> out,
+    std::chrono::steady_clock::time_point deadline) {
   const uint32_t nodes = this->nodes();
   const uint32_t self = s_->opts.node;
   if (out.size() != nodes) {
@@ -796,7 +882,6 @@ Result<std::vector<std::vector<std::byte>>> PeerLink::Exchange(
   }
   s_->wake.store(true);
   s_->ep->Wake();
-  auto deadline = std::chrono::steady_clock::now() + 5 * s_->opts.timeout;
   std::vector<std::vector<std::byte>> in(nodes);
   for (uint32_t k = 0; k < nodes; ++k) {
     if (k == self) continue;

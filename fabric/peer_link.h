@@ -147,12 +147,25 @@ class PeerLink {
   // Whether this link's endpoint does RMA reads.
   bool supports_remote_read() const;
 
+  // The start-up phase (docs/fabric.md, "Start-up"): handshakes with every other node and waits
+  // until every one has answered or `deadline` has passed. Until then every handshake waiting
+  // for its Challenge sends its Hello again every kHelloRetry, and handshakes started by other
+  // calls also last until the deadline. Ok once every other node has answered; Unavailable naming
+  // the nodes that had not by the deadline (they are then dead; one that starts later still joins
+  // when its Hello arrives).
+  Status WaitForPeers(std::chrono::steady_clock::time_point deadline);
+  static constexpr std::chrono::milliseconds kHelloRetry{250};
+
   // One collective all-to-all round (the shape of service/peers/directory.h's dir::Exchange): sends
   // out[k] to node k and returns in[k] from node k (in[node] = out[node]). Every node must call it
   // with the same rounds in the same order; `round` numbers them (distinct per call). Needs
-  // out.size() == nodes(). Unavailable if a peer is dead or refused us, TimedOut after 5 x timeout.
+  // out.size() == nodes(). Unavailable if a peer is dead or refused us, TimedOut at `deadline`
+  // (without one: 5 x timeout from the call).
   Result<std::vector<std::vector<std::byte>>> Exchange(uint64_t round,
                                                        std::vector<std::vector<std::byte>> out);
+  Result<std::vector<std::vector<std::byte>>> Exchange(
+      uint64_t round, std::vector<std::vector<std::byte>> out,
+      std::chrono::steady_clock::time_point deadline);
 
   // Tells every other node that this node's class `cls` is filled (peer_protocol.h, kClassDone);
   // sent once each peer's handshake is done.

@@ -487,6 +487,113 @@ TEST(PeerLinkTest, ExchangeWithADeadNodeFails) {
   EXPECT_TRUE((*n0)->IsDead(1));
 }
 
+// A node whose link starts three peer timeouts after the other's still joins within the start-up
+// phase: both WaitForPeers return Ok, nobody is dead, and the exchange and reads both ways work.
+TEST(PeerLinkTest, ALinkStartedLaterThanThePeerTimeoutJoinsInTheStartUpPhase) {
+  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()}};
+  auto opts = [&](uint32_t n) {
+    PeerLinkOptions o = Options(n, peers, 8);
+    o.timeout = milliseconds(400);
+    return o;
+  };
+  auto n0 = PeerLink::Start(opts(0), Holder(0));
+  ASSERT_TRUE(n0.ok()) << n0.status().ToString();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto waited0 = std::async(std::launch::async,
+                            [&] { return (*n0)->WaitForPeers(t0 + std::chrono::seconds(20)); });
+  std::this_thread::sleep_for(milliseconds(1200));  // three timeouts: node 1 is not up yet
+  EXPECT_FALSE((*n0)->IsDead(1));
+  auto n1 = PeerLink::Start(opts(1), Holder(1));
+  ASSERT_TRUE(n1.ok()) << n1.status().ToString();
+  Status waited1 = (*n1)->WaitForPeers(std::chrono::steady_clock::now() + std::chrono::seconds(20));
+  EXPECT_TRUE(waited1.ok()) << waited1.ToString();
+  Status w0 = waited0.get();
+  EXPECT_TRUE(w0.ok()) << w0.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  auto ex1 = std::async(std::launch::async, [&] {
+    return (*n1)->Exchange(1, {{std::byte{1}, std::byte{0}}, {std::byte{1}, std::byte{1}}});
+  });
+  auto in0 = (*n0)->Exchange(1, {{std::byte{0}, std::byte{0}}, {std::byte{0}, std::byte{1}}});
+  auto in1 = ex1.get();
+  ASSERT_TRUE(in0.ok()) << in0.status().ToString();
+  ASSERT_TRUE(in1.ok()) << in1.status().ToString();
+  EXPECT_EQ((*in0)[1], (std::vector<std::byte>{std::byte{1}, std::byte{0}}));
+  EXPECT_EQ((*in1)[0], (std::vector<std::byte>{std::byte{0}, std::byte{1}}));
+  auto r0 = (*n0)->Read(1, 3);
+  ASSERT_TRUE(r0.ok()) << r0.status().ToString();
+  EXPECT_EQ(*r0, SampleBytes(1, 3));
+  auto r1 = (*n1)->Read(0, 4);
+  ASSERT_TRUE(r1.ok()) << r1.status().ToString();
+  EXPECT_EQ(*r1, SampleBytes(0, 4));
+  EXPECT_FALSE((*n0)->IsDead(1));
+  EXPECT_FALSE((*n1)->IsDead(0));
+  EXPECT_EQ((*n0)->counters().timeouts, 0u);
+}
+
+// A node that never starts costs the others the start-up deadline and no more: WaitForPeers
+// returns at the deadline naming it, it is dead, and the others serve each other.
+TEST(PeerLinkTest, ANodeThatNeverStartsCostsTheStartUpDeadline) {
+  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()}};
+  std::vector<std::unique_ptr<PeerLink>> links;
+  for (uint32_t n = 0; n < 2; ++n) {  // node 2 never starts
+    auto l = PeerLink::Start(Options(n, peers, 9), Holder(n));
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    links.push_back(std::move(*l));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto deadline = t0 + milliseconds(3000);  // two peer timeouts
+  auto w1 = std::async(std::launch::async, [&] { return links[1]->WaitForPeers(deadline); });
+  Status w0 = links[0]->WaitForPeers(deadline);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(w0.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(w0.message(), "peer node(s) 2 did not answer the handshake by the start-up deadline");
+  EXPECT_EQ(w1.get().code(), StatusCode::kUnavailable);
+  EXPECT_GE(took, milliseconds(2900));
+  EXPECT_LT(took, milliseconds(4500));
+  EXPECT_TRUE(links[0]->IsDead(2));
+  EXPECT_TRUE(links[1]->IsDead(2));
+  // A round of the three: node 1's buffer comes, node 2's never will (at once: it is dead).
+  auto ex1 = std::async(std::launch::async, [&] {
+    return links[1]->Exchange(1, std::vector<std::vector<std::byte>>(3));
+  });
+  auto in0 = links[0]->Exchange(1, std::vector<std::vector<std::byte>>(3));
+  EXPECT_EQ(in0.status().code(), StatusCode::kUnavailable) << in0.status().ToString();
+  EXPECT_EQ(ex1.get().status().code(), StatusCode::kUnavailable);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(5000));
+  EXPECT_FALSE(links[0]->IsDead(1));
+  auto r = links[0]->Read(1, 5);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, SampleBytes(1, 5));
+}
+
+// A node that starts after the others gave up on it is not dead to them for the whole job: its
+// first Hello makes them handshake again, and reads go both ways.
+TEST(PeerLinkTest, ANodeThatStartsAfterTheDeadlineStillJoinsForReads) {
+  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()}};
+  auto n0 = PeerLink::Start(Options(0, peers, 10), Holder(0));
+  ASSERT_TRUE(n0.ok()) << n0.status().ToString();
+  EXPECT_EQ((*n0)->WaitForPeers(std::chrono::steady_clock::now() + milliseconds(500)).code(),
+            StatusCode::kUnavailable);
+  EXPECT_TRUE((*n0)->IsDead(1));
+  EXPECT_EQ((*n0)->Read(1, 1).status().code(), StatusCode::kUnavailable);
+  auto n1 = PeerLink::Start(Options(1, peers, 10), Holder(1));
+  ASSERT_TRUE(n1.ok()) << n1.status().ToString();
+  Status w1 = (*n1)->WaitForPeers(std::chrono::steady_clock::now() + std::chrono::seconds(20));
+  ASSERT_TRUE(w1.ok()) << w1.ToString();
+  // Node 0 answered node 1's handshake, so it has seen its Hello and handshakes again.
+  EXPECT_FALSE((*n0)->IsDead(1));
+  auto r0 = (*n0)->Read(1, 7);
+  ASSERT_TRUE(r0.ok()) << r0.status().ToString();
+  EXPECT_EQ(*r0, SampleBytes(1, 7));
+  auto r1 = (*n1)->Read(0, 8);
+  ASSERT_TRUE(r1.ok()) << r1.status().ToString();
+  EXPECT_EQ(*r1, SampleBytes(0, 8));
+}
+
 // Someone without the job's secret, on an address outside the job's list, sends every kind of
 // message in the name of node 1 while nodes 0 and 1 start and serve each other: forged Hellos
 // and Challenges during their handshakes, pushes of wrong bytes with their own correct xxh3,

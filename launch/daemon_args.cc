@@ -32,6 +32,9 @@ std::vector<std::string> DaemonArgs::ToArgv() const {
   if (peer_timeout_ms != defaults.peer_timeout_ms) {
     add("--peer-timeout-ms", std::to_string(peer_timeout_ms));
   }
+  if (peer_startup_timeout_ms != defaults.peer_startup_timeout_ms) {
+    add("--peer-startup-timeout-ms", std::to_string(peer_startup_timeout_ms));
+  }
   if (keep) a.emplace_back("--keep");
   if (keep_max_bytes != 0) add("--keep-max-bytes", std::to_string(keep_max_bytes));
   if (!share_running) add("--share-running", "no");
@@ -64,6 +67,10 @@ void AddDaemonFlags(CLI::App* app, DaemonArgs* args) {
       ->capture_default_str();
   app->add_option("--peer-timeout-ms", args->peer_timeout_ms,
                   "A peer silent this long is dead for the rest of the job")
+      ->capture_default_str();
+  app->add_option("--peer-startup-timeout-ms", args->peer_startup_timeout_ms,
+                  "How long after its start nopfsd waits for the other nodes to answer before it "
+                  "goes on without them (a node that starts later still joins)")
       ->capture_default_str();
   app->add_flag("--keep", args->keep,
                 "Keep the SSD tier's samples at exit for the next job on the same dataset "

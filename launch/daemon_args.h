@@ -14,6 +14,8 @@
 
 namespace nopfs::launch {
 
+inline constexpr uint32_t kDefaultPeerStartupTimeoutMs = 60000;
+
 struct DaemonArgs {
   std::string run_dir;           // the job's run directory (socket, log)
   std::string dataset;           // ImageFolder directory or manifest file
@@ -31,6 +33,9 @@ struct DaemonArgs {
   std::string peer_secret_file;
   std::string peer_provider = "tcp;ofi_rxm";
   uint32_t peer_timeout_ms = 5000;
+  // The start-up phase (docs/fabric.md, "Start-up"): how long after its start nopfsd waits for
+  // the other nodes' nopfsd to answer before it goes on without them.
+  uint32_t peer_startup_timeout_ms = kDefaultPeerStartupTimeoutMs;
   // The kept area (launch/kept_area.h): keep the SSD tier's samples at exit; keep at most this
   // many bytes (0: no limit given).
   bool keep = false;

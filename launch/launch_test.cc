@@ -199,6 +199,7 @@ TEST(DaemonArgs, RoundTripsThroughArgv) {
   a.peer_secret_file = "/run/nopfs/n1/42/peer.secret";
   a.peer_provider = "tcp";
   a.peer_timeout_ms = 1500;
+  a.peer_startup_timeout_ms = 25000;
   a.keep = true;
   a.keep_max_bytes = 123'456'789'012;
   a.share_running = false;
@@ -227,6 +228,7 @@ TEST(DaemonArgs, RoundTripsThroughArgv) {
   EXPECT_EQ(b.peer_secret_file, a.peer_secret_file);
   EXPECT_EQ(b.peer_provider, "tcp");
   EXPECT_EQ(b.peer_timeout_ms, 1500u);
+  EXPECT_EQ(b.peer_startup_timeout_ms, 25000u);
   EXPECT_TRUE(b.keep);
   EXPECT_EQ(b.keep_max_bytes, 123'456'789'012u);
   EXPECT_FALSE(b.share_running);

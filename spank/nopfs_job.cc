@@ -538,6 +538,9 @@ launch::DaemonArgs DaemonArgsFor(const Job& job, uint32_t ranks_per_node, const 
   dargs.keep_max_bytes = keep.max_bytes;
   dargs.share_running = job.opts.share_running;
   SetPeers(job, &dargs, peers_note);
+  // The nodes wait for each other at most half of the time nopfsd has to become ready.
+  dargs.peer_startup_timeout_ms = static_cast<uint32_t>(
+      std::min<uint64_t>(launch::kDefaultPeerStartupTimeoutMs, uint64_t{job.args.timeout} * 500));
   return dargs;
 }
 

@@ -35,13 +35,23 @@ void SortStamps(std::vector<StampEntry>& s) {
 }
 
 // A work queue run by a fixed set of threads until it is empty and no task is running; tasks
-// may push more tasks. The first error stops the rest.
+// may push more tasks. The first error stops the rest. Tasks come in groups (a directory's
+// chunks), and the threads take one task of each group in turn: they stat in different
+// directories at once, since a file system may serialize lookups within one directory (FUSE
+// without parallel directory operations, so the emulated PFS: 8 threads in one directory of
+// 1,000 files stat one file at a time).
 class TaskPool {
  public:
   void Push(std::function<void()> task) {
+    std::deque<std::function<void()>> group;
+    group.push_back(std::move(task));
+    PushGroup(std::move(group));
+  }
+  void PushGroup(std::deque<std::function<void()>> group) {
+    if (group.empty()) return;
     MutexLock lock(&mu_);
-    tasks_.push_back(std::move(task));
-    cv_.Signal();
+    tasks_.push_back(std::move(group));
+    cv_.SignalAll();
   }
 
   void Fail(Status s) {
@@ -72,8 +82,11 @@ class TaskPool {
         cv_.SignalAll();
         return;
       }
-      std::function<void()> task = std::move(tasks_.front());
+      std::deque<std::function<void()>> group = std::move(tasks_.front());
       tasks_.pop_front();
+      std::function<void()> task = std::move(group.front());
+      group.pop_front();
+      if (!group.empty()) tasks_.push_back(std::move(group));  // its next task after the others'
       ++active_;
       lock.Unlock();
       if (!failed()) task();
@@ -85,7 +98,7 @@ class TaskPool {
 
   Mutex mu_;
   CondVar cv_;
-  std::deque<std::function<void()>> tasks_ GUARDED_BY(mu_);
+  std::deque<std::deque<std::function<void()>>> tasks_ GUARDED_BY(mu_);  // groups
   uint32_t active_ GUARDED_BY(mu_) = 0;
   Status error_ GUARDED_BY(mu_);
   std::atomic<bool> failed_{false};
@@ -121,14 +134,17 @@ class FolderWalk {
     for (auto& n : *names) {
       if (!Hidden(n)) visible.push_back(std::move(n));
     }
+    std::deque<std::function<void()>> chunks;
     for (size_t begin = 0; begin < visible.size(); begin += kChunk) {
       const size_t end = std::min(visible.size(), begin + kChunk);
       std::vector<std::string> chunk(std::make_move_iterator(visible.begin() + begin),
                                      std::make_move_iterator(visible.begin() + end));
-      pool_->Push([this, dir, rel_prefix, label, anc = Ancestors(mine), chunk = std::move(chunk)] {
-        StatNames(dir, rel_prefix, label, anc, chunk);
-      });
+      chunks.push_back(
+          [this, dir, rel_prefix, label, anc = Ancestors(mine), chunk = std::move(chunk)] {
+            StatNames(dir, rel_prefix, label, anc, chunk);
+          });
     }
+    pool_->PushGroup(std::move(chunks));
   }
 
   void StatNames(const std::string& dir, const std::string& rel_prefix, int64_t label,

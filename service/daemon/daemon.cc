@@ -103,7 +103,10 @@ Status Daemon::Init() {
   spdlog::info("nopfsd: job {}, node {}, config {}", options_.job_id, options_.node,
                config_.source());
 
-  // Peers first, so that the other nodes can reach this one while it scans and plans.
+  // Peers first, so that the other nodes can reach this one while it scans and plans. The
+  // start-up phase lasts until startup_deadline: the nodes wait for each other until then.
+  const auto startup_deadline = std::chrono::steady_clock::now() +
+                                std::chrono::milliseconds(options_.peer_startup_timeout_ms);
   if (!options_.peers.empty()) {
     Result<std::vector<fabric::PeerAddress>> peers = fabric::ParsePeerList(options_.peers);
     if (!peers.ok()) return peers.status().WithContext("--peers");
@@ -136,6 +139,19 @@ Status Daemon::Init() {
     }
   }
 
+  if (peers_) {
+    const auto tw = std::chrono::steady_clock::now();
+    if (Status joined = peers_->WaitForPeers(startup_deadline); joined.ok()) {
+      spdlog::info("peers: every other node answered in {:.2f} s",
+                   Seconds(std::chrono::steady_clock::now() - tw));
+    } else {
+      spdlog::warn(
+          "peers: {} ({} ms after this node started); the job goes on without them, and one "
+          "that starts later joins for peer reads when it comes",
+          joined.message(), options_.peer_startup_timeout_ms);
+    }
+  }
+
   // The dataset.
   CatalogOptions co;
   co.dataset = options_.dataset;
@@ -148,8 +164,13 @@ Status Daemon::Init() {
     co.node = options_.node;
     co.nodes = options_.job.nodes();
     PeerService* ps = peers_.get();
-    co.exchange = [ps](uint64_t round, std::vector<std::vector<std::byte>> out) {
-      return ps->CatalogExchange(round, std::move(out));
+    // A round waits for the others until the start-up deadline, and at least five peer timeouts.
+    const auto patience = 5 * std::chrono::milliseconds(options_.peer_timeout_ms);
+    co.exchange = [ps, startup_deadline, patience](uint64_t round,
+                                                   std::vector<std::vector<std::byte>> out) {
+      return ps->CatalogExchange(
+          round, std::move(out),
+          std::max(startup_deadline, std::chrono::steady_clock::now() + patience));
     };
   }
   const auto t0 = std::chrono::steady_clock::now();

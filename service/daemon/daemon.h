@@ -65,6 +65,9 @@ struct DaemonOptions {
   std::string peer_secret_file;
   std::string peer_provider = "tcp;ofi_rxm";
   uint32_t peer_timeout_ms = 5000;
+  // The start-up phase: how long after Start the node waits for every other node to answer its
+  // handshake before the first catalog round (docs/fabric.md, "Start-up").
+  uint32_t peer_startup_timeout_ms = 60000;
   // The kept area (service/reader/kept.h): keep the SSD tier's ready samples at Stop(), at most
   // keep_max_bytes of disk (0: no limit). A kept copy of the dataset is adopted whatever these say.
   bool keep = false;

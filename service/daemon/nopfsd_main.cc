@@ -99,6 +99,7 @@ int main(int argc, char** argv) {
   options.peer_secret_file = f.peer_secret_file;
   options.peer_provider = f.peer_provider;
   options.peer_timeout_ms = f.peer_timeout_ms;
+  options.peer_startup_timeout_ms = f.peer_startup_timeout_ms;
   options.keep = f.keep;
   options.keep_max_bytes = f.keep_max_bytes;
   options.share_running = f.share_running;

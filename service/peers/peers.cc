@@ -254,8 +254,13 @@ Status PeerService::Attach(const policy::NodePlan& plan, const policy::NodeAcces
 }
 
 Result<std::vector<std::vector<std::byte>>> PeerService::CatalogExchange(
-    uint64_t round, std::vector<std::vector<std::byte>> out) {
-  return link_->Exchange(kCatalogRoundBase + round, std::move(out));
+    uint64_t round, std::vector<std::vector<std::byte>> out,
+    std::chrono::steady_clock::time_point deadline) {
+  return link_->Exchange(kCatalogRoundBase + round, std::move(out), deadline);
+}
+
+Status PeerService::WaitForPeers(std::chrono::steady_clock::time_point deadline) {
+  return link_->WaitForPeers(deadline);
 }
 
 report::Peers PeerService::Report() const {

@@ -63,9 +63,15 @@ class PeerService {
   // One collective round of the catalog's shared scan (CatalogOptions::exchange): catalog round r
   // is the link's round kCatalogRoundBase + r, apart from the directory's rounds. Usable from
   // Start on; every node must call it with the same rounds.
+  // It waits for the others until `deadline`.
   static constexpr uint64_t kCatalogRoundBase = uint64_t{1} << 48;
   Result<std::vector<std::vector<std::byte>>> CatalogExchange(
-      uint64_t round, std::vector<std::vector<std::byte>> out);
+      uint64_t round, std::vector<std::vector<std::byte>> out,
+      std::chrono::steady_clock::time_point deadline);
+
+  // The start-up phase (fabric::PeerLink::WaitForPeers): Ok once every other node has answered
+  // this node's handshake, Unavailable naming those that had not by `deadline`.
+  Status WaitForPeers(std::chrono::steady_clock::time_point deadline);
 
   // The link's counters and the directory's state, for the status (the daemon adds the copies
   // its prefetchers made).

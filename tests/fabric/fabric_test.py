@@ -19,7 +19,10 @@ What a user relies on, checked here:
 - nothing is left behind after SIGTERM;
 - one dataset scan per job: on the emulated PFS, a job of 1, 2 or 4 nodes asks it for at most
   1.05 metadata operations per file, and every node logs the same catalog fingerprint; a node
-  whose peer is killed mid-scan scans alone and starts with the same catalog.
+  whose peer is killed mid-scan scans alone and starts with the same catalog;
+- a node whose nopfsd starts four peer timeouts after the other's (`nopfs run --nodes 2`) still
+  shares the scan (at most 1.05 metadata operations per file, one catalog) and serves and gets
+  peer reads: the nodes wait for each other in the start-up phase.
 
 As root, every process runs as `nobody` (nopfsd refuses root).
 
@@ -110,10 +113,10 @@ class FabricTest(unittest.TestCase):
         return path
 
     def start(self, nodes, conf, secrets, timeout_ms=1500, hosts=None, netns=None, job=JOB,
-              datasets=None, wait=True):
+              datasets=None, wait=True, startup_ms=10000):
         """Starts `nodes` daemons, node n listening on hosts[n] (default 127.0.0.1) inside network
         namespace netns[n] (default this one), reading the dataset at datasets[n] (default the
-        test's)."""
+        test's); they wait for each other at most `startup_ms`."""
         if hosts is None:
             base = free_port_base(nodes)
             addrs = [f"127.0.0.1:{base + n}" for n in range(nodes)]
@@ -130,7 +133,8 @@ class FabricTest(unittest.TestCase):
                 datasets[n] if datasets else self.data.root, *job,
                 "--node", str(n), "--config", conf, "--job-id", "fabrictest",
                 "--peers", peers, "--peer-listen", addrs[n],
-                "--peer-secret-file", secrets[n], "--peer-timeout-ms", str(timeout_ms)])
+                "--peer-secret-file", secrets[n], "--peer-timeout-ms", str(timeout_ms),
+                "--peer-startup-timeout-ms", str(startup_ms)])
             if netns is not None:
                 argv = ["ip", "netns", "exec", netns[n]] + argv
             err = open(os.path.join(self.work, f"nopfsd{n}.err"), "w")
@@ -448,16 +452,18 @@ class FabricTest(unittest.TestCase):
         self.assertLessEqual(pfs, 1.05 * self.total, statuses)
         self.stop_all()
 
-    def run_nodes(self, argv, demote=True):
-        """`nopfs run --nodes 2` whose ranks run `nopfs cat --verify`; checks every rank's last
-        line and that each node served some of its ranks' reads from its peer."""
+    def run_nodes(self, argv, demote=True, dataset=None, nopfs=None):
+        """`nopfs run --nodes 2` (the `nopfs` binary given, default the build's) on `dataset`
+        (default the test's) whose ranks run `nopfs cat --verify`; checks every rank's last line
+        and that each node served some of its ranks' reads from its peer."""
         conf = self.config(str(int(self.total * 0.6)))
         parent = os.path.join(self.work, "runs")
         os.mkdir(parent, 0o755)
         if st.AS_ROOT:
             shutil.chown(parent, "nobody", "nogroup")
         run = os.path.join(parent, "run")
-        cmd = [os.path.join(BIN, "nopfs"), "run", "--dataset", self.data.root, *JOB, "--nodes", 2,
+        cmd = [nopfs or os.path.join(BIN, "nopfs"), "run", "--dataset", dataset or self.data.root,
+               *JOB, "--nodes", 2,
                "--config", conf, "--run-dir", run, *argv, "--",
                os.path.join(BIN, "nopfs"), "cat", "--verify"]
         cmd = [str(x) for x in cmd]
@@ -494,6 +500,57 @@ class FabricTest(unittest.TestCase):
         p = self.run_nodes(["--netns", ",".join(names), "--hosts", ",".join(hosts), "--user",
                             "nobody"], demote=False)
         self.assertIn(f"run dir {self.work}/runs/run/node1", p.stderr)
+
+    def late_node_nopfs(self, delay_s):
+        """A copy of `nopfs` beside a wrapper `nopfsd` (`nopfs run` starts the nopfsd beside its
+        own binary) that starts node 1's nopfsd `delay_s` seconds after the others, every one
+        with a peer timeout of 1 s; returns the copy's path."""
+        bindir = os.path.join(self.work, "bin")
+        os.mkdir(bindir, 0o755)
+        nopfs = os.path.join(bindir, "nopfs")
+        shutil.copy(os.path.join(BIN, "nopfs"), nopfs)
+        wrapper = os.path.join(bindir, "nopfsd")
+        with open(wrapper, "w") as fh:
+            fh.write(f'#!/bin/sh\ncase " $* " in *" --node 1 "*) sleep {delay_s} ;; esac\n'
+                     f'exec {os.path.join(BIN, "nopfsd")} "$@" --peer-timeout-ms 1000\n')
+        os.chmod(wrapper, 0o755)
+        return nopfs
+
+    @unittest.skipUnless(st.AS_ROOT, "mounting the emulated PFS needs root")
+    def test_a_node_that_starts_later_than_its_peers_shares_the_scan_and_serves(self):
+        # Node 1's nopfsd starts 4 s (four peer timeouts) after node 0's.
+        nopfs = self.late_node_nopfs(4)
+        data = self.big_dataset()
+        files = len(data.files)
+        mnt = self.mount_pfs(data.root, "pfs")
+        # The scan alone (no tier, no reads): one scan for the job, the same catalog on both.
+        parent = os.path.join(self.work, "scan")
+        os.mkdir(parent, 0o755)
+        shutil.chown(parent, "nobody", "nogroup")
+        run = os.path.join(parent, "run")
+        before = self.pfs_counters(mnt)
+        p = subprocess.run(
+            [nopfs, "run", "--dataset", mnt, "--nodes", "2", "--ranks", "2", "--user", "nobody",
+             "--config", self.config("0"), "--run-dir", run, "--keep-run-dir", "-q", "--",
+             "/bin/true"], capture_output=True, text=True, timeout=300)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        after = self.pfs_counters(mnt)
+        ops = {k: after[k] - before[k] for k in ("getattrs", "readdirs", "opens")}
+        print(f"\nnode 1 started 4 s late, {files} files: {ops}", file=sys.stderr)
+        self.assertLessEqual(ops["getattrs"] + ops["readdirs"], 1.05 * files, ops)
+        logs = [os.path.join(run, f"node{n}", "nopfsd.log") for n in range(2)]
+        waited = re.search(r"peers: every other node answered in ([\d.]+) s", st.read(logs[0]))
+        self.assertIsNotNone(waited, st.read(logs[0]))
+        self.assertGreater(float(waited.group(1)), 3.0, "node 1 started late")
+        lines = [self.catalog_lines(log) for log in logs]
+        self.assertEqual([c[0][0] for c in lines], ["shared by 2 nodes"] * 2, lines)
+        self.assertEqual(lines[0][0][1], lines[1][0][1])  # one catalog, byte for byte
+        # Peer reads: each node serves its ranks some samples from the other's tier.
+        self.run_nodes(["--keep-run-dir"], nopfs=nopfs)
+        for n in range(2):
+            log = st.read(os.path.join(self.work, "runs", "run", f"node{n}", "nopfsd.log"))
+            self.assertIn("peers: every other node answered in", log)
+            self.assertNotIn("marked dead", log)
 
     def test_nopfs_run_netns_errors_say_what_to_write(self):
         conf = self.config("4MB")
