@@ -189,6 +189,9 @@ class Stream {
   uint64_t id_ = 0;
   std::unique_ptr<ring::RingReader> reader_;
   pid_t pid_ = 0;
+  // CheckPid: the process's fork count when the stream was made (when forks are counted).
+  bool forks_counted_ = false;
+  uint64_t forks_ = 0;
   std::atomic<bool> closed_{false};
   // Samples taken from the ring but not yet handed out (FillBatch's sample that did not fit, and
   // those after it), and a failure to report before them: what the next call returns first.
