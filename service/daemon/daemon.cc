@@ -8,7 +8,6 @@
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <numeric>
 
 #include <spdlog/spdlog.h>
@@ -340,15 +339,20 @@ Status Daemon::Init() {
     }
     char host[256] = {};
     if (gethostname(host, sizeof host - 1) == 0) labels.node = host;
-    metrics_ = std::make_unique<MetricsWriter>(config_.metrics_dir(), std::move(labels));
+    metrics_ = std::make_unique<MetricsWriter>(config_.metrics_dir(), std::move(labels),
+                                               options_.local_io);
     WriteMetrics();
     spdlog::info("metrics: writing {} every {} s", metrics_->path(), kMetricsPeriod.count());
   }
   reporter_ = std::thread([this] { Reporter(); });
   // The plan line for the job's output (the SPANK plugin prints it in the batch script's task).
-  const std::string plan = options_.run_dir + "/" + kPlanName;
-  if (std::ofstream out(plan); !(out << report::RenderPlanLine(Report()))) {
-    spdlog::warn("cannot write {}: the job's output will not show the plan", plan);
+  // A run directory that cannot take it cannot take the ready file either: a start failure.
+  if (!options_.run_dir.empty()) {
+    if (Status s = WriteFileAtomically(options_.run_dir, kPlanName,
+                                       report::RenderPlanLine(Report()), options_.local_io);
+        !s.ok()) {
+      return s;
+    }
   }
   return Status::Ok();
 }
@@ -356,6 +360,7 @@ Status Daemon::Init() {
 void Daemon::WriteMetrics() {
   const Status st = metrics_->Write(Report());
   if (st.ok()) {
+    if (!metrics_error_.empty()) spdlog::info("metrics: {} written again", metrics_->path());
     metrics_error_.clear();
   } else if (st.message() != metrics_error_) {
     metrics_error_ = st.message();
@@ -413,7 +418,10 @@ void Daemon::Stop() {
   streams.clear();
   // The last figures, with every stream closed (and merged into the stall).
   if (metrics_) WriteMetrics();
-  if (!options_.run_dir.empty()) (void)::unlink((options_.run_dir + "/" + kPlanName).c_str());
+  if (!options_.run_dir.empty()) {
+    LocalIo* io = options_.local_io != nullptr ? options_.local_io : LocalIo::Default();
+    (void)io->Unlink(options_.run_dir + "/" + kPlanName);
+  }
   // The prefetchers may be waiting on a peer (copying from a filler), and the peer service on
   // the tiers: tell the prefetchers to stop, stop the link (their peer reads then fail at once),
   // join the prefetchers, and only then let the peer service go, before the tiers.

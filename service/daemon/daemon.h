@@ -35,6 +35,7 @@
 #include "service/catalog/catalog.h"
 #include "service/daemon/metrics.h"
 #include "service/daemon/staging.h"
+#include "service/env/local_io.h"
 #include "service/peers/peers.h"
 #include "service/reader/kept.h"
 #include "service/reader/sample_reader.h"
@@ -68,6 +69,9 @@ struct DaemonOptions {
   // keep_max_bytes of disk (0: no limit). A kept copy of the dataset is adopted whatever these say.
   bool keep = false;
   uint64_t keep_max_bytes = 0;
+  // The I/O of the run directory's plan file and of the metrics file (tests inject faults);
+  // nullptr: LocalIo::Default(). Must outlive the daemon.
+  LocalIo* local_io = nullptr;
 };
 
 class Daemon final : public Handler {
