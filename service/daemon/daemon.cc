@@ -72,7 +72,9 @@ Daemon::~Daemon() {
 Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   std::unique_ptr<Daemon> d(new Daemon(options));
   if (Status s = d->Init(); !s.ok()) {
-    if (d->kept_) d->kept_->PutBack();  // nothing served: the next start may adopt it
+    for (KeptClass& k : d->kept_) {
+      if (k.copy) k.copy->PutBack();  // nothing served: the next start may adopt it
+    }
     d->Stop();
     return s;
   }
@@ -248,10 +250,20 @@ Status Daemon::Init() {
   reader_ = std::make_unique<SampleReader>(*catalog_, plan_, tier_refs_, model_,
                                            job_.nodes() * std::max<uint32_t>(1, prefetch_threads));
   reader_->set_verify_ram_hits(config_.ram_verify() == lua::RamVerify::kAlways);
-  if (kept_) {
-    KeptCopy* k = kept_.get();
+  std::vector<KeptCopy*> copies;
+  for (KeptClass& k : kept_) {
+    if (k.copy) copies.push_back(k.copy.get());
+  }
+  if (!copies.empty()) {
+    // A sample is kept by one class at most: the first copy that knows it answers.
     reader_->SetKeptSource(
-        [k](policy::SampleId id, std::span<std::byte> dst) { return k->Fetch(id, dst); });
+        [copies](policy::SampleId id, std::span<std::byte> dst) -> Result<uint64_t> {
+          for (KeptCopy* k : copies) {
+            Result<uint64_t> r = k->Fetch(id, dst);
+            if (r.ok() || r.status().code() != StatusCode::kNotFound) return r;
+          }
+          return Status::NotFound("sample " + std::to_string(id) + " is not kept");
+        });
   }
 
   // Prefetchers, one per non-empty class, each with the class's threads.
@@ -435,7 +447,7 @@ void Daemon::Stop() {
   KeepAtExit();
   if (metrics_ && reader_) WriteMetrics();  // with what was kept
   reader_.reset();
-  kept_.reset();  // the adopted copy: what is worth keeping again is in the new kept entry
+  kept_.clear();  // the adopted copies: what is worth keeping again is in the new kept entries
   for (auto& t : ssd_tiers_) {
     if (Status s = t->Destroy(); !s.ok()) spdlog::error("removing SSD tier: {}", s.message());
   }
@@ -451,68 +463,88 @@ void Daemon::Stop() {
 }
 
 void Daemon::AdoptKept() {
-  const policy::StorageClass* ssd = nullptr;
-  for (const policy::StorageClass& c : model_.classes) {
-    if (c.kind == policy::ClassKind::kSsd) {
-      ssd = &c;
-      break;
-    }
-  }
   std::error_code ec;
   const std::filesystem::path dataset = std::filesystem::canonical(options_.dataset, ec);
-  if (ssd == nullptr || ec) {
+  std::vector<size_t> ssd;
+  for (size_t j = 0; j < model_.classes.size(); ++j) {
+    if (model_.classes[j].kind == policy::ClassKind::kSsd) ssd.push_back(j);
+  }
+  if (ssd.empty() || ec) {
     if (options_.keep) {
       spdlog::warn("kept area: nothing will be kept: {}",
-                   ssd == nullptr ? "the node config has no SSD class" : ec.message());
+                   ssd.empty() ? "the node config has no SSD class" : ec.message());
     }
     return;
   }
-  KeptPlace place;
-  place.kept_dir = launch::KeptAreaDir(SsdTier::UserDir(ssd->path, geteuid()));
-  place.dataset = dataset.string();
-  place.key = launch::KeptKey(place.dataset, kKeptScanOptions);
-  place.tag = options_.job_id + "." + std::to_string(options_.node);
-  kept_place_ = place;
-  if (Result<uint64_t> n = CleanKeptArea(place.kept_dir); !n.ok()) {
-    spdlog::warn("kept area: cleaning {}: {}", place.kept_dir, n.status().message());
-  }
-  Result<std::unique_ptr<KeptCopy>> k = KeptCopy::Adopt(place, *catalog_, Env::Default());
-  if (k.ok()) {
-    kept_ = std::move(*k);
-  } else if (k.status().code() != StatusCode::kNotFound) {
-    spdlog::warn("kept area: the kept copy of {} is unusable and was removed: {}", place.dataset,
-                 k.status().message());
+  for (size_t j : ssd) {
+    KeptClass k;
+    k.class_index = j;
+    k.place.kept_dir = launch::KeptAreaDir(SsdTier::UserDir(model_.classes[j].path, geteuid()));
+    k.place.dataset = dataset.string();
+    k.place.tag = options_.job_id + "." + std::to_string(options_.node);
+    std::string scan = kKeptScanOptions;
+    // Two SSD classes on one path keep under two keys (and private names) in its kept area.
+    for (const KeptClass& other : kept_) {
+      if (other.place.kept_dir == k.place.kept_dir) {
+        scan += "/" + model_.classes[j].name;
+        k.place.tag += "." + std::to_string(j);
+        break;
+      }
+    }
+    k.place.key = launch::KeptKey(k.place.dataset, scan);
+    if (Result<uint64_t> n = CleanKeptArea(k.place.kept_dir); !n.ok()) {
+      spdlog::warn("kept area: cleaning {}: {}", k.place.kept_dir, n.status().message());
+    }
+    Result<std::unique_ptr<KeptCopy>> copy = KeptCopy::Adopt(k.place, *catalog_, Env::Default());
+    if (copy.ok()) {
+      k.copy = std::move(*copy);
+    } else if (copy.status().code() != StatusCode::kNotFound) {
+      spdlog::warn("kept area: the kept copy of {} in {} is unusable and was removed: {}",
+                   k.place.dataset, k.place.kept_dir, copy.status().message());
+    }
+    kept_.push_back(std::move(k));
   }
 }
 
 void Daemon::KeepAtExit() {
-  if (!options_.keep || !kept_place_ || ssd_tiers_.empty()) return;
-  SsdTier& tier = *ssd_tiers_.front();
-  const std::string user_dir = kept_place_->kept_dir.substr(0, kept_place_->kept_dir.rfind('/'));
-  if (tier.dir().rfind(user_dir + "/", 0) != 0) {
-    spdlog::warn("kept area: nothing kept: the first SSD class has no tier in this job");
-    return;
-  }
+  if (!options_.keep) return;
   const auto t0 = std::chrono::steady_clock::now();
-  KeepOptions ko;
-  ko.place = *kept_place_;
-  ko.max_bytes = options_.keep_max_bytes;
-  ko.created = kept_ ? kept_->created() : 0;
-  // Half a second of margin for ctime's coarse clock (a write during the job is never trusted).
-  ko.unchanged_before_ns = start_wall_ns_ - 500'000'000;
-  ko.stat_threads = kKeepStatThreads;
-  ko.deadline = t0 + kKeepStatBudget;
-  Result<KeepResult> r = KeepSsdTier(ko, tier, *catalog_, Env::Default());
-  if (!r.ok()) {
-    spdlog::error("kept area: keeping the SSD tier failed (nothing kept): {}",
-                  r.status().message());
-    return;
+  uint64_t used = 0;  // --keep-max-bytes bounds every class's kept bytes together
+  for (KeptClass& k : kept_) {
+    const std::string& name = model_.classes[k.class_index].name;
+    SsdTier* tier = k.class_index < tier_refs_.size() ? tier_refs_[k.class_index].ssd : nullptr;
+    if (tier == nullptr) continue;  // the class holds nothing in this job
+    const std::string user_dir = k.place.kept_dir.substr(0, k.place.kept_dir.rfind('/'));
+    if (tier->dir().rfind(user_dir + "/", 0) != 0) {
+      spdlog::warn("kept area: class {}: nothing kept: its tier is not under {}", name, user_dir);
+      continue;
+    }
+    if (options_.keep_max_bytes != 0 && used >= options_.keep_max_bytes) {
+      spdlog::info("kept area: class {}: nothing kept: --keep-max-bytes reached", name);
+      continue;
+    }
+    KeepOptions ko;
+    ko.place = k.place;
+    ko.max_bytes = options_.keep_max_bytes == 0 ? 0 : options_.keep_max_bytes - used;
+    ko.created = k.copy ? k.copy->created() : 0;
+    // Half a second of margin for ctime's coarse clock (a write during the job is never trusted).
+    ko.unchanged_before_ns = start_wall_ns_ - 500'000'000;
+    ko.stat_threads = kKeepStatThreads;
+    ko.deadline = t0 + kKeepStatBudget;
+    Result<KeepResult> r = KeepSsdTier(ko, *tier, *catalog_, Env::Default());
+    if (!r.ok()) {
+      spdlog::error("kept area: class {}: keeping its SSD tier failed (nothing kept): {}", name,
+                    r.status().message());
+      continue;
+    }
+    used += r->bytes;
+    kept_bytes_.fetch_add(r->bytes);
+    spdlog::info(
+        "kept area: kept {} samples ({} on disk) in {} in {:.2f} s; {} ready samples not kept "
+        "(class {})",
+        r->samples, FormatBytes(static_cast<double>(r->bytes)), r->dir,
+        Seconds(std::chrono::steady_clock::now() - t0), r->skipped, name);
   }
-  kept_bytes_.store(r->bytes);
-  spdlog::info(
-      "kept area: kept {} samples ({} on disk) in {} in {:.2f} s; {} ready samples not kept",
-      r->samples, FormatBytes(static_cast<double>(r->bytes)), r->dir,
-      Seconds(std::chrono::steady_clock::now() - t0), r->skipped);
 }
 
 HelloInfo Daemon::Hello() {
@@ -798,10 +830,11 @@ report::StatusReport Daemon::Report() {
   r.changed = reader_->changed_on_pfs();
   report::Kept& kept = r.kept.emplace();
   kept.kept_bytes = kept_bytes_.load();
-  if (kept_) {
-    kept.adopted_bytes = kept_->adopted_bytes();
-    kept.adopted_samples = kept_->adopted_samples();
-    kept.adopt_rejected_samples = kept_->rejected_samples();
+  for (const KeptClass& k : kept_) {
+    if (!k.copy) continue;
+    kept.adopted_bytes += k.copy->adopted_bytes();
+    kept.adopted_samples += k.copy->adopted_samples();
+    kept.adopt_rejected_samples += k.copy->rejected_samples();
   }
   r.stall.reads = stall.samples;
   r.stall.total_ns = stall.stall_ns_total;
