@@ -75,7 +75,7 @@ class FaultInjectionLocalIo final : public LocalIo {
   void FlipReads(bool on);
   // Every read and write sleeps this long first (a slow disk). Zero turns it off.
   void SetDelay(std::chrono::nanoseconds delay);
-  // Removes every fault; counters are kept.
+  // Removes every fault; the counters and OnlyPaths are kept.
   void ClearFaults();
 
   uint64_t failed_calls() const { return failed_.load(std::memory_order_relaxed); }
