@@ -149,6 +149,9 @@ int main(int argc, char** argv) {
   const nopfs::launch::ReadyInfo ready{getpid(), (*daemon)->samples()};
   if (Status s = service::WriteFileAtomically(dir, launch::kReadyName, launch::FormatReady(ready));
       !s.ok()) {
+    // No ready file, no job: stop serving before saying so, and leave no pid file behind.
+    (*daemon)->Stop();
+    (void)service::LocalIo::Default()->Unlink(dir + "/" + launch::kPidName);
     return StartFailed(dir, s);
   }
   TellLauncher(launch::ReadyMessage(ready));
