@@ -8,7 +8,6 @@
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <numeric>
 
 #include <spdlog/spdlog.h>
@@ -79,7 +78,9 @@ Daemon::~Daemon() {
 Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   std::unique_ptr<Daemon> d(new Daemon(options));
   if (Status s = d->Init(); !s.ok()) {
-    if (d->kept_) d->kept_->PutBack();  // nothing served: the next start may adopt it
+    for (KeptClass& k : d->kept_) {
+      if (k.copy) k.copy->PutBack();  // nothing served: the next start may adopt it
+    }
     d->Stop();
     return s;
   }
@@ -277,10 +278,20 @@ Status Daemon::Init() {
   reader_ = std::make_unique<SampleReader>(*catalog_, plan_, tier_refs_, model_,
                                            job_.nodes() * std::max<uint32_t>(1, prefetch_threads));
   reader_->set_verify_ram_hits(config_.ram_verify() == lua::RamVerify::kAlways);
-  if (kept_) {
-    KeptCopy* k = kept_.get();
+  std::vector<KeptCopy*> copies;
+  for (KeptClass& k : kept_) {
+    if (k.copy) copies.push_back(k.copy.get());
+  }
+  if (!copies.empty()) {
+    // A sample is kept by one class at most: the first copy that knows it answers.
     reader_->SetKeptSource(
-        [k](policy::SampleId id, std::span<std::byte> dst) { return k->Fetch(id, dst); });
+        [copies](policy::SampleId id, std::span<std::byte> dst) -> Result<uint64_t> {
+          for (KeptCopy* k : copies) {
+            Result<uint64_t> r = k->Fetch(id, dst);
+            if (r.ok() || r.status().code() != StatusCode::kNotFound) return r;
+          }
+          return Status::NotFound("sample " + std::to_string(id) + " is not kept");
+        });
   }
   if (sibling_) {
     SiblingSource* sib = sibling_.get();
@@ -377,15 +388,20 @@ Status Daemon::Init() {
     }
     char host[256] = {};
     if (gethostname(host, sizeof host - 1) == 0) labels.node = host;
-    metrics_ = std::make_unique<MetricsWriter>(config_.metrics_dir(), std::move(labels));
+    metrics_ = std::make_unique<MetricsWriter>(config_.metrics_dir(), std::move(labels),
+                                               options_.local_io);
     WriteMetrics();
     spdlog::info("metrics: writing {} every {} s", metrics_->path(), kMetricsPeriod.count());
   }
   reporter_ = std::thread([this] { Reporter(); });
   // The plan line for the job's output (the SPANK plugin prints it in the batch script's task).
-  const std::string plan = options_.run_dir + "/" + kPlanName;
-  if (std::ofstream out(plan); !(out << report::RenderPlanLine(Report()))) {
-    spdlog::warn("cannot write {}: the job's output will not show the plan", plan);
+  // A run directory that cannot take it cannot take the ready file either: a start failure.
+  if (!options_.run_dir.empty()) {
+    if (Status s = WriteFileAtomically(options_.run_dir, kPlanName,
+                                       report::RenderPlanLine(Report()), options_.local_io);
+        !s.ok()) {
+      return s;
+    }
   }
   return Status::Ok();
 }
@@ -393,6 +409,7 @@ Status Daemon::Init() {
 void Daemon::WriteMetrics() {
   const Status st = metrics_->Write(Report());
   if (st.ok()) {
+    if (!metrics_error_.empty()) spdlog::info("metrics: {} written again", metrics_->path());
     metrics_error_.clear();
   } else if (st.message() != metrics_error_) {
     metrics_error_ = st.message();
@@ -460,7 +477,10 @@ void Daemon::Stop() {
   streams.clear();
   // The last figures, with every stream closed (and merged into the stall).
   if (metrics_) WriteMetrics();
-  if (!options_.run_dir.empty()) (void)::unlink((options_.run_dir + "/" + kPlanName).c_str());
+  if (!options_.run_dir.empty()) {
+    LocalIo* io = options_.local_io != nullptr ? options_.local_io : LocalIo::Default();
+    (void)io->Unlink(options_.run_dir + "/" + kPlanName);
+  }
   // The prefetchers may be waiting on a peer (copying from a filler), and the peer service on
   // the tiers: tell the prefetchers to stop, stop the link (their peer reads then fail at once),
   // join the prefetchers, and only then let the peer service go, before the tiers.
@@ -475,7 +495,7 @@ void Daemon::Stop() {
   if (metrics_ && reader_) WriteMetrics();  // with what was kept
   reader_.reset();
   sibling_.reset();
-  kept_.reset();  // the adopted copy: what is worth keeping again is in the new kept entry
+  kept_.clear();  // the adopted copies: what is worth keeping again is in the new kept entries
   for (auto& t : ssd_tiers_) {
     if (Status s = t->Destroy(); !s.ok()) spdlog::error("removing SSD tier: {}", s.message());
   }
@@ -491,45 +511,56 @@ void Daemon::Stop() {
 }
 
 void Daemon::AdoptKept() {
-  const policy::StorageClass* ssd = nullptr;
-  for (const policy::StorageClass& c : model_.classes) {
-    if (c.kind == policy::ClassKind::kSsd) {
-      ssd = &c;
-      break;
-    }
-  }
   std::error_code ec;
   const std::filesystem::path dataset = std::filesystem::canonical(options_.dataset, ec);
-  if (ssd == nullptr || ec) {
+  std::vector<size_t> ssd;
+  for (size_t j = 0; j < model_.classes.size(); ++j) {
+    if (model_.classes[j].kind == policy::ClassKind::kSsd) ssd.push_back(j);
+  }
+  if (ssd.empty() || ec) {
     if (options_.keep) {
       spdlog::warn("kept area: nothing will be kept: {}",
-                   ssd == nullptr ? "the node config has no SSD class" : ec.message());
+                   ssd.empty() ? "the node config has no SSD class" : ec.message());
     }
     return;
   }
-  KeptPlace place;
-  place.kept_dir = launch::KeptAreaDir(SsdTier::UserDir(ssd->path, geteuid()));
-  place.dataset = dataset.string();
-  place.key = launch::KeptKey(place.dataset, kKeptScanOptions);
-  place.tag = options_.job_id + "." + std::to_string(options_.node);
-  kept_place_ = place;
-  if (Result<uint64_t> n = CleanKeptArea(place.kept_dir); !n.ok()) {
-    spdlog::warn("kept area: cleaning {}: {}", place.kept_dir, n.status().message());
-  }
-  Result<std::unique_ptr<KeptCopy>> k = KeptCopy::Adopt(place, *catalog_, Env::Default());
-  if (k.ok()) {
-    kept_ = std::move(*k);
-  } else if (k.status().code() != StatusCode::kNotFound) {
-    spdlog::warn("kept area: the kept copy of {} is unusable and was removed: {}", place.dataset,
-                 k.status().message());
+  for (size_t j : ssd) {
+    KeptClass k;
+    k.class_index = j;
+    k.place.kept_dir = launch::KeptAreaDir(SsdTier::UserDir(model_.classes[j].path, geteuid()));
+    k.place.dataset = dataset.string();
+    k.place.tag = options_.job_id + "." + std::to_string(options_.node);
+    std::string scan = kKeptScanOptions;
+    // Two SSD classes on one path keep under two keys (and private names) in its kept area.
+    for (const KeptClass& other : kept_) {
+      if (other.place.kept_dir == k.place.kept_dir) {
+        scan += "/" + model_.classes[j].name;
+        k.place.tag += "." + std::to_string(j);
+        break;
+      }
+    }
+    k.place.key = launch::KeptKey(k.place.dataset, scan);
+    if (Result<uint64_t> n = CleanKeptArea(k.place.kept_dir); !n.ok()) {
+      spdlog::warn("kept area: cleaning {}: {}", k.place.kept_dir, n.status().message());
+    }
+    Result<std::unique_ptr<KeptCopy>> copy = KeptCopy::Adopt(k.place, *catalog_, Env::Default());
+    if (copy.ok()) {
+      k.copy = std::move(*copy);
+    } else if (copy.status().code() != StatusCode::kNotFound) {
+      spdlog::warn("kept area: the kept copy of {} in {} is unusable and was removed: {}",
+                   k.place.dataset, k.place.kept_dir, copy.status().message());
+    }
+    kept_.push_back(std::move(k));
   }
 }
 
 void Daemon::FindSibling() {
-  if (!options_.share_running || !kept_place_) return;
-  const std::string user_dir = kept_place_->kept_dir.substr(0, kept_place_->kept_dir.rfind('/'));
-  Result<std::vector<LiveEntry>> found =
-      FindLive(user_dir, kept_place_->key, catalog_->fingerprint());
+  // The registry is in the user's area of the first SSD class's scratch path, beside its kept
+  // area, under the same key.
+  if (!options_.share_running || kept_.empty()) return;
+  const KeptPlace& place = kept_.front().place;
+  const std::string user_dir = place.kept_dir.substr(0, place.kept_dir.rfind('/'));
+  Result<std::vector<LiveEntry>> found = FindLive(user_dir, place.key, catalog_->fingerprint());
   if (!found.ok()) {
     spdlog::warn("sibling: not looking for this user's other jobs: {}", found.status().message());
     return;
@@ -556,17 +587,20 @@ void Daemon::FindSibling() {
 }
 
 void Daemon::RegisterSibling() {
-  if (!options_.share_running || !kept_place_) return;
-  const std::string user_dir = kept_place_->kept_dir.substr(0, kept_place_->kept_dir.rfind('/'));
+  // The registry is in the user's area of the first SSD class's scratch path, beside its kept
+  // area, under the same key.
+  if (!options_.share_running || kept_.empty()) return;
+  const KeptPlace& place = kept_.front().place;
+  const std::string user_dir = place.kept_dir.substr(0, place.kept_dir.rfind('/'));
   LiveEntry e;
-  e.job = kept_place_->tag;
+  e.job = place.tag;
   e.pid = static_cast<uint32_t>(::getpid());
   e.started_ns = start_wall_ns_;
   e.fingerprint = catalog_->fingerprint();
   std::error_code ec;
   e.socket = std::filesystem::absolute(options_.run_dir + "/nopfsd.sock", ec).string();
   serving_.store(true);
-  Result<std::string> path = RegisterLive(user_dir, kept_place_->key, e);
+  Result<std::string> path = RegisterLive(user_dir, place.key, e);
   if (path.ok()) {
     live_entry_ = *path;
   } else {
@@ -598,33 +632,44 @@ Result<uint64_t> Daemon::ReadSample(uint64_t fingerprint, uint32_t sample_id,
 }
 
 void Daemon::KeepAtExit() {
-  if (!options_.keep || !kept_place_ || ssd_tiers_.empty()) return;
-  SsdTier& tier = *ssd_tiers_.front();
-  const std::string user_dir = kept_place_->kept_dir.substr(0, kept_place_->kept_dir.rfind('/'));
-  if (tier.dir().rfind(user_dir + "/", 0) != 0) {
-    spdlog::warn("kept area: nothing kept: the first SSD class has no tier in this job");
-    return;
-  }
+  if (!options_.keep) return;
   const auto t0 = std::chrono::steady_clock::now();
-  KeepOptions ko;
-  ko.place = *kept_place_;
-  ko.max_bytes = options_.keep_max_bytes;
-  ko.created = kept_ ? kept_->created() : 0;
-  // Half a second of margin for ctime's coarse clock (a write during the job is never trusted).
-  ko.unchanged_before_ns = start_wall_ns_ - 500'000'000;
-  ko.stat_threads = kKeepStatThreads;
-  ko.deadline = t0 + kKeepStatBudget;
-  Result<KeepResult> r = KeepSsdTier(ko, tier, *catalog_, Env::Default());
-  if (!r.ok()) {
-    spdlog::error("kept area: keeping the SSD tier failed (nothing kept): {}",
-                  r.status().message());
-    return;
+  uint64_t used = 0;  // --keep-max-bytes bounds every class's kept bytes together
+  for (KeptClass& k : kept_) {
+    const std::string& name = model_.classes[k.class_index].name;
+    SsdTier* tier = k.class_index < tier_refs_.size() ? tier_refs_[k.class_index].ssd : nullptr;
+    if (tier == nullptr) continue;  // the class holds nothing in this job
+    const std::string user_dir = k.place.kept_dir.substr(0, k.place.kept_dir.rfind('/'));
+    if (tier->dir().rfind(user_dir + "/", 0) != 0) {
+      spdlog::warn("kept area: class {}: nothing kept: its tier is not under {}", name, user_dir);
+      continue;
+    }
+    if (options_.keep_max_bytes != 0 && used >= options_.keep_max_bytes) {
+      spdlog::info("kept area: class {}: nothing kept: --keep-max-bytes reached", name);
+      continue;
+    }
+    KeepOptions ko;
+    ko.place = k.place;
+    ko.max_bytes = options_.keep_max_bytes == 0 ? 0 : options_.keep_max_bytes - used;
+    ko.created = k.copy ? k.copy->created() : 0;
+    // Half a second of margin for ctime's coarse clock (a write during the job is never trusted).
+    ko.unchanged_before_ns = start_wall_ns_ - 500'000'000;
+    ko.stat_threads = kKeepStatThreads;
+    ko.deadline = t0 + kKeepStatBudget;
+    Result<KeepResult> r = KeepSsdTier(ko, *tier, *catalog_, Env::Default());
+    if (!r.ok()) {
+      spdlog::error("kept area: class {}: keeping its SSD tier failed (nothing kept): {}", name,
+                    r.status().message());
+      continue;
+    }
+    used += r->bytes;
+    kept_bytes_.fetch_add(r->bytes);
+    spdlog::info(
+        "kept area: kept {} samples ({} on disk) in {} in {:.2f} s; {} ready samples not kept "
+        "(class {})",
+        r->samples, FormatBytes(static_cast<double>(r->bytes)), r->dir,
+        Seconds(std::chrono::steady_clock::now() - t0), r->skipped, name);
   }
-  kept_bytes_.store(r->bytes);
-  spdlog::info(
-      "kept area: kept {} samples ({} on disk) in {} in {:.2f} s; {} ready samples not kept",
-      r->samples, FormatBytes(static_cast<double>(r->bytes)), r->dir,
-      Seconds(std::chrono::steady_clock::now() - t0), r->skipped);
 }
 
 HelloInfo Daemon::Hello() {
@@ -914,10 +959,11 @@ report::StatusReport Daemon::Report() {
   r.changed = reader_->changed_on_pfs();
   report::Kept& kept = r.kept.emplace();
   kept.kept_bytes = kept_bytes_.load();
-  if (kept_) {
-    kept.adopted_bytes = kept_->adopted_bytes();
-    kept.adopted_samples = kept_->adopted_samples();
-    kept.adopt_rejected_samples = kept_->rejected_samples();
+  for (const KeptClass& k : kept_) {
+    if (!k.copy) continue;
+    kept.adopted_bytes += k.copy->adopted_bytes();
+    kept.adopted_samples += k.copy->adopted_samples();
+    kept.adopt_rejected_samples += k.copy->rejected_samples();
   }
   r.stall.reads = stall.samples;
   r.stall.total_ns = stall.stall_ns_total;

@@ -35,6 +35,7 @@
 #include "service/catalog/catalog.h"
 #include "service/daemon/metrics.h"
 #include "service/daemon/staging.h"
+#include "service/env/local_io.h"
 #include "service/peers/peers.h"
 #include "service/reader/kept.h"
 #include "service/reader/sample_reader.h"
@@ -75,6 +76,9 @@ struct DaemonOptions {
   // Sibling jobs (service/reader/sibling.h): register in the user's registry, serve READ_SAMPLE,
   // and read from the oldest running sibling on the same dataset before the PFS.
   bool share_running = true;
+  // The I/O of the run directory's plan file and of the metrics file (tests inject faults);
+  // nullptr: LocalIo::Default(). Must outlive the daemon.
+  LocalIo* local_io = nullptr;
 };
 
 class Daemon final : public Handler {
@@ -148,10 +152,16 @@ class Daemon final : public Handler {
   bool stopped_ GUARDED_BY(mu_) = false;
   std::unique_ptr<PeerService> peers_;  // null without peers
 
-  // The kept area: where (unset without an SSD class or when the dataset has no canonical path),
-  // the adopted copy (null when none), and what Stop() kept. Set in Init and Stop (main thread).
-  std::optional<KeptPlace> kept_place_;
-  std::unique_ptr<KeptCopy> kept_;
+  // The kept area of each SSD class, in the config's order: the class, where its samples are
+  // kept (its own scratch path's kept area; none when the dataset has no canonical path), and its
+  // adopted copy (null when none). Set in Init and Stop (main thread).
+  struct KeptClass {
+    size_t class_index = 0;
+    KeptPlace place;
+    std::unique_ptr<KeptCopy> copy;
+  };
+  std::vector<KeptClass> kept_;
+  // What Stop() kept (disk bytes, every class).
   std::atomic<uint64_t> kept_bytes_{0};
   int64_t start_wall_ns_ = 0;  // the real time at the start of Init
   void AdoptKept();

@@ -183,16 +183,18 @@ std::string RenderMetrics(const report::StatusReport& r, const MetricsLabels& la
   return std::move(e.str());
 }
 
-MetricsWriter::MetricsWriter(std::string dir, MetricsLabels labels)
+MetricsWriter::MetricsWriter(std::string dir, MetricsLabels labels, LocalIo* io)
     : dir_(std::move(dir)),
       labels_(std::move(labels)),
-      path_(dir_ + "/" + MetricsFileName(labels_.job)) {}
+      path_(dir_ + "/" + MetricsFileName(labels_.job)),
+      io_(io != nullptr ? io : LocalIo::Default()) {}
 
 Status MetricsWriter::Write(const report::StatusReport& r) {
   const std::string text = RenderMetrics(r, labels_);
   // Hidden and without the .prom suffix: the collector reads *.prom only. A fresh random name
   // each time, made with O_EXCL: in the sticky directory another user can take a name that can
   // be predicted (a link, a file nopfsd could write but never rename or remove), never this one.
+  // Errors name path_, not the random name: the same fault gives the same message each time.
   std::string tmp;
   int fd = -1;
   for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
@@ -203,34 +205,27 @@ Status MetricsWriter::Write(const report::StatusReport& r) {
     char hex[17];
     std::snprintf(hex, sizeof hex, "%016" PRIx64, nonce);
     tmp = dir_ + "/." + MetricsFileName(labels_.job) + "." + hex + ".tmp";
-    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    fd = io_->Open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0644);
     if (fd < 0 && errno != EEXIST) break;
   }
-  if (fd < 0) return Status::FromErrno(errno, "metrics: creating " + tmp);
+  if (fd < 0) return Status::FromErrno(errno, "metrics: creating a temporary file for " + path_);
+  auto fail = [&](int err, bool open, const std::string& what) {
+    if (open) io_->Close(fd);
+    io_->Unlink(tmp);
+    return Status::FromErrno(err, "metrics: " + what + " " + path_);
+  };
   size_t done = 0;
   while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    const ssize_t n = io_->Write(fd, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return Status::FromErrno(err, "metrics: writing " + tmp);
-    }
+    if (n < 0) return fail(errno, true, "writing");
+    if (n == 0) return fail(EIO, true, "writing");
     done += static_cast<size_t>(n);
   }
   // fchmod: the umask must not hide the file from node_exporter (which runs as its own user).
-  int err = ::fchmod(fd, 0644) == 0 ? 0 : errno;
-  if (::close(fd) != 0 && err == 0) err = errno;
-  if (err != 0) {
-    ::unlink(tmp.c_str());
-    return Status::FromErrno(err, "metrics: finishing " + tmp);
-  }
-  if (::rename(tmp.c_str(), path_.c_str()) != 0) {
-    err = errno;
-    ::unlink(tmp.c_str());
-    return Status::FromErrno(err, "metrics: renaming " + tmp + " to " + path_);
-  }
+  if (::fchmod(fd, 0644) != 0) return fail(errno, true, "making readable");
+  if (io_->Close(fd) != 0) return fail(errno, false, "closing");
+  if (io_->Rename(tmp, path_) != 0) return fail(errno, false, "renaming into");
   return Status::Ok();
 }
 

@@ -14,6 +14,7 @@
 #include "client/status_report.h"
 #include "common/status.h"
 #include "launch/run_files.h"
+#include "service/env/local_io.h"
 
 namespace nopfs::service {
 
@@ -31,8 +32,11 @@ using launch::MetricsFileName;
 
 class MetricsWriter {
  public:
-  MetricsWriter(std::string dir, MetricsLabels labels);
-  // Renders `r` and replaces the file. An error names the path and the call that failed.
+  // The file's I/O goes through `io` (nullptr: LocalIo::Default()), which must outlive this.
+  MetricsWriter(std::string dir, MetricsLabels labels, LocalIo* io = nullptr);
+  // Renders `r` and replaces the file; a failure leaves the previous file whole and no temporary
+  // file. An error names the path (never the temporary name, so that the same fault gives the
+  // same message) and what failed.
   Status Write(const report::StatusReport& r);
   const std::string& path() const { return path_; }
 
@@ -40,6 +44,7 @@ class MetricsWriter {
   std::string dir_;
   MetricsLabels labels_;
   std::string path_;
+  LocalIo* io_;
 };
 
 }  // namespace nopfs::service

@@ -10,13 +10,13 @@
 #include <memory>
 #include <string>
 
-#include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
 
 #include "common/units.h"
 #include "launch/daemon_args.h"
 #include "launch/run_files.h"
 #include "service/daemon/daemon.h"
+#include "service/daemon/log_file.h"
 #include "service/daemon/run_dir.h"
 
 namespace {
@@ -118,13 +118,13 @@ int main(int argc, char** argv) {
   if (Status s = service::PrepareRunDir(dir); !s.ok()) return StartFailed("", s);
   if (Status s = service::ClearStaleState(dir); !s.ok()) return StartFailed("", s);
   umask(077);
-  try {
-    auto log = spdlog::basic_logger_mt("nopfsd", dir + "/" + launch::kLogName);
+  {
+    nopfs::Result<std::shared_ptr<service::LogFileSink>> sink =
+        service::LogFileSink::Open(dir + "/" + launch::kLogName);
+    if (!sink.ok()) return StartFailed(dir, sink.status());
+    auto log = std::make_shared<spdlog::logger>("nopfsd", *sink);
     log->set_pattern("%Y-%m-%d %H:%M:%S.%e %n[%t] %l: %v");
-    log->flush_on(spdlog::level::info);
     spdlog::set_default_logger(log);
-  } catch (const spdlog::spdlog_ex& e) {
-    return StartFailed(dir, Status::IoError(std::string("opening the log: ") + e.what()));
   }
   if (Status s =
           service::WriteFileAtomically(dir, launch::kPidName, std::to_string(getpid()) + "\n");
@@ -144,13 +144,16 @@ int main(int argc, char** argv) {
   nopfs::Result<std::unique_ptr<service::Daemon>> daemon = service::Daemon::Start(options);
   if (!daemon.ok()) {
     const int rc = StartFailed(dir, daemon.status());
-    unlink((dir + "/" + launch::kPidName).c_str());
+    (void)service::LocalIo::Default()->Unlink(dir + "/" + launch::kPidName);
     return rc;
   }
   spdlog::set_level(spdlog::level::from_str((*daemon)->log_level()));
   const nopfs::launch::ReadyInfo ready{getpid(), (*daemon)->samples()};
   if (Status s = service::WriteFileAtomically(dir, launch::kReadyName, launch::FormatReady(ready));
       !s.ok()) {
+    // No ready file, no job: stop serving before saying so, and leave no pid file behind.
+    (*daemon)->Stop();
+    (void)service::LocalIo::Default()->Unlink(dir + "/" + launch::kPidName);
     return StartFailed(dir, s);
   }
   TellLauncher(launch::ReadyMessage(ready));
@@ -160,10 +163,11 @@ int main(int argc, char** argv) {
   while (sigwait(&stop, &sig) != 0) {
   }
   spdlog::info("{} received: stopping", sigabbrev_np(sig) ? sigabbrev_np(sig) : "signal");
-  unlink((dir + "/" + launch::kReadyName).c_str());
+  service::LocalIo* io = service::LocalIo::Default();
+  (void)io->Unlink(dir + "/" + launch::kReadyName);
   (*daemon)->Stop();
   daemon->reset();
-  unlink((dir + "/" + launch::kPidName).c_str());
+  (void)io->Unlink(dir + "/" + launch::kPidName);
   spdlog::info("exit");
   spdlog::shutdown();
   return 0;

@@ -62,47 +62,48 @@ pid_t ReadPid(const std::string& dir) {
   return static_cast<pid_t>(pid);
 }
 
-Status ClearStaleState(const std::string& dir) {
+Status ClearStaleState(const std::string& dir, LocalIo* io) {
+  if (io == nullptr) io = LocalIo::Default();
   const pid_t old = ReadPid(dir);
   if (old > 0 && old != getpid() && kill(old, 0) == 0 && IsNopfsd(old)) {
     return Status::FailedPrecondition("nopfsd (pid " + std::to_string(old) + ") already runs in " +
                                       dir + "; stop it first (kill " + std::to_string(old) + ")");
   }
   for (const char* name : {kSocketName, kPidName, kReadyName, kFailedName}) {
-    if (unlink(Join(dir, name).c_str()) != 0 && errno != ENOENT) {
+    if (io->Unlink(Join(dir, name)) != 0 && errno != ENOENT) {
       return Status::FromErrno(errno, "removing " + Join(dir, name));
     }
   }
   const std::string log = Join(dir, kLogName);
-  if (access(log.c_str(), F_OK) == 0 && rename(log.c_str(), (log + ".1").c_str()) != 0) {
+  if (access(log.c_str(), F_OK) == 0 && io->Rename(log, log + ".1") != 0) {
     return Status::FromErrno(errno, "rotating " + log);
   }
   return Status::Ok();
 }
 
-Status WriteFileAtomically(const std::string& dir, const std::string& name,
-                           const std::string& text) {
+Status WriteFileAtomically(const std::string& dir, const std::string& name, const std::string& text,
+                           LocalIo* io) {
+  if (io == nullptr) io = LocalIo::Default();
+  const std::string path = Join(dir, name);
   const std::string tmp = Join(dir, "." + name + ".tmp");
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) return Status::FromErrno(errno, "creating " + tmp);
+  // Every failure: the temporary file goes, and the message names the file a reader looks for.
+  auto fail = [&](int err, int fd, const std::string& what) {
+    if (fd >= 0) io->Close(fd);
+    io->Unlink(tmp);
+    return Status::FromErrno(err, what + " " + path + " (as " + tmp + ")");
+  };
+  const int fd = io->Open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
+  if (fd < 0) return fail(errno, -1, "creating");
   size_t done = 0;
   while (done < text.size()) {
-    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    const ssize_t n = io->Write(fd, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      close(fd);
-      unlink(tmp.c_str());
-      return Status::FromErrno(err, "writing " + tmp);
-    }
+    if (n < 0) return fail(errno, fd, "writing");
+    if (n == 0) return fail(EIO, fd, "writing (no progress)");
     done += static_cast<size_t>(n);
   }
-  if (close(fd) != 0) return Status::FromErrno(errno, "closing " + tmp);
-  if (rename(tmp.c_str(), Join(dir, name).c_str()) != 0) {
-    const int err = errno;
-    unlink(tmp.c_str());
-    return Status::FromErrno(err, "renaming " + tmp);
-  }
+  if (io->Close(fd) != 0) return fail(errno, -1, "closing");
+  if (io->Rename(tmp, path) != 0) return fail(errno, -1, "renaming to");
   return Status::Ok();
 }
 

@@ -11,6 +11,7 @@
 
 #include "common/status.h"
 #include "launch/run_files.h"
+#include "service/env/local_io.h"
 
 namespace nopfs::service {
 
@@ -31,12 +32,17 @@ Status PrepareRunDir(const std::string& dir);
 
 // Removes what a previous nopfsd in `dir` left (socket, pid, ready and failed markers) after
 // checking that the pid in nopfsd.pid is not a live nopfsd; a live one is FailedPrecondition
-// (two daemons for one job). The log is kept (renamed to nopfsd.log.1) for the admin.
-Status ClearStaleState(const std::string& dir);
+// (two daemons for one job). The log is kept (renamed to nopfsd.log.1) for the admin. The
+// removals and the rename go through `io` (nullptr: LocalIo::Default()).
+Status ClearStaleState(const std::string& dir, LocalIo* io = nullptr);
 
-// Writes `text` to dir/name atomically (temporary file + rename), mode 0600.
-Status WriteFileAtomically(const std::string& dir, const std::string& name,
-                           const std::string& text);
+// Writes `text` to dir/name, mode 0600, through `io` (nullptr: LocalIo::Default()): to the
+// temporary file dir/.name.tmp, written whole (short writes are continued) and closed, then
+// renamed to dir/name. A reader sees the whole text or no file (or the file's previous
+// text): never a part. A failure removes the temporary file and names dir/name and the call that
+// failed ("writing /run/ready: No space left on device").
+Status WriteFileAtomically(const std::string& dir, const std::string& name, const std::string& text,
+                           LocalIo* io = nullptr);
 
 // The pid in dir/nopfsd.pid, or 0 when there is none.
 pid_t ReadPid(const std::string& dir);

@@ -25,6 +25,22 @@ class PosixLocalIo final : public LocalIo {
 
 }  // namespace
 
+int LocalIo::Open(const std::string& path, int flags, mode_t mode) {
+  return ::open(path.c_str(), flags | O_CLOEXEC, mode);
+}
+ssize_t LocalIo::Write(int fd, const void* src, size_t n) {
+  return ::write(fd, src, n);
+}
+int LocalIo::Close(int fd) {
+  return ::close(fd);
+}
+int LocalIo::Rename(const std::string& from, const std::string& to) {
+  return ::rename(from.c_str(), to.c_str());
+}
+int LocalIo::Unlink(const std::string& path) {
+  return ::unlink(path.c_str());
+}
+
 LocalIo* LocalIo::Default() {
   static PosixLocalIo* const io = new PosixLocalIo();
   return io;
@@ -55,7 +71,42 @@ void FaultInjectionLocalIo::SetDelay(std::chrono::nanoseconds delay) {
   delay_ns_.store(delay.count(), std::memory_order_relaxed);
 }
 
+void FaultInjectionLocalIo::ShortWrites(bool on) {
+  short_writes_.store(on, std::memory_order_release);
+}
+
+void FaultInjectionLocalIo::FailOpen(int err) {
+  open_error_.store(err, std::memory_order_release);
+}
+
+void FaultInjectionLocalIo::FailRename(int err) {
+  rename_error_.store(err, std::memory_order_release);
+}
+
+void FaultInjectionLocalIo::FailUnlink(int err) {
+  unlink_error_.store(err, std::memory_order_release);
+}
+
+void FaultInjectionLocalIo::OnlyPaths(std::string part) {
+  std::lock_guard<std::mutex> lock(paths_mu_);
+  only_paths_ = std::move(part);
+}
+
+bool FaultInjectionLocalIo::Hits(const std::string& path) const {
+  std::lock_guard<std::mutex> lock(paths_mu_);
+  return only_paths_.empty() || path.find(only_paths_) != std::string::npos;
+}
+
+bool FaultInjectionLocalIo::Hits(int fd) const {
+  std::lock_guard<std::mutex> lock(paths_mu_);
+  return only_paths_.empty() || only_fds_.count(fd) != 0;
+}
+
 void FaultInjectionLocalIo::ClearFaults() {
+  short_writes_.store(false);
+  open_error_.store(0);
+  rename_error_.store(0);
+  unlink_error_.store(0);
   write_error_.store(0);
   read_error_.store(0);
   fallocate_error_.store(0);
@@ -91,19 +142,71 @@ ssize_t FaultInjectionLocalIo::Pread(int fd, void* dst, size_t n, off_t offset) 
   return r;
 }
 
-ssize_t FaultInjectionLocalIo::Pwrite(int fd, const void* src, size_t n, off_t offset) {
-  Delay();
+ssize_t FaultInjectionLocalIo::WriteAllowance(int fd, size_t n) {
+  if (!Hits(fd)) return static_cast<ssize_t>(n);
+  if (short_writes_.load(std::memory_order_acquire) && n > 1) n /= 2;
   if (const int err = write_error_.load(std::memory_order_acquire); err != 0) {
     uint64_t budget = write_budget_.load(std::memory_order_relaxed);
     for (;;) {
       if (budget == 0) return Fail(err);
       const uint64_t take = std::min<uint64_t>(budget, n);
       if (write_budget_.compare_exchange_weak(budget, budget - take)) {
-        return base_->Pwrite(fd, src, static_cast<size_t>(take), offset);
+        return static_cast<ssize_t>(take);
       }
     }
   }
-  return base_->Pwrite(fd, src, n, offset);
+  return static_cast<ssize_t>(n);
+}
+
+ssize_t FaultInjectionLocalIo::Pwrite(int fd, const void* src, size_t n, off_t offset) {
+  Delay();
+  const ssize_t take = WriteAllowance(fd, n);
+  if (take < 0) return -1;
+  return base_->Pwrite(fd, src, static_cast<size_t>(take), offset);
+}
+
+ssize_t FaultInjectionLocalIo::Write(int fd, const void* src, size_t n) {
+  Delay();
+  const ssize_t take = WriteAllowance(fd, n);
+  if (take < 0) return -1;
+  return base_->Write(fd, src, static_cast<size_t>(take));
+}
+
+int FaultInjectionLocalIo::Open(const std::string& path, int flags, mode_t mode) {
+  const bool hit = Hits(path);
+  const bool writes = (flags & (O_WRONLY | O_RDWR | O_CREAT)) != 0;
+  if (const int err = open_error_.load(std::memory_order_acquire); err != 0 && hit && writes) {
+    return static_cast<int>(Fail(err));
+  }
+  const int fd = base_->Open(path, flags, mode);
+  std::lock_guard<std::mutex> lock(paths_mu_);
+  if (fd >= 0 && !only_paths_.empty() && path.find(only_paths_) != std::string::npos) {
+    only_fds_.insert(fd);
+  }
+  return fd;
+}
+
+int FaultInjectionLocalIo::Close(int fd) {
+  {
+    std::lock_guard<std::mutex> lock(paths_mu_);
+    only_fds_.erase(fd);
+  }
+  return base_->Close(fd);
+}
+
+int FaultInjectionLocalIo::Rename(const std::string& from, const std::string& to) {
+  if (const int err = rename_error_.load(std::memory_order_acquire);
+      err != 0 && (Hits(from) || Hits(to))) {
+    return static_cast<int>(Fail(err));
+  }
+  return base_->Rename(from, to);
+}
+
+int FaultInjectionLocalIo::Unlink(const std::string& path) {
+  if (const int err = unlink_error_.load(std::memory_order_acquire); err != 0 && Hits(path)) {
+    return static_cast<int>(Fail(err));
+  }
+  return base_->Unlink(path);
 }
 
 int FaultInjectionLocalIo::Fallocate(int fd, off_t offset, off_t length) {

@@ -1,7 +1,8 @@
 // LocalIo: nopfsd's reads and writes of its own files on the node's local disks (the SSD tier's
-// data files), as Env is its view of the PFS: one place where tests put faults between nopfsd and
-// the disk. LocalIo::Default() makes the system calls; FaultInjectionLocalIo wraps another LocalIo
-// and fails, shortens, slows or corrupts them.
+// data files, the run directory's files and the log, the metrics file), as Env is its view of the
+// PFS: one place where tests put faults between nopfsd and the disk. LocalIo::Default() makes the
+// system calls; FaultInjectionLocalIo wraps another LocalIo and fails, shortens, slows or corrupts
+// them.
 //
 // Thread safety: every LocalIo is safe to call from many threads at once.
 #pragma once
@@ -12,6 +13,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <set>
+#include <string>
 
 namespace nopfs::service {
 
@@ -26,6 +30,16 @@ class LocalIo {
   // posix_fallocate(3): 0 or an errno value.
   virtual int Fallocate(int fd, off_t offset, off_t length) = 0;
 
+  // The whole-file calls of the run directory, the log and the metrics file. Each returns what
+  // its system call returns (-1 with errno set on failure); the defaults make the system calls.
+  // open(2) (O_CLOEXEC is added), write(2) (may move fewer bytes than asked: callers loop),
+  // close(2), rename(2), unlink(2).
+  virtual int Open(const std::string& path, int flags, mode_t mode);
+  virtual ssize_t Write(int fd, const void* src, size_t n);
+  virtual int Close(int fd);
+  virtual int Rename(const std::string& from, const std::string& to);
+  virtual int Unlink(const std::string& path);
+
   // The process-wide LocalIo of plain system calls; never deleted.
   static LocalIo* Default();
 };
@@ -38,10 +52,20 @@ class FaultInjectionLocalIo final : public LocalIo {
   FaultInjectionLocalIo(const FaultInjectionLocalIo&) = delete;
   FaultInjectionLocalIo& operator=(const FaultInjectionLocalIo&) = delete;
 
-  // Writes fail with `err` once `after_bytes` more bytes have been written: the write that
-  // crosses the limit moves the bytes up to it (a short write), the next one fails. (With
-  // O_DIRECT, keep after_bytes a multiple of 4096.)
+  // Writes (Pwrite and Write) fail with `err` once `after_bytes` more bytes have been written:
+  // the write that crosses the limit moves the bytes up to it (a short write), the next one
+  // fails. (With O_DIRECT, keep after_bytes a multiple of 4096.)
   void FailWrites(int err, uint64_t after_bytes = 0);
+  // Every Write and Pwrite of more than one byte moves half of what was asked.
+  void ShortWrites(bool on);
+  // Open (of a file it would create or write), Rename and Unlink fail with these.
+  void FailOpen(int err);
+  void FailRename(int err);
+  void FailUnlink(int err);
+  // Faults hit only the paths whose name contains `part` (Open, Rename's source or target,
+  // Unlink) and the descriptors this LocalIo opened from such paths; "" (the default): every
+  // call. Descriptors opened elsewhere (the SSD tier's) are then spared.
+  void OnlyPaths(std::string part);
   void FailReads(int err);
   void FailFallocate(int err);
   // Every read moves at most half of what was asked (at least `unit` bytes, in multiples of it:
@@ -51,7 +75,7 @@ class FaultInjectionLocalIo final : public LocalIo {
   void FlipReads(bool on);
   // Every read and write sleeps this long first (a slow disk). Zero turns it off.
   void SetDelay(std::chrono::nanoseconds delay);
-  // Removes every fault; counters are kept.
+  // Removes every fault; the counters and OnlyPaths are kept.
   void ClearFaults();
 
   uint64_t failed_calls() const { return failed_.load(std::memory_order_relaxed); }
@@ -61,16 +85,32 @@ class FaultInjectionLocalIo final : public LocalIo {
   ssize_t Pread(int fd, void* dst, size_t n, off_t offset) override;
   ssize_t Pwrite(int fd, const void* src, size_t n, off_t offset) override;
   int Fallocate(int fd, off_t offset, off_t length) override;
+  int Open(const std::string& path, int flags, mode_t mode) override;
+  ssize_t Write(int fd, const void* src, size_t n) override;
+  int Close(int fd) override;
+  int Rename(const std::string& from, const std::string& to) override;
+  int Unlink(const std::string& path) override;
 
  private:
   void Delay() const;
   ssize_t Fail(int err);
+  bool Hits(const std::string& path) const;
+  bool Hits(int fd) const;
+  // How many of `n` bytes a write may move, or -1 (errno set) when it must fail.
+  ssize_t WriteAllowance(int fd, size_t n);
 
   LocalIo* const base_;
   std::atomic<int> write_error_{0};
   std::atomic<uint64_t> write_budget_{0};
   std::atomic<int> read_error_{0};
   std::atomic<int> fallocate_error_{0};
+  std::atomic<bool> short_writes_{false};
+  std::atomic<int> open_error_{0};
+  std::atomic<int> rename_error_{0};
+  std::atomic<int> unlink_error_{0};
+  mutable std::mutex paths_mu_;
+  std::string only_paths_;  // guarded by paths_mu_
+  std::set<int> only_fds_;  // guarded by paths_mu_: descriptors opened from matching paths
   std::atomic<size_t> short_unit_{0};  // 0: reads are not shortened
   std::atomic<bool> flip_{false};
   std::atomic<int64_t> delay_ns_{0};

@@ -69,15 +69,19 @@ class KeptTest : public ::testing::Test {
     ssd_ = MakeTier("job1");
   }
 
-  // An SSD tier holding every sample, filled.
-  std::unique_ptr<SsdTier> MakeTier(const std::string& job) {
+  // An SSD tier under `scratch` (default scratch_) holding `samples` (default every sample),
+  // filled.
+  std::unique_ptr<SsdTier> MakeTier(const std::string& job, std::string scratch = "",
+                                    std::vector<policy::SampleId> samples = {}) {
     const std::vector<uint64_t> sizes(catalog_->sizes().begin(), catalog_->sizes().end());
-    std::vector<policy::SampleId> all;
-    for (policy::SampleId k = 0; k < kFiles; ++k)
-      all.push_back(k);
-    auto layout = TierLayout::Ssd(PlanOf(all, sizes), sizes);
+    if (samples.empty()) {
+      for (policy::SampleId k = 0; k < kFiles; ++k)
+        samples.push_back(k);
+    }
+    auto layout = TierLayout::Ssd(PlanOf(samples, sizes), sizes);
     EXPECT_TRUE(layout.ok());
-    auto t = SsdTier::Create(SsdTierOptions{scratch_, job, "0", true}, std::move(*layout));
+    auto t = SsdTier::Create(SsdTierOptions{scratch.empty() ? scratch_ : scratch, job, "0", true},
+                             std::move(*layout));
     EXPECT_TRUE(t.ok()) << t.status().message();
     std::unique_ptr<SsdTier> tier = std::move(*t);
     void* bounce = std::aligned_alloc(kSsdAlignment, tier->bounce_bytes());
@@ -170,6 +174,48 @@ TEST_F(KeptTest, KeepThenAdopt) {
   EXPECT_TRUE(fs::is_empty(place_.kept_dir));
   Result<std::unique_ptr<KeptCopy>> none = KeptCopy::Adopt(place_, *catalog_, Env::Default());
   EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
+}
+
+// Two SSD classes on two scratch directories, each tier holding half of the samples (as nopfsd
+// keeps every SSD class): each keeps its half in its own kept area under the same key, and the two
+// adopted copies together give back every sample, each from the copy that kept it.
+TEST_F(KeptTest, TwoClassesKeepTheirOwnSamplesAndTogetherGiveBackEverySample) {
+  ssd_.reset();
+  const std::string scratch2 = dir_.path() + "/ssd2";
+  fs::create_directories(scratch2);
+  std::vector<policy::SampleId> even, odd;
+  for (policy::SampleId k = 0; k < kFiles; ++k)
+    (k % 2 == 0 ? even : odd).push_back(k);
+  std::unique_ptr<SsdTier> tiers[2] = {MakeTier("job1", scratch_, even),
+                                       MakeTier("job1", scratch2, odd)};
+  KeptPlace places[2] = {place_, place_};
+  places[1].kept_dir = launch::KeptAreaDir(SsdTier::UserDir(scratch2, ::geteuid()));
+  for (int c = 0; c < 2; ++c) {
+    KeepOptions o = Options();
+    o.place = places[c];
+    Result<KeepResult> r = KeepSsdTier(o, *tiers[c], *catalog_, Env::Default());
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_EQ(r->samples, (c == 0 ? even : odd).size());
+    EXPECT_EQ(r->dir, places[c].kept_dir + "/" + place_.key);
+    ASSERT_TRUE(tiers[c]->Destroy().ok());
+  }
+  std::unique_ptr<KeptCopy> copies[2];
+  for (int c = 0; c < 2; ++c) {
+    Result<std::unique_ptr<KeptCopy>> k = KeptCopy::Adopt(places[c], *catalog_, Env::Default());
+    ASSERT_TRUE(k.ok()) << k.status().message();
+    EXPECT_EQ((*k)->kept_samples(), (c == 0 ? even : odd).size());
+    copies[c] = std::move(*k);
+  }
+  for (policy::SampleId id = 0; id < kFiles; ++id) {
+    const int owner = id % 2;
+    Status s;
+    EXPECT_EQ(Fetch(*copies[owner], id, &s), Bytes(id)) << id;
+    EXPECT_TRUE(s.ok()) << id << ": " << s.message();
+    Fetch(*copies[1 - owner], id, &s);
+    EXPECT_EQ(s.code(), StatusCode::kNotFound) << id;
+  }
+  EXPECT_EQ(copies[0]->adopted_samples() + copies[1]->adopted_samples(), kFiles);
+  EXPECT_EQ(copies[0]->rejected_samples() + copies[1]->rejected_samples(), 0u);
 }
 
 TEST_F(KeptTest, FlippedKeptByteIsRejected) {

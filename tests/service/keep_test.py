@@ -11,7 +11,9 @@ Checked here:
 - a flipped byte in the kept copy: that sample rejected, the right bytes delivered;
 - what a crash leaves (a nopfsd killed with SIGKILL, an entry without its MANIFEST): never trusted,
   removed by the next start;
-- without `--keep` nothing is kept.
+- without `--keep` nothing is kept;
+- two SSD classes on two scratch directories: each keeps its own samples in its own kept area, and
+  the next job adopts them all.
 
 `nopfs run` starts the nopfsd beside its own executable: the runs that keep use a copy of `nopfs`
 next to a `nopfsd` that adds `--keep` (and `--keep-max-bytes`) to the real one's arguments, as a
@@ -78,19 +80,21 @@ class KeepTest(unittest.TestCase):
         os.chmod(d, 0o755)
         return d
 
-    def run_job(self, bin_dir=None, check=True):
+    def run_job(self, bin_dir=None, check=True, conf=None, tiers=("ssd",)):
         """One `nopfs run` of one rank that reads both epochs with `nopfs cat --verify`, waits for
-        the SSD tier's prefetch, and saves `nopfs status --json`. Returns (proc, status, cat)."""
+        the prefetch of the SSD `tiers`, and saves `nopfs status --json`. Returns (proc, status,
+        cat)."""
         self.runs += 1
         out = os.path.join(self.work, f"run{self.runs}")
         nopfs_bin = os.path.join(BIN, "nopfs")
+        done = " && ".join(f"echo \"$s\" | grep -q 'tier {t}: .*prefetch done'" for t in tiers)
         script = (f"{nopfs_bin} cat --verify > {out}.cat 2> {out}.err && "
-                  f"until {nopfs_bin} status | grep -q 'tier ssd: .*prefetch done'; "
+                  f"until s=$({nopfs_bin} status) && {done}; "
                   f"do sleep 0.05; done; {nopfs_bin} status --json > {out}.json")
         argv = st.demote_argv([os.path.join(bin_dir or BIN, "nopfs"), "run", "--dataset",
                                self.data.root, "--ranks", "1", *map(str, self.JOB), "--config",
-                               self.conf, "--run-dir", out + ".rundir", "--keep-run-dir", "--", "sh",
-                               "-c", script])
+                               conf or self.conf, "--run-dir", out + ".rundir", "--keep-run-dir",
+                               "--", "sh", "-c", script])
         p = subprocess.run(argv, capture_output=True, text=True, timeout=300)
         if check and p.returncode != 0:
             raise AssertionError(f"{argv} exited {p.returncode}\n{p.stdout}\n{p.stderr}\n"
@@ -105,22 +109,22 @@ class KeepTest(unittest.TestCase):
         path = out + ".rundir/nopfsd.log"
         return st.read(path) if os.path.exists(path) else "(no log)"
 
-    def kept_entries(self):
+    def kept_entries(self, scratch=None):
         """{name: sorted file names} of every entry of the kept area."""
-        kept = glob.glob(os.path.join(self.scratch, "nopfs-*", "kept"))
+        kept = glob.glob(os.path.join(scratch or self.scratch, "nopfs-*", "kept"))
         if not kept:
             return {}
         self.assertEqual(len(kept), 1, kept)
         return {n: sorted(os.listdir(os.path.join(kept[0], n))) for n in os.listdir(kept[0])}
 
-    def the_kept_dir(self):
-        entries = self.kept_entries()
+    def the_kept_dir(self, scratch=None):
+        entries = self.kept_entries(scratch)
         self.assertEqual(len(entries), 1, entries)
         (name, files), = entries.items()
         self.assertRegex(name, r"^[0-9a-f]{16}$")
         self.assertIn("MANIFEST", files)
         self.assertIn("index", files)
-        return glob.glob(os.path.join(self.scratch, "nopfs-*", "kept", name))[0]
+        return glob.glob(os.path.join(scratch or self.scratch, "nopfs-*", "kept", name))[0]
 
     def kept_index(self, kept_dir):
         """The index's records (launch/kept_area.h) as dicts."""
@@ -263,6 +267,45 @@ class KeepTest(unittest.TestCase):
         _, second, _ = self.run_job(self.keep_bin)
         self.assertEqual(second["adopted_samples"], len(records), second)
         self.assertEqual(second["pfs_bytes"], self.total - second["adopted_bytes"], second)
+
+    def test_every_ssd_class_keeps_its_samples_and_the_next_job_adopts_them_all(self):
+        # Two SSD classes on two scratch directories (two disks): the first holds what fits in
+        # 512 KB, the second the rest.
+        scratch2 = os.path.join(self.work, "scratch2")
+        os.mkdir(scratch2)
+        os.chmod(scratch2, 0o777)
+        conf = os.path.join(self.work, "two-ssd.conf.lua")
+        with open(conf, "w") as fh:
+            fh.write('staging = { capacity = "64MB", threads = 2 }\n'
+                     f'classes = {{ ssd {{ name = "nvme0", path = "{self.scratch}", '
+                     'capacity = "512KB", threads = 2 }, '
+                     f'ssd {{ name = "nvme1", path = "{scratch2}", capacity = "1GB", '
+                     'threads = 2 } }\n')
+        os.chmod(conf, 0o644)
+        tiers = ("nvme0", "nvme1")
+        _, first, _ = self.run_job(self.keep_bin, conf=conf, tiers=tiers)
+        self.assertGreaterEqual(first["pfs_bytes"], self.total)
+        kept = [self.the_kept_dir(d) for d in (self.scratch, scratch2)]
+        # The same key in each class's own kept area; each index names its own samples.
+        self.assertEqual(os.path.basename(kept[0]), os.path.basename(kept[1]))
+        records = [self.kept_index(k) for k in kept]
+        self.assertGreater(len(records[0]), 0)
+        self.assertGreater(len(records[1]), 0)
+        paths = [{r["path"] for r in rs} for rs in records]
+        self.assertEqual(paths[0] & paths[1], set())
+        self.assertEqual(len(records[0]) + len(records[1]), self.files)
+        log = self.log(os.path.join(self.work, "run1"))
+        self.assertRegex(log, rf"kept area: kept {len(records[0])} samples .*\(class nvme0\)")
+        self.assertRegex(log, rf"kept area: kept {len(records[1])} samples .*\(class nvme1\)")
+        # The next job adopts both: every sample, every byte right, nothing from the PFS.
+        p, second, _ = self.run_job(self.keep_bin, conf=conf, tiers=tiers)
+        self.assertEqual(second["adopted_samples"], self.files, second)
+        self.assertEqual(second["adopted_bytes"], self.total, second)
+        self.assertEqual(second["adopt_rejected_samples"], 0, second)
+        self.assertEqual(second["pfs_bytes"], 0, second)
+        self.assertIn(f"adopted from the kept copy: {self.files} samples", p.stdout)
+        # And keeps both again, under the same key, with nothing else left in either area.
+        self.assertEqual([self.the_kept_dir(d) for d in (self.scratch, scratch2)], kept)
 
 
 if __name__ == "__main__":

@@ -655,6 +655,28 @@ class ServiceTest(unittest.TestCase):
         log = read(os.path.join(run, "nopfsd.log"))
         self.assertIn("nothing staged remains", log)
 
+    def test_a_ready_file_that_cannot_be_written_is_a_start_failure_naming_it(self):
+        # A directory where nopfsd writes the ready file's text before renaming it into place.
+        conf = os.path.join(self.work, "ssd.conf.lua")
+        write_config(conf, ram="1MB", ssd="1GB", ssd_path=self.scratch)
+        run = os.path.join(self.work, "run3")
+        os.mkdir(run, 0o700)
+        os.mkdir(os.path.join(run, ".ready.tmp"), 0o700)
+        if AS_ROOT:
+            for d in (run, os.path.join(run, ".ready.tmp")):
+                shutil.chown(d, "nobody", "nogroup")
+        argv = demote_argv([os.path.join(BIN, "nopfsd"), "--run-dir", run, "--dataset",
+                            self.data.root, *map(str, self.JOB), "--ranks", "1", "--config",
+                            conf])
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        why = f"creating {run}/ready (as {run}/.ready.tmp): Is a directory"
+        self.assertIn(why, p.stderr)
+        self.assertIn(why, read(os.path.join(run, "failed")))
+        # Nothing a reader could trust, and nothing staged, is left.
+        self.assertEqual(sorted(os.listdir(run)), [".ready.tmp", "failed", "nopfsd.log"])
+        self.assertEqual(os.listdir(self.scratch), [], "SSD files left behind")
+
     def test_option_sets_where_a_rank_reads_nothing_are_refused(self):
         # Refused by nopfs run before it starts anything: the batch does not depend on the data.
         p = nopfs("run", "--dataset", self.data.root, "--ranks", 4, "--batch", 2, "--scheme",

@@ -1,0 +1,336 @@
+// The files nopfsd writes on the node (the run directory's pid, ready and plan files, its log, the
+// metrics file) on a disk that fails under them, through FaultInjectionLocalIo: a file a reader
+// trusts is written whole or not at all, a start file that cannot be written is a start failure
+// that names it, and the log and the metrics file cost the job nothing but a warning.
+#include <errno.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
+
+#include "client/client.h"
+#include "launch/run_files.h"
+#include "service/daemon/daemon.h"
+#include "service/daemon/log_file.h"
+#include "service/daemon/metrics.h"
+#include "service/daemon/run_dir.h"
+#include "service/env/local_io.h"
+
+namespace nopfs::service {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool Exists(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+// The names in `dir`, sorted.
+std::vector<std::string> Names(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+class RunDirFaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/nopfs-rundir-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string dir_;
+  FaultInjectionLocalIo io_{LocalIo::Default()};
+};
+
+// One way for the disk to fail, set on io.
+struct Fault {
+  const char* what;
+  void (*set)(FaultInjectionLocalIo* io);
+  const char* error;  // strerror's text, in the message
+};
+
+const Fault kFaults[] = {
+    {"full at once", [](FaultInjectionLocalIo* io) { io->FailWrites(ENOSPC); },
+     "No space left on device"},
+    {"full after 3 bytes (a short write, then ENOSPC)",
+     [](FaultInjectionLocalIo* io) { io->FailWrites(ENOSPC, 3); }, "No space left on device"},
+    {"EIO after 2 bytes, writes halved",
+     [](FaultInjectionLocalIo* io) {
+       io->ShortWrites(true);
+       io->FailWrites(EIO, 2);
+     },
+     "Input/output error"},
+    {"the file cannot be created", [](FaultInjectionLocalIo* io) { io->FailOpen(ENOSPC); },
+     "No space left on device"},
+    {"the rename fails", [](FaultInjectionLocalIo* io) { io->FailRename(EIO); },
+     "Input/output error"},
+};
+
+TEST_F(RunDirFaultTest, EachStartFileIsWrittenWholeOrNotAtAllAndItsFailureNamesIt) {
+  const std::string ready = launch::FormatReady({4242, 1281167});
+  const std::pair<const char*, std::string> files[] = {
+      {launch::kPidName, "4242\n"},
+      {launch::kReadyName, ready},
+      {kPlanName, "nopfs: plan: 1281167 samples, RAM 64 GB, SSD 1.5 TB\n"}};
+  for (const auto& [name, text] : files) {
+    const std::string path = dir_ + "/" + name;
+    for (const Fault& f : kFaults) {
+      SCOPED_TRACE(std::string(name) + ", " + f.what);
+      // No previous file: none appears.
+      f.set(&io_);
+      Status s = WriteFileAtomically(dir_, name, text, &io_);
+      ASSERT_FALSE(s.ok());
+      EXPECT_NE(s.message().find(path + " "), std::string::npos) << s.message();
+      EXPECT_NE(s.message().find(f.error), std::string::npos) << s.message();
+      EXPECT_FALSE(Exists(path));
+      EXPECT_TRUE(Names(dir_).empty()) << "left behind: " << Names(dir_).front();
+      // A previous file stays whole.
+      io_.ClearFaults();
+      ASSERT_TRUE(WriteFileAtomically(dir_, name, "previous\n", &io_).ok());
+      f.set(&io_);
+      EXPECT_FALSE(WriteFileAtomically(dir_, name, text, &io_).ok());
+      EXPECT_EQ(Slurp(path), "previous\n");
+      EXPECT_EQ(Names(dir_), std::vector<std::string>{name});
+      io_.ClearFaults();
+      ASSERT_EQ(::unlink(path.c_str()), 0);
+    }
+    // Writes that move half of what is asked each time still give the whole text.
+    io_.ShortWrites(true);
+    ASSERT_TRUE(WriteFileAtomically(dir_, name, text, &io_).ok());
+    io_.ClearFaults();
+    EXPECT_EQ(Slurp(path), text);
+    struct stat st {};
+    ASSERT_EQ(::stat(path.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    ASSERT_EQ(::unlink(path.c_str()), 0);
+  }
+  // And the tasks parse the ready file written through short writes.
+  io_.ShortWrites(true);
+  ASSERT_TRUE(WriteFileAtomically(dir_, launch::kReadyName, ready, &io_).ok());
+  io_.ClearFaults();
+  Result<launch::ReadyInfo> info = launch::ParseReady(Slurp(dir_ + "/" + launch::kReadyName));
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->pid, 4242);
+  EXPECT_EQ(info->samples, 1281167u);
+  EXPECT_GT(io_.failed_calls(), 0u);
+}
+
+TEST_F(RunDirFaultTest, AStaleFileThatCannotBeRemovedIsAStartFailureThatNamesIt) {
+  std::ofstream(dir_ + "/" + launch::kReadyName) << "pid=1\nsamples=1\n";
+  io_.FailUnlink(EIO);
+  io_.OnlyPaths("/" + std::string(launch::kReadyName));
+  const Status s = ClearStaleState(dir_, &io_);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("removing " + dir_ + "/ready: Input/output error"), std::string::npos)
+      << s.message();
+  io_.ClearFaults();
+  EXPECT_TRUE(ClearStaleState(dir_, &io_).ok());
+  EXPECT_FALSE(Exists(dir_ + "/" + launch::kReadyName));
+}
+
+// --- the log ---
+
+TEST_F(RunDirFaultTest, ALogThatCannotBeWrittenWarnsOnceAndLaterSaysWhatWasLost) {
+  const std::string path = dir_ + "/" + launch::kLogName;
+  std::vector<std::string> warnings;
+  Result<std::shared_ptr<LogFileSink>> sink = LogFileSink::Open(
+      path, &io_, [&](const std::string& w) { warnings.push_back(w); }, 1h);
+  ASSERT_TRUE(sink.ok()) << sink.status().ToString();
+  spdlog::logger log("nopfsd", *sink);
+  log.set_pattern("%l: %v");
+  log.info("before");
+  // The disk fills part-way through a line: 1,000 lines are lost, with one warning.
+  io_.FailWrites(ENOSPC, 4);
+  for (int i = 0; i < 1000; ++i)
+    log.info("line {}", i);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("cannot write the log " + path + ": No space left on device"),
+            std::string::npos)
+      << warnings[0];
+  EXPECT_EQ((*sink)->lost_lines(), 1000u);
+  // Space again: the next line says what was lost, on a line of its own.
+  io_.ClearFaults();
+  log.info("after");
+  EXPECT_EQ(Slurp(path),
+            "info: before\ninfo\n[nopfsd: 1000 log lines lost: No space left on device]\n"
+            "info: after\n");
+  // A second failure warns again.
+  io_.FailWrites(EIO);
+  log.warn("gone");
+  EXPECT_EQ(warnings.size(), 2u);
+  io_.ClearFaults();
+}
+
+TEST_F(RunDirFaultTest, ALogThatCannotBeOpenedIsAStartFailureThatNamesIt) {
+  io_.FailOpen(EIO);
+  const std::string path = dir_ + "/" + launch::kLogName;
+  Result<std::shared_ptr<LogFileSink>> sink = LogFileSink::Open(path, &io_);
+  ASSERT_FALSE(sink.ok());
+  EXPECT_EQ(sink.status().message(), "opening the log " + path + ": Input/output error");
+}
+
+// --- the metrics file ---
+
+report::StatusReport SomeReport(uint64_t samples) {
+  report::StatusReport r;
+  r.dataset_samples = samples;
+  return r;
+}
+
+TEST_F(RunDirFaultTest, MetricsThatCannotBeWrittenLeaveThePreviousFileWholeAndTheSameMessage) {
+  MetricsWriter w(dir_, {"77", "alice", "n1"}, &io_);
+  const std::string path = dir_ + "/nopfs_77.prom";
+  ASSERT_EQ(w.path(), path);
+  ASSERT_TRUE(w.Write(SomeReport(10)).ok());
+  const std::string first = Slurp(path);
+  ASSERT_NE(first.find("job=\"77\""), std::string::npos);
+  for (const Fault& f : kFaults) {
+    SCOPED_TRACE(f.what);
+    f.set(&io_);
+    const Status a = w.Write(SomeReport(20));
+    const Status b = w.Write(SomeReport(30));
+    io_.ClearFaults();
+    ASSERT_FALSE(a.ok());
+    EXPECT_NE(a.message().find(path + ": " + f.error), std::string::npos) << a.message();
+    // The same fault, the same words: the daemon logs it once, not every period.
+    EXPECT_EQ(a.message(), b.message());
+    EXPECT_EQ(Slurp(path), first);
+    EXPECT_EQ(Names(dir_), std::vector<std::string>{"nopfs_77.prom"});
+  }
+  io_.ShortWrites(true);
+  ASSERT_TRUE(w.Write(SomeReport(40)).ok());
+  io_.ClearFaults();
+  EXPECT_EQ(Slurp(path), RenderMetrics(SomeReport(40), {"77", "alice", "n1"}));
+}
+
+// --- the daemon ---
+
+constexpr uint32_t kSamples = 60;
+
+std::string Bytes(uint32_t i) {
+  return std::string(100 + (i * 53) % 900, static_cast<char>('a' + i % 26));
+}
+
+class DaemonFaultTest : public RunDirFaultTest {
+ protected:
+  void SetUp() override {
+    RunDirFaultTest::SetUp();
+    std::filesystem::create_directories(dir_ + "/data/c0");
+    for (uint32_t i = 0; i < kSamples; ++i) {
+      char name[32];
+      std::snprintf(name, sizeof name, "/data/c0/s%04u.bin", i);
+      std::ofstream(dir_ + name) << Bytes(i);
+    }
+    ASSERT_EQ(::mkdir((dir_ + "/run").c_str(), 0700), 0);
+    ASSERT_EQ(::mkdir((dir_ + "/metrics").c_str(), 0755), 0);
+    std::ofstream(dir_ + "/node.lua") << "staging = { capacity = \"4MB\", threads = 1 }\n"
+                                         "classes = { ram { capacity = \"1MB\", threads = 1 } }\n"
+                                         "metrics_dir = \""
+                                      << dir_ << "/metrics\"\n";
+  }
+  DaemonOptions Options() {
+    DaemonOptions o;
+    o.run_dir = dir_ + "/run";
+    o.dataset = dir_ + "/data";
+    o.config_path = dir_ + "/node.lua";
+    o.job_id = "88";
+    o.job.seed = 7;
+    o.job.epochs = 1;
+    o.job.ranks = 1;
+    o.job.ranks_per_node = 1;
+    o.job.batch = 2;
+    o.plan_threads = 1;
+    o.uid = static_cast<uint32_t>(::getuid());
+    o.local_io = &io_;
+    return o;
+  }
+};
+
+TEST_F(DaemonFaultTest, APlanFileThatCannotBeWrittenIsAStartFailureThatNamesIt) {
+  for (const Fault& f : kFaults) {
+    SCOPED_TRACE(f.what);
+    io_.OnlyPaths(dir_ + "/run/.plan");
+    f.set(&io_);
+    Result<std::unique_ptr<Daemon>> d = Daemon::Start(Options());
+    io_.ClearFaults();
+    ASSERT_FALSE(d.ok());
+    EXPECT_NE(d.status().message().find(dir_ + "/run/plan "), std::string::npos)
+        << d.status().message();
+    EXPECT_NE(d.status().message().find(f.error), std::string::npos) << d.status().message();
+    EXPECT_FALSE(Exists(dir_ + "/run/plan"));
+    EXPECT_FALSE(Exists(dir_ + "/run/.plan.tmp"));
+  }
+  // The same directory on a sound disk: the daemon starts and writes the plan.
+  io_.OnlyPaths("");
+  Result<std::unique_ptr<Daemon>> d = Daemon::Start(Options());
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_NE(Slurp(dir_ + "/run/plan").find("nopfs"), std::string::npos);
+  (*d)->Stop();
+  EXPECT_FALSE(Exists(dir_ + "/run/plan"));
+}
+
+TEST_F(DaemonFaultTest, AMetricsDirectoryThatFailsCostsTheJobOneWarningAndNoByte) {
+  auto ring = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(1000);
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("test", ring));
+  io_.OnlyPaths(dir_ + "/metrics/");
+  io_.FailWrites(ENOSPC, 100);  // part of the first file, then a full disk
+  Result<std::unique_ptr<Daemon>> d = Daemon::Start(Options());
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  {
+    auto c = client::Client::Connect(dir_ + "/run/nopfsd.sock");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    auto s = (*c)->Open(0);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    uint64_t got = 0;
+    for (;;) {
+      auto r = (*s)->Next(10s);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      if (!r->has_value()) break;
+      const client::Sample& x = **r;
+      EXPECT_EQ(std::string(reinterpret_cast<const char*>(x.data), x.size), Bytes(x.sample_id));
+      ASSERT_TRUE((*s)->Release(x).ok());
+      ++got;
+    }
+    EXPECT_EQ(got, kSamples);
+  }
+  (*d)->Stop();  // writes the metrics once more: the same fault, no second warning
+  spdlog::set_default_logger(previous);
+  int warnings = 0;
+  for (const std::string& line : ring->last_formatted()) {
+    if (line.find("metrics: writing " + dir_ + "/metrics/nopfs_88.prom: No space left") !=
+        std::string::npos) {
+      ++warnings;
+      EXPECT_NE(line.find("the job goes on without metrics"), std::string::npos) << line;
+    }
+  }
+  EXPECT_EQ(warnings, 1);
+  EXPECT_TRUE(Names(dir_ + "/metrics").empty()) << Names(dir_ + "/metrics").front();
+  EXPECT_GT(io_.failed_calls(), 0u);
+}
+
+}  // namespace
+}  // namespace nopfs::service
