@@ -122,8 +122,14 @@ class FaultsTest(ClusterCase):
             wait_file(f"{RUN}/{node}/{job}/ready", 30)
             self.assertEqual(sorted(ledger(node)), [job], node)
             for d in glob.glob(os.path.join(SSD, "nopfs-*")):
-                self.assertEqual([n for n in os.listdir(d) if not n.startswith(f"{job}.")], [],
-                                 d)
+                self.assertEqual([n for n in os.listdir(d)
+                                  if not n.startswith(f"{job}.") and n != "live"], [], d)
+                # The registry of running jobs (docs/tiers.md, "Sibling jobs"): this job's entry
+                # only, `<key>.<job>.<node>`.
+                live = os.path.join(d, "live")
+                if os.path.isdir(live):
+                    self.assertEqual([n for n in os.listdir(live) if f".{job}." not in n], [],
+                                     live)
         got = results(job, range(len(nodes)))
         for rank, (samples, _, mismatches, errors, stopped) in got.items():
             self.assertEqual((samples, mismatches, errors, stopped),
