@@ -70,15 +70,7 @@ class KeepTest(unittest.TestCase):
         time.sleep(1)  # the dataset's ctimes are then before any run's start
 
     def launcher(self, name, extra):
-        """A directory with a copy of `nopfs` and a `nopfsd` that runs the real one with `extra`."""
-        d = os.path.join(self.work, "bin-" + name)
-        os.mkdir(d)
-        shutil.copy2(os.path.join(BIN, "nopfs"), os.path.join(d, "nopfs"))
-        with open(os.path.join(d, "nopfsd"), "w") as fh:
-            fh.write(f'#!/bin/sh\nexec {os.path.join(BIN, "nopfsd")} "$@" {" ".join(extra)}\n')
-        os.chmod(os.path.join(d, "nopfsd"), 0o755)
-        os.chmod(d, 0o755)
-        return d
+        return st.launcher(self.work, name, extra)
 
     def run_job(self, bin_dir=None, check=True, conf=None, tiers=("ssd",)):
         """One `nopfs run` of one rank that reads both epochs with `nopfs cat --verify`, waits for

@@ -136,6 +136,19 @@ else:
 """
 
 
+def launcher(work, name, extra):
+    """A directory <work>/bin-<name> with a copy of `nopfs` and a `nopfsd` that runs the real one
+    with `extra` appended (`nopfs run` starts the nopfsd beside itself)."""
+    d = os.path.join(work, "bin-" + name)
+    os.mkdir(d)
+    shutil.copy2(os.path.join(BIN, "nopfs"), os.path.join(d, "nopfs"))
+    with open(os.path.join(d, "nopfsd"), "w") as fh:
+        fh.write(f'#!/bin/sh\nexec {os.path.join(BIN, "nopfsd")} "$@" {" ".join(extra)}\n')
+    os.chmod(os.path.join(d, "nopfsd"), 0o755)
+    os.chmod(d, 0o755)
+    return d
+
+
 def write_config(path, ram=None, ssd=None, ssd_path=None, staging="64MB", prefetch_threads=2,
                  staging_threads=2):
     classes = []

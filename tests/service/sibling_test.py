@@ -111,15 +111,7 @@ class SiblingTest(unittest.TestCase):
         return got - verify
 
     def launcher(self, name, extra):
-        """A directory with a copy of `nopfs` and a `nopfsd` that runs the real one with `extra`."""
-        d = os.path.join(self.work, "bin-" + name)
-        os.mkdir(d)
-        shutil.copy2(os.path.join(BIN, "nopfs"), os.path.join(d, "nopfs"))
-        with open(os.path.join(d, "nopfsd"), "w") as fh:
-            fh.write(f'#!/bin/sh\nexec {os.path.join(BIN, "nopfsd")} "$@" {" ".join(extra)}\n')
-        os.chmod(os.path.join(d, "nopfsd"), 0o755)
-        os.chmod(d, 0o755)
-        return d
+        return st.launcher(self.work, name, extra)
 
     def flag(self, name):
         return os.path.join(self.work, name)
