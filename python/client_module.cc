@@ -433,10 +433,21 @@ class PyBatch {
   }
   py::list ToBytes() const {
     CheckLive("tobytes()");
-    py::list out(size());
+    // The objects are made with the GIL, their bytes copied without it (nothing else sees them
+    // yet): the copy, and the page faults of fresh memory, overlap other Python threads.
     const auto& v = holder_->samples();
+    py::list out(v.size());
+    std::vector<char*> dst(v.size());
     for (size_t i = 0; i < v.size(); ++i) {
-      out[i] = py::bytes(reinterpret_cast<const char*>(v[i].data), v[i].size);
+      PyObject* b = PyBytes_FromStringAndSize(nullptr, static_cast<py::ssize_t>(v[i].size));
+      if (b == nullptr) throw py::error_already_set();
+      dst[i] = PyBytes_AS_STRING(b);
+      out[i] = py::reinterpret_steal<py::object>(b);
+    }
+    {
+      py::gil_scoped_release nogil;
+      for (size_t i = 0; i < v.size(); ++i)
+        std::memcpy(dst[i], v[i].data, v[i].size);
     }
     return out;
   }

@@ -35,9 +35,11 @@ import io
 import math
 import multiprocessing
 import os
+import queue
+import threading
 import warnings
-from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple,
-                    Union)
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Generator, Iterator, List, Optional,
+                    Sequence, Tuple, Union)
 
 import torch.utils.data as tud
 
@@ -560,6 +562,54 @@ def read_batch(stream: Any, n: int, pin_memory: bool = False,
         return data, batch.offsets, batch.labels, batch.ids
 
 
+_END = object()  # _ahead's end of the items
+
+
+def _ahead(items: Generator[Any, None, None], depth: int) -> Iterator[Any]:
+    """Yields what `items` yields, made by a thread of its own with up to `depth` made items
+    waiting, so that copying a batch out of the ring (without the GIL) overlaps the training
+    step. An exception of `items` is raised where its item would have come. Leaving the loop
+    early (or dropping the iterator) stops the thread, which closes `items` (and so the stream)
+    itself."""
+    done: "queue.Queue[Tuple[Any, Optional[BaseException]]]" = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(entry: Any) -> bool:
+        while not stop.is_set():
+            try:
+                done.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for item in items:
+                if not put((item, None)):
+                    return
+            put((_END, None))
+        except BaseException as e:  # noqa: B902 -- handed to the consumer, raised there
+            put((_END, e))
+        finally:
+            items.close()
+
+    thread = threading.Thread(target=run, name="nopfs-batches", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = done.get()
+            if item is _END:
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stop.set()
+        if thread is not threading.current_thread():  # the collector may run anywhere
+            thread.join()
+
+
 class StreamDataset(tud.IterableDataset):
     """One pass over a rank's stream, for torch's DataLoader.
 
@@ -575,7 +625,7 @@ class StreamDataset(tud.IterableDataset):
                  fallback: bool = False, socket: Optional[str] = None,
                  timeout: Optional[float] = None, fallback_on_loss: bool = False,
                  collate_fn: Optional[Callable[[List[Any]], Any]] = None,
-                 pin_memory: bool = False) -> None:
+                 pin_memory: bool = False, prefetch: int = 2) -> None:
         self.dataset = dataset
         self.sampler = sampler
         self.batch_size = int(batch_size)
@@ -586,6 +636,9 @@ class StreamDataset(tud.IterableDataset):
         # "views" hands decode one view per sample.
         self.mode = _batch_mode(dataset, collate_fn)
         self.pin_memory = bool(pin_memory)
+        # Batches made ahead of the training loop by a thread, in the main process (a worker's
+        # batches are made ahead by torch's prefetch_factor); 0: each when it is asked for.
+        self.prefetch = int(prefetch)
         self.fallback = fallback
         # The service went away mid-pass (nopfs.UnavailableError): go on from the files, in the
         # same order, from where the stream stopped; False: raise.
@@ -610,6 +663,8 @@ class StreamDataset(tud.IterableDataset):
         epoch, step = int(self.pass_state[0]), int(self.pass_state[1])
         if self.fallback:
             yield from self._batches_of(self._iter_files(epoch, step, worker, workers))
+        elif info is None and self.prefetch > 0:
+            yield from _ahead(self._iter_service(epoch, step, worker, workers), self.prefetch)
         else:
             yield from self._iter_service(epoch, step, worker, workers)
 
@@ -826,11 +881,21 @@ class DataLoader(tud.DataLoader):
             for worker_only in ("prefetch_factor", "persistent_workers",
                                 "multiprocessing_context"):
                 kwargs.pop(worker_only, None)
+        # Without workers a thread makes the batches ahead, prefetch_factor of them (torch's
+        # default, 2; 0: none), as torch's workers do; torch itself takes the argument only
+        # with workers.
+        prefetch = 0
+        if num_workers == 0:
+            prefetch = kwargs.pop("prefetch_factor", None)
+            prefetch = 2 if prefetch is None else int(prefetch)
+            if prefetch < 0:
+                raise ValueError(f"nopfs: DataLoader(prefetch_factor={prefetch}): write a "
+                                 "number of batches >= 0 (0: none made ahead)")
         self.nopfs_stream = StreamDataset(dataset, sampler, batch_size, fallback=not use_service,
                                socket=socket, timeout=timeout_per_sample,
                                fallback_on_loss=bool(fallback), collate_fn=collate_fn,
                                pin_memory=bool(kwargs.get("pin_memory", False))
-                               and num_workers == 0)
+                               and num_workers == 0, prefetch=prefetch)
         # The stream makes the job's batches, whole (one ring call per batch, collated in the
         # worker as torch would): torch batches nothing more, and its drop_last would drop a
         # rank's short batch. batch_size reads as the job's, for len() and for the user.

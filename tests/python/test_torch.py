@@ -5,6 +5,7 @@ import os
 import pickle
 import random
 import signal
+import threading
 import time
 
 import pytest
@@ -280,6 +281,71 @@ def test_a_training_killed_mid_epoch_resumes_at_the_next_batch(service, images, 
             except EOFError:
                 break
     check_pass(items, paths, service.stream(1))
+
+
+def prefetching_threads():
+    return [t for t in threading.enumerate() if t.name == "nopfs-batches"]
+
+
+def test_without_workers_a_thread_makes_the_next_batches_while_the_loop_works(
+        service, images, rank_env):
+    """Without workers, a thread makes prefetch_factor batches (torch's default, 2) ahead of the
+    loop while it trains, as workers would, and the pass is the same; leaving the loop early
+    stops the thread; prefetch_factor=0 makes each batch when the loop asks for it."""
+    root, paths = images
+    rank_env(0)
+    made = []
+
+    def collate(batch):
+        made.append(threading.current_thread().name)
+        return batch
+
+    def loader_of(**kw):
+        dataset = ImageFolder(root, decode=bytes)
+        sampler = DistributedSampler(dataset)
+        return sampler, DataLoader(dataset, batch_size=4, sampler=sampler, collate_fn=collate,
+                                   **kw)
+
+    sampler, loader = loader_of()
+    order = sampler.order()
+    assert len(loader) >= 6
+    it = iter(loader)
+    items = list(next(it))
+    # The loop "trains" on its first batch: meanwhile two batches are made and wait, and a
+    # third is made and waits for room.
+    deadline = time.monotonic() + 10
+    while len(made) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)
+    assert made == ["nopfs-batches"] * 4
+    for batch in it:
+        items.extend(batch)
+    check_pass(items, paths, order)
+    assert len(made) == len(loader)
+    assert not prefetching_threads()
+
+    # Broken off after one batch: the thread stops (and closes the stream), the next pass is whole.
+    sampler.set_epoch(1)
+    it = iter(loader)
+    next(it)
+    assert len(prefetching_threads()) == 1
+    del it
+    assert not prefetching_threads()
+    sampler.set_epoch(1)
+    check_pass(one_pass_of(loader), paths, sampler.order(1))
+
+    made.clear()
+    sampler, loader = loader_of(prefetch_factor=0)
+    it = iter(loader)
+    next(it)
+    time.sleep(0.3)
+    assert made == ["MainThread"]
+    with pytest.raises(ValueError, match="prefetch_factor=-1"):
+        loader_of(prefetch_factor=-1)
+
+
+def one_pass_of(loader):
+    return [item for batch in loader for item in batch]
 
 
 def test_persistent_workers_follow_set_epoch(service, images, rank_env):
