@@ -38,6 +38,7 @@ import multiprocessing
 import os
 import queue
 import threading
+import time
 import warnings
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Generator, Iterator, List, Optional,
                     Sequence, Tuple, Union)
@@ -622,12 +623,50 @@ def read_batch(stream: Any, n: int, pin_memory: bool = False,
 _END = object()  # _ahead's end of the items
 
 
-def _ahead(items: Generator[Any, None, None], depth: int) -> Iterator[Any]:
-    """Yields what `items` yields, made by a thread of its own with up to `depth` made items
+class _Pace:
+    """Whether a loop works between its batches long enough for a thread making the next ones
+    to pay: at least _Pace.FLOOR seconds, and at least as long as a batch takes to make (medians
+    of the first _Pace.SEEN batches). A loop that asks for batches back to back gains nothing
+    from a thread, and each hand-over between two Python threads costs a GIL switch."""
+
+    FLOOR = 0.001
+    SEEN = 3
+
+    def __init__(self) -> None:
+        self.works = False
+        self.make: List[float] = []
+        self.loop: List[float] = []
+
+    def add(self, make: float, loop: float) -> bool:
+        self.make.append(make)
+        self.loop.append(loop)
+        if len(self.loop) >= self.SEEN:
+            m, w = sorted(self.make)[len(self.make) // 2], sorted(self.loop)[len(self.loop) // 2]
+            self.works = w >= max(self.FLOOR, m)
+            self.make, self.loop = [], []
+            return True
+        return False
+
+
+def _ahead(items: Generator[Any, None, None], depth: int, pace: _Pace) -> Iterator[Any]:
+    """Yields what `items` yields. Once `pace` finds that the loop works between batches (it
+    remembers it across passes), a thread of its own makes them, with up to `depth` made items
     waiting, so that copying a batch out of the ring (without the GIL) overlaps the training
     step. An exception of `items` is raised where its item would have come. Leaving the loop
     early (or dropping the iterator) stops the thread, which closes `items` (and so the stream)
     itself."""
+    while not pace.works:
+        t0 = time.monotonic()
+        try:
+            item = next(items)
+        except StopIteration:
+            return
+        t1 = time.monotonic()
+        yield item
+        if pace.add(t1 - t0, time.monotonic() - t1) and not pace.works:
+            yield from items  # a loop that does not wait for its batches: made when asked
+            return
+
     done: "queue.Queue[Tuple[Any, Optional[BaseException]]]" = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
@@ -696,6 +735,7 @@ class StreamDataset(tud.IterableDataset):
         # Batches made ahead of the training loop by a thread, in the main process (a worker's
         # batches are made ahead by torch's prefetch_factor); 0: each when it is asked for.
         self.prefetch = int(prefetch)
+        self.pace = _Pace()
         self.fallback = fallback
         # The service went away mid-pass (nopfs.UnavailableError): go on from the files, in the
         # same order, from where the stream stopped; False: raise.
@@ -721,7 +761,8 @@ class StreamDataset(tud.IterableDataset):
         if self.fallback:
             yield from self._batches_of(self._iter_files(epoch, step, worker, workers))
         elif info is None and self.prefetch > 0:
-            yield from _ahead(self._iter_service(epoch, step, worker, workers), self.prefetch)
+            yield from _ahead(self._iter_service(epoch, step, worker, workers), self.prefetch,
+                              self.pace)
         else:
             yield from self._iter_service(epoch, step, worker, workers)
 
