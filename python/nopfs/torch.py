@@ -655,17 +655,21 @@ def _ahead(items: Generator[Any, None, None], depth: int, pace: _Pace) -> Iterat
     step. An exception of `items` is raised where its item would have come. Leaving the loop
     early (or dropping the iterator) stops the thread, which closes `items` (and so the stream)
     itself."""
-    while not pace.works:
-        t0 = time.monotonic()
-        try:
-            item = next(items)
-        except StopIteration:
-            return
-        t1 = time.monotonic()
-        yield item
-        if pace.add(t1 - t0, time.monotonic() - t1) and not pace.works:
-            yield from items  # a loop that does not wait for its batches: made when asked
-            return
+    try:
+        while not pace.works:
+            t0 = time.monotonic()
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            t1 = time.monotonic()
+            yield item
+            if pace.add(t1 - t0, time.monotonic() - t1) and not pace.works:
+                yield from items  # a loop that does not wait for its batches: made when asked
+                return
+    except GeneratorExit:
+        items.close()  # left early: close the stream now
+        raise
 
     done: "queue.Queue[Tuple[Any, Optional[BaseException]]]" = queue.Queue(maxsize=depth)
     stop = threading.Event()
