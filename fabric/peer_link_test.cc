@@ -569,6 +569,49 @@ TEST(PeerLinkTest, ANodeThatNeverStartsCostsTheStartUpDeadline) {
   EXPECT_EQ(*r, SampleBytes(1, 5));
 }
 
+// A node with another job secret answers the others' Hellos with Challenges they cannot verify;
+// as those answer their own Hellos (they echo their nonces, sent only to its listed address), the
+// others give up on it at once, log it, and say so, rather than wait for the start-up deadline.
+// Forged Challenges that echo nothing (ForgedMessagesInTheNameOfANodeChangeNothing) do not.
+TEST(PeerLinkTest, ANodeWithAnotherSecretIsGivenUpOnAtOnceNotAtTheDeadline) {
+  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()}};
+  std::vector<std::unique_ptr<PeerLink>> links;
+  for (uint32_t n = 0; n < 3; ++n) {
+    auto l = PeerLink::Start(Options(n, peers, n == 2 ? 12 : 11), Holder(n));
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    links.push_back(std::move(*l));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto deadline = t0 + std::chrono::seconds(60);  // nopfsd's default
+  auto w1 = std::async(std::launch::async, [&] { return links[1]->WaitForPeers(deadline); });
+  auto w2 = std::async(std::launch::async, [&] { return links[2]->WaitForPeers(deadline); });
+  Status w0 = links[0]->WaitForPeers(deadline);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(w0.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(w0.message(),
+            "peer node(s) 2 failed authentication (a wrong or different job secret?)");
+  Status s1 = w1.get();
+  EXPECT_EQ(s1.message(),
+            "peer node(s) 2 failed authentication (a wrong or different job secret?)");
+  Status s2 = w2.get();
+  EXPECT_EQ(s2.message(),
+            "peer node(s) 0, 1 failed authentication (a wrong or different job secret?)");
+  EXPECT_LT(took, std::chrono::seconds(30));  // a round trip, against the 60 s deadline
+  EXPECT_TRUE(links[0]->IsDead(2));
+  EXPECT_TRUE(links[2]->IsDead(0));
+  EXPECT_FALSE(links[0]->IsDead(1));
+  EXPECT_GE(links[0]->counters().auth_refused, 1u);
+  // The nodes with the secret serve each other; node 2 gets nothing from them.
+  auto r = links[0]->Read(1, 5);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, SampleBytes(1, 5));
+  EXPECT_EQ(links[0]->Read(2, 4).status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(links[1]->counters().served_reads, 1u);
+  EXPECT_EQ(links[2]->counters().served_reads, 0u);
+}
+
 // A node that starts after the others gave up on it is not dead to them for the whole job: its
 // first Hello makes them handshake again, and reads go both ways.
 TEST(PeerLinkTest, ANodeThatStartsAfterTheDeadlineStillJoinsForReads) {
