@@ -599,8 +599,8 @@ TEST(PeerLinkTest, ANodeWithAnotherSecretIsGivenUpOnAtOnceNotAtTheDeadline) {
   EXPECT_EQ(s2.message(),
             "peer node(s) 0, 1 failed authentication (a wrong or different job secret?)");
   EXPECT_LT(took, std::chrono::seconds(30));  // a round trip, against the 60 s deadline
-  EXPECT_TRUE(links[0]->IsDead(2));
-  EXPECT_TRUE(links[2]->IsDead(0));
+  // (Whether node 2 is dead to node 0 now depends on timing: its Hellos revive it for another
+  // handshake, which fails the same way; a read from it fails either way.)
   EXPECT_FALSE(links[0]->IsDead(1));
   EXPECT_GE(links[0]->counters().auth_refused, 1u);
   // The nodes with the secret serve each other; node 2 gets nothing from them.
