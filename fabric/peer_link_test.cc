@@ -121,7 +121,7 @@ TEST(PeerLinkTest, TwoNodesServeEachOtherExactBytes) {
   std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
                                  {"127.0.0.1", FreeLoopbackPort()}};
   // Timeouts long enough for a loaded machine: no reply is late here unless something is broken
-  // (with 1.5 s, 12 of 14 runs failed with three CPU burners on two cores).
+  // (with 1.5 s, 6 of 8 runs failed with three CPU burners on two cores).
   PeerLinkOptions o0 = Options(0, peers, 9), o1 = Options(1, peers, 9);
   o0.timeout = o1.timeout = std::chrono::seconds(30);
   auto n0 = PeerLink::Start(o0, Holder(0));
