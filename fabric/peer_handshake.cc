@@ -8,6 +8,8 @@ namespace {
 
 constexpr std::string_view kServerLabel = "nopfs-peer-server";
 constexpr std::string_view kClientLabel = "nopfs-peer-client";
+// The bytes of the client's nonce that the server nonce begins with.
+constexpr size_t kEchoBytes = 16;
 
 bool IsReply(PeerType type) {
   return type == PeerType::kAuthResult || type == PeerType::kReadReply ||
@@ -101,6 +103,16 @@ HandshakeStep PeerHandshake::OnChallenge(uint32_t server, const Challenge& ch) {
     return Step(HandshakeStep::Verdict::kMalformed, "unexpected challenge");
   }
   if (!MacEqual(expect, ch.server_mac)) {
+    if (std::equal(c.client_nonce.begin(), c.client_nonce.begin() + kEchoBytes,
+                   ch.server_nonce.begin())) {
+      // Only who received our Hello at the server's listed address (or sits on the path to it)
+      // knows our nonce: that node answers, without the job's secret.
+      c.state = PeerState::kDead;
+      c.revivable = true;
+      c.key.reset();
+      return Step(HandshakeStep::Verdict::kWrongSecret,
+                  "it answered this node's hello without proving the job secret");
+    }
     return Step(HandshakeStep::Verdict::kForged, "a challenge in the name of node " +
                                                      std::to_string(server) +
                                                      " does not prove the job secret; ignored");
@@ -158,10 +170,16 @@ bool PeerHandshake::Revive(uint32_t server, Clock::time_point now) {
   return true;
 }
 
-// The server nonce for a client's Hello: a MAC of its nonce under this node's own random cookie,
-// so that an Auth proves which Hello it answers without the server keeping any state.
+// The server nonce for a client's Hello: the first kEchoBytes of the client's nonce, so that the
+// client sees that the Challenge answers its Hello even when its MAC fails (OnChallenge), then a
+// MAC of the client's nonce under this node's own random cookie, so that an Auth proves which
+// Hello it answers without the server keeping any state.
 Nonce PeerHandshake::CookieNonce(const Nonce& client_nonce, uint32_t client) const {
-  return PeerMac(cookie_, "nopfs-peer-cookie", client_nonce, Nonce{}, client, self_);
+  const Mac mac = PeerMac(cookie_, "nopfs-peer-cookie", client_nonce, Nonce{}, client, self_);
+  Nonce out{};
+  std::copy(client_nonce.begin(), client_nonce.begin() + kEchoBytes, out.begin());
+  std::copy(mac.begin(), mac.begin() + (out.size() - kEchoBytes), out.begin() + kEchoBytes);
+  return out;
 }
 
 HandshakeStep PeerHandshake::OnHello(uint32_t client, const Hello& h) {

@@ -10,9 +10,10 @@
 //     refusal, a handshake past its deadline (Expire) or Kill. kDead is final, except after an
 //     expired handshake: Revive (the server was not listening yet, e.g. it started later) puts
 //     it back to kNone, at most once per ten timeouts;
-//   - as a server (that node asks this one): no state per Hello (the server nonce is a MAC of
-//     the client's under this node's random cookie, echoed in the Auth), a session once an Auth
-//     proves the secret; a later valid Auth with another client nonce replaces it.
+//   - as a server (that node asks this one): no state per Hello (the server nonce is the first 16
+//     bytes of the client's, then 16 bytes of a MAC of it under this node's random cookie, echoed
+//     in the Auth), a session once an Auth proves the secret; a later valid Auth with another
+//     client nonce replaces it.
 // A message sealed under a session is admitted once (Admit: its MAC, then its sequence number in
 // the session's ReplayWindow); everything else is refused with the reason.
 //
@@ -39,13 +40,17 @@ enum class PeerState { kNone, kHelloSent, kAuthSent, kAuthed, kDead };
 // What to make of one handshake message, and what to answer.
 struct HandshakeStep {
   enum class Verdict {
-    kOk,         // a valid step (`reply`, if set, goes back to the sender)
-    kIgnored,    // nothing to do (a duplicate Auth)
-    kMalformed,  // not a message this state takes: count and log it as malformed
-    kRefused,    // it fails to prove the secret: count it as refused (`reply`, if set, is sent)
-    kForged,     // a Challenge in the server's name that does not prove the secret: counted as
-                 // refused; not proof that the server is bad, so the handshake goes on
-    kDead,       // the server refused our Auth: the peer is now kDead
+    kOk,           // a valid step (`reply`, if set, goes back to the sender)
+    kIgnored,      // nothing to do (a duplicate Auth)
+    kMalformed,    // not a message this state takes: count and log it as malformed
+    kRefused,      // it fails to prove the secret: count it as refused (`reply`, if set, is sent)
+    kForged,       // a Challenge in the server's name that does not prove the secret: counted as
+                   // refused; not proof that the server is bad, so the handshake goes on
+    kWrongSecret,  // a Challenge that answers our Hello (it echoes our nonce, which went only to
+                   // the server's listed address) and does not prove the secret: the server has
+                   // another secret (or node list); the peer is now kDead, revivable as after an
+                   // expired handshake
+    kDead,         // the server refused our Auth: the peer is now kDead
   };
   Verdict verdict = Verdict::kOk;
   std::optional<PeerMessage> reply;
@@ -78,8 +83,9 @@ class PeerHandshake {
                               std::chrono::milliseconds interval);
   // kHelloSent + a Challenge proving the secret -> kAuthSent, reply Auth. In kAuthSent or
   // kAuthed, a Challenge proving the secret for our Hello: kIgnored (the answer to a resent
-  // Hello). In another state: kMalformed; a Challenge that proves nothing: kForged (the state
-  // stays).
+  // Hello). In another state: kMalformed. In kHelloSent, a Challenge that proves nothing:
+  // kWrongSecret (-> kDead) if its server nonce begins with the first 16 bytes of our client
+  // nonce (the server saw our Hello), else kForged (the state stays).
   HandshakeStep OnChallenge(uint32_t server, const Challenge& c);
   // An AuthResult that Admit has admitted under the session of our Auth: accepted -> kAuthed;
   // refused -> kDead (verdict kDead).

@@ -216,10 +216,11 @@ TEST(PeerHandshakeTest, ServerRefusesAClientWithoutTheSecret) {
   PeerHandshake server{SecretOf(7), 1, 2, kTimeout, Counter(0x20)};
   const std::optional<Hello> h = client.Begin(1, Clock::now());
   HandshakeStep c = server.OnHello(0, *h);
-  // The server's challenge does not verify under the wrong secret either: a forgery to it.
+  // The server's challenge does not verify under the wrong secret either, and it answers the
+  // client's Hello: the server has another secret.
   HandshakeStep a = client.OnChallenge(1, std::get<Challenge>(*c.reply));
-  EXPECT_EQ(a.verdict, V::kForged);
-  EXPECT_EQ(client.state(1), PeerState::kHelloSent);
+  EXPECT_EQ(a.verdict, V::kWrongSecret);
+  EXPECT_EQ(client.state(1), PeerState::kDead);
   // A client that skips the check and answers with its secret anyway (a forger) is refused.
   const Challenge ch = std::get<Challenge>(*c.reply);
   const Auth forged{
@@ -232,15 +233,33 @@ TEST(PeerHandshakeTest, ServerRefusesAClientWithoutTheSecret) {
 }
 
 TEST(PeerHandshakeTest, ClientRefusesAServerWithoutTheSecret) {
-  // The server proves itself: a challenge from a server with another secret is a forgery.
+  // The server proves itself. A challenge that answers the client's Hello (its server nonce
+  // begins with the client nonce's first 16 bytes) from a server with another secret: that
+  // server has another secret, and the client gives up on it (revivably, as after a timeout).
+  const auto t0 = Clock::now();
   PeerHandshake client{SecretOf(7), 0, 2, kTimeout, Counter(0x10)};
   PeerHandshake server{SecretOf(9), 1, 2, kTimeout, Counter(0x20)};
-  HandshakeStep c = server.OnHello(0, *client.Begin(1, Clock::now()));
-  HandshakeStep a = client.OnChallenge(1, std::get<Challenge>(*c.reply));
-  EXPECT_EQ(a.verdict, V::kForged);
-  EXPECT_FALSE(a.reply.has_value()) << "no Auth to a server that proved nothing";
-  EXPECT_NE(a.why.find("node 1"), std::string::npos);
+  const std::optional<Hello> hello = client.Begin(1, t0);
+  HandshakeStep c = server.OnHello(0, *hello);
+  const Challenge answer = std::get<Challenge>(*c.reply);
+  EXPECT_TRUE(std::equal(hello->client_nonce.begin(), hello->client_nonce.begin() + 16,
+                         answer.server_nonce.begin()));
+  // The same answer with another nonce of the client's (a forger cannot know it): a forgery,
+  // which changes no state.
+  Challenge guessed = answer;
+  guessed.server_nonce[0] ^= 1;
+  HandshakeStep f = client.OnChallenge(1, guessed);
+  EXPECT_EQ(f.verdict, V::kForged);
+  EXPECT_FALSE(f.reply.has_value()) << "no Auth to a server that proved nothing";
+  EXPECT_NE(f.why.find("node 1"), std::string::npos);
   EXPECT_EQ(client.state(1), PeerState::kHelloSent) << "a forgery changes no state";
+  HandshakeStep a = client.OnChallenge(1, answer);
+  EXPECT_EQ(a.verdict, V::kWrongSecret);
+  EXPECT_FALSE(a.reply.has_value());
+  EXPECT_EQ(a.why, "it answered this node's hello without proving the job secret");
+  EXPECT_EQ(client.state(1), PeerState::kDead);
+  EXPECT_TRUE(client.Revive(1, t0)) << "not final: the node may come back with the secret";
+  EXPECT_EQ(client.state(1), PeerState::kNone);
   // The real server's challenge still completes the handshake after it.
   PeerHandshake real{SecretOf(7), 1, 2, kTimeout, Counter(0x20)};
   PeerHandshake fresh{SecretOf(7), 0, 2, kTimeout, Counter(0x10)};

@@ -99,6 +99,8 @@ struct PeerLink::State {
   std::vector<bool> dead GUARDED_BY(mu);
   // Per node, whether this node's handshake with it is done (shake's client state kAuthed).
   std::vector<bool> joined GUARDED_BY(mu);
+  // Per node, whether it answered this node's Hello without proving the job secret (logged once).
+  std::vector<bool> failed_auth GUARDED_BY(mu);
   // WaitForPeers' deadline: handshakes started before it last until it.
   std::chrono::steady_clock::time_point startup_until GUARDED_BY(mu){};
   std::map<uint64_t, Pending*> pending GUARDED_BY(mu);
@@ -351,6 +353,23 @@ struct PeerLink::State {
         MutexLock lock(&mu);
         ++counters.auth_refused;
         if (ShouldLogLocked()) spdlog::warn("nopfsd: {}", step.why);
+        break;
+      }
+      case V::kWrongSecret: {
+        // The node at the listed address answered without the secret: waiting for it until the
+        // deadline would change nothing (docs/fabric.md, "Start-up"). Logged at once, whatever
+        // the flood of other refusals, the first time per node.
+        MutexLock lock(&mu);
+        ++counters.auth_refused;
+        if (!failed_auth[node]) {
+          failed_auth[node] = true;
+          const PeerAddress& a = opts.peers[node];
+          spdlog::warn(
+              "nopfsd: peer node {} ({}:{}) failed authentication: a wrong or different job "
+              "secret (or node list)? {}; this node does not wait for it",
+              node, a.host, a.port, step.why);
+        }
+        KillLocked(node, "it failed authentication");
         break;
       }
       case V::kDead: {
@@ -643,6 +662,7 @@ Result<std::unique_ptr<PeerLink>> PeerLink::Start(const PeerLinkOptions& options
     s->peer_done.assign(nodes, 0);
     s->dead.assign(nodes, false);
     s->joined.assign(nodes, false);
+    s->failed_auth.assign(nodes, false);
   }
   State* raw = s.get();
   // The pool first: the progress thread asks it whether it has threads.
@@ -842,16 +862,23 @@ Status PeerLink::WaitForPeers(std::chrono::steady_clock::time_point deadline) {
       break;
     }
   }
-  std::string missing;
+  std::string missing, failed;
   for (uint32_t k = 0; k < nodes(); ++k) {
-    if (k != s_->opts.node && !s_->joined[k]) {
-      missing += (missing.empty() ? "" : ", ") + std::to_string(k);
-    }
+    if (k == s_->opts.node || s_->joined[k]) continue;
+    std::string& list = s_->failed_auth[k] ? failed : missing;
+    list += (list.empty() ? "" : ", ") + std::to_string(k);
   }
   if (s_->stop) return Status::Unavailable("peer link stopped");
-  if (missing.empty()) return Status::Ok();
-  return Status::Unavailable("peer node(s) " + missing + " did not answer the handshake by the " +
-                             "start-up deadline");
+  if (missing.empty() && failed.empty()) return Status::Ok();
+  std::string why;
+  if (!missing.empty()) {
+    why = "peer node(s) " + missing + " did not answer the handshake by the start-up deadline";
+  }
+  if (!failed.empty()) {
+    why += (why.empty() ? "" : "; ") + ("peer node(s) " + failed) +
+           " failed authentication (a wrong or different job secret?)";
+  }
+  return Status::Unavailable(why);
 }
 
 Result<std::vector<std::vector<std::byte>>> PeerLink::Exchange(

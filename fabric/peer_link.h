@@ -152,7 +152,8 @@ class PeerLink {
   // for its Challenge sends its Hello again every kHelloRetry, and handshakes started by other
   // calls also last until the deadline. Ok once every other node has answered; Unavailable naming
   // the nodes that had not by the deadline (they are then dead; one that starts later still joins
-  // when its Hello arrives).
+  // when its Hello arrives), and those that answered this node's Hello without proving the job
+  // secret (dead at once: waiting for them would change nothing; logged when it happens).
   Status WaitForPeers(std::chrono::steady_clock::time_point deadline);
   static constexpr std::chrono::milliseconds kHelloRetry{250};
 

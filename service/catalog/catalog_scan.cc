@@ -35,22 +35,33 @@ void SortStamps(std::vector<StampEntry>& s) {
 }
 
 // A work queue run by a fixed set of threads until it is empty and no task is running; tasks
-// may push more tasks. The first error stops the rest. Tasks come in groups (a directory's
-// chunks), and the threads take one task of each group in turn: they stat in different
-// directories at once, since a file system may serialize lookups within one directory (FUSE
-// without parallel directory operations, so the emulated PFS: 8 threads in one directory of
-// 1,000 files stat one file at a time).
+// may push more tasks. The first error stops the rest. There are two kinds of task: one that
+// opens and lists a directory (PushList), and a directory's chunks of names to stat (PushGroup),
+// which hold the directory open. At most `max_open` directories are open at once: a listing waits
+// while that many are, so a tree of any width needs a bounded number of descriptors. The threads
+// take one chunk of each directory in turn: they stat in different directories at once, since a
+// file system may serialize lookups within one directory (FUSE without parallel directory
+// operations, so the emulated PFS: 8 threads in one directory of 1,000 files stat one file at a
+// time).
 class TaskPool {
  public:
-  void Push(std::function<void()> task) {
-    std::deque<std::function<void()>> group;
-    group.push_back(std::move(task));
-    PushGroup(std::move(group));
+  explicit TaskPool(uint32_t max_open) : max_open_(max_open) {}
+
+  void PushList(std::function<void()> task) {
+    MutexLock lock(&mu_);
+    lists_.push_back(std::move(task));
+    cv_.SignalAll();
   }
   void PushGroup(std::deque<std::function<void()>> group) {
     if (group.empty()) return;
     MutexLock lock(&mu_);
-    tasks_.push_back(std::move(group));
+    groups_.push_back(std::move(group));
+    cv_.SignalAll();
+  }
+  // A directory a list task opened is closed (or was never opened).
+  void ReleaseDir() {
+    MutexLock lock(&mu_);
+    --open_;
     cv_.SignalAll();
   }
 
@@ -73,32 +84,53 @@ class TaskPool {
   }
 
  private:
+  bool CanListLocked() const REQUIRES(mu_) { return !lists_.empty() && open_ < max_open_; }
+  bool RunnableLocked() const REQUIRES(mu_) { return CanListLocked() || !groups_.empty(); }
+
   void Work() {
     MutexLock lock(&mu_);
     for (;;) {
-      while (tasks_.empty() && active_ != 0)
+      while (!RunnableLocked() && active_ != 0)
         cv_.Wait(&mu_);
-      if (tasks_.empty()) {
+      if (!RunnableLocked()) {
+        // Nothing is running, so no directory is open (the chunks holding one are gone).
         cv_.SignalAll();
         return;
       }
-      std::deque<std::function<void()>> group = std::move(tasks_.front());
-      tasks_.pop_front();
-      std::function<void()> task = std::move(group.front());
-      group.pop_front();
-      if (!group.empty()) tasks_.push_back(std::move(group));  // its next task after the others'
+      std::function<void()> task;
+      const bool list = CanListLocked();
+      if (list) {
+        task = std::move(lists_.front());
+        lists_.pop_front();
+        ++open_;  // the task's ListDir releases it when the directory is closed
+      } else {
+        std::deque<std::function<void()>> group = std::move(groups_.front());
+        groups_.pop_front();
+        task = std::move(group.front());
+        group.pop_front();
+        if (!group.empty())
+          groups_.push_back(std::move(group));  // its next chunk after the others'
+      }
       ++active_;
       lock.Unlock();
-      if (!failed()) task();
+      if (!failed()) {
+        task();
+      } else if (list) {
+        ReleaseDir();
+      }
+      task = nullptr;  // may close a directory (ReleaseDir), so not under mu_
       lock.Lock();
       --active_;
-      if (active_ == 0 && tasks_.empty()) cv_.SignalAll();
+      if (active_ == 0) cv_.SignalAll();
     }
   }
 
+  const uint32_t max_open_;
   Mutex mu_;
   CondVar cv_;
-  std::deque<std::deque<std::function<void()>>> tasks_ GUARDED_BY(mu_);  // groups
+  std::deque<std::function<void()>> lists_ GUARDED_BY(mu_);
+  std::deque<std::deque<std::function<void()>>> groups_ GUARDED_BY(mu_);
+  uint32_t open_ GUARDED_BY(mu_) = 0;  // list tasks taken whose directory is not closed yet
   uint32_t active_ GUARDED_BY(mu_) = 0;
   Status error_ GUARDED_BY(mu_);
   std::atomic<bool> failed_{false};
@@ -108,52 +140,90 @@ class TaskPool {
 // a directory that is its own ancestor (a symbolic link cycle) is not walked again.
 using Ancestors = std::shared_ptr<const std::vector<std::pair<uint64_t, uint64_t>>>;
 
-// The ImageFolder walk: one task lists a directory, then tasks of up to kChunk names stat them.
-// Directories reached through symbolic links are walked under every path that reaches them
-// (as os.walk(followlinks=True) does), except along a cycle, so the result does not depend on
-// which task runs first.
+// The ImageFolder walk: one task opens and lists a directory, then tasks of up to kChunk names
+// stat them relative to it. Each directory costs the PFS one lookup (its open) and one listing:
+// its stamp comes from the open descriptor, and an entry the listing reports as a directory is
+// opened without a stat of its own. Directories reached through symbolic links are walked under
+// every path that reaches them (as os.walk(followlinks=True) does), except along a cycle, so the
+// result does not depend on which task runs first.
 class FolderWalk {
  public:
   FolderWalk(Env* env, TaskPool* pool) : env_(env), pool_(pool) {}
 
+  // A directory, open while its chunks are stat'ed; closing it lets the pool list another.
+  struct Held {
+    explicit Held(TaskPool* p) : pool(p) {}
+    ~Held() {
+      dir.reset();
+      pool->ReleaseDir();
+    }
+    Held(const Held&) = delete;
+    Held& operator=(const Held&) = delete;
+    TaskPool* const pool;
+    std::unique_ptr<OpenedDir> dir;
+  };
+
+  // Queues the walk of `dir`; `may_vanish`: a directory gone by then is not part of the dataset
+  // (one the listing of its parent named), rather than an error (a class directory).
+  void PushList(std::string dir, std::string rel_prefix, int64_t label, Ancestors ancestors,
+                bool may_vanish) {
+    pool_->PushList([this, dir = std::move(dir), rel = std::move(rel_prefix), label,
+                     anc = std::move(ancestors),
+                     may_vanish] { ListDir(dir, rel, label, anc, may_vanish); });
+  }
+
   void ListDir(const std::string& dir, const std::string& rel_prefix, int64_t label,
-               const Ancestors& ancestors) {
-    nopfs::Result<FileStat> st = env_->Stat(dir);
-    if (!st.ok()) return pool_->Fail(st.status().WithContext("scanning the dataset"));
-    const std::pair<uint64_t, uint64_t> id{st->device, st->inode};
+               const Ancestors& ancestors, bool may_vanish) {
+    auto held = std::make_shared<Held>(pool_);
+    nopfs::Result<std::unique_ptr<OpenedDir>> opened = env_->OpenDir(dir);
+    if (!opened.ok()) {
+      if (may_vanish && opened.status().code() == StatusCode::kNotFound) return;
+      return pool_->Fail(opened.status().WithContext("scanning the dataset"));
+    }
+    held->dir = std::move(*opened);
+    const FileStat& st = held->dir->stat();
+    const std::pair<uint64_t, uint64_t> id{st.device, st.inode};
     if (std::find(ancestors->begin(), ancestors->end(), id) != ancestors->end()) return;
     auto mine = std::make_shared<std::vector<std::pair<uint64_t, uint64_t>>>(*ancestors);
     mine->push_back(id);
+    const Ancestors anc(std::move(mine));
     {
       MutexLock lock(&mu_);
-      stamps_.push_back({dir, ToStamp(*st)});
+      stamps_.push_back({dir, ToStamp(st)});
     }
-    nopfs::Result<std::vector<std::string>> names = env_->ListDir(dir);
-    if (!names.ok()) return pool_->Fail(names.status().WithContext("scanning the dataset"));
-    std::vector<std::string> visible;
-    for (auto& n : *names) {
-      if (!Hidden(n)) visible.push_back(std::move(n));
+    std::vector<std::string> to_stat;  // files, and entries whose type the listing did not say
+    for (const DirEntry& e : held->dir->entries()) {
+      if (Hidden(e.name)) continue;
+      switch (e.type) {
+        case EntryType::kDirectory:
+          PushList(dir + "/" + e.name, rel_prefix + e.name + "/", label, anc, true);
+          break;
+        case EntryType::kRegular:
+        case EntryType::kUnknown:
+          to_stat.push_back(e.name);
+          break;
+        case EntryType::kOther:
+          break;  // a socket, FIFO or device: not a sample
+      }
     }
     std::deque<std::function<void()>> chunks;
-    for (size_t begin = 0; begin < visible.size(); begin += kChunk) {
-      const size_t end = std::min(visible.size(), begin + kChunk);
-      std::vector<std::string> chunk(std::make_move_iterator(visible.begin() + begin),
-                                     std::make_move_iterator(visible.begin() + end));
-      chunks.push_back(
-          [this, dir, rel_prefix, label, anc = Ancestors(mine), chunk = std::move(chunk)] {
-            StatNames(dir, rel_prefix, label, anc, chunk);
-          });
+    for (size_t begin = 0; begin < to_stat.size(); begin += kChunk) {
+      const size_t end = std::min(to_stat.size(), begin + kChunk);
+      std::vector<std::string> chunk(std::make_move_iterator(to_stat.begin() + begin),
+                                     std::make_move_iterator(to_stat.begin() + end));
+      chunks.push_back([this, held, dir, rel_prefix, label, anc, chunk = std::move(chunk)] {
+        StatNames(*held->dir, dir, rel_prefix, label, anc, chunk);
+      });
     }
     pool_->PushGroup(std::move(chunks));
   }
 
-  void StatNames(const std::string& dir, const std::string& rel_prefix, int64_t label,
-                 const Ancestors& ancestors, const std::vector<std::string>& names) {
+  void StatNames(OpenedDir& opened, const std::string& dir, const std::string& rel_prefix,
+                 int64_t label, const Ancestors& ancestors, const std::vector<std::string>& names) {
     std::vector<Sample> found;
-    const std::vector<nopfs::Result<FileStat>> stats = env_->StatNames(dir, names);
+    const std::vector<nopfs::Result<FileStat>> stats = opened.StatNames(names);
     for (size_t i = 0; i < names.size(); ++i) {
       const std::string& name = names[i];
-      const std::string path = dir + "/" + name;
       const nopfs::Result<FileStat>& st = stats[i];
       if (!st.ok()) {
         // Gone since the listing, or a dangling symbolic link: not part of the dataset.
@@ -161,9 +231,7 @@ class FolderWalk {
         return pool_->Fail(st.status().WithContext("scanning the dataset"));
       }
       if (st->is_dir) {
-        pool_->Push([this, path, rel = rel_prefix + name + "/", label, ancestors] {
-          ListDir(path, rel, label, ancestors);
-        });
+        PushList(dir + "/" + name, rel_prefix + name + "/", label, ancestors, true);
       } else if (st->is_regular) {
         found.push_back({rel_prefix + name, 0, st->size, label});
       }
@@ -294,6 +362,10 @@ nopfs::Result<std::vector<Line>> ParseManifest(const std::string& manifest, std:
   return lines;
 }
 
+// Directories open at once in a walk, per scan thread: enough that the threads work in many
+// directories at once, few enough for any descriptor limit.
+constexpr uint32_t kMaxOpenDirsPerThread = 4;
+
 std::string DirName(const std::string& path) {
   const size_t slash = path.rfind('/');
   if (slash == std::string::npos) return ".";
@@ -325,31 +397,37 @@ void ParallelFor(uint64_t n, uint32_t threads, const std::function<void(uint64_t
 nopfs::Result<RootListing> ListImageFolderRoot(const std::string& root, Env* env,
                                                uint32_t threads) {
   RootListing out;
-  nopfs::Result<FileStat> root_st = env->Stat(root);
-  if (!root_st.ok()) return root_st.status().WithContext("scanning the dataset");
-  out.root_stamp = ToStamp(*root_st);
-  nopfs::Result<std::vector<std::string>> names = env->ListDir(root);
-  if (!names.ok()) return names.status().WithContext("scanning the dataset");
-  std::vector<std::string> visible;
-  for (auto& n : *names) {
-    if (!Hidden(n)) visible.push_back(std::move(n));
+  nopfs::Result<std::unique_ptr<OpenedDir>> opened = env->OpenDir(root);
+  if (!opened.ok()) return opened.status().WithContext("scanning the dataset");
+  OpenedDir& dir = **opened;
+  out.root_stamp = ToStamp(dir.stat());
+  // An entry the listing reports as a directory is a class; one it reports as a file or anything
+  // else is not; the rest (symbolic links, or a file system without d_type) are stat'ed.
+  std::vector<std::string> unknown;
+  for (const DirEntry& e : dir.entries()) {
+    if (Hidden(e.name)) continue;
+    if (e.type == EntryType::kDirectory) {
+      out.class_names.push_back(e.name);
+    } else if (e.type == EntryType::kUnknown) {
+      unknown.push_back(e.name);
+    }
   }
-  // The entries in chunks, the chunks on `threads` threads.
+  // Those in chunks, the chunks on `threads` threads.
   constexpr size_t kRootChunk = 64;
-  std::vector<nopfs::Result<FileStat>> stats(visible.size(), Status::Internal("not stat'ed"));
-  ParallelFor((visible.size() + kRootChunk - 1) / kRootChunk, threads, [&](uint64_t c) {
+  std::vector<nopfs::Result<FileStat>> stats(unknown.size(), Status::Internal("not stat'ed"));
+  ParallelFor((unknown.size() + kRootChunk - 1) / kRootChunk, threads, [&](uint64_t c) {
     const size_t begin = c * kRootChunk;
-    const size_t end = std::min(visible.size(), begin + kRootChunk);
-    std::vector<std::string> chunk(visible.begin() + static_cast<std::ptrdiff_t>(begin),
-                                   visible.begin() + static_cast<std::ptrdiff_t>(end));
-    std::vector<nopfs::Result<FileStat>> got = env->StatNames(root, chunk);
+    const size_t end = std::min(unknown.size(), begin + kRootChunk);
+    std::vector<std::string> chunk(unknown.begin() + static_cast<std::ptrdiff_t>(begin),
+                                   unknown.begin() + static_cast<std::ptrdiff_t>(end));
+    std::vector<nopfs::Result<FileStat>> got = dir.StatNames(chunk);
     for (size_t i = begin; i < end; ++i)
       stats[i] = std::move(got[i - begin]);
   });
-  for (size_t i = 0; i < visible.size(); ++i) {
+  for (size_t i = 0; i < unknown.size(); ++i) {
     const nopfs::Result<FileStat>& st = stats[i];
     if (st.ok()) {
-      if (st->is_dir) out.class_names.push_back(visible[i]);
+      if (st->is_dir) out.class_names.push_back(unknown[i]);
     } else if (st.status().code() != StatusCode::kNotFound) {
       return st.status().WithContext("scanning the dataset");
     }
@@ -367,7 +445,7 @@ nopfs::Result<RootListing> ListImageFolderRoot(const std::string& root, Env* env
 nopfs::Result<ClassesPart> WalkClasses(const std::string& root, const RootListing& listing,
                                        const std::vector<uint32_t>& labels, Env* env,
                                        uint32_t threads) {
-  TaskPool pool;
+  TaskPool pool(kMaxOpenDirsPerThread * std::max<uint32_t>(threads, 1));
   FolderWalk walk(env, &pool);
   const Ancestors top = std::make_shared<const std::vector<std::pair<uint64_t, uint64_t>>>(
       std::vector<std::pair<uint64_t, uint64_t>>{
@@ -377,9 +455,8 @@ nopfs::Result<ClassesPart> WalkClasses(const std::string& root, const RootListin
       return Status::InvalidArgument("class " + std::to_string(label) + " of " +
                                      std::to_string(listing.class_names.size()));
     }
-    pool.Push([&walk, &top, dir = root + "/" + listing.class_names[label],
-               rel = listing.class_names[label] + "/",
-               label] { walk.ListDir(dir, rel, static_cast<int64_t>(label), top); });
+    walk.PushList(root + "/" + listing.class_names[label], listing.class_names[label] + "/",
+                  static_cast<int64_t>(label), top, /*may_vanish=*/false);
   }
   NOPFS_RETURN_IF_ERROR(pool.Run(threads));
   ClassesPart part;

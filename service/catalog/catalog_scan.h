@@ -55,8 +55,9 @@ struct ClassesPart {
   std::vector<Sample> samples;     // in no particular order
   std::vector<StampEntry> stamps;  // the directories walked, in no particular order
 };
-// Stats and lists `root` and stats its entries (on up to `threads` threads): the class
-// directories.
+// Opens and lists `root` (Env::OpenDir) for the class directories: the entries listed as
+// directories, and those of the entries whose type the listing does not give (symbolic links)
+// that stat as directories (stat'ed on up to `threads` threads).
 nopfs::Result<RootListing> ListImageFolderRoot(const std::string& root, Env* env, uint32_t threads);
 // Walks the class directories of `labels` (indexes into listing.class_names).
 nopfs::Result<ClassesPart> WalkClasses(const std::string& root, const RootListing& listing,

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -361,6 +362,110 @@ TEST_F(CatalogShareTest, TheWalksThreadsStatInDifferentDirectoriesAtOnce) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->samples.size(), 4u * 512);
   EXPECT_GE(env.max_dirs(), 3u);
+}
+
+// The POSIX Env's OpenDir, recording how many directories are open at once and every name the
+// walk stat'ed.
+class OpenDirCountingEnv final : public Env {
+ public:
+  Result<FileStat> Stat(const std::string& path) override {
+    {
+      MutexLock lock(&mu_);
+      stat_paths_.insert(path);
+    }
+    return Env::Default()->Stat(path);
+  }
+  Result<std::vector<std::string>> ListDir(const std::string& dir) override {
+    return Env::Default()->ListDir(dir);
+  }
+  Result<std::unique_ptr<OpenedDir>> OpenDir(const std::string& dir) override {
+    Result<std::unique_ptr<OpenedDir>> d = Env::Default()->OpenDir(dir);
+    if (!d.ok()) return d.status();
+    MutexLock lock(&mu_);
+    max_open_ = std::max(max_open_, ++open_);
+    return std::unique_ptr<OpenedDir>(std::make_unique<Counted>(this, dir, std::move(*d)));
+  }
+  Status ReadAt(const std::string& path, uint64_t offset, std::span<std::byte> dst) override {
+    return Env::Default()->ReadAt(path, offset, dst);
+  }
+  Result<std::string> ReadFile(const std::string& path) override {
+    return Env::Default()->ReadFile(path);
+  }
+  int max_open() {
+    MutexLock lock(&mu_);
+    return max_open_;
+  }
+  std::set<std::string> stat_paths() {
+    MutexLock lock(&mu_);
+    return stat_paths_;
+  }
+
+ private:
+  class Counted final : public OpenedDir {
+   public:
+    Counted(OpenDirCountingEnv* env, std::string path, std::unique_ptr<OpenedDir> base)
+        : OpenedDir(base->stat(), base->entries()),
+          env_(env),
+          path_(std::move(path)),
+          base_(std::move(base)) {}
+    ~Counted() override {
+      MutexLock lock(&env_->mu_);
+      --env_->open_;
+    }
+    std::vector<Result<FileStat>> StatNames(const std::vector<std::string>& names) override {
+      {
+        MutexLock lock(&env_->mu_);
+        for (const std::string& n : names)
+          env_->stat_paths_.insert(path_ + "/" + n);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // a PFS's latency
+      return base_->StatNames(names);
+    }
+
+   private:
+    OpenDirCountingEnv* const env_;
+    const std::string path_;
+    const std::unique_ptr<OpenedDir> base_;
+  };
+
+  Mutex mu_;
+  int open_ GUARDED_BY(mu_) = 0;
+  int max_open_ GUARDED_BY(mu_) = 0;
+  std::set<std::string> stat_paths_ GUARDED_BY(mu_);
+};
+
+// Each directory is opened once and its names stat'ed relative to it; a name the listing reports
+// as a directory is not stat'ed (the open gives its stamp), at the root (a class) or below; at
+// most 4 directories per scan thread are open at once, however many the tree holds.
+TEST_F(CatalogShareTest, TheWalkStatsOnlyFilesAndKeepsFewDirectoriesOpen) {
+  for (int c = 0; c < 60; ++c) {
+    char rel[48];
+    std::snprintf(rel, sizeof rel, "c%02d/f", c);
+    WriteFile(rel, "x");
+    std::snprintf(rel, sizeof rel, "c%02d/sub/g", c);
+    WriteFile(rel, "yy");
+  }
+  ASSERT_EQ(::symlink("c00", (data_ + "/zlink").c_str()), 0);  // a class through a link
+  OpenDirCountingEnv env;
+  Result<scan::ScanResult> r = scan::ScanImageFolder(data_, &env, 2);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->class_names.size(), 61u);
+  EXPECT_EQ(r->samples.size(), 61u * 2);
+  EXPECT_EQ(r->stamps.size(), 1u + 61 * 2);  // the root, each class and its sub
+  std::set<std::string> want;
+  for (int c = 0; c < 60; ++c) {
+    char rel[48];
+    std::snprintf(rel, sizeof rel, "/c%02d/f", c);
+    want.insert(data_ + rel);
+    std::snprintf(rel, sizeof rel, "/c%02d/sub/g", c);
+    want.insert(data_ + rel);
+  }
+  want.insert(data_ + "/zlink");  // its target decides: stat'ed
+  want.insert(data_ + "/zlink/f");
+  want.insert(data_ + "/zlink/sub/g");
+  EXPECT_EQ(env.stat_paths(), want);
+  EXPECT_GE(env.max_open(), 2);
+  EXPECT_LE(env.max_open(), 1 + 4 * 2);  // the walk's, and the root's while it is listed
 }
 
 TEST(CatalogShareCodecTest, LargeMessagesTakeSeveralRoundsAndMalformedOnesAreRejected) {

@@ -147,8 +147,8 @@ Status Daemon::Init() {
                    Seconds(std::chrono::steady_clock::now() - tw));
     } else {
       spdlog::warn(
-          "peers: {} ({} ms after this node started); the job goes on without them, and one "
-          "that starts later joins for peer reads when it comes",
+          "peers: {} (deadline {} ms after this node started); the job goes on without them, "
+          "and one that starts later joins for peer reads when it comes",
           joined.message(), options_.peer_startup_timeout_ms);
     }
   }

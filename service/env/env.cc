@@ -6,8 +6,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <memory>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "common/mutex.h"
 
@@ -23,6 +26,12 @@ class FdCloser {
   }
   FdCloser(const FdCloser&) = delete;
   FdCloser& operator=(const FdCloser&) = delete;
+  // Hands the descriptor over: it is no longer closed here.
+  int Release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
 
  private:
   int fd_;
@@ -39,6 +48,46 @@ FileStat FromStat(const struct stat& st) {
   s.is_regular = S_ISREG(st.st_mode);
   return s;
 }
+
+EntryType FromDType(unsigned char d_type) {
+  switch (d_type) {
+    case DT_DIR:
+      return EntryType::kDirectory;
+    case DT_REG:
+      return EntryType::kRegular;
+    case DT_LNK:
+    case DT_UNKNOWN:
+      return EntryType::kUnknown;
+    default:
+      return EntryType::kOther;  // FIFO, socket, device
+  }
+}
+
+// A directory opened by PosixEnv::OpenDir: the descriptor is kept for fstatat.
+class PosixOpenedDir final : public OpenedDir {
+ public:
+  PosixOpenedDir(std::string path, int fd, FileStat stat, std::vector<DirEntry> entries)
+      : OpenedDir(stat, std::move(entries)), path_(std::move(path)), fd_(fd) {}
+  ~PosixOpenedDir() override { ::close(fd_); }
+
+  std::vector<Result<FileStat>> StatNames(const std::vector<std::string>& names) override {
+    std::vector<Result<FileStat>> out;
+    out.reserve(names.size());
+    for (const std::string& name : names) {
+      struct stat st {};
+      if (::fstatat(fd_, name.c_str(), &st, 0) != 0) {
+        out.emplace_back(Status::FromErrno(errno, path_ + "/" + name));
+      } else {
+        out.emplace_back(FromStat(st));
+      }
+    }
+    return out;
+  }
+
+ private:
+  const std::string path_;
+  const int fd_;
+};
 
 int OpenRead(const std::string& path) {
   int fd;
@@ -77,6 +126,42 @@ class PosixEnv final : public Env {
     }
     ::close(dfd);
     return out;
+  }
+
+  Result<std::unique_ptr<OpenedDir>> OpenDir(const std::string& dir) override {
+    int fd;
+    do {
+      fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) return Status::FromErrno(errno, dir);
+    FdCloser closer(fd);  // until the OpenedDir owns it
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) return Status::FromErrno(errno, dir);
+    // The listing reads a duplicate, which closedir closes; `fd` stays for fstatat.
+    const int list_fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (list_fd < 0) return Status::FromErrno(errno, dir);
+    DIR* d = ::fdopendir(list_fd);
+    if (d == nullptr) {
+      const int err = errno;
+      ::close(list_fd);
+      return Status::FromErrno(err, dir);
+    }
+    std::vector<DirEntry> entries;
+    for (;;) {
+      errno = 0;
+      const dirent* e = ::readdir(d);
+      if (e == nullptr) {
+        const int err = errno;
+        ::closedir(d);
+        if (err != 0) return Status::FromErrno(err, dir);
+        break;
+      }
+      const std::string_view name(e->d_name);
+      if (name == "." || name == "..") continue;
+      entries.push_back({std::string(name), FromDType(e->d_type)});
+    }
+    return std::unique_ptr<OpenedDir>(
+        std::make_unique<PosixOpenedDir>(dir, closer.Release(), FromStat(st), std::move(entries)));
   }
 
   Result<std::vector<std::string>> ListDir(const std::string& dir) override {
@@ -211,6 +296,37 @@ std::vector<Result<FileStat>> Env::StatNames(const std::string& dir,
   for (const std::string& name : names)
     out.push_back(Stat(dir + "/" + name));
   return out;
+}
+
+namespace {
+
+// The default Env::OpenDir's result: StatNames by path, through the Env.
+class PathOpenedDir final : public OpenedDir {
+ public:
+  PathOpenedDir(Env* env, std::string path, FileStat stat, std::vector<DirEntry> entries)
+      : OpenedDir(stat, std::move(entries)), env_(env), path_(std::move(path)) {}
+  std::vector<Result<FileStat>> StatNames(const std::vector<std::string>& names) override {
+    return env_->StatNames(path_, names);
+  }
+
+ private:
+  Env* const env_;
+  const std::string path_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<OpenedDir>> Env::OpenDir(const std::string& dir) {
+  Result<FileStat> st = Stat(dir);
+  if (!st.ok()) return st.status();
+  Result<std::vector<std::string>> names = ListDir(dir);
+  if (!names.ok()) return names.status();
+  std::vector<DirEntry> entries;
+  entries.reserve(names->size());
+  for (std::string& n : *names)
+    entries.push_back({std::move(n), EntryType::kUnknown});
+  return std::unique_ptr<OpenedDir>(
+      std::make_unique<PathOpenedDir>(this, dir, *st, std::move(entries)));
 }
 
 Result<std::vector<std::string>> FaultInjectionEnv::ListDir(const std::string& dir) {

@@ -13,10 +13,12 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <set>
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/mutex.h"
@@ -35,6 +37,35 @@ struct FileStat {
   bool is_regular = false;
 };
 
+// The type of a directory entry as the listing reports it (d_type). A symbolic link is kUnknown
+// (its target decides), and so is every entry of a file system that does not report types.
+enum class EntryType : uint8_t { kUnknown, kDirectory, kRegular, kOther };
+
+struct DirEntry {
+  std::string name;
+  EntryType type = EntryType::kUnknown;
+};
+
+// A directory opened once by Env::OpenDir: its attributes, taken before it was listed, its
+// entries (without "." and ".."), and stats of its entries relative to it.
+class OpenedDir {
+ public:
+  OpenedDir(FileStat stat, std::vector<DirEntry> entries)
+      : stat_(stat), entries_(std::move(entries)) {}
+  virtual ~OpenedDir() = default;
+  OpenedDir(const OpenedDir&) = delete;
+  OpenedDir& operator=(const OpenedDir&) = delete;
+
+  const FileStat& stat() const { return stat_; }
+  const std::vector<DirEntry>& entries() const { return entries_; }
+  // Env::StatNames of this directory's `names`; safe to call from many threads at once.
+  virtual std::vector<Result<FileStat>> StatNames(const std::vector<std::string>& names) = 0;
+
+ private:
+  const FileStat stat_;
+  const std::vector<DirEntry> entries_;
+};
+
 class Env {
  public:
   virtual ~Env() = default;
@@ -48,6 +79,12 @@ class Env {
   // one descriptor of `dir`, so that a PFS looks up each file once, not its whole path again.
   virtual std::vector<Result<FileStat>> StatNames(const std::string& dir,
                                                   const std::vector<std::string>& names);
+  // Opens directory `dir` (following symbolic links), stats it, then lists it. The POSIX Env
+  // resolves `dir` once: it opens the directory, takes its attributes with fstat and its entries
+  // (with their d_type) from that descriptor, which it keeps for OpenedDir::StatNames (fstatat),
+  // so that a PFS looks the directory up once for all of it. This default calls Stat, ListDir
+  // and, later, StatNames(dir, ...), and reports every entry's type as kUnknown.
+  virtual Result<std::unique_ptr<OpenedDir>> OpenDir(const std::string& dir);
   // Reads exactly dst.size() bytes of `path` starting at `offset`, or fails. A file shorter than
   // offset + dst.size() is an error "<path>: file is N bytes, sample needs bytes A..B" (half-open
   // range [A, B)). Interrupted reads are retried.

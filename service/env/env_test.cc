@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -78,6 +80,66 @@ TEST_F(EnvTest, StatNamesMatchesStatOfEachPath) {
   EXPECT_TRUE(got[0].ok());
   EXPECT_EQ(got[1].status().code(), StatusCode::kIoError);
   EXPECT_EQ(faulty.stats(), names.size() - 1);
+}
+
+// OpenDir stats the directory, lists it with each entry's type, and stats names relative to it,
+// as Stat, ListDir and StatNames do by path; the default (path-based) one agrees except that it
+// reports no types.
+TEST_F(EnvTest, OpenDirGivesTheStampTheTypedListingAndStatsRelativeToIt) {
+  Write("a.txt", "hello");
+  ASSERT_EQ(::mkdir((dir_ + "/sub").c_str(), 0755), 0);
+  ASSERT_EQ(::symlink("a.txt", (dir_ + "/link").c_str()), 0);
+  ASSERT_EQ(::symlink("sub", (dir_ + "/dirlink").c_str()), 0);
+  ASSERT_EQ(::mkfifo((dir_ + "/fifo").c_str(), 0644), 0);
+  Env* env = Env::Default();
+  Result<std::unique_ptr<OpenedDir>> d = env->OpenDir(dir_);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  Result<FileStat> st = env->Stat(dir_);
+  ASSERT_TRUE(st.ok());
+  EXPECT_TRUE((*d)->stat().is_dir);
+  EXPECT_EQ((*d)->stat().inode, st->inode);
+  EXPECT_EQ((*d)->stat().mtime_ns, st->mtime_ns);
+  std::map<std::string, EntryType> types;
+  for (const DirEntry& e : (*d)->entries())
+    types[e.name] = e.type;
+  // tmpfs and ext4 report d_type; a link's type is its target's, so it is left unknown.
+  EXPECT_EQ(types, (std::map<std::string, EntryType>{{"a.txt", EntryType::kRegular},
+                                                     {"dirlink", EntryType::kUnknown},
+                                                     {"fifo", EntryType::kOther},
+                                                     {"link", EntryType::kUnknown},
+                                                     {"sub", EntryType::kDirectory}}));
+  const std::vector<std::string> names = {"a.txt", "dirlink", "link", "gone"};
+  std::vector<Result<FileStat>> got = (*d)->StatNames(names);
+  ASSERT_EQ(got.size(), names.size());
+  EXPECT_EQ(got[0]->size, 5u);
+  EXPECT_TRUE(got[1]->is_dir);      // followed
+  EXPECT_TRUE(got[2]->is_regular);  // followed
+  EXPECT_EQ(got[3].status().code(), StatusCode::kNotFound);
+  EXPECT_NE(got[3].status().message().find(dir_ + "/gone"), std::string::npos);
+  // Resolved relative to the descriptor: the directory renamed after the open still answers.
+  ASSERT_EQ(::rename(dir_.c_str(), (dir_ + "-moved").c_str()), 0);
+  got = (*d)->StatNames({"a.txt"});
+  ASSERT_EQ(::rename((dir_ + "-moved").c_str(), dir_.c_str()), 0);
+  ASSERT_TRUE(got[0].ok()) << got[0].status().ToString();
+  EXPECT_EQ(got[0]->size, 5u);
+
+  EXPECT_NE(env->OpenDir(dir_ + "/a.txt").status().message().find("Not a directory"),
+            std::string::npos);
+  EXPECT_EQ(env->OpenDir(dir_ + "/nodir").status().code(), StatusCode::kNotFound);
+
+  // The default, through the fault-injecting Env: a Stat, a ListDir, then a Stat per name.
+  FaultInjectionEnv faulty(Env::Default());
+  Result<std::unique_ptr<OpenedDir>> f = faulty.OpenDir(dir_);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ((*f)->stat().inode, st->inode);
+  EXPECT_EQ((*f)->entries().size(), 5u);
+  for (const DirEntry& e : (*f)->entries())
+    EXPECT_EQ(e.type, EntryType::kUnknown) << e.name;
+  EXPECT_EQ((*f)->StatNames({"a.txt", "gone"})[0]->size, 5u);
+  EXPECT_EQ(faulty.stats(), 3u);
+  EXPECT_EQ(faulty.list_dirs(), 1u);
+  faulty.SetError(dir_, Status::IoError("injected"));
+  EXPECT_EQ(faulty.OpenDir(dir_).status().code(), StatusCode::kIoError);
 }
 
 TEST_F(EnvTest, StatListAndReadFile) {

@@ -17,8 +17,9 @@ What a user relies on, checked here:
 - `nopfs run --nodes 2` runs a job of two nodes serving each other, on loopback or (as root, with
   --netns, --hosts and --user) in two network namespaces; its flags' errors say what to write;
 - nothing is left behind after SIGTERM;
-- one dataset scan per job: on the emulated PFS, a job of 1, 2 or 4 nodes asks it for at most
-  1.05 metadata operations per file, and every node logs the same catalog fingerprint; a node
+- one dataset scan per job: on the emulated PFS, a job of 1, 2 or 4 nodes asks it for one
+  `stat` per file, at most three operations per directory (its lookup and its listing) and a few
+  per node, and every node logs the same catalog fingerprint; a node
   whose peer is killed mid-scan scans alone and starts with the same catalog;
 - a node whose nopfsd starts four peer timeouts after the other's (`nopfs run --nodes 2`) still
   shares the scan (at most 1.05 metadata operations per file, one catalog) and serves and gets
@@ -613,6 +614,7 @@ class FabricTest(unittest.TestCase):
     def test_one_scan_per_job_whatever_the_node_count(self):
         data = self.big_dataset()
         files = len(data.files)
+        dirs = sum(1 for _ in os.walk(data.root))  # the root and the class directories
         mnt = self.mount_pfs(data.root, "pfs")
         conf = self.config("0")  # no tier: the job's start-up is the scan alone
         fingerprints = set()
@@ -630,9 +632,13 @@ class FabricTest(unittest.TestCase):
             self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
             after = self.pfs_counters(mnt)
             ops = {k: after[k] - before[k] for k in ("getattrs", "readdirs", "opens")}
-            print(f"\n{nodes} node(s), {files} files: {ops}", file=sys.stderr)
+            print(f"\n{nodes} node(s), {files} files, {dirs} directories: {ops}", file=sys.stderr)
             self.assertEqual(ops["opens"], 0, ops)
-            self.assertLessEqual(ops["getattrs"] + ops["readdirs"], 1.05 * files, ops)
+            # A stat per file; per directory a lookup and a listing (2; 3 leaves room for a fstat
+            # that finds the lookup's attributes expired on a loaded machine); per node the
+            # dataset path's few lookups (about 7 to 12).
+            self.assertLessEqual(ops["getattrs"] + ops["readdirs"],
+                                 files + 3 * dirs + 15 * nodes, ops)
             for n in range(nodes):
                 node_dir = os.path.join(run, f"node{n}") if nodes > 1 else run
                 lines = self.catalog_lines(os.path.join(node_dir, "nopfsd.log"))
