@@ -956,6 +956,13 @@ report::StatusReport Daemon::Report() {
     kept.adopted_samples += k.copy->adopted_samples();
     kept.adopt_rejected_samples += k.copy->rejected_samples();
   }
+  report::Siblings& sib = r.siblings.emplace();
+  sib.through = siblings_ ? siblings_->through() : std::string();
+  sib.read_samples = reader_->sibling_counters().reads.load();
+  sib.read_bytes = reader_->sibling_counters().bytes.load();
+  sib.read_failed = reader_->sibling_failures();
+  sib.served_samples = sibling_served_.load();
+  sib.served_bytes = sibling_served_bytes_.load();
   r.stall.reads = stall.samples;
   r.stall.total_ns = stall.stall_ns_total;
   r.stall.median_ns = stall.stall_ns_median;
