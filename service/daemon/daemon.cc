@@ -569,7 +569,6 @@ void Daemon::FindSibling() {
   o.key = place.key;
   o.self.job = place.tag;
   o.self.pid = static_cast<uint32_t>(::getpid());
-  o.self.started_ns = start_wall_ns_;
   o.self.fingerprint = catalog_->fingerprint();
   o.same_job = options_.job_id + ".";
   o.timeout = kSiblingTimeout;
@@ -585,11 +584,16 @@ void Daemon::RegisterSibling() {
   LiveEntry e;
   e.job = place.tag;
   e.pid = static_cast<uint32_t>(::getpid());
-  e.started_ns = start_wall_ns_;
   e.fingerprint = catalog_->fingerprint();
   std::error_code ec;
   e.socket = std::filesystem::absolute(options_.run_dir + "/nopfsd.sock", ec).string();
   serving_.store(true);
+  // The entry's time orders the siblings (sibling.h): this job reads through entries before it
+  // only, from before the entry exists, so that no other job can see it in another order.
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  e.started_ns = int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+  if (siblings_) siblings_->Registering(e.started_ns);
   Result<std::string> path = RegisterLive(user_dir, place.key, e);
   if (path.ok()) {
     live_entry_ = *path;

@@ -428,8 +428,18 @@ Result<uint64_t> SiblingSource::Fetch(uint32_t sample, std::span<std::byte> dst)
   return h;
 }
 
-SiblingReader::SiblingReader(Options options)
-    : o_(std::move(options)), self_name_(o_.key + "." + o_.self.job) {}
+SiblingReader::SiblingReader(Options options) : o_(std::move(options)) {
+  MutexLock lock(&mu_);
+  self_ = o_.self;
+  self_.name = o_.key + "." + o_.self.job;
+  self_.started_ns = INT64_MAX;
+}
+
+void SiblingReader::Registering(int64_t started_ns) {
+  MutexLock lock(&mu_);
+  self_.started_ns = started_ns;
+  next_look_ = {};
+}
 
 std::optional<Result<uint64_t>> SiblingReader::Fetch(uint32_t sample, std::span<std::byte> dst) {
   std::shared_ptr<SiblingSource> s = Current();
@@ -474,19 +484,15 @@ std::shared_ptr<SiblingSource> SiblingReader::Look() {
     }
     return nullptr;
   }
-  LiveEntry self = o_.self;
-  self.name = self_name_;
   for (const LiveEntry& e : *found) {
     // Only a job before this one in the order (none after it: two jobs never read through each
     // other). Another node of this very job (nodes that share a scratch directory, as on one
     // machine) is a peer, not a sibling.
-    if (!LiveBefore(e, self)) break;
-    if (e.job.rfind(o_.same_job, 0) == 0) continue;
     std::shared_ptr<SiblingSource> s;
     {
       MutexLock lock(&mu_);
-      if (stopped_) return nullptr;
-      if (refused_.count(e.name) > 0) continue;
+      if (stopped_ || !LiveBefore(e, self_)) return nullptr;
+      if (e.job.rfind(o_.same_job, 0) == 0 || refused_.count(e.name) > 0) continue;
       s = connecting_ = SiblingSource::Make(e, o_.self.fingerprint, o_.timeout);
     }
     const Status st = s->Open();  // Stop() abandons it meanwhile
@@ -494,11 +500,17 @@ std::shared_ptr<SiblingSource> SiblingReader::Look() {
       MutexLock lock(&mu_);
       connecting_.reset();
       if (stopped_) return nullptr;
+      // This job may have registered meanwhile: what decides is its entry's time when the
+      // sibling is taken (Registering takes the lock), so both jobs see the same order.
+      if (!LiveBefore(e, self_)) {
+        s->Abandon();
+        return nullptr;
+      }
       if (!st.ok()) refused_.insert(e.name);
     }
     if (st.ok()) {
       spdlog::info(
-          "sibling: job {} (pid {}) runs on this dataset and started before this one; samples "
+          "sibling: job {} (pid {}) runs on this dataset and registered before this one; samples "
           "this node does not hold are read through its nopfsd, not from the PFS",
           e.job, e.pid);
       return s;

@@ -15,12 +15,14 @@
 // the entry also records the catalog's fingerprint, which must equal the asker's. An entry whose
 // process is gone, or whose socket does not answer, is stale: ignored and removed.
 //
-// The order: every job orders the entries of one key and fingerprint the same way, by the start
-// time the entry records, then by the entry's name (LiveBefore). A job reads through the first
-// entry of that order that answers, and only through one that comes before its own entry: two
-// jobs never read through each other, and a job started at the same instant as another agrees with
-// it on which of the two is first. A job without such a sibling looks again (SiblingReader), so
-// that a sibling that registered after this job's start is found. A sibling's own reads for
+// The order: every job orders the entries of one key and fingerprint the same way, by the time
+// the entry records (taken just before it was written), then by the entry's name (LiveBefore). A
+// job reads through the first entry of that order that answers, and only through one that comes
+// before its own entry; a job not registered (yet) comes after every entry. Entries never change,
+// so two jobs never read through each other, and two jobs that register at the same instant agree
+// on which of the two is first. The first job to register reads the PFS; every later one reads
+// through it. A job without such a sibling looks again (SiblingReader), so that a sibling that
+// registered after this job's start is found. A sibling's own reads for
 // another job never ask a sibling (the service answers READ_SAMPLE from its own tiers, peers, kept
 // copy or the PFS): a read goes through one sibling at most.
 //
@@ -59,7 +61,7 @@ struct LiveEntry {
   std::string name;          // the entry's file name (set by FindLive)
   std::string job;           // <job id>.<node>
   uint32_t pid = 0;          // nopfsd's pid
-  int64_t started_ns = 0;    // when it registered (real time)
+  int64_t started_ns = 0;    // when it registered (real time; the order's first key)
   uint64_t fingerprint = 0;  // its catalog's
   std::string socket;        // its local socket (absolute path)
 };
@@ -141,7 +143,7 @@ class SiblingReader {
   struct Options {
     std::string user_dir;  // <scratch>/nopfs-<uid>: the registry is its live/
     std::string key;       // the kept area's key of the dataset
-    LiveEntry self;        // this job's entry: job, started_ns and fingerprint are used
+    LiveEntry self;        // this job's entry: job and fingerprint are used
     std::string same_job;  // "<job id>.": entries of this job's other nodes are peers
     std::chrono::milliseconds timeout{10000};  // a sibling's answer, at most
     std::chrono::milliseconds look_every{250};
@@ -154,6 +156,9 @@ class SiblingReader {
   // The sibling's bytes of `sample` (SiblingSource::Fetch), its error, or nullopt when the job
   // has no sibling to read through now (none found, or stopped).
   std::optional<Result<uint64_t>> Fetch(uint32_t sample, std::span<std::byte> dst);
+  // Call with the entry's time before the entry is written (RegisterLive): from then on only
+  // entries before it are read through, and the next Fetch looks at once.
+  void Registering(int64_t started_ns);
   // Ends the reads in flight at once and every later one (nullopt).
   void Stop();
   // The job read through now ("" when none), and whether one was ever read through.
@@ -165,8 +170,8 @@ class SiblingReader {
   std::shared_ptr<SiblingSource> Look();
 
   const Options o_;
-  std::string self_name_;  // <key>.<self.job>
   mutable Mutex mu_;
+  LiveEntry self_ GUARDED_BY(mu_);  // o_.self, named; started_ns: INT64_MAX until Registering
   std::shared_ptr<SiblingSource> current_ GUARDED_BY(mu_);
   std::shared_ptr<SiblingSource> connecting_ GUARDED_BY(mu_);
   bool looking_ GUARDED_BY(mu_) = false;
