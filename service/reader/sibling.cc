@@ -410,7 +410,7 @@ Result<uint64_t> SiblingSource::Fetch(uint32_t sample, std::span<std::byte> dst)
       MutexLock lock(&mu_);
       --open_;
       cv_.SignalAll();
-      return d.status();
+      return abandoned_ ? Status::Unavailable("sibling: stopped") : d.status();
     }
     fd = std::move(*d);
   }

@@ -317,17 +317,23 @@ class SiblingTest(unittest.TestCase):
         self.assertGreaterEqual(pfs, 1.9 * self.total)
 
     def test_the_sibling_killed_mid_read_the_second_job_gets_every_byte(self):
-        # 3 MB/s: the dataset takes a few seconds to read, the sibling dies part-way.
-        mnt = self.mount_pfs("--bandwidth", "3", "--burst-bytes", "0")
+        # 0.5 MB/s: the first job takes seconds to read the dataset (about 2.5 MB), and the second
+        # cannot get ahead of it: the first dies while the second still reads through it.
+        mnt = self.mount_pfs("--bandwidth", "0.5", "--burst-bytes", "0")
         a = self.start_job("A", mnt, until="B.done")
-        b = self.start_job("B", mnt)
-        open(self.flag("go"), "w").close()
+        b = self.spawn_job("B", mnt)
+        log_b_path = self.flag("B.rundir/nopfsd.log")
         deadline = time.time() + 120
-        while self.pfs_bytes(mnt) < 0.3 * self.total:
-            self.assertLess(time.time(), deadline)
-            time.sleep(0.02)
+        while "sibling: job 101.0" not in (st.read(log_b_path)
+                                            if os.path.exists(log_b_path) else ""):
+            self.assertIsNone(b.poll(), "job B ended")
+            self.assertLess(time.time(), deadline, "job B never read through job A")
+            time.sleep(0.01)
+        time.sleep(0.2)
         with open(self.flag("A.rundir/nopfsd.pid")) as fh:
             os.kill(int(fh.read().strip()), signal.SIGKILL)
+        self.wait_for(self.flag("B.up"), b)
+        open(self.flag("go"), "w").close()
         sb, log_b = self.finish("B", b)
         a.communicate(timeout=60)
         got = self.source(sb, "sibling")
