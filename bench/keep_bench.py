@@ -5,11 +5,12 @@ with `nopfs cat`), the PFS bytes, the samples adopted, and how long nopfsd took 
 With `--array N`: instead, N jobs of one user on one node and dataset at once (a packed job
 array; docs/tiers.md, "Sibling jobs"), with sibling reads and then with `--share-running=no`: the
 bytes all N read from the PFS (as pfsemu counts them) and the seconds of the slowest job's epochs.
-The first job starts first (a later job finds only a sibling already serving), the others once it
-serves; all read when every one is up. Prints figures; never passes or fails.
+The first job starts first, the others once it serves; with `--together` all start at the same
+moment (the first to register serves the others). All read when every one is up. Each job has
+its own `nopfs run --job-id`. Prints figures; never passes or fails.
 
   sudo bench/keep_bench.py BUILD_DIR [--files N] [--size BYTES] [--bandwidth MBPS]
-                           [--getattr-latency-us US] [--array N]
+                           [--getattr-latency-us US] [--array N [--together]]
 
 Runs as root (pfsemu mounts with allow_other); the jobs run as `nobody`.
 """
@@ -34,6 +35,8 @@ def main():
     ap.add_argument("--bandwidth", type=int, default=50, help="pfsemu's flat MB/s")
     ap.add_argument("--getattr-latency-us", type=int, default=200)
     ap.add_argument("--array", type=int, default=0, help="N concurrent jobs (sibling reads)")
+    ap.add_argument("--together", action="store_true",
+                    help="with --array: start every job at once, not the first one first")
     a = ap.parse_args()
     bindir = os.path.abspath(os.path.join(a.build, "bin"))
     work = tempfile.mkdtemp(prefix="nopfs-keep-bench-")
@@ -67,13 +70,6 @@ def main():
         if a.array:
             array(a, bindir, work, mnt, conf)
             return
-        launcher = os.path.join(work, "bin")
-        os.mkdir(launcher)
-        shutil.copy2(os.path.join(bindir, "nopfs"), launcher)
-        with open(os.path.join(launcher, "nopfsd"), "w") as fh:
-            fh.write(f'#!/bin/sh\nexec {bindir}/nopfsd "$@" --keep\n')
-        os.chmod(os.path.join(launcher, "nopfsd"), 0o755)
-        os.chmod(launcher, 0o755)
         nopfs = os.path.join(bindir, "nopfs")
         print(f"{a.files} files of {a.size} B ({a.files * a.size / 1e6:.0f} MB) on pfsemu at "
               f"{a.bandwidth} MB/s, getattr {a.getattr_latency_us} us; SSD tier holds it all")
@@ -84,7 +80,7 @@ def main():
                       f"t1=$(date +%s.%N); {nopfs} cat --start-epoch 1 > /dev/null; "
                       f"t2=$(date +%s.%N); {nopfs} status --json > {out}.json; "
                       f"echo $t0 $t1 $t2 > {out}.times")
-            subprocess.run(DEMOTE + [os.path.join(launcher, "nopfs"), "run", "--dataset", mnt,
+            subprocess.run(DEMOTE + [nopfs, "run", "--dataset", mnt, "--keep",
                                      "--ranks", "1", "--epochs", "2", "--batch", "16", "--seed",
                                      "3", "--config", conf, "--run-dir", out + ".run",
                                      "--keep-run-dir", "-q", "--", "sh", "-c", script],
@@ -110,9 +106,10 @@ def array(a, bindir, work, mnt, conf):
     """--array N: N jobs at once, with and without sibling reads."""
     nopfs = os.path.join(bindir, "nopfs")
     dataset = a.files * a.size
+    start = "together" if a.together else "the first one first"
     print(f"{a.files} files of {a.size} B ({dataset / 1e6:.0f} MB) on pfsemu at {a.bandwidth} "
           f"MB/s, getattr {a.getattr_latency_us} us; {a.array} jobs of one user at once, each "
-          "with an SSD tier that holds it all")
+          f"with an SSD tier that holds it all, started {start}")
     print("share  jobs  pfs_MB  datasets  slowest_epoch0_s  slowest_epoch1_s  from_sibling")
     for share in ("yes", "no"):
         flags = os.path.join(work, f"flags-{share}")
@@ -121,14 +118,7 @@ def array(a, bindir, work, mnt, conf):
         before = pfs_bytes_read(mnt)
         procs = []
         for j in range(a.array):
-            launcher = os.path.join(work, f"bin-{share}-{j}")
-            os.mkdir(launcher)
-            shutil.copy2(nopfs, launcher)
-            with open(os.path.join(launcher, "nopfsd"), "w") as fh:
-                fh.write(f'#!/bin/sh\nexec {bindir}/nopfsd "$@" --job-id arr{share}{j} '
-                         f'--share-running {share}\n')
-            os.chmod(os.path.join(launcher, "nopfsd"), 0o755)
-            os.chmod(launcher, 0o755)
+            job_id = str((1000 if share == "yes" else 2000) + j)
             out = os.path.join(flags, f"job{j}")
             # Every job stays until all are done, so that none falls back to the PFS.
             script = (f"touch {out}.up; until [ -e {flags}/go ]; do sleep 0.02; done; "
@@ -139,13 +129,14 @@ def array(a, bindir, work, mnt, conf):
                       f"until [ $(ls {flags} | grep -c '\\.done$') -ge {a.array} ]; "
                       "do sleep 0.05; done")
             procs.append(subprocess.Popen(
-                DEMOTE + [os.path.join(launcher, "nopfs"), "run", "--dataset", mnt, "--ranks",
-                          "1", "--epochs", "2", "--batch", "16", "--seed", str(3 + j),
-                          "--config", conf, "--run-dir", out + ".run", "--keep-run-dir", "-q",
-                          "--", "sh", "-c", script],
+                DEMOTE + [nopfs, "run", "--dataset", mnt, "--job-id", job_id,
+                          "--share-running", share, "--ranks", "1", "--epochs", "2", "--batch",
+                          "16", "--seed", str(3 + j), "--config", conf, "--run-dir",
+                          out + ".run", "--keep-run-dir", "-q", "--", "sh", "-c", script],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            # The first job serves before the others start; they start together.
-            while j == 0 and not os.path.exists(out + ".up"):
+            # The first job serves before the others start (unless --together); they start
+            # together.
+            while j == 0 and not a.together and not os.path.exists(out + ".up"):
                 time.sleep(0.05)
         while sum(os.path.exists(os.path.join(flags, f"job{j}.up"))
                   for j in range(a.array)) < a.array:

@@ -14,7 +14,9 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -68,6 +70,7 @@ struct RunFlags {
   bool keep = false;            // nopfsd keeps the SSD tier's samples for the next run
   uint64_t keep_max_bytes = 0;  // 0: no limit
   bool share_running = true;    // sibling reads with this user's other runs on the dataset
+  std::string job_id;           // "": nopfsd's default ("local")
   bool quiet = false;
   std::vector<std::string> command;
 };
@@ -75,6 +78,23 @@ struct RunFlags {
 std::atomic<int> g_signal{0};
 void OnSignal(int sig) {
   g_signal.store(sig);
+}
+
+// A job id as the Slurm prolog passes it to nopfsd: a Slurm job id in decimal (1 to 2^64-1,
+// without leading zeros). "" when `id` is one, else what is wrong and what to write.
+std::string CheckJobId(const std::string& id) {
+  uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(id.data(), id.data() + id.size(), v);
+  if (!id.empty() && ec == std::errc() && end == id.data() + id.size() && v != 0 && id[0] != '0') {
+    return std::string();
+  }
+  // The value as given, cut short and with anything unprintable shown as '?'.
+  std::string shown;
+  for (size_t i = 0; i < id.size() && i < 64; ++i)
+    shown += std::isprint(static_cast<unsigned char>(id[i])) ? id[i] : '?';
+  return "\"" + shown + (id.size() > 64 ? "..." : "") +
+         "\" is not a job id: write a Slurm job id, a decimal number from 1 to " +
+         std::to_string(UINT64_MAX) + " without leading zeros (e.g. --job-id 4242)";
 }
 
 int Fail(const std::string& msg) {
@@ -388,6 +408,7 @@ struct JobRun {
     dargs.keep = f.keep;
     dargs.keep_max_bytes = f.keep_max_bytes;
     dargs.share_running = f.share_running;
+    if (!f.job_id.empty()) dargs.job_id = f.job_id;
     if (!f.config.empty()) dargs.config = fs::absolute(f.config).string();
     if (f.nodes > 1) {
       Result<uint16_t> base = FreePorts(f.nodes);
@@ -718,6 +739,11 @@ void RegisterRun(CLI::App* app, int* exit_code) {
                   "yes: read samples through this user's other running jobs on the dataset, "
                   "and serve them, so that the PFS is read once; no: read alone")
       ->capture_default_str();
+  sub->add_option("--job-id", f->job_id,
+                  "The job id nopfsd runs under, as a Slurm job id (a number; default: local). "
+                  "Two runs at once on one machine need two ids: it names their shared memory "
+                  "and SSD directories")
+      ->check(CLI::Validator(CheckJobId, "ID"));
   sub->add_option("--start-timeout", f->start_timeout, "Seconds to wait for nopfsd to be ready")
       ->capture_default_str();
   sub->add_option("--stop-timeout", f->stop_timeout, "Seconds to wait for nopfsd to stop")

@@ -239,6 +239,14 @@ std::string RenderText(const StatusReport& r) {
                 r.kept->adopted_samples, Bytes(r.kept->adopted_bytes).c_str(),
                 r.kept->adopt_rejected_samples, Bytes(r.kept->kept_bytes).c_str());
   }
+  if (r.siblings) {
+    const Siblings& s = *r.siblings;
+    out += Line("siblings: read %" PRIu64 " samples (%s) through %s, %" PRIu64
+                " failed; served %" PRIu64 " samples (%s) to this user's other jobs",
+                s.read_samples, Bytes(s.read_bytes).c_str(),
+                s.through.empty() ? "no job now" : ("job " + s.through + " now").c_str(),
+                s.read_failed, s.served_samples, Bytes(s.served_bytes).c_str());
+  }
   out += Line("stall: %" PRIu64 " reads, total %.6f s, median %.6f s, p99 %.6f s", r.stall.reads,
               Sec(r.stall.total_ns), Sec(r.stall.median_ns), Sec(r.stall.p99_ns));
   out += Line("owners: refused %" PRIu64 " opens of a rank another process had open",
@@ -307,6 +315,19 @@ std::string RenderJson(const StatusReport& r) {
       .Raw("adopted_bytes", kept(&report::Kept::adopted_bytes))
       .Raw("adopted_samples", kept(&report::Kept::adopted_samples))
       .Raw("adopt_rejected_samples", kept(&report::Kept::adopt_rejected_samples));
+  if (r.siblings) {
+    const Siblings& s = *r.siblings;
+    o.Raw("siblings", Obj()
+                          .S("through", s.through)
+                          .U("read_samples", s.read_samples)
+                          .U("read_bytes", s.read_bytes)
+                          .U("read_failed", s.read_failed)
+                          .U("served_samples", s.served_samples)
+                          .U("served_bytes", s.served_bytes)
+                          .str());
+  } else {
+    o.Raw("siblings", "null");
+  }
   std::string hist = "[";
   for (size_t b = 0; b < kStallBuckets; ++b) {
     hist += b ? "," : "";
@@ -387,6 +408,13 @@ std::string RenderRunSummary(const StatusReport& r) {
                   "adopted from the kept copy: %" PRIu64 " samples, %s (%" PRIu64 " rejected)\n",
                   r.kept->adopted_samples, Bytes(r.kept->adopted_bytes).c_str(),
                   r.kept->adopt_rejected_samples);
+    out += buf;
+  }
+  if (r.siblings && (r.siblings->read_samples > 0 || r.siblings->served_samples > 0)) {
+    std::snprintf(buf, sizeof buf,
+                  "siblings: read %" PRIu64 " samples, %s; served %" PRIu64 " samples, %s\n",
+                  r.siblings->read_samples, Bytes(r.siblings->read_bytes).c_str(),
+                  r.siblings->served_samples, Bytes(r.siblings->served_bytes).c_str());
     out += buf;
   }
   std::snprintf(buf, sizeof buf, "stall: total %s, median %s, p99 %s over %" PRIu64 " reads\n",

@@ -127,6 +127,18 @@ struct Kept {
   bool operator==(const Kept&) const = default;
 };
 
+// Sibling jobs (docs/tiers.md, "Sibling jobs"): what this job read through another running job of
+// its user on the node and dataset, and what it served to such jobs.
+struct Siblings {
+  std::string through;        // the job read through now ("<job id>.<node>"; "" when none)
+  uint64_t read_samples = 0;  // taken from a sibling (prefetches and staging reads)
+  uint64_t read_bytes = 0;
+  uint64_t read_failed = 0;     // sibling reads that failed (each then read from the PFS)
+  uint64_t served_samples = 0;  // answered to siblings (READ_SAMPLE)
+  uint64_t served_bytes = 0;
+  bool operator==(const Siblings&) const = default;
+};
+
 struct StatusReport {
   std::string job_id;
   uint32_t node = 0;
@@ -141,11 +153,12 @@ struct StatusReport {
   uint64_t predicted_stall_ns = kUnknown;
   std::vector<Tier> tiers;  // fastest first
   std::vector<Stream> streams;
-  std::vector<Source> sources;  // the classes in tier order, then "peer", then "pfs"
-  uint64_t pfs_bytes = 0;       // every byte read from the PFS, prefetch included
-  uint64_t corrupt = 0;         // tier reads that failed their checksum and were refetched
-  uint64_t changed = 0;         // PFS reads that found a sample's file rewritten
-  std::optional<Kept> kept;     // nopfsd always sets it (an optional group of the wire format)
+  std::vector<Source> sources;       // the classes in tier order, then "peer", then "pfs"
+  uint64_t pfs_bytes = 0;            // every byte read from the PFS, prefetch included
+  uint64_t corrupt = 0;              // tier reads that failed their checksum and were refetched
+  uint64_t changed = 0;              // PFS reads that found a sample's file rewritten
+  std::optional<Kept> kept;          // nopfsd always sets it (an optional group of the wire format)
+  std::optional<Siblings> siblings;  // likewise (the group after kept's)
   Stall stall;
   Refusals refusals;
   uint64_t cpu_user_ns = 0;

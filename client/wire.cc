@@ -107,11 +107,20 @@ void EncodeReport(Writer& w, const report::StatusReport& r) {
   }
   w.U8(r.peers ? 1 : 0);
   if (r.peers) EncodePeers(w, *r.peers);
-  // The kept area's group (optional and trailing; nopfsd always sends it).
-  if (r.kept) {
-    const report::Kept& k = *r.kept;
+  // The kept area's group, then the sibling jobs' (optional and trailing, each only after the one
+  // before; nopfsd always sends both).
+  if (r.kept || r.siblings) {
+    const report::Kept k = r.kept.value_or(report::Kept{});
     for (uint64_t v : {k.kept_bytes, k.adopted_bytes, k.adopted_samples, k.adopt_rejected_samples})
       w.U64(v);
+  }
+  if (r.siblings) {
+    const report::Siblings& s = *r.siblings;
+    w.Str(s.through);
+    for (uint64_t v :
+         {s.read_samples, s.read_bytes, s.read_failed, s.served_samples, s.served_bytes}) {
+      w.U64(v);
+    }
   }
 }
 
@@ -279,6 +288,13 @@ bool DecodeReport(Reader& r, report::StatusReport* m) {
   if (!U64s(r, {&k.kept_bytes, &k.adopted_bytes, &k.adopted_samples, &k.adopt_rejected_samples}))
     return false;
   m->kept = k;
+  if (r.done()) return true;  // without the sibling jobs' group
+  report::Siblings s;
+  if (!(r.Str(&s.through) && U64s(r, {&s.read_samples, &s.read_bytes, &s.read_failed,
+                                      &s.served_samples, &s.served_bytes}))) {
+    return false;
+  }
+  m->siblings = std::move(s);
   return true;
 }
 

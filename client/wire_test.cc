@@ -11,6 +11,9 @@
 namespace nopfs::wire {
 namespace {
 
+// The sibling jobs' group of FullReport(): "77.0" as a string (4 + 4 bytes) and five u64.
+constexpr size_t kSiblingsGroup = 4 + 4 + 5 * 8;
+
 // A report with every field set to a distinct value, peers included.
 report::StatusReport FullReport() {
   report::StatusReport r;
@@ -34,6 +37,7 @@ report::StatusReport FullReport() {
   r.corrupt = 1;
   r.changed = 2;
   r.kept = report::Kept{21, 22, 23, 24};
+  r.siblings = report::Siblings{"77.0", 31, 32, 33, 34, 35};
   r.stall = {15, 1'500'000, 65'536, 1'048'576, {}};
   r.stall.histogram[0] = 4;
   r.stall.histogram[17] = 11;
@@ -146,7 +150,9 @@ TEST(Wire, OpenStreamShareIsAnOptionalTail) {
 // The report's kept-area group is an optional tail of 32 bytes: without it the report has no kept
 // figures; a partial group is malformed.
 TEST(Wire, StatusReportKeptGroupIsAnOptionalTail) {
-  const StatusOk full_msg{"", FullReport()};
+  report::StatusReport without_siblings = FullReport();
+  without_siblings.siblings.reset();
+  const StatusOk full_msg{"", without_siblings};
   std::vector<std::byte> full = Bytes({6, full_msg});
   const auto payload = [](std::vector<std::byte>* b, size_t n) {
     for (size_t i = 0; i < 4; ++i)
@@ -157,7 +163,7 @@ TEST(Wire, StatusReportKeptGroupIsAnOptionalTail) {
   payload(&base, n - 32);
   Result<Message> d = Decode(base);
   ASSERT_TRUE(d.ok()) << d.status().message();
-  report::StatusReport want = FullReport();
+  report::StatusReport want = without_siblings;
   want.kept.reset();
   EXPECT_EQ(*std::get<StatusOk>(d->body).report, want);
   Result<Message> f = Decode(full);
@@ -168,6 +174,40 @@ TEST(Wire, StatusReportKeptGroupIsAnOptionalTail) {
     payload(&b, n - cut);
     EXPECT_FALSE(Decode(b).ok()) << cut;
   }
+}
+
+// The sibling jobs' group follows the kept area's, as an optional tail of its own (the job read
+// through, then five u64): without it the report has no sibling figures; a partial group is
+// malformed; a report with sibling figures and no kept group sends the kept group as zeros.
+TEST(Wire, StatusReportSiblingsGroupIsAnOptionalTail) {
+  std::vector<std::byte> full = Bytes({6, StatusOk{"", FullReport()}});
+  const auto payload = [](std::vector<std::byte>* b, size_t n) {
+    for (size_t i = 0; i < 4; ++i)
+      (*b)[8 + i] = static_cast<std::byte>((n >> (8 * i)) & 0xff);
+  };
+  const size_t n = full.size() - kHeaderSize;
+  std::vector<std::byte> base(full.begin(), full.end() - kSiblingsGroup);
+  payload(&base, n - kSiblingsGroup);
+  Result<Message> d = Decode(base);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  report::StatusReport want = FullReport();
+  want.siblings.reset();
+  EXPECT_EQ(*std::get<StatusOk>(d->body).report, want);
+  Result<Message> f = Decode(full);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(std::get<StatusOk>(f->body).report->siblings,
+            (report::Siblings{"77.0", 31, 32, 33, 34, 35}));
+  for (size_t cut = 1; cut < kSiblingsGroup; ++cut) {
+    std::vector<std::byte> b(full.begin(), full.end() - static_cast<ptrdiff_t>(cut));
+    payload(&b, n - cut);
+    EXPECT_FALSE(Decode(b).ok()) << cut;
+  }
+  report::StatusReport no_kept = FullReport();
+  no_kept.kept.reset();
+  Result<Message> z = Decode(Bytes({6, StatusOk{"", no_kept}}));
+  ASSERT_TRUE(z.ok());
+  EXPECT_EQ(std::get<StatusOk>(z->body).report->kept, report::Kept{});
+  EXPECT_EQ(std::get<StatusOk>(z->body).report->siblings, no_kept.siblings);
 }
 
 // The flags are a second tail of 4 bytes after the share; a flags-only message carries the
@@ -240,8 +280,9 @@ TEST(Wire, StatusReportIsAnOptionalTail) {
   const std::vector<std::byte> full = Bytes({1, StatusOk{"", FullReport()}});
   ASSERT_EQ(base.size(), kHeaderSize + 4);
   for (size_t cut = 1; cut < full.size() - base.size(); ++cut) {
-    if (cut == 32)
-      continue;  // exactly the kept area's group: StatusReportKeptGroupIsAnOptionalTail
+    // Exactly the sibling jobs' group, or it and the kept area's: the optional tails
+    // (StatusReportKeptGroupIsAnOptionalTail, StatusReportSiblingsGroupIsAnOptionalTail).
+    if (cut == kSiblingsGroup || cut == kSiblingsGroup + 32) continue;
     std::vector<std::byte> b(full.begin(), full.end() - static_cast<ptrdiff_t>(cut));
     const size_t payload = b.size() - kHeaderSize;
     for (int i = 0; i < 4; ++i)

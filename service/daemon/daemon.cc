@@ -293,8 +293,8 @@ Status Daemon::Init() {
           return Status::NotFound("sample " + std::to_string(id) + " is not kept");
         });
   }
-  if (sibling_) {
-    SiblingSource* sib = sibling_.get();
+  if (siblings_) {
+    SiblingReader* sib = siblings_.get();
     reader_->SetSiblingSource([sib](policy::SampleId id, std::span<std::byte> dst) {
       return sib->Fetch(static_cast<uint32_t>(id), dst);
     });
@@ -456,6 +456,10 @@ void Daemon::Stop() {
     reporter_.join();
   }
   closed_cv_.SignalAll();  // an open waiting for another owner's stream gives up
+  // Reads through a sibling in flight end now, not when the sibling answers: the threads waiting
+  // on them (prefetchers, staging) are stopped below. The few samples still wanted meanwhile come
+  // from the PFS.
+  if (siblings_) siblings_->Stop();
   // No new sibling finds this daemon; the ones reading from it fall back to the PFS when the
   // server closes their connections.
   UnregisterLive(live_entry_);
@@ -494,7 +498,7 @@ void Daemon::Stop() {
   KeepAtExit();
   if (metrics_ && reader_) WriteMetrics();  // with what was kept
   reader_.reset();
-  sibling_.reset();
+  siblings_.reset();
   kept_.clear();  // the adopted copies: what is worth keeping again is in the new kept entries
   for (auto& t : ssd_tiers_) {
     if (Status s = t->Destroy(); !s.ok()) spdlog::error("removing SSD tier: {}", s.message());
@@ -556,34 +560,19 @@ void Daemon::AdoptKept() {
 
 void Daemon::FindSibling() {
   // The registry is in the user's area of the first SSD class's scratch path, beside its kept
-  // area, under the same key.
+  // area, under the same key. The sibling is looked for when a sample is first about to be read
+  // from the PFS, and again while there is none (SiblingReader).
   if (!options_.share_running || kept_.empty()) return;
   const KeptPlace& place = kept_.front().place;
-  const std::string user_dir = place.kept_dir.substr(0, place.kept_dir.rfind('/'));
-  Result<std::vector<LiveEntry>> found = FindLive(user_dir, place.key, catalog_->fingerprint());
-  if (!found.ok()) {
-    spdlog::warn("sibling: not looking for this user's other jobs: {}", found.status().message());
-    return;
-  }
-  for (const LiveEntry& e : *found) {
-    // Another node of this very job (nodes that share a scratch directory, as on one machine)
-    // is a peer, not a sibling.
-    if (e.job.rfind(options_.job_id + ".", 0) == 0) continue;
-    Result<std::unique_ptr<SiblingSource>> s =
-        SiblingSource::Connect(e, catalog_->fingerprint(), kSiblingTimeout);
-    if (s.ok()) {
-      sibling_ = std::move(*s);
-      spdlog::info(
-          "sibling: job {} (pid {}) runs on this dataset; samples this node does not "
-          "hold are read from its nopfsd, not from the PFS",
-          e.job, e.pid);
-      return;
-    }
-    const bool stale = s.status().code() == StatusCode::kUnavailable;
-    spdlog::info("sibling: not reading from job {}{}: {}", e.job,
-                 stale ? " (its entry is stale, removed)" : "", s.status().message());
-    if (stale) RemoveLive(user_dir, e.name);
-  }
+  SiblingReader::Options o;
+  o.user_dir = place.kept_dir.substr(0, place.kept_dir.rfind('/'));
+  o.key = place.key;
+  o.self.job = place.tag;
+  o.self.pid = static_cast<uint32_t>(::getpid());
+  o.self.fingerprint = catalog_->fingerprint();
+  o.same_job = options_.job_id + ".";
+  o.timeout = kSiblingTimeout;
+  siblings_ = std::make_unique<SiblingReader>(std::move(o));
 }
 
 void Daemon::RegisterSibling() {
@@ -595,11 +584,16 @@ void Daemon::RegisterSibling() {
   LiveEntry e;
   e.job = place.tag;
   e.pid = static_cast<uint32_t>(::getpid());
-  e.started_ns = start_wall_ns_;
   e.fingerprint = catalog_->fingerprint();
   std::error_code ec;
   e.socket = std::filesystem::absolute(options_.run_dir + "/nopfsd.sock", ec).string();
   serving_.store(true);
+  // The entry's time orders the siblings (sibling.h): this job reads through entries before it
+  // only, from before the entry exists, so that no other job can see it in another order.
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  e.started_ns = int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+  if (siblings_) siblings_->Registering(e.started_ns);
   Result<std::string> path = RegisterLive(user_dir, place.key, e);
   if (path.ok()) {
     live_entry_ = *path;
@@ -624,7 +618,8 @@ Result<uint64_t> Daemon::ReadSample(uint64_t fingerprint, uint32_t sample_id,
                                    " samples)");
   }
   bytes->resize(catalog_->length(sample_id));
-  Result<SourceId> src = reader_->Read(sample_id, *bytes);
+  // Never through a sibling of this job's: a read goes through one sibling at most.
+  Result<SourceId> src = reader_->Read(sample_id, *bytes, /*ask_sibling=*/false);
   if (!src.ok()) return src.status();
   sibling_served_.fetch_add(1, std::memory_order_relaxed);
   sibling_served_bytes_.fetch_add(bytes->size(), std::memory_order_relaxed);
@@ -939,7 +934,7 @@ report::StatusReport Daemon::Report() {
   }
   r.sources.push_back({"peer", reader_->peer_counters().reads.load(),
                        reader_->peer_counters().bytes.load(), false, 0});
-  if (sibling_) {
+  if (siblings_ && siblings_->ever()) {
     r.sources.push_back({"sibling", reader_->sibling_counters().reads.load(),
                          reader_->sibling_counters().bytes.load(), false, 0});
   }
@@ -965,6 +960,13 @@ report::StatusReport Daemon::Report() {
     kept.adopted_samples += k.copy->adopted_samples();
     kept.adopt_rejected_samples += k.copy->rejected_samples();
   }
+  report::Siblings& sib = r.siblings.emplace();
+  sib.through = siblings_ ? siblings_->through() : std::string();
+  sib.read_samples = reader_->sibling_counters().reads.load();
+  sib.read_bytes = reader_->sibling_counters().bytes.load();
+  sib.read_failed = reader_->sibling_failures();
+  sib.served_samples = sibling_served_.load();
+  sib.served_bytes = sibling_served_bytes_.load();
   r.stall.reads = stall.samples;
   r.stall.total_ns = stall.stall_ns_total;
   r.stall.median_ns = stall.stall_ns_median;

@@ -167,9 +167,9 @@ class Daemon final : public Handler {
   void AdoptKept();
   void KeepAtExit();
 
-  // Sibling jobs: the one this daemon reads from (null: none), its registry entry's path (empty:
-  // not registered), and what it served to siblings.
-  std::unique_ptr<SiblingSource> sibling_;
+  // Sibling jobs: the sibling this daemon reads through (null: not sharing), its registry
+  // entry's path (empty: not registered), and what it served to siblings.
+  std::unique_ptr<SiblingReader> siblings_;
   std::string live_entry_;
   std::atomic<uint64_t> sibling_served_{0};
   std::atomic<uint64_t> sibling_served_bytes_{0};

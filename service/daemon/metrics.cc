@@ -155,6 +155,21 @@ std::string RenderMetrics(const report::StatusReport& r, const MetricsLabels& la
            "Kept samples not used (file changed, bytes differ, gone from the dataset).");
   e.Sample("nopfs_adopt_rejected_samples_total", "", kept.adopt_rejected_samples);
 
+  const report::Siblings sib = r.siblings.value_or(report::Siblings{});
+  e.Family("nopfs_sibling_reads_total", "counter",
+           "Samples read through another running job of the user on this node and dataset "
+           "(read) and for such jobs (served).");
+  e.Sample("nopfs_sibling_reads_total", "direction=\"read\"", sib.read_samples);
+  e.Sample("nopfs_sibling_reads_total", "direction=\"served\"", sib.served_samples);
+  e.Family("nopfs_sibling_read_bytes_total", "counter",
+           "Bytes read through another running job of the user (read) and for such jobs "
+           "(served).");
+  e.Sample("nopfs_sibling_read_bytes_total", "direction=\"read\"", sib.read_bytes);
+  e.Sample("nopfs_sibling_read_bytes_total", "direction=\"served\"", sib.served_bytes);
+  e.Family("nopfs_sibling_failures_total", "counter",
+           "Reads through a sibling job that failed (the sample then comes from the PFS).");
+  e.Sample("nopfs_sibling_failures_total", "", sib.read_failed);
+
   const report::Peers none;
   const report::Peers& p = r.peers ? *r.peers : none;
   e.Family("nopfs_peer_reads_total", "counter",

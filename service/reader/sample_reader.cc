@@ -139,7 +139,9 @@ Result<uint64_t> SampleReader::FetchKept(policy::SampleId sample, std::span<std:
 Result<uint64_t> SampleReader::FetchSibling(policy::SampleId sample, std::span<std::byte> dst) {
   if (!sibling_fetch_) return Status::NotFound("no sibling");
   const uint64_t t0 = NowNanos();
-  Result<uint64_t> h = sibling_fetch_(sample, dst);
+  std::optional<Result<uint64_t>> asked = sibling_fetch_(sample, dst);
+  if (!asked) return Status::NotFound("no sibling now");
+  Result<uint64_t>& h = *asked;
   const std::optional<uint64_t> known = h.ok() ? catalog_.checksum(sample) : std::nullopt;
   if (h.ok() && (!known || *known == *h)) {
     Count(sibling_, dst.size(), NowNanos() - t0);
@@ -278,7 +280,8 @@ Result<uint64_t> SampleReader::FetchFromPfs(policy::SampleId sample, std::span<s
   return h;
 }
 
-Result<SourceId> SampleReader::Read(policy::SampleId sample, std::span<std::byte> dst) {
+Result<SourceId> SampleReader::Read(policy::SampleId sample, std::span<std::byte> dst,
+                                    bool ask_sibling) {
   const int8_t klass = sample < plan_.location.size() ? plan_.location[sample] : policy::kNotCached;
   const bool planned = klass != policy::kNotCached && static_cast<size_t>(klass) < tiers_.size();
   int local = -1;
@@ -355,7 +358,9 @@ Result<SourceId> SampleReader::Read(policy::SampleId sample, std::span<std::byte
     }
     return SourceId{SourceId::kKept};
   }
-  if (Result<uint64_t> sb = FetchSibling(sample, dst); sb.ok()) {
+  if (Result<uint64_t> sb = ask_sibling ? FetchSibling(sample, dst)
+                                        : Result<uint64_t>(Status::NotFound("no sibling"));
+      sb.ok()) {
     if (claimed != nullptr) {
       CacheAfterRead(static_cast<size_t>(klass), claimed, sample, dst, *sb,
                      *cached_on_read_[static_cast<size_t>(klass)]);

@@ -76,9 +76,11 @@ using PeerPushFn =
 // NotFound when it does not have the sample, another error when it rejected it.
 using KeptFetchFn = std::function<Result<uint64_t>(policy::SampleId, std::span<std::byte> dst)>;
 
-// A sibling's fetch (SiblingSource::Fetch): fills dst with bytes checked against the xxh3 the
-// sibling sent and returns it; any error: the reader reads the PFS instead.
-using SiblingFetchFn = std::function<Result<uint64_t>(policy::SampleId, std::span<std::byte> dst)>;
+// A sibling's fetch (SiblingReader::Fetch): fills dst with bytes checked against the xxh3 the
+// sibling sent and returns it; any error: the reader reads the PFS instead; nullopt: no sibling
+// to ask now (the PFS is read, nothing is counted).
+using SiblingFetchFn =
+    std::function<std::optional<Result<uint64_t>>(policy::SampleId, std::span<std::byte> dst)>;
 
 class SampleReader {
  public:
@@ -89,8 +91,9 @@ class SampleReader {
   SampleReader& operator=(const SampleReader&) = delete;
 
   // Reads `sample` into dst, which must be exactly catalog.length(sample) bytes. Errors name the
-  // sample and its path.
-  Result<SourceId> Read(policy::SampleId sample, std::span<std::byte> dst);
+  // sample and its path. Without `ask_sibling` (a read for a sibling job) the sibling is not
+  // asked: a read goes through one sibling at most.
+  Result<SourceId> Read(policy::SampleId sample, std::span<std::byte> dst, bool ask_sibling = true);
 
   // Zero copy: when `sample` is ready in the region class (the first RAM class; see
   // region_class()), verifies its bytes in place against the checksum recorded at fill, counts
@@ -173,7 +176,7 @@ class SampleReader {
   bool TierReady(const TierRef& t, policy::SampleId sample) const;
   // The kept copy's bytes (counted), or an error: NotFound without a kept copy.
   Result<uint64_t> FetchKept(policy::SampleId sample, std::span<std::byte> dst);
-  // The sibling's bytes (counted), or an error: NotFound without a sibling.
+  // The sibling's bytes (counted), or an error: NotFound without a sibling to ask.
   Result<uint64_t> FetchSibling(policy::SampleId sample, std::span<std::byte> dst);
   // Fetch-and-cache: claims `sample`'s slot in class j's tier (TryBeginFill) if it is empty;
   // the tier, or null when there is nothing to claim.

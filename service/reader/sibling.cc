@@ -15,6 +15,7 @@
 #include <map>
 
 #include <dirent.h>
+#include <spdlog/spdlog.h>
 
 #include "client/wire.h"
 
@@ -72,6 +73,10 @@ std::string EncodeLiveEntry(const LiveEntry& e) {
   return std::string(kMagicLine) + "\njob " + e.job + "\npid " + std::to_string(e.pid) +
          "\nstarted " + std::to_string(e.started_ns) + "\nfingerprint " + fp + "\nsocket " +
          e.socket + "\n";
+}
+
+bool LiveBefore(const LiveEntry& a, const LiveEntry& b) {
+  return a.started_ns != b.started_ns ? a.started_ns < b.started_ns : a.name < b.name;
 }
 
 Result<LiveEntry> ParseLiveEntry(std::string_view text) {
@@ -223,25 +228,62 @@ Result<std::vector<LiveEntry>> FindLive(const std::string& user_dir, const std::
     e->name = n;
     out.push_back(std::move(*e));
   }
-  std::sort(out.begin(), out.end(), [](const LiveEntry& a, const LiveEntry& b) {
-    return a.started_ns != b.started_ns ? a.started_ns < b.started_ns : a.name < b.name;
-  });
+  std::sort(out.begin(), out.end(), LiveBefore);
   return out;
 }
 
-Result<std::unique_ptr<SiblingSource>> SiblingSource::Connect(const LiveEntry& entry,
+Result<std::shared_ptr<SiblingSource>> SiblingSource::Connect(const LiveEntry& entry,
                                                               uint64_t fingerprint,
                                                               std::chrono::milliseconds timeout) {
-  std::unique_ptr<SiblingSource> s(new SiblingSource(entry, fingerprint, timeout));
-  Result<UniqueFd> fd = s->Dial();
-  if (!fd.ok()) return fd.status();
-  MutexLock lock(&s->mu_);
-  s->idle_.push_back(std::move(*fd));
-  s->open_ = 1;
+  std::shared_ptr<SiblingSource> s = Make(entry, fingerprint, timeout);
+  NOPFS_RETURN_IF_ERROR(s->Open());
   return s;
 }
 
-Result<UniqueFd> SiblingSource::Dial() const {
+std::shared_ptr<SiblingSource> SiblingSource::Make(const LiveEntry& entry, uint64_t fingerprint,
+                                                   std::chrono::milliseconds timeout) {
+  return std::shared_ptr<SiblingSource>(new SiblingSource(entry, fingerprint, timeout));
+}
+
+Status SiblingSource::Open() {
+  {
+    MutexLock lock(&mu_);
+    ++open_;
+  }
+  Result<UniqueFd> fd = Dial();
+  MutexLock lock(&mu_);
+  if (!fd.ok()) {
+    --open_;
+    return fd.status();
+  }
+  Release(std::move(*fd), /*usable=*/true);
+  return Status::Ok();
+}
+
+void SiblingSource::Abandon() {
+  MutexLock lock(&mu_);
+  abandoned_ = true;
+  gone_.store(true);
+  // A shut-down socket wakes the thread blocked on it (its recv ends at once); the descriptor
+  // itself stays open until that thread releases it.
+  for (int fd : busy_)
+    (void)::shutdown(fd, SHUT_RDWR);
+  open_ -= idle_.size();
+  idle_.clear();
+  cv_.SignalAll();
+}
+
+void SiblingSource::Release(UniqueFd fd, bool usable) {
+  busy_.erase(fd.get());
+  if (usable && !abandoned_) {
+    idle_.push_back(std::move(fd));
+  } else {
+    --open_;
+  }
+  cv_.SignalAll();
+}
+
+Result<UniqueFd> SiblingSource::Dial() {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (entry_.socket.size() >= sizeof(addr.sun_path)) {
@@ -250,28 +292,50 @@ Result<UniqueFd> SiblingSource::Dial() const {
   std::memcpy(addr.sun_path, entry_.socket.data(), entry_.socket.size());
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return Status::FromErrno(errno, "sibling: socket");
+  {
+    MutexLock lock(&mu_);
+    if (abandoned_) return Status::Unavailable("sibling: stopped");
+    busy_.insert(fd.get());
+  }
+  // Every return below leaves busy_ without this descriptor before it is closed.
+  const auto fail = [this, &fd](Status s) -> Result<UniqueFd> {
+    MutexLock lock(&mu_);
+    busy_.erase(fd.get());
+    return s;
+  };
+  // A connect to a listener whose queue is full waits; not longer than an answer may.
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(timeout_.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((timeout_.count() % 1000) * 1000);
+  (void)::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
     const int err = errno;
     const std::string what = "sibling: connecting to " + entry_.socket + ": " + std::strerror(err);
-    // Nobody listens there (any more): a stale entry. Anything else (a socket this user may not
-    // use): refused.
-    if (err == ECONNREFUSED || err == ENOENT) return Status::Unavailable(what);
-    return Status::PermissionDenied(what);
+    // Nobody listens there (any more), or it does not take connections: a stale entry. Anything
+    // else (a socket this user may not use): refused.
+    if (err == ECONNREFUSED || err == ENOENT || err == EAGAIN || err == EINPROGRESS) {
+      return fail(Status::Unavailable(what));
+    }
+    return fail(Status::PermissionDenied(what));
   }
   Result<uint32_t> uid = wire::PeerUid(fd.get());
-  if (!uid.ok()) return uid.status();
+  if (!uid.ok()) return fail(uid.status());
   if (*uid != ::geteuid()) {
-    return Status::PermissionDenied("sibling: the service at " + entry_.socket + " runs as uid " +
-                                    std::to_string(*uid) + ", not as uid " +
-                                    std::to_string(::geteuid()) + "; refusing to use it");
+    return fail(Status::PermissionDenied("sibling: the service at " + entry_.socket +
+                                         " runs as uid " + std::to_string(*uid) + ", not as uid " +
+                                         std::to_string(::geteuid()) + "; refusing to use it"));
   }
-  NOPFS_RETURN_IF_ERROR(wire::SendMessage(
-      fd.get(), wire::Message{1, wire::Hello{wire::kVersion, static_cast<uint32_t>(::getpid())}}));
+  if (Status s = wire::SendMessage(
+          fd.get(),
+          wire::Message{1, wire::Hello{wire::kVersion, static_cast<uint32_t>(::getpid())}});
+      !s.ok()) {
+    return fail(Status::Unavailable("sibling: HELLO to " + entry_.socket + ": " + s.message()));
+  }
   Result<wire::Received> r = wire::RecvMessage(fd.get(), timeout_);
-  if (!r.ok()) return r.status().WithContext("sibling: HELLO to " + entry_.socket);
+  if (!r.ok()) return fail(r.status().WithContext("sibling: HELLO to " + entry_.socket));
   if (!std::holds_alternative<wire::HelloOk>(r->message.body)) {
-    if (auto* e = std::get_if<wire::Error>(&r->message.body)) return wire::ToStatus(*e);
-    return Status::Unavailable("sibling: " + entry_.socket + " did not answer HELLO");
+    if (auto* e = std::get_if<wire::Error>(&r->message.body)) return fail(wire::ToStatus(*e));
+    return fail(Status::Unavailable("sibling: " + entry_.socket + " did not answer HELLO"));
   }
   return fd;
 }
@@ -333,6 +397,7 @@ Result<uint64_t> SiblingSource::Fetch(uint32_t sample, std::span<std::byte> dst)
     if (!idle_.empty()) {
       fd = std::move(idle_.back());
       idle_.pop_back();
+      busy_.insert(fd.get());
     } else {
       ++open_;
       dial = true;
@@ -345,26 +410,134 @@ Result<uint64_t> SiblingSource::Fetch(uint32_t sample, std::span<std::byte> dst)
       MutexLock lock(&mu_);
       --open_;
       cv_.SignalAll();
-      return d.status();
+      return abandoned_ ? Status::Unavailable("sibling: stopped") : d.status();
     }
     fd = std::move(*d);
   }
   Result<uint64_t> h = FetchOn(fd.get(), sample, dst);
   MutexLock lock(&mu_);
+  if (abandoned_ && !h.ok()) h = Status::Unavailable("sibling: stopped");
   // A refusal about this sample leaves the connection usable; a broken or confused one is closed,
   // and a sibling whose connection broke has ended (or is ending): it is not asked again.
   const bool usable = h.ok() || h.status().code() == StatusCode::kFailedPrecondition ||
                       h.status().code() == StatusCode::kNotFound ||
                       h.status().code() == StatusCode::kInvalidArgument ||
                       h.status().code() == StatusCode::kIoError;
-  if (usable) {
-    idle_.push_back(std::move(fd));
-  } else {
-    --open_;
-    if (h.status().code() == StatusCode::kUnavailable) gone_.store(true);
-  }
-  cv_.SignalAll();
+  if (!usable && h.status().code() == StatusCode::kUnavailable) gone_.store(true);
+  Release(std::move(fd), usable);
   return h;
+}
+
+SiblingReader::SiblingReader(Options options) : o_(std::move(options)) {
+  MutexLock lock(&mu_);
+  self_ = o_.self;
+  self_.name = o_.key + "." + o_.self.job;
+  self_.started_ns = INT64_MAX;
+}
+
+void SiblingReader::Registering(int64_t started_ns) {
+  MutexLock lock(&mu_);
+  self_.started_ns = started_ns;
+  next_look_ = {};
+}
+
+std::optional<Result<uint64_t>> SiblingReader::Fetch(uint32_t sample, std::span<std::byte> dst) {
+  std::shared_ptr<SiblingSource> s = Current();
+  if (!s) return std::nullopt;
+  return s->Fetch(sample, dst);
+}
+
+std::shared_ptr<SiblingSource> SiblingReader::Current() {
+  const auto now = std::chrono::steady_clock::now();
+  {
+    MutexLock lock(&mu_);
+    if (stopped_) return nullptr;
+    if (current_ && !current_->gone()) return current_;
+    if (current_) {
+      spdlog::info(
+          "sibling: job {} ended (or stopped answering); samples go to the PFS until "
+          "another sibling is found",
+          current_->entry().job);
+      current_.reset();
+    }
+    // One thread looks; the others read the PFS meanwhile.
+    if (looking_ || now < next_look_) return nullptr;
+    looking_ = true;
+    next_look_ = now + o_.look_every;
+  }
+  std::shared_ptr<SiblingSource> found = Look();
+  MutexLock lock(&mu_);
+  looking_ = false;
+  if (found && !stopped_) {
+    current_ = found;
+    ever_ = true;
+  }
+  return stopped_ ? nullptr : current_;
+}
+
+std::shared_ptr<SiblingSource> SiblingReader::Look() {
+  Result<std::vector<LiveEntry>> found = FindLive(o_.user_dir, o_.key, o_.self.fingerprint);
+  if (!found.ok()) {
+    MutexLock lock(&mu_);
+    if (refused_.insert("").second) {
+      spdlog::warn("sibling: not looking for this user's other jobs: {}", found.status().message());
+    }
+    return nullptr;
+  }
+  for (const LiveEntry& e : *found) {
+    // Only a job before this one in the order (none after it: two jobs never read through each
+    // other). Another node of this very job (nodes that share a scratch directory, as on one
+    // machine) is a peer, not a sibling.
+    std::shared_ptr<SiblingSource> s;
+    {
+      MutexLock lock(&mu_);
+      if (stopped_ || !LiveBefore(e, self_)) return nullptr;
+      if (e.job.rfind(o_.same_job, 0) == 0 || refused_.count(e.name) > 0) continue;
+      s = connecting_ = SiblingSource::Make(e, o_.self.fingerprint, o_.timeout);
+    }
+    const Status st = s->Open();  // Stop() abandons it meanwhile
+    {
+      MutexLock lock(&mu_);
+      connecting_.reset();
+      if (stopped_) return nullptr;
+      // This job may have registered meanwhile: what decides is its entry's time when the
+      // sibling is taken (Registering takes the lock), so both jobs see the same order.
+      if (!LiveBefore(e, self_)) {
+        s->Abandon();
+        return nullptr;
+      }
+      if (!st.ok()) refused_.insert(e.name);
+    }
+    if (st.ok()) {
+      spdlog::info(
+          "sibling: job {} (pid {}) runs on this dataset and registered before this one; samples "
+          "this node does not hold are read through its nopfsd, not from the PFS",
+          e.job, e.pid);
+      return s;
+    }
+    const bool stale = st.code() == StatusCode::kUnavailable;
+    spdlog::info("sibling: not reading from job {}{}: {}", e.job,
+                 stale ? " (its entry is stale, removed)" : "", st.message());
+    if (stale) RemoveLive(o_.user_dir, e.name);
+  }
+  return nullptr;
+}
+
+void SiblingReader::Stop() {
+  MutexLock lock(&mu_);
+  stopped_ = true;
+  if (current_) current_->Abandon();
+  if (connecting_) connecting_->Abandon();
+}
+
+std::string SiblingReader::through() const {
+  MutexLock lock(&mu_);
+  return current_ && !current_->gone() ? current_->entry().job : std::string();
+}
+
+bool SiblingReader::ever() const {
+  MutexLock lock(&mu_);
+  return ever_;
 }
 
 }  // namespace nopfs::service

@@ -1,6 +1,7 @@
 // The sibling registry (sibling.h): entries round-trip and malformed ones are refused; FindLive
 // returns the live entries of one dataset and catalog, oldest first, removes those of dead
-// processes, and never uses a registry another user could have written or a link.
+// processes, and never uses a registry another user could have written or a link; a reader tries
+// only the entries before its own.
 #include "service/reader/sibling.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
+#include <vector>
 
 namespace nopfs::service {
 namespace {
@@ -130,6 +133,49 @@ TEST_F(SiblingRegistryTest, ARegistryOthersCouldWriteOrALinkIsNeverUsed) {
   EXPECT_TRUE(!through.ok() || through->empty());
   EXPECT_FALSE(RegisterLive(dir_, key_, Entry("1.0", me, 1, 7)).ok());
   EXPECT_EQ(std::distance(fs::directory_iterator(real), fs::directory_iterator()), 1);
+}
+
+// SiblingReader tries only the entries before its own in the order (registration time, then
+// name): all of them while it is not registered, never another node of its own job; it looks
+// again at once after Registering, and otherwise not before look_every. An entry it tries whose
+// socket nobody listens on is stale: removed; an entry it does not try stays.
+TEST_F(SiblingRegistryTest, AReaderTriesOnlyEntriesBeforeItsOwnAndLooksAgainAfterAWhile) {
+  const uint32_t me = static_cast<uint32_t>(getpid());
+  SiblingReader::Options o;
+  o.user_dir = dir_;
+  o.key = key_;
+  o.self = Entry("5.0", me, 0, 7);
+  o.same_job = "5.";
+  o.look_every = std::chrono::milliseconds(1000);
+  SiblingReader reader(o);
+  std::vector<std::byte> buf(16);
+  const auto entry = [&](const std::string& job) { return LiveDir(dir_) + "/" + key_ + "." + job; };
+  ASSERT_TRUE(RegisterLive(dir_, key_, Entry("1.0", me, 1000, 7)).ok());
+  ASSERT_TRUE(RegisterLive(dir_, key_, Entry("5.1", me, 900, 7)).ok());  // its own job's node
+  EXPECT_FALSE(reader.Fetch(0, buf).has_value());
+  EXPECT_FALSE(fs::exists(entry("1.0")));  // tried: nobody listens there
+  EXPECT_TRUE(fs::exists(entry("5.1")));
+
+  reader.Registering(2000);
+  ASSERT_TRUE(RegisterLive(dir_, key_, Entry("7.0", me, 3000, 7)).ok());  // later
+  ASSERT_TRUE(RegisterLive(dir_, key_, Entry("6.0", me, 2000, 7)).ok());  // same time, name after
+  ASSERT_TRUE(RegisterLive(dir_, key_, Entry("4.0", me, 2000, 7)).ok());  // same time, name before
+  EXPECT_FALSE(reader.Fetch(0, buf).has_value());
+  EXPECT_TRUE(fs::exists(entry("7.0")));
+  EXPECT_TRUE(fs::exists(entry("6.0")));
+  EXPECT_FALSE(fs::exists(entry("4.0")));
+
+  ASSERT_TRUE(RegisterLive(dir_, key_, Entry("2.0", me, 1500, 7)).ok());
+  EXPECT_FALSE(reader.Fetch(0, buf).has_value());
+  EXPECT_TRUE(fs::exists(entry("2.0")));  // not looked for yet
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  EXPECT_FALSE(reader.Fetch(0, buf).has_value());
+  EXPECT_FALSE(fs::exists(entry("2.0")));
+  EXPECT_TRUE(fs::exists(entry("7.0")));
+  EXPECT_TRUE(fs::exists(entry("6.0")));
+  EXPECT_FALSE(reader.ever());
+  reader.Stop();
+  EXPECT_FALSE(reader.Fetch(0, buf).has_value());
 }
 
 }  // namespace

@@ -720,6 +720,19 @@ class ServiceTest(unittest.TestCase):
         got = sorted(re.findall(r"rank (\d+) of (\d+)", p.stdout))
         self.assertEqual(got, [(str(r), "4") for r in range(4)], p.stdout + p.stderr)
 
+    def test_job_id_names_the_job_and_a_bad_one_says_what_to_write(self):
+        run_dir = os.path.join(self.work, "jobidrun")
+        nopfs("run", "--dataset", self.data.root, "--ranks", 1, *self.JOB, "--job-id", 4242,
+              "--run-dir", run_dir, "--keep-run-dir", "--", "true")
+        self.assertIn("nopfsd: job 4242, node 0", read(os.path.join(run_dir, "nopfsd.log")))
+        for bad in ("", "0", "007", "-1", "+5", "42a", "sib42", "../../etc", "4 2", "1\n2",
+                    "18446744073709551616", "9" * 300):
+            p = nopfs("run", "--dataset", self.data.root, "--ranks", 1, *self.JOB, "--job-id",
+                      bad, "--", "true", check=False)
+            self.assertNotEqual(p.returncode, 0, bad)
+            self.assertIn("is not a job id: write a Slurm job id, a decimal number", p.stderr)
+            self.assertNotIn("nopfsd", p.stderr, bad)  # refused before anything started
+
     def test_bad_dataset_fails_clearly(self):
         p = nopfs("run", "--dataset", os.path.join(self.work, "nope"), "--ranks", 1, *self.JOB,
                   "--", "true", check=False)
