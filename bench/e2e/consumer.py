@@ -95,8 +95,7 @@ def main():
         sampler = DistributedSampler(ds)
         rank = sampler.rank
         loader = DataLoader(ds, batch_size=args.batch, sampler=sampler,
-                            num_workers=args.workers, collate_fn=count_batch,
-                            persistent_workers=args.workers > 0)
+                            num_workers=args.workers, collate_fn=count_batch)
     else:
         rank = int(os.environ.get("RANK", "0"))
         world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -31,7 +31,6 @@ worker warns and reads the rest of its share from the files, in the same order, 
 stream stopped; without it, the DataLoader raises nopfs.UnavailableError.
 """
 
-import atexit
 import io
 import math
 import multiprocessing
@@ -487,40 +486,16 @@ class DistributedSampler(tud.Sampler):
 # process opens its stream on one, so that the RAM tier is mapped once per process and a later
 # epoch does not fault its pages in again. A DataLoader worker (another process) makes its own.
 _connections: Dict[Tuple[int, str], Any] = {}
-# Streams left open by a pass that read its share to the end, by (pid, socket path, rank, worker,
-# workers, batch, owner): (stream, the epoch it goes on with). Such a stream has no epoch limit,
-# so nopfsd goes on staging the next epoch while the training loop finishes this one, and the
-# next pass, if it starts that epoch at step 0 as it usually does, takes up where it ended
-# without a stall at its start; any other pass closes it and opens its own.
-_streams: Dict[Tuple[Any, ...], Tuple[Any, int]] = {}
-
-
-def _forget_other_processes() -> None:
-    pid = os.getpid()
-    for inherited in [k for k in _connections if k[0] != pid]:
-        del _connections[inherited]  # the parent's, across fork(): unusable here
-    for inherited in [k for k in _streams if k[0] != pid]:
-        del _streams[inherited]
-
-
-def _close_quietly(stream: Any) -> None:
-    """Closes a stream whose service may be gone (closing it then has nothing left to free)."""
-    try:
-        stream.close()
-    except _client.Error:
-        pass
-
-
-def _socket_path(socket: Optional[str]) -> str:
-    return socket if socket is not None else os.environ.get("NOPFS_SOCKET", "")
 
 
 def _open_stream(socket: Optional[str], rank: int, **share: Any) -> Any:
     """client.open(rank, **share) on this process's connection to the service at `socket`
     (None: $NOPFS_SOCKET), connecting if there is none; a connection that has broken since (the
     service restarted, or timed out an answer) is replaced once."""
-    _forget_other_processes()
-    key = (os.getpid(), _socket_path(socket))
+    path = socket if socket is not None else os.environ.get("NOPFS_SOCKET", "")
+    key = (os.getpid(), path)
+    for inherited in [k for k in _connections if k[0] != key[0]]:
+        del _connections[inherited]  # the parent's, across fork(): unusable here
     client = _connections.pop(key, None)
     if client is not None:
         try:
@@ -533,38 +508,6 @@ def _open_stream(socket: Optional[str], rank: int, **share: Any) -> Any:
     stream = client.open(rank, **share)
     _connections[key] = client
     return stream
-
-
-def _pass_stream(key: Optional[Tuple[Any, ...]], socket: Optional[str], rank: int, epoch: int,
-                 step: int, **share: Any) -> Any:
-    """The stream for a pass starting at (epoch, step). key None (a DataLoader worker): one of
-    its own, limited to the epoch. Else the one a previous pass left at exactly that point, or a
-    new one without an epoch limit (any other left open is closed)."""
-    if key is None:
-        return _open_stream(socket, rank, epoch=epoch, step=step, epochs=1, **share)
-    _forget_other_processes()
-    kept = _streams.pop(key, None)
-    if kept is not None:
-        stream, next_epoch = kept
-        if next_epoch == epoch and step == 0:
-            return stream
-        _close_quietly(stream)
-    return _open_stream(socket, rank, epoch=epoch, step=step, epochs=0, **share)
-
-
-@atexit.register
-def _close_kept_streams() -> None:
-    """Closes this process's streams left open for a next pass that did not come (nopfsd frees
-    their rings at once, not when it notices the process is gone)."""
-    _forget_other_processes()
-    while _streams:
-        _close_quietly(_streams.popitem()[1][0])
-
-
-def _share_samples(samples: int, batch: int, worker: int, workers: int) -> int:
-    """Samples of the batches worker, worker + workers, ... of a pass of `samples` samples."""
-    batches = -(-samples // batch)
-    return sum(min(batch, samples - k * batch) for k in range(worker, batches, workers))
 
 
 def _identity(batch: Any) -> Any:
@@ -786,51 +729,33 @@ class StreamDataset(tud.IterableDataset):
             yield self._collate(batch)
 
     def _iter_service(self, epoch, step, worker, workers):
-        job = self.sampler.job
-        mine = _share_samples(max(0, job.epoch_length() - step * self.batch_size),
-                              self.batch_size, worker, workers)
-        # Only the training process keeps a finished pass's stream for the next: a worker may
-        # end with its pass, and a stream it left open would stage an epoch nobody reads.
-        key = None
-        if tud.get_worker_info() is None:
-            key = (os.getpid(), _socket_path(self.socket), self.sampler.rank, worker, workers,
-                   self.batch_size, self.owner)
         delivered = 0  # samples of the batches yielded
-        stream = None
         try:
-            stream = _pass_stream(key, self.socket, self.sampler.rank, epoch, step,
-                                  worker=worker, workers=workers, batch=self.batch_size,
-                                  owner=self.owner)
-            take = self._tensor_batch if self.mode == "tensor" else self._item_batch
-            while delivered < mine:
-                batch, n = take(stream, min(self.batch_size, mine - delivered))
-                if n == 0:
-                    break  # the service ended the stream early (its job has no more epochs)
-                delivered += n
-                yield batch
-            epochs = self.sampler.epochs
-            if key is not None and delivered == mine and (epochs is None or epoch + 1 < epochs):
-                _streams[key] = (stream, epoch + 1)  # the next epoch is being staged already
-                stream = None
-            return
+            with _open_stream(self.socket, self.sampler.rank, epoch=epoch, step=step,
+                              worker=worker, workers=workers, batch=self.batch_size, epochs=1,
+                              owner=self.owner) as stream:
+                take = self._tensor_batch if self.mode == "tensor" else self._item_batch
+                while True:
+                    batch, n = take(stream)
+                    if n == 0:
+                        return
+                    delivered += n
+                    yield batch
         except _client.UnavailableError as e:
             if not self.fallback_on_loss:
                 raise
             warnings.warn(f"nopfs: the service went away after {delivered} samples of this "
                           f"pass ({e}); reading the rest from the files in the same order "
                           "(NOPFS_FALLBACK)", RuntimeWarning, stacklevel=2)
-        finally:
-            if stream is not None:  # abandoned, failed or the last epoch: nothing to go on with
-                _close_quietly(stream)
         yield from self._batches_of(self._iter_files(epoch, step, worker, workers,
                                                      skip=delivered))
 
-    def _item_batch(self, stream: Any, want: int) -> Tuple[Any, int]:
-        """(collated batch, samples): up to `want` samples made into items, bytes in one call
-        per ring batch, else decode/transform per sample over views made in one call."""
+    def _item_batch(self, stream: Any) -> Tuple[Any, int]:
+        """(collated batch, samples): up to batch_size samples made into items, bytes in one
+        call per ring batch, else decode/transform per sample over views made in one call."""
         items: List[Any] = []
-        while len(items) < want:
-            batch = stream.next_batch(want - len(items), self.timeout)
+        while len(items) < self.batch_size:
+            batch = stream.next_batch(self.batch_size - len(items), self.timeout)
             if batch is None:
                 break
             labels = batch.labels.tolist()
@@ -849,11 +774,11 @@ class StreamDataset(tud.IterableDataset):
                 batch.release()
         return (self._collate(items) if items else None), len(items)
 
-    def _tensor_batch(self, stream: Any, want: int) -> Tuple[Any, int]:
-        """(collated batch, samples) of up to `want` samples for uint8_tensor items and the
-        default collate: the samples' bytes copied in C++ into one uint8 tensor per batch (in
-        shared memory in a worker, pinned when asked for and CUDA is there), viewed as
-        [n, size] as torch.stack makes it."""
+    def _tensor_batch(self, stream: Any) -> Tuple[Any, int]:
+        """(collated batch, samples) for uint8_tensor items and the default collate: the
+        samples' bytes copied in C++ into one uint8 tensor per batch (in shared memory in a
+        worker, pinned when asked for and CUDA is there), viewed as [n, size] as torch.stack
+        makes it."""
         import numpy as np
         import torch
 
@@ -862,15 +787,15 @@ class StreamDataset(tud.IterableDataset):
         labels: List[Any] = []
         sizes: List[Any] = []
         count = 0
-        while count < want:
-            batch = stream.next_batch(want - count, self.timeout)
+        while count < self.batch_size:
+            batch = stream.next_batch(self.batch_size - count, self.timeout)
             if batch is None:
                 break
             with batch:
                 end = pos + batch.nbytes
                 if out is None or end > out.numel():
-                    room = max(end, want * int(batch.sizes.max(initial=1)))
-                    grown = _batch_tensor(room, self.pin_memory and torch.cuda.is_available())
+                    want = max(end, self.batch_size * int(batch.sizes.max(initial=1)))
+                    grown = _batch_tensor(want, self.pin_memory and torch.cuda.is_available())
                     if out is not None:
                         grown[:pos] = out[:pos]
                     out = grown

@@ -226,49 +226,6 @@ def test_default_collate_of_tensors_fills_one_tensor_per_batch_larger_than_the_r
     same(got, expected_batches(paths, order[70:80], 30, uint8_tensor))
 
 
-def test_a_pass_goes_on_with_the_stream_the_previous_pass_left(big, monkeypatch):
-    """A pass that read its share to the end leaves its stream open, staging the next epoch; the
-    next pass takes it up if it starts that epoch at step 0, and any other pass opens its own.
-    The bytes and the order are the stream's either way."""
-    import nopfs.torch as nt
-
-    root, paths, svc = big
-    set_env(monkeypatch, svc, 0)
-    order = svc.stream(0)
-    dataset = ImageFolder(root, decode=bytes)
-    sampler = DistributedSampler(dataset)
-    loader = DataLoader(dataset, batch_size=30, sampler=sampler)
-    mine = [k for k in nt._streams if k[0] == os.getpid()]
-    assert mine == []
-    sampler.set_epoch(0)
-    same(list(loader), expected_batches(paths, order[:40], 30, bytes))
-    mine = [k for k in nt._streams if k[0] == os.getpid()]
-    assert len(mine) == 1
-    left, next_epoch = nt._streams[mine[0]]
-    assert next_epoch == 1
-    # Epoch 0 again: not where the stream stands, so a stream of its own.
-    sampler.set_epoch(0)
-    same(list(loader), expected_batches(paths, order[:40], 30, bytes))
-    again, next_epoch = nt._streams[mine[0]]
-    assert again is not left and next_epoch == 1
-    # Epoch 1 from step 0: the stream left by the pass before, already staging it.
-    sampler.set_epoch(1)
-    got = loader.__iter__()
-    first = next(got)
-    assert nt._streams.get(mine[0]) is None  # taken by this pass
-    same([first] + list(got), expected_batches(paths, order[40:80], 30, bytes))
-    # The job's last epoch: nothing to go on with, the stream is closed.
-    assert nt._streams.get(mine[0]) is None
-    # A pass broken off: its stream is closed, the next pass opens one and gets every byte.
-    sampler.set_epoch(0)
-    it = loader.__iter__()
-    next(it)
-    del it
-    assert nt._streams.get(mine[0]) is None
-    sampler.set_epoch(0)
-    same(list(loader), expected_batches(paths, order[:40], 30, bytes))
-
-
 def test_tensor_batches_in_workers_when_a_worker_init_fn_asks_for_them(big, monkeypatch):
     """A worker_init_fn keeps the workers of a tensor-mode DataLoader: each fills its batches in
     shared memory, and the loader still gives the stream's bytes in the stream's order; the
