@@ -297,6 +297,11 @@ class FaultsTest(ClusterCase):
                          extra=f"--original {orig}",
                          then=f"echo \"status: $({BUILD}/bin/nopfs status --json)\"\n")
         wait_gate(job, (0, 1))
+        # The readers wait at the gate; nopfsd fills their rings in milliseconds and then waits
+        # too. Damage only after that: a PFS read that overlaps an in-place rewrite can return
+        # bytes of neither version (POSIX makes no read atomic against a write), which no reader
+        # can tell from a file that was written so.
+        time.sleep(2)
         # Every third file of each class, small and large ones, so that some are in the tier
         # and some are read from the PFS after the damage.
         damaged = {"changed": [], "truncated": [], "removed": []}
