@@ -6,8 +6,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -47,6 +49,24 @@ FileStat FromStat(const struct stat& st) {
   s.is_dir = S_ISDIR(st.st_mode);
   s.is_regular = S_ISREG(st.st_mode);
   return s;
+}
+
+// Calls each(name, d_type) for the entries of `d` but "." and "..", then closes `d`; a failed
+// readdir is an error naming `dir`.
+template <typename Each>
+Status ReadEntries(DIR* d, const std::string& dir, Each&& each) {
+  for (;;) {
+    errno = 0;
+    const dirent* e = ::readdir(d);
+    if (e == nullptr) {
+      const int err = errno;
+      ::closedir(d);
+      return err != 0 ? Status::FromErrno(err, dir) : Status::Ok();
+    }
+    const std::string_view name(e->d_name);
+    if (name == "." || name == "..") continue;
+    each(name, e->d_type);
+  }
 }
 
 EntryType FromDType(unsigned char d_type) {
@@ -147,19 +167,9 @@ class PosixEnv final : public Env {
       return Status::FromErrno(err, dir);
     }
     std::vector<DirEntry> entries;
-    for (;;) {
-      errno = 0;
-      const dirent* e = ::readdir(d);
-      if (e == nullptr) {
-        const int err = errno;
-        ::closedir(d);
-        if (err != 0) return Status::FromErrno(err, dir);
-        break;
-      }
-      const std::string_view name(e->d_name);
-      if (name == "." || name == "..") continue;
-      entries.push_back({std::string(name), FromDType(e->d_type)});
-    }
+    NOPFS_RETURN_IF_ERROR(ReadEntries(d, dir, [&](std::string_view name, unsigned char type) {
+      entries.push_back({std::string(name), FromDType(type)});
+    }));
     return std::unique_ptr<OpenedDir>(
         std::make_unique<PosixOpenedDir>(dir, closer.Release(), FromStat(st), std::move(entries)));
   }
@@ -168,19 +178,8 @@ class PosixEnv final : public Env {
     DIR* d = ::opendir(dir.c_str());
     if (d == nullptr) return Status::FromErrno(errno, dir);
     std::vector<std::string> names;
-    for (;;) {
-      errno = 0;
-      const dirent* e = ::readdir(d);
-      if (e == nullptr) {
-        const int err = errno;
-        ::closedir(d);
-        if (err != 0) return Status::FromErrno(err, dir);
-        break;
-      }
-      const std::string_view name(e->d_name);
-      if (name == "." || name == "..") continue;
-      names.emplace_back(name);
-    }
+    NOPFS_RETURN_IF_ERROR(ReadEntries(
+        d, dir, [&](std::string_view name, unsigned char) { names.emplace_back(name); }));
     return names;
   }
 
