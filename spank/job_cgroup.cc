@@ -105,12 +105,46 @@ bool AdoptLater(const JobCgroupOptions& o, uint64_t job_id, uid_t uid, pid_t pid
   ::signal(SIGHUP, SIG_IGN);
   ::openlog("nopfs-job", LOG_PID, LOG_DAEMON);
   const auto deadline = std::chrono::steady_clock::now() + wait;
+  // memory and cpuset are the point: wait for each by name where it is mounted. slurmd makes a
+  // step's directories one controller after another (freezer, then cpuset, then memory), so a
+  // count of what exists could be met by freezer and cpuset before memory is there.
+  std::vector<std::string> required;
+  for (const std::string& c : o.controllers) {
+    if ((c == "memory" || c == "cpuset") && IsDir(o.root + "/" + c)) required.push_back(c);
+  }
   std::vector<std::string> dirs;
   while (true) {
     dirs = FindExternCgroups(o, job_id, uid);
-    // memory and cpuset are the point; wait for both where both are mounted.
-    if (!dirs.empty() && dirs.size() >= (IsDir(o.root + "/cpuset") ? 2u : 1u)) break;
-    if (std::chrono::steady_clock::now() >= deadline) {
+    std::string missing;
+    for (const std::string& c : required) {
+      const std::string under = o.root + "/" + c + "/";
+      bool found = false;
+      for (const std::string& d : dirs)
+        found = found || d.compare(0, under.size(), under) == 0;
+      if (!found) missing += (missing.empty() ? "" : " and ") + c;
+    }
+    const bool late = std::chrono::steady_clock::now() >= deadline;
+    if (missing.empty() || (late && !dirs.empty())) {
+      if (StartTime(pid) != start_time) _exit(0);  // nopfsd is gone; its pid means someone else
+      // A cpuset directory refuses tasks (ENOSPC) until slurmd has written its cpus and mems:
+      // try again until the deadline. Writing a pid where it already is changes nothing.
+      const Status s = AdoptInto(dirs, pid);
+      if (s.ok() && !missing.empty()) {
+        ::syslog(LOG_WARNING,
+                 "job %llu: nopfsd %d adopted into %zu cgroups of step_extern, but the job has no "
+                 "%s cgroup after %lld ms (ConstrainRAMSpace/ConstrainCores in cgroup.conf?)",
+                 static_cast<unsigned long long>(job_id), static_cast<int>(pid), dirs.size(),
+                 missing.c_str(), static_cast<long long>(wait.count()));
+        _exit(0);
+      }
+      if (s.ok()) break;
+      if (late) {
+        ::syslog(LOG_ERR, "job %llu: adopting nopfsd %d: %s",
+                 static_cast<unsigned long long>(job_id), static_cast<int>(pid),
+                 s.message().c_str());
+        _exit(1);
+      }
+    } else if (late) {
       ::syslog(LOG_WARNING,
                "job %llu: no step_extern cgroup within %lld ms (PrologFlags=Contain and "
                "proctrack/cgroup?); nopfsd %d stays outside the job's cgroup",
@@ -119,13 +153,6 @@ bool AdoptLater(const JobCgroupOptions& o, uint64_t job_id, uid_t uid, pid_t pid
       _exit(1);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  if (StartTime(pid) != start_time) _exit(0);  // nopfsd is gone; its pid means someone else
-  const Status s = AdoptInto(dirs, pid);
-  if (!s.ok()) {
-    ::syslog(LOG_ERR, "job %llu: adopting nopfsd %d: %s", static_cast<unsigned long long>(job_id),
-             static_cast<int>(pid), s.message().c_str());
-    _exit(1);
   }
   ::syslog(LOG_INFO, "job %llu: nopfsd %d adopted into %zu cgroups of step_extern",
            static_cast<unsigned long long>(job_id), static_cast<int>(pid), dirs.size());

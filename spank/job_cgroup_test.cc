@@ -41,7 +41,7 @@ class JobCgroupTest : public ::testing::Test {
       GTEST_SKIP() << "needs root and the cgroup v1 memory controller";
     }
     opts_.node = "nopfstest" + std::to_string(::getpid());
-    opts_.controllers = {"memory", "cpuset"};
+    opts_.controllers = {"memory", "cpuset", "freezer"};
     for (const std::string& c : opts_.controllers) {
       std::string d = "/sys/fs/cgroup/" + c;
       if (::stat(d.c_str(), &st) == 0) tops_.push_back(d + "/slurm_" + opts_.node);
@@ -62,8 +62,11 @@ class JobCgroupTest : public ::testing::Test {
         ::rmdir((t + d).c_str());
     }
   }
-  void MakeExternStep() {
+  // Makes the extern step's directories for every controller, or for those whose top `only`
+  // contains (slurmd makes them one controller after another).
+  void MakeExternStep(const std::string& only = "") {
     for (const std::string& t : tops_) {
+      if (t.find(only) == std::string::npos) continue;
       std::string p = t;
       for (const char* d : {"", "/uid_4242", "/uid_4242/job_77", "/uid_4242/job_77/step_extern"}) {
         ASSERT_TRUE(::mkdir((t + d).c_str(), 0755) == 0 || errno == EEXIST) << t + d;
@@ -101,7 +104,10 @@ TEST_F(JobCgroupTest, FindsAndAdoptsIntoTheExternStep) {
   ASSERT_TRUE(AdoptInto(dirs, child_).ok());
   EXPECT_EQ(CgroupOf("memory"), "/slurm_" + opts_.node + "/uid_4242/job_77/step_extern");
   // Back out, so that TearDown can remove the directories.
-  ASSERT_TRUE(AdoptInto({"/sys/fs/cgroup/memory", "/sys/fs/cgroup/cpuset"}, child_).ok());
+  ASSERT_TRUE(
+      AdoptInto({"/sys/fs/cgroup/memory", "/sys/fs/cgroup/cpuset", "/sys/fs/cgroup/freezer"},
+                child_)
+          .ok());
   EXPECT_FALSE(AdoptInto({"/sys/fs/cgroup/memory/no-such-cgroup"}, child_).ok());
 }
 
@@ -119,7 +125,34 @@ TEST_F(JobCgroupTest, AdoptLaterWaitsForTheExternStepThatSlurmdMakesAfterTheProl
   if (tops_.size() > 1) {
     EXPECT_EQ(CgroupOf("cpuset"), "/slurm_" + opts_.node + "/uid_4242/job_77/step_extern");
   }
-  ASSERT_TRUE(AdoptInto({"/sys/fs/cgroup/memory", "/sys/fs/cgroup/cpuset"}, child_).ok());
+  ASSERT_TRUE(
+      AdoptInto({"/sys/fs/cgroup/memory", "/sys/fs/cgroup/cpuset", "/sys/fs/cgroup/freezer"},
+                child_)
+          .ok());
+}
+
+TEST_F(JobCgroupTest, AdoptLaterWaitsForTheMemoryCgroupEvenWhenOthersAreThereFirst) {
+  if (tops_.size() < 3) GTEST_SKIP() << "needs the memory, cpuset and freezer controllers";
+  ASSERT_TRUE(AdoptLater(opts_, 77, 4242, child_, StartTicks(child_), 10s));
+  // slurmd's order: proctrack/cgroup's freezer, then task/cgroup's cpuset, then memory.
+  MakeExternStep("/freezer/");
+  MakeExternStep("/cpuset/");
+  std::this_thread::sleep_for(500ms);
+  EXPECT_EQ(CgroupOf("memory").find("step_extern"), std::string::npos);
+  MakeExternStep("/memory/");
+  const std::string want = "/slurm_" + opts_.node + "/uid_4242/job_77/step_extern";
+  std::string got;
+  for (int i = 0; i < 100 && got != want; ++i) {
+    std::this_thread::sleep_for(50ms);
+    got = CgroupOf("memory");
+  }
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(CgroupOf("cpuset"), want);
+  EXPECT_EQ(CgroupOf("freezer"), want);
+  ASSERT_TRUE(
+      AdoptInto({"/sys/fs/cgroup/memory", "/sys/fs/cgroup/cpuset", "/sys/fs/cgroup/freezer"},
+                child_)
+          .ok());
 }
 
 TEST_F(JobCgroupTest, AdoptLaterNeverMovesARecycledPid) {
