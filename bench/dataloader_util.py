@@ -1,8 +1,9 @@
 """What the DataLoader benchmarks (loader_bench.py, pipeline_bench.py) share: running as an
 unprivileged user, one rank's nopfsd started with `nopfs run`, and the images-per-second
-measure."""
+measures."""
 
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -63,3 +64,76 @@ def measure(loader, set_epoch, passes):
             n += x.shape[0]
         t += time.perf_counter() - t0
     return n / t
+
+
+def cpu_seconds(pid=None):
+    """CPU seconds (user + system) used so far by this process and its waited-for children (a
+    DataLoader's workers, once a pass has joined them), plus process `pid`'s (nopfsd's) if given."""
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        r = resource.getrusage(who)
+        total += r.ru_utime + r.ru_stime
+    if pid is not None:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+class Rate:
+    """Items, wall seconds and CPU seconds of the measured passes of one loader."""
+
+    def __init__(self):
+        self.items, self.seconds, self.cpu, self.passes = 0, 0.0, 0.0, []
+
+    @property
+    def per_second(self):
+        return self.items / self.seconds
+
+    @property
+    def cpu_ms_per_item(self):
+        return 1e3 * self.cpu / self.items
+
+
+def measure_interleaved(loaders, passes, nopfsd_pid=None):
+    """Measures several loaders over the same epochs with their passes interleaved, so that the
+    machine's drift (other load, the host's) falls on all of them alike: one warm-up pass each
+    (epoch 0), then `passes` rounds in which every loader makes one pass of epoch 1 + round, in
+    turn, the order reversed every other round (A B, B A, ...). `loaders` maps a name to
+    (loader, set_epoch) or (loader, set_epoch, before), `before` a function called before each
+    of that loader's passes (e.g. to set its environment); returns a Rate per name, whose
+    `passes` lists each round's items per second. CPU counts this process, its joined workers
+    and nopfsd (`nopfsd_pid`), whatever loader runs: nopfsd's work for one loader is charged to
+    that loader's pass."""
+    def start(name, epoch):
+        loader, set_epoch, *before = loaders[name]
+        for f in before:
+            f()
+        set_epoch(epoch)
+        return loader
+
+    for name in loaders:
+        for _ in start(name, 0):  # warm-up: workers start, caches fill
+            pass
+    rates = {name: Rate() for name in loaders}
+    names = list(loaders)
+    for r in range(passes):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            loader = start(name, 1 + r)
+            n = 0
+            c0, t0 = cpu_seconds(nopfsd_pid), time.perf_counter()
+            for x, _ in loader:
+                n += x.shape[0]
+            t = time.perf_counter() - t0
+            rate = rates[name]
+            rate.items += n
+            rate.seconds += t
+            rate.cpu += cpu_seconds(nopfsd_pid) - c0
+            rate.passes.append(n / t)
+    return rates
+
+
+def nopfsd_pid(run_dir):
+    """The pid of the nopfsd that start_service started."""
+    with open(os.path.join(run_dir, "nopfsd.pid")) as f:
+        return int(f.read().split()[0])

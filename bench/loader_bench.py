@@ -2,13 +2,14 @@
 """Samples per second through a PyTorch DataLoader: reading through nopfs against the same
 DataLoader reading the same files directly, in one run, for several worker counts.
 
-    python3 bench/loader_bench.py --build build [--files 3000 --size 65536 --workers 0,2,4]
+    python3 bench/loader_bench.py --build build [--files 3000 --size 65536 --workers 0,2,4 --passes 4]
 
 A synthetic ImageFolder of --files files of --size random bytes is written to a temporary
-directory; `nopfs run` serves it (one rank) while this process reads it three ways per worker
-count, one warm-up pass and --passes measured passes each (all from the page cache or RAM: this
-measures the data path, not a PFS), each through the public API (ImageFolder, DistributedSampler,
-DataLoader; only the imports differ):
+directory; `nopfs run` serves it (one rank) while this process reads it four ways per worker
+count, one warm-up pass each and then --passes rounds of one pass each, interleaved (the order
+reversed every other round, so that the machine's drift falls on all alike; all from the page
+cache or RAM: this measures the data path, not a PFS), each through the public API (ImageFolder,
+DistributedSampler, DataLoader; only the imports differ):
   direct   torch.utils.data.DataLoader over a map-style dataset that reads each file, with
            torch's DistributedSampler (what a script does today);
   fallback nopfs.torch.DataLoader with no service (each worker reads the files, in the plan's
@@ -19,8 +20,9 @@ DataLoader; only the imports differ):
   decode   the same with a decode function of the script's own (one view per sample, as a PIL
            decode gets).
 Each item is a uint8 tensor of the sample's bytes, batches are stacked by the default collate.
-Ratios are against `direct` measured in the same run. As root, runs as `nobody` (nopfsd refuses
-root).
+Ratios are against `direct` measured in the same run, over all rounds; `nopfs per pass` is the
+range of nopfs's rounds; CPU µs is the CPU time of this process, its workers and nopfsd per
+sample. As root, runs as `nobody` (nopfsd refuses root).
 """
 
 import argparse
@@ -30,8 +32,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dataloader_util import (measure, rerun_as_nobody, start_service,  # noqa: E402
-                             stop_service)
+from dataloader_util import (measure_interleaved, nopfsd_pid, rerun_as_nobody,  # noqa: E402
+                             start_service, stop_service)
 
 import torch
 import torch.utils.data as tud
@@ -64,7 +66,7 @@ def main():
     ap.add_argument("--size", type=int, default=64 * 1024, help="bytes per file")
     ap.add_argument("--workers", default="0,2,4")
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--passes", type=int, default=4)
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     rerun_as_nobody(__file__, "nopfs-loader-bench-")
@@ -95,28 +97,40 @@ def main():
               f"{args.passes} measured passes after a warm-up, {os.cpu_count()} cores")
         print(f"{'workers':>7} {'direct/s':>10} {'fallback/s':>10} {'nopfs/s':>10} "
               f"{'decode/s':>10} {'nopfs/direct':>12} {'decode/direct':>13} "
-              f"{'fallback/direct':>15}")
-        for workers in [int(w) for w in args.workers.split(",")]:
-            sampler = tud.distributed.DistributedSampler(Files(samples), num_replicas=1, rank=0)
-            direct = measure(tud.DataLoader(Files(samples), batch_size=args.batch,
-                                            sampler=sampler, num_workers=workers),
-                             sampler.set_epoch, args.passes)
-            rates = {}
-            for mode in ("fallback", "nopfs", "decode"):
+              f"{'fallback/direct':>15} {'nopfs per pass':>17} {'direct CPU µs':>13} "
+              f"{'nopfs CPU µs':>12}")
+        pid = nopfsd_pid(run_dir)
+
+        def environment(mode):
+            def set_it():
                 os.environ.pop("NOPFS_FALLBACK", None)
-                for k, v in env.items():
-                    os.environ[k] = v
+                os.environ.update(env)
                 if mode == "fallback":
                     del os.environ["NOPFS_SOCKET"]
                     os.environ["NOPFS_FALLBACK"] = "1"
+            return set_it
+
+        for workers in [int(w) for w in args.workers.split(",")]:
+            sampler = tud.distributed.DistributedSampler(Files(samples), num_replicas=1, rank=0)
+            loaders = {"direct": (tud.DataLoader(Files(samples), batch_size=args.batch,
+                                                 sampler=sampler, num_workers=workers),
+                                  sampler.set_epoch)}
+            for mode in ("fallback", "nopfs", "decode"):
+                environment(mode)()
                 ds = ImageFolder(root, decode=to_tensor if mode == "decode" else uint8_tensor)
                 s = DistributedSampler(ds)
-                loader = DataLoader(ds, batch_size=args.batch, sampler=s, num_workers=workers)
-                rates[mode] = measure(loader, s.set_epoch, args.passes)
+                loaders[mode] = (DataLoader(ds, batch_size=args.batch, sampler=s,
+                                            num_workers=workers), s.set_epoch, environment(mode))
+            r = measure_interleaved(loaders, args.passes, pid)
+            rates = {mode: rate.per_second for mode, rate in r.items()}
+            direct = rates["direct"]
             print(f"{workers:>7} {direct:>10.0f} {rates['fallback']:>10.0f} "
                   f"{rates['nopfs']:>10.0f} {rates['decode']:>10.0f} "
                   f"{rates['nopfs'] / direct:>12.2f} {rates['decode'] / direct:>13.2f} "
-                  f"{rates['fallback'] / direct:>15.2f}", flush=True)
+                  f"{rates['fallback'] / direct:>15.2f} "
+                  f"{min(r['nopfs'].passes):>8.0f}-{max(r['nopfs'].passes):<8.0f} "
+                  f"{r['direct'].cpu_ms_per_item * 1e3:>13.1f} {r['nopfs'].cpu_ms_per_item * 1e3:>12.1f}",
+                  flush=True)
     finally:
         stop_service(service)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -3,19 +3,22 @@
 ImageNet training script does, read through nopfs against torchvision reading the same files, in
 one run, for several worker counts.
 
-    python3 bench/pipeline_bench.py --build build [--files 2000 --workers 2,4 --passes 2]
+    python3 bench/pipeline_bench.py --build build [--files 2000 --workers 2,4 --passes 4]
 
 A synthetic ImageFolder of --files JPEG images (500x375, quality 90, about 110 KB each: the size
 of an ImageNet-1k training image) is written to a temporary directory; `nopfs run` serves it (one
-rank) while this process reads it two ways per worker count, one warm-up pass and --passes
-measured passes each (the files are in the page cache: this measures what nopfs adds to a
-pipeline whose cost is decoding, not a PFS):
+rank) while this process reads it two ways per worker count, one warm-up pass each and then
+--passes rounds of one pass each, interleaved (direct, nopfs; nopfs, direct; ...) so that the
+machine's drift falls on both alike (the files are in the page cache: this measures what nopfs
+adds to a pipeline whose cost is decoding, not a PFS):
   direct   torchvision.datasets.ImageFolder + torch's DistributedSampler + DataLoader;
   nopfs    nopfs.torch.ImageFolder + nopfs.torch.DistributedSampler + nopfs.torch.DataLoader
            (the three-line change), decoding with PIL from the bytes nopfsd serves.
 Both apply RandomResizedCrop(224), RandomHorizontalFlip, ToTensor and Normalize, batch --batch,
-the default collate. The ratio nopfs/direct is of images per second in the same run. As root,
-runs as `nobody` (nopfsd refuses root).
+the default collate. The ratio nopfs/direct is of images per second over all rounds, `per pass`
+the range of the rounds' own ratios. CPU ms/img is the CPU time of this process, its workers and
+nopfsd (all of it, whichever loader runs) per image. As root, runs as `nobody` (nopfsd refuses
+root).
 """
 
 import argparse
@@ -27,8 +30,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dataloader_util import (measure, rerun_as_nobody, start_service,  # noqa: E402
-                             stop_service)
+from dataloader_util import (measure_interleaved, nopfsd_pid, rerun_as_nobody,  # noqa: E402
+                             start_service, stop_service)
 
 import torch
 import torch.utils.data as tud
@@ -61,7 +64,7 @@ def main():
     ap.add_argument("--files", type=int, default=2000)
     ap.add_argument("--workers", default="2,4")
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--passes", type=int, default=4)
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     rerun_as_nobody(__file__, "nopfs-pipeline-bench-")
@@ -98,19 +101,25 @@ def main():
               f"{args.batch}, {args.passes} measured passes after a warm-up, "
               f"{os.cpu_count()} cores, torch {torch.__version__}, torchvision "
               f"{torchvision.__version__}")
-        print(f"{'workers':>7} {'direct img/s':>12} {'nopfs img/s':>12} {'nopfs/direct':>12}")
+        pid = nopfsd_pid(run_dir)
+        print(f"{'workers':>7} {'direct img/s':>12} {'nopfs img/s':>12} {'nopfs/direct':>12} "
+              f"{'per pass':>11} {'direct CPU ms/img':>17} {'nopfs CPU ms/img':>16}")
         for workers in [int(w) for w in args.workers.split(",")]:
             direct_ds = torchvision.datasets.ImageFolder(root, transform=transform)
             sampler = tud.distributed.DistributedSampler(direct_ds, num_replicas=1, rank=0)
-            direct = measure(tud.DataLoader(direct_ds, batch_size=args.batch, sampler=sampler,
-                                            num_workers=workers),
-                             sampler.set_epoch, args.passes)
             ds = ImageFolder(root, transform=transform)
             s = DistributedSampler(ds)
-            nopfs_rate = measure(DataLoader(ds, batch_size=args.batch, sampler=s,
-                                            num_workers=workers), s.set_epoch, args.passes)
-            print(f"{workers:>7} {direct:>12.0f} {nopfs_rate:>12.0f} "
-                  f"{nopfs_rate / direct:>12.2f}", flush=True)
+            rates = measure_interleaved({
+                "direct": (tud.DataLoader(direct_ds, batch_size=args.batch, sampler=sampler,
+                                          num_workers=workers), sampler.set_epoch),
+                "nopfs": (DataLoader(ds, batch_size=args.batch, sampler=s, num_workers=workers),
+                          s.set_epoch)}, args.passes, pid)
+            direct, nopfs = rates["direct"], rates["nopfs"]
+            per_pass = [b / a for a, b in zip(direct.passes, nopfs.passes)]
+            print(f"{workers:>7} {direct.per_second:>12.0f} {nopfs.per_second:>12.0f} "
+                  f"{nopfs.per_second / direct.per_second:>12.2f} "
+                  f"{min(per_pass):>5.2f}-{max(per_pass):<5.2f} "
+                  f"{direct.cpu_ms_per_item:>17.2f} {nopfs.cpu_ms_per_item:>16.2f}", flush=True)
     finally:
         stop_service(service)
         shutil.rmtree(tmp, ignore_errors=True)
