@@ -15,6 +15,7 @@
 #include <rocksdb/write_batch.h>
 #include <spdlog/spdlog.h>
 
+#include "common/phases.h"
 #include "service/catalog/catalog_cache.h"
 #include "service/catalog/catalog_codec.h"
 #include "service/catalog/catalog_scan.h"
@@ -62,6 +63,7 @@ struct Opened {
   std::string reason;       // why not reused
   std::string db_path;      // the DB this node reads or wrote ("" = none)
   std::string store_error;  // why the scanned catalog was not stored ("" = it was, or reused)
+  Phases phases;            // where Open's time went (Catalog::open_phases)
 };
 
 // Why the cached catalog was not used, as nopfsd logs it: a damaged entry must not be rebuilt
@@ -95,6 +97,7 @@ Status StoreScan(const CatalogOptions& options, const store::LoadRequest& s,
     contents.Add(smp.relative_path, smp.offset, smp.length, smp.label);
   }
   out->fingerprint = store::ComputeFingerprint(contents);
+  out->phases.Mark("index");
 
   codec::CatalogMeta meta;
   meta.kind = s.kind;
@@ -116,6 +119,7 @@ Status StoreScan(const CatalogOptions& options, const store::LoadRequest& s,
       ::mkdir(tmp.c_str(), 0700) == 0 ? Status::Ok() : Status::FromErrno(errno, "creating " + tmp);
   if (w.ok()) w = store::WriteCatalogDb(tmp, meta, scanned, options.db_env);
   if (w.ok()) w = cache::Install(tmp, s.entry);
+  out->phases.Mark("store");
   if (!w.ok()) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
@@ -132,6 +136,7 @@ Status StoreScan(const CatalogOptions& options, const store::LoadRequest& s,
 Status OpenAlone(const CatalogOptions& options, Env* env, const store::LoadRequest& s,
                  const Result<std::string>& user_dir, const std::string& tmp_parent, Opened* out) {
   Status fresh = store::LoadIfFresh(s, env, &out->contents, &out->fingerprint);
+  out->phases.Mark("cache");
   if (fresh.ok()) {
     out->reused = true;
     out->db_path = s.entry;
@@ -142,6 +147,7 @@ Status OpenAlone(const CatalogOptions& options, Env* env, const store::LoadReque
   Result<scan::ScanResult> scanned = s.kind == codec::DatasetKind::kImageFolder
                                          ? scan::ScanImageFolder(s.real, env, options.scan_threads)
                                          : scan::ScanManifest(s.real, env, options.scan_threads);
+  out->phases.Mark("scan");
   if (!scanned.ok()) return scanned.status();
   return StoreScan(options, s, tmp_parent, scan_start, *scanned, out);
 }
@@ -165,6 +171,7 @@ Status OpenShared(const CatalogOptions& options, Env* env, const store::LoadRequ
   Status own_error;  // node 0's dataset error, after telling the others
   if (options.node == 0) {
     Status fresh = store::LoadIfFresh(s, env, &lead.contents, &out->fingerprint);
+    out->phases.Mark("cache");
     if (fresh.ok()) {
       lead.kind = share::LeadKind::kHit;
     } else {
@@ -192,9 +199,11 @@ Status OpenShared(const CatalogOptions& options, Env* env, const store::LoadRequ
     // A failed listing or scan sends nothing the others can decode: they scan alone (and meet
     // the same error, or not if the dataset was fixed meanwhile).
     if (own_error.ok()) mine = share::EncodeLead(lead);
+    out->phases.Mark("scan");
   }
   Result<std::vector<std::vector<std::byte>>> got =
       share::AllGather(options.exchange, options.nodes, &round, std::move(mine));
+  out->phases.Mark("exchange");
   Status lead_status;  // why this node has no lead it can use
   if (!own_error.ok()) {
     lead_status = own_error;
@@ -226,8 +235,10 @@ Status OpenShared(const CatalogOptions& options, Env* env, const store::LoadRequ
         share::ClassesOf(options.node, options.nodes, lead.listing.class_names.size());
     part = scan::WalkClasses(s.real, lead.listing, labels, env, options.scan_threads);
   }
+  out->phases.Mark("scan");
   got = share::AllGather(options.exchange, options.nodes, &round,
                          part.ok() ? share::EncodePart(*part) : std::vector<std::byte>());
+  out->phases.Mark("exchange");
   if (!own_error.ok()) {
     *fatal = true;  // the dataset's error: alone, this node would meet it again
     return own_error;
@@ -271,6 +282,7 @@ Status OpenShared(const CatalogOptions& options, Env* env, const store::LoadRequ
   }
   Result<scan::ScanResult> scanned =
       scan::AssembleImageFolder(s.real, std::move(lead.listing), std::move(parts));
+  out->phases.Mark("assemble");
   *fatal = true;
   if (!scanned.ok()) return scanned.status();
   return StoreScan(options, s, tmp_parent, scan_start, *scanned, out);
@@ -279,6 +291,7 @@ Status OpenShared(const CatalogOptions& options, Env* env, const store::LoadRequ
 }  // namespace
 
 Result<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& options, Env* env) {
+  Phases setup;
   NOPFS_RETURN_IF_ERROR(options.Validate());
   store::LoadRequest s;
   s.scan_threads = options.scan_threads;
@@ -318,10 +331,12 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& options, En
     s.entry = options.work_dir + "/catalog";
   }
   cache::RemoveStale(tmp_parent);
+  setup.Mark("setup");
 
   std::unique_ptr<Catalog> cat(new Catalog());
   cat->env_ = env;
   Opened opened;
+  opened.phases = std::move(setup);
   bool done = false;
   if (options.nodes > 1 && options.exchange) {
     bool fatal = false;
@@ -333,7 +348,9 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& options, En
       return shared;
     } else {
       cat->share_note_ = "alone: " + shared.message();
+      Phases phases = std::move(opened.phases);
       opened = Opened();
+      opened.phases = std::move(phases);
     }
   }
   if (!done) NOPFS_RETURN_IF_ERROR(OpenAlone(options, env, s, user_dir, tmp_parent, &opened));
@@ -353,6 +370,8 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& options, En
   cat->checksum_state_ = std::make_unique<std::atomic<uint8_t>[]>(cat->size());
   cat->checksum_value_ = std::make_unique<std::atomic<uint64_t>[]>(cat->size());
   cat->OpenChecksumDb(options.work_dir, options.db_env);
+  opened.phases.Mark("checksums");
+  cat->open_phases_ = opened.phases.ToString();
   return cat;
 }
 

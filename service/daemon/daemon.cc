@@ -103,6 +103,7 @@ Status Daemon::Init() {
   }
   spdlog::info("nopfsd: job {}, node {}, config {}", options_.job_id, options_.node,
                config_.source());
+  startup_.Mark("config");
 
   // Peers first, so that the other nodes can reach this one while it scans and plans. The
   // start-up phase lasts until startup_deadline: the nodes wait for each other until then.
@@ -153,6 +154,8 @@ Status Daemon::Init() {
     }
   }
 
+  startup_.Mark("peers");
+
   // The dataset.
   CatalogOptions co;
   co.dataset = options_.dataset;
@@ -178,6 +181,7 @@ Status Daemon::Init() {
   Result<std::unique_ptr<Catalog>> catalog = Catalog::Open(co, Env::Default());
   if (!catalog.ok()) return catalog.status().WithContext("dataset " + options_.dataset);
   catalog_ = std::move(*catalog);
+  startup_.Mark("catalog", catalog_->open_phases());
   if (!catalog_->reused()) {
     spdlog::info("catalog: scanning the dataset: {}", catalog_->rescan_reason());
   }
@@ -238,6 +242,7 @@ Status Daemon::Init() {
   } catch (const std::exception& e) {
     spdlog::warn("no stall prediction for the status: {}", e.what());
   }
+  startup_.Mark("plan");
 
   AdoptKept();
   FindSibling();
@@ -347,6 +352,7 @@ Status Daemon::Init() {
   }
   for (auto& p : prefetchers_)
     if (p) NOPFS_RETURN_IF_ERROR(p->Start());
+  startup_.Mark("tiers");
 
   // Rings: the staging capacity shared by the node's ranks, never less than a few samples.
   const uint32_t local_ranks = job_.ranks_on_node(options_.node);
@@ -403,6 +409,7 @@ Status Daemon::Init() {
       return s;
     }
   }
+  startup_.Mark("serve");
   return Status::Ok();
 }
 
