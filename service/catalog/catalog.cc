@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <utility>
 
 #include <rocksdb/db.h>
@@ -64,6 +66,9 @@ struct Opened {
   std::string db_path;      // the DB this node reads or wrote ("" = none)
   std::string store_error;  // why the scanned catalog was not stored ("" = it was, or reused)
   Phases phases;            // where Open's time went (Catalog::open_phases)
+  // With defer_store: writes the catalog DB at `entry` (Catalog::StorePending).
+  std::function<Status()> deferred_store;
+  std::string deferred_entry;
 };
 
 // Why the cached catalog was not used, as nopfsd logs it: a damaged entry must not be rebuilt
@@ -77,10 +82,31 @@ std::string RescanReason(const Result<std::string>& user_dir, const Status& fres
   return fresh.message();
 }
 
+// Writes the catalog DB at `entry` through a temporary directory in tmp_parent; on failure removes
+// it and logs that the next job scans `dataset` again.
+Status WriteStore(const std::string& tmp_parent, const std::string& entry,
+                  const std::string& dataset, const codec::CatalogMeta& meta,
+                  const scan::ScanResult& scanned, rocksdb::Env* db_env) {
+  const std::string tmp =
+      tmp_parent + "/.tmp-" + fs::path(entry).filename().string() + "-" + cache::UniqueSuffix();
+  Status w =
+      ::mkdir(tmp.c_str(), 0700) == 0 ? Status::Ok() : Status::FromErrno(errno, "creating " + tmp);
+  if (w.ok()) w = store::WriteCatalogDb(tmp, meta, scanned, db_env);
+  if (w.ok()) w = cache::Install(tmp, entry);
+  if (!w.ok()) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    spdlog::warn("the catalog of {} is not stored, the next job scans it again: {}", dataset,
+                 w.message());
+  }
+  return w;
+}
+
 // Takes a finished scan as the catalog: fills out->contents and fingerprint, and writes the
-// catalog DB at s.entry (through a temporary directory in tmp_parent).
+// catalog DB at s.entry (through a temporary directory in tmp_parent), or with defer_store leaves
+// that to out->deferred_store.
 Status StoreScan(const CatalogOptions& options, const store::LoadRequest& s,
-                 const std::string& tmp_parent, int64_t scan_start, const scan::ScanResult& scanned,
+                 const std::string& tmp_parent, int64_t scan_start, scan::ScanResult scanned,
                  Opened* out) {
   if (scanned.samples.size() > policy::kMaxSamples) {
     return Status::InvalidArgument("dataset " + s.real + " has " +
@@ -113,19 +139,19 @@ Status StoreScan(const CatalogOptions& options, const store::LoadRequest& s,
   meta.root = scanned.root;
 
   // The job has its catalog now; storing it only saves the next job a scan.
-  const std::string tmp =
-      tmp_parent + "/.tmp-" + fs::path(s.entry).filename().string() + "-" + cache::UniqueSuffix();
-  Status w =
-      ::mkdir(tmp.c_str(), 0700) == 0 ? Status::Ok() : Status::FromErrno(errno, "creating " + tmp);
-  if (w.ok()) w = store::WriteCatalogDb(tmp, meta, scanned, options.db_env);
-  if (w.ok()) w = cache::Install(tmp, s.entry);
+  if (options.defer_store) {
+    out->deferred_entry = s.entry;
+    out->deferred_store = [tmp_parent, entry = s.entry, real = s.real, meta = std::move(meta),
+                           scanned = std::make_shared<scan::ScanResult>(std::move(scanned)),
+                           db_env = options.db_env] {
+      return WriteStore(tmp_parent, entry, real, meta, *scanned, db_env);
+    };
+    return Status::Ok();
+  }
+  Status w = WriteStore(tmp_parent, s.entry, s.real, meta, scanned, options.db_env);
   out->phases.Mark("store");
   if (!w.ok()) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
     out->store_error = w.message();
-    spdlog::warn("the catalog of {} is not stored, the next job scans it again: {}", s.real,
-                 w.message());
     return Status::Ok();
   }
   out->db_path = s.entry;
@@ -149,7 +175,7 @@ Status OpenAlone(const CatalogOptions& options, Env* env, const store::LoadReque
                                          : scan::ScanManifest(s.real, env, options.scan_threads);
   out->phases.Mark("scan");
   if (!scanned.ok()) return scanned.status();
-  return StoreScan(options, s, tmp_parent, scan_start, *scanned, out);
+  return StoreScan(options, s, tmp_parent, scan_start, std::move(*scanned), out);
 }
 
 // What this node's relative paths are relative to: the ImageFolder root, or the manifest's
@@ -261,7 +287,7 @@ Status OpenShared(const CatalogOptions& options, Env* env, const store::LoadRequ
     case share::LeadKind::kScanned:
       lead.scanned.root = OwnRoot(s);
       *fatal = true;  // from here on, errors are this node's own
-      return StoreScan(options, s, tmp_parent, scan_start, lead.scanned, out);
+      return StoreScan(options, s, tmp_parent, scan_start, std::move(lead.scanned), out);
     case share::LeadKind::kMiss:
       break;
   }
@@ -285,7 +311,7 @@ Status OpenShared(const CatalogOptions& options, Env* env, const store::LoadRequ
   out->phases.Mark("assemble");
   *fatal = true;
   if (!scanned.ok()) return scanned.status();
-  return StoreScan(options, s, tmp_parent, scan_start, *scanned, out);
+  return StoreScan(options, s, tmp_parent, scan_start, std::move(*scanned), out);
 }
 
 }  // namespace
@@ -372,7 +398,29 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& options, En
   cat->OpenChecksumDb(options.work_dir, options.db_env);
   opened.phases.Mark("checksums");
   cat->open_phases_ = opened.phases.ToString();
+  if (opened.deferred_store) {
+    Catalog* c = cat.get();
+    cat->pending_store_ = [c, store = std::move(opened.deferred_store),
+                           entry = std::move(opened.deferred_entry)] {
+      const Status w = store();
+      if (w.ok()) {
+        c->db_path_ = entry;
+      } else {
+        c->store_error_ = w.message();
+      }
+    };
+  }
   return cat;
+}
+
+void Catalog::StorePending() {
+  if (!pending_store_) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::function<void()> store = std::move(pending_store_);
+  pending_store_ = nullptr;
+  store();
+  pending_store_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 std::string_view Catalog::relative_path(SampleId id) const {

@@ -162,6 +162,9 @@ Status Daemon::Init() {
   co.cache_dir = config_.catalog_cache();
   co.work_dir = options_.run_dir + "/catalog";
   co.uid = options_.uid;
+  // A scanned catalog's DB is written once the node serves (Init's end): it saves the next job
+  // the scan, and this one does not wait for it.
+  co.defer_store = true;
   // One scan per job: the nodes divide it among themselves over the peer link (without peers, the
   // node scans alone).
   if (peers_) {
@@ -410,6 +413,13 @@ Status Daemon::Init() {
     }
   }
   startup_.Mark("serve");
+  store_thread_ = std::thread([this] {
+    catalog_->StorePending();
+    if (catalog_->pending_store_seconds() > 0 && catalog_->store_error().empty()) {
+      spdlog::info("catalog: stored for the next job in {:.2f} s ({})",
+                   catalog_->pending_store_seconds(), catalog_->db_path());
+    }
+  });
   return Status::Ok();
 }
 
@@ -462,6 +472,7 @@ void Daemon::Stop() {
     reporter_cv_.SignalAll();
     reporter_.join();
   }
+  if (store_thread_.joinable()) store_thread_.join();  // the catalog DB is whole or not there
   closed_cv_.SignalAll();  // an open waiting for another owner's stream gives up
   // Reads through a sibling in flight end now, not when the sibling answers: the threads waiting
   // on them (prefetchers, staging) are stopped below. The few samples still wanted meanwhile come

@@ -132,6 +132,8 @@ class Daemon final : public Handler {
   std::unique_ptr<LocalServer> server_;
   std::chrono::steady_clock::time_point started_;
   Phases startup_;  // Init's phases
+  // Writes the scanned catalog's DB after Init (Catalog::StorePending); joined by Stop.
+  std::thread store_thread_;
   uint64_t ring_bytes_ = 0;
 
   Mutex mu_;
