@@ -15,10 +15,16 @@ size), so that the tier really is that large (its mapped bytes are in the `ram_g
 nopfsd's log): its memory is committed as its slots are filled, in the background, so the ready
 time must not grow with it.
 
+`meta_ops` is getattrs + readdirs, split in the next columns: `ga_files` the getattrs of files
+(one per file the job stats or opens), `ga_dirs` those of directories (each directory's lookup,
+and the kernel's refreshes of a directory's attributes for the permission checks of the lookups
+in it, one per 50 ms of them: what the kernel adds to what the job asks), `readdirs` the
+listings. --phases prints node 0's `start-up in` line (docs/service.md) under each row.
+
 Needs root (the emulated PFS mounts with allow_other; the job runs as nobody).
 
 Usage: startup_bench.py BUILD_DIR [--files 10000,30000,100000] [--nodes 1,2,4] [--ram 0,1GB]
-                        [--latency-us 1000] [--nopfs-bin DIR] [--work DIR]
+                        [--latency-us 1000] [--nopfs-bin DIR] [--work DIR] [--phases]
 --nopfs-bin runs another build's nopfs and nopfsd (e.g. to compare with an older one) against
 the same mount.
 """
@@ -118,9 +124,16 @@ def ram_mapped(run, nodes):
     return int(m.group(1)) if m else 0
 
 
+def startup_phases(run, nodes):
+    """Node 0's `start-up in … s: …` line from its nopfsd log (docs/service.md), or ""."""
+    log = os.path.join(run, "node0" if nodes > 1 else "", "nopfsd.log")
+    m = re.search(r"start-up in (.*)$", open(log).read(), re.M)
+    return m.group(1) if m else ""
+
+
 def run_job(nopfs_bin, mnt, nodes, conf, work):
     """One job: returns (seconds from launch to each rank's first sample, counter deltas, the RAM
-    tier's mapped bytes)."""
+    tier's mapped bytes, node 0's start-up phases)."""
     run_parent = tempfile.mkdtemp(prefix=f"n{nodes}-", dir=work)
     os.chmod(run_parent, 0o755)
     shutil.chown(run_parent, "nobody", "nogroup")
@@ -145,8 +158,10 @@ def run_job(nopfs_bin, mnt, nodes, conf, work):
         with open(os.path.join(marks, f"first-{r}")) as fh:
             firsts.append(float(fh.read()) - launched)
     mapped = ram_mapped(os.path.join(run_parent, "run"), nodes)
+    phases = startup_phases(os.path.join(run_parent, "run"), nodes)
     shutil.rmtree(run_parent, ignore_errors=True)
-    return firsts, {k: after[k] - before[k] for k in ("getattrs", "readdirs", "opens")}, mapped
+    keys = ("getattrs", "getattrs_files", "getattrs_dirs", "readdirs", "opens")
+    return firsts, {k: after[k] - before[k] for k in keys}, mapped, phases
 
 
 def main():
@@ -158,6 +173,8 @@ def main():
     ap.add_argument("--latency-us", type=int, default=1000)
     ap.add_argument("--nopfs-bin", default=None)
     ap.add_argument("--work", default=None)
+    ap.add_argument("--phases", action="store_true",
+                    help="print node 0's start-up phases (its nopfsd log) under each row")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("startup_bench: run as root (the emulated PFS mounts with allow_other)")
@@ -170,7 +187,8 @@ def main():
     print(f"# {nopfs_bin}: {CLASSES} classes, every metadata operation {a.latency_us} us, no "
           f"attribute cache")
     print(f"{'files':>8} {'file_kb':>8} {'nodes':>5} {'ram_gb':>7} {'first_max_s':>11} "
-          f"{'first_med_s':>11} {'meta_ops':>9} {'ops/file':>8} {'opens':>7}")
+          f"{'first_med_s':>11} {'meta_ops':>9} {'ops/file':>8} {'ga_files':>8} {'ga_dirs':>7} "
+          f"{'readdirs':>8} {'opens':>7}")
     try:
         for files in (int(x) for x in a.files.split(",")):
             # Large enough files that the dataset fills the largest RAM tier (4 KiB pages).
@@ -183,12 +201,16 @@ def main():
                 for nodes in (int(x) for x in a.nodes.split(",")):
                     for ram in rams:
                         write_conf(conf, ram, file_bytes)
-                        firsts, ops, mapped = run_job(nopfs_bin, mnt, nodes, conf, work)
+                        firsts, ops, mapped, phases = run_job(nopfs_bin, mnt, nodes, conf, work)
                         meta = ops["getattrs"] + ops["readdirs"]
                         print(f"{files:>8} {file_bytes / 1024:>8.1f} {nodes:>5} "
                               f"{mapped / 1e9:>7.2f} {max(firsts):>11.2f} "
                               f"{statistics.median(firsts):>11.2f} {meta:>9} "
-                              f"{meta / files:>8.3f} {ops['opens']:>7}", flush=True)
+                              f"{meta / files:>8.3f} {ops['getattrs_files']:>8} "
+                              f"{ops['getattrs_dirs']:>7} {ops['readdirs']:>8} "
+                              f"{ops['opens']:>7}", flush=True)
+                        if a.phases and phases:
+                            print(f"#   node 0 start-up in {phases}", flush=True)
             finally:
                 unmount(emu, mnt)
             shutil.rmtree(backing, ignore_errors=True)

@@ -2,7 +2,7 @@
 # `cmake --install` installs (cmake/NopfsInstall.cmake). Configure the tree with
 # -DCMAKE_INSTALL_PREFIX=/usr for a package (tests/package/package_test.sh does).
 #
-# Depends: the shared libraries' packages come from dpkg-shlibdeps (libfabric, RocksDB, Lua,
+# Depends: the shared libraries' packages come from dpkg-shlibdeps (RocksDB, Lua,
 # libslurm, OpenSSL, ...). The SPANK plugin is built against one Slurm release: slurmd and sbatch
 # refuse a plugin of another major.minor, so the package needs the Slurm plugins of the same
 # release (slurm-wlm-basic-plugins, which both slurmd and slurm-client depend on, at exactly their
@@ -24,7 +24,8 @@ set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION admin)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 
-set(_nopfs_deb_depends "python3 (>= 3.9)")
+# libfabric is loaded at run time (dlopen), so dpkg-shlibdeps does not see it.
+set(_nopfs_deb_depends "python3 (>= 3.9), libfabric1 (>= 1.11)")
 if(EXISTS /usr/include/slurm/slurm_version.h)
   file(STRINGS /usr/include/slurm/slurm_version.h _v REGEX "^#define SLURM_VERSION_NUMBER")
   string(REGEX MATCH "0x([0-9a-fA-F][0-9a-fA-F])([0-9a-fA-F][0-9a-fA-F])" _ "${_v}")

@@ -1,6 +1,7 @@
 #include "fabric/endpoint.h"
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <rdma/fabric.h>
@@ -20,6 +21,7 @@
 #include <cstring>
 #include <list>
 #include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -31,12 +33,52 @@ namespace {
 
 constexpr uint32_t kFabricVersion = FI_VERSION(1, 11);
 
+// libfabric is loaded on the first endpoint, not with the program: loading it runs its
+// providers' libraries' constructors (libinfinipath's calibrates a clock with usleeps, libpsm2 and
+// libnl probe the devices), about 0.25 s of every nopfsd's start, and a node without peers needs
+// none of it. Only these five functions are called directly (the rest are inline, through the
+// objects' operation tables); dlsym gives the default version of each, the one the linker binds.
+struct Lib {
+  decltype(&::fi_getinfo) getinfo = nullptr;
+  decltype(&::fi_freeinfo) freeinfo = nullptr;
+  decltype(&::fi_dupinfo) dupinfo = nullptr;
+  decltype(&::fi_fabric) fabric = nullptr;
+  decltype(&::fi_strerror) strerror = nullptr;
+  std::string error;  // why it could not be loaded ("" = loaded)
+};
+
+const Lib& Libfabric() {
+  static Lib lib;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* h = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) {
+      const char* e = dlerror();
+      lib.error = e != nullptr ? e : "dlopen failed";
+      return;
+    }
+    const auto sym = [h](const char* name) { return dlsym(h, name); };
+    lib.getinfo = reinterpret_cast<decltype(lib.getinfo)>(sym("fi_getinfo"));
+    lib.freeinfo = reinterpret_cast<decltype(lib.freeinfo)>(sym("fi_freeinfo"));
+    lib.dupinfo = reinterpret_cast<decltype(lib.dupinfo)>(sym("fi_dupinfo"));
+    lib.fabric = reinterpret_cast<decltype(lib.fabric)>(sym("fi_fabric"));
+    lib.strerror = reinterpret_cast<decltype(lib.strerror)>(sym("fi_strerror"));
+    if (!lib.getinfo || !lib.freeinfo || !lib.dupinfo || !lib.fabric || !lib.strerror) {
+      lib = Lib();
+      lib.error =
+          "libfabric.so.1 lacks one of fi_getinfo, fi_freeinfo, fi_dupinfo, fi_fabric, "
+          "fi_strerror";
+    }
+  });
+  return lib;
+}
+
 std::string FiError(const char* what, long rc) {
-  return std::string(what) + ": " + fi_strerror(static_cast<int>(rc < 0 ? -rc : rc));
+  return std::string(what) + ": " + Libfabric().strerror(static_cast<int>(rc < 0 ? -rc : rc));
 }
 
 struct InfoDeleter {
-  void operator()(fi_info* info) const { fi_freeinfo(info); }
+  void operator()(fi_info* info) const { Libfabric().freeinfo(info); }
 };
 using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
 
@@ -62,7 +104,7 @@ int OpenFid(FidPtr<T>* out, Open&& open) {
 // gives (no FI_MR_PROV_KEY: a provider's keys may be a counter, and with tcp the key is all that
 // stands between a stranger on the port and the registered memory).
 InfoPtr MakeHints(const std::string& provider, bool remote_read) {
-  InfoPtr hints(fi_allocinfo());
+  InfoPtr hints(Libfabric().dupinfo(nullptr));  // fi_allocinfo()
   if (!hints) throw std::bad_alloc();
   hints->ep_attr->type = FI_EP_RDM;
   hints->caps = FI_TAGGED;
@@ -204,7 +246,7 @@ struct Endpoint::Impl {
   // "Connection reset by peer (provider: ...)": the generic error and, where the provider says
   // more, its own words for prov_errno.
   std::string CqErrorText(const fi_cq_err_entry& err) {
-    std::string text = fi_strerror(err.err != 0 ? err.err : FI_EIO);
+    std::string text = Libfabric().strerror(err.err != 0 ? err.err : FI_EIO);
     if (err.prov_errno != 0) {
       char buf[256] = {};
       const char* prov = fi_cq_strerror(cq.get(), err.prov_errno, err.err_data, buf, sizeof(buf));
@@ -317,21 +359,25 @@ Endpoint::Endpoint(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Endpoint::~Endpoint() = default;
 
 Result<std::unique_ptr<Endpoint>> Endpoint::Open(const EndpointOptions& options) {
+  if (const std::string& e = Libfabric().error; !e.empty()) {
+    return Status::Unavailable("fabric: libfabric cannot be loaded (" + e +
+                               "); install libfabric 1.11 or later (Debian: libfabric1)");
+  }
   std::string service = std::to_string(options.port);
   fi_info* raw = nullptr;
   bool remote_read = options.remote_read;
   int rc = -FI_ENODATA;
   if (remote_read) {
     InfoPtr hints = MakeHints(options.provider, true);
-    rc = fi_getinfo(kFabricVersion, options.host.c_str(), service.c_str(), FI_SOURCE, hints.get(),
-                    &raw);
+    rc = Libfabric().getinfo(kFabricVersion, options.host.c_str(), service.c_str(), FI_SOURCE,
+                             hints.get(), &raw);
     // Cannot do RMA with keys of our choosing: tagged messages only.
     if (rc != 0) remote_read = false;
   }
   if (!remote_read) {
     InfoPtr hints = MakeHints(options.provider, false);
-    rc = fi_getinfo(kFabricVersion, options.host.c_str(), service.c_str(), FI_SOURCE, hints.get(),
-                    &raw);
+    rc = Libfabric().getinfo(kFabricVersion, options.host.c_str(), service.c_str(), FI_SOURCE,
+                             hints.get(), &raw);
   }
   if (rc != 0) {
     return Status::Unavailable(FiError(("fabric: provider \"" + options.provider +
@@ -344,7 +390,7 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Open(const EndpointOptions& options)
   impl->remote_read = remote_read;
   fi_info* info = impl->info.get();
   if ((rc = OpenFid(&impl->fabric, [&](fid_fabric** f) {
-         return fi_fabric(info->fabric_attr, f, nullptr);
+         return Libfabric().fabric(info->fabric_attr, f, nullptr);
        })) != 0) {
     return Status::IoError(FiError("fabric: fi_fabric", rc));
   }
@@ -417,7 +463,7 @@ Result<PeerAddr> Endpoint::AddPeer(const std::string& host, uint16_t port) {
   InfoPtr hints = MakeHints(provider_, impl_->remote_read);
   std::string service = std::to_string(port);
   fi_info* raw = nullptr;
-  int rc = fi_getinfo(kFabricVersion, host.c_str(), service.c_str(), 0, hints.get(), &raw);
+  int rc = Libfabric().getinfo(kFabricVersion, host.c_str(), service.c_str(), 0, hints.get(), &raw);
   if (rc != 0) {
     return Status::InvalidArgument(
         FiError(("fabric: cannot resolve peer " + host + ":" + service).c_str(), rc));

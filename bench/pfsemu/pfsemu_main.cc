@@ -6,10 +6,11 @@
 // told not to cache (direct_io, no attribute caching of contents), and the backing file's pages are
 // dropped after each read (POSIX_FADV_DONTNEED), so a second read of the same bytes costs the same
 // as the first. It is an emulation of a loaded PFS's shape, not of any particular PFS. Counters
-// (bytes, opens, reads, getattrs, readdirs and the entries they listed, time spent throttled, peak
-// readers) are served as MOUNTPOINT/.pfsemu_stats, printed on SIGUSR1, and written to --stats-out
-// at unmount. SIGTERM/SIGINT/SIGHUP unmount cleanly (libfuse's handlers end the loop; we then
-// unmount).
+// (bytes, opens, reads, getattrs (and of them those of directories: the kernel's lookups of them
+// and its refreshes of their attributes), readdirs and the entries they listed, time spent
+// throttled, peak readers) are served as MOUNTPOINT/.pfsemu_stats, printed on SIGUSR1, and written
+// to --stats-out at unmount. SIGTERM/SIGINT/SIGHUP unmount cleanly (libfuse's handlers end the
+// loop; we then unmount).
 #define FUSE_USE_VERSION 314
 
 #include <dirent.h>
@@ -47,6 +48,7 @@ struct Counters {
   std::atomic<uint64_t> opens{0};
   std::atomic<uint64_t> reads{0};
   std::atomic<uint64_t> getattrs{0};
+  std::atomic<uint64_t> getattrs_dirs{0};  // of them, of directories (lookups and refreshes)
   std::atomic<uint64_t> readdirs{0};
   std::atomic<uint64_t> readdir_entries{0};
   std::atomic<uint64_t> throttle_wait_us{0};
@@ -70,7 +72,9 @@ std::string StatsText(const Fs& fs) {
   const Counters& c = fs.counters;
   return "bytes_read " + std::to_string(c.bytes.load()) + "\nopens " +
          std::to_string(c.opens.load()) + "\nreads " + std::to_string(c.reads.load()) +
-         "\ngetattrs " + std::to_string(c.getattrs.load()) + "\nreaddirs " +
+         "\ngetattrs " + std::to_string(c.getattrs.load()) + "\ngetattrs_files " +
+         std::to_string(c.getattrs.load() - c.getattrs_dirs.load()) + "\ngetattrs_dirs " +
+         std::to_string(c.getattrs_dirs.load()) + "\nreaddirs " +
          std::to_string(c.readdirs.load()) + "\nreaddir_entries " +
          std::to_string(c.readdir_entries.load()) + "\nmetadata_ops " +
          std::to_string(c.opens.load() + c.getattrs.load() + c.readdirs.load()) +
@@ -104,8 +108,12 @@ int DoGetattr(const char* path, struct stat* st, struct fuse_file_info* /*fi*/) 
   if (fs->options.getattr_latency_us > 0) {
     std::this_thread::sleep_for(std::chrono::microseconds(fs->options.getattr_latency_us));
   }
+  const bool found = fstatat(fs->backing_fd, Rel(path), st, AT_SYMLINK_NOFOLLOW) == 0;
+  const int err = errno;
+  // A directory's count first, so that a reader never sees more of them than getattrs in all.
+  if (found && S_ISDIR(st->st_mode)) fs->counters.getattrs_dirs.fetch_add(1);
   fs->counters.getattrs.fetch_add(1);
-  if (fstatat(fs->backing_fd, Rel(path), st, AT_SYMLINK_NOFOLLOW) != 0) return -errno;
+  if (!found) return -err;
   st->st_mode &= ~static_cast<mode_t>(0222);  // read-only
   return 0;
 }

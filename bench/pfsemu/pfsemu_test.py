@@ -15,6 +15,7 @@ import hashlib
 import os
 import random
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -206,13 +207,30 @@ class PfsemuTest(unittest.TestCase):
         stated = time.monotonic() - start
         after = stats(self.mnt)
         delta = {k: int(after[k]) - int(before[k])
-                 for k in ("getattrs", "readdirs", "readdir_entries", "opens")}
+                 for k in ("getattrs", "getattrs_files", "getattrs_dirs", "readdirs",
+                           "readdir_entries", "opens")}
         self.assertEqual(delta["readdirs"], 1, delta)
         self.assertEqual(delta["readdir_entries"], len(names) + 2, delta)  # with . and ..
         # One per file, plus at most the lookup of sub/ itself (the listing may have made it).
         self.assertGreaterEqual(delta["getattrs"], len(names), delta)
         self.assertLessEqual(delta["getattrs"], len(names) + 1, delta)
         self.assertEqual(delta["opens"], 0, delta)
+        # The files' getattrs are the files', the rest is sub/'s (its lookup, once).
+        self.assertEqual(delta["getattrs_files"], len(names), delta)
+        self.assertEqual(delta["getattrs_dirs"], delta["getattrs"] - len(names), delta)
+        self.assertEqual(int(after["getattrs"]),
+                         int(after["getattrs_files"]) + int(after["getattrs_dirs"]))
+        # A directory's stat is counted as a directory's, a file's as a file's.
+        # (new/ is made in the backing directory, so that the kernel has not looked it up yet; the
+        # root's attributes may be refreshed for the permission check of the two lookups.)
+        os.mkdir(os.path.join(self.backing, "new"), 0o755)
+        before = stats(self.mnt)
+        self.assertTrue(stat.S_ISDIR(os.stat(os.path.join(self.mnt, "new")).st_mode))
+        self.assertTrue(stat.S_ISREG(os.stat(os.path.join(self.mnt, "f00.bin")).st_mode))
+        after = stats(self.mnt)
+        delta = {k: int(after[k]) - int(before[k]) for k in ("getattrs_files", "getattrs_dirs")}
+        self.assertEqual(delta["getattrs_files"], 1, delta)
+        self.assertIn(delta["getattrs_dirs"], (1, 2), delta)
         self.assertEqual(int(after["metadata_ops"]),
                          int(after["opens"]) + int(after["getattrs"]) + int(after["readdirs"]))
         self.assertGreaterEqual(listed / (READDIR_LATENCY_US / 1e6), 0.95, listed)

@@ -9,12 +9,15 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <utility>
 
 #include <rocksdb/db.h>
 #include <rocksdb/write_batch.h>
 #include <spdlog/spdlog.h>
 
+#include "common/phases.h"
 #include "service/catalog/catalog_cache.h"
 #include "service/catalog/catalog_codec.h"
 #include "service/catalog/catalog_scan.h"
@@ -62,6 +65,10 @@ struct Opened {
   std::string reason;       // why not reused
   std::string db_path;      // the DB this node reads or wrote ("" = none)
   std::string store_error;  // why the scanned catalog was not stored ("" = it was, or reused)
+  Phases phases;            // where Open's time went (Catalog::open_phases)
+  // With defer_store: writes the catalog DB at `entry` (Catalog::StorePending).
+  std::function<Status()> deferred_store;
+  std::string deferred_entry;
 };
 
 // Why the cached catalog was not used, as nopfsd logs it: a damaged entry must not be rebuilt
@@ -75,10 +82,31 @@ std::string RescanReason(const Result<std::string>& user_dir, const Status& fres
   return fresh.message();
 }
 
+// Writes the catalog DB at `entry` through a temporary directory in tmp_parent; on failure removes
+// it and logs that the next job scans `dataset` again.
+Status WriteStore(const std::string& tmp_parent, const std::string& entry,
+                  const std::string& dataset, const codec::CatalogMeta& meta,
+                  const scan::ScanResult& scanned, rocksdb::Env* db_env) {
+  const std::string tmp =
+      tmp_parent + "/.tmp-" + fs::path(entry).filename().string() + "-" + cache::UniqueSuffix();
+  Status w =
+      ::mkdir(tmp.c_str(), 0700) == 0 ? Status::Ok() : Status::FromErrno(errno, "creating " + tmp);
+  if (w.ok()) w = store::WriteCatalogDb(tmp, meta, scanned, db_env);
+  if (w.ok()) w = cache::Install(tmp, entry);
+  if (!w.ok()) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    spdlog::warn("the catalog of {} is not stored, the next job scans it again: {}", dataset,
+                 w.message());
+  }
+  return w;
+}
+
 // Takes a finished scan as the catalog: fills out->contents and fingerprint, and writes the
-// catalog DB at s.entry (through a temporary directory in tmp_parent).
+// catalog DB at s.entry (through a temporary directory in tmp_parent), or with defer_store leaves
+// that to out->deferred_store.
 Status StoreScan(const CatalogOptions& options, const store::LoadRequest& s,
-                 const std::string& tmp_parent, int64_t scan_start, const scan::ScanResult& scanned,
+                 const std::string& tmp_parent, int64_t scan_start, scan::ScanResult scanned,
                  Opened* out) {
   if (scanned.samples.size() > policy::kMaxSamples) {
     return Status::InvalidArgument("dataset " + s.real + " has " +
@@ -95,6 +123,7 @@ Status StoreScan(const CatalogOptions& options, const store::LoadRequest& s,
     contents.Add(smp.relative_path, smp.offset, smp.length, smp.label);
   }
   out->fingerprint = store::ComputeFingerprint(contents);
+  out->phases.Mark("index");
 
   codec::CatalogMeta meta;
   meta.kind = s.kind;
@@ -110,18 +139,19 @@ Status StoreScan(const CatalogOptions& options, const store::LoadRequest& s,
   meta.root = scanned.root;
 
   // The job has its catalog now; storing it only saves the next job a scan.
-  const std::string tmp =
-      tmp_parent + "/.tmp-" + fs::path(s.entry).filename().string() + "-" + cache::UniqueSuffix();
-  Status w =
-      ::mkdir(tmp.c_str(), 0700) == 0 ? Status::Ok() : Status::FromErrno(errno, "creating " + tmp);
-  if (w.ok()) w = store::WriteCatalogDb(tmp, meta, scanned, options.db_env);
-  if (w.ok()) w = cache::Install(tmp, s.entry);
+  if (options.defer_store) {
+    out->deferred_entry = s.entry;
+    out->deferred_store = [tmp_parent, entry = s.entry, real = s.real, meta = std::move(meta),
+                           scanned = std::make_shared<scan::ScanResult>(std::move(scanned)),
+                           db_env = options.db_env] {
+      return WriteStore(tmp_parent, entry, real, meta, *scanned, db_env);
+    };
+    return Status::Ok();
+  }
+  Status w = WriteStore(tmp_parent, s.entry, s.real, meta, scanned, options.db_env);
+  out->phases.Mark("store");
   if (!w.ok()) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
     out->store_error = w.message();
-    spdlog::warn("the catalog of {} is not stored, the next job scans it again: {}", s.real,
-                 w.message());
     return Status::Ok();
   }
   out->db_path = s.entry;
@@ -132,6 +162,7 @@ Status StoreScan(const CatalogOptions& options, const store::LoadRequest& s,
 Status OpenAlone(const CatalogOptions& options, Env* env, const store::LoadRequest& s,
                  const Result<std::string>& user_dir, const std::string& tmp_parent, Opened* out) {
   Status fresh = store::LoadIfFresh(s, env, &out->contents, &out->fingerprint);
+  out->phases.Mark("cache");
   if (fresh.ok()) {
     out->reused = true;
     out->db_path = s.entry;
@@ -142,8 +173,9 @@ Status OpenAlone(const CatalogOptions& options, Env* env, const store::LoadReque
   Result<scan::ScanResult> scanned = s.kind == codec::DatasetKind::kImageFolder
                                          ? scan::ScanImageFolder(s.real, env, options.scan_threads)
                                          : scan::ScanManifest(s.real, env, options.scan_threads);
+  out->phases.Mark("scan");
   if (!scanned.ok()) return scanned.status();
-  return StoreScan(options, s, tmp_parent, scan_start, *scanned, out);
+  return StoreScan(options, s, tmp_parent, scan_start, std::move(*scanned), out);
 }
 
 // What this node's relative paths are relative to: the ImageFolder root, or the manifest's
@@ -165,6 +197,7 @@ Status OpenShared(const CatalogOptions& options, Env* env, const store::LoadRequ
   Status own_error;  // node 0's dataset error, after telling the others
   if (options.node == 0) {
     Status fresh = store::LoadIfFresh(s, env, &lead.contents, &out->fingerprint);
+    out->phases.Mark("cache");
     if (fresh.ok()) {
       lead.kind = share::LeadKind::kHit;
     } else {
@@ -192,9 +225,11 @@ Status OpenShared(const CatalogOptions& options, Env* env, const store::LoadRequ
     // A failed listing or scan sends nothing the others can decode: they scan alone (and meet
     // the same error, or not if the dataset was fixed meanwhile).
     if (own_error.ok()) mine = share::EncodeLead(lead);
+    out->phases.Mark("scan");
   }
   Result<std::vector<std::vector<std::byte>>> got =
       share::AllGather(options.exchange, options.nodes, &round, std::move(mine));
+  out->phases.Mark("exchange");
   Status lead_status;  // why this node has no lead it can use
   if (!own_error.ok()) {
     lead_status = own_error;
@@ -226,8 +261,10 @@ Status OpenShared(const CatalogOptions& options, Env* env, const store::LoadRequ
         share::ClassesOf(options.node, options.nodes, lead.listing.class_names.size());
     part = scan::WalkClasses(s.real, lead.listing, labels, env, options.scan_threads);
   }
+  out->phases.Mark("scan");
   got = share::AllGather(options.exchange, options.nodes, &round,
                          part.ok() ? share::EncodePart(*part) : std::vector<std::byte>());
+  out->phases.Mark("exchange");
   if (!own_error.ok()) {
     *fatal = true;  // the dataset's error: alone, this node would meet it again
     return own_error;
@@ -250,7 +287,7 @@ Status OpenShared(const CatalogOptions& options, Env* env, const store::LoadRequ
     case share::LeadKind::kScanned:
       lead.scanned.root = OwnRoot(s);
       *fatal = true;  // from here on, errors are this node's own
-      return StoreScan(options, s, tmp_parent, scan_start, lead.scanned, out);
+      return StoreScan(options, s, tmp_parent, scan_start, std::move(lead.scanned), out);
     case share::LeadKind::kMiss:
       break;
   }
@@ -271,14 +308,16 @@ Status OpenShared(const CatalogOptions& options, Env* env, const store::LoadRequ
   }
   Result<scan::ScanResult> scanned =
       scan::AssembleImageFolder(s.real, std::move(lead.listing), std::move(parts));
+  out->phases.Mark("assemble");
   *fatal = true;
   if (!scanned.ok()) return scanned.status();
-  return StoreScan(options, s, tmp_parent, scan_start, *scanned, out);
+  return StoreScan(options, s, tmp_parent, scan_start, std::move(*scanned), out);
 }
 
 }  // namespace
 
 Result<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& options, Env* env) {
+  Phases setup;
   NOPFS_RETURN_IF_ERROR(options.Validate());
   store::LoadRequest s;
   s.scan_threads = options.scan_threads;
@@ -318,10 +357,12 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& options, En
     s.entry = options.work_dir + "/catalog";
   }
   cache::RemoveStale(tmp_parent);
+  setup.Mark("setup");
 
   std::unique_ptr<Catalog> cat(new Catalog());
   cat->env_ = env;
   Opened opened;
+  opened.phases = std::move(setup);
   bool done = false;
   if (options.nodes > 1 && options.exchange) {
     bool fatal = false;
@@ -333,7 +374,9 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& options, En
       return shared;
     } else {
       cat->share_note_ = "alone: " + shared.message();
+      Phases phases = std::move(opened.phases);
       opened = Opened();
+      opened.phases = std::move(phases);
     }
   }
   if (!done) NOPFS_RETURN_IF_ERROR(OpenAlone(options, env, s, user_dir, tmp_parent, &opened));
@@ -353,7 +396,31 @@ Result<std::unique_ptr<Catalog>> Catalog::Open(const CatalogOptions& options, En
   cat->checksum_state_ = std::make_unique<std::atomic<uint8_t>[]>(cat->size());
   cat->checksum_value_ = std::make_unique<std::atomic<uint64_t>[]>(cat->size());
   cat->OpenChecksumDb(options.work_dir, options.db_env);
+  opened.phases.Mark("checksums");
+  cat->open_phases_ = opened.phases.ToString();
+  if (opened.deferred_store) {
+    Catalog* c = cat.get();
+    cat->pending_store_ = [c, store = std::move(opened.deferred_store),
+                           entry = std::move(opened.deferred_entry)] {
+      const Status w = store();
+      if (w.ok()) {
+        c->db_path_ = entry;
+      } else {
+        c->store_error_ = w.message();
+      }
+    };
+  }
   return cat;
+}
+
+void Catalog::StorePending() {
+  if (!pending_store_) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::function<void()> store = std::move(pending_store_);
+  pending_store_ = nullptr;
+  store();
+  pending_store_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 std::string_view Catalog::relative_path(SampleId id) const {

@@ -174,6 +174,44 @@ TEST_F(CatalogTest, ReusedWithoutScanningWhenUnchanged) {
   ExpectCatalog(**again, want);
 }
 
+// With defer_store (nopfsd), Open leaves the catalog DB to StorePending: none before, the same DB
+// after, which the next job reuses without a scan.
+TEST_F(CatalogTest, DeferredStoreIsWrittenByStorePendingAndReused) {
+  const std::vector<Expected> want = MakeImageFolder();
+  AgeTree();
+  CatalogOptions o = Options();
+  o.defer_store = true;
+  Result<std::unique_ptr<Catalog>> cat = Catalog::Open(o, Env::Default());
+  ASSERT_TRUE(cat.ok()) << cat.status().message();
+  EXPECT_FALSE((*cat)->reused());
+  ExpectCatalog(**cat, want);
+  EXPECT_EQ((*cat)->db_path(), "");  // not written yet
+  EXPECT_EQ((*cat)->open_phases().find("store"), std::string::npos) << (*cat)->open_phases();
+  const std::string user_dir = cache_ + "/" + std::to_string(::getuid());
+  const auto entries = [&] {
+    size_t n = 0;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(user_dir, ec))
+      n += e.path().filename().string()[0] != '.';
+    return n;
+  };
+  EXPECT_EQ(entries(), 0u);
+  (*cat)->StorePending();
+  EXPECT_EQ((*cat)->store_error(), "");
+  EXPECT_EQ((*cat)->db_path().rfind(user_dir + "/", 0), 0u) << (*cat)->db_path();
+  EXPECT_GT((*cat)->pending_store_seconds(), 0.0);
+  EXPECT_EQ(entries(), 1u);
+  (*cat)->StorePending();  // nothing pending: a no-op
+  FaultInjectionEnv env(Env::Default());
+  Result<std::unique_ptr<Catalog>> again = Catalog::Open(Options(true, "work3"), &env);
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_TRUE((*again)->reused()) << (*again)->rescan_reason();
+  EXPECT_EQ(env.list_dirs(), 0u);
+  EXPECT_EQ((*again)->db_path(), (*cat)->db_path());
+  EXPECT_EQ((*again)->fingerprint(), (*cat)->fingerprint());
+  ExpectCatalog(**again, want);
+}
+
 // A damaged catalog DB is not used, and the reason nopfsd logs says it was corrupt and where.
 TEST_F(CatalogTest, CorruptEntryIsRebuiltAndSaysWhy) {
   const std::vector<Expected> want = MakeImageFolder();

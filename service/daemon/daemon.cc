@@ -103,6 +103,7 @@ Status Daemon::Init() {
   }
   spdlog::info("nopfsd: job {}, node {}, config {}", options_.job_id, options_.node,
                config_.source());
+  startup_.Mark("config");
 
   // Peers first, so that the other nodes can reach this one while it scans and plans. The
   // start-up phase lasts until startup_deadline: the nodes wait for each other until then.
@@ -153,12 +154,17 @@ Status Daemon::Init() {
     }
   }
 
+  startup_.Mark("peers");
+
   // The dataset.
   CatalogOptions co;
   co.dataset = options_.dataset;
   co.cache_dir = config_.catalog_cache();
   co.work_dir = options_.run_dir + "/catalog";
   co.uid = options_.uid;
+  // A scanned catalog's DB is written once the node serves (Init's end): it saves the next job
+  // the scan, and this one does not wait for it.
+  co.defer_store = true;
   // One scan per job: the nodes divide it among themselves over the peer link (without peers, the
   // node scans alone).
   if (peers_) {
@@ -178,6 +184,7 @@ Status Daemon::Init() {
   Result<std::unique_ptr<Catalog>> catalog = Catalog::Open(co, Env::Default());
   if (!catalog.ok()) return catalog.status().WithContext("dataset " + options_.dataset);
   catalog_ = std::move(*catalog);
+  startup_.Mark("catalog", catalog_->open_phases());
   if (!catalog_->reused()) {
     spdlog::info("catalog: scanning the dataset: {}", catalog_->rescan_reason());
   }
@@ -238,6 +245,7 @@ Status Daemon::Init() {
   } catch (const std::exception& e) {
     spdlog::warn("no stall prediction for the status: {}", e.what());
   }
+  startup_.Mark("plan");
 
   AdoptKept();
   FindSibling();
@@ -347,6 +355,7 @@ Status Daemon::Init() {
   }
   for (auto& p : prefetchers_)
     if (p) NOPFS_RETURN_IF_ERROR(p->Start());
+  startup_.Mark("tiers");
 
   // Rings: the staging capacity shared by the node's ranks, never less than a few samples.
   const uint32_t local_ranks = job_.ranks_on_node(options_.node);
@@ -403,6 +412,14 @@ Status Daemon::Init() {
       return s;
     }
   }
+  startup_.Mark("serve");
+  store_thread_ = std::thread([this] {
+    catalog_->StorePending();
+    if (catalog_->pending_store_seconds() > 0 && catalog_->store_error().empty()) {
+      spdlog::info("catalog: stored for the next job in {:.2f} s ({})",
+                   catalog_->pending_store_seconds(), catalog_->db_path());
+    }
+  });
   return Status::Ok();
 }
 
@@ -455,6 +472,7 @@ void Daemon::Stop() {
     reporter_cv_.SignalAll();
     reporter_.join();
   }
+  if (store_thread_.joinable()) store_thread_.join();  // the catalog DB is whole or not there
   closed_cv_.SignalAll();  // an open waiting for another owner's stream gives up
   // Reads through a sibling in flight end now, not when the sibling answers: the threads waiting
   // on them (prefetchers, staging) are stopped below. The few samples still wanted meanwhile come

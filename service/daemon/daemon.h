@@ -28,6 +28,7 @@
 
 #include "client/ring.h"
 #include "common/mutex.h"
+#include "common/phases.h"
 #include "common/status.h"
 #include "lua/config.h"
 #include "policy/job.h"
@@ -95,6 +96,8 @@ class Daemon final : public Handler {
   const policy::NodePlan& plan() const { return plan_; }
   const Catalog& catalog() const { return *catalog_; }
   const std::string& log_level() const { return config_.log_level(); }
+  // Where Start's time went (nopfsd's `start-up in` line, docs/service.md "Start-up").
+  const Phases& startup_phases() const { return startup_; }
   const SampleReader& reader() const { return *reader_; }
   // Waits until every prefetcher has visited all of its slots (tests and benchmarks).
   void WaitPrefetched();
@@ -128,6 +131,9 @@ class Daemon final : public Handler {
   std::vector<std::chrono::steady_clock::time_point> prefetch_done_;
   std::unique_ptr<LocalServer> server_;
   std::chrono::steady_clock::time_point started_;
+  Phases startup_;  // Init's phases
+  // Writes the scanned catalog's DB after Init (Catalog::StorePending); joined by Stop.
+  std::thread store_thread_;
   uint64_t ring_bytes_ = 0;
 
   Mutex mu_;

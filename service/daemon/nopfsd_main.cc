@@ -12,6 +12,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/phases.h"
 #include "common/units.h"
 #include "launch/daemon_args.h"
 #include "launch/run_files.h"
@@ -57,6 +58,7 @@ int StartFailed(const std::string& run_dir, const Status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  nopfs::Phases phases;  // the start-up's, logged once ready
   CLI::App app{"nopfsd: the nopfs cache service of one job on one node"};
   nopfs::launch::DaemonArgs f;
   nopfs::launch::AddDaemonFlags(&app, &f);
@@ -141,7 +143,9 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  phases.Mark("setup");
   nopfs::Result<std::unique_ptr<service::Daemon>> daemon = service::Daemon::Start(options);
+  phases.Skip();  // the daemon's own phases
   if (!daemon.ok()) {
     const int rc = StartFailed(dir, daemon.status());
     (void)service::LocalIo::Default()->Unlink(dir + "/" + launch::kPidName);
@@ -157,7 +161,17 @@ int main(int argc, char** argv) {
     return StartFailed(dir, s);
   }
   TellLauncher(launch::ReadyMessage(ready));
+  phases.Mark("ready");
   spdlog::info("ready");
+  // One line of where the start-up went (docs/service.md, "Start-up"): from main() to the ready
+  // pipe, the daemon's phases between this process's own.
+  {
+    std::string text = phases.ToString();
+    const size_t ready_at = text.rfind(", ready ");
+    text.insert(ready_at, ", " + (*daemon)->startup_phases().ToString());
+    spdlog::info("start-up in {:.2f} s: {}", phases.total() + (*daemon)->startup_phases().total(),
+                 text);
+  }
 
   int sig = 0;
   while (sigwait(&stop, &sig) != 0) {
