@@ -49,6 +49,8 @@ constexpr char kKeptScanOptions[] = "catalog/1";
 constexpr auto kKeepStatBudget = std::chrono::seconds(4);
 // Stats wait on the PFS's metadata servers, not on a core: many in flight.
 constexpr unsigned kKeepStatThreads = 32;
+// At start, the kept samples' files are stat-ed ahead of the reads by this many threads.
+constexpr unsigned kKeptCheckThreads = 16;
 // How often the metrics file is rewritten.
 constexpr std::chrono::seconds kMetricsPeriod(5);
 
@@ -283,6 +285,20 @@ Status Daemon::Init() {
     if (k.copy) copies.push_back(k.copy.get());
   }
   if (!copies.empty()) {
+    // The kept samples' files are checked ahead of the reads, in the order of the job's first
+    // accesses (the tiers' prefetch orders, interleaved as their prefetchers run side by side).
+    std::vector<policy::SampleId> order;
+    for (size_t i = 0, more = 1; more != 0; ++i) {
+      more = 0;
+      for (const policy::TierPlan& tp : plan_.tiers) {
+        if (i < tp.prefetch_order.size()) {
+          order.push_back(tp.prefetch_order[i]);
+          ++more;
+        }
+      }
+    }
+    for (KeptCopy* k : copies)
+      k->CheckAhead(order, kKeptCheckThreads);
     // A sample is kept by one class at most: the first copy that knows it answers.
     reader_->SetKeptSource(
         [copies](policy::SampleId id, std::span<std::byte> dst) -> Result<uint64_t> {
@@ -332,14 +348,23 @@ Status Daemon::Init() {
     (void)peers_->Attach(plan_, counts, tier_refs_, pf, *catalog_, *reader_);
   }
   counts = {};
-  if (peers_) {
-    // A filled class is announced, so that the other nodes stop guessing (docs/algorithm.md §7).
-    PeerService* ps = peers_.get();
-    for (size_t j = 0; j < prefetchers_.size(); ++j) {
-      if (prefetchers_[j]) {
-        prefetchers_[j]->SetOnDone([ps, j] { ps->AnnounceClassDone(static_cast<uint32_t>(j)); });
-      }
-    }
+  // A filled class is announced, so that the other nodes stop guessing (docs/algorithm.md §7),
+  // and the kept copies free the disk of the samples it now holds (docs/tiers.md).
+  PeerService* ps = peers_.get();
+  for (size_t j = 0; j < prefetchers_.size(); ++j) {
+    if (!prefetchers_[j] || (ps == nullptr && copies.empty())) continue;
+    prefetchers_[j]->SetOnDone([this, ps, copies, j] {
+      if (ps != nullptr) ps->AnnounceClassDone(static_cast<uint32_t>(j));
+      if (copies.empty()) return;
+      std::vector<policy::SampleId> ready;
+      for (policy::SampleId id : plan_.tiers[j].prefetch_order)
+        if (tier_refs_[j].ram != nullptr ? tier_refs_[j].ram->IsReady(id)
+                                         : tier_refs_[j].ssd->IsReady(id)) {
+          ready.push_back(id);
+        }
+      for (KeptCopy* k : copies)
+        (void)k->Release(ready);
+    });
   }
   {
     MutexLock lock(&rate_mu_);

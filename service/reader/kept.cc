@@ -10,6 +10,7 @@
 #include <ctime>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
@@ -149,7 +150,8 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
   k->created_ = m->created;
   for (uint32_t f = 0; f < m->data_files; ++f) {
     const std::string path = k->dir_ + "/data." + std::to_string(f);
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    // Read-write: Release punches the adopted samples out (only Release writes).
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     struct stat fst {};
     if (fd >= 0 && (::fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode))) {
       ::close(fd);
@@ -165,6 +167,7 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
     by_path[k->records_[r].relative_path].push_back(r);
   k->record_of_.assign(catalog.size(), kNone);
   k->state_ = std::make_unique<std::atomic<uint8_t>[]>(k->records_.size());
+  k->checked_ = std::make_unique<std::atomic<bool>[]>(k->records_.size());
   for (policy::SampleId id = 0; id < catalog.size(); ++id) {
     auto it = by_path.find(catalog.relative_path(id));
     if (it == by_path.end()) continue;
@@ -193,6 +196,7 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
 }
 
 void KeptCopy::PutBack() {
+  StopChecks();
   if (name_.empty()) return;
   // Adoption only reads the copy: it is as it was kept.
   for (int& fd : data_fds_) {
@@ -213,6 +217,7 @@ KeptCopy::~KeptCopy() {
 }
 
 void KeptCopy::Remove() {
+  StopChecks();
   for (int& fd : data_fds_) {
     if (fd >= 0) ::close(fd);
     fd = -1;
@@ -240,13 +245,105 @@ void KeptCopy::Reject(uint32_t record, policy::SampleId sample, const std::strin
   }
 }
 
+bool KeptCopy::Unchanged(const launch::KeptSample& rec, const FileStat& st) {
+  return st.size == rec.file_size && st.mtime_ns == rec.mtime_ns && st.ctime_ns == rec.ctime_ns &&
+         st.inode == rec.inode;
+}
+
+void KeptCopy::CheckAhead(std::span<const policy::SampleId> order, unsigned threads) {
+  if (name_.empty() || !checkers_.empty()) return;
+  // The kept samples in order (then the rest), grouped by file: one stat per file.
+  std::vector<std::vector<policy::SampleId>> files;
+  std::unordered_map<std::string_view, size_t> file_of;
+  std::vector<bool> queued(record_of_.size(), false);
+  const auto add = [&](policy::SampleId id) {
+    if (id >= record_of_.size() || record_of_[id] == kNone || queued[id]) return;
+    queued[id] = true;
+    auto [it, fresh] = file_of.try_emplace(catalog_.relative_path(id), files.size());
+    if (fresh) files.emplace_back();
+    files[it->second].push_back(id);
+  };
+  for (policy::SampleId id : order)
+    add(id);
+  for (policy::SampleId id = 0; id < record_of_.size(); ++id)
+    add(id);
+  if (files.empty()) return;
+  auto shared = std::make_shared<std::vector<std::vector<policy::SampleId>>>(std::move(files));
+  auto next = std::make_shared<std::atomic<size_t>>(0);
+  const unsigned n = std::max(1u, std::min<unsigned>(threads, unsigned(shared->size())));
+  for (unsigned t = 0; t < n; ++t) {
+    checkers_.emplace_back([this, shared, next] {
+      for (size_t i; !stop_checks_.load(std::memory_order_relaxed) &&
+                     (i = next->fetch_add(1, std::memory_order_relaxed)) < shared->size();) {
+        const std::vector<policy::SampleId>& samples = (*shared)[i];
+        Result<FileStat> st = env_->Stat(catalog_.path(samples.front()));
+        checked_files_.fetch_add(1, std::memory_order_relaxed);
+        for (policy::SampleId id : samples) {
+          const uint32_t r = record_of_[id];
+          if (!st.ok()) {
+            Reject(r, id, st.status().message());
+          } else if (!Unchanged(records_[r], *st)) {
+            Reject(r, id, "its file changed since it was kept");
+          } else {
+            checked_[r].store(true, std::memory_order_release);
+          }
+        }
+      }
+    });
+  }
+}
+
+void KeptCopy::WaitChecks() {
+  for (std::thread& t : checkers_)
+    if (t.joinable()) t.join();
+}
+
+void KeptCopy::StopChecks() {
+  stop_checks_.store(true, std::memory_order_relaxed);
+  WaitChecks();
+}
+
+uint64_t KeptCopy::Release(std::span<const policy::SampleId> samples) {
+  if (name_.empty()) return 0;
+  uint64_t released = 0, bytes = 0;
+  for (policy::SampleId id : samples) {
+    if (id >= record_of_.size() || record_of_[id] == kNone) continue;
+    const uint32_t r = record_of_[id];
+    uint8_t expected = 1;
+    if (!state_[r].compare_exchange_strong(expected, 4)) continue;  // not adopted (or released)
+    const launch::KeptSample& rec = records_[r];
+    const int fd = rec.data_file < data_fds_.size() ? data_fds_[rec.data_file] : -1;
+    if (fd < 0) continue;
+    // The sample's slot: its bytes and the padding up to the next slot (slots are aligned). A read
+    // of the punched bytes gives zeros: a Fetch that raced with this one finds the sample
+    // released, not corrupt (below).
+    uint64_t len = rec.length;
+    if (rec.data_offset % kSsdAlignment == 0)
+      len = (len + kSsdAlignment - 1) / kSsdAlignment * kSsdAlignment;
+    if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(rec.data_offset),
+                    off_t(len)) == 0) {
+      bytes += len;
+    } else if (!punch_refused_.exchange(true)) {
+      spdlog::warn(
+          "kept area: {} cannot punch holes ({}); the adopted samples stay on disk until "
+          "exit",
+          dir_ + "/data." + std::to_string(rec.data_file), std::strerror(errno));
+    }
+    ++released;
+  }
+  released_samples_.fetch_add(released, std::memory_order_relaxed);
+  released_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  return released;
+}
+
 Result<uint64_t> KeptCopy::Fetch(policy::SampleId sample, std::span<std::byte> dst) {
   if (name_.empty() || sample >= record_of_.size() || record_of_[sample] == kNone) {
     return Status::NotFound("sample " + std::to_string(sample) + " is not kept");
   }
   const uint32_t r = record_of_[sample];
-  if (state_[r].load(std::memory_order_acquire) == 2) {
-    return Status::NotFound("sample " + std::to_string(sample) + " was rejected");
+  if (const uint8_t state = state_[r].load(std::memory_order_acquire); state == 2 || state == 4) {
+    return Status::NotFound("sample " + std::to_string(sample) +
+                            (state == 2 ? " was rejected" : " is in a tier"));
   }
   const launch::KeptSample& rec = records_[r];
   const auto reject = [&](const std::string& why, StatusCode code) -> Status {
@@ -254,11 +351,17 @@ Result<uint64_t> KeptCopy::Fetch(policy::SampleId sample, std::span<std::byte> d
     return Status(code, "kept sample " + std::to_string(sample) + ": " + why);
   };
   if (dst.size() != rec.length) return reject("size differs", StatusCode::kFailedPrecondition);
-  Result<FileStat> st = env_->Stat(catalog_.path(sample));
-  if (!st.ok()) return reject(st.status().message(), StatusCode::kFailedPrecondition);
-  if (st->size != rec.file_size || st->mtime_ns != rec.mtime_ns || st->ctime_ns != rec.ctime_ns ||
-      st->inode != rec.inode) {
-    return reject("its file changed since it was kept", StatusCode::kFailedPrecondition);
+  // The file's check: CheckAhead's stat, or one here when it has not reached the file yet.
+  if (!checked_[r].load(std::memory_order_acquire)) {
+    Result<FileStat> st = env_->Stat(catalog_.path(sample));
+    if (!st.ok()) return reject(st.status().message(), StatusCode::kFailedPrecondition);
+    if (!Unchanged(rec, *st)) {
+      return reject("its file changed since it was kept", StatusCode::kFailedPrecondition);
+    }
+  }
+  // CheckAhead may have rejected it meanwhile (its stat came later than ours).
+  if (state_[r].load(std::memory_order_acquire) == 2) {
+    return Status::NotFound("sample " + std::to_string(sample) + " was rejected");
   }
   const int fd = rec.data_file < data_fds_.size() ? data_fds_[rec.data_file] : -1;
   if (fd < 0) return reject("its data file is missing", StatusCode::kCorruption);
@@ -270,6 +373,9 @@ Result<uint64_t> KeptCopy::Fetch(policy::SampleId sample, std::span<std::byte> d
   const uint64_t h = XXH3_64bits(dst.data(), dst.size());
   const std::optional<uint64_t> known = catalog_.checksum(sample);
   if (h != rec.xxh3 || (known && *known != h)) {
+    if (state_[r].load(std::memory_order_acquire) == 4) {
+      return Status::NotFound("sample " + std::to_string(sample) + " is in a tier");
+    }
     return reject("the kept bytes differ from their checksum", StatusCode::kCorruption);
   }
   uint8_t expected = 0;
