@@ -264,8 +264,15 @@ Status Daemon::Init() {
         so.scratch_root = c.path;
         so.job = options_.job_id;
         so.node = std::to_string(options_.node);
+        // The class's kept copy: its data files become the tier's where the layouts agree (the
+        // same plan as the job that kept them), so its samples are neither read nor copied.
+        KeptCopy* copy = nullptr;
+        for (KeptClass& k : kept_)
+          if (k.class_index == j && k.copy) copy = k.copy.get();
+        if (copy != nullptr) so.adopt_data = copy->InPlaceFiles(*layout);
         Result<std::unique_ptr<SsdTier>> t = SsdTier::Create(so, std::move(*layout));
         if (!t.ok()) return t.status().WithContext("class " + c.name);
+        if (copy != nullptr) copy->SetInPlaceTier(t->get());
         ref.ssd = t->get();
         ssd_tiers_.push_back(std::move(*t));
       }
@@ -520,6 +527,8 @@ void Daemon::Stop() {
     if (p) p->Stop();
   peers_.reset();
   prefetchers_.clear();
+  for (KeptClass& k : kept_)
+    if (k.copy) k.copy->StopChecks();  // they may mark slots of a tier ready
   KeepAtExit();
   if (metrics_ && reader_) WriteMetrics();  // with what was kept
   reader_.reset();

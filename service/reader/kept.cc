@@ -198,6 +198,15 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
 void KeptCopy::PutBack() {
   StopChecks();
   if (name_.empty()) return;
+  // The data files a tier took over come back (the tier, never served, is destroyed next; the
+  // next adoption checks every sample's bytes again).
+  for (uint32_t f = 0; in_place_tier_ != nullptr && f < in_place_.size(); ++f) {
+    if (in_place_[f]) {
+      (void)::rename(in_place_tier_->DataPath(f).c_str(),
+                     (dir_ + "/data." + std::to_string(f)).c_str());
+    }
+  }
+  in_place_tier_ = nullptr;
   // Adoption only reads the copy: it is as it was kept.
   for (int& fd : data_fds_) {
     if (fd >= 0) ::close(fd);
@@ -232,10 +241,15 @@ void KeptCopy::Remove() {
 }
 
 void KeptCopy::Reject(uint32_t record, policy::SampleId sample, const std::string& why) {
-  uint8_t expected = 0;
-  bool first = state_[record].compare_exchange_strong(expected, 2);
-  if (!first && expected == 1) first = state_[record].compare_exchange_strong(expected, 2);
-  if (!first) return;
+  uint8_t was = state_[record].load(std::memory_order_acquire);
+  while ((was == 0 || was == 1 || was == 5) && !state_[record].compare_exchange_weak(was, 2)) {
+  }
+  if (was != 0 && was != 1 && was != 5) return;  // rejected or released before
+  if (was == 5) {
+    // Marked ready in place but never served from here (the tier's check caught its bytes).
+    adopted_samples_.fetch_sub(1, std::memory_order_relaxed);
+    adopted_bytes_.fetch_sub(records_[record].length, std::memory_order_relaxed);
+  }
   const uint64_t n = rejected_.fetch_add(1, std::memory_order_relaxed);
   if (n < kLoggedRejects) {
     spdlog::info("kept area: sample {} ({}) not adopted, read from its source: {}", sample,
@@ -286,11 +300,53 @@ void KeptCopy::CheckAhead(std::span<const policy::SampleId> order, unsigned thre
             Reject(r, id, "its file changed since it was kept");
           } else {
             checked_[r].store(true, std::memory_order_release);
+            if (in_place_tier_ != nullptr && in_place_[records_[r].data_file]) MarkInPlace(r, id);
           }
         }
       }
     });
   }
+}
+
+std::vector<std::string> KeptCopy::InPlaceFiles(const TierLayout& layout) const {
+  std::vector<std::string> out(layout.file_count());
+  if (name_.empty()) return out;
+  // [kept data file]: 1 while every kept sample in it sits at its extent in `layout`, 0 once one
+  // does not; 2 (no sample seen yet) at first.
+  std::vector<uint8_t> fits(data_fds_.size(), 2);
+  for (policy::SampleId id = 0; id < record_of_.size(); ++id) {
+    const uint32_t r = record_of_[id];
+    if (r == kNone) continue;
+    const launch::KeptSample& rec = records_[r];
+    if (rec.data_file >= fits.size()) continue;
+    const uint32_t slot = layout.SlotOf(id);
+    bool at = false;
+    if (slot != kNoSlot) {
+      const SlotExtent e = layout.Extent(slot);
+      at = e.file == rec.data_file && e.offset == rec.data_offset && e.size == rec.length;
+    }
+    if (!at) fits[rec.data_file] = 0;
+    if (at && fits[rec.data_file] == 2) fits[rec.data_file] = 1;
+  }
+  for (uint32_t f = 0; f < fits.size() && f < out.size(); ++f) {
+    struct stat st {};
+    if (fits[f] == 1 && data_fds_[f] >= 0 && ::fstat(data_fds_[f], &st) == 0 &&
+        uint64_t(st.st_size) == layout.file_bytes(f)) {
+      out[f] = dir_ + "/data." + std::to_string(f);
+    }
+  }
+  return out;
+}
+
+void KeptCopy::SetInPlaceTier(SsdTier* tier) {
+  in_place_.assign(data_fds_.size(), false);
+  bool any = false;
+  for (uint32_t f = 0; f < in_place_.size(); ++f) {
+    in_place_[f] = tier != nullptr && tier->adopted(f);
+    any = any || in_place_[f];
+  }
+  in_place_tier_ = any ? tier : nullptr;
+  if (any) spdlog::info("kept area: the SSD tier {} took over data files of {}", tier->dir(), dir_);
 }
 
 void KeptCopy::WaitChecks() {
@@ -303,12 +359,33 @@ void KeptCopy::StopChecks() {
   WaitChecks();
 }
 
+void KeptCopy::MarkInPlace(uint32_t r, policy::SampleId id) {
+  const launch::KeptSample& rec = records_[r];
+  const std::optional<uint64_t> known = catalog_.checksum(id);
+  if (known && *known != rec.xxh3) {
+    Reject(r, id, "the kept bytes differ from their checksum");
+    return;
+  }
+  uint8_t expected = 0;
+  if (!state_[r].compare_exchange_strong(expected, 5)) return;  // fetched (or rejected) already
+  adopted_samples_.fetch_add(1, std::memory_order_relaxed);
+  adopted_bytes_.fetch_add(rec.length, std::memory_order_relaxed);
+  // A fill that claimed the slot first writes the same bytes (read from here, checked).
+  const uint32_t slot = in_place_tier_->layout().SlotOf(id);
+  if (slot != kNoSlot && in_place_tier_->slots().TryBeginFill(slot)) {
+    in_place_tier_->slots().MarkReady(slot, rec.xxh3);
+    in_place_samples_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
 uint64_t KeptCopy::Release(std::span<const policy::SampleId> samples) {
   if (name_.empty()) return 0;
   uint64_t released = 0, bytes = 0;
   for (policy::SampleId id : samples) {
     if (id >= record_of_.size() || record_of_[id] == kNone) continue;
     const uint32_t r = record_of_[id];
+    // A file the tier took over holds the tier's own copy.
+    if (in_place_tier_ != nullptr && in_place_[records_[r].data_file]) continue;
     uint8_t expected = 1;
     if (!state_[r].compare_exchange_strong(expected, 4)) continue;  // not adopted (or released)
     const launch::KeptSample& rec = records_[r];

@@ -68,8 +68,24 @@ class KeptCopy {
   void CheckAhead(std::span<const policy::SampleId> order, unsigned threads);
   // Waits until CheckAhead's threads are done (they stop early on Remove or PutBack).
   void WaitChecks();
+  // Stops CheckAhead's threads and waits for them (before the in-place tier is kept or destroyed).
+  void StopChecks();
   // Files CheckAhead stat-ed so far.
   uint64_t checked_files() const { return checked_files_.load(std::memory_order_relaxed); }
+
+  // The kept data files an SSD tier with `layout` can take over as its own data files
+  // (SsdTierOptions::adopt_data), with no copy: [layout's file] the path of the kept data file of
+  // the same index when it has the layout's size and every kept sample in it that the catalog has
+  // sits exactly at that sample's extent in `layout`; "" otherwise.
+  std::vector<std::string> InPlaceFiles(const TierLayout& layout) const;
+  // The tier that took over some of the files InPlaceFiles named (SsdTier::adopted); must outlive
+  // the copy's checks (Remove, or destruction, stops them). CheckAhead then marks each sample of
+  // those files ready in the tier, with the kept xxh3 as its checksum, once its file is found
+  // unchanged (the tier checks every read against it); Release leaves those files alone. Called
+  // before CheckAhead.
+  void SetInPlaceTier(SsdTier* tier);
+  // Samples CheckAhead marked ready in the in-place tier.
+  uint64_t in_place_samples() const { return in_place_samples_.load(std::memory_order_relaxed); }
 
   // Frees the disk of the adopted samples among `samples` (each one must be ready in a tier of
   // this job: it is never fetched from here again): their bytes are punched out of the data
@@ -88,8 +104,9 @@ class KeptCopy {
   const std::string& dir() const { return dir_; }
   // Closes and removes the private entry. Idempotent.
   void Remove();
-  // Gives the copy back under its key (nopfsd failed to start; adoption only reads it), or
-  // removes it when the key is taken meanwhile. Idempotent.
+  // Gives the copy back under its key (nopfsd failed to start; adoption only reads it), with the
+  // data files the in-place tier took over, or removes it when the key is taken meanwhile.
+  // Idempotent.
   void PutBack();
 
  private:
@@ -97,7 +114,8 @@ class KeptCopy {
   void Reject(uint32_t record, policy::SampleId sample, const std::string& why);
   // Whether `st` is the stat the record was kept with.
   static bool Unchanged(const launch::KeptSample& rec, const FileStat& st);
-  void StopChecks();
+  // Record r (sample id) of an in-place file, its file unchanged: adopted, ready in the tier.
+  void MarkInPlace(uint32_t r, policy::SampleId id);
 
   Catalog& catalog_;
   Env* env_;
@@ -107,13 +125,17 @@ class KeptCopy {
   std::vector<int> data_fds_;                // [data file], -1: absent
   std::vector<launch::KeptSample> records_;  // from the index
   std::vector<uint32_t> record_of_;          // [sample]: index into records_, or kNone
-  // [record]: 0 untried, 1 adopted, 2 rejected, 4 released (adopted, its bytes punched out)
+  // [record]: 0 untried, 1 adopted, 2 rejected, 4 released (adopted, its bytes punched out),
+  // 5 adopted in place (marked ready in the in-place tier)
   std::unique_ptr<std::atomic<uint8_t>[]> state_;
   std::unique_ptr<std::atomic<bool>[]> checked_;  // [record]: its file found unchanged this job
   uint64_t matched_ = 0;
   std::atomic<uint64_t> adopted_samples_{0}, adopted_bytes_{0}, rejected_{0};
   std::atomic<uint64_t> released_samples_{0}, released_bytes_{0}, checked_files_{0};
   std::atomic<bool> stop_checks_{false}, punch_refused_{false};
+  std::atomic<uint64_t> in_place_samples_{0};
+  SsdTier* in_place_tier_ = nullptr;
+  std::vector<bool> in_place_;  // [data file]: taken over by in_place_tier_
   std::vector<std::thread> checkers_;
 };
 

@@ -347,6 +347,124 @@ TEST_F(KeptTest, ReleaseFreesTheDiskOfAdoptedSamplesOnly) {
   EXPECT_EQ((*k)->Release(all), 1u);  // 3, adopted just now
 }
 
+// A new SSD tier with the kept tier's layout (the same plan) takes the kept data file over: the
+// samples whose file is unchanged become ready in it without a read or a copy, and every read of
+// the tier still checks the kept xxh3. A changed file's sample stays for the prefetch (its new
+// bytes), a flipped kept byte fails the tier's read (the reader then goes to the PFS), and
+// Release leaves the taken-over file alone. A tier with another layout takes nothing over.
+TEST_F(KeptTest, ATierWithTheSameLayoutTakesTheKeptFileOverInPlace) {
+  Result<KeepResult> r = KeepSsdTier(Options(), *ssd_, *catalog_, Env::Default());
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const SlotExtent e9 = ssd_->layout().Extent(ssd_->layout().SlotOf(9));
+  {
+    std::fstream f(r->dir + "/data." + std::to_string(e9.file),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(e9.offset + 3));
+    f.put('\x07');
+  }
+  ASSERT_TRUE(ssd_->Destroy().ok());
+  ssd_.reset();
+  {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::fstream f(catalog_->path(6), std::ios::in | std::ios::out | std::ios::binary);
+    f.put('\x5a');
+  }
+  Result<std::unique_ptr<KeptCopy>> k = KeptCopy::Adopt(place_, *catalog_, Env::Default());
+  ASSERT_TRUE(k.ok()) << k.status().message();
+  const std::vector<uint64_t> sizes(catalog_->sizes().begin(), catalog_->sizes().end());
+  std::vector<policy::SampleId> all, reversed;
+  for (policy::SampleId id = 0; id < kFiles; ++id)
+    all.push_back(id);
+  reversed.assign(all.rbegin(), all.rend());
+
+  // Another order, another layout: nothing to take over.
+  Result<TierLayout> other = TierLayout::Ssd(PlanOf(reversed, sizes), sizes);
+  ASSERT_TRUE(other.ok());
+  for (const std::string& f : (*k)->InPlaceFiles(*other))
+    EXPECT_EQ(f, "");
+
+  Result<TierLayout> layout = TierLayout::Ssd(PlanOf(all, sizes), sizes);
+  ASSERT_TRUE(layout.ok());
+  SsdTierOptions so{scratch_, "job2", "0", true};
+  so.adopt_data = (*k)->InPlaceFiles(*layout);
+  ASSERT_EQ(so.adopt_data.size(), 1u);
+  EXPECT_EQ(so.adopt_data[0], (*k)->dir() + "/data.0");
+  Result<std::unique_ptr<SsdTier>> t = SsdTier::Create(so, std::move(*layout));
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  SsdTier& tier = **t;
+  EXPECT_TRUE(tier.adopted(0));
+  EXPECT_FALSE(fs::exists((*k)->dir() + "/data.0"));  // renamed, not copied
+  (*k)->SetInPlaceTier(&tier);
+  (*k)->CheckAhead(all, 4);
+  (*k)->WaitChecks();
+  EXPECT_EQ((*k)->in_place_samples(), kFiles - 1);
+  EXPECT_EQ((*k)->adopted_samples(), kFiles - 1);
+  EXPECT_EQ((*k)->rejected_samples(), 1u);
+  EXPECT_EQ(tier.slots().state(tier.layout().SlotOf(6)), SlotState::kEmpty);
+  for (policy::SampleId id = 0; id < kFiles; ++id) {
+    if (id == 6) continue;
+    ASSERT_EQ(tier.slots().state(tier.layout().SlotOf(id)), SlotState::kReady) << id;
+    std::string got(catalog_->length(id), '\0');
+    const Status s = tier.Read(id, {reinterpret_cast<std::byte*>(got.data()), got.size()});
+    if (id == 9) {
+      EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.message();
+      EXPECT_EQ(tier.slots().state(tier.layout().SlotOf(id)), SlotState::kFailed);
+    } else {
+      ASSERT_TRUE(s.ok()) << id << ": " << s.message();
+      EXPECT_EQ(got, Bytes(id)) << id;
+    }
+  }
+  // The reader's next source for it is the kept copy: rejected there too, and no longer counted
+  // as adopted (no byte of it was served).
+  Status s;
+  Fetch(**k, 9, &s);
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.message();
+  EXPECT_EQ((*k)->adopted_samples(), kFiles - 2);
+  EXPECT_EQ((*k)->rejected_samples(), 2u);
+  EXPECT_EQ((*k)->Release(all), 0u);  // the tier's own file: nothing punched
+  std::string got(catalog_->length(2), '\0');
+  ASSERT_TRUE(tier.Read(2, {reinterpret_cast<std::byte*>(got.data()), got.size()}).ok());
+  EXPECT_EQ(got, Bytes(2));
+  (*k)->StopChecks();
+  ASSERT_TRUE(tier.Destroy().ok());
+}
+
+// A nopfsd that fails to start after its tier took the kept data file over gives the copy back
+// whole: the next adoption serves every sample.
+TEST_F(KeptTest, PutBackReturnsTheDataFilesATierTookOver) {
+  Result<KeepResult> r = KeepSsdTier(Options(), *ssd_, *catalog_, Env::Default());
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_TRUE(ssd_->Destroy().ok());
+  ssd_.reset();
+  std::vector<policy::SampleId> all;
+  for (policy::SampleId id = 0; id < kFiles; ++id)
+    all.push_back(id);
+  const std::vector<uint64_t> sizes(catalog_->sizes().begin(), catalog_->sizes().end());
+  {
+    Result<std::unique_ptr<KeptCopy>> k = KeptCopy::Adopt(place_, *catalog_, Env::Default());
+    ASSERT_TRUE(k.ok()) << k.status().message();
+    Result<TierLayout> layout = TierLayout::Ssd(PlanOf(all, sizes), sizes);
+    ASSERT_TRUE(layout.ok());
+    SsdTierOptions so{scratch_, "job2", "0", true};
+    so.adopt_data = (*k)->InPlaceFiles(*layout);
+    Result<std::unique_ptr<SsdTier>> t = SsdTier::Create(so, std::move(*layout));
+    ASSERT_TRUE(t.ok()) << t.status().message();
+    ASSERT_TRUE((*t)->adopted(0));
+    (*k)->SetInPlaceTier(t->get());
+    (*k)->CheckAhead(all, 2);
+    (*k)->PutBack();
+    ASSERT_TRUE((*t)->Destroy().ok());
+  }
+  ASSERT_TRUE(fs::exists(r->dir + "/data.0"));
+  Result<std::unique_ptr<KeptCopy>> k = KeptCopy::Adopt(place_, *catalog_, Env::Default());
+  ASSERT_TRUE(k.ok()) << k.status().message();
+  for (policy::SampleId id = 0; id < kFiles; ++id) {
+    Status s;
+    EXPECT_EQ(Fetch(**k, id, &s), Bytes(id)) << id;
+    EXPECT_TRUE(s.ok()) << id << ": " << s.message();
+  }
+}
+
 TEST_F(KeptTest, FlippedKeptByteIsRejected) {
   Result<KeepResult> r = KeepSsdTier(Options(), *ssd_, *catalog_, Env::Default());
   ASSERT_TRUE(r.ok()) << r.status().message();

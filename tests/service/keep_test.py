@@ -168,25 +168,37 @@ class KeepTest(unittest.TestCase):
         self.assertRegex(log, rf"kept area: kept {self.files} samples")
         self.assertEqual(second["kept_bytes"], 0)  # only known at exit
 
-    def test_the_adopted_copy_is_freed_once_the_tier_holds_its_samples(self):
+    def test_the_adopted_copy_is_never_on_disk_twice(self):
         self.run_job(self.keep_bin)
         kept = self.the_kept_dir()
         kept_disk = disk_bytes(kept)
         self.assertGreaterEqual(kept_disk, self.total)
-        # Once the SSD tier's prefetch is done, the adopted entry (.tmp.adopt.*) holds no sample.
         adopted = os.path.join(os.path.dirname(kept), ".tmp.adopt.*")
+        # Another seed, another layout: the samples are copied into the new tier, and once its
+        # prefetch is done the adopted entry (.tmp.adopt.*) holds none of them on disk.
+        self.JOB = ["--seed", 6, "--epochs", 2, "--batch", 16]
         then = (f"for i in $(seq 100); do b=$(cat {adopted}/data.* | wc -c) && "
                 f"d=$(du -s --block-size=1 {adopted} | cut -f1) && "
                 f"[ $d -lt {kept_disk // 10} ] && break; sleep 0.1; done; "
                 "echo $b $d > {out}.adopted")
-        p, second, _ = self.run_job(self.keep_bin, then=then)
+        _, second, _ = self.run_job(self.keep_bin, then=then)
         self.assertEqual(second["adopted_samples"], self.files, second)
         self.assertEqual(second["pfs_bytes"], 0, second)
         size, disk = map(int, st.read(os.path.join(self.work, "run2.adopted")).split())
         # The data files keep their length (holes read as zeros) but not their blocks.
         self.assertGreaterEqual(size, self.total)
         self.assertLess(disk, kept_disk // 10, (disk, kept_disk))
-        log = self.log(os.path.join(self.work, "run2"))
+        self.assertNotIn("took over", self.log(os.path.join(self.work, "run2")))
+        # The same job again (the layout it kept): the new tier takes the kept data files over,
+        # so the adopted entry has none while the job runs; every byte is right (--verify).
+        then = "ls " + adopted + " > {out}.adopted"
+        _, third, _ = self.run_job(self.keep_bin, then=then)
+        self.assertEqual(third["adopted_samples"], self.files, third)
+        self.assertEqual(third["pfs_bytes"], 0, third)
+        self.assertEqual(third["corrupt"], 0, third)
+        self.assertNotIn("data.", st.read(os.path.join(self.work, "run3.adopted")))
+        log = self.log(os.path.join(self.work, "run3"))
+        self.assertRegex(log, r"kept area: the SSD tier .* took over data files of ")
         self.assertRegex(log, rf"kept area: kept {self.files} samples")
 
     def test_a_file_rewritten_between_runs_is_read_again(self):
