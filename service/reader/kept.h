@@ -1,6 +1,7 @@
 // nopfsd's side of the kept area (launch/kept_area.h; docs/tiers.md, "The kept area"): adopting a
-// kept dataset at start (KeptCopy, a source of verified samples for the SampleReader) and keeping
-// the SSD tier's ready samples at exit (KeepSsdTier).
+// kept dataset at start (KeptCopy, a source of verified samples for the SampleReader, whose data
+// files an SSD tier of the same layout takes over in place) and keeping the SSD tier's ready
+// samples at exit (KeepSsdTier).
 //
 // A kept sample is trusted only when its PFS file is still what it was when it was kept (size,
 // mtime, ctime and inode, by one stat during this job: CheckAhead's, or Fetch's own when the check
