@@ -10,7 +10,6 @@
 #include <ctime>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
