@@ -10,7 +10,8 @@ moment (the first to register serves the others). All read when every one is up.
 its own `nopfs run --job-id`. Prints figures; never passes or fails.
 
   sudo bench/keep_bench.py BUILD_DIR [--files N] [--size BYTES] [--bandwidth MBPS]
-                           [--getattr-latency-us US] [--array N [--together]]
+                           [--getattr-latency-us US] [--second-seed S]
+                           [--array N [--together]]
 
 Runs as root (pfsemu mounts with allow_other); the jobs run as `nobody`.
 """
@@ -34,6 +35,9 @@ def main():
     ap.add_argument("--size", type=int, default=64 * 1024)
     ap.add_argument("--bandwidth", type=int, default=50, help="pfsemu's flat MB/s")
     ap.add_argument("--getattr-latency-us", type=int, default=200)
+    ap.add_argument("--second-seed", type=int, default=3,
+                    help="the second job's seed (3, the first's: its SSD tier takes the kept "
+                         "files over in place; another: it copies the adopted samples)")
     ap.add_argument("--array", type=int, default=0, help="N concurrent jobs (sibling reads)")
     ap.add_argument("--together", action="store_true",
                     help="with --array: start every job at once, not the first one first")
@@ -82,7 +86,8 @@ def main():
                       f"echo $t0 $t1 $t2 > {out}.times")
             subprocess.run(DEMOTE + [nopfs, "run", "--dataset", mnt, "--keep",
                                      "--ranks", "1", "--epochs", "2", "--batch", "16", "--seed",
-                                     "3", "--config", conf, "--run-dir", out + ".run",
+                                     str(a.second_seed if job == 2 else 3), "--config", conf,
+                                     "--run-dir", out + ".run",
                                      "--keep-run-dir", "-q", "--", "sh", "-c", script],
                            check=True, capture_output=True)
             t0, t1, t2 = map(float, open(out + ".times").read().split())

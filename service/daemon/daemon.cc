@@ -49,6 +49,8 @@ constexpr char kKeptScanOptions[] = "catalog/1";
 constexpr auto kKeepStatBudget = std::chrono::seconds(4);
 // Stats wait on the PFS's metadata servers, not on a core: many in flight.
 constexpr unsigned kKeepStatThreads = 32;
+// At start, the kept samples' files are stat-ed ahead of the reads by this many threads.
+constexpr unsigned kKeptCheckThreads = 16;
 // How often the metrics file is rewritten.
 constexpr std::chrono::seconds kMetricsPeriod(5);
 
@@ -270,8 +272,15 @@ Status Daemon::Init() {
         so.scratch_root = c.path;
         so.job = options_.job_id;
         so.node = std::to_string(options_.node);
+        // The class's kept copy: its data files become the tier's where the layouts agree (the
+        // same plan as the job that kept them), so its samples are neither read nor copied.
+        KeptCopy* copy = nullptr;
+        for (KeptClass& k : kept_)
+          if (k.class_index == j && k.copy) copy = k.copy.get();
+        if (copy != nullptr) so.adopt_data = copy->InPlaceFiles(*layout);
         Result<std::unique_ptr<SsdTier>> t = SsdTier::Create(so, std::move(*layout));
         if (!t.ok()) return t.status().WithContext("class " + c.name);
+        if (copy != nullptr) copy->SetInPlaceTier(t->get());
         ref.ssd = t->get();
         ssd_tiers_.push_back(std::move(*t));
       }
@@ -291,6 +300,20 @@ Status Daemon::Init() {
     if (k.copy) copies.push_back(k.copy.get());
   }
   if (!copies.empty()) {
+    // The kept samples' files are checked ahead of the reads, in the order of the job's first
+    // accesses (the tiers' prefetch orders, interleaved as their prefetchers run side by side).
+    std::vector<policy::SampleId> order;
+    for (size_t i = 0, more = 1; more != 0; ++i) {
+      more = 0;
+      for (const policy::TierPlan& tp : plan_.tiers) {
+        if (i < tp.prefetch_order.size()) {
+          order.push_back(tp.prefetch_order[i]);
+          ++more;
+        }
+      }
+    }
+    for (KeptCopy* k : copies)
+      k->CheckAhead(order, kKeptCheckThreads);
     // A sample is kept by one class at most: the first copy that knows it answers.
     reader_->SetKeptSource(
         [copies](policy::SampleId id, std::span<std::byte> dst) -> Result<uint64_t> {
@@ -340,14 +363,23 @@ Status Daemon::Init() {
     (void)peers_->Attach(plan_, counts, tier_refs_, pf, *catalog_, *reader_);
   }
   counts = {};
-  if (peers_) {
-    // A filled class is announced, so that the other nodes stop guessing (docs/algorithm.md §7).
-    PeerService* ps = peers_.get();
-    for (size_t j = 0; j < prefetchers_.size(); ++j) {
-      if (prefetchers_[j]) {
-        prefetchers_[j]->SetOnDone([ps, j] { ps->AnnounceClassDone(static_cast<uint32_t>(j)); });
-      }
-    }
+  // A filled class is announced, so that the other nodes stop guessing (docs/algorithm.md §7),
+  // and the kept copies free the disk of the samples it now holds (docs/tiers.md).
+  PeerService* ps = peers_.get();
+  for (size_t j = 0; j < prefetchers_.size(); ++j) {
+    if (!prefetchers_[j] || (ps == nullptr && copies.empty())) continue;
+    prefetchers_[j]->SetOnDone([this, ps, copies, j] {
+      if (ps != nullptr) ps->AnnounceClassDone(static_cast<uint32_t>(j));
+      if (copies.empty()) return;
+      std::vector<policy::SampleId> ready;
+      for (policy::SampleId id : plan_.tiers[j].prefetch_order)
+        if (tier_refs_[j].ram != nullptr ? tier_refs_[j].ram->IsReady(id)
+                                         : tier_refs_[j].ssd->IsReady(id)) {
+          ready.push_back(id);
+        }
+      for (KeptCopy* k : copies)
+        (void)k->Release(ready);
+    });
   }
   {
     MutexLock lock(&rate_mu_);
@@ -513,6 +545,8 @@ void Daemon::Stop() {
     if (p) p->Stop();
   peers_.reset();
   prefetchers_.clear();
+  for (KeptClass& k : kept_)
+    if (k.copy) k.copy->StopChecks();  // they may mark slots of a tier ready
   KeepAtExit();
   if (metrics_ && reader_) WriteMetrics();  // with what was kept
   reader_.reset();

@@ -149,7 +149,8 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
   k->created_ = m->created;
   for (uint32_t f = 0; f < m->data_files; ++f) {
     const std::string path = k->dir_ + "/data." + std::to_string(f);
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    // Read-write: Release punches the adopted samples out (only Release writes).
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     struct stat fst {};
     if (fd >= 0 && (::fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode))) {
       ::close(fd);
@@ -165,6 +166,7 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
     by_path[k->records_[r].relative_path].push_back(r);
   k->record_of_.assign(catalog.size(), kNone);
   k->state_ = std::make_unique<std::atomic<uint8_t>[]>(k->records_.size());
+  k->checked_ = std::make_unique<std::atomic<bool>[]>(k->records_.size());
   for (policy::SampleId id = 0; id < catalog.size(); ++id) {
     auto it = by_path.find(catalog.relative_path(id));
     if (it == by_path.end()) continue;
@@ -193,7 +195,17 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
 }
 
 void KeptCopy::PutBack() {
+  StopChecks();
   if (name_.empty()) return;
+  // The data files a tier took over come back (the tier, never served, is destroyed next; the
+  // next adoption checks every sample's bytes again).
+  for (uint32_t f = 0; in_place_tier_ != nullptr && f < in_place_.size(); ++f) {
+    if (in_place_[f]) {
+      (void)::rename(in_place_tier_->DataPath(f).c_str(),
+                     (dir_ + "/data." + std::to_string(f)).c_str());
+    }
+  }
+  in_place_tier_ = nullptr;
   // Adoption only reads the copy: it is as it was kept.
   for (int& fd : data_fds_) {
     if (fd >= 0) ::close(fd);
@@ -213,6 +225,7 @@ KeptCopy::~KeptCopy() {
 }
 
 void KeptCopy::Remove() {
+  StopChecks();
   for (int& fd : data_fds_) {
     if (fd >= 0) ::close(fd);
     fd = -1;
@@ -227,10 +240,15 @@ void KeptCopy::Remove() {
 }
 
 void KeptCopy::Reject(uint32_t record, policy::SampleId sample, const std::string& why) {
-  uint8_t expected = 0;
-  bool first = state_[record].compare_exchange_strong(expected, 2);
-  if (!first && expected == 1) first = state_[record].compare_exchange_strong(expected, 2);
-  if (!first) return;
+  uint8_t was = state_[record].load(std::memory_order_acquire);
+  while ((was == 0 || was == 1 || was == 5) && !state_[record].compare_exchange_weak(was, 2)) {
+  }
+  if (was != 0 && was != 1 && was != 5) return;  // rejected or released before
+  if (was == 5) {
+    // Marked ready in place but never served from here (the tier's check caught its bytes).
+    adopted_samples_.fetch_sub(1, std::memory_order_relaxed);
+    adopted_bytes_.fetch_sub(records_[record].length, std::memory_order_relaxed);
+  }
   const uint64_t n = rejected_.fetch_add(1, std::memory_order_relaxed);
   if (n < kLoggedRejects) {
     spdlog::info("kept area: sample {} ({}) not adopted, read from its source: {}", sample,
@@ -240,13 +258,168 @@ void KeptCopy::Reject(uint32_t record, policy::SampleId sample, const std::strin
   }
 }
 
+bool KeptCopy::Unchanged(const launch::KeptSample& rec, const FileStat& st) {
+  return st.size == rec.file_size && st.mtime_ns == rec.mtime_ns && st.ctime_ns == rec.ctime_ns &&
+         st.inode == rec.inode;
+}
+
+void KeptCopy::CheckAhead(std::span<const policy::SampleId> order, unsigned threads) {
+  if (name_.empty() || !checkers_.empty()) return;
+  // The kept samples in order (then the rest), grouped by file: one stat per file.
+  std::vector<std::vector<policy::SampleId>> files;
+  std::unordered_map<std::string_view, size_t> file_of;
+  std::vector<bool> queued(record_of_.size(), false);
+  const auto add = [&](policy::SampleId id) {
+    if (id >= record_of_.size() || record_of_[id] == kNone || queued[id]) return;
+    queued[id] = true;
+    auto [it, fresh] = file_of.try_emplace(catalog_.relative_path(id), files.size());
+    if (fresh) files.emplace_back();
+    files[it->second].push_back(id);
+  };
+  for (policy::SampleId id : order)
+    add(id);
+  for (policy::SampleId id = 0; id < record_of_.size(); ++id)
+    add(id);
+  if (files.empty()) return;
+  auto shared = std::make_shared<std::vector<std::vector<policy::SampleId>>>(std::move(files));
+  auto next = std::make_shared<std::atomic<size_t>>(0);
+  const unsigned n = std::max(1u, std::min<unsigned>(threads, unsigned(shared->size())));
+  for (unsigned t = 0; t < n; ++t) {
+    checkers_.emplace_back([this, shared, next] {
+      for (size_t i; !stop_checks_.load(std::memory_order_relaxed) &&
+                     (i = next->fetch_add(1, std::memory_order_relaxed)) < shared->size();) {
+        const std::vector<policy::SampleId>& samples = (*shared)[i];
+        Result<FileStat> st = env_->Stat(catalog_.path(samples.front()));
+        checked_files_.fetch_add(1, std::memory_order_relaxed);
+        for (policy::SampleId id : samples) {
+          const uint32_t r = record_of_[id];
+          if (!st.ok()) {
+            Reject(r, id, st.status().message());
+          } else if (!Unchanged(records_[r], *st)) {
+            Reject(r, id, "its file changed since it was kept");
+          } else {
+            checked_[r].store(true, std::memory_order_release);
+            if (in_place_tier_ != nullptr && in_place_[records_[r].data_file]) MarkInPlace(r, id);
+          }
+        }
+      }
+    });
+  }
+}
+
+std::vector<std::string> KeptCopy::InPlaceFiles(const TierLayout& layout) const {
+  std::vector<std::string> out(layout.file_count());
+  if (name_.empty()) return out;
+  // [kept data file]: 1 while every kept sample in it sits at its extent in `layout`, 0 once one
+  // does not; 2 (no sample seen yet) at first.
+  std::vector<uint8_t> fits(data_fds_.size(), 2);
+  for (policy::SampleId id = 0; id < record_of_.size(); ++id) {
+    const uint32_t r = record_of_[id];
+    if (r == kNone) continue;
+    const launch::KeptSample& rec = records_[r];
+    if (rec.data_file >= fits.size()) continue;
+    const uint32_t slot = layout.SlotOf(id);
+    bool at = false;
+    if (slot != kNoSlot) {
+      const SlotExtent e = layout.Extent(slot);
+      at = e.file == rec.data_file && e.offset == rec.data_offset && e.size == rec.length;
+    }
+    if (!at) fits[rec.data_file] = 0;
+    if (at && fits[rec.data_file] == 2) fits[rec.data_file] = 1;
+  }
+  for (uint32_t f = 0; f < fits.size() && f < out.size(); ++f) {
+    struct stat st {};
+    if (fits[f] == 1 && data_fds_[f] >= 0 && ::fstat(data_fds_[f], &st) == 0 &&
+        uint64_t(st.st_size) == layout.file_bytes(f)) {
+      out[f] = dir_ + "/data." + std::to_string(f);
+    }
+  }
+  return out;
+}
+
+void KeptCopy::SetInPlaceTier(SsdTier* tier) {
+  in_place_.assign(data_fds_.size(), false);
+  bool any = false;
+  for (uint32_t f = 0; f < in_place_.size(); ++f) {
+    in_place_[f] = tier != nullptr && tier->adopted(f);
+    any = any || in_place_[f];
+  }
+  in_place_tier_ = any ? tier : nullptr;
+  if (any) spdlog::info("kept area: the SSD tier {} took over data files of {}", tier->dir(), dir_);
+}
+
+void KeptCopy::WaitChecks() {
+  for (std::thread& t : checkers_)
+    if (t.joinable()) t.join();
+}
+
+void KeptCopy::StopChecks() {
+  stop_checks_.store(true, std::memory_order_relaxed);
+  WaitChecks();
+}
+
+void KeptCopy::MarkInPlace(uint32_t r, policy::SampleId id) {
+  const launch::KeptSample& rec = records_[r];
+  const std::optional<uint64_t> known = catalog_.checksum(id);
+  if (known && *known != rec.xxh3) {
+    Reject(r, id, "the kept bytes differ from their checksum");
+    return;
+  }
+  uint8_t expected = 0;
+  if (!state_[r].compare_exchange_strong(expected, 5)) return;  // fetched (or rejected) already
+  adopted_samples_.fetch_add(1, std::memory_order_relaxed);
+  adopted_bytes_.fetch_add(rec.length, std::memory_order_relaxed);
+  // A fill that claimed the slot first writes the same bytes (read from here, checked).
+  const uint32_t slot = in_place_tier_->layout().SlotOf(id);
+  if (slot != kNoSlot && in_place_tier_->slots().TryBeginFill(slot)) {
+    in_place_tier_->slots().MarkReady(slot, rec.xxh3);
+    in_place_samples_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+uint64_t KeptCopy::Release(std::span<const policy::SampleId> samples) {
+  if (name_.empty()) return 0;
+  uint64_t released = 0, bytes = 0;
+  for (policy::SampleId id : samples) {
+    if (id >= record_of_.size() || record_of_[id] == kNone) continue;
+    const uint32_t r = record_of_[id];
+    // A file the tier took over holds the tier's own copy.
+    if (in_place_tier_ != nullptr && in_place_[records_[r].data_file]) continue;
+    uint8_t expected = 1;
+    if (!state_[r].compare_exchange_strong(expected, 4)) continue;  // not adopted (or released)
+    const launch::KeptSample& rec = records_[r];
+    const int fd = rec.data_file < data_fds_.size() ? data_fds_[rec.data_file] : -1;
+    if (fd < 0) continue;
+    // The sample's slot: its bytes and the padding up to the next slot (slots are aligned). A read
+    // of the punched bytes gives zeros: a Fetch that raced with this one finds the sample
+    // released, not corrupt (below).
+    uint64_t len = rec.length;
+    if (rec.data_offset % kSsdAlignment == 0)
+      len = (len + kSsdAlignment - 1) / kSsdAlignment * kSsdAlignment;
+    if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(rec.data_offset),
+                    off_t(len)) == 0) {
+      bytes += len;
+    } else if (!punch_refused_.exchange(true)) {
+      spdlog::warn(
+          "kept area: {} cannot punch holes ({}); the adopted samples stay on disk until "
+          "exit",
+          dir_ + "/data." + std::to_string(rec.data_file), std::strerror(errno));
+    }
+    ++released;
+  }
+  released_samples_.fetch_add(released, std::memory_order_relaxed);
+  released_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  return released;
+}
+
 Result<uint64_t> KeptCopy::Fetch(policy::SampleId sample, std::span<std::byte> dst) {
   if (name_.empty() || sample >= record_of_.size() || record_of_[sample] == kNone) {
     return Status::NotFound("sample " + std::to_string(sample) + " is not kept");
   }
   const uint32_t r = record_of_[sample];
-  if (state_[r].load(std::memory_order_acquire) == 2) {
-    return Status::NotFound("sample " + std::to_string(sample) + " was rejected");
+  if (const uint8_t state = state_[r].load(std::memory_order_acquire); state == 2 || state == 4) {
+    return Status::NotFound("sample " + std::to_string(sample) +
+                            (state == 2 ? " was rejected" : " is in a tier"));
   }
   const launch::KeptSample& rec = records_[r];
   const auto reject = [&](const std::string& why, StatusCode code) -> Status {
@@ -254,11 +427,17 @@ Result<uint64_t> KeptCopy::Fetch(policy::SampleId sample, std::span<std::byte> d
     return Status(code, "kept sample " + std::to_string(sample) + ": " + why);
   };
   if (dst.size() != rec.length) return reject("size differs", StatusCode::kFailedPrecondition);
-  Result<FileStat> st = env_->Stat(catalog_.path(sample));
-  if (!st.ok()) return reject(st.status().message(), StatusCode::kFailedPrecondition);
-  if (st->size != rec.file_size || st->mtime_ns != rec.mtime_ns || st->ctime_ns != rec.ctime_ns ||
-      st->inode != rec.inode) {
-    return reject("its file changed since it was kept", StatusCode::kFailedPrecondition);
+  // The file's check: CheckAhead's stat, or one here when it has not reached the file yet.
+  if (!checked_[r].load(std::memory_order_acquire)) {
+    Result<FileStat> st = env_->Stat(catalog_.path(sample));
+    if (!st.ok()) return reject(st.status().message(), StatusCode::kFailedPrecondition);
+    if (!Unchanged(rec, *st)) {
+      return reject("its file changed since it was kept", StatusCode::kFailedPrecondition);
+    }
+  }
+  // CheckAhead may have rejected it meanwhile (its stat came later than ours).
+  if (state_[r].load(std::memory_order_acquire) == 2) {
+    return Status::NotFound("sample " + std::to_string(sample) + " was rejected");
   }
   const int fd = rec.data_file < data_fds_.size() ? data_fds_[rec.data_file] : -1;
   if (fd < 0) return reject("its data file is missing", StatusCode::kCorruption);
@@ -270,6 +449,9 @@ Result<uint64_t> KeptCopy::Fetch(policy::SampleId sample, std::span<std::byte> d
   const uint64_t h = XXH3_64bits(dst.data(), dst.size());
   const std::optional<uint64_t> known = catalog_.checksum(sample);
   if (h != rec.xxh3 || (known && *known != h)) {
+    if (state_[r].load(std::memory_order_acquire) == 4) {
+      return Status::NotFound("sample " + std::to_string(sample) + " is in a tier");
+    }
     return reject("the kept bytes differ from their checksum", StatusCode::kCorruption);
   }
   uint8_t expected = 0;

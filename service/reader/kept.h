@@ -1,14 +1,17 @@
 // nopfsd's side of the kept area (launch/kept_area.h; docs/tiers.md, "The kept area"): adopting a
-// kept dataset at start (KeptCopy, a source of verified samples for the SampleReader) and keeping
-// the SSD tier's ready samples at exit (KeepSsdTier).
+// kept dataset at start (KeptCopy, a source of verified samples for the SampleReader, whose data
+// files an SSD tier of the same layout takes over in place) and keeping the SSD tier's ready
+// samples at exit (KeepSsdTier).
 //
 // A kept sample is trusted only when its PFS file is still what it was when it was kept (size,
-// mtime, ctime and inode, by one stat) and its bytes hash to the xxh3 recorded then (and to the
-// job's own checksum of the sample when one is known); otherwise it is rejected, counted, and the
-// sample is read from its normal source. A sample is kept only when its file's ctime is older than
+// mtime, ctime and inode, by one stat during this job: CheckAhead's, or Fetch's own when the check
+// has not reached the file yet) and its bytes hash to the xxh3 recorded then (and to the job's own
+// checksum of the sample when one is known); otherwise it is rejected, counted, and the sample is
+// read from its normal source. A sample is kept only when its file's ctime is older than
 // the job's start, so the bytes the tier holds are the file's bytes at the stat.
 //
-// Thread safety: KeptCopy::Fetch and the counters are safe from any number of threads;
+// Thread safety: KeptCopy::Fetch, Release and the counters are safe from any number of threads
+// (and alongside CheckAhead's threads);
 // KeepSsdTier runs alone (the tier's writers stopped).
 #pragma once
 
@@ -18,6 +21,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/status.h"
@@ -58,34 +62,82 @@ class KeptCopy {
   // rejected now (counted once).
   Result<uint64_t> Fetch(policy::SampleId sample, std::span<std::byte> dst);
 
+  // Stats the files of the kept samples in the background, with `threads` threads, in `order`
+  // (the job's first accesses; kept samples not in it come last), one stat per file: a sample
+  // whose file is unchanged is marked checked and Fetch takes it without a stat of its own, one
+  // whose file changed is rejected. Called once, before or while Fetch runs.
+  void CheckAhead(std::span<const policy::SampleId> order, unsigned threads);
+  // Waits until CheckAhead's threads are done (they stop early on Remove or PutBack).
+  void WaitChecks();
+  // Stops CheckAhead's threads and waits for them (before the in-place tier is kept or destroyed).
+  void StopChecks();
+  // Files CheckAhead stat-ed so far.
+  uint64_t checked_files() const { return checked_files_.load(std::memory_order_relaxed); }
+
+  // The kept data files an SSD tier with `layout` can take over as its own data files
+  // (SsdTierOptions::adopt_data), with no copy: [layout's file] the path of the kept data file of
+  // the same index when it has the layout's size and every kept sample in it that the catalog has
+  // sits exactly at that sample's extent in `layout`; "" otherwise.
+  std::vector<std::string> InPlaceFiles(const TierLayout& layout) const;
+  // The tier that took over some of the files InPlaceFiles named (SsdTier::adopted); must outlive
+  // the copy's checks (Remove, or destruction, stops them). CheckAhead then marks each sample of
+  // those files ready in the tier, with the kept xxh3 as its checksum, once its file is found
+  // unchanged (the tier checks every read against it); Release leaves those files alone. Called
+  // before CheckAhead.
+  void SetInPlaceTier(SsdTier* tier);
+  // Samples CheckAhead marked ready in the in-place tier.
+  uint64_t in_place_samples() const { return in_place_samples_.load(std::memory_order_relaxed); }
+
+  // Frees the disk of the adopted samples among `samples` (each one must be ready in a tier of
+  // this job: it is never fetched from here again): their bytes are punched out of the data
+  // files. Returns the samples released.
+  uint64_t Release(std::span<const policy::SampleId> samples);
+
   uint64_t kept_samples() const { return matched_; }  // kept samples the catalog still has
   uint64_t adopted_samples() const { return adopted_samples_.load(std::memory_order_relaxed); }
   uint64_t adopted_bytes() const { return adopted_bytes_.load(std::memory_order_relaxed); }
   // Kept samples dropped: not in the catalog any more, file changed, bytes differ.
   uint64_t rejected_samples() const { return rejected_.load(std::memory_order_relaxed); }
+  // Adopted samples whose disk Release freed, and the bytes punched out.
+  uint64_t released_samples() const { return released_samples_.load(std::memory_order_relaxed); }
+  uint64_t released_bytes() const { return released_bytes_.load(std::memory_order_relaxed); }
   int64_t created() const { return created_; }
   const std::string& dir() const { return dir_; }
   // Closes and removes the private entry. Idempotent.
   void Remove();
-  // Gives the copy back under its key (nopfsd failed to start; adoption only reads it), or
-  // removes it when the key is taken meanwhile. Idempotent.
+  // Gives the copy back under its key (nopfsd failed to start; adoption only reads it), with the
+  // data files the in-place tier took over, or removes it when the key is taken meanwhile.
+  // Idempotent.
   void PutBack();
 
  private:
   KeptCopy(Catalog& catalog, Env* env) : catalog_(catalog), env_(env) {}
   void Reject(uint32_t record, policy::SampleId sample, const std::string& why);
+  // Whether `st` is the stat the record was kept with.
+  static bool Unchanged(const launch::KeptSample& rec, const FileStat& st);
+  // Record r (sample id) of an in-place file, its file unchanged: adopted, ready in the tier.
+  void MarkInPlace(uint32_t r, policy::SampleId id);
 
   Catalog& catalog_;
   Env* env_;
   std::string kept_dir_, key_, name_, dir_;
   int lock_fd_ = -1;
   int64_t created_ = 0;
-  std::vector<int> data_fds_;                      // [data file], -1: absent
-  std::vector<launch::KeptSample> records_;        // from the index
-  std::vector<uint32_t> record_of_;                // [sample]: index into records_, or kNone
-  std::unique_ptr<std::atomic<uint8_t>[]> state_;  // [record]: 0 untried, 1 adopted, 2 rejected
+  std::vector<int> data_fds_;                // [data file], -1: absent
+  std::vector<launch::KeptSample> records_;  // from the index
+  std::vector<uint32_t> record_of_;          // [sample]: index into records_, or kNone
+  // [record]: 0 untried, 1 adopted, 2 rejected, 4 released (adopted, its bytes punched out),
+  // 5 adopted in place (marked ready in the in-place tier)
+  std::unique_ptr<std::atomic<uint8_t>[]> state_;
+  std::unique_ptr<std::atomic<bool>[]> checked_;  // [record]: its file found unchanged this job
   uint64_t matched_ = 0;
   std::atomic<uint64_t> adopted_samples_{0}, adopted_bytes_{0}, rejected_{0};
+  std::atomic<uint64_t> released_samples_{0}, released_bytes_{0}, checked_files_{0};
+  std::atomic<bool> stop_checks_{false}, punch_refused_{false};
+  std::atomic<uint64_t> in_place_samples_{0};
+  SsdTier* in_place_tier_ = nullptr;
+  std::vector<bool> in_place_;  // [data file]: taken over by in_place_tier_
+  std::vector<std::thread> checkers_;
 };
 
 struct KeepOptions {

@@ -4,12 +4,14 @@
 #include "service/reader/kept.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -51,6 +53,36 @@ class SlowStatEnv final : public Env {
  private:
   std::chrono::milliseconds delay_;
 };
+
+// Env::Default() that counts its Stat calls.
+class CountingEnv final : public Env {
+ public:
+  Result<FileStat> Stat(const std::string& p) override {
+    stats.fetch_add(1);
+    return Env::Default()->Stat(p);
+  }
+  Result<std::vector<std::string>> ListDir(const std::string& d) override {
+    return Env::Default()->ListDir(d);
+  }
+  Status ReadAt(const std::string& p, uint64_t o, std::span<std::byte> dst) override {
+    return Env::Default()->ReadAt(p, o, dst);
+  }
+  Result<std::string> ReadFile(const std::string& p) override {
+    return Env::Default()->ReadFile(p);
+  }
+  std::atomic<uint64_t> stats{0};
+};
+
+// Disk bytes of the regular files directly in `dir`.
+uint64_t DiskBytes(const std::string& dir) {
+  uint64_t bytes = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    struct stat st {};
+    if (e.is_regular_file() && ::stat(e.path().c_str(), &st) == 0)
+      bytes += uint64_t(st.st_blocks) * 512;
+  }
+  return bytes;
+}
 
 class KeptTest : public ::testing::Test {
  protected:
@@ -216,6 +248,221 @@ TEST_F(KeptTest, TwoClassesKeepTheirOwnSamplesAndTogetherGiveBackEverySample) {
   }
   EXPECT_EQ(copies[0]->adopted_samples() + copies[1]->adopted_samples(), kFiles);
   EXPECT_EQ(copies[0]->rejected_samples() + copies[1]->rejected_samples(), 0u);
+}
+
+// The check ahead stats each file once, in the given order; Fetch then takes the checked samples
+// without a stat of its own and serves the files' bytes. A file changed after the adoption, before
+// the check reaches it, is rejected by the check, and Fetch never serves its kept bytes.
+TEST_F(KeptTest, CheckAheadStatsEachFileOnceAndCatchesAFileChangedAfterAdoption) {
+  Result<KeepResult> r = KeepSsdTier(Options(), *ssd_, *catalog_, Env::Default());
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  CountingEnv env;
+  Result<std::unique_ptr<KeptCopy>> k = KeptCopy::Adopt(place_, *catalog_, &env);
+  ASSERT_TRUE(k.ok()) << k.status().message();
+  {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::fstream f(catalog_->path(7), std::ios::in | std::ios::out | std::ios::binary);
+    f.put('\x5a');
+  }
+  std::vector<policy::SampleId> order;
+  for (policy::SampleId id = kFiles; id-- > 0;)
+    order.push_back(id);
+  (*k)->CheckAhead(order, 4);
+  (*k)->WaitChecks();
+  EXPECT_EQ(env.stats.load(), kFiles);
+  EXPECT_EQ((*k)->checked_files(), kFiles);
+  EXPECT_EQ((*k)->rejected_samples(), 1u);
+  for (policy::SampleId id = 0; id < kFiles; ++id) {
+    Status s;
+    const std::string got = Fetch(**k, id, &s);
+    if (id == 7) {
+      EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.message();
+    } else {
+      ASSERT_TRUE(s.ok()) << id << ": " << s.message();
+      EXPECT_EQ(got, Bytes(id)) << id;
+    }
+  }
+  EXPECT_EQ(env.stats.load(), kFiles);  // no stat of Fetch's own
+  EXPECT_EQ((*k)->adopted_samples(), kFiles - 1);
+  EXPECT_EQ((*k)->rejected_samples(), 1u);
+}
+
+// A kept byte flipped on disk is caught by the hash even when the file was checked ahead.
+TEST_F(KeptTest, CheckedAheadSampleWithAFlippedByteIsRejected) {
+  Result<KeepResult> r = KeepSsdTier(Options(), *ssd_, *catalog_, Env::Default());
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const SlotExtent e = ssd_->layout().Extent(ssd_->layout().SlotOf(4));
+  {
+    std::fstream f(r->dir + "/data." + std::to_string(e.file),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(e.offset + 1));
+    f.put('\x02');
+  }
+  Result<std::unique_ptr<KeptCopy>> k = KeptCopy::Adopt(place_, *catalog_, Env::Default());
+  ASSERT_TRUE(k.ok()) << k.status().message();
+  (*k)->CheckAhead({}, 2);
+  (*k)->WaitChecks();
+  EXPECT_EQ((*k)->rejected_samples(), 0u);
+  Status s;
+  Fetch(**k, 4, &s);
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.message();
+  EXPECT_EQ((*k)->rejected_samples(), 1u);
+}
+
+// Release punches the adopted samples' bytes out of the adopted copy (its disk shrinks), only
+// those: a sample not adopted yet stays and is still served; a released one is not served again.
+TEST_F(KeptTest, ReleaseFreesTheDiskOfAdoptedSamplesOnly) {
+  Result<KeepResult> r = KeepSsdTier(Options(), *ssd_, *catalog_, Env::Default());
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  Result<std::unique_ptr<KeptCopy>> k = KeptCopy::Adopt(place_, *catalog_, Env::Default());
+  ASSERT_TRUE(k.ok()) << k.status().message();
+  const uint64_t before = DiskBytes((*k)->dir());
+  std::vector<policy::SampleId> all;
+  for (policy::SampleId id = 0; id < kFiles; ++id) {
+    all.push_back(id);
+    if (id == 3) continue;  // not adopted yet
+    Status s;
+    EXPECT_EQ(Fetch(**k, id, &s), Bytes(id)) << id;
+    ASSERT_TRUE(s.ok()) << s.message();
+  }
+  EXPECT_EQ((*k)->Release(all), kFiles - 1);
+  EXPECT_EQ((*k)->released_samples(), kFiles - 1);
+  // Each released sample's slot is punched out: its bytes and its padding.
+  uint64_t slot_bytes = 0;
+  for (policy::SampleId id = 0; id < kFiles; ++id)
+    if (id != 3)
+      slot_bytes += (catalog_->length(id) + kSsdAlignment - 1) / kSsdAlignment * kSsdAlignment;
+  EXPECT_EQ((*k)->released_bytes(), slot_bytes);
+  const uint64_t after = DiskBytes((*k)->dir());
+  // Freed on disk too, less the blocks the file system may add to map the holes (ext4's extent
+  // tree).
+  ASSERT_GT(slot_bytes, 8 * 4096u);
+  EXPECT_LE(after + slot_bytes, before + 2 * 4096) << before << " -> " << after;
+  Status s;
+  Fetch(**k, 5, &s);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.message();
+  EXPECT_EQ(Fetch(**k, 3, &s), Bytes(3));
+  EXPECT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ((*k)->rejected_samples(), 0u);
+  EXPECT_EQ((*k)->Release(all), 1u);  // 3, adopted just now
+}
+
+// A new SSD tier with the kept tier's layout (the same plan) takes the kept data file over: the
+// samples whose file is unchanged become ready in it without a read or a copy, and every read of
+// the tier still checks the kept xxh3. A changed file's sample stays for the prefetch (its new
+// bytes), a flipped kept byte fails the tier's read (the reader then goes to the PFS), and
+// Release leaves the taken-over file alone. A tier with another layout takes nothing over.
+TEST_F(KeptTest, ATierWithTheSameLayoutTakesTheKeptFileOverInPlace) {
+  Result<KeepResult> r = KeepSsdTier(Options(), *ssd_, *catalog_, Env::Default());
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const SlotExtent e9 = ssd_->layout().Extent(ssd_->layout().SlotOf(9));
+  {
+    std::fstream f(r->dir + "/data." + std::to_string(e9.file),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(e9.offset + 3));
+    f.put('\x07');
+  }
+  ASSERT_TRUE(ssd_->Destroy().ok());
+  ssd_.reset();
+  {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::fstream f(catalog_->path(6), std::ios::in | std::ios::out | std::ios::binary);
+    f.put('\x5a');
+  }
+  Result<std::unique_ptr<KeptCopy>> k = KeptCopy::Adopt(place_, *catalog_, Env::Default());
+  ASSERT_TRUE(k.ok()) << k.status().message();
+  const std::vector<uint64_t> sizes(catalog_->sizes().begin(), catalog_->sizes().end());
+  std::vector<policy::SampleId> all, reversed;
+  for (policy::SampleId id = 0; id < kFiles; ++id)
+    all.push_back(id);
+  reversed.assign(all.rbegin(), all.rend());
+
+  // Another order, another layout: nothing to take over.
+  Result<TierLayout> other = TierLayout::Ssd(PlanOf(reversed, sizes), sizes);
+  ASSERT_TRUE(other.ok());
+  for (const std::string& f : (*k)->InPlaceFiles(*other))
+    EXPECT_EQ(f, "");
+
+  Result<TierLayout> layout = TierLayout::Ssd(PlanOf(all, sizes), sizes);
+  ASSERT_TRUE(layout.ok());
+  SsdTierOptions so{scratch_, "job2", "0", true};
+  so.adopt_data = (*k)->InPlaceFiles(*layout);
+  ASSERT_EQ(so.adopt_data.size(), 1u);
+  EXPECT_EQ(so.adopt_data[0], (*k)->dir() + "/data.0");
+  Result<std::unique_ptr<SsdTier>> t = SsdTier::Create(so, std::move(*layout));
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  SsdTier& tier = **t;
+  EXPECT_TRUE(tier.adopted(0));
+  EXPECT_FALSE(fs::exists((*k)->dir() + "/data.0"));  // renamed, not copied
+  (*k)->SetInPlaceTier(&tier);
+  (*k)->CheckAhead(all, 4);
+  (*k)->WaitChecks();
+  EXPECT_EQ((*k)->in_place_samples(), kFiles - 1);
+  EXPECT_EQ((*k)->adopted_samples(), kFiles - 1);
+  EXPECT_EQ((*k)->rejected_samples(), 1u);
+  EXPECT_EQ(tier.slots().state(tier.layout().SlotOf(6)), SlotState::kEmpty);
+  for (policy::SampleId id = 0; id < kFiles; ++id) {
+    if (id == 6) continue;
+    ASSERT_EQ(tier.slots().state(tier.layout().SlotOf(id)), SlotState::kReady) << id;
+    std::string got(catalog_->length(id), '\0');
+    const Status s = tier.Read(id, {reinterpret_cast<std::byte*>(got.data()), got.size()});
+    if (id == 9) {
+      EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.message();
+      EXPECT_EQ(tier.slots().state(tier.layout().SlotOf(id)), SlotState::kFailed);
+    } else {
+      ASSERT_TRUE(s.ok()) << id << ": " << s.message();
+      EXPECT_EQ(got, Bytes(id)) << id;
+    }
+  }
+  // The reader's next source for it is the kept copy: rejected there too, and no longer counted
+  // as adopted (no byte of it was served).
+  Status s;
+  Fetch(**k, 9, &s);
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.message();
+  EXPECT_EQ((*k)->adopted_samples(), kFiles - 2);
+  EXPECT_EQ((*k)->rejected_samples(), 2u);
+  EXPECT_EQ((*k)->Release(all), 0u);  // the tier's own file: nothing punched
+  std::string got(catalog_->length(2), '\0');
+  ASSERT_TRUE(tier.Read(2, {reinterpret_cast<std::byte*>(got.data()), got.size()}).ok());
+  EXPECT_EQ(got, Bytes(2));
+  (*k)->StopChecks();
+  ASSERT_TRUE(tier.Destroy().ok());
+}
+
+// A nopfsd that fails to start after its tier took the kept data file over gives the copy back
+// whole: the next adoption serves every sample.
+TEST_F(KeptTest, PutBackReturnsTheDataFilesATierTookOver) {
+  Result<KeepResult> r = KeepSsdTier(Options(), *ssd_, *catalog_, Env::Default());
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_TRUE(ssd_->Destroy().ok());
+  ssd_.reset();
+  std::vector<policy::SampleId> all;
+  for (policy::SampleId id = 0; id < kFiles; ++id)
+    all.push_back(id);
+  const std::vector<uint64_t> sizes(catalog_->sizes().begin(), catalog_->sizes().end());
+  {
+    Result<std::unique_ptr<KeptCopy>> k = KeptCopy::Adopt(place_, *catalog_, Env::Default());
+    ASSERT_TRUE(k.ok()) << k.status().message();
+    Result<TierLayout> layout = TierLayout::Ssd(PlanOf(all, sizes), sizes);
+    ASSERT_TRUE(layout.ok());
+    SsdTierOptions so{scratch_, "job2", "0", true};
+    so.adopt_data = (*k)->InPlaceFiles(*layout);
+    Result<std::unique_ptr<SsdTier>> t = SsdTier::Create(so, std::move(*layout));
+    ASSERT_TRUE(t.ok()) << t.status().message();
+    ASSERT_TRUE((*t)->adopted(0));
+    (*k)->SetInPlaceTier(t->get());
+    (*k)->CheckAhead(all, 2);
+    (*k)->PutBack();
+    ASSERT_TRUE((*t)->Destroy().ok());
+  }
+  ASSERT_TRUE(fs::exists(r->dir + "/data.0"));
+  Result<std::unique_ptr<KeptCopy>> k = KeptCopy::Adopt(place_, *catalog_, Env::Default());
+  ASSERT_TRUE(k.ok()) << k.status().message();
+  for (policy::SampleId id = 0; id < kFiles; ++id) {
+    Status s;
+    EXPECT_EQ(Fetch(**k, id, &s), Bytes(id)) << id;
+    EXPECT_TRUE(s.ok()) << id << ": " << s.message();
+  }
 }
 
 TEST_F(KeptTest, FlippedKeptByteIsRejected) {

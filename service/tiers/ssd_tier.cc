@@ -261,7 +261,7 @@ Result<std::unique_ptr<SsdTier>> SsdTier::Create(const SsdTierOptions& o, TierLa
         " bytes free (short by " + std::to_string(need - avail) +
         " bytes); lower the SSD capacity or free space in " + o.scratch_root);
   }
-  const Status s = tier->OpenFiles(o.direct_io);
+  const Status s = tier->OpenFiles(o.direct_io, o.adopt_data);
   if (!s.ok()) {
     (void)tier->Destroy();
     return s;
@@ -334,12 +334,27 @@ void SsdTier::StopPreallocation() {
   if (allocator_.joinable()) allocator_.join();
 }
 
-Status SsdTier::OpenFiles(bool direct_io) {
+Status SsdTier::OpenFiles(bool direct_io, const std::vector<std::string>& adopt) {
   direct_ = direct_io;
   for (uint32_t i = 0; i < layout_.file_count(); ++i) {
     const std::string path = DataPath(i);
+    bool adopted = false;
+    if (i < adopt.size() && !adopt[i].empty()) {
+      struct stat st {};
+      if (lstat(adopt[i].c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
+          static_cast<uint64_t>(st.st_size) != layout_.file_bytes(i)) {
+        TierLog()->warn("ssd tier: not taking over {}: not a regular file of {} bytes", adopt[i],
+                        layout_.file_bytes(i));
+      } else if (rename(adopt[i].c_str(), path.c_str()) != 0) {
+        TierLog()->warn("ssd tier: not taking over {}: {}", adopt[i], std::strerror(errno));
+      } else {
+        adopted = true;
+      }
+    }
+    adopted_.push_back(adopted);
     DataFile f;
-    f.fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    f.fd = open(path.c_str(), O_RDWR | (adopted ? 0 : O_CREAT | O_EXCL) | O_CLOEXEC | O_NOFOLLOW,
+                0600);
     if (f.fd < 0) return Status::FromErrno(errno, "ssd tier: creating " + path);
     files_.push_back(f);
     chunks_.emplace_back((layout_.file_bytes(i) + kAllocChunk - 1) / kAllocChunk);

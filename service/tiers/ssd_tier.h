@@ -60,6 +60,11 @@ struct SsdTierOptions {
   bool direct_io = true;     // try O_DIRECT (falls back to buffered I/O where refused)
   LocalIo* io = nullptr;     // the data files' reads, writes and preallocation (tests inject
                              // faults); nullptr: LocalIo::Default(). Must outlive the tier.
+  // [file]: a regular file of exactly the layout's file_bytes(file) that becomes that data file
+  // (renamed into place, its bytes kept) instead of a new empty one; "" (or past the end): a new
+  // one. One that cannot be taken is logged and a new file is made. Its slots stay empty: the
+  // caller marks ready those whose bytes it knows (docs/tiers.md, "The kept area").
+  std::vector<std::string> adopt_data = {};
 };
 
 class SsdTier final : public Tier {
@@ -87,6 +92,8 @@ class SsdTier final : public Tier {
   const std::string& dir() const { return dir_; }
   std::string DataPath(uint32_t file) const;
   bool direct_io() const { return direct_; }
+  // Whether data file `file` was taken over from SsdTierOptions::adopt_data.
+  bool adopted(uint32_t file) const { return file < adopted_.size() && adopted_[file]; }
   // Bytes of the data files preallocated so far.
   uint64_t allocated_bytes() const { return allocated_bytes_.load(std::memory_order_relaxed); }
   // Waits until the background preallocation has finished (tests, benchmarks).
@@ -120,7 +127,7 @@ class SsdTier final : public Tier {
     int direct_fd = -1;  // O_DIRECT, or -1
   };
   SsdTier(std::string dir, TierLayout layout, int lock_fd, LocalIo* io);
-  Status OpenFiles(bool direct_io);
+  Status OpenFiles(bool direct_io, const std::vector<std::string>& adopt);
   // Preallocates the chunks that bytes [offset, offset + size) of data file `file` lie in.
   Status Preallocate(uint32_t file, uint64_t offset, uint64_t size);
   void PreallocateAll();  // the background thread
@@ -134,6 +141,7 @@ class SsdTier final : public Tier {
   LocalIo* const io_;
   bool direct_ = false;
   std::vector<DataFile> files_;
+  std::vector<bool> adopted_;  // [file]
   bool destroyed_ = false;
   // One chunk is allocated at a time; a chunk's state is read without the mutex (atomic) and
   // written under it. chunks_[file][chunk].

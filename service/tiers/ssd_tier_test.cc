@@ -11,7 +11,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -104,6 +107,39 @@ TEST_P(SsdTierTest, EveryByteReadBackAlignedAndNot) {
   }
   std::vector<std::byte> buf(10);
   EXPECT_EQ(tier->Read(8, buf).code(), StatusCode::kNotFound);
+}
+
+// adopt_data: a file of the layout's size becomes the data file with its bytes (renamed, not
+// copied); one of another size is left where it is and a new empty data file is made.
+TEST_P(SsdTierTest, AdoptDataTakesAFileOfTheRightSizeOnly) {
+  const std::vector<policy::SampleId> order = {2, 0, 1};
+  auto layout = TierLayout::Ssd(PlanOf(order, kSizes), kSizes);
+  ASSERT_TRUE(layout.ok());
+  const uint64_t bytes = layout->file_bytes(0);
+  const std::string right = dir_->path() + "/right", wrong = dir_->path() + "/wrong";
+  {
+    std::ofstream(right, std::ios::binary) << std::string(bytes, 'r');
+    std::ofstream(wrong, std::ios::binary) << std::string(bytes + 1, 'w');
+  }
+  SsdTierOptions o = Options("job1");
+  o.adopt_data = {wrong};
+  auto fresh = SsdTier::Create(o, *layout);
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  EXPECT_FALSE((*fresh)->adopted(0));
+  EXPECT_TRUE(fs::exists(wrong));
+  ASSERT_TRUE((*fresh)->Destroy().ok());
+
+  o = Options("job2");
+  o.adopt_data = {right};
+  auto taken = SsdTier::Create(o, std::move(*layout));
+  ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+  EXPECT_TRUE((*taken)->adopted(0));
+  EXPECT_FALSE(fs::exists(right));
+  (*taken)->WaitPreallocated();  // allocating the rest keeps the bytes
+  std::ifstream in((*taken)->DataPath(0), std::ios::binary);
+  const std::string got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(got, std::string(bytes, 'r'));
+  ASSERT_TRUE((*taken)->Destroy().ok());
 }
 
 TEST_P(SsdTierTest, BufferedIoWhenDirectDisabled) {

@@ -40,6 +40,16 @@ import service_test as st  # noqa: E402  (the dataset and config helpers)
 BIN = None
 
 
+def disk_bytes(path):
+    """The disk bytes of the regular files under `path`."""
+    total = 0
+    for d, _, names in os.walk(path):
+        for n in names:
+            st_ = os.lstat(os.path.join(d, n))
+            total += st_.st_blocks * 512 if os.path.isfile(os.path.join(d, n)) else 0
+    return total
+
+
 class KeepTest(unittest.TestCase):
     JOB = ["--seed", 5, "--epochs", 2, "--batch", 16]
 
@@ -72,9 +82,10 @@ class KeepTest(unittest.TestCase):
     def launcher(self, name, extra):
         return st.launcher(self.work, name, extra)
 
-    def run_job(self, bin_dir=None, check=True, conf=None, tiers=("ssd",)):
+    def run_job(self, bin_dir=None, check=True, conf=None, tiers=("ssd",), then=""):
         """One `nopfs run` of one rank that reads both epochs with `nopfs cat --verify`, waits for
-        the prefetch of the SSD `tiers`, and saves `nopfs status --json`. Returns (proc, status,
+        the prefetch of the SSD `tiers`, runs the shell command `then` (if any; `{out}` in it is
+        this run's output prefix) and saves `nopfs status --json`. Returns (proc, status,
         cat)."""
         self.runs += 1
         out = os.path.join(self.work, f"run{self.runs}")
@@ -82,7 +93,8 @@ class KeepTest(unittest.TestCase):
         done = " && ".join(f"echo \"$s\" | grep -q 'tier {t}: .*prefetch done'" for t in tiers)
         script = (f"{nopfs_bin} cat --verify > {out}.cat 2> {out}.err && "
                   f"until s=$({nopfs_bin} status) && {done}; "
-                  f"do sleep 0.05; done; {nopfs_bin} status --json > {out}.json")
+                  f"do sleep 0.05; done; {then.format(out=out) + '; ' if then else ''}"
+                  f"{nopfs_bin} status --json > {out}.json")
         argv = st.demote_argv([os.path.join(bin_dir or BIN, "nopfs"), "run", "--dataset",
                                self.data.root, "--ranks", "1", *map(str, self.JOB), "--config",
                                conf or self.conf, "--run-dir", out + ".rundir", "--keep-run-dir",
@@ -155,6 +167,39 @@ class KeepTest(unittest.TestCase):
         log = self.log(os.path.join(self.work, "run2"))
         self.assertRegex(log, rf"kept area: kept {self.files} samples")
         self.assertEqual(second["kept_bytes"], 0)  # only known at exit
+
+    def test_the_adopted_copy_is_never_on_disk_twice(self):
+        self.run_job(self.keep_bin)
+        kept = self.the_kept_dir()
+        kept_disk = disk_bytes(kept)
+        self.assertGreaterEqual(kept_disk, self.total)
+        adopted = os.path.join(os.path.dirname(kept), ".tmp.adopt.*")
+        # Another seed, another layout: the samples are copied into the new tier, and once its
+        # prefetch is done the adopted entry (.tmp.adopt.*) holds none of them on disk.
+        self.JOB = ["--seed", 6, "--epochs", 2, "--batch", 16]
+        then = (f"for i in $(seq 100); do b=$(cat {adopted}/data.* | wc -c) && "
+                f"d=$(du -s --block-size=1 {adopted} | cut -f1) && "
+                f"[ $d -lt {kept_disk // 10} ] && break; sleep 0.1; done; "
+                "echo $b $d > {out}.adopted")
+        _, second, _ = self.run_job(self.keep_bin, then=then)
+        self.assertEqual(second["adopted_samples"], self.files, second)
+        self.assertEqual(second["pfs_bytes"], 0, second)
+        size, disk = map(int, st.read(os.path.join(self.work, "run2.adopted")).split())
+        # The data files keep their length (holes read as zeros) but not their blocks.
+        self.assertGreaterEqual(size, self.total)
+        self.assertLess(disk, kept_disk // 10, (disk, kept_disk))
+        self.assertNotIn("took over", self.log(os.path.join(self.work, "run2")))
+        # The same job again (the layout it kept): the new tier takes the kept data files over,
+        # so the adopted entry has none while the job runs; every byte is right (--verify).
+        then = "ls " + adopted + " > {out}.adopted"
+        _, third, _ = self.run_job(self.keep_bin, then=then)
+        self.assertEqual(third["adopted_samples"], self.files, third)
+        self.assertEqual(third["pfs_bytes"], 0, third)
+        self.assertEqual(third["corrupt"], 0, third)
+        self.assertNotIn("data.", st.read(os.path.join(self.work, "run3.adopted")))
+        log = self.log(os.path.join(self.work, "run3"))
+        self.assertRegex(log, r"kept area: the SSD tier .* took over data files of ")
+        self.assertRegex(log, rf"kept area: kept {self.files} samples")
 
     def test_a_file_rewritten_between_runs_is_read_again(self):
         _, first, _ = self.run_job(self.keep_bin)
