@@ -15,6 +15,7 @@
 
 #include "common/checksum.h"
 #include "common/coding.h"
+#include "common/lock_file.h"
 #include "common/unique_fd.h"
 
 namespace nopfs::launch {
@@ -155,11 +156,9 @@ std::string KeptAreaDir(const std::string& user_dir) {
 }
 
 Result<int> LockKeptEntry(const std::string& dir) {
-  const std::string path = dir + "/lock";
-  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (fd.get() < 0) return Status::FromErrno(errno, path);
-  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) return Status::FromErrno(errno, "flock " + path);
-  return fd.Release();
+  Result<int> fd = LockFileIn(dir, "lock");
+  if (fd.ok() && *fd < 0) return Status::Unavailable(dir + "/lock is held by another nopfsd");
+  return fd;
 }
 
 bool KeptEntryInUse(const std::string& kept_dir, const std::string& name) {

@@ -63,8 +63,9 @@ Status RemoveKept(const std::string& kept_dir, const std::string& name);
 // A .tmp.* entry is in use while a live nopfsd holds the flock of its `lock` file (LockKeptEntry),
 // and for kKeptLockGraceSeconds after its last change when it has no lock file yet.
 inline constexpr int64_t kKeptLockGraceSeconds = 60;
-// Creates <dir>/lock and takes its flock (LOCK_EX); returns the descriptor, which holds the lock
-// until closed.
+// Takes the flock (LOCK_EX) of <dir>/lock, making the file if it is missing in a way that never
+// shows it unlocked (common/lock_file.h); returns the descriptor, which holds the lock until
+// closed. Unavailable when another process holds it.
 Result<int> LockKeptEntry(const std::string& dir);
 // Whether a live nopfsd writes or adopts <kept>/<name> (see above); never follows a symlink.
 bool KeptEntryInUse(const std::string& kept_dir, const std::string& name);

@@ -122,15 +122,22 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
     (void)launch::RemoveKept(place.kept_dir, place.key);
     return Status::Corruption(src + ": not a directory (removed)");
   }
-  // Private first: two jobs never adopt the same directory (the loser finds nothing).
+  // Locked, then private: the entry's private name never shows a free lock to a cleaner
+  // (CleanKeptArea), and two jobs never adopt the same directory (the loser finds it locked or
+  // gone).
+  Result<int> lock = launch::LockKeptEntry(src);
+  if (!lock.ok()) {
+    if (lock.status().code() == StatusCode::kUnavailable) {
+      return Status::NotFound(src + ": another job adopts it");
+    }
+    return lock.status();
+  }
+  k->lock_fd_ = *lock;
   if (::rename(src.c_str(), k->dir_.c_str()) != 0) return Status::FromErrno(errno, src);
   const auto fail = [&k](Status s) {
     k->Remove();
     return s;
   };
-  Result<int> lock = launch::LockKeptEntry(k->dir_);
-  if (!lock.ok()) return fail(lock.status());
-  k->lock_fd_ = *lock;
 
   Result<std::string> mbytes = ReadPrivateFile(k->dir_ + "/MANIFEST", launch::kMaxManifestBytes);
   if (!mbytes.ok()) return fail(mbytes.status());

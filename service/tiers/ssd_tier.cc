@@ -18,6 +18,8 @@
 #include <string>
 #include <system_error>
 
+#include "common/lock_file.h"
+
 namespace nopfs::service {
 
 namespace {
@@ -78,10 +80,10 @@ Status EnsureUserDir(const std::string& path) {
 
 // Opens and locks <dir>/lock. Ok(fd) when locked by us; -1 when another process holds it;
 // NotFound when there is no lock file.
-Result<int> TryLock(const std::string& dir, bool create) {
+// The lock of an existing directory: its descriptor, or -1 when a live daemon holds it.
+Result<int> TryLock(const std::string& dir) {
   const std::string path = dir + "/" + kLockName;
-  const int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT | O_EXCL : 0);
-  const int fd = open(path.c_str(), flags, 0600);
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return Status::FromErrno(errno, "ssd tier: opening lock " + path);
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
@@ -161,7 +163,7 @@ Result<uint64_t> SsdTier::CleanupStale(const std::string& scratch_root, uid_t ui
     const std::string path = udir + "/" + n;
     struct stat st {};
     if (lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
-    auto lock = TryLock(path, /*create=*/false);
+    auto lock = TryLock(path);
     bool stale = false;
     if (lock.ok()) {
       if (*lock < 0) continue;  // a live daemon holds it
@@ -213,7 +215,8 @@ Result<std::unique_ptr<SsdTier>> SsdTier::Create(const SsdTierOptions& o, TierLa
   if (mkdtemp(tmpl.data()) == nullptr) {
     return Status::FromErrno(errno, "ssd tier: creating a directory in " + udir);
   }
-  auto lock = TryLock(tmpl, /*create=*/true);
+  // The lock file appears already locked (LockFileIn): a cleaner never finds it free.
+  auto lock = LockFileIn(tmpl, kLockName);
   if (!lock.ok() || *lock < 0) {
     (void)RemoveTree(tmpl);
     return lock.ok() ? Status::Internal("ssd tier: fresh lock in " + tmpl + " is held")
@@ -223,7 +226,7 @@ Result<std::unique_ptr<SsdTier>> SsdTier::Create(const SsdTierOptions& o, TierLa
     const int err = errno;
     bool retried = false;
     if (err == EEXIST || err == ENOTEMPTY) {
-      auto other = TryLock(final_dir, /*create=*/false);
+      auto other = TryLock(final_dir);
       if (other.ok() && *other < 0) {
         close(*lock);
         (void)RemoveTree(tmpl);
