@@ -530,6 +530,9 @@ struct JobRun {
       for (uint32_t i = 0; i < local && exit_code == 0; ++i) {
         Child::Options o;
         o.new_group = false;
+        // A launcher killed outright (SIGKILL, the OOM killer) takes its ranks with it, as it
+        // takes nopfsd, instead of leaving them to run on without their service.
+        o.die_with_parent = true;
         o.netns_fd = r.netns_fd;
         as.Apply(&o);
         launch::TaskEnv env;

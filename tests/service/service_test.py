@@ -733,6 +733,40 @@ class ServiceTest(unittest.TestCase):
             self.assertIn("is not a job id: write a Slurm job id, a decimal number", p.stderr)
             self.assertNotIn("nopfsd", p.stderr, bad)  # refused before anything started
 
+    def test_a_launcher_killed_outright_takes_its_ranks_and_nopfsd_with_it(self):
+        # `nopfs run` SIGKILLed (no chance to forward a signal): each rank and nopfsd get SIGTERM
+        # from the kernel as their parent dies, instead of running on without it.
+        run_dir = os.path.join(self.work, "killedrun")
+        pids = os.path.join(self.work, "killed-pids")
+        os.mkdir(pids)
+        os.chmod(pids, 0o777)
+        argv = demote_argv([os.path.join(BIN, "nopfs"), "run", "--dataset", self.data.root,
+                            "--ranks", 2, *map(str, self.JOB), "--run-dir", run_dir,
+                            "--keep-run-dir", "--", "sh", "-c",
+                            f"echo $$ > {pids}/$NOPFS_RANK; while :; do sleep 0.05; done"])
+        launcher = subprocess.Popen([str(a) for a in argv], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+        deadline = time.time() + 60
+        while len(os.listdir(pids)) < 2 or not os.path.exists(os.path.join(run_dir, "nopfsd.pid")):
+            self.assertIsNone(launcher.poll(), "nopfs run ended")
+            self.assertLess(time.time(), deadline, "the ranks never started")
+            time.sleep(0.05)
+        ranks = [int(read(os.path.join(pids, r)).strip()) for r in ("0", "1")]
+        daemon = int(read(os.path.join(run_dir, "nopfsd.pid")).split()[0])
+        launcher.kill()
+        launcher.wait()
+
+        def alive(pid):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    return not f.read().rsplit(")", 1)[1].split()[0] == "Z"
+            except FileNotFoundError:
+                return False
+        deadline = time.time() + 10
+        while any(alive(p) for p in ranks + [daemon]) and time.time() < deadline:
+            time.sleep(0.05)
+        self.assertEqual([p for p in ranks + [daemon] if alive(p)], [])
+
     def test_bad_dataset_fails_clearly(self):
         p = nopfs("run", "--dataset", os.path.join(self.work, "nope"), "--ranks", 1, *self.JOB,
                   "--", "true", check=False)
