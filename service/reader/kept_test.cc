@@ -11,7 +11,6 @@
 
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -52,25 +51,6 @@ class SlowStatEnv final : public Env {
 
  private:
   std::chrono::milliseconds delay_;
-};
-
-// Env::Default() that counts its Stat calls.
-class CountingEnv final : public Env {
- public:
-  Result<FileStat> Stat(const std::string& p) override {
-    stats.fetch_add(1);
-    return Env::Default()->Stat(p);
-  }
-  Result<std::vector<std::string>> ListDir(const std::string& d) override {
-    return Env::Default()->ListDir(d);
-  }
-  Status ReadAt(const std::string& p, uint64_t o, std::span<std::byte> dst) override {
-    return Env::Default()->ReadAt(p, o, dst);
-  }
-  Result<std::string> ReadFile(const std::string& p) override {
-    return Env::Default()->ReadFile(p);
-  }
-  std::atomic<uint64_t> stats{0};
 };
 
 // Disk bytes of the regular files directly in `dir`.
@@ -256,7 +236,7 @@ TEST_F(KeptTest, TwoClassesKeepTheirOwnSamplesAndTogetherGiveBackEverySample) {
 TEST_F(KeptTest, CheckAheadStatsEachFileOnceAndCatchesAFileChangedAfterAdoption) {
   Result<KeepResult> r = KeepSsdTier(Options(), *ssd_, *catalog_, Env::Default());
   ASSERT_TRUE(r.ok()) << r.status().message();
-  CountingEnv env;
+  FaultInjectionEnv env(Env::Default());  // no faults: it counts the stats
   Result<std::unique_ptr<KeptCopy>> k = KeptCopy::Adopt(place_, *catalog_, &env);
   ASSERT_TRUE(k.ok()) << k.status().message();
   {
@@ -269,7 +249,7 @@ TEST_F(KeptTest, CheckAheadStatsEachFileOnceAndCatchesAFileChangedAfterAdoption)
     order.push_back(id);
   (*k)->CheckAhead(order, 4);
   (*k)->WaitChecks();
-  EXPECT_EQ(env.stats.load(), kFiles);
+  EXPECT_EQ(env.stats(), kFiles);
   EXPECT_EQ((*k)->checked_files(), kFiles);
   EXPECT_EQ((*k)->rejected_samples(), 1u);
   for (policy::SampleId id = 0; id < kFiles; ++id) {
@@ -282,7 +262,7 @@ TEST_F(KeptTest, CheckAheadStatsEachFileOnceAndCatchesAFileChangedAfterAdoption)
       EXPECT_EQ(got, Bytes(id)) << id;
     }
   }
-  EXPECT_EQ(env.stats.load(), kFiles);  // no stat of Fetch's own
+  EXPECT_EQ(env.stats(), kFiles);  // no stat of Fetch's own
   EXPECT_EQ((*k)->adopted_samples(), kFiles - 1);
   EXPECT_EQ((*k)->rejected_samples(), 1u);
 }
