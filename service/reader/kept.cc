@@ -180,19 +180,19 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
     for (uint32_t r : it->second) {
       const launch::KeptSample& rec = k->records_[r];
       if (rec.offset == catalog.offset(id) && rec.length == catalog.length(id) &&
-          k->state_[r].load(std::memory_order_relaxed) == 0) {
+          k->state_[r].load(std::memory_order_relaxed) == kUntried) {
         k->record_of_[id] = r;
-        k->state_[r].store(3, std::memory_order_relaxed);  // matched (reset below)
+        k->state_[r].store(kMatched, std::memory_order_relaxed);  // matched (reset below)
         ++k->matched_;
         break;
       }
     }
   }
   for (uint32_t r = 0; r < k->records_.size(); ++r) {
-    if (k->state_[r].load(std::memory_order_relaxed) == 3) {
-      k->state_[r].store(0, std::memory_order_relaxed);
+    if (k->state_[r].load(std::memory_order_relaxed) == kMatched) {
+      k->state_[r].store(kUntried, std::memory_order_relaxed);
     } else {
-      k->state_[r].store(2, std::memory_order_relaxed);  // the dataset no longer has it
+      k->state_[r].store(kRejected, std::memory_order_relaxed);  // the dataset no longer has it
       k->rejected_.fetch_add(1, std::memory_order_relaxed);
     }
   }
@@ -248,10 +248,11 @@ void KeptCopy::Remove() {
 
 void KeptCopy::Reject(uint32_t record, policy::SampleId sample, const std::string& why) {
   uint8_t was = state_[record].load(std::memory_order_acquire);
-  while ((was == 0 || was == 1 || was == 5) && !state_[record].compare_exchange_weak(was, 2)) {
+  while ((was == kUntried || was == kAdopted || was == kInPlace) &&
+         !state_[record].compare_exchange_weak(was, kRejected)) {
   }
-  if (was != 0 && was != 1 && was != 5) return;  // rejected or released before
-  if (was == 5) {
+  if (was != kUntried && was != kAdopted && was != kInPlace) return;  // rejected or released before
+  if (was == kInPlace) {
     // Marked ready in place but never served from here (the tier's check caught its bytes).
     adopted_samples_.fetch_sub(1, std::memory_order_relaxed);
     adopted_bytes_.fetch_sub(records_[record].length, std::memory_order_relaxed);
@@ -372,8 +373,9 @@ void KeptCopy::MarkInPlace(uint32_t r, policy::SampleId id) {
     Reject(r, id, "the kept bytes differ from their checksum");
     return;
   }
-  uint8_t expected = 0;
-  if (!state_[r].compare_exchange_strong(expected, 5)) return;  // fetched (or rejected) already
+  uint8_t expected = kUntried;
+  if (!state_[r].compare_exchange_strong(expected, kInPlace))
+    return;  // fetched (or rejected) already
   adopted_samples_.fetch_add(1, std::memory_order_relaxed);
   adopted_bytes_.fetch_add(rec.length, std::memory_order_relaxed);
   // A fill that claimed the slot first writes the same bytes (read from here, checked).
@@ -392,8 +394,9 @@ uint64_t KeptCopy::Release(std::span<const policy::SampleId> samples) {
     const uint32_t r = record_of_[id];
     // A file the tier took over holds the tier's own copy.
     if (in_place_tier_ != nullptr && in_place_[records_[r].data_file]) continue;
-    uint8_t expected = 1;
-    if (!state_[r].compare_exchange_strong(expected, 4)) continue;  // not adopted (or released)
+    uint8_t expected = kAdopted;
+    if (!state_[r].compare_exchange_strong(expected, kReleased))
+      continue;  // not adopted (or released)
     const launch::KeptSample& rec = records_[r];
     const int fd = rec.data_file < data_fds_.size() ? data_fds_[rec.data_file] : -1;
     if (fd < 0) continue;
@@ -424,9 +427,10 @@ Result<uint64_t> KeptCopy::Fetch(policy::SampleId sample, std::span<std::byte> d
     return Status::NotFound("sample " + std::to_string(sample) + " is not kept");
   }
   const uint32_t r = record_of_[sample];
-  if (const uint8_t state = state_[r].load(std::memory_order_acquire); state == 2 || state == 4) {
+  if (const uint8_t state = state_[r].load(std::memory_order_acquire);
+      state == kRejected || state == kReleased) {
     return Status::NotFound("sample " + std::to_string(sample) +
-                            (state == 2 ? " was rejected" : " is in a tier"));
+                            (state == kRejected ? " was rejected" : " is in a tier"));
   }
   const launch::KeptSample& rec = records_[r];
   const auto reject = [&](const std::string& why, StatusCode code) -> Status {
@@ -443,7 +447,7 @@ Result<uint64_t> KeptCopy::Fetch(policy::SampleId sample, std::span<std::byte> d
     }
   }
   // CheckAhead may have rejected it meanwhile (its stat came later than ours).
-  if (state_[r].load(std::memory_order_acquire) == 2) {
+  if (state_[r].load(std::memory_order_acquire) == kRejected) {
     return Status::NotFound("sample " + std::to_string(sample) + " was rejected");
   }
   const int fd = rec.data_file < data_fds_.size() ? data_fds_[rec.data_file] : -1;
@@ -456,13 +460,13 @@ Result<uint64_t> KeptCopy::Fetch(policy::SampleId sample, std::span<std::byte> d
   const uint64_t h = XXH3_64bits(dst.data(), dst.size());
   const std::optional<uint64_t> known = catalog_.checksum(sample);
   if (h != rec.xxh3 || (known && *known != h)) {
-    if (state_[r].load(std::memory_order_acquire) == 4) {
+    if (state_[r].load(std::memory_order_acquire) == kReleased) {
       return Status::NotFound("sample " + std::to_string(sample) + " is in a tier");
     }
     return reject("the kept bytes differ from their checksum", StatusCode::kCorruption);
   }
-  uint8_t expected = 0;
-  if (state_[r].compare_exchange_strong(expected, 1)) {
+  uint8_t expected = kUntried;
+  if (state_[r].compare_exchange_strong(expected, kAdopted)) {
     adopted_samples_.fetch_add(1, std::memory_order_relaxed);
     adopted_bytes_.fetch_add(dst.size(), std::memory_order_relaxed);
     if (!known) (void)catalog_.RecordChecksum(sample, h);

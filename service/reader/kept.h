@@ -126,10 +126,17 @@ class KeptCopy {
   std::vector<int> data_fds_;                // [data file], -1: absent
   std::vector<launch::KeptSample> records_;  // from the index
   std::vector<uint32_t> record_of_;          // [sample]: index into records_, or kNone
-  // [record]: 0 untried, 1 adopted, 2 rejected, 4 released (adopted, its bytes punched out),
-  // 5 adopted in place (marked ready in the in-place tier)
-  std::unique_ptr<std::atomic<uint8_t>[]> state_;
-  std::unique_ptr<std::atomic<bool>[]> checked_;  // [record]: its file found unchanged this job
+  // What became of a record this job.
+  enum RecordState : uint8_t {
+    kUntried = 0,
+    kAdopted = 1,   // fetched and served from the copy
+    kRejected = 2,  // its file changed, its bytes differ, or the catalog no longer has it
+    kMatched = 3,   // only while Adopt maps the index to the catalog
+    kReleased = 4,  // adopted, and its bytes punched out once a tier held it
+    kInPlace = 5,   // adopted in place: marked ready in the tier that took its data file over
+  };
+  std::unique_ptr<std::atomic<uint8_t>[]> state_;  // [record]: a RecordState
+  std::unique_ptr<std::atomic<bool>[]> checked_;   // [record]: its file found unchanged this job
   uint64_t matched_ = 0;
   std::atomic<uint64_t> adopted_samples_{0}, adopted_bytes_{0}, rejected_{0};
   std::atomic<uint64_t> released_samples_{0}, released_bytes_{0}, checked_files_{0};
