@@ -72,6 +72,9 @@ int RunCat(const CatFlags& f) {
   } else {
     return Fail("cat", "no rank: pass --rank R or run under `nopfs run`/srun (NOPFS_RANK)");
   }
+  // A line per sample as it is read, so that a reader of a pipe sees how far the stream is (and
+  // a full pipe holds the stream back) rather than a 4 KiB block some hundreds of samples late.
+  if (f.print) std::setvbuf(stdout, nullptr, _IOLBF, 0);
   Result<std::unique_ptr<client::Client>> c = client::Client::Connect(f.socket);
   if (!c.ok()) return Fail("cat", c.status().message());
   Result<std::unique_ptr<client::Stream>> s = (*c)->Open(rank, f.start_epoch, f.start_step);

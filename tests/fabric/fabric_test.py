@@ -30,6 +30,7 @@ As root, every process runs as `nobody` (nopfsd refuses root).
 Usage: fabric_test.py BUILD_BIN_DIR
 """
 
+import fcntl
 import json
 import os
 import re
@@ -367,19 +368,31 @@ class FabricTest(unittest.TestCase):
             while not self.prefetch_done(self.status(n)):
                 time.sleep(0.05)
         sock = os.path.join(self.daemons[0][1], "nopfsd.sock")
+        # `cat --print` writes a line per sample as it reads it, into a pipe of one page read
+        # here without a buffer: while this test asks for the status and kills the peer, cat
+        # gets at most a page of lines (about 300 samples) past the 100 read here, and staging
+        # its ring's 1,150 slots past that, so the kill lands with hundreds of reads to go
+        # however slowly this test runs beside cat.
+        r, w = os.pipe()
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)
         cat = subprocess.Popen(
             st.demote_argv([os.path.join(BIN, "nopfs"), "cat", "--socket", sock, "--rank", "0",
-                            "--verify", "--print"]), stdout=subprocess.PIPE, text=True)
-        lines = [cat.stdout.readline() for _ in range(100)]
+                            "--verify", "--print"]), stdout=w)
+        os.close(w)
+        out = b""
+        while out.count(b"\n") < 100:
+            chunk = os.read(r, 256)
+            self.assertTrue(chunk, "cat ended early")
+            out += chunk
         before = self.status(0)["peers"]["fetched_samples"]
         self.assertGreater(before, 0)
         d1, _ = self.daemons[1]
         d1.send_signal(signal.SIGKILL)
         d1.wait()
-        rest = cat.stdout.read()  # (communicate() with a timeout would lose what readline buffered)
-        cat.stdout.close()
-        self.assertEqual(cat.wait(timeout=300), 0, rest[-500:])
-        lines = [x.strip() for x in lines] + rest.strip().split("\n")
+        with os.fdopen(r, "rb") as rest:
+            out += rest.read()
+        self.assertEqual(cat.wait(timeout=300), 0, out[-500:])
+        lines = out.decode().strip().split("\n")
         m = re.fullmatch(r"(\d+) samples, (\d+) bytes, (\d+) mismatches", lines[-1])
         self.assertIsNotNone(m, lines[-1])
         self.assertEqual(m.group(3), "0")
