@@ -238,6 +238,16 @@ Status Stream::ReleaseBatch(std::span<const Sample> samples) {
   return reader_->ReleaseBatch(seqs);
 }
 
+void Stream::CopyOut(const Sample& s, std::byte* dst) const {
+  if (s.size == 0) return;
+  const ring::Region* region = reader_->region();
+  if (region != nullptr && s.data >= region->data() && s.data < region->data() + region->bytes()) {
+    region->CopyOut(s.data, s.size, dst);
+  } else {
+    std::memcpy(dst, s.data, s.size);
+  }
+}
+
 Result<size_t> Stream::FillBatch(size_t n, std::span<std::byte> dst,
                                  std::vector<BatchEntry>* entries,
                                  std::chrono::milliseconds timeout) {
@@ -266,7 +276,7 @@ Result<size_t> Stream::FillBatch(size_t n, std::span<std::byte> dst,
     for (; k < taken.size(); ++k) {
       const Sample& s = taken[k];
       if (s.size > dst.size() - used) break;
-      if (s.size != 0) std::memcpy(dst.data() + used, s.data, s.size);
+      CopyOut(s, dst.data() + used);
       entries->push_back(
           BatchEntry{s.sample_id, s.label, s.epoch, s.step, s.position, used, s.size});
       used += s.size;

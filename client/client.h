@@ -171,6 +171,11 @@ class Stream {
   // reported by the next call.
   Result<size_t> FillBatch(size_t n, std::span<std::byte> dst, std::vector<BatchEntry>* entries,
                            std::chrono::milliseconds timeout = kDefaultNextTimeout);
+  // Copies the bytes of `s`, a sample of this stream not yet released, to `dst` (s.size bytes):
+  // a sample in the RAM tier by ring::Region::CopyOut (read() the first time its pages are
+  // asked for in this process, memcpy() after), any other by memcpy(). FillBatch() copies this
+  // way; a caller copying held samples should too.
+  void CopyOut(const Sample& s, std::byte* dst) const;
   Stats stats() const;
   uint64_t id() const { return id_; }
   // Tells the service the stream is done (also done by the destructor). Samples not released

@@ -666,6 +666,74 @@ TEST(Ring, RegionSlotsPointIntoTheAttachedRegion) {
   ::munmap(rm, region_bytes);
 }
 
+// Resident kilobytes of the mapping that starts at `at` (/proc/self/smaps): the pages this
+// mapping has touched, whatever the file holds.
+uint64_t MappingRssKb(const void* at) {
+  char start[32];
+  std::snprintf(start, sizeof start, "%lx-", reinterpret_cast<unsigned long>(at));
+  FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (f == nullptr) return UINT64_MAX;
+  char line[512];
+  bool in = false;
+  uint64_t kb = UINT64_MAX;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::strncmp(line, start, std::strlen(start)) == 0) {
+      in = true;
+    } else if (in && std::strncmp(line, "Rss:", 4) == 0) {
+      kb = std::strtoull(line + 4, nullptr, 10);
+      break;
+    }
+  }
+  std::fclose(f);
+  return kb;
+}
+
+TEST(Region, CopyOutReadsAPageTheFirstTimeAndCopiesFromTheMappingAfter) {
+  const uint64_t bytes = 64 * 4096;
+  wire::UniqueFd fd(::memfd_create("ring-test-region", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_TRUE(fd.valid());
+  ASSERT_EQ(::ftruncate(fd.get(), static_cast<off_t>(bytes)), 0);
+  ASSERT_EQ(::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+  std::vector<std::byte> want(bytes);
+  for (uint64_t i = 0; i < bytes; ++i)
+    want[i] = static_cast<std::byte>((i * 7 + (i >> 12)) & 0xff);
+  ASSERT_EQ(::pwrite(fd.get(), want.data(), bytes, 0), static_cast<ssize_t>(bytes));
+  auto region = Region::Map(fd.get(), bytes);
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  const Region& r = **region;
+  fd.Reset();  // the region keeps what it needs
+
+  // 20 samples of 10,000 bytes, back to back (some share a page with the next), in the first
+  // 49 pages.
+  const uint64_t size = 10000, n = 20;
+  std::vector<std::byte> out(size);
+  auto copy = [&](uint64_t at) {
+    std::fill(out.begin(), out.end(), std::byte{0});
+    r.CopyOut(r.data() + at, size, out.data());
+    return std::memcmp(out.data(), want.data() + at, size) == 0;
+  };
+  // A pass over them: each copied by read(), the mapping untouched.
+  for (uint64_t k = 0; k < n; ++k)
+    ASSERT_TRUE(copy(k * size)) << k;
+  EXPECT_EQ(r.copies_read(), n);
+  EXPECT_EQ(r.copies_mapped(), 0u);
+  EXPECT_EQ(MappingRssKb(r.data()), 0u);
+  // The second pass copies from the mapping, which now holds those pages.
+  for (uint64_t k = 0; k < n; ++k)
+    ASSERT_TRUE(copy(k * size)) << k;
+  EXPECT_EQ(r.copies_read(), n);
+  EXPECT_EQ(r.copies_mapped(), n);
+  EXPECT_GE(MappingRssKb(r.data()), n * size / 1024);
+  // A sample on the last page read and on pages never asked for is read, then mapped.
+  ASSERT_TRUE(copy(n * size - 50));
+  EXPECT_EQ(r.copies_read(), n + 1);
+  ASSERT_TRUE(copy(n * size - 50));
+  EXPECT_EQ(r.copies_mapped(), n + 1);
+  // A zero-byte sample copies nothing and counts nothing.
+  r.CopyOut(r.data(), 0, out.data());
+  EXPECT_EQ(r.copies_read() + r.copies_mapped(), 2 * n + 2);
+}
+
 TEST(Ring, StallSummary) {
   RingStats s;
   s.histogram[0] = 10;   // 0 ns

@@ -131,6 +131,8 @@ class StreamHolder {
     return stream_->Close();
   }
   client::Stats stats() const { return stream_->stats(); }
+  // A held sample's bytes to dst (client::Stream::CopyOut; the mapping outlives Close()).
+  void CopyOut(const client::Sample& s, std::byte* dst) const { stream_->CopyOut(s, dst); }
   uint64_t id() const { return stream_->id(); }
   bool closed() const {
     ReaderLock lock(&mu_);
@@ -317,6 +319,7 @@ class BatchHolder {
   }
   bool released() const { return released_; }
   const std::vector<client::Sample>& samples() const { return samples_; }
+  void CopyOut(size_t i, std::byte* dst) const { stream_->CopyOut(samples_[i], dst); }
 
  private:
   std::shared_ptr<StreamHolder> stream_;
@@ -424,9 +427,10 @@ class PyBatch {
     {
       py::gil_scoped_release nogil;
       std::byte* dst = w.span.data() + offset;
-      for (const client::Sample& s : holder_->samples()) {
-        if (s.size != 0) std::memcpy(dst, s.data, s.size);
-        dst += s.size;
+      const auto& v = holder_->samples();
+      for (size_t i = 0; i < v.size(); ++i) {
+        holder_->CopyOut(i, dst);
+        dst += v[i].size;
       }
     }
     return offset + need;
@@ -447,7 +451,7 @@ class PyBatch {
     {
       py::gil_scoped_release nogil;
       for (size_t i = 0; i < v.size(); ++i)
-        std::memcpy(dst[i], v[i].data, v[i].size);
+        holder_->CopyOut(i, reinterpret_cast<std::byte*>(dst[i]));
     }
     return out;
   }

@@ -516,7 +516,7 @@ def _identity(batch: Any) -> Any:
 
 
 def _batch_mode(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]]) -> str:
-    """How StreamDataset makes a batch's items: "tensor", "bytes" or "views"."""
+    """How StreamDataset makes a batch's items: "tensor", "bytes", "copies" or "views"."""
     plain = (getattr(dataset, "transform", None) is None
              and getattr(dataset, "target_transform", None) is None
              and type(dataset).make_item is _SampleDataset.make_item)
@@ -525,6 +525,11 @@ def _batch_mode(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]]) 
         return "tensor"
     if plain and decode is bytes:
         return "bytes"
+    if decode is pil_decode:
+        # It copies what it is given into a BytesIO, which takes a bytes object as it is: bytes
+        # made by Batch.tobytes() cost one copy, the cheapest way for this process (read() from
+        # a RAM tier this process has not touched), and free the batch's slots before decoding.
+        return "copies"
     return "views"
 
 
@@ -676,7 +681,8 @@ class StreamDataset(tud.IterableDataset):
         self.collate_fn = collate_fn
         # How a batch's samples become items (_batch_mode): "tensor" fills one uint8 tensor per
         # batch (default collate of uint8_tensor items), "bytes" makes the bytes in one call,
-        # "views" hands decode one view per sample.
+        # "copies" hands pil_decode one bytes object per sample, "views" hands decode one view
+        # per sample.
         self.mode = _batch_mode(dataset, collate_fn)
         self.pin_memory = bool(pin_memory)
         # Batches made ahead of the training loop by a thread, in the main process (a worker's
@@ -762,6 +768,12 @@ class StreamDataset(tud.IterableDataset):
             if self.mode == "bytes":
                 items.extend(zip(batch.tobytes(), labels))
                 batch.release()
+                continue
+            if self.mode == "copies":
+                copies = batch.tobytes()
+                batch.release()
+                items.extend(self.dataset.make_item(data, label)
+                             for data, label in zip(copies, labels))
                 continue
             views = batch.views()
             try:

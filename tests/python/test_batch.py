@@ -11,7 +11,8 @@ import torch
 
 import nopfs
 from conftest import Service
-from nopfs.torch import DataLoader, DistributedSampler, ImageFolder, read_batch, uint8_tensor
+from nopfs.torch import (DataLoader, DistributedSampler, ImageFolder, pil_decode, read_batch,
+                         uint8_tensor)
 
 
 def file_bytes(path):
@@ -277,6 +278,33 @@ def test_default_collate_of_bytes_and_of_varied_tensors_is_torchs(service, image
                         num_workers=workers)
     with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
         list(loader)
+
+
+def _pixels(img):
+    """An image's pixels as a uint8 tensor (a transform that keeps every byte to compare)."""
+    return torch.from_numpy(np.asarray(img).copy())
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_default_decode_gets_a_copy_of_each_sample_and_decodes_the_files(service, images,
+                                                                         rank_env, workers):
+    """The default pil_decode, with a transform: each sample's bytes arrive as a bytes object
+    (one copy, made in one call per ring batch), and the batches are those of decoding the files
+    in the stream's order."""
+    root, paths = images
+    rank_env(0)
+    order = service.stream(0)[:45]
+    dataset = ImageFolder(root, transform=_pixels)
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=workers,
+                        collate_fn=list)
+    assert loader.nopfs_stream.mode == "copies"
+    sampler.set_epoch(0)
+    got = [item for batch in loader for item in batch]
+    want = [(_pixels(pil_decode(file_bytes(paths[i]))), label_of(paths[i])) for i in order]
+    assert len(got) == len(want) == 45
+    for g, w in zip(got, want):
+        same(g, w)
 
 
 def test_pin_memory(big, monkeypatch):
