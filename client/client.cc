@@ -133,10 +133,11 @@ Status ForkError() {
 }  // namespace
 
 Stream::Stream(std::shared_ptr<Connection> conn, uint64_t id,
-               std::unique_ptr<ring::RingReader> reader)
+               std::unique_ptr<ring::RingReader> reader, bool read_once)
     : conn_(std::move(conn)),
       id_(id),
       reader_(std::move(reader)),
+      read_once_(read_once),
       pid_(::getpid()),
       forks_counted_(ForksCounted()),
       forks_(g_forks.load(std::memory_order_relaxed)) {}
@@ -240,9 +241,9 @@ Status Stream::ReleaseBatch(std::span<const Sample> samples) {
 
 void Stream::CopyOut(const Sample& s, std::byte* dst) const {
   if (s.size == 0) return;
-  const ring::Region* region = reader_->region();
+  const ring::Region* region = read_once_ ? reader_->region() : nullptr;
   if (region != nullptr && s.data >= region->data() && s.data < region->data() + region->bytes()) {
-    region->CopyOut(s.data, s.size, dst);
+    region->Read(s.data, s.size, dst);
   } else {
     std::memcpy(dst, s.data, s.size);
   }
@@ -412,7 +413,8 @@ Result<std::unique_ptr<Stream>> Client::Open(uint32_t rank, const OpenOptions& o
     if (!region.ok()) return abandon(region.status());
     if (Status a = (*reader)->AttachRegion(std::move(*region)); !a.ok()) return abandon(a);
   }
-  return std::unique_ptr<Stream>(new Stream(conn_, ok.stream_id, std::move(*reader)));
+  return std::unique_ptr<Stream>(
+      new Stream(conn_, ok.stream_id, std::move(*reader), options.read_once));
 }
 
 Result<SampleInfo> Client::Describe(uint32_t sample_id) {

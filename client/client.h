@@ -132,6 +132,13 @@ struct OpenOptions {
   // maps the tier read-only) instead of copying them into the ring. Views stay valid until
   // Release either way.
   bool zero_copy = true;
+  // How Stream::CopyOut() and FillBatch() copy a sample that sits in the RAM tier: false, from
+  // the process's mapping of the tier (each page faults in once, later copies run at memcpy's
+  // speed: for a process that reads samples again, epoch after epoch); true, by pread() from
+  // the tier's file, never touching the mapping (for a process that reads each sample once, a
+  // DataLoader worker that lives one pass: a fresh mapping's first touch of a page costs a
+  // fault, 3-4 us on a virtual machine, twice a 64 KiB copy).
+  bool read_once = false;
   // A DataLoader worker's share of the rank that process `owner_pid` reads (0: this process's
   // own stream). nopfsd refuses a stream of a rank whose epochs overlap a stream of that rank
   // opened for another process (docs/wire.md, "One process per rank").
@@ -171,10 +178,9 @@ class Stream {
   // reported by the next call.
   Result<size_t> FillBatch(size_t n, std::span<std::byte> dst, std::vector<BatchEntry>* entries,
                            std::chrono::milliseconds timeout = kDefaultNextTimeout);
-  // Copies the bytes of `s`, a sample of this stream not yet released, to `dst` (s.size bytes):
-  // a sample in the RAM tier by ring::Region::CopyOut (read() the first time its pages are
-  // asked for in this process, memcpy() after), any other by memcpy(). FillBatch() copies this
-  // way; a caller copying held samples should too.
+  // Copies the bytes of `s`, a sample of this stream not yet released, to `dst` (s.size bytes),
+  // as OpenOptions::read_once says (FillBatch() copies this way; a caller copying held samples
+  // should too).
   void CopyOut(const Sample& s, std::byte* dst) const;
   Stats stats() const;
   uint64_t id() const { return id_; }
@@ -184,7 +190,8 @@ class Stream {
 
  private:
   friend class Client;
-  Stream(std::shared_ptr<Connection> conn, uint64_t id, std::unique_ptr<ring::RingReader> reader);
+  Stream(std::shared_ptr<Connection> conn, uint64_t id, std::unique_ptr<ring::RingReader> reader,
+         bool read_once);
   Status CheckPid() const;
   // Up to n samples: the carried ones first, then the ring's.
   Result<size_t> TakeLocked(size_t n, std::vector<Sample>* out, std::chrono::milliseconds timeout)
@@ -193,6 +200,7 @@ class Stream {
   std::shared_ptr<Connection> conn_;
   uint64_t id_ = 0;
   std::unique_ptr<ring::RingReader> reader_;
+  bool read_once_ = false;  // OpenOptions::read_once
   pid_t pid_ = 0;
   // CheckPid: the process's fork count when the stream was made (when forks are counted).
   bool forks_counted_ = false;

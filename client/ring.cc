@@ -20,9 +20,6 @@
 namespace nopfs::ring {
 namespace {
 
-// The unit in which Region::CopyOut() remembers what it read (the mapping's pages).
-constexpr uint64_t kPage = 4096;
-
 // The header page. Field offsets are part of the format (docs/wire.md); the static_asserts below
 // pin them.
 struct SharedHeader {
@@ -636,13 +633,6 @@ Result<std::shared_ptr<const Region>> Region::Map(int fd, uint64_t bytes) {
   r->dev_ = st.st_dev;
   r->ino_ = st.st_ino;
   r->fd_ = dup;
-  const uint64_t words = (bytes + kPage * 64 - 1) / (kPage * 64);
-  r->read_.reset(new std::atomic<uint64_t>[words]);
-  r->mapped_.reset(new std::atomic<uint64_t>[words]);
-  for (uint64_t i = 0; i < words; ++i) {
-    r->read_[i].store(0, std::memory_order_relaxed);
-    r->mapped_[i].store(0, std::memory_order_relaxed);
-  }
   return std::shared_ptr<const Region>(std::move(r));
 }
 
@@ -651,43 +641,18 @@ Region::~Region() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-bool Region::AllSet(std::atomic<uint64_t>* bits, uint64_t first, uint64_t last) const {
-  for (uint64_t p = first; p <= last; ++p) {
-    if ((bits[p / 64].load(std::memory_order_relaxed) & (uint64_t{1} << (p % 64))) == 0) {
-      return false;
-    }
-  }
-  return true;
-}
-
-void Region::SetAll(std::atomic<uint64_t>* bits, uint64_t first, uint64_t last) const {
-  for (uint64_t p = first; p <= last; ++p)
-    bits[p / 64].fetch_or(uint64_t{1} << (p % 64), std::memory_order_relaxed);
-}
-
-void Region::CopyOut(const std::byte* at, uint64_t size, std::byte* dst) const {
-  if (size == 0) return;
+void Region::Read(const std::byte* at, uint64_t size, std::byte* dst) const {
   const auto offset = static_cast<uint64_t>(at - data_);
-  const uint64_t first = offset / kPage, last = (offset + size - 1) / kPage;
-  if (!AllSet(mapped_.get(), first, last)) {
-    if (!AllSet(read_.get(), first, last)) {
-      SetAll(read_.get(), first, last);
-      uint64_t done = 0;
-      while (done < size) {
-        const ssize_t n = ::pread(fd_, dst + done, size - done, static_cast<off_t>(offset + done));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;  // cannot happen on a sealed file this size; the mapping has it
-        done += static_cast<uint64_t>(n);
-      }
-      if (done == size) {
-        copies_read_.fetch_add(1, std::memory_order_relaxed);
-        return;
-      }
-    }
-    SetAll(mapped_.get(), first, last);
+  uint64_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::pread(fd_, dst + done, size - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<uint64_t>(n);
   }
-  std::memcpy(dst, at, size);
-  copies_mapped_.fetch_add(1, std::memory_order_relaxed);
+  // The file is sealed against shrinking and holds the mapping's bytes, so pread() cannot come
+  // short; were it to, the mapping has the rest.
+  if (done < size) std::memcpy(dst + done, at + done, size - done);
 }
 
 bool Region::Maps(int fd) const {

@@ -99,35 +99,21 @@ class Region {
   // the mapping keeps the file alive).
   bool Maps(int fd) const;
 
-  // Copies the `size` bytes at `at` (inside the mapping) to `dst`, the cheaper way for this
-  // process: the first time a page is asked for, by pread() from the file, which copies through
-  // the kernel's own mapping and leaves this one untouched; from the second time on (a process
-  // that reads a sample again lives beyond an epoch), by memcpy() from the mapping, whose pages
-  // then fault in once. A fresh mapping's first touch of a page costs a fault, 3-4 us per page
-  // on a virtual machine (twice the copy's time at 64 KiB): a DataLoader worker that lives one
-  // epoch pays it for every page it reads. Safe from any thread (the page states are atomic;
-  // a race costs at most one copy the other way).
-  void CopyOut(const std::byte* at, uint64_t size, std::byte* dst) const;
-  // How many CopyOut() calls went by pread() and by memcpy() (for tests and benchmarks).
-  uint64_t copies_read() const { return copies_read_.load(std::memory_order_relaxed); }
-  uint64_t copies_mapped() const { return copies_mapped_.load(std::memory_order_relaxed); }
+  // Copies the `size` bytes at `at` (inside the mapping) to `dst` by pread() from the file:
+  // through the kernel's own mapping, leaving this process's untouched. For a process that
+  // reads each sample once (a DataLoader worker that lives one pass): the first touch of a page
+  // of a fresh mapping costs a page fault, which on a virtual machine takes longer than the
+  // copy. Safe from any thread.
+  void Read(const std::byte* at, uint64_t size, std::byte* dst) const;
 
  private:
   Region() = default;
-  // Whether every page of [first, last] has `bit` set in `bits`; sets it on all of them.
-  bool AllSet(std::atomic<uint64_t>* bits, uint64_t first, uint64_t last) const;
-  void SetAll(std::atomic<uint64_t>* bits, uint64_t first, uint64_t last) const;
 
   const std::byte* data_ = nullptr;
   uint64_t bytes_ = 0;
   uint64_t dev_ = 0;
   uint64_t ino_ = 0;
-  int fd_ = -1;  // a duplicate of the file's descriptor, for CopyOut()'s pread()
-  // A bit per page: read once by pread() / touched through the mapping.
-  std::unique_ptr<std::atomic<uint64_t>[]> read_;
-  std::unique_ptr<std::atomic<uint64_t>[]> mapped_;
-  mutable std::atomic<uint64_t> copies_read_{0};
-  mutable std::atomic<uint64_t> copies_mapped_{0};
+  int fd_ = -1;  // a duplicate of the file's descriptor, for Read()
 };
 
 // The producer side, owned by nopfsd.

@@ -812,9 +812,11 @@ PYBIND11_MODULE(_client, m) {
       .def(
           "open",
           [](const std::shared_ptr<ClientHolder>& c, uint32_t rank, uint32_t epoch, uint64_t step,
-             uint32_t worker, uint32_t workers, uint64_t batch, uint32_t epochs, uint32_t owner) {
+             uint32_t worker, uint32_t workers, uint64_t batch, uint32_t epochs, uint32_t owner,
+             bool read_once) {
             client::OpenOptions o;
             o.owner_pid = owner;
+            o.read_once = read_once;
             o.epoch = epoch;
             o.step = step;
             o.worker = worker;
@@ -831,9 +833,12 @@ PYBIND11_MODULE(_client, m) {
           },
           py::arg("rank"), py::arg("epoch") = 0, py::arg("step") = 0, py::arg("worker") = 0,
           py::arg("workers") = 1, py::arg("batch") = 1, py::arg("epochs") = 0, py::arg("owner") = 0,
+          py::arg("read_once") = false,
           "opens rank's stream at (epoch, step); worker/workers/batch: only batches worker, "
           "worker+workers, ... of each epoch; epochs: how many epochs (0: to the end); owner: "
-          "a DataLoader worker's share of the rank process `owner` reads (0: this process's)")
+          "a DataLoader worker's share of the rank process `owner` reads (0: this process's); "
+          "read_once: this process reads each sample once (a worker that lives one pass), so "
+          "copies out of the RAM tier read its file instead of faulting in the process's mapping")
       .def("status",
            [](ClientHolder& c) {
              Result<std::string> t = c.get().StatusText();

@@ -527,8 +527,8 @@ def _batch_mode(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]]) 
         return "bytes"
     if decode is pil_decode:
         # It copies what it is given into a BytesIO, which takes a bytes object as it is: bytes
-        # made by Batch.tobytes() cost one copy, the cheapest way for this process (read() from
-        # a RAM tier this process has not touched), and free the batch's slots before decoding.
+        # made by Batch.tobytes() cost that one copy (by read() in a worker that lives one pass,
+        # client.open(read_once=True)) and free the batch's slots before decoding.
         return "copies"
     return "views"
 
@@ -673,7 +673,8 @@ class StreamDataset(tud.IterableDataset):
                  fallback: bool = False, socket: Optional[str] = None,
                  timeout: Optional[float] = None, fallback_on_loss: bool = False,
                  collate_fn: Optional[Callable[[List[Any]], Any]] = None,
-                 pin_memory: bool = False, prefetch: int = 2) -> None:
+                 pin_memory: bool = False, prefetch: int = 2,
+                 read_once: bool = False) -> None:
         self.dataset = dataset
         self.sampler = sampler
         self.batch_size = int(batch_size)
@@ -689,6 +690,10 @@ class StreamDataset(tud.IterableDataset):
         # batches are made ahead by torch's prefetch_factor); 0: each when it is asked for.
         self.prefetch = int(prefetch)
         self.pace = _Pace()
+        # A worker process lives one pass (not persistent workers) and reads each of its samples
+        # once: its copies out of the RAM tier read the tier's file rather than fault in its
+        # fresh mapping page by page (client.open(read_once=True)).
+        self.read_once = bool(read_once)
         self.fallback = fallback
         # The service went away mid-pass (nopfs.UnavailableError): go on from the files, in the
         # same order, from where the stream stopped; False: raise.
@@ -737,9 +742,10 @@ class StreamDataset(tud.IterableDataset):
     def _iter_service(self, epoch, step, worker, workers):
         delivered = 0  # samples of the batches yielded
         try:
+            read_once = self.read_once and tud.get_worker_info() is not None
             with _open_stream(self.socket, self.sampler.rank, epoch=epoch, step=step,
                               worker=worker, workers=workers, batch=self.batch_size, epochs=1,
-                              owner=self.owner) as stream:
+                              owner=self.owner, read_once=read_once) as stream:
                 take = self._tensor_batch if self.mode == "tensor" else self._item_batch
                 while True:
                     batch, n = take(stream)
@@ -952,7 +958,8 @@ class DataLoader(tud.DataLoader):
                                socket=socket, timeout=timeout_per_sample,
                                fallback_on_loss=bool(fallback), collate_fn=collate_fn,
                                pin_memory=bool(kwargs.get("pin_memory", False))
-                               and num_workers == 0, prefetch=prefetch)
+                               and num_workers == 0, prefetch=prefetch,
+                               read_once=not kwargs.get("persistent_workers", False))
         # The stream makes the job's batches, whole (one ring call per batch, collated in the
         # worker as torch would): torch batches nothing more, and its drop_last would drop a
         # rank's short batch. batch_size reads as the job's, for len() and for the user.

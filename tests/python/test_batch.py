@@ -299,6 +299,10 @@ def test_default_decode_gets_a_copy_of_each_sample_and_decodes_the_files(service
     loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=workers,
                         collate_fn=list)
     assert loader.nopfs_stream.mode == "copies"
+    # Workers that live one pass read the tier's file (read_once); persistent ones map it.
+    assert loader.nopfs_stream.read_once
+    assert not DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=2,
+                          persistent_workers=True).nopfs_stream.read_once
     sampler.set_epoch(0)
     got = [item for batch in loader for item in batch]
     want = [(_pixels(pil_decode(file_bytes(paths[i]))), label_of(paths[i])) for i in order]
@@ -374,3 +378,55 @@ def test_a_drop_last_job_has_whole_batches_only(big, tmp_path, monkeypatch, work
             same(got, expected_batches(paths, served, 30, uint8_tensor))
     finally:
         svc.stop()
+
+
+def _tier_rss_kb():
+    """{address range: resident KiB} of this process's mappings of a RAM tier (memfd
+    nopfs-*-ram): the pages each mapping has touched."""
+    rss, current = {}, None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if "memfd:nopfs-" in line and "-ram" in line:
+                current = line.split()[0]
+            elif current is not None and line.startswith("Rss:"):
+                rss[current] = int(line.split()[1])
+                current = None
+    return rss
+
+
+def test_a_read_once_stream_copies_out_of_the_tier_without_touching_its_mapping(big):
+    """open(read_once=True), what a DataLoader worker that lives one pass opens: its copies
+    (copy_into, tobytes) read the RAM tier's file, and the connection's own mapping of the tier
+    keeps no page; a default stream copies from the mapping. The bytes are the files' in both."""
+    root, paths, svc = big
+    order = svc.stream(0)[:40]
+    for read_once in (True, False):
+        before = _tier_rss_kb()
+        client = nopfs.connect(svc.socket)
+        in_place = client.report()["sources"][0]["in_place"]
+        with client.open(0, epochs=1, read_once=read_once) as stream:
+            got, k = [], 0
+            while k < len(order):
+                batch = stream.next_batch(len(order) - k)
+                with batch:
+                    if k == 0:
+                        data = [bytes(x) for x in batch.tobytes()]
+                    else:
+                        buf = np.empty(batch.nbytes, np.uint8)
+                        batch.copy_into(buf)
+                        offs = batch.offsets
+                        data = [buf[offs[i]:offs[i + 1]].tobytes() for i in range(len(batch))]
+                    got.extend(zip(batch.ids.tolist(), data))
+                k += len(got) - k
+            mine = [r for r in _tier_rss_kb() if r not in before]
+            assert len(mine) == 1, "the connection's mapping of the tier"
+            rss = _tier_rss_kb()[mine[0]]
+        assert [i for i, _ in got] == order
+        for i, data in got:
+            assert data == file_bytes(paths[i]), f"sample {i}"
+        assert client.report()["sources"][0]["in_place"] > in_place, "no sample in the RAM tier"
+        if read_once:
+            assert rss == 0, f"read_once: the mapping holds {rss} KiB"
+        else:
+            assert rss >= 200, f"default: the mapping holds {rss} KiB"
+        del client
