@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <list>
 #include <map>
@@ -51,6 +52,7 @@ const Lib& Libfabric() {
   static Lib lib;
   static std::once_flag once;
   std::call_once(once, [] {
+    (void)SetLibfabricDefaults();
     void* h = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
     if (h == nullptr) {
       const char* e = dlerror();
@@ -72,6 +74,19 @@ const Lib& Libfabric() {
   });
   return lib;
 }
+
+}  // namespace
+
+std::vector<std::string> SetLibfabricDefaults() {
+  std::vector<std::string> set;
+  for (const LibfabricDefault& d : kLibfabricDefaults) {
+    if (std::getenv(d.name) != nullptr) continue;  // the admin's (or the job's) own value
+    if (::setenv(d.name, d.value, 0) == 0) set.emplace_back(d.name);
+  }
+  return set;
+}
+
+namespace {
 
 std::string FiError(const char* what, long rc) {
   return std::string(what) + ": " + Libfabric().strerror(static_cast<int>(rc < 0 ? -rc : rc));
