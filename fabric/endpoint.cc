@@ -231,6 +231,9 @@ struct Endpoint::Impl {
   // costs tens of them to wake from); after that it sleeps.
   std::chrono::steady_clock::time_point last_completion{};
   static constexpr std::chrono::microseconds kSpin{200};
+  // How long a post that found the provider's queue full for longer than kSpin sleeps (on the
+  // completion queue's descriptor) before it tries again.
+  static constexpr std::chrono::microseconds kRetryNap{1000};
   // The libfabric objects, last so that they are closed first (the endpoint, then the regions
   // registered for remote reads, the address vector, the queue, the domain, the fabric), while
   // the buffers of operations still posted on them are alive.
@@ -354,6 +357,7 @@ struct Endpoint::Impl {
   template <typename PostFn>
   Status PostRetrying(Op* op, std::chrono::steady_clock::time_point deadline, const char* call,
                       const char* queue, PostFn post) {
+    const auto start = std::chrono::steady_clock::now();
     for (;;) {
       const ssize_t rc = post();
       if (rc == 0) return Status::Ok();
@@ -362,9 +366,17 @@ struct Endpoint::Impl {
         return Status::IoError(FiError(call, rc));
       }
       Poll();
-      if (std::chrono::steady_clock::now() >= deadline) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
         Drop(op);
         return Status::TimedOut(std::string("fabric: ") + queue + " queue full until the timeout");
+      }
+      // A queue that stays full past a moment (a connection still being set up: ofi_rxm
+      // progresses it every 10 ms) is waited on, not spun on: a spinning sender took the CPU its
+      // peers needed to answer.
+      if (now - start >= kSpin) {
+        Idle(std::min<std::chrono::microseconds>(
+            std::chrono::duration_cast<std::chrono::microseconds>(deadline - now), kRetryNap));
       }
     }
   }

@@ -21,8 +21,11 @@ constexpr auto kPollSlice = std::chrono::milliseconds(50);
 // Exchange rounds a node may send before this node asks for them (Exchange is collective, so a
 // node runs at most a round or two ahead); more are dropped, so that buffers cannot pile up.
 constexpr uint32_t kMaxEarlyExchanges = 4;
-// How long a Hello may wait for the provider's queue (a connection under way) before it is dropped.
-constexpr auto kHelloPost = std::chrono::milliseconds(50);
+// How long a start-up Hello to a node not heard from yet may wait for the provider's queue (a
+// connection under way): not at all. It is tried once and, if the queue is full, dropped and tried
+// again kHelloRetryUnposted later (the progress thread's receive slice is that short meanwhile),
+// so that the progress thread neither blocks nor spins while the connection is set up.
+constexpr auto kHelloPost = std::chrono::milliseconds(0);
 
 uint64_t TagOf(uint32_t node) {
   return uint64_t{node} << 32;
@@ -89,6 +92,9 @@ struct PeerLink::State {
   std::unique_ptr<PeerHandshake> shake;
   // Per node, whether a message claiming to be from it has arrived (progress thread only).
   std::vector<bool> heard;
+  // Per node, whether the last Hello to it was handed to the provider (progress thread only): one
+  // that was not is tried again after kHelloRetryUnposted, not kHelloRetry.
+  std::vector<bool> hello_posted;
   ServePool pool;
 
   using Pending = PeerLink::Pending;
@@ -546,7 +552,8 @@ struct PeerLink::State {
     for (uint32_t p = 0; p < joined.size(); ++p) {
       if (p == opts.node) continue;
       if (now < startup_until) {  // the start-up phase: a node may not be listening yet
-        if (std::optional<Hello> h = shake->Resend(p, now, kHelloRetry)) Queue(p, *h);
+        const auto interval = hello_posted[p] ? kHelloRetry : kHelloRetryUnposted;
+        if (std::optional<Hello> h = shake->Resend(p, now, interval)) Queue(p, *h);
       }
       const bool j = shake->state(p) == PeerState::kAuthed;
       changed |= j != joined[p];
@@ -581,6 +588,13 @@ struct PeerLink::State {
         wake.store(false);
         starting = std::chrono::steady_clock::now() < startup_until;
       }
+      // In the start-up phase, while a Hello could not be handed to the provider (its connection
+      // is under way), the receive slice is as short as that Hello's retry.
+      bool hello_waiting = false;
+      for (uint32_t p = 0; starting && p < hello_posted.size(); ++p) {
+        hello_waiting |=
+            p != opts.node && !hello_posted[p] && shake->state(p) == PeerState::kHelloSent;
+      }
       for (auto& [node, bytes] : sends) {
         if (!shake->Seal(node, bytes)) continue;  // its session is gone
         // In the start-up phase a Hello to a node that is not listening yet stays in the
@@ -591,7 +605,11 @@ struct PeerLink::State {
         const bool hello = *TypeOf(bytes) == PeerType::kHello;
         Status st = ep->Post(addr[node], TagOf(opts.node), std::move(bytes),
                              hello && starting && !heard[node] ? kHelloPost : opts.timeout);
-        if (!st.ok() && hello) continue;
+        if (hello) hello_posted[node] = st.ok();
+        if (!st.ok() && hello) {
+          hello_waiting = hello_waiting || starting;
+          continue;
+        }
         if (!st.ok()) {
           MutexLock lock(&mu);
           ++counters.timeouts;
@@ -599,9 +617,9 @@ struct PeerLink::State {
         }
       }
       DriveRemote();
-      auto msg = ep->Recv(0, ~uint64_t{0}, kMaxPeerMessageBytes, kPollSlice, [this] {
-        return wake.load(std::memory_order_relaxed) || ep->has_reads();
-      });
+      auto msg = ep->Recv(
+          0, ~uint64_t{0}, kMaxPeerMessageBytes, hello_waiting ? kHelloRetryUnposted : kPollSlice,
+          [this] { return wake.load(std::memory_order_relaxed) || ep->has_reads(); });
       DriveRemote();
       if (!msg.ok()) {
         if (msg.status().code() == StatusCode::kCorruption) Malformed(~0u, msg.status().ToString());
@@ -657,6 +675,7 @@ Result<std::unique_ptr<PeerLink>> PeerLink::Start(const PeerLinkOptions& options
   const auto nodes = static_cast<uint32_t>(options.peers.size());
   s->shake = std::make_unique<PeerHandshake>(options.secret, options.node, nodes, options.timeout);
   s->heard.assign(nodes, false);
+  s->hello_posted.assign(nodes, false);
   {
     MutexLock lock(&s->mu);  // no other thread yet: for the analysis
     s->peer_done.assign(nodes, 0);
