@@ -22,9 +22,9 @@ constexpr auto kPollSlice = std::chrono::milliseconds(50);
 // node runs at most a round or two ahead); more are dropped, so that buffers cannot pile up.
 constexpr uint32_t kMaxEarlyExchanges = 4;
 // How long a start-up Hello to a node not heard from yet may wait for the provider's queue (a
-// connection under way): not at all. It is tried once and, if the queue is full, dropped and tried
-// again kHelloRetryUnposted later (the progress thread's receive slice is that short meanwhile),
-// so that the progress thread neither blocks nor spins while the connection is set up.
+// connection under way): not at all. It is tried once and, if the queue is full, dropped; it is
+// sent again kHelloRetryUnheard later (the progress thread's receive slice is that short
+// meanwhile), so that the progress thread neither blocks nor spins while the connection is made.
 constexpr auto kHelloPost = std::chrono::milliseconds(0);
 
 uint64_t TagOf(uint32_t node) {
@@ -92,9 +92,6 @@ struct PeerLink::State {
   std::unique_ptr<PeerHandshake> shake;
   // Per node, whether a message claiming to be from it has arrived (progress thread only).
   std::vector<bool> heard;
-  // Per node, whether the last Hello to it was handed to the provider (progress thread only): one
-  // that was not is tried again after kHelloRetryUnposted, not kHelloRetry.
-  std::vector<bool> hello_posted;
   ServePool pool;
 
   using Pending = PeerLink::Pending;
@@ -552,7 +549,7 @@ struct PeerLink::State {
     for (uint32_t p = 0; p < joined.size(); ++p) {
       if (p == opts.node) continue;
       if (now < startup_until) {  // the start-up phase: a node may not be listening yet
-        const auto interval = hello_posted[p] ? kHelloRetry : kHelloRetryUnposted;
+        const auto interval = heard[p] ? kHelloRetry : kHelloRetryUnheard;
         if (std::optional<Hello> h = shake->Resend(p, now, interval)) Queue(p, *h);
       }
       const bool j = shake->state(p) == PeerState::kAuthed;
@@ -588,12 +585,11 @@ struct PeerLink::State {
         wake.store(false);
         starting = std::chrono::steady_clock::now() < startup_until;
       }
-      // In the start-up phase, while a Hello could not be handed to the provider (its connection
-      // is under way), the receive slice is as short as that Hello's retry.
+      // In the start-up phase, while a node has not been heard from and its handshake waits for
+      // its Challenge, the receive slice is as short as the Hello's retry.
       bool hello_waiting = false;
-      for (uint32_t p = 0; starting && p < hello_posted.size(); ++p) {
-        hello_waiting |=
-            p != opts.node && !hello_posted[p] && shake->state(p) == PeerState::kHelloSent;
+      for (uint32_t p = 0; starting && p < heard.size(); ++p) {
+        hello_waiting |= p != opts.node && !heard[p] && shake->state(p) == PeerState::kHelloSent;
       }
       for (auto& [node, bytes] : sends) {
         if (!shake->Seal(node, bytes)) continue;  // its session is gone
@@ -605,11 +601,7 @@ struct PeerLink::State {
         const bool hello = *TypeOf(bytes) == PeerType::kHello;
         Status st = ep->Post(addr[node], TagOf(opts.node), std::move(bytes),
                              hello && starting && !heard[node] ? kHelloPost : opts.timeout);
-        if (hello) hello_posted[node] = st.ok();
-        if (!st.ok() && hello) {
-          hello_waiting = hello_waiting || starting;
-          continue;
-        }
+        if (!st.ok() && hello) continue;
         if (!st.ok()) {
           MutexLock lock(&mu);
           ++counters.timeouts;
@@ -618,7 +610,7 @@ struct PeerLink::State {
       }
       DriveRemote();
       auto msg = ep->Recv(
-          0, ~uint64_t{0}, kMaxPeerMessageBytes, hello_waiting ? kHelloRetryUnposted : kPollSlice,
+          0, ~uint64_t{0}, kMaxPeerMessageBytes, hello_waiting ? kHelloRetryUnheard : kPollSlice,
           [this] { return wake.load(std::memory_order_relaxed) || ep->has_reads(); });
       DriveRemote();
       if (!msg.ok()) {
@@ -631,7 +623,18 @@ struct PeerLink::State {
         continue;
       }
       auto node = static_cast<uint32_t>(sender);
-      heard[node] = true;  // a claim only, but enough to wait for the provider's queue
+      if (!heard[node]) {
+        // A claim only, but enough to wait for the provider's queue, and a sign that the node
+        // listens now: a Hello sent before it did was lost, so the next goes at once.
+        heard[node] = true;
+        MutexLock lock(&mu);
+        if (std::chrono::steady_clock::now() < startup_until) {
+          const auto now = std::chrono::steady_clock::now();
+          if (std::optional<Hello> h = shake->Resend(node, now, std::chrono::milliseconds(0))) {
+            Queue(node, *h);
+          }
+        }
+      }
       auto decoded = Decode(msg->data);
       if (!decoded.ok()) {
         Malformed(node, decoded.status().ToString());
@@ -675,7 +678,6 @@ Result<std::unique_ptr<PeerLink>> PeerLink::Start(const PeerLinkOptions& options
   const auto nodes = static_cast<uint32_t>(options.peers.size());
   s->shake = std::make_unique<PeerHandshake>(options.secret, options.node, nodes, options.timeout);
   s->heard.assign(nodes, false);
-  s->hello_posted.assign(nodes, false);
   {
     MutexLock lock(&s->mu);  // no other thread yet: for the analysis
     s->peer_done.assign(nodes, 0);
