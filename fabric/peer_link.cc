@@ -594,10 +594,10 @@ struct PeerLink::State {
       for (auto& [node, bytes] : sends) {
         if (!shake->Seal(node, bytes)) continue;  // its session is gone
         // In the start-up phase a Hello to a node that is not listening yet stays in the
-        // provider's queue while it connects: until the node has been heard from, it is dropped
-        // after a moment (Resend sends it again) rather than hold the progress thread for a
-        // timeout. A Hello that cannot be sent never kills the node: the handshake's deadline
-        // decides.
+        // provider's queue while it connects: until the node has been heard from, it is tried
+        // once and dropped (Resend sends it again kHelloRetryUnheard later) rather than hold the
+        // progress thread for a timeout. A Hello that cannot be sent never kills the node: the
+        // handshake's deadline decides.
         const bool hello = *TypeOf(bytes) == PeerType::kHello;
         Status st = ep->Post(addr[node], TagOf(opts.node), std::move(bytes),
                              hello && starting && !heard[node] ? kHelloPost : opts.timeout);
