@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <list>
 #include <map>
@@ -51,6 +52,7 @@ const Lib& Libfabric() {
   static Lib lib;
   static std::once_flag once;
   std::call_once(once, [] {
+    (void)SetLibfabricDefaults();
     void* h = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
     if (h == nullptr) {
       const char* e = dlerror();
@@ -72,6 +74,19 @@ const Lib& Libfabric() {
   });
   return lib;
 }
+
+}  // namespace
+
+std::vector<std::string> SetLibfabricDefaults() {
+  std::vector<std::string> set;
+  for (const LibfabricDefault& d : kLibfabricDefaults) {
+    if (std::getenv(d.name) != nullptr) continue;  // the admin's (or the job's) own value
+    if (::setenv(d.name, d.value, 0) == 0) set.emplace_back(d.name);
+  }
+  return set;
+}
+
+namespace {
 
 std::string FiError(const char* what, long rc) {
   return std::string(what) + ": " + Libfabric().strerror(static_cast<int>(rc < 0 ? -rc : rc));
@@ -216,6 +231,9 @@ struct Endpoint::Impl {
   // costs tens of them to wake from); after that it sleeps.
   std::chrono::steady_clock::time_point last_completion{};
   static constexpr std::chrono::microseconds kSpin{200};
+  // How long a post that found the provider's queue full for longer than kSpin sleeps (on the
+  // completion queue's descriptor) before it tries again.
+  static constexpr std::chrono::microseconds kRetryNap{1000};
   // The libfabric objects, last so that they are closed first (the endpoint, then the regions
   // registered for remote reads, the address vector, the queue, the domain, the fabric), while
   // the buffers of operations still posted on them are alive.
@@ -339,6 +357,7 @@ struct Endpoint::Impl {
   template <typename PostFn>
   Status PostRetrying(Op* op, std::chrono::steady_clock::time_point deadline, const char* call,
                       const char* queue, PostFn post) {
+    const auto start = std::chrono::steady_clock::now();
     for (;;) {
       const ssize_t rc = post();
       if (rc == 0) return Status::Ok();
@@ -347,9 +366,17 @@ struct Endpoint::Impl {
         return Status::IoError(FiError(call, rc));
       }
       Poll();
-      if (std::chrono::steady_clock::now() >= deadline) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
         Drop(op);
         return Status::TimedOut(std::string("fabric: ") + queue + " queue full until the timeout");
+      }
+      // A queue that stays full past a moment (a connection still being set up: ofi_rxm
+      // progresses it every 10 ms) is waited on, not spun on: a spinning sender took the CPU its
+      // peers needed to answer.
+      if (now - start >= kSpin) {
+        Idle(std::min<std::chrono::microseconds>(
+            std::chrono::duration_cast<std::chrono::microseconds>(deadline - now), kRetryNap));
       }
     }
   }

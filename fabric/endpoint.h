@@ -43,6 +43,24 @@ struct EndpointOptions {
   bool remote_read = true;
 };
 
+// libfabric tunables nopfs gives a default of its own, each set in the environment only where the
+// environment does not already set it (an admin's own setting wins). libfabric reads them when it
+// is loaded, so they must be set before (Endpoint::Open's first call loads it and calls
+// SetLibfabricDefaults first; nopfsd calls it at its start, before it has threads, since setenv
+// is not safe against another thread's getenv).
+//   FI_OFI_RXM_MSG_RX_SIZE=1024: ofi_rxm over tcp pre-posts this many receive buffers of 16 KiB
+//   when the endpoint opens (4,096 by default: 68 MB zeroed, 0.26 s of CPU per daemon); its
+//   buffer pool grows by 1,024 at a time, so 1,024 costs one chunk.
+struct LibfabricDefault {
+  const char* name;
+  const char* value;
+};
+inline constexpr LibfabricDefault kLibfabricDefaults[] = {
+    {"FI_OFI_RXM_MSG_RX_SIZE", "1024"},
+};
+// Sets each of kLibfabricDefaults that the environment does not set; returns the names it set.
+std::vector<std::string> SetLibfabricDefaults();
+
 // Memory registered for remote reads: a peer reads [base, base + length) of it with
 // Endpoint::PostRead(addr = wire_base + offset, key).
 struct ExposedRegion {

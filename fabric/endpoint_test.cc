@@ -7,8 +7,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include "fabric/loopback_port.h"
@@ -23,6 +26,29 @@ std::vector<std::byte> Pattern(uint64_t n, uint8_t seed) {
   for (uint64_t i = 0; i < n; ++i)
     v[i] = static_cast<std::byte>((i * 131 + seed) & 0xff);
   return v;
+}
+
+// nopfs's libfabric defaults fill in only what the environment leaves unset: an admin's (or a
+// job's) own FI_OFI_RXM_MSG_RX_SIZE is kept as it is.
+TEST(EndpointTest, LibfabricDefaultsKeepTheEnvironmentsOwnSetting) {
+  const char* name = "FI_OFI_RXM_MSG_RX_SIZE";
+  const char* before = std::getenv(name);
+  const std::string saved = before != nullptr ? before : "";
+  ASSERT_EQ(::setenv(name, "77", 1), 0);
+  std::vector<std::string> set = SetLibfabricDefaults();
+  EXPECT_EQ(std::count(set.begin(), set.end(), name), 0);
+  EXPECT_STREQ(std::getenv(name), "77");
+  ASSERT_EQ(::unsetenv(name), 0);
+  set = SetLibfabricDefaults();
+  EXPECT_EQ(std::count(set.begin(), set.end(), name), 1);
+  EXPECT_STREQ(std::getenv(name), "1024");
+  // Set once, it is the environment's: a second call changes nothing.
+  EXPECT_TRUE(SetLibfabricDefaults().empty());
+  if (before != nullptr) {
+    ::setenv(name, saved.c_str(), 1);
+  } else {
+    ::unsetenv(name);
+  }
 }
 
 TEST(EndpointTest, TaggedMessagesArriveIntactAndMatchTags) {

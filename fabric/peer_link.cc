@@ -21,8 +21,11 @@ constexpr auto kPollSlice = std::chrono::milliseconds(50);
 // Exchange rounds a node may send before this node asks for them (Exchange is collective, so a
 // node runs at most a round or two ahead); more are dropped, so that buffers cannot pile up.
 constexpr uint32_t kMaxEarlyExchanges = 4;
-// How long a Hello may wait for the provider's queue (a connection under way) before it is dropped.
-constexpr auto kHelloPost = std::chrono::milliseconds(50);
+// How long a start-up Hello to a node not heard from yet may wait for the provider's queue (a
+// connection under way): not at all. It is tried once and, if the queue is full, dropped; it is
+// sent again kHelloRetryUnheard later (the progress thread's receive slice is that short
+// meanwhile), so that the progress thread neither blocks nor spins while the connection is made.
+constexpr auto kHelloPost = std::chrono::milliseconds(0);
 
 uint64_t TagOf(uint32_t node) {
   return uint64_t{node} << 32;
@@ -546,7 +549,8 @@ struct PeerLink::State {
     for (uint32_t p = 0; p < joined.size(); ++p) {
       if (p == opts.node) continue;
       if (now < startup_until) {  // the start-up phase: a node may not be listening yet
-        if (std::optional<Hello> h = shake->Resend(p, now, kHelloRetry)) Queue(p, *h);
+        const auto interval = heard[p] ? kHelloRetry : kHelloRetryUnheard;
+        if (std::optional<Hello> h = shake->Resend(p, now, interval)) Queue(p, *h);
       }
       const bool j = shake->state(p) == PeerState::kAuthed;
       changed |= j != joined[p];
@@ -581,13 +585,19 @@ struct PeerLink::State {
         wake.store(false);
         starting = std::chrono::steady_clock::now() < startup_until;
       }
+      // In the start-up phase, while a node has not been heard from and its handshake waits for
+      // its Challenge, the receive slice is as short as the Hello's retry.
+      bool hello_waiting = false;
+      for (uint32_t p = 0; starting && p < heard.size(); ++p) {
+        hello_waiting |= p != opts.node && !heard[p] && shake->state(p) == PeerState::kHelloSent;
+      }
       for (auto& [node, bytes] : sends) {
         if (!shake->Seal(node, bytes)) continue;  // its session is gone
         // In the start-up phase a Hello to a node that is not listening yet stays in the
-        // provider's queue while it connects: until the node has been heard from, it is dropped
-        // after a moment (Resend sends it again) rather than hold the progress thread for a
-        // timeout. A Hello that cannot be sent never kills the node: the handshake's deadline
-        // decides.
+        // provider's queue while it connects: until the node has been heard from, it is tried
+        // once and dropped (Resend sends it again kHelloRetryUnheard later) rather than hold the
+        // progress thread for a timeout. A Hello that cannot be sent never kills the node: the
+        // handshake's deadline decides.
         const bool hello = *TypeOf(bytes) == PeerType::kHello;
         Status st = ep->Post(addr[node], TagOf(opts.node), std::move(bytes),
                              hello && starting && !heard[node] ? kHelloPost : opts.timeout);
@@ -599,9 +609,9 @@ struct PeerLink::State {
         }
       }
       DriveRemote();
-      auto msg = ep->Recv(0, ~uint64_t{0}, kMaxPeerMessageBytes, kPollSlice, [this] {
-        return wake.load(std::memory_order_relaxed) || ep->has_reads();
-      });
+      auto msg = ep->Recv(
+          0, ~uint64_t{0}, kMaxPeerMessageBytes, hello_waiting ? kHelloRetryUnheard : kPollSlice,
+          [this] { return wake.load(std::memory_order_relaxed) || ep->has_reads(); });
       DriveRemote();
       if (!msg.ok()) {
         if (msg.status().code() == StatusCode::kCorruption) Malformed(~0u, msg.status().ToString());
@@ -613,7 +623,18 @@ struct PeerLink::State {
         continue;
       }
       auto node = static_cast<uint32_t>(sender);
-      heard[node] = true;  // a claim only, but enough to wait for the provider's queue
+      if (!heard[node]) {
+        // A claim only, but enough to wait for the provider's queue, and a sign that the node
+        // listens now: a Hello sent before it did was lost, so the next goes at once.
+        heard[node] = true;
+        MutexLock lock(&mu);
+        if (std::chrono::steady_clock::now() < startup_until) {
+          const auto now = std::chrono::steady_clock::now();
+          if (std::optional<Hello> h = shake->Resend(node, now, std::chrono::milliseconds(0))) {
+            Queue(node, *h);
+          }
+        }
+      }
       auto decoded = Decode(msg->data);
       if (!decoded.ok()) {
         Malformed(node, decoded.status().ToString());

@@ -149,13 +149,16 @@ class PeerLink {
 
   // The start-up phase (docs/fabric.md, "Start-up"): handshakes with every other node and waits
   // until every one has answered or `deadline` has passed. Until then every handshake waiting
-  // for its Challenge sends its Hello again every kHelloRetry, and handshakes started by other
+  // for its Challenge sends its Hello again every kHelloRetryUnheard until the node has been
+  // heard from (it may not be listening yet: such a Hello is lost), at once when it first is,
+  // and every kHelloRetry after that; handshakes started by other
   // calls also last until the deadline. Ok once every other node has answered; Unavailable naming
   // the nodes that had not by the deadline (they are then dead; one that starts later still joins
   // when its Hello arrives), and those that answered this node's Hello without proving the job
   // secret (dead at once: waiting for them would change nothing; logged when it happens).
   Status WaitForPeers(std::chrono::steady_clock::time_point deadline);
   static constexpr std::chrono::milliseconds kHelloRetry{250};
+  static constexpr std::chrono::milliseconds kHelloRetryUnheard{10};
 
   // One collective all-to-all round (the shape of service/peers/directory.h's dir::Exchange): sends
   // out[k] to node k and returns in[k] from node k (in[node] = out[node]). Every node must call it

@@ -7,13 +7,16 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
 #include "common/phases.h"
 #include "common/units.h"
+#include "fabric/endpoint.h"
 #include "launch/daemon_args.h"
 #include "launch/run_files.h"
 #include "service/daemon/daemon.h"
@@ -79,6 +82,10 @@ int main(int argc, char** argv) {
                  "pass --allow-root on a personal machine\n");
     return 2;
   }
+  // libfabric's tunables that nopfs sets a default for (fabric/endpoint.h), while this process
+  // has one thread: setenv is not safe against another thread's getenv.
+  const std::vector<std::string> fabric_defaults =
+      f.peers.empty() ? std::vector<std::string>() : nopfs::fabric::SetLibfabricDefaults();
   const uint64_t samples = f.job.job.samples;
   if (samples == 0)
     f.job.job.samples = nopfs::policy::kMaxSamples;  // F from the dataset; check the rest
@@ -143,6 +150,10 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  for (const std::string& name : fabric_defaults) {
+    spdlog::info("peers: {}={} (nopfs's default; the environment did not set it)", name,
+                 std::getenv(name.c_str()));
+  }
   phases.Mark("setup");
   nopfs::Result<std::unique_ptr<service::Daemon>> daemon = service::Daemon::Start(options);
   phases.Skip();  // the daemon's own phases
