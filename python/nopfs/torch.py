@@ -31,6 +31,7 @@ worker warns and reads the rest of its share from the files, in the same order, 
 stream stopped; without it, the DataLoader raises nopfs.UnavailableError.
 """
 
+import functools
 import io
 import math
 import multiprocessing
@@ -746,7 +747,10 @@ class StreamDataset(tud.IterableDataset):
             with _open_stream(self.socket, self.sampler.rank, epoch=epoch, step=step,
                               worker=worker, workers=workers, batch=self.batch_size, epochs=1,
                               owner=self.owner, read_once=read_once) as stream:
-                take = self._tensor_batch if self.mode == "tensor" else self._item_batch
+                if self.mode == "tensor":
+                    take = self._tensor_batch
+                else:
+                    take = functools.partial(self._item_batch, read_once=read_once)
                 while True:
                     batch, n = take(stream)
                     if n == 0:
@@ -762,9 +766,11 @@ class StreamDataset(tud.IterableDataset):
         yield from self._batches_of(self._iter_files(epoch, step, worker, workers,
                                                      skip=delivered))
 
-    def _item_batch(self, stream: Any) -> Tuple[Any, int]:
+    def _item_batch(self, stream: Any, read_once: bool = False) -> Tuple[Any, int]:
         """(collated batch, samples): up to batch_size samples made into items, bytes in one
-        call per ring batch, else decode/transform per sample over views made in one call."""
+        call per ring batch, else decode/transform per sample over views made in one call (of
+        copies made in one call, in a stream opened read_once: views of the RAM tier would fault
+        in the pages a copy reads from its file)."""
         items: List[Any] = []
         while len(items) < self.batch_size:
             batch = stream.next_batch(self.batch_size - len(items), self.timeout)
@@ -775,9 +781,11 @@ class StreamDataset(tud.IterableDataset):
                 items.extend(zip(batch.tobytes(), labels))
                 batch.release()
                 continue
-            if self.mode == "copies":
+            if self.mode == "copies" or read_once:
                 copies = batch.tobytes()
                 batch.release()
+                if self.mode != "copies":  # what a decode given views gets: a read-only view
+                    copies = [memoryview(c) for c in copies]
                 items.extend(self.dataset.make_item(data, label)
                              for data, label in zip(copies, labels))
                 continue

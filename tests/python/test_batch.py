@@ -311,6 +311,29 @@ def test_default_decode_gets_a_copy_of_each_sample_and_decodes_the_files(service
         same(g, w)
 
 
+def _view_and_bytes(data):
+    """A decode that reports what it was given: (a read-only memoryview?, its bytes)."""
+    return isinstance(data, memoryview) and data.readonly, bytes(data)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_custom_decode_gets_read_only_views_of_the_files_bytes(service, images, rank_env,
+                                                                 workers):
+    """decode gets a read-only memoryview per sample, of the RAM tier in the main process and
+    of a copy in a worker that lives one pass; the bytes are the files' either way."""
+    root, paths = images
+    rank_env(0)
+    order = service.stream(0)[:45]
+    dataset = ImageFolder(root, decode=_view_and_bytes)
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=workers,
+                        collate_fn=list)
+    assert loader.nopfs_stream.mode == "views"
+    sampler.set_epoch(0)
+    got = [item for batch in loader for item in batch]
+    assert [(ok, data) for (ok, data), _ in got] == [(True, file_bytes(paths[i])) for i in order]
+
+
 def test_pin_memory(big, monkeypatch):
     """DataLoader(pin_memory=True) as torch's: pinned with CUDA, a no-op without it; the
     extension-level read_batch(pin_memory=True) pins, or says clearly that it needs CUDA."""
