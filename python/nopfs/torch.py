@@ -601,9 +601,11 @@ def _ahead(items: Generator[Any, None, None], depth: int, pace: _Pace) -> Iterat
     """Yields what `items` yields. Once `pace` finds that the loop works between batches (it
     remembers it across passes), a thread of its own makes them, with up to `depth` made items
     waiting, so that copying a batch out of the ring (without the GIL) overlaps the training
-    step. An exception of `items` is raised where its item would have come. Leaving the loop
-    early (or dropping the iterator) stops the thread, which closes `items` (and so the stream)
-    itself."""
+    step; the first batches of every threaded pass are judged again, so that a loop that no
+    longer works between batches (or a pass judged on a moment of noise) has the next pass made
+    when it asks. An exception of `items` is raised where its item would have come. Leaving the
+    loop early (or dropping the iterator) stops the thread, which closes `items` (and so the
+    stream) itself."""
     try:
         while not pace.works:
             t0 = time.monotonic()
@@ -632,9 +634,18 @@ def _ahead(items: Generator[Any, None, None], depth: int, pace: _Pace) -> Iterat
                 continue
         return False
 
+    makes: List[float] = []  # how long the thread took to make each of the first batches
+
     def run() -> None:
         try:
-            for item in items:
+            while True:
+                t0 = time.monotonic()
+                try:
+                    item = next(items)
+                except StopIteration:
+                    break
+                if len(makes) < pace.SEEN:
+                    makes.append(time.monotonic() - t0)
                 if not put((item, None)):
                     return
             put((_END, None))
@@ -645,6 +656,7 @@ def _ahead(items: Generator[Any, None, None], depth: int, pace: _Pace) -> Iterat
 
     thread = threading.Thread(target=run, name="nopfs-batches", daemon=True)
     thread.start()
+    loops: List[float] = []  # how long the loop worked after each of the first batches
     try:
         while True:
             item, error = done.get()
@@ -652,7 +664,13 @@ def _ahead(items: Generator[Any, None, None], depth: int, pace: _Pace) -> Iterat
                 if error is not None:
                     raise error
                 return
+            t1 = time.monotonic()
             yield item
+            if len(loops) < pace.SEEN:
+                loops.append(time.monotonic() - t1)
+                if len(loops) == pace.SEEN:  # the thread made these batches before they came
+                    for make, loop in zip(makes, loops):
+                        pace.add(make, loop)  # decides the next pass
     finally:
         stop.set()
         if thread is not threading.current_thread():  # the collector may run anywhere

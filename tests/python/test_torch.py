@@ -336,6 +336,7 @@ def test_without_workers_a_thread_makes_the_next_batches_while_the_loop_works(
     assert made == ["nopfs-batches"] * 4
     for batch in it:
         items.extend(batch)
+        time.sleep(0.03)  # still working between batches: the next pass keeps the thread
     check_pass(items, paths, sampler.order(1))
 
     # Broken off after one batch: the thread stops (and closes the stream), the next pass is whole.
@@ -347,6 +348,12 @@ def test_without_workers_a_thread_makes_the_next_batches_while_the_loop_works(
     assert not prefetching_threads()
     sampler.set_epoch(1)
     check_pass(one_pass_of(loader), paths, sampler.order(1))
+    # That pass, made by the thread, asked for its batches back to back: judged again, the next
+    # one is made when it asks, in the loop's thread.
+    made.clear()
+    sampler.set_epoch(0)
+    check_pass(one_pass_of(loader), paths, sampler.order(0))
+    assert made == ["MainThread"] * len(loader)
 
     # A loop that does not wait between batches: each is made when asked, in the loop's thread.
     made.clear()
