@@ -572,9 +572,11 @@ TEST(PeerLinkTest, ALateNodeIsJoinedByBothAtOnce) {
     ASSERT_TRUE(w0.ok()) << w0.ToString();
     gaps.push_back(std::abs(std::chrono::duration<double>(joined0 - joined1).count()));
   }
+  // Four of the five within 80 ms (a retry every 250 ms leaves most gaps far wider); one may
+  // meet a scheduling hiccup of a loaded or sanitized run.
   std::sort(gaps.begin(), gaps.end());
-  EXPECT_LT(gaps.back(), 0.080) << "smallest gap " << gaps.front() << " s, largest " << gaps.back()
-                                << " s";
+  EXPECT_LT(gaps[3], 0.080) << "smallest gap " << gaps.front() << " s, second largest " << gaps[3]
+                            << " s, largest " << gaps.back() << " s";
 }
 
 // A node that never starts costs the others the start-up deadline and no more: WaitForPeers
