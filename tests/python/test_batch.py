@@ -285,6 +285,18 @@ def _pixels(img):
     return torch.from_numpy(np.asarray(img).copy())
 
 
+def _first_pass_items(service, root, rank_env, workers, **dataset_args):
+    """(loader, items, order): rank 0's epoch 0 through DataLoader(ImageFolder(root,
+    **dataset_args), batch 4, collate_fn=list), its items, and the stream's order."""
+    rank_env(0)
+    dataset = ImageFolder(root, **dataset_args)
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=workers,
+                        collate_fn=list)
+    sampler.set_epoch(0)
+    return loader, [item for batch in loader for item in batch], service.stream(0)[:45]
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_default_decode_gets_a_copy_of_each_sample_and_decodes_the_files(service, images,
                                                                          rank_env, workers):
@@ -292,19 +304,13 @@ def test_default_decode_gets_a_copy_of_each_sample_and_decodes_the_files(service
     (one copy, made in one call per ring batch), and the batches are those of decoding the files
     in the stream's order."""
     root, paths = images
-    rank_env(0)
-    order = service.stream(0)[:45]
-    dataset = ImageFolder(root, transform=_pixels)
-    sampler = DistributedSampler(dataset)
-    loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=workers,
-                        collate_fn=list)
+    loader, got, order = _first_pass_items(service, root, rank_env, workers, transform=_pixels)
     assert loader.nopfs_stream.mode == "copies"
     # Workers that live one pass read the tier's file (read_once); persistent ones map it.
     assert loader.nopfs_stream.read_once
-    assert not DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=2,
+    assert not DataLoader(loader.nopfs_stream.dataset, batch_size=4,
+                          sampler=loader.nopfs_sampler, num_workers=2,
                           persistent_workers=True).nopfs_stream.read_once
-    sampler.set_epoch(0)
-    got = [item for batch in loader for item in batch]
     want = [(_pixels(pil_decode(file_bytes(paths[i]))), label_of(paths[i])) for i in order]
     assert len(got) == len(want) == 45
     for g, w in zip(got, want):
@@ -322,15 +328,9 @@ def test_a_custom_decode_gets_read_only_views_of_the_files_bytes(service, images
     """decode gets a read-only memoryview per sample, of the RAM tier in the main process and
     of a copy in a worker that lives one pass; the bytes are the files' either way."""
     root, paths = images
-    rank_env(0)
-    order = service.stream(0)[:45]
-    dataset = ImageFolder(root, decode=_view_and_bytes)
-    sampler = DistributedSampler(dataset)
-    loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=workers,
-                        collate_fn=list)
+    loader, got, order = _first_pass_items(service, root, rank_env, workers,
+                                           decode=_view_and_bytes)
     assert loader.nopfs_stream.mode == "views"
-    sampler.set_epoch(0)
-    got = [item for batch in loader for item in batch]
     assert [(ok, data) for (ok, data), _ in got] == [(True, file_bytes(paths[i])) for i in order]
 
 
