@@ -119,6 +119,10 @@ Status StoreScan(const CatalogOptions& options, const store::LoadRequest& s,
   contents.root = scanned.root;
   contents.classes = scanned.class_names;
   contents.Reserve(n);
+  size_t path_bytes = 0;
+  for (const scan::Sample& smp : scanned.samples)
+    path_bytes += smp.relative_path.size();
+  contents.arena.reserve(path_bytes);
   for (const scan::Sample& smp : scanned.samples) {
     contents.Add(smp.relative_path, smp.offset, smp.length, smp.label);
   }
@@ -296,18 +300,26 @@ Status OpenShared(const CatalogOptions& options, Env* env, const store::LoadRequ
     return part.status();
   }
   if (!got.ok()) return got.status().WithContext("scan parts");
-  std::vector<scan::ClassesPart> parts;
-  for (uint32_t k = 0; k < options.nodes; ++k) {
+  // The other nodes' parts, decoded on the scan threads.
+  std::vector<scan::ClassesPart> parts(options.nodes);
+  std::vector<Status> errors(options.nodes);
+  scan::ParallelFor(options.nodes, options.scan_threads, [&](uint64_t k) {
     if (k == options.node) {
-      parts.push_back(std::move(*part));
-      continue;
+      parts[k] = std::move(*part);
+      return;
     }
     Result<scan::ClassesPart> p = share::DecodePart((*got)[k]);
-    if (!p.ok()) return p.status().WithContext("scan part of node " + std::to_string(k));
-    parts.push_back(std::move(*p));
-  }
-  Result<scan::ScanResult> scanned =
-      scan::AssembleImageFolder(s.real, std::move(lead.listing), std::move(parts));
+    if (p.ok()) {
+      parts[k] = std::move(*p);
+    } else {
+      errors[k] = p.status().WithContext("scan part of node " + std::to_string(k));
+    }
+    (*got)[k] = std::vector<std::byte>();
+  });
+  for (const Status& e : errors)
+    NOPFS_RETURN_IF_ERROR(e);
+  Result<scan::ScanResult> scanned = scan::AssembleImageFolder(
+      s.real, std::move(lead.listing), std::move(parts), options.scan_threads);
   out->phases.Mark("assemble");
   *fatal = true;
   if (!scanned.ok()) return scanned.status();

@@ -487,13 +487,34 @@ nopfs::Result<ClassesPart> WalkClasses(const std::string& root, const RootListin
 }
 
 nopfs::Result<ScanResult> AssembleImageFolder(const std::string& root, RootListing listing,
-                                              std::vector<ClassesPart> parts) {
+                                              std::vector<ClassesPart> parts, uint32_t threads) {
   ScanResult out;
   out.kind = codec::DatasetKind::kImageFolder;
   out.root = root;
+  // The samples in (label, relative path, offset, length) order without sorting them all: moved
+  // into one run per class (a counting sort by label), then each class sorted on its own, the
+  // classes on up to `threads` threads. A million samples of 100 classes take 0.1 s instead of
+  // the 0.8 s of one sort (docs/catalog.md, "One scan per job").
+  const size_t classes = listing.class_names.size();
+  std::vector<size_t> start(classes + 1, 0);
+  for (const ClassesPart& p : parts) {
+    for (const Sample& s : p.samples) {
+      if (s.label < 0 || static_cast<uint64_t>(s.label) >= classes) {
+        return Status::InvalidArgument(root + ": sample " + s.relative_path + " has label " +
+                                       std::to_string(s.label) + ", not one of the " +
+                                       std::to_string(classes) + " classes");
+      }
+      ++start[static_cast<size_t>(s.label) + 1];
+    }
+  }
+  for (size_t c = 0; c < classes; ++c)
+    start[c + 1] += start[c];
+  out.samples.resize(start[classes]);
+  std::vector<size_t> next(start.begin(), start.end() - 1);
   for (ClassesPart& p : parts) {
     for (Sample& s : p.samples)
-      out.samples.push_back(std::move(s));
+      out.samples[next[static_cast<size_t>(s.label)]++] = std::move(s);
+    p.samples = std::vector<Sample>();
     for (StampEntry& st : p.stamps)
       out.stamps.push_back(std::move(st));
   }
@@ -503,7 +524,14 @@ nopfs::Result<ScanResult> AssembleImageFolder(const std::string& root, RootListi
     return Status::InvalidArgument(root + ": the dataset has no files (looked under " +
                                    std::to_string(out.class_names.size()) + " class directories)");
   }
-  SortSamples(out.samples);
+  ParallelFor(classes, threads, [&](uint64_t c) {
+    const auto first = out.samples.begin() + static_cast<std::ptrdiff_t>(start[c]);
+    const auto last = out.samples.begin() + static_cast<std::ptrdiff_t>(start[c + 1]);
+    std::sort(first, last, [](const Sample& a, const Sample& b) {
+      return std::tie(a.relative_path, a.offset, a.length) <
+             std::tie(b.relative_path, b.offset, b.length);
+    });
+  });
   SortStamps(out.stamps);
   return out;
 }
@@ -518,7 +546,7 @@ nopfs::Result<ScanResult> ScanImageFolder(const std::string& root, Env* env, uin
   if (!part.ok()) return part.status();
   std::vector<ClassesPart> parts;
   parts.push_back(std::move(*part));
-  return AssembleImageFolder(root, std::move(*listing), std::move(parts));
+  return AssembleImageFolder(root, std::move(*listing), std::move(parts), threads);
 }
 
 nopfs::Result<ScanResult> ScanManifest(const std::string& manifest, Env* env, uint32_t threads) {

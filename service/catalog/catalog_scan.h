@@ -63,9 +63,10 @@ nopfs::Result<RootListing> ListImageFolderRoot(const std::string& root, Env* env
 nopfs::Result<ClassesPart> WalkClasses(const std::string& root, const RootListing& listing,
                                        const std::vector<uint32_t>& labels, Env* env,
                                        uint32_t threads);
-// The scan result of the parts that together walked every class once.
+// The scan result of the parts that together walked every class once, sorted on up to `threads`
+// threads. InvalidArgument if a sample's label is not a class of the listing.
 nopfs::Result<ScanResult> AssembleImageFolder(const std::string& root, RootListing listing,
-                                              std::vector<ClassesPart> parts);
+                                              std::vector<ClassesPart> parts, uint32_t threads);
 // Parses the manifest at `manifest` (an absolute real path of a file) and stats what it names.
 nopfs::Result<ScanResult> ScanManifest(const std::string& manifest, Env* env, uint32_t threads);
 

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <random>
 #include <set>
 #include <span>
 #include <string>
@@ -513,6 +514,57 @@ TEST(CatalogShareCodecTest, LargeMessagesTakeSeveralRoundsAndMalformedOnesAreRej
   lead[0] = std::byte{9};
   Result<share::Lead> bad = share::DecodeLead(lead);
   EXPECT_NE(bad.status().message().find("run the same nopfs on every node"), std::string::npos);
+}
+
+TEST(CatalogAssembleTest, PartsInAnyOrderGiveTheSamplesSortedByLabelPathOffsetAndLength) {
+  scan::RootListing listing;
+  listing.class_names = {"a", "b", "c"};
+  listing.root_stamp = {1, 2, 3, 4};
+  // Every (label, path, offset, length) ordering case: paths that are prefixes of others, '/'
+  // against '.', equal paths with other offsets and lengths, a class no part has samples of.
+  std::vector<scan::Sample> want = {
+      {"a/x", 0, 9, 0},   {"a/x", 4, 1, 0},     {"a/x", 4, 2, 0}, {"a/x.b", 0, 1, 0},
+      {"a/x/y", 0, 1, 0}, {"a/xy", 0, 1, 0},    {"c/0", 0, 1, 2}, {"c/00", 0, 1, 2},
+      {"c/1", 0, 1, 2},   {"c/sub/z", 0, 1, 2},
+  };
+  std::vector<scan::Sample> shuffled = want;
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 20; ++trial) {
+    SCOPED_TRACE(trial);
+    std::shuffle(shuffled.begin(), shuffled.end(), rng);
+    std::vector<scan::ClassesPart> parts(3);
+    for (size_t i = 0; i < shuffled.size(); ++i)
+      parts[(i * 7 + static_cast<size_t>(trial)) % 3].samples.push_back(shuffled[i]);
+    parts[1].stamps.push_back({"/r/c", {5, 6, 7, 8}});
+    parts[0].stamps.push_back({"/r/a", {9, 10, 11, 12}});
+    Result<scan::ScanResult> r =
+        scan::AssembleImageFolder("/r", listing, std::move(parts), 1 + trial % 4);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    ASSERT_EQ(r->samples.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(r->samples[i].relative_path, want[i].relative_path) << i;
+      EXPECT_EQ(r->samples[i].offset, want[i].offset) << i;
+      EXPECT_EQ(r->samples[i].length, want[i].length) << i;
+      EXPECT_EQ(r->samples[i].label, want[i].label) << i;
+    }
+    ASSERT_EQ(r->stamps.size(), 3u);
+    EXPECT_EQ(r->stamps[0].path, "/r");
+    EXPECT_EQ(r->stamps[1].path, "/r/a");
+    EXPECT_EQ(r->stamps[2].path, "/r/c");
+    EXPECT_EQ(r->class_names, listing.class_names);
+  }
+
+  // A part (a peer's, decoded) whose sample names no class of the listing is refused.
+  for (int64_t label : {int64_t{-1}, int64_t{3}}) {
+    std::vector<scan::ClassesPart> parts(1);
+    parts[0].samples = {{"a/x", 0, 1, 0}, {"q/y", 0, 1, label}};
+    Result<scan::ScanResult> r = scan::AssembleImageFolder("/r", listing, std::move(parts), 2);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("q/y has label " + std::to_string(label)),
+              std::string::npos)
+        << r.status().message();
+  }
 }
 
 }  // namespace
