@@ -24,6 +24,7 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -222,6 +223,15 @@ struct Endpoint::Impl {
   // peer link receives with a 64 MiB limit every few milliseconds).
   std::unique_ptr<std::byte[]> spare;
   uint64_t spare_capacity = 0;
+  // A receive that a Recv left posted when it timed out or was interrupted, and what it was
+  // posted for. It may have matched a message already: a large one arrives over many of a
+  // caller's short waits (a rendezvous read, segments), and a receive cancelled mid-transfer
+  // completes after the cancellation's grace or not at all, losing the message. So the next Recv
+  // for the same messages waits on it again; only a Recv for others cancels it.
+  Op* standing = nullptr;
+  uint64_t standing_tag = 0;
+  uint64_t standing_ignore = 0;
+  uint64_t standing_max = 0;
   std::shared_ptr<ReadBufferPool> read_pool = std::make_shared<ReadBufferPool>();
   // Waiting without spinning: the completion queue's file descriptor (FI_WAIT_FD; -1 if the
   // provider has none, then idle waits sleep briefly) and an eventfd that Wake() signals.
@@ -344,6 +354,30 @@ struct Endpoint::Impl {
   // buffer is as large as the largest message (tens of MiB): freeing it is a munmap with a TLB
   // shootdown, and a fresh one page-faults in again, which cost about a tenth of a busy peer
   // link's time while every interrupted Recv gave its buffer back.
+  // Cancels `op`, a posted receive nobody waits for any more. The cancellation completes as an
+  // error entry, and until then libfabric may still write the buffer: returns the message if it
+  // arrived meanwhile (within a short grace), else nothing, leaving an op still in flight
+  // abandoned (freed when its completion comes or the endpoint closes).
+  std::optional<Message> CancelRecv(Op* op, uint64_t max_len) {
+    fi_cancel(&ep->fid, &op->ctx);
+    auto grace = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+    while (!op->done && std::chrono::steady_clock::now() < grace)
+      Poll();
+    if (op->done && op->error == 0) {
+      Message m;
+      m.tag = op->tag;
+      m.data.assign(op->buffer.get(), op->buffer.get() + std::min(op->len, max_len));
+      Recycle(op);
+      return m;
+    }
+    if (op->done) {
+      Recycle(op);  // cancelled: libfabric is done with the buffer
+    } else {
+      op->abandoned = true;
+    }
+    return std::nullopt;
+  }
+
   void Recycle(Op* op) {
     if (op->buffer && (!spare || op->capacity >= spare_capacity)) {
       spare = std::move(op->buffer);
@@ -569,23 +603,36 @@ Result<Message> Endpoint::Recv(uint64_t tag, uint64_t ignore, uint64_t max_len,
                                std::chrono::milliseconds timeout,
                                const std::function<bool()>& interrupt) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
-  Op* op = impl_->NewOp();
-  op->capacity = max_len;
-  if (impl_->spare && impl_->spare_capacity >= max_len) {
-    op->buffer = std::move(impl_->spare);
-    op->capacity = impl_->spare_capacity;
-  } else {
-    op->buffer.reset(new std::byte[max_len == 0 ? 1 : max_len]);  // uninitialised: no zeroing
+  Op* op = nullptr;
+  if (impl_->standing != nullptr) {
+    Op* st = std::exchange(impl_->standing, nullptr);
+    if (impl_->standing_tag == tag && impl_->standing_ignore == ignore &&
+        impl_->standing_max == max_len) {
+      op = st;  // the same messages: wait on it again
+    } else if (std::optional<Message> m = impl_->CancelRecv(st, impl_->standing_max);
+               m && (m->tag & ~ignore) == (tag & ~ignore) && m->data.size() <= max_len) {
+      return *std::move(m);
+    }  // else what the old receive got, if anything, was for another caller: dropped
   }
-  NOPFS_RETURN_IF_ERROR(impl_->PostRetrying(op, deadline, "fabric: fi_trecv", "receive", [&] {
-    return fi_trecv(impl_->ep.get(), op->buffer.get(), max_len, nullptr, FI_ADDR_UNSPEC, tag,
-                    ignore, &op->ctx);
-  }));
+  if (op == nullptr) {
+    op = impl_->NewOp();
+    op->capacity = max_len;
+    if (impl_->spare && impl_->spare_capacity >= max_len) {
+      op->buffer = std::move(impl_->spare);
+      op->capacity = impl_->spare_capacity;
+    } else {
+      op->buffer.reset(new std::byte[max_len == 0 ? 1 : max_len]);  // uninitialised: no zeroing
+    }
+    NOPFS_RETURN_IF_ERROR(impl_->PostRetrying(op, deadline, "fabric: fi_trecv", "receive", [&] {
+      return fi_trecv(impl_->ep.get(), op->buffer.get(), max_len, nullptr, FI_ADDR_UNSPEC, tag,
+                      ignore, &op->ctx);
+    }));
+  }
   while (!op->done) {
     impl_->Poll();
     if (op->done) break;
     if (interrupt && interrupt()) {
-      // fall through to the cancellation below
+      // fall through to the end of the wait below
     } else {
       const auto left = deadline - std::chrono::steady_clock::now();
       if (left > std::chrono::steady_clock::duration::zero()) {
@@ -596,17 +643,11 @@ Result<Message> Endpoint::Recv(uint64_t tag, uint64_t ignore, uint64_t max_len,
       }
     }
     if (std::chrono::steady_clock::now() >= deadline || (interrupt && interrupt())) {
-      fi_cancel(&impl_->ep->fid, &op->ctx);
-      // The cancellation completes as an error entry; until then libfabric may still write.
-      auto grace = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
-      while (!op->done && std::chrono::steady_clock::now() < grace)
-        impl_->Poll();
-      if (op->done && op->error == 0) break;  // the message arrived while cancelling
-      if (op->done) {
-        impl_->Recycle(op);  // cancelled: libfabric is done with the buffer
-      } else {
-        op->abandoned = true;  // freed when the cancellation completes or the endpoint closes
-      }
+      // The receive stays posted for the next Recv (Impl::standing).
+      impl_->standing = op;
+      impl_->standing_tag = tag;
+      impl_->standing_ignore = ignore;
+      impl_->standing_max = max_len;
       return Status::TimedOut("fabric: no message within " + std::to_string(timeout.count()) +
                               " ms");
     }

@@ -128,7 +128,9 @@ class Endpoint {
 
   // Receives one message from any peer whose tag matches `tag` in the bits not set in `ignore`,
   // of at most `max_len` bytes; TimedOut after `timeout`, or as soon as `interrupt` (if given,
-  // checked between polls) returns true.
+  // checked between polls) returns true. A receive that timed out stays posted, and the next Recv
+  // with the same tag, ignore and max_len waits on it, so a large message whose transfer outlasts
+  // many short waits arrives whole; a Recv for other messages cancels it.
   Result<Message> Recv(uint64_t tag, uint64_t ignore, uint64_t max_len,
                        std::chrono::milliseconds timeout,
                        const std::function<bool()>& interrupt = nullptr);
