@@ -24,9 +24,12 @@ listings. --phases prints node 0's `start-up in` line (docs/service.md) under ea
 Needs root (the emulated PFS mounts with allow_other; the job runs as nobody).
 
 Usage: startup_bench.py BUILD_DIR [--files 10000,30000,100000] [--nodes 1,2,4] [--ram 0,1GB]
-                        [--latency-us 1000] [--nopfs-bin DIR] [--work DIR] [--phases]
---nopfs-bin runs another build's nopfs and nopfsd (e.g. to compare with an older one) against
-the same mount.
+                        [--latency-us 1000] [--nopfs-bin DIR[,DIR...]] [--work DIR] [--phases]
+                        [--logs DIR]
+--nopfs-bin runs another build's nopfs and nopfsd against the same mount; several directories,
+comma-separated, run each row once per directory, one after the other on the same tree (e.g.
+`--nopfs-bin /tmp/old/bin,build/bin` to compare an older build with this one), and the `bin`
+column names which (its index in the list).
 """
 
 import argparse
@@ -131,9 +134,10 @@ def startup_phases(run, nodes):
     return m.group(1) if m else ""
 
 
-def run_job(nopfs_bin, mnt, nodes, conf, work):
+def run_job(nopfs_bin, mnt, nodes, conf, work, logs=None):
     """One job: returns (seconds from launch to each rank's first sample, counter deltas, the RAM
-    tier's mapped bytes, node 0's start-up phases)."""
+    tier's mapped bytes, node 0's start-up phases); with `logs`, copies each node's nopfsd log
+    there (nodeN.log) before the run directory goes."""
     run_parent = tempfile.mkdtemp(prefix=f"n{nodes}-", dir=work)
     os.chmod(run_parent, 0o755)
     shutil.chown(run_parent, "nobody", "nogroup")
@@ -159,6 +163,12 @@ def run_job(nopfs_bin, mnt, nodes, conf, work):
             firsts.append(float(fh.read()) - launched)
     mapped = ram_mapped(os.path.join(run_parent, "run"), nodes)
     phases = startup_phases(os.path.join(run_parent, "run"), nodes)
+    if logs is not None:
+        os.makedirs(logs, exist_ok=True)
+        for n in range(nodes):
+            log = os.path.join(run_parent, "run", f"node{n}" if nodes > 1 else "", "nopfsd.log")
+            if os.path.exists(log):
+                shutil.copy(log, os.path.join(logs, f"node{n}.log"))
     shutil.rmtree(run_parent, ignore_errors=True)
     keys = ("getattrs", "getattrs_files", "getattrs_dirs", "readdirs", "opens")
     return firsts, {k: after[k] - before[k] for k in keys}, mapped, phases
@@ -173,22 +183,27 @@ def main():
     ap.add_argument("--latency-us", type=int, default=1000)
     ap.add_argument("--nopfs-bin", default=None)
     ap.add_argument("--work", default=None)
+    ap.add_argument("--logs", default=None,
+                    help="keep every node's nopfsd log of each row under this directory")
     ap.add_argument("--phases", action="store_true",
                     help="print node 0's start-up phases (its nopfsd log) under each row")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("startup_bench: run as root (the emulated PFS mounts with allow_other)")
     bin_dir = os.path.join(a.build, "bin")
-    nopfs_bin = a.nopfs_bin or bin_dir
+    nopfs_bins = a.nopfs_bin.split(",") if a.nopfs_bin else [bin_dir]
+    several = len(nopfs_bins) > 1
     work = tempfile.mkdtemp(prefix="nopfs-startup-", dir=a.work)
     os.chmod(work, 0o755)
     rams = [parse_size(x) for x in a.ram.split(",")]
     conf = os.path.join(work, "node.conf.lua")
-    print(f"# {nopfs_bin}: {CLASSES} classes, every metadata operation {a.latency_us} us, no "
+    for i, b in enumerate(nopfs_bins):
+        print(f"# bin {i}: {b}")
+    print(f"# {CLASSES} classes, every metadata operation {a.latency_us} us, no "
           f"attribute cache")
-    print(f"{'files':>8} {'file_kb':>8} {'nodes':>5} {'ram_gb':>7} {'first_max_s':>11} "
-          f"{'first_med_s':>11} {'meta_ops':>9} {'ops/file':>8} {'ga_files':>8} {'ga_dirs':>7} "
-          f"{'readdirs':>8} {'opens':>7}")
+    print(f"{'bin ' if several else ''}{'files':>8} {'file_kb':>8} {'nodes':>5} {'ram_gb':>7} "
+          f"{'first_max_s':>11} {'first_med_s':>11} {'meta_ops':>9} {'ops/file':>8} "
+          f"{'ga_files':>8} {'ga_dirs':>7} {'readdirs':>8} {'opens':>7}")
     try:
         for files in (int(x) for x in a.files.split(",")):
             # Large enough files that the dataset fills the largest RAM tier (4 KiB pages).
@@ -200,17 +215,22 @@ def main():
             try:
                 for nodes in (int(x) for x in a.nodes.split(",")):
                     for ram in rams:
-                        write_conf(conf, ram, file_bytes)
-                        firsts, ops, mapped, phases = run_job(nopfs_bin, mnt, nodes, conf, work)
-                        meta = ops["getattrs"] + ops["readdirs"]
-                        print(f"{files:>8} {file_bytes / 1024:>8.1f} {nodes:>5} "
-                              f"{mapped / 1e9:>7.2f} {max(firsts):>11.2f} "
-                              f"{statistics.median(firsts):>11.2f} {meta:>9} "
-                              f"{meta / files:>8.3f} {ops['getattrs_files']:>8} "
-                              f"{ops['getattrs_dirs']:>7} {ops['readdirs']:>8} "
-                              f"{ops['opens']:>7}", flush=True)
-                        if a.phases and phases:
-                            print(f"#   node 0 start-up in {phases}", flush=True)
+                        for b, nopfs_bin in enumerate(nopfs_bins):
+                            write_conf(conf, ram, file_bytes)
+                            logs = a.logs and os.path.join(
+                                a.logs, f"f{files}-n{nodes}-ram{ram}-bin{b}")
+                            firsts, ops, mapped, phases = run_job(nopfs_bin, mnt, nodes, conf,
+                                                                  work, logs)
+                            meta = ops["getattrs"] + ops["readdirs"]
+                            print(f"{f'{b:>3} ' if several else ''}"
+                                  f"{files:>8} {file_bytes / 1024:>8.1f} {nodes:>5} "
+                                  f"{mapped / 1e9:>7.2f} {max(firsts):>11.2f} "
+                                  f"{statistics.median(firsts):>11.2f} {meta:>9} "
+                                  f"{meta / files:>8.3f} {ops['getattrs_files']:>8} "
+                                  f"{ops['getattrs_dirs']:>7} {ops['readdirs']:>8} "
+                                  f"{ops['opens']:>7}", flush=True)
+                            if a.phases and phases:
+                                print(f"#   node 0 start-up in {phases}", flush=True)
             finally:
                 unmount(emu, mnt)
             shutil.rmtree(backing, ignore_errors=True)
