@@ -27,7 +27,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -50,6 +52,35 @@ class WriteBatch;
 }  // namespace rocksdb
 
 namespace nopfs::service {
+
+// How long a round of CatalogOptions::exchange waits for the other nodes (nopfsd's exchange): until
+// the start-up deadline, and at least `patience`, and at least as long as this node's own work
+// since its previous round (for the second round, its share of the walk). The shares are about
+// equal, so a node that waits that long for a slower one still costs the job less than the lone
+// scan a failed round leads to (all the shares). With a fixed wait, in a long scan (a million
+// files on a few nodes) every node that finished its share that much ahead of another would scan
+// the whole dataset again alone.
+// Thread safety: one thread at a time (nopfsd runs the rounds one after the other).
+class RoundDeadlines {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // `start`: when this node's work before its first round began.
+  RoundDeadlines(Clock::time_point startup_deadline, Clock::duration patience,
+                 Clock::time_point start)
+      : startup_deadline_(startup_deadline), patience_(patience), since_(start) {}
+
+  // The deadline of a round this node enters at `now`.
+  Clock::time_point Enter(Clock::time_point now) const {
+    return std::max({startup_deadline_, now + patience_, now + (now - since_)});
+  }
+  // This node's round ended at `now`: its own work toward the next one starts.
+  void Leave(Clock::time_point now) { since_ = now; }
+
+ private:
+  const Clock::time_point startup_deadline_;
+  const Clock::duration patience_;
+  Clock::time_point since_;
+};
 
 struct CatalogOptions {
   // The dataset: an ImageFolder directory or a manifest file (absolute, or relative to the cwd).

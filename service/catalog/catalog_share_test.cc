@@ -516,6 +516,20 @@ TEST(CatalogShareCodecTest, LargeMessagesTakeSeveralRoundsAndMalformedOnesAreRej
   EXPECT_NE(bad.status().message().find("run the same nopfs on every node"), std::string::npos);
 }
 
+TEST(RoundDeadlinesTest, ARoundWaitsAsLongAsTheNodesOwnWorkTookAndNeverLessThanBefore) {
+  using std::chrono::seconds;
+  const RoundDeadlines::Clock::time_point t0{};
+  RoundDeadlines d(t0 + seconds(60), seconds(25), t0);
+  // Early in the start-up phase: until its deadline.
+  EXPECT_EQ(d.Enter(t0 + seconds(1)), t0 + seconds(60));
+  d.Leave(t0 + seconds(2));
+  // After a 100 s share of the walk: 100 s more, for a node as slow as this one was.
+  EXPECT_EQ(d.Enter(t0 + seconds(102)), t0 + seconds(202));
+  d.Leave(t0 + seconds(110));
+  // A round right after another: the patience.
+  EXPECT_EQ(d.Enter(t0 + seconds(111)), t0 + seconds(136));
+}
+
 TEST(CatalogAssembleTest, PartsInAnyOrderGiveTheSamplesSortedByLabelPathOffsetAndLength) {
   scan::RootListing listing;
   listing.class_names = {"a", "b", "c"};

@@ -173,13 +173,17 @@ Status Daemon::Init() {
     co.node = options_.node;
     co.nodes = options_.job.nodes();
     PeerService* ps = peers_.get();
-    // A round waits for the others until the start-up deadline, and at least five peer timeouts.
-    const auto patience = 5 * std::chrono::milliseconds(options_.peer_timeout_ms);
-    co.exchange = [ps, startup_deadline, patience](uint64_t round,
-                                                   std::vector<std::vector<std::byte>> out) {
-      return ps->CatalogExchange(
-          round, std::move(out),
-          std::max(startup_deadline, std::chrono::steady_clock::now() + patience));
+    // A round waits for the others until the start-up deadline, at least five peer timeouts, and
+    // at least as long as this node's own share of the work took (RoundDeadlines). Rounds
+    // run one after the other on this thread.
+    auto deadlines = std::make_shared<RoundDeadlines>(
+        startup_deadline, 5 * std::chrono::milliseconds(options_.peer_timeout_ms),
+        std::chrono::steady_clock::now());
+    co.exchange = [ps, deadlines](uint64_t round, std::vector<std::vector<std::byte>> out) {
+      auto got = ps->CatalogExchange(round, std::move(out),
+                                     deadlines->Enter(std::chrono::steady_clock::now()));
+      deadlines->Leave(std::chrono::steady_clock::now());
+      return got;
     };
   }
   const auto t0 = std::chrono::steady_clock::now();
