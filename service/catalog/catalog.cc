@@ -309,6 +309,18 @@ Status OpenShared(const CatalogOptions& options, Env* env, const store::LoadRequ
       return;
     }
     Result<scan::ClassesPart> p = share::DecodePart((*got)[k]);
+    const size_t classes = lead.listing.class_names.size();
+    if (p.ok()) {
+      // A label that is no class is a malformed part (this node scans alone), not the dataset's.
+      for (const scan::Sample& smp : p->samples) {
+        if (smp.label < 0 || static_cast<uint64_t>(smp.label) >= classes) {
+          p = Status::InvalidArgument("sample " + smp.relative_path + " has label " +
+                                      std::to_string(smp.label) + " of " + std::to_string(classes) +
+                                      " classes");
+          break;
+        }
+      }
+    }
     if (p.ok()) {
       parts[k] = std::move(*p);
     } else {

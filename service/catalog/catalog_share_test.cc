@@ -132,7 +132,8 @@ class CatalogShareTest : public testing::DatasetDirTest {
   std::vector<NodeResult> OpenOnNodes(
       uint32_t nodes, const std::string& dataset, bool cached,
       const std::function<bool(uint32_t, uint64_t)>& hook = {},
-      std::chrono::milliseconds round_timeout = std::chrono::seconds(20)) {
+      std::chrono::milliseconds round_timeout = std::chrono::seconds(20),
+      const std::function<void(uint32_t, uint64_t, Buffers&)>& rewrite = {}) {
     ++run_;  // a fresh work directory per node: each run finds no catalog of an earlier one
     LocalRounds rounds(nodes, round_timeout);
     std::vector<NodeResult> results(nodes);
@@ -141,11 +142,12 @@ class CatalogShareTest : public testing::DatasetDirTest {
       threads.emplace_back([&, n] {
         FaultInjectionEnv env(Env::Default());
         CatalogOptions o = Options(n, nodes, dataset, cached);
-        o.exchange = [&rounds, &hook, n](uint64_t round, Buffers out) -> Result<Buffers> {
+        o.exchange = [&rounds, &hook, &rewrite, n](uint64_t round, Buffers out) -> Result<Buffers> {
           if (hook && !hook(n, round)) {
             rounds.Kill(n);
             return Status::Unavailable("this node died");
           }
+          if (rewrite) rewrite(n, round, out);
           return rounds.Exchange(n, round, std::move(out));
         };
         Result<std::unique_ptr<Catalog>> c = Catalog::Open(o, &env);
@@ -255,6 +257,40 @@ TEST_F(CatalogShareTest, APeerDyingMidScanLeavesTheOthersScanningAlone) {
         << r[n].catalog->share_note();
     ExpectSame(*r[n].catalog, *alone.catalog);
   }
+}
+
+TEST_F(CatalogShareTest, APartNamingNoClassMakesItsReceiversScanAloneNotFail) {
+  MakeImageFolder();
+  NodeResult alone = OpenAlone(data_);
+  ASSERT_TRUE(alone.status.ok());
+  // Node 1's part (round 2) names a class the listing does not have: well-formed bytes from an
+  // authenticated peer that is wrong (another nopfs, a bug) are that node's fault, not the
+  // dataset's.
+  scan::ClassesPart forged;
+  forged.samples.push_back({"class9/f0.bin", 0, 1, 9});
+  // What node 1 sends in that round for such a part (AllGather's framing of one chunk).
+  std::vector<std::byte> bytes;
+  uint64_t one_round = 2;
+  ASSERT_TRUE(share::AllGather(
+                  [&bytes](uint64_t, Buffers out) -> Result<Buffers> {
+                    bytes = out[0];
+                    return out;
+                  },
+                  2, &one_round, share::EncodePart(forged))
+                  .ok());
+  std::vector<NodeResult> r = OpenOnNodes(2, data_, /*cached=*/false, {}, std::chrono::seconds(20),
+                                          [&bytes](uint32_t node, uint64_t round, Buffers& out) {
+                                            if (node == 1 && round == 2) out[0] = bytes;
+                                          });
+  ASSERT_TRUE(r[0].status.ok()) << r[0].status.message();
+  EXPECT_EQ(r[0].catalog->share_note().rfind("alone: ", 0), 0u) << r[0].catalog->share_note();
+  EXPECT_NE(r[0].catalog->share_note().find("class9/f0.bin has label 9 of 7 classes"),
+            std::string::npos)
+      << r[0].catalog->share_note();
+  ExpectSame(*r[0].catalog, *alone.catalog);
+  ASSERT_TRUE(r[1].status.ok()) << r[1].status.message();
+  EXPECT_EQ(r[1].catalog->share_note(), "shared by 2 nodes");
+  ExpectSame(*r[1].catalog, *alone.catalog);
 }
 
 TEST_F(CatalogShareTest, ANodeStartingLateMakesNoOneWaitForARoundOthersSkipped) {
