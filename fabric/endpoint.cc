@@ -350,10 +350,6 @@ struct Endpoint::Impl {
     ops.remove_if([op](const std::unique_ptr<Op>& o) { return o.get() == op; });
   }
 
-  // Drops a finished receive and keeps its buffer as the spare for the next Recv. A receive
-  // buffer is as large as the largest message (tens of MiB): freeing it is a munmap with a TLB
-  // shootdown, and a fresh one page-faults in again, which cost about a tenth of a busy peer
-  // link's time while every interrupted Recv gave its buffer back.
   // Cancels `op`, a posted receive nobody waits for any more. The cancellation completes as an
   // error entry, and until then libfabric may still write the buffer: returns the message if it
   // arrived meanwhile (within a short grace), else nothing, leaving an op still in flight
@@ -378,6 +374,10 @@ struct Endpoint::Impl {
     return std::nullopt;
   }
 
+  // Drops a finished receive and keeps its buffer as the spare for the next Recv. A receive
+  // buffer is as large as the largest message (tens of MiB): freeing it is a munmap with a TLB
+  // shootdown, and a fresh one page-faults in again, which cost about a tenth of a busy peer
+  // link's time while every interrupted Recv gave its buffer back.
   void Recycle(Op* op) {
     if (op->buffer && (!spare || op->capacity >= spare_capacity)) {
       spare = std::move(op->buffer);
