@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -123,10 +124,10 @@ int ReadFromAll(const std::vector<std::unique_ptr<nopfs::fabric::PeerLink>>& lin
 // numbers, not the list), so that its first send's buffer pool is grown (17 MB zeroed) before the
 // hub starts, as a daemon on another host would have done on its own cores. Then prints
 // "ready", reads from node 0 on "go", prints "done OK" and exits on "quit".
-int RunPeers(const char* list_text, uint32_t first, uint32_t count) {
+int RunPeers(const char* list_text, uint32_t first, uint32_t count, uint16_t warm_port) {
   std::vector<nopfs::fabric::PeerAddress> list = ParseList(list_text);
   const auto warm = static_cast<uint32_t>(list.size());
-  list.push_back({"127.0.0.1", nopfs::fabric::FreeLoopbackPort()});
+  list.push_back({"127.0.0.1", warm_port});
   const auto start = [&](uint32_t node) {
     nopfs::fabric::PeerLinkOptions o;
     o.node = node;
@@ -158,9 +159,9 @@ int RunPeers(const char* list_text, uint32_t first, uint32_t count) {
 }
 
 // --role hub: node 0, as nopfsd starts its peers. Prints "listening" after Start, then
-// "result <listening_s> <joined_s> <cpu_s> <rss_listening> <rss_joined> <ok>" (seconds from
-// `launched`, the coordinator's clock when it forked this process), then, on "quit" (every peer
-// has read), "after <cpu_s> <rss>" and exits.
+// "result <listening_s> <joined_s> <cpu_listening_s> <cpu_s> <rss_listening> <rss_joined> <ok>"
+// (seconds from `launched`, the coordinator's clock when it forked this process), then, on "quit"
+// (every peer has read), "after <cpu_s> <rss>" and exits.
 int RunHub(const char* list_text, int64_t launched) {
   (void)nopfs::fabric::SetLibfabricDefaults();  // nopfsd does this at its start
   nopfs::service::PeerServiceOptions po;
@@ -173,6 +174,7 @@ int RunHub(const char* list_text, int64_t launched) {
     return 1;
   }
   const int64_t listening = NowNs();
+  const double cpu_listening = CpuSeconds();
   const uint64_t rss_listening = RssBytes();
   std::printf("listening\n");
   std::fflush(stdout);
@@ -181,10 +183,10 @@ int RunHub(const char* list_text, int64_t launched) {
   const double cpu = CpuSeconds();
   const uint64_t rss_joined = RssBytes();
   if (!joined.ok()) std::fprintf(stderr, "link_start_bench: hub: %s\n", joined.ToString().c_str());
-  std::printf("result %.6f %.6f %.6f %" PRIu64 " %" PRIu64 " %d\n",
+  std::printf("result %.6f %.6f %.6f %.6f %" PRIu64 " %" PRIu64 " %d\n",
               static_cast<double>(listening - launched) / 1e9,
-              static_cast<double>(done - launched) / 1e9, cpu, rss_listening, rss_joined,
-              joined.ok() ? 1 : 0);
+              static_cast<double>(done - launched) / 1e9, cpu_listening, cpu, rss_listening,
+              rss_joined, joined.ok() ? 1 : 0);
   std::fflush(stdout);
   ReadLine(stdin);
   std::printf("after %.6f %" PRIu64 "\n", CpuSeconds(), RssBytes());
@@ -243,7 +245,7 @@ bool Reap(Child& c, double* cpu = nullptr, double* maxrss = nullptr) {
 
 struct Run {
   uint32_t peers = 0;
-  double listening_s = 0, joined_s = 0, cpu_s = 0, cpu_after_s = 0;
+  double listening_s = 0, joined_s = 0, cpu_listening_s = 0, cpu_s = 0, cpu_after_s = 0;
   double rss_listening = 0, rss_joined = 0, rss_after = 0;
   double peers_cpu_s = 0, peers_rss = 0;  // all peer processes together, start to exit
   bool ok = false;
@@ -253,17 +255,25 @@ struct Run {
 Run Measure(uint32_t k, uint32_t per_process) {
   Run r;
   r.peers = k;
+  // Distinct free ports: the K + 1 nodes', then one warm-up node's per peer process.
+  const uint32_t processes = (k + per_process - 1) / per_process;
+  std::vector<uint16_t> ports;
+  while (ports.size() < k + 1 + processes) {
+    const uint16_t port = nopfs::fabric::FreeLoopbackPort();
+    if (std::find(ports.begin(), ports.end(), port) == ports.end()) ports.push_back(port);
+  }
   std::string list;
   for (uint32_t i = 0; i <= k; ++i) {
     if (i != 0) list += ',';
     list += "127.0.0.1:";
-    list += std::to_string(nopfs::fabric::FreeLoopbackPort());
+    list += std::to_string(ports[i]);
   }
   std::vector<Child> peers;
   for (uint32_t first = 1; first <= k; first += per_process) {
     const uint32_t count = std::min(per_process, k + 1 - first);
     peers.push_back(Spawn({"link_start_bench", "--role", "peers", "--list", list, "--first",
-                           std::to_string(first), "--count", std::to_string(count)},
+                           std::to_string(first), "--count", std::to_string(count), "--warm-port",
+                           std::to_string(ports[k + 1 + peers.size()])},
                           {"FI_OFI_RXM_MSG_RX_SIZE=64"}));
   }
   bool ok = true;
@@ -285,8 +295,9 @@ Run Measure(uint32_t k, uint32_t per_process) {
       Send(c, ok ? "go" : "quit");
     if (ok) {
       int joined = 0;
-      ok = std::sscanf(ReadLine(hub.out).c_str(), "result %lf %lf %lf %lf %lf %d", &r.listening_s,
-                       &r.joined_s, &r.cpu_s, &r.rss_listening, &r.rss_joined, &joined) == 6 &&
+      ok = std::sscanf(ReadLine(hub.out).c_str(), "result %lf %lf %lf %lf %lf %lf %d",
+                       &r.listening_s, &r.joined_s, &r.cpu_listening_s, &r.cpu_s, &r.rss_listening,
+                       &r.rss_joined, &joined) == 7 &&
            joined == 1;
     }
     uint32_t read = 0;
@@ -333,6 +344,7 @@ int main(int argc, char** argv) {
     std::string role, list;
     uint32_t first = 0, count = 0;
     int64_t launched = 0;
+    uint16_t warm_port = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
       const std::string f = argv[i];
       if (f == "--role") role = argv[i + 1];
@@ -340,12 +352,15 @@ int main(int argc, char** argv) {
       if (f == "--first") first = static_cast<uint32_t>(std::atoi(argv[i + 1]));
       if (f == "--count") count = static_cast<uint32_t>(std::atoi(argv[i + 1]));
       if (f == "--launched") launched = std::atoll(argv[i + 1]);
+      if (f == "--warm-port") warm_port = static_cast<uint16_t>(std::atoi(argv[i + 1]));
     }
-    if (role == "peers") return RunPeers(list.c_str(), first, count);
+    if (role == "peers") return RunPeers(list.c_str(), first, count, warm_port);
     if (role == "hub") return RunHub(list.c_str(), launched);
     return 2;
   }
 
+  // A child that failed has closed its pipe: the write to it fails instead of killing this one.
+  std::signal(SIGPIPE, SIG_IGN);
   std::vector<uint32_t> ks = {1, 8, 32, 64, 128};
   uint32_t trials = 1;
   uint32_t per_process = 32;
@@ -373,10 +388,10 @@ int main(int argc, char** argv) {
       "link_start_bench: one hub (nopfsd's PeerService) and K peers, tcp;ofi_rxm on "
       "loopback, %u peer links per peer process\n",
       per_process);
-  std::printf("%6s %12s %10s %8s %12s %8s %14s %13s %13s %13s\n", "peers", "listening_s",
-              "joined_s", "cpu_s", "cpu_after_s", "rss_MB", "rss_joined_MB", "rss_after_MB",
-              "peers_cpu_s", "peers_rss_MB");
-  std::vector<double> x, wall, cpu, cpu_after, rss;
+  std::printf("%6s %12s %10s %10s %10s %12s %7s %10s %9s %12s %13s\n", "peers", "listening_s",
+              "joined_s", "cpu_start", "cpu_wait", "cpu_after_s", "rss_MB", "rss_joined",
+              "rss_after", "peers_cpu_s", "peers_rss_MB");
+  std::vector<double> x, wall, wait, cpu, cpu_wait, cpu_after, rss;
   bool all_ok = true;
   for (uint32_t k : ks) {
     for (uint32_t t = 0; t < trials; ++t) {
@@ -386,22 +401,30 @@ int main(int argc, char** argv) {
         all_ok = false;
         continue;
       }
-      std::printf("%6u %12.3f %10.3f %8.3f %12.3f %8.1f %14.1f %13.1f %13.3f %13.1f\n", k,
-                  r.listening_s, r.joined_s, r.cpu_s, r.cpu_after_s, r.rss_listening / 1e6,
-                  r.rss_joined / 1e6, r.rss_after / 1e6, r.peers_cpu_s, r.peers_rss / 1e6);
+      std::printf("%6u %12.3f %10.3f %10.3f %10.3f %12.3f %7.1f %10.1f %9.1f %12.3f %13.1f\n", k,
+                  r.listening_s, r.joined_s, r.cpu_listening_s, r.cpu_s - r.cpu_listening_s,
+                  r.cpu_after_s, r.rss_listening / 1e6, r.rss_joined / 1e6, r.rss_after / 1e6,
+                  r.peers_cpu_s, r.peers_rss / 1e6);
       std::fflush(stdout);
       x.push_back(k);
       wall.push_back(r.joined_s);
+      wait.push_back(r.joined_s - r.listening_s);
       cpu.push_back(r.cpu_s);
+      cpu_wait.push_back(r.cpu_s - r.cpu_listening_s);
       cpu_after.push_back(r.cpu_after_s);
       rss.push_back(r.rss_after);
     }
   }
+  std::printf(
+      "(seconds from the hub's launch; cpu_start: the hub's CPU to listening, cpu_wait: in "
+      "WaitForPeers, cpu_after_s: in all, once every peer has read; MB resident)\n");
   if (x.size() >= 2) {
     std::printf(
-        "per peer (least squares over K): wall to WaitForPeers %.2f ms, CPU to it %.2f ms, CPU "
-        "with the peers' reads %.2f ms, memory %.0f KB\n",
-        1e3 * Slope(x, wall), 1e3 * Slope(x, cpu), 1e3 * Slope(x, cpu_after), Slope(x, rss) / 1e3);
+        "per peer (least squares over K): wall to WaitForPeers' return %.2f ms (in it %.2f ms), "
+        "hub CPU %.2f ms (in WaitForPeers %.2f ms; with the peers' reads %.2f ms), hub memory "
+        "%.0f KB\n",
+        1e3 * Slope(x, wall), 1e3 * Slope(x, wait), 1e3 * Slope(x, cpu), 1e3 * Slope(x, cpu_wait),
+        1e3 * Slope(x, cpu_after), Slope(x, rss) / 1e3);
   }
   return all_ok ? 0 : 1;
 }
