@@ -84,6 +84,8 @@ struct SimFlags {
   uint64_t classes = 1000;
   uint32_t scan_threads = 8;
   double metadata_latency_ms = 1.0;
+  double link_start_ms = policy::StartupModel{}.link_start * 1e3;
+  double link_per_peer_ms = policy::StartupModel{}.link_per_peer * 1e3;
   // Which flags were given (presets fill the others).
   bool given_nodes = false, given_rpn = false, given_epochs = false, given_samples = false,
        given_rate = false;
@@ -94,6 +96,8 @@ int Fail(const Status& s) {
   return 2;
 }
 
+std::string Num(double v);
+
 // --startup: the start-up model's prediction for the job's nodes (docs/simulate.md, "Start-up").
 int PrintStartup(const SimFlags& f, uint64_t files, const policy::SystemModel& model) {
   policy::StartupModel m;
@@ -103,20 +107,36 @@ int PrintStartup(const SimFlags& f, uint64_t files, const policy::SystemModel& m
   m.scan_threads = f.scan_threads;
   m.metadata_latency = f.metadata_latency_ms / 1e3;
   m.network_bandwidth = model.network_bandwidth;
+  // The model's own check names its fields; these name the options.
+  if (!(f.link_start_ms >= 0) || !std::isfinite(f.link_start_ms)) {
+    return Fail(Status::InvalidArgument(
+        "--link-start-ms " + Num(f.link_start_ms) +
+        " is not a time: write the milliseconds a daemon takes to start its peer link, >= 0 "
+        "(e.g. 450)"));
+  }
+  if (!(f.link_per_peer_ms >= 0) || !std::isfinite(f.link_per_peer_ms)) {
+    return Fail(Status::InvalidArgument(
+        "--link-per-peer-ms " + Num(f.link_per_peer_ms) +
+        " is not a time: write the milliseconds one more node costs a daemon's link start, >= 0 "
+        "(e.g. 2)"));
+  }
+  m.link_start = f.link_start_ms / 1e3;
+  m.link_per_peer = f.link_per_peer_ms / 1e3;
   if (Status s = m.Validate(); !s.ok()) return Fail(s);
   const policy::StartupPrediction shared = policy::PredictSharedScan(m);
   const policy::StartupPrediction lone = policy::PredictLoneScans(m);
   const double n = static_cast<double>(files);
   std::printf(
       "start-up: %llu files in %llu classes, %u nodes x %u scan threads, %.2f ms per metadata "
-      "operation, network %s/s\n",
+      "operation, network %s/s, peer link %.0f ms + %.2f ms per other node\n",
       static_cast<unsigned long long>(files), static_cast<unsigned long long>(m.classes), m.nodes,
-      m.scan_threads, f.metadata_latency_ms, FormatBytes(m.network_bandwidth).c_str());
+      m.scan_threads, f.metadata_latency_ms, FormatBytes(m.network_bandwidth).c_str(),
+      f.link_start_ms, f.link_per_peer_ms);
   std::printf(
-      "one scan per job: root %.3f s + walk %.3f s + exchange %.3f s = %.3f s; %llu metadata "
-      "operations (%.3f per file)\n",
-      shared.root_seconds, shared.walk_seconds, shared.exchange_seconds, shared.total_seconds,
-      static_cast<unsigned long long>(shared.metadata_ops),
+      "one scan per job: link %.3f s + root %.3f s + walk %.3f s + exchange %.3f s = %.3f s; %llu "
+      "metadata operations (%.3f per file)\n",
+      shared.link_seconds, shared.root_seconds, shared.walk_seconds, shared.exchange_seconds,
+      shared.total_seconds, static_cast<unsigned long long>(shared.metadata_ops),
       static_cast<double>(shared.metadata_ops) / n);
   std::printf("every node alone: %.3f s; %llu metadata operations (%.3f per file)\n",
               lone.total_seconds, static_cast<unsigned long long>(lone.metadata_ops),
@@ -477,6 +497,14 @@ void RegisterSimulate(CLI::App* app, int* exit_code) {
       ->capture_default_str();
   sub->add_option("--metadata-latency-ms", f.metadata_latency_ms,
                   "--startup: milliseconds per PFS metadata operation")
+      ->capture_default_str();
+  sub->add_option("--link-start-ms", f.link_start_ms,
+                  "--startup: milliseconds a daemon takes to start its peer link (libfabric's "
+                  "load, its endpoint, its first send)")
+      ->capture_default_str();
+  sub->add_option("--link-per-peer-ms", f.link_per_peer_ms,
+                  "--startup: milliseconds each other node adds to a daemon's link start (the "
+                  "handshakes both ways)")
       ->capture_default_str();
   sub->callback([flags, sub, exit_code] {
     SimFlags& g = *flags;

@@ -49,6 +49,14 @@ Status StartupModel::Validate() const {
       !(path_bytes >= 0)) {
     return Status::InvalidArgument("startup: latencies, bandwidth and path length must be >= 0");
   }
+  if (!(link_start >= 0) || !std::isfinite(link_start)) {
+    return Status::InvalidArgument("startup: link start must be >= 0 seconds, got " +
+                                   std::to_string(link_start));
+  }
+  if (!(link_per_peer >= 0) || !std::isfinite(link_per_peer)) {
+    return Status::InvalidArgument("startup: link per peer must be >= 0 seconds, got " +
+                                   std::to_string(link_per_peer));
+  }
   return Status::Ok();
 }
 
@@ -76,7 +84,9 @@ StartupPrediction PredictSharedScan(const StartupModel& m) {
   p.exchange_seconds = 2 * m.round_latency +
                        lead * static_cast<double>(m.nodes - 1) / m.network_bandwidth +
                        catalog / m.network_bandwidth;
-  p.total_seconds = p.root_seconds + p.walk_seconds + p.exchange_seconds;
+  // Every daemon starts its link and handshakes with every other node before it scans.
+  p.link_seconds = m.link_start + static_cast<double>(m.nodes - 1) * m.link_per_peer;
+  p.total_seconds = p.link_seconds + p.root_seconds + p.walk_seconds + p.exchange_seconds;
   p.metadata_ops = 2 + m.classes + m.files + 2 * m.classes + (m.nodes - 1);
   return p;
 }

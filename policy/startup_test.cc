@@ -29,8 +29,42 @@ TEST(StartupModelTest, SharedScanDividesTheWalkAndCountsEachFileOnce) {
   EXPECT_EQ(lone.metadata_ops, 4u * (2 + 100 + 100'000 + 200));
   EXPECT_GT(shared.exchange_seconds, 0.002);
   EXPECT_LT(shared.exchange_seconds, 0.01);
-  EXPECT_NEAR(shared.total_seconds,
-              shared.root_seconds + shared.walk_seconds + shared.exchange_seconds, 1e-12);
+  // The peer link's start comes first: 0.45 s + 3 other nodes x 2 ms (the defaults).
+  EXPECT_DOUBLE_EQ(shared.link_seconds, 0.45 + 3 * 0.002);
+  EXPECT_NEAR(
+      shared.total_seconds,
+      shared.link_seconds + shared.root_seconds + shared.walk_seconds + shared.exchange_seconds,
+      1e-12);
+  // Scanning alone needs no peers.
+  EXPECT_EQ(lone.link_seconds, 0);
+  EXPECT_NEAR(lone.total_seconds, lone.root_seconds + lone.walk_seconds, 1e-12);
+}
+
+TEST(StartupModelTest, TheLinkCostsItsStartPlusOneHandshakePerOtherNode) {
+  StartupModel m;
+  m.files = 10'000;
+  m.classes = 100;
+  m.network_bandwidth = 1e9;
+  m.link_start = 0.3;
+  m.link_per_peer = 0.004;
+  // One node: no peers, no link.
+  m.nodes = 1;
+  EXPECT_EQ(PredictSharedScan(m).link_seconds, 0);
+  m.nodes = 2;
+  EXPECT_DOUBLE_EQ(PredictSharedScan(m).link_seconds, 0.304);
+  // Each further node adds its handshake, and the total grows with the link (the scan's share
+  // shrinks, so compare the link alone and the total minus the scan's terms).
+  for (uint32_t nodes : {3u, 64u, 1024u}) {
+    m.nodes = nodes;
+    const StartupPrediction p = PredictSharedScan(m);
+    EXPECT_DOUBLE_EQ(p.link_seconds, 0.3 + 0.004 * (nodes - 1)) << nodes;
+    EXPECT_NEAR(p.total_seconds - p.root_seconds - p.walk_seconds - p.exchange_seconds,
+                p.link_seconds, 1e-12)
+        << nodes;
+  }
+  // Without a network there is no link either: every node scans alone.
+  m.network_bandwidth = 0;
+  EXPECT_EQ(PredictSharedScan(m).link_seconds, 0);
 }
 
 TEST(StartupModelTest, MoreNodesThanClassesLeaveOneClassPerNode) {
@@ -42,6 +76,9 @@ TEST(StartupModelTest, MoreNodesThanClassesLeaveOneClassPerNode) {
   const StartupPrediction p = PredictSharedScan(m);
   // One class of ~1,283 operations on 8 threads.
   EXPECT_DOUBLE_EQ(p.walk_seconds, 0.161);
+  // The link's start with 1,023 handshakes is most of the start-up at this scale.
+  EXPECT_DOUBLE_EQ(p.link_seconds, 0.45 + 1023 * 0.002);
+  EXPECT_GT(p.link_seconds, p.root_seconds + p.walk_seconds + p.exchange_seconds);
   EXPECT_LT(p.total_seconds, 5.0);
 }
 
@@ -61,6 +98,14 @@ TEST(StartupModelTest, BadModelsSayWhichField) {
   m.files = 10;
   m.classes = 11;
   EXPECT_NE(m.Validate().message().find("classes"), std::string::npos);
+  m.classes = 1;
+  m.link_start = -0.1;
+  EXPECT_NE(m.Validate().message().find("link start"), std::string::npos);
+  m.link_start = 0;
+  m.link_per_peer = -1e-3;
+  EXPECT_NE(m.Validate().message().find("link per peer"), std::string::npos);
+  m.link_per_peer = 0;
+  EXPECT_TRUE(m.Validate().ok());
 }
 
 }  // namespace

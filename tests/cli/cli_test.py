@@ -256,20 +256,45 @@ class SimulateTest(unittest.TestCase):
         self.assertEqual(int(by["staging"]["job_pfs_bytes"]),
                          1024 * int(by["staging"]["node_pfs_bytes"]))
 
-    def test_startup_at_1024_nodes(self):
-        # ImageNet-1k, one scan per job: the walk is one class of ~1,283 stats on 8 threads.
-        out = run("simulate", "--preset", "imagenet1k-lassen", "--nodes", 1024,
-                  "--startup").stdout
-        m = re.search(r"one scan per job: root ([\d.]+) s \+ walk ([\d.]+) s \+ exchange "
-                      r"([\d.]+) s = ([\d.]+) s; (\d+) metadata operations", out)
+    STARTUP_LINE = (r"one scan per job: link ([\d.]+) s \+ root ([\d.]+) s \+ walk ([\d.]+) s \+ "
+                    r"exchange ([\d.]+) s = ([\d.]+) s; (\d+) metadata operations")
+
+    def startup(self, *args):
+        out = run("simulate", "--preset", "imagenet1k-lassen", "--startup", *args).stdout
+        m = re.search(self.STARTUP_LINE, out)
         self.assertIsNotNone(m, out)
-        self.assertEqual(m.group(2), "0.161")
-        self.assertLess(float(m.group(4)), 5.0)
-        self.assertLessEqual(int(m.group(5)), 1.05 * 1281167)
+        link, root, walk, exchange, total = (float(m.group(i)) for i in range(1, 6))
+        self.assertAlmostEqual(total, link + root + walk + exchange, delta=0.0021)
+        return m, out
+
+    def test_startup_at_1024_nodes(self):
+        # ImageNet-1k, one scan per job: the peer link's start (0.45 s and 1,023 handshakes of
+        # 2 ms each by default), then the walk, one class of ~1,283 stats on 8 threads.
+        m, out = self.startup("--nodes", 1024)
+        self.assertEqual(m.group(1), "2.496")
+        self.assertEqual(m.group(3), "0.161")
+        self.assertLess(float(m.group(5)), 5.0)
+        self.assertLessEqual(int(m.group(6)), 1.05 * 1281167)
+        self.assertIn("peer link 450 ms + 2.00 ms per other node", out)
         alone = re.search(r"every node alone: ([\d.]+) s; (\d+) metadata", out)
         self.assertGreater(int(alone.group(2)), 1000 * 1281167)
         self.expect_error(["simulate", "--samples", 100, "--startup", "--classes", 101],
                           r"classes must be 1\.\.files")
+
+    def test_startup_link_term(self):
+        # One node has no peers, so no link; each further node adds one handshake's cost.
+        m, _ = self.startup("--nodes", 1)
+        self.assertEqual(m.group(1), "0.000")
+        m, _ = self.startup("--nodes", 2, "--link-start-ms", 300, "--link-per-peer-ms", 10)
+        self.assertEqual(m.group(1), "0.310")
+        m, _ = self.startup("--nodes", 101, "--link-start-ms", 300, "--link-per-peer-ms", 10)
+        self.assertEqual(m.group(1), "1.300")
+        m, _ = self.startup("--nodes", 1024, "--link-start-ms", 0, "--link-per-peer-ms", 0)
+        self.assertEqual(m.group(1), "0.000")
+        self.assertEqual(m.group(5), "0.293")
+        for option in ("--link-start-ms", "--link-per-peer-ms"):
+            self.expect_error(["simulate", "--samples", 100, "--nodes", 4, "--startup", option,
+                               -1], option + r" -1 is not a time: write the milliseconds")
 
     def test_simulate_errors_say_what_to_write(self):
         self.expect_error(["simulate", "--sizes", "huge"], r"fixed:SIZE, lognormal:MEAN")
