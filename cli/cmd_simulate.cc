@@ -86,6 +86,7 @@ struct SimFlags {
   double metadata_latency_ms = 1.0;
   double link_start_ms = policy::StartupModel{}.link_start * 1e3;
   double link_per_peer_ms = policy::StartupModel{}.link_per_peer * 1e3;
+  double catalog_us_per_sample = policy::StartupModel{}.catalog_per_sample * 1e6;
   // Which flags were given (presets fill the others).
   bool given_nodes = false, given_rpn = false, given_epochs = false, given_samples = false,
        given_rate = false;
@@ -120,6 +121,13 @@ int PrintStartup(const SimFlags& f, uint64_t files, const policy::SystemModel& m
         " is not a time: write the milliseconds one more node costs a daemon's link start, >= 0 "
         "(e.g. 2)"));
   }
+  if (!(f.catalog_us_per_sample >= 0) || !std::isfinite(f.catalog_us_per_sample)) {
+    return Fail(Status::InvalidArgument(
+        "--catalog-us-per-sample " + Num(f.catalog_us_per_sample) +
+        " is not a time: write the microseconds of one node's CPU per sample to build the catalog "
+        "after the walk, >= 0 (e.g. 0.8)"));
+  }
+  m.catalog_per_sample = f.catalog_us_per_sample / 1e6;
   m.link_start = f.link_start_ms / 1e3;
   m.link_per_peer = f.link_per_peer_ms / 1e3;
   if (Status s = m.Validate(); !s.ok()) return Fail(s);
@@ -128,15 +136,17 @@ int PrintStartup(const SimFlags& f, uint64_t files, const policy::SystemModel& m
   const double n = static_cast<double>(files);
   std::printf(
       "start-up: %llu files in %llu classes, %u nodes x %u scan threads, %.2f ms per metadata "
-      "operation, network %s/s, peer link %.0f ms + %.2f ms per other node\n",
+      "operation, network %s/s, peer link %.0f ms + %.2f ms per other node, catalog %.2f us per "
+      "sample\n",
       static_cast<unsigned long long>(files), static_cast<unsigned long long>(m.classes), m.nodes,
       m.scan_threads, f.metadata_latency_ms, FormatBytes(m.network_bandwidth).c_str(),
-      f.link_start_ms, f.link_per_peer_ms);
+      f.link_start_ms, f.link_per_peer_ms, f.catalog_us_per_sample);
   std::printf(
-      "one scan per job: link %.3f s + root %.3f s + walk %.3f s + exchange %.3f s = %.3f s; %llu "
-      "metadata operations (%.3f per file)\n",
+      "one scan per job: link %.3f s + root %.3f s + walk %.3f s + exchange %.3f s + catalog "
+      "%.3f s = %.3f s; %llu metadata operations (%.3f per file)\n",
       shared.link_seconds, shared.root_seconds, shared.walk_seconds, shared.exchange_seconds,
-      shared.total_seconds, static_cast<unsigned long long>(shared.metadata_ops),
+      shared.catalog_seconds, shared.total_seconds,
+      static_cast<unsigned long long>(shared.metadata_ops),
       static_cast<double>(shared.metadata_ops) / n);
   std::printf("every node alone: %.3f s; %llu metadata operations (%.3f per file)\n",
               lone.total_seconds, static_cast<unsigned long long>(lone.metadata_ops),
@@ -505,6 +515,10 @@ void RegisterSimulate(CLI::App* app, int* exit_code) {
   sub->add_option("--link-per-peer-ms", f.link_per_peer_ms,
                   "--startup: milliseconds each other node adds to a daemon's link start (the "
                   "handshakes both ways)")
+      ->capture_default_str();
+  sub->add_option("--catalog-us-per-sample", f.catalog_us_per_sample,
+                  "--startup: microseconds of one node's CPU per sample to build the catalog "
+                  "after the walk (decode the parts, sort by class, index)")
       ->capture_default_str();
   sub->callback([flags, sub, exit_code] {
     SimFlags& g = *flags;

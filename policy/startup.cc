@@ -53,6 +53,10 @@ Status StartupModel::Validate() const {
     return Status::InvalidArgument("startup: link start must be >= 0 seconds, got " +
                                    std::to_string(link_start));
   }
+  if (!(catalog_per_sample >= 0) || !std::isfinite(catalog_per_sample)) {
+    return Status::InvalidArgument("startup: catalog per sample must be >= 0 seconds, got " +
+                                   std::to_string(catalog_per_sample));
+  }
   if (!(link_per_peer >= 0) || !std::isfinite(link_per_peer)) {
     return Status::InvalidArgument("startup: link per peer must be >= 0 seconds, got " +
                                    std::to_string(link_per_peer));
@@ -64,7 +68,8 @@ StartupPrediction PredictLoneScans(const StartupModel& m) {
   StartupPrediction p;
   p.root_seconds = RootSeconds(m);
   p.walk_seconds = WalkSeconds(m, m.classes);
-  p.total_seconds = p.root_seconds + p.walk_seconds;
+  p.catalog_seconds = static_cast<double>(m.files) * m.catalog_per_sample;
+  p.total_seconds = p.root_seconds + p.walk_seconds + p.catalog_seconds;
   p.metadata_ops = static_cast<uint64_t>(m.nodes) * (2 + m.classes + m.files + 2 * m.classes);
   return p;
 }
@@ -86,7 +91,9 @@ StartupPrediction PredictSharedScan(const StartupModel& m) {
                        catalog / m.network_bandwidth;
   // Every daemon starts its link and handshakes with every other node before it scans.
   p.link_seconds = m.link_start + static_cast<double>(m.nodes - 1) * m.link_per_peer;
-  p.total_seconds = p.link_seconds + p.root_seconds + p.walk_seconds + p.exchange_seconds;
+  p.catalog_seconds = static_cast<double>(m.files) * m.catalog_per_sample;
+  p.total_seconds =
+      p.link_seconds + p.root_seconds + p.walk_seconds + p.exchange_seconds + p.catalog_seconds;
   p.metadata_ops = 2 + m.classes + m.files + 2 * m.classes + (m.nodes - 1);
   return p;
 }

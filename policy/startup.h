@@ -27,6 +27,11 @@ struct StartupModel {
   // (bench/link_start_bench.cc: one daemon's CPU per peer).
   double link_start = 0.45;
   double link_per_peer = 0.002;
+  // One node's CPU per sample to build the catalog once the walk is done: decode the other nodes'
+  // parts, lay them out by class and sort each, index the paths (startup_bench's `assemble` and
+  // `index` phases on 1,000,000 files: 0.77 s on a node of 2, docs/PERFORMANCE.md). A node
+  // scanning alone pays the same but the decoding.
+  double catalog_per_sample = 0.8e-6;
 
   // Every field in range; the message names the field.
   Status Validate() const;
@@ -37,7 +42,8 @@ struct StartupPrediction {
   double root_seconds = 0;      // node 0: stat and list the root, stat its entries
   double walk_seconds = 0;      // the slowest node's share of the walk
   double exchange_seconds = 0;  // the two rounds: the lead, then every node's part to every node
-  double total_seconds = 0;     // link + root + walk + exchange: the catalog on every node
+  double catalog_seconds = 0;   // building the catalog: files x catalog_per_sample
+  double total_seconds = 0;     // link + root + walk + exchange + catalog: on every node
   uint64_t metadata_ops = 0;    // the job's PFS metadata operations
   uint64_t catalog_bytes = 0;   // what each node receives in the second round
 };

@@ -31,13 +31,17 @@ TEST(StartupModelTest, SharedScanDividesTheWalkAndCountsEachFileOnce) {
   EXPECT_LT(shared.exchange_seconds, 0.01);
   // The peer link's start comes first: 0.45 s + 3 other nodes x 2 ms (the defaults).
   EXPECT_DOUBLE_EQ(shared.link_seconds, 0.45 + 3 * 0.002);
-  EXPECT_NEAR(
-      shared.total_seconds,
-      shared.link_seconds + shared.root_seconds + shared.walk_seconds + shared.exchange_seconds,
-      1e-12);
+  // Building the catalog from the parts: 100,000 samples x 0.8 us (the default), alone too.
+  EXPECT_DOUBLE_EQ(shared.catalog_seconds, 0.08);
+  EXPECT_DOUBLE_EQ(lone.catalog_seconds, 0.08);
+  EXPECT_NEAR(shared.total_seconds,
+              shared.link_seconds + shared.root_seconds + shared.walk_seconds +
+                  shared.exchange_seconds + shared.catalog_seconds,
+              1e-12);
   // Scanning alone needs no peers.
   EXPECT_EQ(lone.link_seconds, 0);
-  EXPECT_NEAR(lone.total_seconds, lone.root_seconds + lone.walk_seconds, 1e-12);
+  EXPECT_NEAR(lone.total_seconds, lone.root_seconds + lone.walk_seconds + lone.catalog_seconds,
+              1e-12);
 }
 
 TEST(StartupModelTest, TheLinkCostsItsStartPlusOneHandshakePerOtherNode) {
@@ -58,7 +62,8 @@ TEST(StartupModelTest, TheLinkCostsItsStartPlusOneHandshakePerOtherNode) {
     m.nodes = nodes;
     const StartupPrediction p = PredictSharedScan(m);
     EXPECT_DOUBLE_EQ(p.link_seconds, 0.3 + 0.004 * (nodes - 1)) << nodes;
-    EXPECT_NEAR(p.total_seconds - p.root_seconds - p.walk_seconds - p.exchange_seconds,
+    EXPECT_NEAR(p.total_seconds - p.root_seconds - p.walk_seconds - p.exchange_seconds -
+                    p.catalog_seconds,
                 p.link_seconds, 1e-12)
         << nodes;
   }
@@ -105,6 +110,9 @@ TEST(StartupModelTest, BadModelsSayWhichField) {
   m.link_per_peer = -1e-3;
   EXPECT_NE(m.Validate().message().find("link per peer"), std::string::npos);
   m.link_per_peer = 0;
+  m.catalog_per_sample = -1e-6;
+  EXPECT_NE(m.Validate().message().find("catalog per sample"), std::string::npos);
+  m.catalog_per_sample = 0;
   EXPECT_TRUE(m.Validate().ok());
 }
 

@@ -257,25 +257,28 @@ class SimulateTest(unittest.TestCase):
                          1024 * int(by["staging"]["node_pfs_bytes"]))
 
     STARTUP_LINE = (r"one scan per job: link ([\d.]+) s \+ root ([\d.]+) s \+ walk ([\d.]+) s \+ "
-                    r"exchange ([\d.]+) s = ([\d.]+) s; (\d+) metadata operations")
+                    r"exchange ([\d.]+) s \+ catalog ([\d.]+) s = ([\d.]+) s; (\d+) metadata "
+                    r"operations")
 
     def startup(self, *args):
         out = run("simulate", "--preset", "imagenet1k-lassen", "--startup", *args).stdout
         m = re.search(self.STARTUP_LINE, out)
         self.assertIsNotNone(m, out)
-        link, root, walk, exchange, total = (float(m.group(i)) for i in range(1, 6))
-        self.assertAlmostEqual(total, link + root + walk + exchange, delta=0.0021)
+        link, root, walk, exchange, catalog, total = (float(m.group(i)) for i in range(1, 7))
+        self.assertAlmostEqual(total, link + root + walk + exchange + catalog, delta=0.0026)
         return m, out
 
     def test_startup_at_1024_nodes(self):
         # ImageNet-1k, one scan per job: the peer link's start (0.45 s and 1,023 handshakes of
-        # 2 ms each by default), then the walk, one class of ~1,283 stats on 8 threads.
+        # 2 ms each by default), then the walk, one class of ~1,283 stats on 8 threads, then
+        # the catalog built from the parts (0.8 us per sample by default).
         m, out = self.startup("--nodes", 1024)
         self.assertEqual(m.group(1), "2.496")
         self.assertEqual(m.group(3), "0.161")
-        self.assertLess(float(m.group(5)), 5.0)
-        self.assertLessEqual(int(m.group(6)), 1.05 * 1281167)
-        self.assertIn("peer link 450 ms + 2.00 ms per other node", out)
+        self.assertEqual(m.group(5), "1.025")
+        self.assertLess(float(m.group(6)), 5.0)
+        self.assertLessEqual(int(m.group(7)), 1.05 * 1281167)
+        self.assertIn("peer link 450 ms + 2.00 ms per other node, catalog 0.80 us per sample", out)
         alone = re.search(r"every node alone: ([\d.]+) s; (\d+) metadata", out)
         self.assertGreater(int(alone.group(2)), 1000 * 1281167)
         self.expect_error(["simulate", "--samples", 100, "--startup", "--classes", 101],
@@ -289,12 +292,21 @@ class SimulateTest(unittest.TestCase):
         self.assertEqual(m.group(1), "0.310")
         m, _ = self.startup("--nodes", 101, "--link-start-ms", 300, "--link-per-peer-ms", 10)
         self.assertEqual(m.group(1), "1.300")
-        m, _ = self.startup("--nodes", 1024, "--link-start-ms", 0, "--link-per-peer-ms", 0)
+        m, _ = self.startup("--nodes", 1024, "--link-start-ms", 0, "--link-per-peer-ms", 0,
+                            "--catalog-us-per-sample", 0)
         self.assertEqual(m.group(1), "0.000")
-        self.assertEqual(m.group(5), "0.293")
+        self.assertEqual(m.group(5), "0.000")
+        self.assertEqual(m.group(6), "0.293")
+        # The catalog's term is files x the CPU per sample, on one node (alone) as on many.
+        for nodes in (1, 1024):
+            m, _ = self.startup("--nodes", nodes, "--catalog-us-per-sample", 2)
+            self.assertEqual(m.group(5), "2.562")
         for option in ("--link-start-ms", "--link-per-peer-ms"):
             self.expect_error(["simulate", "--samples", 100, "--nodes", 4, "--startup", option,
                                -1], option + r" -1 is not a time: write the milliseconds")
+        self.expect_error(["simulate", "--samples", 100, "--nodes", 4, "--startup",
+                           "--catalog-us-per-sample", -1],
+                          r"--catalog-us-per-sample -1 is not a time: write the microseconds")
 
     def test_simulate_errors_say_what_to_write(self):
         self.expect_error(["simulate", "--sizes", "huge"], r"fixed:SIZE, lognormal:MEAN")
