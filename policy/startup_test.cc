@@ -62,9 +62,9 @@ TEST(StartupModelTest, TheLinkCostsItsStartPlusOneHandshakePerOtherNode) {
     m.nodes = nodes;
     const StartupPrediction p = PredictSharedScan(m);
     EXPECT_DOUBLE_EQ(p.link_seconds, 0.3 + 0.004 * (nodes - 1)) << nodes;
-    EXPECT_NEAR(p.total_seconds - p.root_seconds - p.walk_seconds - p.exchange_seconds -
-                    p.catalog_seconds,
-                p.link_seconds, 1e-12)
+    EXPECT_NEAR(
+        p.total_seconds - p.root_seconds - p.walk_seconds - p.exchange_seconds - p.catalog_seconds,
+        p.link_seconds, 1e-12)
         << nodes;
   }
   // Without a network there is no link either: every node scans alone.
