@@ -4,7 +4,9 @@
 // limit; by default all of them), reserves space for each access in
 // the rank's ring in that exact order (blocking while the ring is full: back-pressure from a slow
 // client), and hands the reservation to p0 staging threads that read the sample from the fastest
-// source (SampleReader) straight into the ring and publish it. The client sees samples in stream
+// source (SampleReader) straight into the ring and publish it. A sample ready in the RAM tier the
+// client maps (EnableInPlace) costs only a lookup: the sequencer publishes it in place itself,
+// unless RAM hits are verified (hashing is the threads' work). The client sees samples in stream
 // order however the threads finish.
 //
 // A read that fails is published as an error slot whose text names the sample and its path; the
@@ -56,7 +58,10 @@ class StagingStream {
 
   // Before Start(): samples ready in the reader's region class are published in place
   // (RingWriter::PublishInRegion; the client mapped that tier) instead of copied into the ring.
-  void EnableInPlace() { in_place_ = true; }
+  void EnableInPlace() {
+    in_place_ = true;
+    verify_in_place_ = reader_.verifies_ram_hits();
+  }
   uint64_t id() const { return id_; }
   uint32_t rank() const { return rank_; }
   ring::RingWriter& ring() { return *ring_; }
@@ -73,6 +78,7 @@ class StagingStream {
   };
   void Sequence();
   void Stage();
+  void PublishInPlace(uint64_t seq, policy::SampleId sample, const SampleReader::InPlace& at);
 
   const uint64_t id_;
   const policy::JobSpec job_;
@@ -80,7 +86,8 @@ class StagingStream {
   const policy::StreamPoint start_;
   const wire::StreamShare share_;
   bool in_place_ = false;
-  uint32_t end_epoch_ = 0;  // the first epoch not served
+  bool verify_in_place_ = true;  // RAM hits are verified: in-place publishing is the threads' work
+  uint32_t end_epoch_ = 0;       // the first epoch not served
   const Catalog& catalog_;
   SampleReader& reader_;
   std::unique_ptr<ring::RingWriter> ring_;

@@ -107,6 +107,7 @@ class SampleReader {
   // Whether a RAM tier hit (in place or copied out) is checked against the xxh3 recorded at fill
   // (the node config's `verify`; default true). Fills, SSD and peer reads are always checked.
   void set_verify_ram_hits(bool verify) { verify_ram_hits_ = verify; }
+  bool verifies_ram_hits() const { return verify_ram_hits_; }
   // The class whose tier clients may map (the first RAM class), or -1.
   int region_class() const { return region_class_; }
   // Reads of the region class served in place (included in its class_counters).
