@@ -301,6 +301,10 @@ Result<size_t> Stream::FillBatch(size_t n, std::span<std::byte> dst,
   return copied;
 }
 
+bool Stream::ServiceGone() const {
+  return reader_->ProducerGone();
+}
+
 Stats Stream::stats() const {
   ring::RingStats r = reader_->stats();
   return Stats{r.samples,        r.bytes,           r.next_calls,

@@ -184,6 +184,10 @@ class Stream {
   void CopyOut(const Sample& s, std::byte* dst) const;
   Stats stats() const;
   uint64_t id() const { return id_; }
+  // Whether the service has gone away (its socket hung up: it exited, was killed or restarted)
+  // since the stream was opened. What it staged before may still be read; a caller about to
+  // start a new pass on the stream opens a new one instead.
+  bool ServiceGone() const;
   // Tells the service the stream is done (also done by the destructor). Samples not released
   // become invalid.
   Status Close();

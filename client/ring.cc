@@ -738,6 +738,10 @@ Result<View> RingReader::ReadSlot(uint64_t seq, uint64_t state) const {
   return v;
 }
 
+bool RingReader::ProducerGone() const {
+  return watch_fd_ >= 0 && HungUp(watch_fd_);
+}
+
 Status RingReader::WaitError(Wait w, uint64_t seq) {
   switch (w) {
     case Wait::kCancelled:

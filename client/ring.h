@@ -277,6 +277,8 @@ class RingReader {
   // Unavailable within one slice (50 ms) instead of at its timeout. Samples published before
   // the producer died are still delivered first. -1 (the default): no watch.
   void WatchProducer(int fd) { watch_fd_ = fd; }
+  // Whether the watched socket has hung up (the producer is gone), now; false without a watch.
+  bool ProducerGone() const;
   // Attaches the region that slots may point into (RingWriter::PublishInRegion). At most once,
   // before such slots arrive; without it such a slot is a Corruption error. Its views stay valid
   // while the reader lives (the reader holds the region).

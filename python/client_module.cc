@@ -134,6 +134,7 @@ class StreamHolder {
   // A held sample's bytes to dst (client::Stream::CopyOut; the mapping outlives Close()).
   void CopyOut(const client::Sample& s, std::byte* dst) const { stream_->CopyOut(s, dst); }
   uint64_t id() const { return stream_->id(); }
+  bool service_gone() const { return stream_->ServiceGone(); }
   bool closed() const {
     ReaderLock lock(&mu_);
     return closed_;
@@ -792,6 +793,7 @@ PYBIND11_MODULE(_client, m) {
            })
       .def_property_readonly("id", &StreamHolder::id)
       .def_property_readonly("closed", &StreamHolder::closed)
+      .def_property_readonly("service_gone", &StreamHolder::service_gone)
       .def("close",
            [](StreamHolder& s) {
              Status st = Status::Ok();

@@ -40,6 +40,7 @@ import queue
 import threading
 import time
 import warnings
+import weakref
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Generator, Iterator, List, Optional,
                     Sequence, Tuple, Union)
 
@@ -487,16 +488,32 @@ class DistributedSampler(tud.Sampler):
 # process opens its stream on one, so that the RAM tier is mapped once per process and a later
 # epoch does not fault its pages in again. A DataLoader worker (another process) makes its own.
 _connections: Dict[Tuple[int, str], Any] = {}
+def _socket_path(socket: Optional[str]) -> str:
+    return socket if socket is not None else os.environ.get("NOPFS_SOCKET", "")
+
+
+def _forget_other_processes() -> None:
+    """Drops what a fork() child inherited from its parent: unusable here (a Client or Stream
+    refuses use in a child), and closing it is the parent's business."""
+    pid = os.getpid()
+    for inherited in [k for k in _connections if k[0] != pid]:
+        del _connections[inherited]
+
+
+def _close_quietly(stream: Any) -> None:
+    """Closes a stream whose service may be gone (then there is nothing left to free)."""
+    try:
+        stream.close()
+    except (_client.Error, TimeoutError):
+        pass
 
 
 def _open_stream(socket: Optional[str], rank: int, **share: Any) -> Any:
     """client.open(rank, **share) on this process's connection to the service at `socket`
     (None: $NOPFS_SOCKET), connecting if there is none; a connection that has broken since (the
     service restarted, or timed out an answer) is replaced once."""
-    path = socket if socket is not None else os.environ.get("NOPFS_SOCKET", "")
-    key = (os.getpid(), path)
-    for inherited in [k for k in _connections if k[0] != key[0]]:
-        del _connections[inherited]  # the parent's, across fork(): unusable here
+    _forget_other_processes()
+    key = (os.getpid(), _socket_path(socket))
     client = _connections.pop(key, None)
     if client is not None:
         try:
@@ -509,6 +526,58 @@ def _open_stream(socket: Optional[str], rank: int, **share: Any) -> Any:
     stream = client.open(rank, **share)
     _connections[key] = client
     return stream
+
+
+class _Kept:
+    """The stream a StreamDataset's last pass left open for the next one (_iter_service): a
+    pass that read the whole of its epoch keeps its stream, which has no epoch limit, so that
+    nopfsd stages the next epoch while the training loop ends this one, and the next pass goes
+    on with it if it starts that epoch at step 0, without opening a stream or waiting for its
+    first batch. Closed when a pass takes another way, when its dataset is collected, by
+    close_streams(), and at exit."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entry: Optional[Tuple[int, Any, int]] = None  # (pid, stream, next epoch)
+        _keepers.add(self)
+
+    def put(self, stream: Any, next_epoch: int) -> None:
+        with self._lock:
+            old, self._entry = self._entry, (os.getpid(), stream, next_epoch)
+        if old is not None and old[0] == os.getpid():
+            _close_quietly(old[1])
+
+    def take(self, epoch: int, step: int) -> Optional[Any]:
+        """The stream kept at exactly (epoch, step), else None (and any other kept is closed)."""
+        with self._lock:
+            entry, self._entry = self._entry, None
+        if entry is None or entry[0] != os.getpid():
+            return None  # none, or the parent's across fork(): not this process's to use or close
+        _, stream, next_epoch = entry
+        if next_epoch == epoch and step == 0 and not stream.closed and not stream.service_gone:
+            return stream
+        _close_quietly(stream)
+        return None
+
+    def close(self) -> None:
+        self.take(-1, -1)
+
+    def peek(self) -> Optional[Tuple[Any, int]]:
+        """(stream, next epoch) kept by this process, for tests and diagnostics."""
+        entry = self._entry
+        return None if entry is None or entry[0] != os.getpid() else (entry[1], entry[2])
+
+
+_keepers: "weakref.WeakSet[_Kept]" = weakref.WeakSet()
+
+
+def close_streams() -> None:
+    """Closes the streams this process's nopfs DataLoaders keep open between passes. Each holds
+    its rank's later epochs for this process (nopfsd refuses them to another process until it is
+    closed); a loader's stream is closed when the loader is collected and at exit, so call this
+    only to hand a rank to another process of the job while this one goes on."""
+    for keeper in list(_keepers):
+        keeper.close()
 
 
 def _identity(batch: Any) -> Any:
@@ -721,6 +790,20 @@ class StreamDataset(tud.IterableDataset):
         self.timeout = timeout
         self.pass_state = multiprocessing.RawArray("q", 2)  # epoch, start step of the next pass
         self.owner = os.getpid()  # the workers open shares of this process's rank (docs/wire.md)
+        self._start_keeping()
+
+    def _start_keeping(self) -> None:
+        self.kept = _Kept()  # the stream the last pass left for the next one
+        weakref.finalize(self, self.kept.close)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["kept"]  # a worker keeps nothing (and a stream does not cross processes)
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._start_keeping()
 
     def set_pass(self, epoch: int, step: int) -> None:
         self.pass_state[0] = epoch
@@ -759,39 +842,76 @@ class StreamDataset(tud.IterableDataset):
             yield self._collate(batch)
 
     def _iter_service(self, epoch, step, worker, workers):
+        """This process's batches of the pass from the service. The process that owns the rank
+        (not a worker, which lives one pass or reads shares) opens its stream without an epoch
+        limit and takes exactly the pass's samples; once it has them all it keeps the stream for
+        the next pass (_Kept), which goes on with it if it starts the next epoch at step 0."""
         delivered = 0  # samples of the batches yielded
+        read_once = self.read_once and tud.get_worker_info() is not None
+        keep = tud.get_worker_info() is None and workers == 1
+        mine = (max(0, int(self.sampler.job.epoch_length()) - step * self.batch_size)
+                if keep else None)
+        if self.mode == "tensor":
+            take = self._tensor_batch
+        else:
+            take = functools.partial(self._item_batch, read_once=read_once)
+        stream = None
         try:
-            read_once = self.read_once and tud.get_worker_info() is not None
-            with _open_stream(self.socket, self.sampler.rank, epoch=epoch, step=step,
-                              worker=worker, workers=workers, batch=self.batch_size, epochs=1,
-                              owner=self.owner, read_once=read_once) as stream:
-                if self.mode == "tensor":
-                    take = self._tensor_batch
-                else:
-                    take = functools.partial(self._item_batch, read_once=read_once)
-                while True:
-                    batch, n = take(stream)
-                    if n == 0:
-                        return
-                    delivered += n
-                    yield batch
+            stream = self.kept.take(epoch, step) if keep else None
+            kept = stream is not None
+            if stream is None:
+                stream = _open_stream(self.socket, self.sampler.rank, epoch=epoch, step=step,
+                                      worker=worker, workers=workers, batch=self.batch_size,
+                                      epochs=0 if keep else 1, owner=self.owner,
+                                      read_once=read_once)
+            while mine is None or delivered < mine:
+                want = self.batch_size if mine is None else min(self.batch_size, mine - delivered)
+                try:
+                    batch, n = take(stream, want)
+                except _client.UnavailableError:
+                    if not (kept and delivered == 0):
+                        raise
+                    # The kept stream's service went away between the passes (it restarted):
+                    # open this pass's stream anew, on a new connection if need be.
+                    _close_quietly(stream)
+                    stream, kept = None, False
+                    stream = _open_stream(self.socket, self.sampler.rank, epoch=epoch,
+                                          step=step, worker=worker, workers=workers,
+                                          batch=self.batch_size, epochs=0, owner=self.owner)
+                    continue
+                if n == 0:
+                    break  # the stream ended (the job has no more epochs)
+                delivered += n
+                if keep and delivered == mine:
+                    # Every sample of the pass is in hand (the items are copies): the stream goes
+                    # on with the next epoch, unless this is the job's last one.
+                    epochs = self.sampler.epochs
+                    if epochs is None or epoch + 1 < epochs:
+                        self.kept.put(stream, epoch + 1)
+                        stream = None
+                yield batch
+            return
         except _client.UnavailableError as e:
             if not self.fallback_on_loss:
                 raise
             warnings.warn(f"nopfs: the service went away after {delivered} samples of this "
                           f"pass ({e}); reading the rest from the files in the same order "
                           "(NOPFS_FALLBACK)", RuntimeWarning, stacklevel=2)
+        finally:
+            if stream is not None:  # broken off, failed or the job's last epoch
+                _close_quietly(stream)
         yield from self._batches_of(self._iter_files(epoch, step, worker, workers,
                                                      skip=delivered))
 
-    def _item_batch(self, stream: Any, read_once: bool = False) -> Tuple[Any, int]:
-        """(collated batch, samples): up to batch_size samples made into items, bytes in one
+    def _item_batch(self, stream: Any, want: int,
+                    read_once: bool = False) -> Tuple[Any, int]:
+        """(collated batch, samples): up to `want` samples made into items, bytes in one
         call per ring batch, else decode/transform per sample over views made in one call (of
         copies made in one call, in a stream opened read_once: views of the RAM tier would fault
         in the pages a copy reads from its file)."""
         items: List[Any] = []
-        while len(items) < self.batch_size:
-            batch = stream.next_batch(self.batch_size - len(items), self.timeout)
+        while len(items) < want:
+            batch = stream.next_batch(want - len(items), self.timeout)
             if batch is None:
                 break
             labels = batch.labels.tolist()
@@ -818,8 +938,8 @@ class StreamDataset(tud.IterableDataset):
                 batch.release()
         return (self._collate(items) if items else None), len(items)
 
-    def _tensor_batch(self, stream: Any) -> Tuple[Any, int]:
-        """(collated batch, samples) for uint8_tensor items and the default collate: the
+    def _tensor_batch(self, stream: Any, want: int) -> Tuple[Any, int]:
+        """(collated batch, samples) of up to `want` samples for uint8_tensor items and the default collate: the
         samples' bytes copied in C++ into one uint8 tensor per batch (in shared memory in a
         worker, pinned when asked for and CUDA is there), viewed as [n, size] as torch.stack
         makes it."""
@@ -831,15 +951,15 @@ class StreamDataset(tud.IterableDataset):
         labels: List[Any] = []
         sizes: List[Any] = []
         count = 0
-        while count < self.batch_size:
-            batch = stream.next_batch(self.batch_size - count, self.timeout)
+        while count < want:
+            batch = stream.next_batch(want - count, self.timeout)
             if batch is None:
                 break
             with batch:
                 end = pos + batch.nbytes
                 if out is None or end > out.numel():
-                    want = max(end, self.batch_size * int(batch.sizes.max(initial=1)))
-                    grown = _batch_tensor(want, self.pin_memory and torch.cuda.is_available())
+                    room = max(end, want * int(batch.sizes.max(initial=1)))
+                    grown = _batch_tensor(room, self.pin_memory and torch.cuda.is_available())
                     if out is not None:
                         grown[:pos] = out[:pos]
                     out = grown

@@ -4,6 +4,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -12,6 +13,16 @@ BIN = os.environ.get("NOPFS_BIN", "")
 
 # The job every service in these tests serves (tests compare against `nopfs stream` with it).
 JOB = {"seed": 7, "epochs": 3, "ranks": 2, "batch": 8, "scheme": "strided"}
+
+
+@pytest.fixture(autouse=True)
+def _no_kept_streams():
+    """Each test starts without the streams an earlier test's DataLoaders kept open between
+    passes (nopfs.torch.close_streams): they hold their rank's later epochs for this process."""
+    yield
+    torch_module = sys.modules.get("nopfs.torch")
+    if torch_module is not None:
+        torch_module.close_streams()
 
 
 def nopfs(*args, check=True):

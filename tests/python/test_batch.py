@@ -4,6 +4,7 @@ the buffer's."""
 
 import os
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -225,6 +226,138 @@ def test_default_collate_of_tensors_fills_one_tensor_per_batch_larger_than_the_r
     sampler.resume(1, 1)
     got = list(loader)
     same(got, expected_batches(paths, order[70:80], 30, uint8_tensor))
+
+
+@pytest.mark.parametrize("make", [bytes, uint8_tensor])
+def test_a_pass_goes_on_with_the_stream_the_previous_pass_left(big, monkeypatch, make):
+    """A pass of the rank's own process that read its share to the end leaves its stream open,
+    staging the next epoch; the next pass goes on with it if it starts that epoch at step 0, and
+    any other pass opens its own. The bytes and the order are the stream's either way."""
+    import nopfs.torch as nt
+
+    root, paths, svc = big
+    set_env(monkeypatch, svc, 0)
+    order = svc.stream(0)
+    opened = []
+    real_open = nt._open_stream
+
+    def counting_open(*args, **kwargs):
+        opened.append(kwargs)
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(nt, "_open_stream", counting_open)
+    dataset = ImageFolder(root, decode=make)
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=30, sampler=sampler)
+
+    def kept():
+        left = loader.nopfs_stream.kept.peek()
+        return [] if left is None else [left]
+
+    assert kept() == []
+    sampler.set_epoch(0)
+    same(list(loader), expected_batches(paths, order[:40], 30, make))
+    assert len(opened) == 1 and opened[0]["epochs"] == 0  # no epoch limit
+    [(left, next_epoch)] = kept()
+    assert next_epoch == 1 and not left.closed
+    # Epoch 0 again: not where the kept stream stands, so it is closed and the pass opens its own.
+    sampler.set_epoch(0)
+    same(list(loader), expected_batches(paths, order[:40], 30, make))
+    assert len(opened) == 2 and left.closed
+    [(left, next_epoch)] = kept()
+    assert next_epoch == 1
+    # Epoch 1 from step 0: the kept stream, which has been staging it; no stream is opened.
+    sampler.set_epoch(1)
+    it = iter(loader)
+    first = next(it)
+    assert kept() == []  # taken by this pass
+    same([first] + list(it), expected_batches(paths, order[40:80], 30, make))
+    assert len(opened) == 2
+    # The job's last epoch: nothing to go on with, the stream is closed.
+    assert kept() == [] and left.closed
+    # A pass broken off keeps nothing; the next opens a stream and gets every byte.
+    sampler.set_epoch(0)
+    it = iter(loader)
+    next(it)
+    del it
+    assert kept() == []
+    sampler.set_epoch(0)
+    same(list(loader), expected_batches(paths, order[:40], 30, make))
+    assert len(opened) == 4
+    # A resume at step 1 of epoch 1 does not start where the kept stream stands.
+    [(left, _)] = kept()
+    sampler.resume(1, 1)
+    same(list(loader), expected_batches(paths, order[70:80], 30, make))
+    assert len(opened) == 5 and left.closed and kept() == []
+
+
+def test_a_kept_stream_is_closed_by_close_streams_and_with_its_loader(big, monkeypatch):
+    """A kept stream holds its rank's later epochs for this process: nopfs.torch.close_streams()
+    closes it, and so does collecting its loader. A loader with workers keeps none."""
+    import gc
+
+    import nopfs.torch as nt
+
+    root, paths, svc = big
+    set_env(monkeypatch, svc, 0)
+    dataset = ImageFolder(root, decode=bytes)
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=30, sampler=sampler)
+    sampler.set_epoch(0)
+    assert len(list(loader)) == 2
+    left, _ = loader.nopfs_stream.kept.peek()
+    nt.close_streams()
+    assert left.closed and loader.nopfs_stream.kept.peek() is None
+    sampler.set_epoch(0)
+    assert len(list(loader)) == 2
+    left, _ = loader.nopfs_stream.kept.peek()
+    del loader
+    gc.collect()
+    assert left.closed
+    workers = DataLoader(dataset, batch_size=30, sampler=sampler, num_workers=2)
+    sampler.set_epoch(0)
+    assert len(list(workers)) == 2
+    assert workers.nopfs_stream.kept.peek() is None
+
+
+def test_a_kept_stream_whose_service_restarted_gives_way_to_a_new_one(tmp_path, monkeypatch):
+    """The service restarts between two passes (the same socket): the stream the first pass kept
+    is dead (what it had staged of the next epoch, at most its ring's slots, is not all of it),
+    and the next pass opens its own on a new connection, without falling back to the files or
+    raising, and delivers its epoch's bytes in order."""
+    rnd = random.Random(8)
+    root = tmp_path / "data"
+    for k in range(200):  # 12.5 MiB: 3 times the ring (4 MiB, no RAM tier to serve in place)
+        (root / f"c{k % 2}").mkdir(parents=True, exist_ok=True)
+        (root / f"c{k % 2}" / f"s{k:03d}.bin").write_bytes(rnd.randbytes(64 << 10))
+    paths = sorted(str(p) for p in root.glob("c*/*.bin"))
+    conf = tmp_path / "small-ring.lua"
+    conf.write_text('staging = { capacity = "1MB", threads = 1 }\nclasses = { }\n')
+    job = {"seed": 4, "epochs": 3, "ranks": 1, "batch": 20, "scheme": "strided"}
+    run = tmp_path / "run"
+    svc = Service(str(root), str(run), len(paths), job=job, extra=("--config", str(conf)))
+    try:
+        set_env(monkeypatch, svc, 0)
+        order = svc.stream(0)
+        dataset = ImageFolder(str(root), decode=bytes)
+        sampler = DistributedSampler(dataset)
+        loader = DataLoader(dataset, batch_size=20, sampler=sampler)
+        sampler.set_epoch(0)
+        same(list(loader), expected_batches(paths, order[:200], 20, bytes))
+        left, _ = loader.nopfs_stream.kept.peek()
+        assert not left.service_gone
+    finally:
+        svc.stop()
+    assert left.service_gone
+    svc = Service(str(root), str(run), len(paths), job=job, extra=("--config", str(conf)))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no fallback to the files
+            sampler.set_epoch(1)
+            same(list(loader), expected_batches(paths, order[200:400], 20, bytes))
+        assert left.closed
+    finally:
+        svc.stop()
 
 
 def test_tensor_batches_in_workers_when_a_worker_init_fn_asks_for_them(big, monkeypatch):
