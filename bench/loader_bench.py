@@ -18,11 +18,15 @@ DistributedSampler, DataLoader; only the imports differ):
            decode=nopfs.torch.uint8_tensor (the batch path: one uint8 tensor per batch, filled in
            C++);
   decode   the same with a decode function of the script's own (one view per sample, as a PIL
-           decode gets).
+           decode gets);
+  copy     the baseline: each batch's samples copied (numpy's take, a memcpy per sample) from one
+           array in this process's memory, in a shuffled order, into one of 4 preallocated
+           tensors in turn: the memory copy any loader that hands out tensors makes, without a
+           loader and without allocating a tensor per batch (measured in the row of 0 workers).
 Each item is a uint8 tensor of the sample's bytes, batches are stacked by the default collate.
-Ratios are against `direct` measured in the same run, over all rounds; `nopfs per pass` is the
-range of nopfs's rounds; CPU µs is the CPU time of this process, its workers and nopfsd per
-sample. As root, runs as `nobody` (nopfsd refuses root).
+Ratios are against `direct` and `copy` measured in the same run, over all rounds; `nopfs per
+pass` is the range of nopfs's rounds; CPU µs is the CPU time of this process, its workers and
+nopfsd per sample. As root, runs as `nobody` (nopfsd refuses root).
 """
 
 import argparse
@@ -35,12 +39,40 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dataloader_util import (measure_interleaved, nopfsd_pid, rerun_as_nobody,  # noqa: E402
                              start_service, stop_service)
 
+import numpy as np
 import torch
 import torch.utils.data as tud
 
 
 def to_tensor(data):
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+class CopyBound:
+    """Batches of `batch` samples of `size` bytes copied from one array, in a shuffled order per
+    epoch, into preallocated tensors taken in turn (numpy's take: one call per batch, a memcpy
+    per sample): the memory copy that handing out tensors costs, without a loader and without
+    allocating each batch's tensor."""
+
+    def __init__(self, files, size, batch):
+        self.data = torch.randint(0, 256, (files, size), dtype=torch.uint8).numpy()
+        self.files, self.size, self.batch = files, size, batch
+        self.outs = [torch.empty((batch, size), dtype=torch.uint8) for _ in range(4)]
+        for out in self.outs:
+            out.fill_(0)  # faulted in now, not in the first measured pass
+        self.epoch = 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = torch.randperm(self.files, generator=torch.Generator().manual_seed(self.epoch))
+        order = order.numpy()
+        for n, k in enumerate(range(0, self.files, self.batch)):
+            ids = order[k:k + self.batch]
+            out = self.outs[n % len(self.outs)][:len(ids)]
+            np.take(self.data, ids, axis=0, out=out.numpy(), mode="clip")  # clip: unbuffered
+            yield out, None
 
 
 class Files(tud.Dataset):
@@ -98,7 +130,7 @@ def main():
         print(f"{'workers':>7} {'direct/s':>10} {'fallback/s':>10} {'nopfs/s':>10} "
               f"{'decode/s':>10} {'nopfs/direct':>12} {'decode/direct':>13} "
               f"{'fallback/direct':>15} {'nopfs per pass':>17} {'direct CPU µs':>13} "
-              f"{'nopfs CPU µs':>12}")
+              f"{'nopfs CPU µs':>12} {'copy/s':>8} {'nopfs/copy':>10}")
         pid = nopfsd_pid(run_dir)
 
         def environment(mode):
@@ -110,11 +142,18 @@ def main():
                     os.environ["NOPFS_FALLBACK"] = "1"
             return set_it
 
-        for workers in [int(w) for w in args.workers.split(",")]:
+        copy_rate = float("nan")
+        workers_list = [int(w) for w in args.workers.split(",")]
+        if 0 not in workers_list:
+            workers_list.insert(0, 0)  # the copy bound is measured with the row of no workers
+        for workers in workers_list:
             sampler = tud.distributed.DistributedSampler(Files(samples), num_replicas=1, rank=0)
             loaders = {"direct": (tud.DataLoader(Files(samples), batch_size=args.batch,
                                                  sampler=sampler, num_workers=workers),
                                   sampler.set_epoch)}
+            if workers == 0:
+                copy = CopyBound(args.files, args.size, args.batch)
+                loaders["copy"] = (copy, copy.set_epoch)
             for mode in ("fallback", "nopfs", "decode"):
                 environment(mode)()
                 ds = ImageFolder(root, decode=to_tensor if mode == "decode" else uint8_tensor)
@@ -124,12 +163,15 @@ def main():
             r = measure_interleaved(loaders, args.passes, pid)
             rates = {mode: rate.per_second for mode, rate in r.items()}
             direct = rates["direct"]
+            copy_rate = rates.get("copy", copy_rate)  # measured with no workers
             print(f"{workers:>7} {direct:>10.0f} {rates['fallback']:>10.0f} "
                   f"{rates['nopfs']:>10.0f} {rates['decode']:>10.0f} "
                   f"{rates['nopfs'] / direct:>12.2f} {rates['decode'] / direct:>13.2f} "
                   f"{rates['fallback'] / direct:>15.2f} "
                   f"{min(r['nopfs'].passes):>8.0f}-{max(r['nopfs'].passes):<8.0f} "
-                  f"{r['direct'].cpu_ms_per_item * 1e3:>13.1f} {r['nopfs'].cpu_ms_per_item * 1e3:>12.1f}",
+                  f"{r['direct'].cpu_ms_per_item * 1e3:>13.1f} "
+                  f"{r['nopfs'].cpu_ms_per_item * 1e3:>12.1f} "
+                  f"{copy_rate:>8.0f} {rates['nopfs'] / copy_rate:>10.2f}",
                   flush=True)
     finally:
         stop_service(service)

@@ -939,10 +939,10 @@ class StreamDataset(tud.IterableDataset):
         return (self._collate(items) if items else None), len(items)
 
     def _tensor_batch(self, stream: Any, want: int) -> Tuple[Any, int]:
-        """(collated batch, samples) of up to `want` samples for uint8_tensor items and the default collate: the
-        samples' bytes copied in C++ into one uint8 tensor per batch (in shared memory in a
-        worker, pinned when asked for and CUDA is there), viewed as [n, size] as torch.stack
-        makes it."""
+        """(collated batch, samples) of up to `want` samples for uint8_tensor items and the
+        default collate: the samples' bytes copied in C++ into one uint8 tensor per batch (in
+        shared memory in a worker, pinned when asked for and CUDA is there), viewed as
+        [n, size] as torch.stack makes it."""
         import numpy as np
         import torch
 
