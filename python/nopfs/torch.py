@@ -488,6 +488,8 @@ class DistributedSampler(tud.Sampler):
 # process opens its stream on one, so that the RAM tier is mapped once per process and a later
 # epoch does not fault its pages in again. A DataLoader worker (another process) makes its own.
 _connections: Dict[Tuple[int, str], Any] = {}
+
+
 def _socket_path(socket: Optional[str]) -> str:
     return socket if socket is not None else os.environ.get("NOPFS_SOCKET", "")
 
