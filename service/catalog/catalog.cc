@@ -309,18 +309,6 @@ Status OpenShared(const CatalogOptions& options, Env* env, const store::LoadRequ
       return;
     }
     Result<scan::ClassesPart> p = share::DecodePart((*got)[k]);
-    const size_t classes = lead.listing.class_names.size();
-    if (p.ok()) {
-      // A label that is no class is a malformed part (this node scans alone), not the dataset's.
-      for (const scan::Sample& smp : p->samples) {
-        if (smp.label < 0 || static_cast<uint64_t>(smp.label) >= classes) {
-          p = Status::InvalidArgument("sample " + smp.relative_path + " has label " +
-                                      std::to_string(smp.label) + " of " + std::to_string(classes) +
-                                      " classes");
-          break;
-        }
-      }
-    }
     if (p.ok()) {
       parts[k] = std::move(*p);
     } else {
@@ -333,8 +321,10 @@ Status OpenShared(const CatalogOptions& options, Env* env, const store::LoadRequ
   Result<scan::ScanResult> scanned = scan::AssembleImageFolder(
       s.real, std::move(lead.listing), std::move(parts), options.scan_threads);
   out->phases.Mark("assemble");
-  *fatal = true;
+  // Not fatal: a sample whose label is no class is a malformed part (a peer's), so this node
+  // scans alone; a dataset without files it then finds alone too.
   if (!scanned.ok()) return scanned.status();
+  *fatal = true;
   return StoreScan(options, s, tmp_parent, scan_start, std::move(*scanned), out);
 }
 

@@ -501,8 +501,8 @@ nopfs::Result<ScanResult> AssembleImageFolder(const std::string& root, RootListi
     for (const Sample& s : p.samples) {
       if (s.label < 0 || static_cast<uint64_t>(s.label) >= classes) {
         return Status::InvalidArgument(root + ": sample " + s.relative_path + " has label " +
-                                       std::to_string(s.label) + ", not one of the " +
-                                       std::to_string(classes) + " classes");
+                                       std::to_string(s.label) + " of " + std::to_string(classes) +
+                                       " classes");
       }
       ++start[static_cast<size_t>(s.label) + 1];
     }
