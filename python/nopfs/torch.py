@@ -490,18 +490,6 @@ class DistributedSampler(tud.Sampler):
 _connections: Dict[Tuple[int, str], Any] = {}
 
 
-def _socket_path(socket: Optional[str]) -> str:
-    return socket if socket is not None else os.environ.get("NOPFS_SOCKET", "")
-
-
-def _forget_other_processes() -> None:
-    """Drops what a fork() child inherited from its parent: unusable here (a Client or Stream
-    refuses use in a child), and closing it is the parent's business."""
-    pid = os.getpid()
-    for inherited in [k for k in _connections if k[0] != pid]:
-        del _connections[inherited]
-
-
 def _close_quietly(stream: Any) -> None:
     """Closes a stream whose service may be gone (then there is nothing left to free)."""
     try:
@@ -514,8 +502,10 @@ def _open_stream(socket: Optional[str], rank: int, **share: Any) -> Any:
     """client.open(rank, **share) on this process's connection to the service at `socket`
     (None: $NOPFS_SOCKET), connecting if there is none; a connection that has broken since (the
     service restarted, or timed out an answer) is replaced once."""
-    _forget_other_processes()
-    key = (os.getpid(), _socket_path(socket))
+    path = socket if socket is not None else os.environ.get("NOPFS_SOCKET", "")
+    key = (os.getpid(), path)
+    for inherited in [k for k in _connections if k[0] != key[0]]:
+        del _connections[inherited]  # the parent's, across fork(): unusable here
     client = _connections.pop(key, None)
     if client is not None:
         try:
@@ -857,15 +847,18 @@ class StreamDataset(tud.IterableDataset):
             take = self._tensor_batch
         else:
             take = functools.partial(self._item_batch, read_once=read_once)
+
+        def open_own() -> Any:
+            return _open_stream(self.socket, self.sampler.rank, epoch=epoch, step=step,
+                                worker=worker, workers=workers, batch=self.batch_size,
+                                epochs=0 if keep else 1, owner=self.owner, read_once=read_once)
+
         stream = None
         try:
             stream = self.kept.take(epoch, step) if keep else None
             kept = stream is not None
             if stream is None:
-                stream = _open_stream(self.socket, self.sampler.rank, epoch=epoch, step=step,
-                                      worker=worker, workers=workers, batch=self.batch_size,
-                                      epochs=0 if keep else 1, owner=self.owner,
-                                      read_once=read_once)
+                stream = open_own()
             while mine is None or delivered < mine:
                 want = self.batch_size if mine is None else min(self.batch_size, mine - delivered)
                 try:
@@ -877,9 +870,7 @@ class StreamDataset(tud.IterableDataset):
                     # open this pass's stream anew, on a new connection if need be.
                     _close_quietly(stream)
                     stream, kept = None, False
-                    stream = _open_stream(self.socket, self.sampler.rank, epoch=epoch,
-                                          step=step, worker=worker, workers=workers,
-                                          batch=self.batch_size, epochs=0, owner=self.owner)
+                    stream = open_own()
                     continue
                 if n == 0:
                     break  # the stream ended (the job has no more epochs)
