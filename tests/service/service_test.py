@@ -747,7 +747,13 @@ class ServiceTest(unittest.TestCase):
         launcher = subprocess.Popen([str(a) for a in argv], stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL)
         deadline = time.time() + 60
-        while len(os.listdir(pids)) < 2 or not os.path.exists(os.path.join(run_dir, "nopfsd.pid")):
+
+        def written(name):  # the shell creates the file before it writes the pid and newline
+            path = os.path.join(pids, name)
+            return os.path.exists(path) and read(path).endswith("\n")
+
+        while not (written("0") and written("1")
+                   and os.path.exists(os.path.join(run_dir, "nopfsd.pid"))):
             self.assertIsNone(launcher.poll(), "nopfs run ended")
             self.assertLess(time.time(), deadline, "the ranks never started")
             time.sleep(0.05)
