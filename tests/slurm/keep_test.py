@@ -22,7 +22,7 @@ import sys
 import time
 import unittest
 
-from clusterlib import (BUILD, DATASET, DIR, JOBS, REAL_NOPFSD, SSD, ClusterCase, as_user,
+from clusterlib import (BUILD, DATASET, DIR, JOBS, REAL_NOPFSD, RUN, SSD, ClusterCase, as_user,
                         daemons, ledger, output, sbatch, submit, wait_done, HOLD, release,
                         wait_state)
 
@@ -60,6 +60,20 @@ def kept(user):
     if not os.path.isdir(d):
         return {}
     return {n: os.path.exists(os.path.join(d, n, "MANIFEST")) for n in os.listdir(d)}
+
+
+def alice_status(node, job):
+    """nopfs status --json of alice's job `job` on `node`, or None while it does not answer."""
+    r = as_user("nopfs-alice", f"NOPFS_SOCKET={RUN}/{node}/{job}/nopfsd.sock "
+                f"{NOPFS} status --json")
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
+def tiers_staged(status):
+    """Whether every tier with samples planned has them all (its prefetch is done)."""
+    return status is not None and all(
+        t["prefetch"] == "done" and t["ready_samples"] >= t["planned_samples"]
+        for t in status["tiers"] if t["planned_samples"] > 0)
 
 
 def disk_bytes(path):
@@ -256,6 +270,12 @@ class KeepTest(ClusterCase):
             st = os.stat(live)
             self.assertEqual((st.st_uid, st.st_mode & 0o777), (uid_of("nopfs-alice"), 0o700))
             self.assertNotEqual(as_user("nopfs-bob", f"ls {live}").returncode, 0)
+            # B starts once A has staged its tiers: what B may read from the PFS is then only
+            # what A could not hold, not what A's prefetcher had not reached yet.
+            deadline = time.monotonic() + 120
+            while not tiers_staged(alice_status("n1", a)):
+                self.assertLess(time.monotonic(), deadline, "job A's tiers were never staged")
+                time.sleep(0.2)
             b = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs-ram=1KB --nopfs-ssd=100MB "
                        f"--nopfs={DATASET} --nopfs-seed=4 {extra_b}", READ)
             self.assertEqual(wait_done(b, 180), "COMPLETED", self.output_so_far(b))
