@@ -612,6 +612,41 @@ def _batch_tensor(nbytes: int, pin_memory: bool = False) -> "torch.Tensor":
     return torch.empty(nbytes, dtype=torch.uint8)
 
 
+class _Blocks:
+    """Batch memory of one size, reused: the tensors a pass hands out in the main process (not
+    pinned) are views of blocks kept here, each block coming back once nothing refers to its
+    tensor any more (torch.from_numpy keeps the numpy view that this watches alive for as long
+    as the tensor's storage lives, views of it included). So a block is reused exactly when
+    malloc would reuse freed memory, but without the page faults of memory that malloc has
+    returned to the system between two batches. Safe from any thread (list operations under the
+    GIL)."""
+
+    KEEP = 4  # blocks kept for reuse; more in use at once are made and dropped
+
+    def __init__(self) -> None:
+        self.shape = (0, 0)
+        self.free: List[Any] = []
+
+    def rows(self, count: int, batch: int, row: int) -> Tuple["torch.Tensor", Any]:
+        """An uninitialized [count, row] uint8 tensor (writable, not resizable) in a block of
+        [batch, row] (a pass's short last batch takes a block as the others), and the numpy
+        array it views."""
+        import numpy as np
+        import torch
+
+        if (batch, row) != self.shape:
+            self.shape, self.free = (batch, row), []
+        free = self.free
+        block = free.pop() if free else np.empty((batch, row), dtype=np.uint8)
+        view = block[:count]
+        weakref.finalize(view, self._back, free, block).atexit = False
+        return torch.from_numpy(view), view
+
+    def _back(self, free: List[Any], block: Any) -> None:
+        if free is self.free and len(free) < self.KEEP:
+            free.append(block)
+
+
 def read_batch(stream: Any, n: int, pin_memory: bool = False,
                timeout: Optional[float] = None) -> Optional[Tuple["torch.Tensor", Any, Any, Any]]:
     """The next n samples of a nopfs._client stream in one uint8 tensor: (data, offsets, labels,
@@ -770,6 +805,11 @@ class StreamDataset(tud.IterableDataset):
         # batches are made ahead by torch's prefetch_factor); 0: each when it is asked for.
         self.prefetch = int(prefetch)
         self.pace = _Pace()
+        # The bytes of every sample so far (tensor mode), once a batch has shown them all of one
+        # size: the next batch is copied straight into a tensor of that many bytes per sample.
+        self.row_bytes: Optional[int] = None
+        self._rows_key: Tuple[int, int] = (0, 0)
+        self._rows: Any = None
         # A worker process lives one pass (not persistent workers) and reads each of its samples
         # once: its copies out of the RAM tier read the tier's file rather than fault in its
         # fresh mapping page by page (client.open(read_once=True)).
@@ -787,10 +827,14 @@ class StreamDataset(tud.IterableDataset):
     def _start_keeping(self) -> None:
         self.kept = _Kept()  # the stream the last pass left for the next one
         weakref.finalize(self, self.kept.close)
+        # The main process's batch memory, reused (tensor mode, not pinned); a worker's batches
+        # are made in shared memory, which crosses to the main process as it is.
+        self.blocks = None if self.pin_memory else _Blocks()
 
     def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()
         del state["kept"]  # a worker keeps nothing (and a stream does not cross processes)
+        del state["blocks"]
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
@@ -935,15 +979,48 @@ class StreamDataset(tud.IterableDataset):
         """(collated batch, samples) of up to `want` samples for uint8_tensor items and the
         default collate: the samples' bytes copied in C++ into one uint8 tensor per batch (in
         shared memory in a worker, pinned when asked for and CUDA is there), viewed as
-        [n, size] as torch.stack makes it."""
+        [n, size] as torch.stack makes it. Once a batch has shown the samples' size (all of one
+        size), the next is copied in one call straight into a [want, size] tensor; a batch that
+        breaks the rule goes on the general way."""
         import numpy as np
         import torch
 
-        out: Optional[torch.Tensor] = None
-        pos = 0
-        labels: List[Any] = []
-        sizes: List[Any] = []
-        count = 0
+        row = self.row_bytes
+        if row is None:
+            return self._tensor_batch_of(stream, want, None, 0, [], [])
+        if self.blocks is not None and tud.get_worker_info() is None:
+            data, out = self.blocks.rows(want, max(want, self.batch_size), row)
+        else:  # a worker (fork() copies the main process's blocks), or pinned
+            flat = _batch_tensor(want * row, self.pin_memory and torch.cuda.is_available())
+            data, out = flat.view(want, row), flat.numpy()
+        offsets, labels, _ = stream.next_batch_into(want, out, self.timeout)
+        count = len(labels)
+        if count == 0:
+            return None, 0
+        if count == want and (offsets == self._rows_at(want, row)).all():
+            return [data, torch.from_numpy(labels)], count
+        # Fewer, or of other sizes: the stream ended, or the next sample is larger than what is
+        # left of the tensor (it is first in line for the next call), or it did not come in time.
+        return self._tensor_batch_of(stream, want, data.view(-1), int(offsets[count]), [labels],
+                                     [np.diff(offsets)])
+
+    def _rows_at(self, count: int, row: int) -> Any:
+        """The offsets of `count` samples of `row` bytes back to back (0 and each one's end)."""
+        import numpy as np
+
+        if self._rows_key != (count, row):
+            self._rows_key, self._rows = (count, row), np.arange(count + 1, dtype=np.int64) * row
+        return self._rows
+
+    def _tensor_batch_of(self, stream: Any, want: int, out: Optional["torch.Tensor"], pos: int,
+                         labels: List[Any], sizes: List[Any]) -> Tuple[Any, int]:
+        """_tensor_batch's general way: the batch goes on from `pos` bytes of `out` and the
+        labels and sizes of the samples there, a ring batch at a time, growing `out` as needed;
+        learns the samples' size for the next batch (row_bytes) if they are all of one."""
+        import numpy as np
+        import torch
+
+        count = sum(len(x) for x in labels)
         while count < want:
             batch = stream.next_batch(want - count, self.timeout)
             if batch is None:
@@ -966,8 +1043,10 @@ class StreamDataset(tud.IterableDataset):
         size = np.concatenate(sizes)
         target = torch.from_numpy(np.concatenate(labels))
         if (size == size[0]).all():
+            self.row_bytes = int(size[0]) if size[0] > 0 else None
             data = out[:pos].view(count, int(size[0]))
         else:  # what torch.stack says of tensors of different sizes
+            self.row_bytes = None
             offsets = np.concatenate([[0], np.cumsum(size)]).tolist()
             data = tud.default_collate([out[offsets[k]:offsets[k + 1]] for k in range(count)])
         return [data, target], count
@@ -992,11 +1071,13 @@ class StreamDataset(tud.IterableDataset):
 
 
 class _LoaderIter:
-    """A DataLoader pass: torch's iterator, counting the batches the training loop receives."""
+    """A DataLoader pass: torch's iterator (or, without workers, the stream's own batches),
+    counting the batches the training loop receives."""
 
-    def __init__(self, inner: Any, sampler: DistributedSampler) -> None:
+    def __init__(self, inner: Any, sampler: DistributedSampler, loader: "DataLoader") -> None:
         self._inner = inner
         self._sampler = sampler
+        self._loader = loader
 
     def __iter__(self) -> "_LoaderIter":
         return self
@@ -1011,7 +1092,13 @@ class _LoaderIter:
         return batch
 
     def __len__(self) -> int:
-        return len(self._inner)
+        return len(self._loader)
+
+
+def _pinned(batches: Iterator[Any], device: Optional[str]) -> Iterator[Any]:
+    """The batches in page-locked memory, as torch's DataLoader pins them without workers."""
+    for batch in batches:
+        yield tud._utils.pin_memory.pin_memory(batch, device)
 
 
 class DataLoader(tud.DataLoader):
@@ -1112,7 +1199,20 @@ class DataLoader(tud.DataLoader):
         self.nopfs_stream.set_pass(epoch, start)
         samples = len(s.job.order(epoch, start))
         s._pass_started(epoch, start, math.ceil(samples / self.nopfs_batch))
-        return _LoaderIter(super().__iter__(), s)
+        if self.num_workers > 0:
+            return _LoaderIter(super().__iter__(), s, self)
+        # Without workers torch's iterator only hands on the stream's batches (its fetcher calls
+        # next() and the identity collate), at a cost per batch of a tenth of a batch's copy:
+        # the stream's batches are handed on directly. What it does besides is done here too:
+        # it draws its workers' base seed from torch's generator (so that the training loop's
+        # random numbers are the same either way), and pins the batches if asked.
+        import torch
+
+        torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        batches: Iterator[Any] = iter(self.nopfs_stream)
+        if self.pin_memory and (self.pin_memory_device or torch.cuda.is_available()):
+            batches = _pinned(batches, self.pin_memory_device or None)
+        return _LoaderIter(batches, s, self)
 
     def state_dict(self) -> Dict[str, int]:
         """The sampler's state_dict(): the epoch and step of the next batch not yet received."""

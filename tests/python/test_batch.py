@@ -226,6 +226,17 @@ def test_default_collate_of_tensors_fills_one_tensor_per_batch_larger_than_the_r
     sampler.resume(1, 1)
     got = list(loader)
     same(got, expected_batches(paths, order[70:80], 30, uint8_tensor))
+    # A pass draws from torch's generator what torch's own DataLoader draws (its workers' base
+    # seed), no more: the training loop's random numbers are the same with either loader.
+    sampler.set_epoch(0)
+    torch.manual_seed(11)
+    passes = iter(loader)
+    assert len(passes) == 2
+    list(passes)
+    after_nopfs = torch.rand(4)
+    torch.manual_seed(11)
+    list(torch.utils.data.DataLoader(list(range(40)), batch_size=30))
+    assert torch.equal(after_nopfs, torch.rand(4))
 
 
 @pytest.mark.parametrize("make", [bytes, uint8_tensor])
@@ -387,6 +398,55 @@ def test_tensor_batches_in_workers_when_a_worker_init_fn_asks_for_them(big, monk
     assert in_process.num_workers == 0
     sampler.set_epoch(0)
     same(list(in_process), expected_batches(paths, order[:40], 30, uint8_tensor))
+
+
+def _keep_workers(worker_id):
+    """A worker_init_fn that keeps a tensor-mode DataLoader's workers."""
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_tensor_batches_follow_the_sizes_of_their_samples_and_stay_while_held(
+        tmp_path, monkeypatch, workers):
+    """A tensor-mode loader copies a batch straight into a [batch, size] tensor once a batch has
+    shown the size; batches of smaller, then larger samples than that, then of the size again,
+    are each the files' bytes in [n, their size]; a batch whose sizes differ but add up to the
+    rule's raises torch.stack's error, as torch's collate does. Every batch is held to the end
+    of the pass and compared then: the memory a loader reuses is never a held batch's."""
+    batch, batches = 4, 12
+    order = nopfs.epoch_order(3, batch * batches, 1, batch, "strided", False, 0, 0).tolist()
+    kib = [8, 8, 4, 4, 16, 16, 8, 8, 8, 8, 8, None]
+    sizes = {}
+    for b, size in enumerate(kib):
+        for k, sid in enumerate(order[b * batch:(b + 1) * batch]):
+            sizes[sid] = size << 10 if size else [4, 12, 8, 8][k] << 10  # 32 KiB, as 4 x 8
+    rnd = random.Random(9)
+    root = tmp_path / "data"
+    (root / "c0").mkdir(parents=True)
+    paths = []
+    for sid in range(batch * batches):
+        path = root / "c0" / f"s{sid:03d}.bin"
+        path.write_bytes(rnd.randbytes(sizes[sid]))
+        paths.append(str(path))
+    svc = Service(str(root), str(tmp_path / "run"), len(paths),
+                  job={"seed": 3, "epochs": 1, "ranks": 1, "batch": batch, "scheme": "strided"})
+    try:
+        set_env(monkeypatch, svc, 0)
+        assert svc.stream(0) == order
+        dataset = ImageFolder(str(root), decode=uint8_tensor)
+        loader = DataLoader(dataset, batch_size=batch, sampler=DistributedSampler(dataset),
+                            num_workers=workers, worker_init_fn=_keep_workers)
+        assert loader.num_workers == workers
+        got = []
+        with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+            for b in loader:
+                got.append(b)
+        want = expected_batches(paths, order[:(batches - 1) * batch], batch, uint8_tensor)
+        assert len(got) == batches - 1
+        for b, (g, w) in enumerate(zip(got, want)):
+            same(g, w)
+            assert g[0].shape == (batch, kib[b] << 10) and g[0].is_contiguous(), b
+    finally:
+        svc.stop()
 
 
 @pytest.mark.parametrize("workers", [0, 3])
