@@ -827,9 +827,13 @@ class StreamDataset(tud.IterableDataset):
     def _start_keeping(self) -> None:
         self.kept = _Kept()  # the stream the last pass left for the next one
         weakref.finalize(self, self.kept.close)
-        # The main process's batch memory, reused (tensor mode, not pinned); a worker's batches
-        # are made in shared memory, which crosses to the main process as it is.
-        self.blocks = None if self.pin_memory else _Blocks()
+        # The main process's batch memory, reused (tensor mode, unless pinned: torch's pinned
+        # allocator reuses its own); a worker's batches are made in shared memory, which crosses
+        # to the main process as it is.
+        import torch
+
+        pinned = self.pin_memory and torch.cuda.is_available()
+        self.blocks = None if pinned else _Blocks()
 
     def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()
