@@ -1206,10 +1206,11 @@ class DataLoader(tud.DataLoader):
         if self.num_workers > 0:
             return _LoaderIter(super().__iter__(), s, self)
         # Without workers torch's iterator only hands on the stream's batches (its fetcher calls
-        # next() and the identity collate), at a cost per batch of a tenth of a batch's copy:
-        # the stream's batches are handed on directly. What it does besides is done here too:
-        # it draws its workers' base seed from torch's generator (so that the training loop's
-        # random numbers are the same either way), and pins the batches if asked.
+        # next() and the identity collate), at a cost per batch of a tenth or more of the batch's
+        # copy (docs/PERFORMANCE.md), so the stream's batches are handed on directly. What it
+        # does besides is done here too: it draws its workers' base seed from torch's generator
+        # (so that the training loop's random numbers are the same either way), and pins the
+        # batches if asked.
         import torch
 
         torch.empty((), dtype=torch.int64).random_(generator=self.generator)
