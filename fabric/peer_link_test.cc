@@ -502,8 +502,8 @@ TEST(PeerLinkTest, ExchangeWithADeadNodeFails) {
 // A node whose link starts three peer timeouts after the other's still joins within the start-up
 // phase: both WaitForPeers return Ok, nobody is dead, and the exchange and reads both ways work.
 TEST(PeerLinkTest, ALinkStartedLaterThanThePeerTimeoutJoinsInTheStartUpPhase) {
-  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
-                                 {"127.0.0.1", FreeLoopbackPort()}};
+  HeldLoopbackPort late;  // node 1's, until it starts
+  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()}, {"127.0.0.1", late.port()}};
   auto opts = [&](uint32_t n) {
     PeerLinkOptions o = Options(n, peers, 8);
     o.timeout = milliseconds(400);
@@ -516,6 +516,7 @@ TEST(PeerLinkTest, ALinkStartedLaterThanThePeerTimeoutJoinsInTheStartUpPhase) {
                             [&] { return (*n0)->WaitForPeers(t0 + std::chrono::seconds(20)); });
   std::this_thread::sleep_for(milliseconds(1200));  // three timeouts: node 1 is not up yet
   EXPECT_FALSE((*n0)->IsDead(1));
+  late.Release();
   auto n1 = PeerLink::Start(opts(1), Holder(1));
   ASSERT_TRUE(n1.ok()) << n1.status().ToString();
   Status waited1 = (*n1)->WaitForPeers(std::chrono::steady_clock::now() + std::chrono::seconds(20));
@@ -553,8 +554,8 @@ TEST(PeerLinkTest, ALinkStartedLaterThanThePeerTimeoutJoinsInTheStartUpPhase) {
 TEST(PeerLinkTest, ALateNodeIsJoinedByBothAtOnce) {
   std::vector<double> gaps;
   for (int trial = 0; trial < 5; ++trial) {
-    std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
-                                   {"127.0.0.1", FreeLoopbackPort()}};
+    HeldLoopbackPort late;  // node 1's, until it starts
+    std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()}, {"127.0.0.1", late.port()}};
     auto n0 = PeerLink::Start(Options(0, peers, 9), Holder(0));
     ASSERT_TRUE(n0.ok()) << n0.status().ToString();
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -563,6 +564,7 @@ TEST(PeerLinkTest, ALateNodeIsJoinedByBothAtOnce) {
       return std::make_pair(s, std::chrono::steady_clock::now());
     });
     std::this_thread::sleep_for(milliseconds(150 + 53 * trial));  // node 1 is not up yet
+    late.Release();
     auto n1 = PeerLink::Start(Options(1, peers, 9), Holder(1));
     ASSERT_TRUE(n1.ok()) << n1.status().ToString();
     Status w1 = (*n1)->WaitForPeers(deadline);
@@ -663,14 +665,15 @@ TEST(PeerLinkTest, ANodeWithAnotherSecretIsGivenUpOnAtOnceNotAtTheDeadline) {
 // A node that starts after the others gave up on it is not dead to them for the whole job: its
 // first Hello makes them handshake again, and reads go both ways.
 TEST(PeerLinkTest, ANodeThatStartsAfterTheDeadlineStillJoinsForReads) {
-  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
-                                 {"127.0.0.1", FreeLoopbackPort()}};
+  HeldLoopbackPort late;  // node 1's, until it starts
+  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()}, {"127.0.0.1", late.port()}};
   auto n0 = PeerLink::Start(Options(0, peers, 10), Holder(0));
   ASSERT_TRUE(n0.ok()) << n0.status().ToString();
   EXPECT_EQ((*n0)->WaitForPeers(std::chrono::steady_clock::now() + milliseconds(500)).code(),
             StatusCode::kUnavailable);
   EXPECT_TRUE((*n0)->IsDead(1));
   EXPECT_EQ((*n0)->Read(1, 1).status().code(), StatusCode::kUnavailable);
+  late.Release();
   auto n1 = PeerLink::Start(Options(1, peers, 10), Holder(1));
   ASSERT_TRUE(n1.ok()) << n1.status().ToString();
   Status w1 = (*n1)->WaitForPeers(std::chrono::steady_clock::now() + std::chrono::seconds(20));
@@ -692,8 +695,8 @@ TEST(PeerLinkTest, ANodeThatStartsAfterTheDeadlineStillJoinsForReads) {
 // served or answered to the forger; the real nodes finish their handshakes, mark nobody dead,
 // and read each other's exact bytes.
 TEST(PeerLinkTest, ForgedMessagesInTheNameOfANodeChangeNothing) {
-  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
-                                 {"127.0.0.1", FreeLoopbackPort()}};
+  HeldLoopbackPort late0, late1;  // the nodes', until each starts: the storm comes first
+  std::vector<PeerAddress> peers{{"127.0.0.1", late0.port()}, {"127.0.0.1", late1.port()}};
   auto forger = Endpoint::Open({"tcp;ofi_rxm", "127.0.0.1", FreeLoopbackPort()});
   ASSERT_TRUE(forger.ok()) << forger.status().ToString();
   auto to0 = (*forger)->AddPeer("127.0.0.1", peers[0].port);
@@ -774,11 +777,13 @@ TEST(PeerLinkTest, ForgedMessagesInTheNameOfANodeChangeNothing) {
   PeerLinkOptions o0 = Options(0, peers, 9);
   o0.timeout = std::chrono::seconds(30);
   o0.on_push = [&](uint32_t, uint64_t, uint64_t, std::span<const std::byte>) { ++kept; };
+  late0.Release();
   auto n0 = PeerLink::Start(o0, Holder(0));
   ASSERT_TRUE(n0.ok()) << n0.status().ToString();
   target.store(n0->get());
   PeerLinkOptions o1 = Options(1, peers, 9);
   o1.timeout = std::chrono::seconds(30);
+  late1.Release();
   auto n1 = PeerLink::Start(o1, Holder(1));
   ASSERT_TRUE(n1.ok()) << n1.status().ToString();
   for (uint64_t k = 0; k < 40; ++k) {
