@@ -822,9 +822,10 @@ class StreamDataset(tud.IterableDataset):
         self.timeout = timeout
         self.pass_state = multiprocessing.RawArray("q", 2)  # epoch, start step of the next pass
         self.owner = os.getpid()  # the workers open shares of this process's rank (docs/wire.md)
-        self._start_keeping()
+        self._per_process_state()
 
-    def _start_keeping(self) -> None:
+    def _per_process_state(self) -> None:
+        """This process's own state: made here and anew where the dataset is unpickled."""
         self.kept = _Kept()  # the stream the last pass left for the next one
         weakref.finalize(self, self.kept.close)
         # The main process's batch memory, reused (tensor mode, unless pinned: torch's pinned
@@ -843,7 +844,7 @@ class StreamDataset(tud.IterableDataset):
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._start_keeping()
+        self._per_process_state()
 
     def set_pass(self, epoch: int, step: int) -> None:
         self.pass_state[0] = epoch

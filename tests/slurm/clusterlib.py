@@ -65,6 +65,14 @@ def as_user(user, command, check=False, timeout=60):
                           capture_output=True, text=True, timeout=timeout, check=check)
 
 
+def job_status(user, node, job):
+    """`nopfs status --json` of `user`'s job `job` on `node` (its nopfsd's socket), or None while
+    nopfsd does not answer."""
+    r = as_user(user, f"NOPFS_SOCKET={RUN}/{node}/{job}/nopfsd.sock "
+                f"{BUILD}/bin/nopfs status --json")
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
 def sbatch(user, options, script):
     path = os.path.join(JOBS, f"{user}-{time.monotonic_ns()}.sh")
     with open(path, "w") as f:

@@ -95,12 +95,6 @@ def shm_of_test_users():
     return [p for p in glob.glob("/dev/shm/*") if os.lstat(p).st_uid in uids]
 
 
-def alice_status(node, job):
-    r = as_user("nopfs-alice", f"NOPFS_SOCKET={RUN}/{node}/{job}/nopfsd.sock "
-                f"{BUILD}/bin/nopfs status --json")
-    return json.loads(r.stdout) if r.returncode == 0 else None
-
-
 class FaultsTest(ClusterCase):
     def assertClean(self, jobs):
         """Nothing of `jobs` is left (clusterlib), no reader still runs, no shared memory file of
@@ -145,7 +139,7 @@ class FaultsTest(ClusterCase):
                          "--nopfs-epochs=20 --nopfs-seed=0 --nopfs-scheme=strided --nopfs-batch=8",
                          gate_after=100)
         wait_gate(job, (0, 1))
-        status = alice_status("n1", job)
+        status = job_status("nopfs-alice", "n1", job)
         self.assertIsNotNone(status)
         subprocess.run(["scancel", str(job)], env=env(), check=True)
         self.assertEqual(wait_done(job), "CANCELLED")

@@ -22,9 +22,9 @@ import sys
 import time
 import unittest
 
-from clusterlib import (BUILD, DATASET, DIR, JOBS, REAL_NOPFSD, RUN, SSD, ClusterCase, as_user,
-                        daemons, ledger, output, sbatch, submit, wait_done, HOLD, release,
-                        wait_state)
+from clusterlib import (BUILD, DATASET, DIR, JOBS, REAL_NOPFSD, SSD, ClusterCase, as_user,
+                        daemons, job_status, ledger, output, sbatch, submit, wait_done, HOLD,
+                        release, wait_state)
 
 POLICY = os.path.join(DIR, "etc/policy.lua")
 CONFIG = os.path.join(DIR, "etc/nopfs.conf.lua")
@@ -60,13 +60,6 @@ def kept(user):
     if not os.path.isdir(d):
         return {}
     return {n: os.path.exists(os.path.join(d, n, "MANIFEST")) for n in os.listdir(d)}
-
-
-def alice_status(node, job):
-    """nopfs status --json of alice's job `job` on `node`, or None while it does not answer."""
-    r = as_user("nopfs-alice", f"NOPFS_SOCKET={RUN}/{node}/{job}/nopfsd.sock "
-                f"{NOPFS} status --json")
-    return json.loads(r.stdout) if r.returncode == 0 else None
 
 
 def tiers_staged(status):
@@ -273,7 +266,7 @@ class KeepTest(ClusterCase):
             # B starts once A has staged its tiers: what B may read from the PFS is then only
             # what A could not hold, not what A's prefetcher had not reached yet.
             deadline = time.monotonic() + 120
-            while not tiers_staged(alice_status("n1", a)):
+            while not tiers_staged(job_status("nopfs-alice", "n1", a)):
                 self.assertLess(time.monotonic(), deadline, "job A's tiers were never staged")
                 time.sleep(0.2)
             b = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs-ram=1KB --nopfs-ssd=100MB "
