@@ -114,7 +114,27 @@ class Daemon final : public Handler {
 
  private:
   explicit Daemon(DaemonOptions options);
+
+  // The start-up (daemon_start.cc). Init runs these phases in this order, each using what the
+  // ones before it established; the reason for the order is at Init. A phase that fails ends the
+  // start (Start then stops what was started).
+  struct Startup;  // what a phase hands on to a later one and the daemon does not keep
   Status Init();
+  Status LoadConfig();                   // config_
+  Status JoinPeers(const Startup& s);    // peers_ (null without peers or when they fail to start)
+  Status OpenCatalog(const Startup& s);  // catalog_, scanned over the peer link or reused
+  Status SettleJob();                    // job_: F from the catalog, checked
+  void PlanNode(Startup* s);             // model_ (capped by the grants), plan_, the counts
+  Status CreateTiers();                  // ram_tiers_, ssd_tiers_, tier_refs_
+  void CreateReader(Startup* s);         // reader_ with the kept copies and the sibling
+  void CreatePrefetchers();              // prefetchers_ (not started)
+  void AttachPeerDirectory(Startup* s);  // the peer directory; frees the counts
+  void AnnounceFilledClasses(const Startup& s);  // what a class's filling triggers
+  Status StartPrefetchers();  // the prefetch runs; the rate is measured from here
+  Status StartServer();       // ring_bytes_, server_, the sibling registry entry
+  void StartReporter();       // metrics_, reporter_
+  Status WritePlanLine();     // the run directory's plan line for the job's output
+  void StoreCatalogLater();   // store_thread_
 
   DaemonOptions options_;
   lua::NodeConfig config_;

@@ -1,0 +1,190 @@
+// The kept copy and sibling jobs: the kept copy adopted at start and the SSD tier kept at exit
+// (service/reader/kept.h), the running sibling this job reads through, this job's entry in the
+// user's registry, and the samples it reads for siblings (service/reader/sibling.h).
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <spdlog/spdlog.h>
+#include <xxhash.h>
+
+#include "common/units.h"
+#include "launch/kept_area.h"
+#include "service/daemon/daemon.h"
+#include "service/daemon/daemon_internal.h"
+#include "service/env/env.h"
+
+namespace nopfs::service {
+namespace {
+
+using daemon_internal::Seconds;
+
+// How long a sibling read may take (the sibling may read the PFS for it) before the PFS is read.
+constexpr std::chrono::milliseconds kSiblingTimeout(10000);
+// What the kept key covers beside the dataset's path: the catalog's scan (no options today).
+constexpr char kKeptScanOptions[] = "catalog/1";
+// At exit, the dataset files of the kept samples are stat-ed for at most this long (the epilog
+// gives nopfsd `grace` seconds, 10 by default, to stop): files not reached are not kept.
+constexpr auto kKeepStatBudget = std::chrono::seconds(4);
+// Stats wait on the PFS's metadata servers, not on a core: many in flight.
+constexpr unsigned kKeepStatThreads = 32;
+// At start, the kept samples' files are stat-ed ahead of the reads by this many threads.
+
+}  // namespace
+
+void Daemon::AdoptKept() {
+  std::error_code ec;
+  const std::filesystem::path dataset = std::filesystem::canonical(options_.dataset, ec);
+  std::vector<size_t> ssd;
+  for (size_t j = 0; j < model_.classes.size(); ++j) {
+    if (model_.classes[j].kind == policy::ClassKind::kSsd) ssd.push_back(j);
+  }
+  if (ssd.empty() || ec) {
+    if (options_.keep) {
+      spdlog::warn("kept area: nothing will be kept: {}",
+                   ssd.empty() ? "the node config has no SSD class" : ec.message());
+    }
+    return;
+  }
+  for (size_t j : ssd) {
+    KeptClass k;
+    k.class_index = j;
+    k.place.kept_dir = launch::KeptAreaDir(SsdTier::UserDir(model_.classes[j].path, geteuid()));
+    k.place.dataset = dataset.string();
+    k.place.tag = options_.job_id + "." + std::to_string(options_.node);
+    std::string scan = kKeptScanOptions;
+    // Two SSD classes on one path keep under two keys (and private names) in its kept area.
+    for (const KeptClass& other : kept_) {
+      if (other.place.kept_dir == k.place.kept_dir) {
+        scan += "/" + model_.classes[j].name;
+        // (Appended in two steps: "." + to_string(j) trips GCC 12's -Wrestrict false positive.)
+        k.place.tag += '.';
+        k.place.tag += std::to_string(j);
+        break;
+      }
+    }
+    k.place.key = launch::KeptKey(k.place.dataset, scan);
+    if (Result<uint64_t> n = CleanKeptArea(k.place.kept_dir); !n.ok()) {
+      spdlog::warn("kept area: cleaning {}: {}", k.place.kept_dir, n.status().message());
+    }
+    Result<std::unique_ptr<KeptCopy>> copy = KeptCopy::Adopt(k.place, *catalog_, Env::Default());
+    if (copy.ok()) {
+      k.copy = std::move(*copy);
+    } else if (copy.status().code() != StatusCode::kNotFound) {
+      spdlog::warn("kept area: the kept copy of {} in {} is unusable and was removed: {}",
+                   k.place.dataset, k.place.kept_dir, copy.status().message());
+    }
+    kept_.push_back(std::move(k));
+  }
+}
+
+void Daemon::FindSibling() {
+  // The registry is in the user's area of the first SSD class's scratch path, beside its kept
+  // area, under the same key. The sibling is looked for when a sample is first about to be read
+  // from the PFS, and again while there is none (SiblingReader).
+  if (!options_.share_running || kept_.empty()) return;
+  const KeptPlace& place = kept_.front().place;
+  SiblingReader::Options o;
+  o.user_dir = place.kept_dir.substr(0, place.kept_dir.rfind('/'));
+  o.key = place.key;
+  o.self.job = place.tag;
+  o.self.pid = static_cast<uint32_t>(::getpid());
+  o.self.fingerprint = catalog_->fingerprint();
+  o.same_job = options_.job_id + ".";
+  o.timeout = kSiblingTimeout;
+  siblings_ = std::make_unique<SiblingReader>(std::move(o));
+}
+
+void Daemon::RegisterSibling() {
+  // The registry is in the user's area of the first SSD class's scratch path, beside its kept
+  // area, under the same key.
+  if (!options_.share_running || kept_.empty()) return;
+  const KeptPlace& place = kept_.front().place;
+  const std::string user_dir = place.kept_dir.substr(0, place.kept_dir.rfind('/'));
+  LiveEntry e;
+  e.job = place.tag;
+  e.pid = static_cast<uint32_t>(::getpid());
+  e.fingerprint = catalog_->fingerprint();
+  std::error_code ec;
+  e.socket = std::filesystem::absolute(options_.run_dir + "/nopfsd.sock", ec).string();
+  serving_.store(true);
+  // The entry's time orders the siblings (sibling.h): this job reads through entries before it
+  // only, from before the entry exists, so that no other job can see it in another order.
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  e.started_ns = int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+  if (siblings_) siblings_->Registering(e.started_ns);
+  Result<std::string> path = RegisterLive(user_dir, place.key, e);
+  if (path.ok()) {
+    live_entry_ = *path;
+  } else {
+    spdlog::warn("sibling: other jobs of this user will not find this one: {}",
+                 path.status().message());
+  }
+}
+
+Result<uint64_t> Daemon::ReadSample(uint64_t fingerprint, uint32_t sample_id,
+                                    std::vector<std::byte>* bytes) {
+  if (!options_.share_running || !serving_.load()) {
+    return Status::FailedPrecondition("nopfsd: this job does not serve sibling reads");
+  }
+  if (fingerprint != catalog_->fingerprint()) {
+    return Status::FailedPrecondition("nopfsd: the dataset's catalog differs here (fingerprint " +
+                                      std::to_string(catalog_->fingerprint()) + ")");
+  }
+  if (sample_id >= catalog_->size()) {
+    return Status::InvalidArgument("nopfsd: sample " + std::to_string(sample_id) +
+                                   " is not in the dataset (" + std::to_string(catalog_->size()) +
+                                   " samples)");
+  }
+  bytes->resize(catalog_->length(sample_id));
+  // Never through a sibling of this job's: a read goes through one sibling at most.
+  Result<SourceId> src = reader_->Read(sample_id, *bytes, /*ask_sibling=*/false);
+  if (!src.ok()) return src.status();
+  sibling_served_.fetch_add(1, std::memory_order_relaxed);
+  sibling_served_bytes_.fetch_add(bytes->size(), std::memory_order_relaxed);
+  return XXH3_64bits(bytes->data(), bytes->size());
+}
+
+void Daemon::KeepAtExit() {
+  if (!options_.keep) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  uint64_t used = 0;  // --keep-max-bytes bounds every class's kept bytes together
+  for (KeptClass& k : kept_) {
+    const std::string& name = model_.classes[k.class_index].name;
+    SsdTier* tier = k.class_index < tier_refs_.size() ? tier_refs_[k.class_index].ssd : nullptr;
+    if (tier == nullptr) continue;  // the class holds nothing in this job
+    const std::string user_dir = k.place.kept_dir.substr(0, k.place.kept_dir.rfind('/'));
+    if (tier->dir().rfind(user_dir + "/", 0) != 0) {
+      spdlog::warn("kept area: class {}: nothing kept: its tier is not under {}", name, user_dir);
+      continue;
+    }
+    if (options_.keep_max_bytes != 0 && used >= options_.keep_max_bytes) {
+      spdlog::info("kept area: class {}: nothing kept: --keep-max-bytes reached", name);
+      continue;
+    }
+    KeepOptions ko;
+    ko.place = k.place;
+    ko.max_bytes = options_.keep_max_bytes == 0 ? 0 : options_.keep_max_bytes - used;
+    ko.created = k.copy ? k.copy->created() : 0;
+    // Half a second of margin for ctime's coarse clock (a write during the job is never trusted).
+    ko.unchanged_before_ns = start_wall_ns_ - 500'000'000;
+    ko.stat_threads = kKeepStatThreads;
+    ko.deadline = t0 + kKeepStatBudget;
+    Result<KeepResult> r = KeepSsdTier(ko, *tier, *catalog_, Env::Default());
+    if (!r.ok()) {
+      spdlog::error("kept area: class {}: keeping its SSD tier failed (nothing kept): {}", name,
+                    r.status().message());
+      continue;
+    }
+    used += r->bytes;
+    kept_bytes_.fetch_add(r->bytes);
+    spdlog::info(
+        "kept area: kept {} samples ({} on disk) in {} in {:.2f} s; {} ready samples not kept "
+        "(class {})",
+        r->samples, FormatBytes(static_cast<double>(r->bytes)), r->dir,
+        Seconds(std::chrono::steady_clock::now() - t0), r->skipped, name);
+  }
+}
+
+}  // namespace nopfs::service
