@@ -265,10 +265,11 @@ void LocalServer::AcceptLoop() {
 }
 
 void LocalServer::Serve(Conn* conn) {
+  Session s;
+  s.conn = conn;
   const int fd = conn->fd.get();
-  std::set<uint64_t> streams;
   auto finish = [&] {
-    for (uint64_t id : streams)
+    for (uint64_t id : s.streams)
       handler_->CloseStream(id);
     ::shutdown(fd, SHUT_RDWR);  // the fd itself is closed when the connection is reaped
     conn->done.store(true);
@@ -286,136 +287,157 @@ void LocalServer::Serve(Conn* conn) {
     finish();
     return;
   }
+  s.uid = *uid;
 
-  bool hello = false;
-  uint32_t client_pid = 0;
   for (;;) {
-    if (hello) {
-      // Idle between requests is fine; a request, once begun, must arrive within the timeout.
-      pollfd p{fd, POLLIN, 0};
-      while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
-      }
-      conn->deadline_ns.store(DeadlineNs(options_.request_timeout));
-    }
-    Result<wire::Received> r = wire::RecvMessage(fd, std::chrono::milliseconds(-1));
-    if (!r.ok()) {
-      if (conn->timed_out.load()) {
-        const std::string what =
-            hello
-                ? "a request begun more than " + std::to_string(options_.request_timeout.count()) +
-                      " ms ago is still incomplete"
-                : "no HELLO within " + std::to_string(options_.hello_timeout.count()) + " ms";
-        const uint64_t n = ++timed_out_;
-        if (n == 1 || n % 1000 == 0) {
-          RpcLog()->warn("connection {}: {}; closed ({} timed out in all)", conn->id, what, n);
-        }
-        SendError(fd, 0, Status::TimedOut("nopfsd: " + what + "; connection closed"));
-      } else if (r.status().code() == StatusCode::kInvalidArgument) {
-        ++malformed_;
-        RpcLog()->warn("connection {}: malformed message: {}", conn->id, r.status().message());
-        SendError(fd, 0, r.status());
-      }
-      break;
-    }
-    conn->deadline_ns.store(0);
-    if (conn->timed_out.load()) break;  // expired just as the request completed
-    const uint32_t rid = r->message.request_id;
-    const wire::MsgType type = wire::TypeOf(r->message.body);
-    if (!hello && type != wire::MsgType::kHello) {
-      ++malformed_;
-      SendError(fd, rid, Status::FailedPrecondition("nopfsd: the first message must be HELLO"));
-      break;
-    }
-    wire::Message answer{rid, wire::Error{}};
-    int pass_fd = -1;
-    wire::UniqueFd region_fd;  // sent after pass_fd, then closed
-    wire::UniqueFd sample_fd;  // SAMPLE_OK's memfd (pass_fd), closed after sending
-    bool close_after = false;
-    if (auto* h = std::get_if<wire::Hello>(&r->message.body)) {
-      hello = true;
-      client_pid = h->pid;
-      HelloInfo info = handler_->Hello();
-      answer.body =
-          wire::HelloOk{wire::kVersion, info.job_id, info.ranks, info.first_rank, info.local_ranks};
-    } else if (auto* o = std::get_if<wire::OpenStream>(&r->message.body)) {
-      OpenStreamRequest req{o->rank,
-                            o->epoch,
-                            o->step,
-                            o->share.value_or(wire::StreamShare{}),
-                            o->flags.value_or(0),
-                            client_pid,
-                            o->owner.value_or(client_pid),
-                            *uid};
-      Result<StreamGrant> g = handler_->OpenStream(req, conn->id);
-      if (g.ok()) {
-        streams.insert(g->stream_id);
-        wire::StreamOk ok{g->stream_id, g->capacity, g->slot_count, std::nullopt};
-        if (g->region_fd.valid()) {
-          ok.region_bytes = g->region_bytes;
-          region_fd = std::move(g->region_fd);
-        }
-        answer.body = ok;
-        pass_fd = g->ring_fd;
-      } else {
-        answer.body = wire::FromStatus(g.status());
-      }
-    } else if (auto* st = std::get_if<wire::StatusRequest>(&r->message.body)) {
-      if (!st->report_version) {
-        answer.body = wire::StatusOk{FitStatusText(handler_->StatusText()), std::nullopt};
-      } else if (*st->report_version != report::kReportVersion) {
-        answer.body = wire::FromStatus(Status::InvalidArgument(
-            "nopfsd: status report version " + std::to_string(*st->report_version) +
-            " is not supported (this nopfsd writes version " +
-            std::to_string(report::kReportVersion) +
-            "); use a nopfs command and nopfsd from the same release"));
-      } else {
-        answer.body = wire::StatusOk{"", handler_->Report()};
-      }
-    } else if (auto* d = std::get_if<wire::Describe>(&r->message.body)) {
-      Result<wire::DescribeOk> info = handler_->Describe(d->sample_id);
-      if (info.ok()) {
-        answer.body = std::move(*info);
-      } else {
-        answer.body = wire::FromStatus(info.status());
-      }
-    } else if (auto* rs = std::get_if<wire::ReadSample>(&r->message.body)) {
-      std::vector<std::byte> bytes;
-      Result<uint64_t> sum = handler_->ReadSample(rs->fingerprint, rs->sample_id, &bytes);
-      if (!sum.ok()) {
-        answer.body = wire::FromStatus(sum.status());
-      } else if (bytes.size() <= wire::kMaxInlineSample) {
-        answer.body =
-            wire::SampleOk{rs->sample_id, *sum, bytes.size(),
-                           std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size())};
-      } else {
-        Result<wire::UniqueFd> mfd = BytesInMemfd(bytes);
-        if (mfd.ok()) {
-          answer.body = wire::SampleOk{rs->sample_id, *sum, bytes.size(), ""};
-          sample_fd = std::move(*mfd);  // the message's only descriptor
-          pass_fd = sample_fd.get();
-        } else {
-          answer.body = wire::FromStatus(mfd.status());
-        }
-      }
-    } else if (auto* c = std::get_if<wire::CloseStream>(&r->message.body)) {
-      if (streams.erase(c->stream_id) == 1) {
-        handler_->CloseStream(c->stream_id);
-        answer.body = wire::CloseOk{c->stream_id};
-      } else {
-        answer.body = wire::FromStatus(Status::NotFound(
-            "nopfsd: stream " + std::to_string(c->stream_id) + " is not open on this connection"));
-      }
-    } else {
-      ++malformed_;
-      answer.body = wire::FromStatus(Status::InvalidArgument(
-          "nopfsd: " + std::string(wire::TypeName(type)) + " is not a request"));
-      close_after = true;
-    }
-    Status sent = wire::SendMessage(fd, answer, pass_fd, region_fd.get());
-    region_fd.Reset(-1);
-    if (!sent.ok() || close_after) break;
+    std::optional<wire::Received> r = NextRequest(&s);
+    if (!r) break;
+    Reply reply = Answer(&s, r->message);
+    Status sent = wire::SendMessage(fd, reply.message, reply.pass_fd, reply.region_fd.get());
+    reply.region_fd.Reset(-1);
+    if (!sent.ok() || reply.close_after) break;
   }
   finish();
+}
+
+std::optional<wire::Received> LocalServer::NextRequest(Session* s) {
+  Conn* conn = s->conn;
+  const int fd = conn->fd.get();
+  if (s->hello) {
+    // Idle between requests is fine; a request, once begun, must arrive within the timeout.
+    pollfd p{fd, POLLIN, 0};
+    while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+    }
+    conn->deadline_ns.store(DeadlineNs(options_.request_timeout));
+  }
+  Result<wire::Received> r = wire::RecvMessage(fd, std::chrono::milliseconds(-1));
+  if (!r.ok()) {
+    if (conn->timed_out.load()) {
+      const std::string what =
+          s->hello
+              ? "a request begun more than " + std::to_string(options_.request_timeout.count()) +
+                    " ms ago is still incomplete"
+              : "no HELLO within " + std::to_string(options_.hello_timeout.count()) + " ms";
+      const uint64_t n = ++timed_out_;
+      if (n == 1 || n % 1000 == 0) {
+        RpcLog()->warn("connection {}: {}; closed ({} timed out in all)", conn->id, what, n);
+      }
+      SendError(fd, 0, Status::TimedOut("nopfsd: " + what + "; connection closed"));
+    } else if (r.status().code() == StatusCode::kInvalidArgument) {
+      ++malformed_;
+      RpcLog()->warn("connection {}: malformed message: {}", conn->id, r.status().message());
+      SendError(fd, 0, r.status());
+    }
+    return std::nullopt;
+  }
+  conn->deadline_ns.store(0);
+  if (conn->timed_out.load()) return std::nullopt;  // expired just as the request completed
+  if (!s->hello && wire::TypeOf(r->message.body) != wire::MsgType::kHello) {
+    ++malformed_;
+    SendError(fd, r->message.request_id,
+              Status::FailedPrecondition("nopfsd: the first message must be HELLO"));
+    return std::nullopt;
+  }
+  return std::move(*r);
+}
+
+LocalServer::Reply LocalServer::Answer(Session* s, const wire::Message& request) {
+  Reply reply;
+  reply.message = wire::Message{request.request_id, wire::Error{}};
+  wire::Message& answer = reply.message;
+  if (auto* h = std::get_if<wire::Hello>(&request.body)) {
+    s->hello = true;
+    s->client_pid = h->pid;
+    HelloInfo info = handler_->Hello();
+    answer.body =
+        wire::HelloOk{wire::kVersion, info.job_id, info.ranks, info.first_rank, info.local_ranks};
+  } else if (auto* o = std::get_if<wire::OpenStream>(&request.body)) {
+    AnswerOpenStream(s, *o, &reply);
+  } else if (auto* st = std::get_if<wire::StatusRequest>(&request.body)) {
+    AnswerStatus(*st, &reply);
+  } else if (auto* d = std::get_if<wire::Describe>(&request.body)) {
+    Result<wire::DescribeOk> info = handler_->Describe(d->sample_id);
+    if (info.ok()) {
+      answer.body = std::move(*info);
+    } else {
+      answer.body = wire::FromStatus(info.status());
+    }
+  } else if (auto* rs = std::get_if<wire::ReadSample>(&request.body)) {
+    AnswerReadSample(*rs, &reply);
+  } else if (auto* c = std::get_if<wire::CloseStream>(&request.body)) {
+    if (s->streams.erase(c->stream_id) == 1) {
+      handler_->CloseStream(c->stream_id);
+      answer.body = wire::CloseOk{c->stream_id};
+    } else {
+      answer.body = wire::FromStatus(Status::NotFound(
+          "nopfsd: stream " + std::to_string(c->stream_id) + " is not open on this connection"));
+    }
+  } else {
+    ++malformed_;
+    answer.body = wire::FromStatus(Status::InvalidArgument(
+        "nopfsd: " + std::string(wire::TypeName(wire::TypeOf(request.body))) +
+        " is not a request"));
+    reply.close_after = true;
+  }
+  return reply;
+}
+
+void LocalServer::AnswerOpenStream(Session* s, const wire::OpenStream& o, Reply* reply) {
+  OpenStreamRequest req{o.rank,
+                        o.epoch,
+                        o.step,
+                        o.share.value_or(wire::StreamShare{}),
+                        o.flags.value_or(0),
+                        s->client_pid,
+                        o.owner.value_or(s->client_pid),
+                        s->uid};
+  Result<StreamGrant> g = handler_->OpenStream(req, s->conn->id);
+  if (!g.ok()) {
+    reply->message.body = wire::FromStatus(g.status());
+    return;
+  }
+  s->streams.insert(g->stream_id);
+  wire::StreamOk ok{g->stream_id, g->capacity, g->slot_count, std::nullopt};
+  if (g->region_fd.valid()) {
+    ok.region_bytes = g->region_bytes;
+    reply->region_fd = std::move(g->region_fd);
+  }
+  reply->message.body = ok;
+  reply->pass_fd = g->ring_fd;
+}
+
+void LocalServer::AnswerStatus(const wire::StatusRequest& st, Reply* reply) {
+  if (!st.report_version) {
+    reply->message.body = wire::StatusOk{FitStatusText(handler_->StatusText()), std::nullopt};
+  } else if (*st.report_version != report::kReportVersion) {
+    reply->message.body = wire::FromStatus(Status::InvalidArgument(
+        "nopfsd: status report version " + std::to_string(*st.report_version) +
+        " is not supported (this nopfsd writes version " + std::to_string(report::kReportVersion) +
+        "); use a nopfs command and nopfsd from the same release"));
+  } else {
+    reply->message.body = wire::StatusOk{"", handler_->Report()};
+  }
+}
+
+void LocalServer::AnswerReadSample(const wire::ReadSample& rs, Reply* reply) {
+  std::vector<std::byte> bytes;
+  Result<uint64_t> sum = handler_->ReadSample(rs.fingerprint, rs.sample_id, &bytes);
+  if (!sum.ok()) {
+    reply->message.body = wire::FromStatus(sum.status());
+  } else if (bytes.size() <= wire::kMaxInlineSample) {
+    reply->message.body =
+        wire::SampleOk{rs.sample_id, *sum, bytes.size(),
+                       std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size())};
+  } else {
+    Result<wire::UniqueFd> mfd = BytesInMemfd(bytes);
+    if (mfd.ok()) {
+      reply->message.body = wire::SampleOk{rs.sample_id, *sum, bytes.size(), ""};
+      reply->sample_fd = std::move(*mfd);  // the message's only descriptor
+      reply->pass_fd = reply->sample_fd.get();
+    } else {
+      reply->message.body = wire::FromStatus(mfd.status());
+    }
+  }
 }
 
 }  // namespace nopfs::service

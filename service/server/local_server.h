@@ -28,6 +28,8 @@
 #include <cstdint>
 #include <list>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -147,8 +149,33 @@ class LocalServer {
     std::atomic<bool> timed_out{false};
   };
 
+  // One connection's state between its requests (Serve's thread only).
+  struct Session {
+    Conn* conn = nullptr;
+    uint32_t uid = 0;            // the client's, checked at accept
+    bool hello = false;          // HELLO received: other requests are accepted
+    uint32_t client_pid = 0;     // from HELLO
+    std::set<uint64_t> streams;  // opened on this connection, closed when it ends
+  };
+  // The answer to one request, and the descriptors that go with it.
+  struct Reply {
+    wire::Message message;
+    int pass_fd = -1;          // sent with the message (owned elsewhere, or by sample_fd)
+    wire::UniqueFd region_fd;  // sent after pass_fd, then closed
+    wire::UniqueFd sample_fd;  // SAMPLE_OK's memfd (pass_fd), closed after sending
+    bool close_after = false;  // not a request: the connection is closed after the answer
+  };
+
   void AcceptLoop();
+  // A connection's thread: checks the peer's uid, then answers requests until the client goes,
+  // a message is malformed or a request times out; closes the connection's streams.
   void Serve(Conn* conn);
+  // Receives the next message; nullopt when the connection is to be closed (after saying why).
+  std::optional<wire::Received> NextRequest(Session* s);
+  Reply Answer(Session* s, const wire::Message& request);
+  void AnswerOpenStream(Session* s, const wire::OpenStream& o, Reply* reply);
+  void AnswerStatus(const wire::StatusRequest& st, Reply* reply);
+  void AnswerReadSample(const wire::ReadSample& rs, Reply* reply);
   void ReapLocked() REQUIRES(mu_);
   void ExpireLocked() REQUIRES(mu_);
   void RefuseFull(int fd);
