@@ -250,13 +250,14 @@ def test_a_pass_goes_on_with_the_stream_the_previous_pass_left(big, monkeypatch,
     set_env(monkeypatch, svc, 0)
     order = svc.stream(0)
     opened = []
-    real_open = nt._open_stream
+    real_open = nt._stream_dataset._open_stream
 
     def counting_open(*args, **kwargs):
         opened.append(kwargs)
         return real_open(*args, **kwargs)
 
-    monkeypatch.setattr(nt, "_open_stream", counting_open)
+    # (Where StreamDataset looks the function up.)
+    monkeypatch.setattr(nt._stream_dataset, "_open_stream", counting_open)
     dataset = ImageFolder(root, decode=make)
     sampler = DistributedSampler(dataset)
     loader = DataLoader(dataset, batch_size=30, sampler=sampler)

@@ -107,3 +107,39 @@ def test_the_stub_matches_the_extension():
                 assert isinstance(attr, property), f"{name}.{mname} is not a property"
             else:
                 assert _stub_params(fn) == _compiled_params(attr, mname), f"{name}.{mname}"
+
+
+# nopfs.torch's public names: what a training script may import. A name added or removed here is
+# a change of the API (docs/python.md).
+TORCH_PUBLIC = [
+    "DataLoader",
+    "DistributedSampler",
+    "ImageFolder",
+    "ManifestDataset",
+    "StreamDataset",
+    "close_streams",
+    "job_epochs",
+    "pil_decode",
+    "read_batch",
+    "uint8_tensor",
+]
+
+
+def test_nopfs_torch_public_surface():
+    import pickle
+
+    import nopfs.torch as nt
+
+    assert sorted(nt.__all__) == TORCH_PUBLIC
+    public = sorted(n for n, v in vars(nt).items()
+                    if not n.startswith("_") and not inspect.ismodule(v))
+    assert public == TORCH_PUBLIC
+    namespace = {}
+    exec("from nopfs.torch import *", namespace)
+    assert sorted(n for n in namespace if n != "__builtins__") == TORCH_PUBLIC
+    for name in TORCH_PUBLIC:
+        obj = getattr(nt, name)
+        # Named as before the package was split into modules: reprs, and pickles a user made,
+        # still say (and find) nopfs.torch.NAME.
+        assert obj.__module__ == "nopfs.torch", name
+        assert pickle.loads(pickle.dumps(obj)) is obj, name

@@ -89,7 +89,8 @@ def check_wheel(wheel, python, source, work):
     assert name.startswith(f"nopfs-{version}-{tag}-{tag}-linux_"), name
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
-        expected = {f"nopfs/{f}" for f in ("__init__.py", "folder.py", "job.py", "torch.py",
+        expected = {f"nopfs/{f}" for f in ("__init__.py", "folder.py", "job.py",
+                                           "torch/__init__.py", "torch/_loader.py",
                                            "_version.py", "py.typed", "_client.pyi",
                                            "_client" + suffix)}
         assert expected <= names, f"the wheel lacks {expected - names}"

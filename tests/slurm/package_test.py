@@ -87,7 +87,8 @@ class PackageTest(cl.ClusterCase):
                      "/etc/slurm/plugstack.conf.d/nopfs.conf",
                      "/usr/share/man/man1/nopfs.1.gz", "/usr/share/man/man8/nopfsd.8.gz",
                      "/usr/share/man/man8/nopfs-spank.8.gz",
-                     "/usr/lib/python3/dist-packages/nopfs/torch.py",
+                     "/usr/lib/python3/dist-packages/nopfs/torch/__init__.py",
+                     "/usr/lib/python3/dist-packages/nopfs/torch/_loader.py",
                      "/usr/share/doc/nopfs/docs/admin.md"):
             self.assertIn(path, self.files)
         self.assertRegex(self.plugin, r"^/usr/lib/[^/]+/slurm-wlm/spank_nopfs\.so$")
