@@ -265,6 +265,128 @@ std::string Num(double v) {
   return buf;
 }
 
+// The values as Num() prints them, separated by `sep`.
+std::string Joined(const std::vector<double>& values, const char* sep) {
+  std::string out;
+  for (double v : values) {
+    if (!out.empty()) out += sep;
+    out += Num(v);
+  }
+  return out;
+}
+
+// What a simulation gives its printers.
+struct SimReport {
+  const SimFlags& flags;
+  const policy::SimOptions& options;  // options.job: the simulated job
+  const std::string& config;          // the node config's source
+  const std::vector<policy::PolicyResult>& results;
+  const policy::PolicyResult* bound;  // the no-I/O bound, when it was simulated (for the ratios)
+  double total;                       // the dataset's bytes
+  double mean;                        // the mean sample's bytes
+  double took;                        // seconds the simulation took
+};
+
+// One `key=value` line per policy (--format kv).
+void PrintKv(const SimReport& rep) {
+  const SimFlags& f = rep.flags;
+  const policy::SimOptions& o = rep.options;
+  const policy::JobSpec& job = o.job;
+  const policy::PolicyResult* bound = rep.bound;
+  const double total = rep.total;
+  const double dataset = rep.total;
+  for (const policy::PolicyResult& r : rep.results) {
+    const std::string epochs = Joined(r.epoch_seconds, ",");
+    std::printf(
+        "policy=%s nodes=%u ranks_per_node=%u samples=%llu dataset_bytes=%llu epochs=%u "
+        "batch=%llu compute_bytes_per_s=%s total_s=%s epoch1_s=%s later_epoch_s=%s "
+        "vs_no_io=%s stall_s=%s compute_s=%s stall_median_s=%s stall_p99_s=%s steps=%llu "
+        "job_pfs_bytes=%llu node_pfs_bytes=%llu pfs_datasets=%s pfs_readers=%u "
+        "local_reads=%llu peer_reads=%llu pfs_reads=%llu epoch_s=%s\n",
+        std::string(policy::SimPolicyName(r.policy)).c_str(), f.nodes, f.ranks_per_node,
+        static_cast<unsigned long long>(job.samples), static_cast<unsigned long long>(total),
+        job.epochs, static_cast<unsigned long long>(job.batch), Num(o.model.compute_rate).c_str(),
+        Num(r.total_seconds).c_str(), Num(r.epoch_seconds[0]).c_str(), Num(LaterEpochs(r)).c_str(),
+        Num(bound != nullptr ? r.total_seconds / bound->total_seconds : 0).c_str(),
+        Num(r.stall_seconds).c_str(), Num(r.compute_seconds).c_str(),
+        Num(r.stall_median_seconds).c_str(), Num(r.stall_p99_seconds).c_str(),
+        static_cast<unsigned long long>(r.steps), static_cast<unsigned long long>(r.job_pfs_bytes),
+        static_cast<unsigned long long>(r.node_pfs_bytes),
+        Num(static_cast<double>(r.job_pfs_bytes) / dataset).c_str(), r.pfs_readers,
+        static_cast<unsigned long long>(r.reads[0]), static_cast<unsigned long long>(r.reads[1]),
+        static_cast<unsigned long long>(r.reads[2]), epochs.c_str());
+  }
+}
+
+// One JSON object (--format json).
+void PrintJson(const SimReport& rep) {
+  const SimFlags& f = rep.flags;
+  const policy::SimOptions& o = rep.options;
+  const policy::JobSpec& job = o.job;
+  const double total = rep.total;
+  std::printf(
+      "{\"nodes\": %u, \"ranks_per_node\": %u, \"samples\": %llu, \"dataset_bytes\": %llu, "
+      "\"epochs\": %u, \"batch\": %llu, \"compute_bytes_per_s\": %s, \"node\": %u, "
+      "\"config\": \"%s\", \"policies\": [",
+      f.nodes, f.ranks_per_node, static_cast<unsigned long long>(job.samples),
+      static_cast<unsigned long long>(total), job.epochs,
+      static_cast<unsigned long long>(job.batch), Num(o.model.compute_rate).c_str(), f.node,
+      JsonEscape(rep.config).c_str());
+  for (size_t i = 0; i < rep.results.size(); ++i) {
+    const policy::PolicyResult& r = (rep.results)[i];
+    const std::string epochs = Joined(r.epoch_seconds, ", ");
+    std::printf(
+        "%s\n  {\"policy\": \"%s\", \"total_s\": %s, \"epoch_s\": [%s], \"stall_s\": %s, "
+        "\"compute_s\": %s, \"stall_median_s\": %s, \"stall_p99_s\": %s, \"steps\": %llu, "
+        "\"job_pfs_bytes\": %llu, \"node_pfs_bytes\": %llu, \"pfs_readers\": %u, "
+        "\"local_reads\": %llu, \"peer_reads\": %llu, \"pfs_reads\": %llu}",
+        i == 0 ? "" : ",", std::string(policy::SimPolicyName(r.policy)).c_str(),
+        Num(r.total_seconds).c_str(), epochs.c_str(), Num(r.stall_seconds).c_str(),
+        Num(r.compute_seconds).c_str(), Num(r.stall_median_seconds).c_str(),
+        Num(r.stall_p99_seconds).c_str(), static_cast<unsigned long long>(r.steps),
+        static_cast<unsigned long long>(r.job_pfs_bytes),
+        static_cast<unsigned long long>(r.node_pfs_bytes), r.pfs_readers,
+        static_cast<unsigned long long>(r.reads[0]), static_cast<unsigned long long>(r.reads[1]),
+        static_cast<unsigned long long>(r.reads[2]));
+  }
+  std::printf("\n]}\n");
+}
+
+// The table (--format table, the default).
+void PrintTable(const SimReport& rep) {
+  const SimFlags& f = rep.flags;
+  const policy::SimOptions& o = rep.options;
+  const policy::JobSpec& job = o.job;
+  const policy::PolicyResult* bound = rep.bound;
+  const double dataset = rep.total;
+  const double mean = rep.mean;
+  const double took = rep.took;
+  std::printf(
+      "nopfs simulate: %u nodes x %u ranks, %llu samples (%s, mean %s), %u epochs, "
+      "batch %llu (%llu steps per epoch)\n",
+      f.nodes, f.ranks_per_node, static_cast<unsigned long long>(job.samples),
+      FormatBytes(dataset).c_str(), FormatBytes(mean).c_str(), job.epochs,
+      static_cast<unsigned long long>(job.batch),
+      static_cast<unsigned long long>(policy::StepsPerEpoch(job)));
+  std::printf("config: %s; compute %s/s per rank (%.0f samples/s)\n", rep.config.c_str(),
+              FormatBytes(o.model.compute_rate).c_str(), o.model.compute_rate / mean);
+  std::printf("node %u simulated, the other %u alike (symmetry); job PFS bytes = %u x the node's\n",
+              f.node, f.nodes - 1, f.nodes);
+  std::printf("%-11s %10s %10s %11s %8s %11s %11s %12s %9s %8s\n", "policy", "epoch1_s", "later_s",
+              "total_s", "x_no_io", "stall_med", "stall_p99", "pfs_bytes", "datasets", "readers");
+  for (const policy::PolicyResult& r : rep.results) {
+    std::printf(
+        "%-11s %10.2f %10.2f %11.2f %8.2f %10.1fms %10.1fms %12s %9.2f %8u\n",
+        std::string(policy::SimPolicyName(r.policy)).c_str(), r.epoch_seconds[0], LaterEpochs(r),
+        r.total_seconds,
+        bound != nullptr && bound->total_seconds > 0 ? r.total_seconds / bound->total_seconds : 0.0,
+        1e3 * r.stall_median_seconds, 1e3 * r.stall_p99_seconds,
+        FormatBytes(static_cast<double>(r.job_pfs_bytes)).c_str(),
+        static_cast<double>(r.job_pfs_bytes) / dataset, r.pfs_readers);
+  }
+  std::printf("simulated in %.2f s\n", took);
+}
+
 int RunSimulate(SimFlags& f) {
   // A preset fills what the flags leave out.
   const Preset* preset = nullptr;
@@ -347,97 +469,18 @@ int RunSimulate(SimFlags& f) {
   if (!results.ok()) return Fail(results.status());
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
+  SimReport rep{f, o, config->source(), *results, nullptr, static_cast<double>(total), mean, took};
   // The no-I/O bound, when it was simulated, for the ratios.
-  const policy::PolicyResult* bound = nullptr;
   for (const policy::PolicyResult& r : *results) {
-    if (r.policy == policy::SimPolicy::kNoIo) bound = &r;
+    if (r.policy == policy::SimPolicy::kNoIo) rep.bound = &r;
   }
-  const double dataset = static_cast<double>(total);
-
   if (f.format == "kv") {
-    for (const policy::PolicyResult& r : *results) {
-      std::string epochs;
-      for (double e : r.epoch_seconds)
-        epochs += (epochs.empty() ? "" : ",") + Num(e);
-      std::printf(
-          "policy=%s nodes=%u ranks_per_node=%u samples=%llu dataset_bytes=%llu epochs=%u "
-          "batch=%llu compute_bytes_per_s=%s total_s=%s epoch1_s=%s later_epoch_s=%s "
-          "vs_no_io=%s stall_s=%s compute_s=%s stall_median_s=%s stall_p99_s=%s steps=%llu "
-          "job_pfs_bytes=%llu node_pfs_bytes=%llu pfs_datasets=%s pfs_readers=%u "
-          "local_reads=%llu peer_reads=%llu pfs_reads=%llu epoch_s=%s\n",
-          std::string(policy::SimPolicyName(r.policy)).c_str(), f.nodes, f.ranks_per_node,
-          static_cast<unsigned long long>(job.samples), static_cast<unsigned long long>(total),
-          job.epochs, static_cast<unsigned long long>(job.batch), Num(o.model.compute_rate).c_str(),
-          Num(r.total_seconds).c_str(), Num(r.epoch_seconds[0]).c_str(),
-          Num(LaterEpochs(r)).c_str(),
-          Num(bound != nullptr ? r.total_seconds / bound->total_seconds : 0).c_str(),
-          Num(r.stall_seconds).c_str(), Num(r.compute_seconds).c_str(),
-          Num(r.stall_median_seconds).c_str(), Num(r.stall_p99_seconds).c_str(),
-          static_cast<unsigned long long>(r.steps),
-          static_cast<unsigned long long>(r.job_pfs_bytes),
-          static_cast<unsigned long long>(r.node_pfs_bytes),
-          Num(static_cast<double>(r.job_pfs_bytes) / dataset).c_str(), r.pfs_readers,
-          static_cast<unsigned long long>(r.reads[0]), static_cast<unsigned long long>(r.reads[1]),
-          static_cast<unsigned long long>(r.reads[2]), epochs.c_str());
-    }
-    return 0;
+    PrintKv(rep);
+  } else if (f.format == "json") {
+    PrintJson(rep);
+  } else {
+    PrintTable(rep);
   }
-  if (f.format == "json") {
-    std::printf(
-        "{\"nodes\": %u, \"ranks_per_node\": %u, \"samples\": %llu, \"dataset_bytes\": %llu, "
-        "\"epochs\": %u, \"batch\": %llu, \"compute_bytes_per_s\": %s, \"node\": %u, "
-        "\"config\": \"%s\", \"policies\": [",
-        f.nodes, f.ranks_per_node, static_cast<unsigned long long>(job.samples),
-        static_cast<unsigned long long>(total), job.epochs,
-        static_cast<unsigned long long>(job.batch), Num(o.model.compute_rate).c_str(), f.node,
-        JsonEscape(config->source()).c_str());
-    for (size_t i = 0; i < results->size(); ++i) {
-      const policy::PolicyResult& r = (*results)[i];
-      std::string epochs;
-      for (double e : r.epoch_seconds)
-        epochs += (epochs.empty() ? "" : ", ") + Num(e);
-      std::printf(
-          "%s\n  {\"policy\": \"%s\", \"total_s\": %s, \"epoch_s\": [%s], \"stall_s\": %s, "
-          "\"compute_s\": %s, \"stall_median_s\": %s, \"stall_p99_s\": %s, \"steps\": %llu, "
-          "\"job_pfs_bytes\": %llu, \"node_pfs_bytes\": %llu, \"pfs_readers\": %u, "
-          "\"local_reads\": %llu, \"peer_reads\": %llu, \"pfs_reads\": %llu}",
-          i == 0 ? "" : ",", std::string(policy::SimPolicyName(r.policy)).c_str(),
-          Num(r.total_seconds).c_str(), epochs.c_str(), Num(r.stall_seconds).c_str(),
-          Num(r.compute_seconds).c_str(), Num(r.stall_median_seconds).c_str(),
-          Num(r.stall_p99_seconds).c_str(), static_cast<unsigned long long>(r.steps),
-          static_cast<unsigned long long>(r.job_pfs_bytes),
-          static_cast<unsigned long long>(r.node_pfs_bytes), r.pfs_readers,
-          static_cast<unsigned long long>(r.reads[0]), static_cast<unsigned long long>(r.reads[1]),
-          static_cast<unsigned long long>(r.reads[2]));
-    }
-    std::printf("\n]}\n");
-    return 0;
-  }
-
-  std::printf(
-      "nopfs simulate: %u nodes x %u ranks, %llu samples (%s, mean %s), %u epochs, "
-      "batch %llu (%llu steps per epoch)\n",
-      f.nodes, f.ranks_per_node, static_cast<unsigned long long>(job.samples),
-      FormatBytes(dataset).c_str(), FormatBytes(mean).c_str(), job.epochs,
-      static_cast<unsigned long long>(job.batch),
-      static_cast<unsigned long long>(policy::StepsPerEpoch(job)));
-  std::printf("config: %s; compute %s/s per rank (%.0f samples/s)\n", config->source().c_str(),
-              FormatBytes(o.model.compute_rate).c_str(), o.model.compute_rate / mean);
-  std::printf("node %u simulated, the other %u alike (symmetry); job PFS bytes = %u x the node's\n",
-              f.node, f.nodes - 1, f.nodes);
-  std::printf("%-11s %10s %10s %11s %8s %11s %11s %12s %9s %8s\n", "policy", "epoch1_s", "later_s",
-              "total_s", "x_no_io", "stall_med", "stall_p99", "pfs_bytes", "datasets", "readers");
-  for (const policy::PolicyResult& r : *results) {
-    std::printf(
-        "%-11s %10.2f %10.2f %11.2f %8.2f %10.1fms %10.1fms %12s %9.2f %8u\n",
-        std::string(policy::SimPolicyName(r.policy)).c_str(), r.epoch_seconds[0], LaterEpochs(r),
-        r.total_seconds,
-        bound != nullptr && bound->total_seconds > 0 ? r.total_seconds / bound->total_seconds : 0.0,
-        1e3 * r.stall_median_seconds, 1e3 * r.stall_p99_seconds,
-        FormatBytes(static_cast<double>(r.job_pfs_bytes)).c_str(),
-        static_cast<double>(r.job_pfs_bytes) / dataset, r.pfs_readers);
-  }
-  std::printf("simulated in %.2f s\n", took);
   return 0;
 }
 
