@@ -30,7 +30,7 @@ PEER_PORT_RANGE = 4096  # spank/options.h kPeerPortRange
 
 
 def port_offset(secret):
-    """spank/nopfs_job.cc PeerPortOffset: where a job's ports start, from its secret."""
+    """spank/launcher_slurm.cc PeerPortOffset: where a job's ports start, from its secret."""
     d = hmac.new(secret, b"nopfs peer ports v1", hashlib.sha256).digest()
     return (d[0] | d[1] << 8 | d[2] << 16) % PEER_PORT_RANGE
 

@@ -1,0 +1,162 @@
+// nopfs-job's parts (nopfs_job.cc is the program): the job as its command line gives it, what
+// Slurm and the job's secret tell about it (launcher_slurm.cc), the prolog (launcher_prolog.cc) and
+// the epilog with the teardown both use (launcher_epilog.cc). Private to spank/.
+#pragma once
+
+#include <fcntl.h>
+#include <grp.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <poll.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern "C" {
+#include <slurm/slurm.h>
+#include <slurm/slurm_errno.h>
+}
+
+#include "common/units.h"
+#include "launch/daemon_args.h"
+#include "launch/process.h"
+#include "launch/run_files.h"
+#include "lua/admit.h"
+#include "lua/config.h"
+#include "spank/job_cgroup.h"
+#include "spank/job_files.h"
+#include "spank/ledger.h"
+#include "spank/node_kept.h"
+#include "spank/options.h"
+#include "spank/user_dirs.h"
+
+namespace nopfs::spank::launcher {
+
+// The node index when it is not known (the epilog takes it from the ledger entry).
+inline constexpr uint32_t kUnknownIndex = UINT32_MAX;
+
+// The job as the plugin describes it on nopfs-job's command line (ParseCommandLine, nopfs_job.cc).
+struct Job {
+  std::string mode;
+  uint64_t job_id = 0;
+  std::string node;
+  std::string nodelist;
+  uint32_t node_index = 0;
+  uint32_t nodes = 1;
+  std::vector<std::string> names;  // the job's nodes, in node-list order
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::string user;
+  PluginArgs args;
+  JobOptions opts;
+  std::string run_dir;
+  std::string node_dir;  // <rundir>/<node>, root-owned
+  std::string ledger_dir;
+};
+
+// mkdir -p for root-owned directories: every component from "/" is checked (job_files.h
+// MakeTrustedDir), so that no user can swap one for a link while root works below it.
+Status EnsureRootDir(const std::string& path, mode_t mode);
+
+// Slurm's view of the job: its account, partition, QOS, memory on this node and task layout.
+struct SlurmJob {
+  bool known = false;
+  bool active = true;  // pending, running, suspended or completing
+  std::string account, partition, qos;
+  uint64_t memory = 0;  // bytes on this node; 0: unknown/unlimited
+  TaskLayout layout;    // nodes 0: unknown
+};
+
+SlurmJob QuerySlurm(uint64_t job_id, const std::string& node);
+
+Result<lua::NodeConfig> LoadConfig(const Job& job);
+
+// The SSD class paths of `config`: where the job's SSD directories are.
+std::vector<std::string> SsdPaths(const lua::NodeConfig& config);
+
+// Removes the job's SSD directory under each of `paths`.
+Status RemoveSsd(const std::vector<std::string>& paths, uint64_t job_id, uid_t uid, uint32_t index);
+
+// What a teardown needs, all of it recorded in root-owned state (the ledger entry) or given by
+// Slurm; nothing from the node config nor from the user's files.
+struct Target {
+  uint64_t job_id = 0;
+  uid_t uid = 0;
+  uint32_t index = kUnknownIndex;  // the job's node index here; unknown: SSD not touched
+  ProcessId daemon;                // pid 0: none recorded
+  std::vector<std::string> ssd_paths;
+  std::string metrics_dir;  // where the job's metrics file is; "": none
+};
+
+Target FromEntry(const LedgerEntry& e);
+
+// The ledger entry of `job_id`, if the ledger exists and has one.
+std::optional<LedgerEntry> FindEntry(const std::string& ledger_dir, uint64_t job_id,
+                                     std::string* error);
+
+// Everything the epilog does for one job; also used on a stale ledger entry. Depends on nothing
+// that can fail but the removals themselves: the process is the one the ledger names (pid and
+// start time, never its command line), the run directory is reached through a checked walk of
+// `node_dir`, the metrics file is the one in the directory the ledger recorded.
+// Returns what is left (empty when nothing).
+std::string Teardown(const std::string& node_dir, const Target& t, std::chrono::milliseconds grace);
+
+// Writes <run dir>/<name> with `text` (a line), owned by the job's user.
+void WriteStatus(const Job& job, const char* name, const std::string& text);
+
+std::string LastLine(std::string text);
+
+std::string DaemonPath(const Job& job, const char* self);
+
+// The job's peer secret: HMAC-SHA256 under the site key (`peer_key`, a file only root may read)
+// of the job id and the user id. Every node of the job derives the same 32 bytes without talking
+// to the others; no other job and no user can derive it without the key.
+Result<std::string> PeerSecret(const std::string& key_path, uint64_t job_id, uid_t uid);
+
+// Where the job's peer ports start in the range (spank/options.h PeerPort): HMAC-SHA256 under
+// the job's secret, so that only who can read the secret can compute them.
+uint32_t PeerPortOffset(const std::string& secret);
+
+// Sets the nopfsd arguments that make this node serve its peers, or leaves them unset (with the
+// reason in *why) for a one-node job or a cluster without peer_key.
+void SetPeers(const Job& job, launch::DaemonArgs* args, std::string* why);
+
+// The ranks per node of nopfsd's plan, from the job's task layout (spank/options.h
+// RanksPerNode). The answer goes to the job's tasks in <run dir>/layout: task_init sets
+// NOPFS_RANKS_PER_NODE from it, or fails every task with the message.
+Result<uint32_t> DecideRanksPerNode(const Job& job, const SlurmJob& sj);
+
+// Asks the admission policy with the node's reservations (cleaning up after stale ones), and
+// reserves what it grants in the ledger, under the ledger's lock. A refusal is an Admission
+// that is not admitted; an error is a Status. *entry is the reservation written (naming this
+// launcher until nopfsd runs); *keep what nopfsd may keep at exit.
+Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
+                               const lua::JobRequest& req, LedgerEntry* entry, KeepPlan* keep);
+
+// nopfsd's arguments for this node of the job; *peers_note says how it reaches its peers.
+launch::DaemonArgs DaemonArgsFor(const Job& job, uint32_t ranks_per_node, const lua::Admission& adm,
+                                 const KeepPlan& keep, std::string* peers_note);
+
+// Starts nopfsd as the job's user and waits until it says ready. The ledger entry (`entry`, with
+// the grant) is rewritten to name nopfsd as soon as it runs. Returns nopfsd's pid; on failure
+// nopfsd is stopped and the Status says why.
+Result<pid_t> StartNopfsd(const Job& job, const std::string& nopfsd, launch::DaemonArgs dargs,
+                          LedgerEntry entry);
+
+int Prolog(const Job& job, const char* self);
+
+int Epilog(const Job& job);
+
+}  // namespace nopfs::spank::launcher

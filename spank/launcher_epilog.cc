@@ -1,0 +1,160 @@
+// nopfs-job's epilog, and the teardown of one job that it and the prolog (on a stale ledger entry)
+// use: the job's nopfsd stopped, its SSD directories, run directory and metrics file removed,
+// looked for again.
+#include "spank/launcher.h"
+
+namespace nopfs::spank::launcher {
+
+using namespace std::chrono_literals;
+
+Status RemoveSsd(const std::vector<std::string>& paths, uint64_t job_id, uid_t uid,
+                 uint32_t index) {
+  Status first;
+  for (const std::string& path : paths) {
+    Status s = RemoveBelowUserDir(path, "nopfs-" + std::to_string(uid), uid,
+                                  std::to_string(job_id) + "." + std::to_string(index));
+    if (!s.ok() && first.ok()) first = s;
+  }
+  return first;
+}
+
+Target FromEntry(const LedgerEntry& e) {
+  Target t;
+  t.job_id = e.job_id;
+  t.uid = e.uid;
+  t.index = e.node_index;
+  t.daemon = {static_cast<pid_t>(e.pid), e.start_time};
+  t.ssd_paths = e.ssd_paths;
+  t.metrics_dir = e.metrics_dir;
+  return t;
+}
+
+std::optional<LedgerEntry> FindEntry(const std::string& ledger_dir, uint64_t job_id,
+                                     std::string* error) {
+  struct stat st {};
+  if (::lstat(ledger_dir.c_str(), &st) != 0) return std::nullopt;
+  Result<Ledger> l = Ledger::Lock(ledger_dir, 30s);
+  if (!l.ok()) {
+    *error = l.status().message();
+    return std::nullopt;
+  }
+  Result<std::vector<LedgerEntry>> entries = l->Entries();
+  if (!entries.ok()) {
+    *error = entries.status().message();
+    return std::nullopt;
+  }
+  for (const LedgerEntry& e : *entries) {
+    if (e.job_id == job_id) return e;
+  }
+  return std::nullopt;
+}
+
+std::string Teardown(const std::string& node_dir, const Target& t,
+                     std::chrono::milliseconds grace) {
+  const std::string& metrics_dir = t.metrics_dir;
+  const std::string job = std::to_string(t.job_id);
+  std::string left;
+  if (t.daemon.pid > 0) {
+    for (pid_t p : StopProcesses({t.daemon}, grace))
+      left += " process " + std::to_string(p);
+  }
+  if (t.index != kUnknownIndex) {
+    if (Status s = RemoveSsd(t.ssd_paths, t.job_id, t.uid, t.index); !s.ok()) {
+      left += " " + s.message();
+    }
+  }
+  Result<UniqueFd> dir = OpenTrustedDir(node_dir);
+  if (!dir.ok()) {
+    if (dir.status().code() != StatusCode::kNotFound)
+      left += " run directory (" + dir.status().message() + ")";
+  } else {
+    if (Status s = RemoveBelowAt(dir->get(), job, node_dir + "/" + job); !s.ok()) {
+      left += " " + s.message();
+    }
+    struct stat st {};
+    if (::fstatat(dir->get(), job.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+      left += " " + node_dir + "/" + job;
+    }
+  }
+  // The job's metrics file (docs/admin.md, "Metrics"), after nopfsd's last write.
+  if (!metrics_dir.empty()) {
+    const std::string prom = metrics_dir + "/" + launch::MetricsFileName(job);
+    struct stat st {};
+    if (::unlink(prom.c_str()) != 0 && errno != ENOENT) {
+      left += " " + prom + " (" + std::strerror(errno) + ")";
+    } else if (::lstat(prom.c_str(), &st) == 0) {
+      left += " " + prom;
+    }
+  }
+  // Look again (StopProcesses has looked at the process).
+  if (t.index != kUnknownIndex) {
+    for (const std::string& path : t.ssd_paths) {
+      const std::string d =
+          path + "/nopfs-" + std::to_string(t.uid) + "/" + job + "." + std::to_string(t.index);
+      struct stat st {};
+      if (::lstat(d.c_str(), &st) == 0) left += " " + d;
+    }
+  }
+  return left;
+}
+
+int Epilog(const Job& job) {
+  const std::string where = "nopfs: epilog: " + job.node + ": ";
+  // Teardown depends on nothing that can fail: the ledger entry written at prolog time names
+  // nopfsd, the node index and the SSD paths. The node config is only a fallback for the SSD
+  // paths of an entry that has none; a config that no longer loads is reported, not obeyed.
+  // The run directory and the ledger are reached only through a checked walk: a rundir that a
+  // user could rename or replace is refused, never followed.
+  if (Result<UniqueFd> dir = OpenTrustedDir(job.node_dir);
+      !dir.ok() && dir.status().code() != StatusCode::kNotFound) {
+    std::printf("%sleft behind: run directory, nopfsd and reservation, not looked at: %s\n",
+                where.c_str(), dir.status().message().c_str());
+    return 1;
+  }
+  std::string notes;
+  std::string left;
+  std::string error;
+  const std::optional<LedgerEntry> entry = FindEntry(job.ledger_dir, job.job_id, &error);
+  if (!error.empty()) left += " reservation (" + error + ")";
+  Target t = entry ? FromEntry(*entry) : Target{job.job_id, job.uid, job.node_index, {}, {}, {}};
+  if (t.ssd_paths.empty()) {
+    if (Result<lua::NodeConfig> config = LoadConfig(job); config.ok()) {
+      t.ssd_paths = SsdPaths(*config);
+    } else if (entry) {
+      // An entry without SSD paths was written by an older launcher; nothing else knows them.
+      left += " SSD directory (config: " + config.status().message() + ")";
+    } else {
+      // No entry: the job was never admitted here, or its prolog released it after removing
+      // the SSD directory, so there is none to remove.
+      notes = "config: " + config.status().message() + "; ";
+    }
+  }
+  // An unknown index means no entry (an entry has one) and a node list without this node: the
+  // job was never admitted here, so it has no SSD directory here either.
+  if (t.index == kUnknownIndex) t.ssd_paths.clear();
+  // The metrics file's directory comes from the entry (no entry: nopfsd never ran here).
+  left += Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace));
+  if (entry) {
+    Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s);
+    if (!l.ok()) {
+      left += " reservation (" + l.status().message() + ")";
+    } else if (Status s = l->Remove(job.job_id); !s.ok()) {
+      left += " reservation (" + s.message() + ")";
+    }
+  }
+  // nopfsd has kept what it kept: the user's quota and lifetimes apply to the user's kept
+  // datasets now.
+  if (entry && !t.ssd_paths.empty()) {
+    if (Result<lua::NodeConfig> config = LoadConfig(job); config.ok()) {
+      notes += AfterJob(job.args.policy, *config, job.node, t.ssd_paths, t.uid);
+    }
+  }
+  if (!left.empty()) {
+    std::printf("%s%sleft behind:%s\n", where.c_str(), notes.c_str(), left.c_str());
+    return 1;
+  }
+  std::printf("%s%sclean\n", where.c_str(), notes.c_str());
+  return 0;
+}
+
+}  // namespace nopfs::spank::launcher

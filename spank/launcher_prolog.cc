@@ -1,0 +1,332 @@
+// nopfs-job's prolog: the admission policy and the ledger's reservation, the job's run directory,
+// nopfsd started as the user and waited for until ready, and the status files task_init reads.
+#include "spank/launcher.h"
+
+namespace nopfs::spank::launcher {
+
+using namespace std::chrono_literals;
+
+Status EnsureRootDir(const std::string& path, mode_t mode) {
+  Result<UniqueFd> fd = MakeTrustedDir(path, mode);
+  if (!fd.ok()) return Status(fd.status().code(), "rundir: " + fd.status().message());
+  return Status::Ok();
+}
+
+Result<lua::NodeConfig> LoadConfig(const Job& job) {
+  if (job.args.config.empty()) return lua::DefaultNodeConfig(lua::HostMemoryBytes());
+  return lua::LoadNodeConfig(job.args.config);
+}
+
+std::vector<std::string> SsdPaths(const lua::NodeConfig& config) {
+  std::vector<std::string> out;
+  for (const policy::StorageClass& c : config.model().classes) {
+    if (c.kind == policy::ClassKind::kSsd && !c.path.empty()) out.push_back(c.path);
+  }
+  return out;
+}
+
+void WriteStatus(const Job& job, const char* name, const std::string& text) {
+  const bool line = !text.empty() && text.back() == '\n';
+  (void)WriteFileAs(job.run_dir, name, line ? text : text + "\n", job.uid, job.gid);
+}
+
+std::string LastLine(std::string text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' '))
+    text.pop_back();
+  const size_t nl = text.rfind('\n');
+  std::string line = nl == std::string::npos ? text : text.substr(nl + 1);
+  return line.substr(0, 400);
+}
+
+std::string DaemonPath(const Job& job, const char* self) {
+  if (!job.args.nopfsd.empty()) return job.args.nopfsd;
+  std::string me = self;
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n > 0) me.assign(buf, static_cast<size_t>(n));
+  const size_t slash = me.rfind('/');
+  const std::string beside =
+      (slash == std::string::npos ? std::string(".") : me.substr(0, slash)) + "/nopfsd";
+  // The build tree has nopfsd beside nopfs-job; an installed nopfs-job (libexec) has it in sbin.
+  if (::access(beside.c_str(), X_OK) == 0) return beside;
+  return NOPFS_INSTALLED_NOPFSD;
+}
+
+Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
+                               const lua::JobRequest& req, LedgerEntry* entry, KeepPlan* keep) {
+  lua::Admission adm;
+  Result<Ledger> ledger = Ledger::Lock(job.ledger_dir, 30s);
+  if (!ledger.ok()) return ledger.status();
+  Result<std::vector<LedgerEntry>> entries = ledger->Entries();
+  if (!entries.ok()) return entries.status();
+  lua::NodeState ns;
+  ns.name = job.node;
+  ns.ram_total = config.CapacityOf(policy::ClassKind::kRam);
+  ns.ssd_total = config.CapacityOf(policy::ClassKind::kSsd);
+  const std::string boot = BootId();
+  for (const LedgerEntry& e : *entries) {
+    if (e.job_id == job.job_id) continue;
+    // An entry of an earlier boot is stale; so is one whose job slurmctld reports over or
+    // unknown, even if its process still lives (an epilog that could not finish). Only when
+    // slurmctld cannot be asked is an entry kept (QuerySlurm says active then).
+    const bool live = e.boot_id == boot && QuerySlurm(e.job_id, job.node).active;
+    if (!live) {
+      // Stale: its job is over and its epilog did not finish. Clean up after it.
+      Target t = FromEntry(e);
+      if (t.ssd_paths.empty()) t.ssd_paths = SsdPaths(config);
+      if (t.metrics_dir.empty()) t.metrics_dir = config.metrics_dir();
+      (void)Teardown(job.node_dir, t, 2s);
+      (void)ledger->Remove(e.job_id);
+      continue;
+    }
+    ns.ram_reserved += e.ram;
+    ns.ssd_reserved += e.ssd;
+    ++ns.jobs;
+  }
+  NodeKept kept(KeepJob{job.uid, job.opts.dataset, job.opts.keep, job.args.policy}, config,
+                SsdPaths(config), &ns);
+  Result<lua::Admission> a = lua::Admit(job.args.policy, config, req, ns);
+  if (!a.ok()) {
+    adm.admitted = false;
+    adm.reason = "policy error: " + a.status().message();
+  } else {
+    adm = *a;
+  }
+  if (adm.admitted) {
+    LedgerEntry& e = *entry;
+    e.job_id = job.job_id;
+    e.uid = job.uid;
+    e.node_index = job.node_index;
+    e.ram = adm.ram;
+    e.ssd = adm.ssd;
+    e.boot_id = boot;
+    e.pid = ::getpid();
+    e.start_time = ProcessStartTime(::getpid()).value_or(0);
+    e.ssd_paths = SsdPaths(config);
+    e.metrics_dir = config.metrics_dir();
+    if (Status s = ledger->Put(e); !s.ok()) return s;
+    *keep = kept.Admitted(ns, adm);
+  }
+
+  return adm;
+}
+
+launch::DaemonArgs DaemonArgsFor(const Job& job, uint32_t ranks_per_node, const lua::Admission& adm,
+                                 const KeepPlan& keep, std::string* peers_note) {
+  launch::DaemonArgs dargs;
+  dargs.run_dir = job.run_dir;
+  dargs.dataset = job.opts.dataset;
+  dargs.job.job.seed = job.opts.seed;
+  dargs.job.job.epochs = job.opts.epochs;
+  dargs.job.job.ranks = job.nodes * ranks_per_node;
+  dargs.job.job.batch = job.opts.batch;
+  dargs.job.job.drop_last = job.opts.drop_last;
+  dargs.job.job.ranks_per_node = ranks_per_node;
+  dargs.job.scheme = job.opts.scheme;
+  dargs.node = job.node_index;
+  dargs.job_id = std::to_string(job.job_id);
+  dargs.ram = std::to_string(adm.ram);
+  dargs.ssd = std::to_string(adm.ssd);
+  dargs.config = job.args.config;
+  dargs.keep = keep.keep;
+  dargs.keep_max_bytes = keep.max_bytes;
+  dargs.share_running = job.opts.share_running;
+  SetPeers(job, &dargs, peers_note);
+  // The nodes wait for each other at most half of the time nopfsd has to become ready.
+  dargs.peer_startup_timeout_ms = static_cast<uint32_t>(
+      std::min<uint64_t>(launch::kDefaultPeerStartupTimeoutMs, uint64_t{job.args.timeout} * 500));
+  return dargs;
+}
+
+Result<pid_t> StartNopfsd(const Job& job, const std::string& nopfsd, launch::DaemonArgs dargs,
+                          LedgerEntry entry) {
+  // nopfsd says ready or failed on a pipe this launcher made (nopfsd --ready-fd), never through
+  // a file in the user's run directory that the user could swap for a link or a FIFO.
+  int ready_pipe[2];
+  if (::pipe2(ready_pipe, O_CLOEXEC) != 0) return Status::FromErrno(errno, "pipe");
+  const UniqueFd ready_in(ready_pipe[0]);
+  // nopfsd runs as the user with the user's groups, in its own session, in the run directory,
+  // with a clean environment; its output goes to nopfsd.out, created there as the user.
+  dargs.ready_fd = ready_pipe[1];
+  std::vector<std::string> argv = dargs.ToArgv();
+  argv.insert(argv.begin(), nopfsd);
+  const passwd* pw = ::getpwuid(job.uid);
+  const std::string name = pw != nullptr ? pw->pw_name : job.user;
+  launch::Child::Options o;
+  o.clear_env = true;
+  o.env = {{"PATH", "/usr/local/bin:/usr/bin:/bin"},
+           {"HOME", pw != nullptr ? pw->pw_dir : "/"},
+           {"USER", name},
+           {"LOGNAME", name},
+           {"LANG", "C.UTF-8"}};
+  o.new_session = true;
+  o.switch_user = true;
+  o.uid = job.uid;
+  o.gid = job.gid;
+  Result<std::vector<gid_t>> groups = launch::GroupsOf(name, job.gid);
+  if (groups.ok()) o.groups = std::move(*groups);
+  o.cwd = job.run_dir;
+  o.output_path = launch::kOutputName;
+  const UniqueFd null_fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  o.stdin_fd = null_fd.get();
+  o.keep_fds = {ready_pipe[1]};
+  std::fflush(nullptr);
+  Result<launch::Child> spawned =
+      groups.ok() ? launch::Child::Spawn(argv, o) : Result<launch::Child>(groups.status());
+  ::close(ready_pipe[1]);
+  if (!spawned.ok()) return spawned.status();
+  // nopfsd outlives this launcher: the ledger names it, the epilog stops it.
+  const pid_t child = spawned->Release();
+  // From here the reservation names nopfsd (by pid and start time, fixed at fork), so that an
+  // epilog stops it even if this launcher is killed while nopfsd starts.
+  const ProcessId daemon{child, ProcessStartTime(child).value_or(0)};
+  if (Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s); l.ok()) {
+    entry.pid = daemon.pid;
+    entry.start_time = daemon.start_time;
+    (void)l->Put(entry);
+  }
+
+  auto give_up = [&](const std::string& why) {
+    (void)StopProcesses({daemon}, std::chrono::seconds(job.args.grace));
+    ::waitpid(child, nullptr, WNOHANG);
+    return Status::Unavailable(why);
+  };
+  Result<launch::ReadyInfo> ready = launch::WaitReady(
+      ready_in.get(), std::chrono::steady_clock::now() + std::chrono::seconds(job.args.timeout),
+      nullptr);
+  if (ready.status().code() == StatusCode::kTimedOut) {
+    return give_up("not ready within timeout=" + std::to_string(job.args.timeout) + " s");
+  }
+  if (ready.status().code() == StatusCode::kFailedPrecondition) {
+    return give_up(Printable(ready.status().message()));
+  }
+  if (!ready.ok()) {
+    // Closed without a word: nopfsd exited early (a bad argument, a crash). Its exit status and
+    // the last line of its output say why; nopfsd.out is read with ReadUserFile (never a link
+    // or a FIFO, only the user's own regular file).
+    int status = 0;
+    pid_t waited = 0;
+    for (int i = 0; i < 40 && waited == 0; ++i) {
+      waited = ::waitpid(child, &status, WNOHANG);
+      if (waited == 0) std::this_thread::sleep_for(50ms);
+    }
+    std::string why = "closed its ready pipe without saying ready";
+    if (waited == child) {
+      why = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
+                              : "killed by signal " + std::to_string(WTERMSIG(status));
+    }
+    Result<std::string> out =
+        ReadUserFile(job.run_dir + "/" + launch::kOutputName, job.uid, 1 << 20);
+    if (out.ok() && !LastLine(*out).empty()) why += ": " + Printable(LastLine(*out));
+    return give_up(why);
+  }
+  return child;
+}
+
+int Prolog(const Job& job, const char* self) {
+  const std::string where = "nopfs: prolog: " + job.node + ": ";
+  auto fail = [&](const std::string& why, int code) {
+    std::printf("%s%s\n", where.c_str(), why.c_str());
+    return code;
+  };
+  if (job.opts.dataset.empty()) return fail("no --nopfs=DATASET given", 1);
+  if (Status s = EnsureRootDir(job.node_dir, 0755); !s.ok()) return fail(s.message(), 1);
+  Result<lua::NodeConfig> config = LoadConfig(job);
+  if (!config.ok()) {
+    // Tell the job too: it gets a run directory with the reason in `failed`.
+    if (::mkdir(job.run_dir.c_str(), 0700) == 0 &&
+        ::lchown(job.run_dir.c_str(), job.uid, job.gid) == 0) {
+      WriteStatus(job, launch::kFailedName, where + "config: " + config.status().message());
+    }
+    return fail("config: " + config.status().message(), 1);
+  }
+
+  // A leftover of an earlier run of this job (a requeue) goes first.
+  {
+    std::string error;
+    const std::optional<LedgerEntry> old = FindEntry(job.ledger_dir, job.job_id, &error);
+    Target t = old ? FromEntry(*old) : Target{job.job_id, job.uid, job.node_index, {}, {}, {}};
+    if (t.ssd_paths.empty()) t.ssd_paths = SsdPaths(*config);
+    if (t.metrics_dir.empty()) t.metrics_dir = config->metrics_dir();
+    (void)Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace));
+  }
+  if (::mkdir(job.run_dir.c_str(), 0700) != 0 ||
+      ::lchown(job.run_dir.c_str(), job.uid, job.gid) != 0) {
+    return fail(Status::FromErrno(errno, "create " + job.run_dir).message(), 1);
+  }
+  for (const std::string& line : PrepareUserDirs(*config, job.uid, job.gid))
+    std::printf("%suser directories: %s\n", where.c_str(), line.c_str());
+
+  const SlurmJob sj = QuerySlurm(job.job_id, job.node);
+  Result<uint32_t> ranks_per_node = DecideRanksPerNode(job, sj);
+  if (!ranks_per_node.ok()) return fail("layout: " + ranks_per_node.status().message(), 3);
+  lua::JobRequest req;
+  req.job_id = job.job_id;
+  req.uid = job.uid;
+  req.gid = job.gid;
+  req.user = job.user;
+  req.account = sj.account;
+  req.partition = sj.partition;
+  req.qos = sj.qos;
+  req.dataset = job.opts.dataset;
+  req.nodes = job.nodes;
+  req.ram = job.opts.ram;
+  req.ssd = job.opts.ssd;
+  req.memory = sj.memory;
+
+  LedgerEntry entry;
+  KeepPlan keep;
+  Result<lua::Admission> admission = Reserve(job, *config, req, &entry, &keep);
+  if (!admission.ok()) return fail(admission.status().message(), 1);
+  const lua::Admission& adm = *admission;
+  if (!adm.admitted) {
+    const std::string msg = where + "refused: " + adm.reason;
+    WriteStatus(job, launch::kRefusedName, msg);
+    return fail("refused: " + adm.reason, 3);
+  }
+
+  std::string peers_note;
+  const launch::DaemonArgs dargs = DaemonArgsFor(job, *ranks_per_node, adm, keep, &peers_note);
+  const std::vector<std::string> ssd_paths = SsdPaths(*config);
+  // Releases the reservation of a job that gets no cache after all.
+  auto release = [&] {
+    (void)RemoveSsd(ssd_paths, job.job_id, job.uid, job.node_index);
+    if (!entry.metrics_dir.empty())
+      (void)RemoveBelow(entry.metrics_dir, launch::MetricsFileName(dargs.job_id));
+    if (Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s); l.ok()) {
+      (void)l->Remove(job.job_id);
+    }
+  };
+  // The metrics file's name is the user's before nopfsd starts: in the sticky metrics directory
+  // another user could otherwise hold it and stand in for the job's figures (docs/security.md).
+  if (!entry.metrics_dir.empty()) {
+    if (Status s =
+            ClaimFileAs(entry.metrics_dir, launch::MetricsFileName(dargs.job_id), job.uid, job.gid);
+        !s.ok()) {
+      std::printf("%smetrics: %s (the job goes on; nopfsd may not write its metrics)\n",
+                  where.c_str(), s.message().c_str());
+    }
+  }
+  Result<pid_t> started = StartNopfsd(job, DaemonPath(job, self), dargs, entry);
+  if (!started.ok()) {
+    WriteStatus(job, launch::kFailedName, where + started.status().message());
+    release();
+    return fail("nopfsd failed: " + started.status().message(), 4);
+  }
+  const pid_t child = *started;
+  // Under cgroups nopfsd joins the job's extern step once slurmd has made it (after the prolog).
+  if (SlurmContainsJobs())
+    (void)AdoptLater(JobCgroupOptions{.node = job.node}, job.job_id, job.uid, child,
+                     ProcessStartTime(child).value_or(0), std::chrono::seconds(job.args.timeout));
+  std::printf("%sserving %s (partition %s, job memory %s) with RAM %s, SSD %s%s%s%s%s%s%s\n",
+              where.c_str(), job.opts.dataset.c_str(),
+              req.partition.empty() ? "?" : req.partition.c_str(),
+              req.memory == 0 ? "unlimited" : FormatBytes(static_cast<double>(req.memory)).c_str(),
+              FormatBytes(static_cast<double>(adm.ram)).c_str(),
+              FormatBytes(static_cast<double>(adm.ssd)).c_str(), adm.reason.empty() ? "" : "; ",
+              adm.reason.c_str(), peers_note.empty() ? "" : "; ", peers_note.c_str(),
+              keep.note.empty() ? "" : "; ", keep.note.c_str());
+  return 0;
+}
+
+}  // namespace nopfs::spank::launcher
