@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/json.h"
 #include "fabric/loopback_port.h"
 #include "fabric/peer_link.h"
 
@@ -113,12 +114,11 @@ double Iperf(int seconds) {
                         std::to_string(seconds) + " 2>/dev/null");
   int status = 0;
   ::waitpid(server, &status, 0);
-  // The receiver's summary: "sum_received": {... "bits_per_second": X
-  size_t at = out.find("\"sum_received\"");
-  if (at == std::string::npos) return 0;
-  at = out.find("\"bits_per_second\":", at);
-  if (at == std::string::npos) return 0;
-  return std::strtod(out.c_str() + at + 18, nullptr) / 8;
+  // The receiver's summary: end.sum_received.bits_per_second.
+  const nopfs::Json doc = nopfs::Json::parse(out, nullptr, /*allow_exceptions=*/false);
+  const nopfs::Json::json_pointer where("/end/sum_received/bits_per_second");
+  if (doc.is_discarded() || !doc.contains(where) || !doc[where].is_number()) return 0;
+  return doc[where].get<double>() / 8;
 }
 
 struct PathResult {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/json.h"
 #include "common/units.h"
 #include "launch/kept_space.h"
 #include "lua/config.h"
@@ -25,24 +26,6 @@ struct CacheFlags {
 int Fail(const std::string& what, const std::string& msg) {
   std::fprintf(stderr, "nopfs cache %s: %s\n", what.c_str(), msg.c_str());
   return 2;
-}
-
-std::string Json(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (u < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", u);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
 }
 
 // Printable for the terminal: control characters as '?'.
@@ -73,20 +56,19 @@ int List(const CacheFlags& f) {
     std::fprintf(stderr, "nopfs cache ls: %s\n", e.c_str());
   const int64_t now = ::time(nullptr);
   if (f.json) {
-    std::printf("[");
-    bool first = true;
+    Json list = Json::array();
     for (const launch::KeptEntry& e : node->entries()) {
       const launch::KeptDataset& d = e.data;
-      std::printf(
-          "%s\n  {\"key\": %s, \"dataset\": %s, \"bytes\": %llu, \"samples\": %llu, "
-          "\"created\": %lld, \"last_used\": %lld, \"complete\": %s, \"dir\": %s}",
-          first ? "" : ",", Json(d.key).c_str(), Json(d.dataset).c_str(),
-          static_cast<unsigned long long>(d.bytes), static_cast<unsigned long long>(d.samples),
-          static_cast<long long>(d.created), static_cast<long long>(d.last_used),
-          d.complete ? "true" : "false", Json(d.dir).c_str());
-      first = false;
+      list.push_back({{"key", JsonBytes(d.key)},
+                      {"dataset", JsonBytes(d.dataset)},
+                      {"bytes", d.bytes},
+                      {"samples", d.samples},
+                      {"created", d.created},
+                      {"last_used", d.last_used},
+                      {"complete", d.complete},
+                      {"dir", JsonBytes(d.dir)}});
     }
-    std::printf("%s]\n", first ? "" : "\n");
+    std::printf("%s\n", DumpJson(list, 2).c_str());
     return 0;
   }
   if (node->entries().empty()) {

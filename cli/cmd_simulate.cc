@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <numeric>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "cli/sizes.h"
+#include "common/json.h"
 #include "common/units.h"
 #include "lua/config.h"
 #include "policy/partition.h"
@@ -241,24 +243,6 @@ double LaterEpochs(const policy::PolicyResult& r) {
          static_cast<double>(r.epoch_seconds.size() - 1);
 }
 
-// A JSON string's contents: quotes, backslashes and control characters escaped.
-std::string JsonEscape(const std::string& text) {
-  std::string out;
-  for (char ch : text) {
-    if (ch == '"' || ch == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (static_cast<unsigned char>(ch) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(ch));
-      out += buf;
-    } else {
-      out += ch;
-    }
-  }
-  return out;
-}
-
 std::string Num(double v) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.6g", v);
@@ -318,38 +302,47 @@ void PrintKv(const SimReport& rep) {
   }
 }
 
-// One JSON object (--format json).
+// A figure as the other formats print it (six significant digits), as a JSON number.
+double Figure(double v) {
+  return std::strtod(Num(v).c_str(), nullptr);
+}
+
+// One JSON object (--format json), indented.
 void PrintJson(const SimReport& rep) {
   const SimFlags& f = rep.flags;
   const policy::SimOptions& o = rep.options;
   const policy::JobSpec& job = o.job;
-  const double total = rep.total;
-  std::printf(
-      "{\"nodes\": %u, \"ranks_per_node\": %u, \"samples\": %llu, \"dataset_bytes\": %llu, "
-      "\"epochs\": %u, \"batch\": %llu, \"compute_bytes_per_s\": %s, \"node\": %u, "
-      "\"config\": \"%s\", \"policies\": [",
-      f.nodes, f.ranks_per_node, static_cast<unsigned long long>(job.samples),
-      static_cast<unsigned long long>(total), job.epochs,
-      static_cast<unsigned long long>(job.batch), Num(o.model.compute_rate).c_str(), f.node,
-      JsonEscape(rep.config).c_str());
-  for (size_t i = 0; i < rep.results.size(); ++i) {
-    const policy::PolicyResult& r = (rep.results)[i];
-    const std::string epochs = Joined(r.epoch_seconds, ", ");
-    std::printf(
-        "%s\n  {\"policy\": \"%s\", \"total_s\": %s, \"epoch_s\": [%s], \"stall_s\": %s, "
-        "\"compute_s\": %s, \"stall_median_s\": %s, \"stall_p99_s\": %s, \"steps\": %llu, "
-        "\"job_pfs_bytes\": %llu, \"node_pfs_bytes\": %llu, \"pfs_readers\": %u, "
-        "\"local_reads\": %llu, \"peer_reads\": %llu, \"pfs_reads\": %llu}",
-        i == 0 ? "" : ",", std::string(policy::SimPolicyName(r.policy)).c_str(),
-        Num(r.total_seconds).c_str(), epochs.c_str(), Num(r.stall_seconds).c_str(),
-        Num(r.compute_seconds).c_str(), Num(r.stall_median_seconds).c_str(),
-        Num(r.stall_p99_seconds).c_str(), static_cast<unsigned long long>(r.steps),
-        static_cast<unsigned long long>(r.job_pfs_bytes),
-        static_cast<unsigned long long>(r.node_pfs_bytes), r.pfs_readers,
-        static_cast<unsigned long long>(r.reads[0]), static_cast<unsigned long long>(r.reads[1]),
-        static_cast<unsigned long long>(r.reads[2]));
+  Json doc;
+  doc["nodes"] = f.nodes;
+  doc["ranks_per_node"] = f.ranks_per_node;
+  doc["samples"] = job.samples;
+  doc["dataset_bytes"] = static_cast<uint64_t>(rep.total);
+  doc["epochs"] = job.epochs;
+  doc["batch"] = job.batch;
+  doc["compute_bytes_per_s"] = Figure(o.model.compute_rate);
+  doc["node"] = f.node;
+  doc["config"] = JsonBytes(rep.config);
+  Json& policies = doc["policies"] = Json::array();
+  for (const policy::PolicyResult& r : rep.results) {
+    Json epochs = Json::array();
+    for (double e : r.epoch_seconds)
+      epochs.push_back(Figure(e));
+    policies.push_back({{"policy", std::string(policy::SimPolicyName(r.policy))},
+                        {"total_s", Figure(r.total_seconds)},
+                        {"epoch_s", std::move(epochs)},
+                        {"stall_s", Figure(r.stall_seconds)},
+                        {"compute_s", Figure(r.compute_seconds)},
+                        {"stall_median_s", Figure(r.stall_median_seconds)},
+                        {"stall_p99_s", Figure(r.stall_p99_seconds)},
+                        {"steps", r.steps},
+                        {"job_pfs_bytes", r.job_pfs_bytes},
+                        {"node_pfs_bytes", r.node_pfs_bytes},
+                        {"pfs_readers", r.pfs_readers},
+                        {"local_reads", r.reads[0]},
+                        {"peer_reads", r.reads[1]},
+                        {"pfs_reads", r.reads[2]}});
   }
-  std::printf("\n]}\n");
+  std::printf("%s\n", DumpJson(doc, 2).c_str());
 }
 
 // The table (--format table, the default).

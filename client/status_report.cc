@@ -5,6 +5,7 @@
 #include <cstdarg>
 #include <cstdio>
 
+#include "common/json.h"
 #include "common/units.h"
 
 namespace nopfs::report {
@@ -40,51 +41,9 @@ const char* StateName(TierState s) {
   return "empty";
 }
 
-// JSON: a string with the escapes RFC 8259 requires.
-std::string Quote(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
-
-// Builds one JSON object, member by member.
-class Obj {
- public:
-  Obj& U(const char* key, uint64_t v) { return Raw(key, std::to_string(v)); }
-  Obj& S(const char* key, const std::string& v) { return Raw(key, Quote(v)); }
-  Obj& B(const char* key, bool v) { return Raw(key, v ? "true" : "false"); }
-  Obj& Raw(const char* key, const std::string& json) {
-    out_ += (out_.size() > 1 ? "," : "");
-    out_ += Quote(key);
-    out_ += ':';
-    out_ += json;
-    return *this;
-  }
-  std::string str() const { return out_ + "}"; }
-
- private:
-  std::string out_ = "{";
-};
-
-template <typename T, typename F>
-std::string Array(const std::vector<T>& items, F one) {
-  std::string out = "[";
-  for (size_t i = 0; i < items.size(); ++i) {
-    out += i ? "," : "";
-    out += one(items[i]);
-  }
-  return out + "]";
+// A count that may be unknown (kUnknown): null in JSON.
+Json CountOrNull(uint64_t v) {
+  return v == kUnknown ? Json(nullptr) : Json(v);
 }
 
 std::string PeersText(const Peers& p) {
@@ -260,136 +219,112 @@ std::string RenderText(const StatusReport& r) {
 }
 
 std::string RenderJson(const StatusReport& r) {
-  Obj o;
-  o.U("version", kReportVersion)
-      .S("job", r.job_id)
-      .U("node", r.node)
-      .U("nodes", r.nodes)
-      .U("pid", r.pid)
-      .U("uptime_ns", r.uptime_ns);
-  o.Raw(
-      "dataset",
-      Obj().S("path", r.dataset).U("samples", r.dataset_samples).U("bytes", r.dataset_bytes).str());
-  o.Raw("predicted_stall_ns",
-        r.predicted_stall_ns == kUnknown ? "null" : std::to_string(r.predicted_stall_ns));
-  o.Raw("tiers", Array(r.tiers, [](const Tier& t) {
-          return Obj()
-              .S("name", t.name)
-              .S("prefetch", StateName(t.state))
-              .U("capacity_bytes", t.capacity)
-              .U("planned_samples", t.planned_samples)
-              .U("planned_bytes", t.planned_bytes)
-              .U("ready_samples", t.ready_samples)
-              .U("ready_bytes", t.ready_bytes)
-              .U("kept_on_read", t.kept_on_read)
-              .U("pushed_by_peers", t.pushed)
-              .U("failed", t.failed)
-              .U("rate_bytes_per_s", t.rate)
-              .Raw("eta_ns", t.eta_ns == kUnknown ? "null" : std::to_string(t.eta_ns))
-              .str();
-        }));
-  o.Raw("streams", Array(r.streams, [](const Stream& s) {
-          return Obj()
-              .U("id", s.id)
-              .U("rank", s.rank)
-              .U("staged", s.staged)
-              .U("total", s.total)
-              .U("errors", s.errors)
-              .U("read", s.read)
-              .str();
-        }));
-  o.Raw("sources", Array(r.sources, [](const Source& s) {
-          return Obj()
-              .S("name", s.name)
-              .U("samples", s.samples)
-              .U("bytes", s.bytes)
-              .B("zero_copy", s.zero_copy)
-              .U("in_place", s.in_place)
-              .str();
-        }));
-  o.U("pfs_bytes", r.pfs_bytes).U("corrupt", r.corrupt).U("changed", r.changed);
+  Json o;
+  o["version"] = kReportVersion;
+  o["job"] = JsonBytes(r.job_id);
+  o["node"] = r.node;
+  o["nodes"] = r.nodes;
+  o["pid"] = r.pid;
+  o["uptime_ns"] = r.uptime_ns;
+  o["dataset"] = {
+      {"path", JsonBytes(r.dataset)}, {"samples", r.dataset_samples}, {"bytes", r.dataset_bytes}};
+  o["predicted_stall_ns"] = CountOrNull(r.predicted_stall_ns);
+  Json& tiers = o["tiers"] = Json::array();
+  for (const Tier& t : r.tiers) {
+    tiers.push_back({{"name", JsonBytes(t.name)},
+                     {"prefetch", StateName(t.state)},
+                     {"capacity_bytes", t.capacity},
+                     {"planned_samples", t.planned_samples},
+                     {"planned_bytes", t.planned_bytes},
+                     {"ready_samples", t.ready_samples},
+                     {"ready_bytes", t.ready_bytes},
+                     {"kept_on_read", t.kept_on_read},
+                     {"pushed_by_peers", t.pushed},
+                     {"failed", t.failed},
+                     {"rate_bytes_per_s", t.rate},
+                     {"eta_ns", CountOrNull(t.eta_ns)}});
+  }
+  Json& streams = o["streams"] = Json::array();
+  for (const Stream& s : r.streams) {
+    streams.push_back({{"id", s.id},
+                       {"rank", s.rank},
+                       {"staged", s.staged},
+                       {"total", s.total},
+                       {"errors", s.errors},
+                       {"read", s.read}});
+  }
+  Json& sources = o["sources"] = Json::array();
+  for (const Source& s : r.sources) {
+    sources.push_back({{"name", JsonBytes(s.name)},
+                       {"samples", s.samples},
+                       {"bytes", s.bytes},
+                       {"zero_copy", s.zero_copy},
+                       {"in_place", s.in_place}});
+  }
+  o["pfs_bytes"] = r.pfs_bytes;
+  o["corrupt"] = r.corrupt;
+  o["changed"] = r.changed;
   const auto kept = [&r](uint64_t report::Kept::*field) {
-    return r.kept ? std::to_string((*r.kept).*field) : std::string("null");
+    return r.kept ? Json((*r.kept).*field) : Json(nullptr);
   };
-  o.Raw("kept_bytes", kept(&report::Kept::kept_bytes))
-      .Raw("adopted_bytes", kept(&report::Kept::adopted_bytes))
-      .Raw("adopted_samples", kept(&report::Kept::adopted_samples))
-      .Raw("adopt_rejected_samples", kept(&report::Kept::adopt_rejected_samples));
+  o["kept_bytes"] = kept(&report::Kept::kept_bytes);
+  o["adopted_bytes"] = kept(&report::Kept::adopted_bytes);
+  o["adopted_samples"] = kept(&report::Kept::adopted_samples);
+  o["adopt_rejected_samples"] = kept(&report::Kept::adopt_rejected_samples);
   if (r.siblings) {
     const Siblings& s = *r.siblings;
-    o.Raw("siblings", Obj()
-                          .S("through", s.through)
-                          .U("read_samples", s.read_samples)
-                          .U("read_bytes", s.read_bytes)
-                          .U("read_failed", s.read_failed)
-                          .U("served_samples", s.served_samples)
-                          .U("served_bytes", s.served_bytes)
-                          .str());
+    o["siblings"] = {{"through", JsonBytes(s.through)},    {"read_samples", s.read_samples},
+                     {"read_bytes", s.read_bytes},         {"read_failed", s.read_failed},
+                     {"served_samples", s.served_samples}, {"served_bytes", s.served_bytes}};
   } else {
-    o.Raw("siblings", "null");
+    o["siblings"] = nullptr;
   }
-  std::string hist = "[";
-  for (size_t b = 0; b < kStallBuckets; ++b) {
-    hist += b ? "," : "";
-    hist += std::to_string(r.stall.histogram[b]);
-  }
-  o.Raw("stall", Obj()
-                     .U("reads", r.stall.reads)
-                     .U("total_ns", r.stall.total_ns)
-                     .U("median_ns", r.stall.median_ns)
-                     .U("p99_ns", r.stall.p99_ns)
-                     .Raw("histogram", hist + "]")
-                     .str());
-  o.Raw("refusals", Obj()
-                        .U("owners", r.refusals.owners)
-                        .U("streams_per_rank", r.refusals.streams_per_rank)
-                        .U("streams", r.refusals.streams)
-                        .U("connections", r.refusals.connections)
-                        .U("timed_out", r.refusals.timed_out)
-                        .str());
-  o.Raw("cpu", Obj().U("user_ns", r.cpu_user_ns).U("system_ns", r.cpu_system_ns).str());
+  o["stall"] = {{"reads", r.stall.reads},
+                {"total_ns", r.stall.total_ns},
+                {"median_ns", r.stall.median_ns},
+                {"p99_ns", r.stall.p99_ns},
+                {"histogram", r.stall.histogram}};
+  o["refusals"] = {{"owners", r.refusals.owners},
+                   {"streams_per_rank", r.refusals.streams_per_rank},
+                   {"streams", r.refusals.streams},
+                   {"connections", r.refusals.connections},
+                   {"timed_out", r.refusals.timed_out}};
+  o["cpu"] = {{"user_ns", r.cpu_user_ns}, {"system_ns", r.cpu_system_ns}};
   if (r.peers) {
     const Peers& p = *r.peers;
-    std::string dead = "[";
-    for (size_t i = 0; i < p.dead.size(); ++i) {
-      dead += i ? "," : "";
-      dead += std::to_string(p.dead[i]);
-    }
-    o.Raw("peers", Obj()
-                       .U("node", p.node)
-                       .U("nodes", p.nodes)
-                       .S("state", p.state)
-                       .U("held_elsewhere", p.held_elsewhere)
-                       .U("needed", p.needed)
-                       .U("served_samples", p.served_samples)
-                       .U("served_bytes", p.served_bytes)
-                       .U("served_not_available", p.served_not_available)
-                       .U("fetched_samples", p.fetched_samples)
-                       .U("fetched_bytes", p.fetched_bytes)
-                       .U("fetch_not_available", p.fetch_not_available)
-                       .U("timeouts", p.timeouts)
-                       .U("refused", p.refused)
-                       .U("malformed", p.malformed)
-                       .Raw("dead", dead + "]")
-                       .U("done_reports", p.done_reports)
-                       .S("rma", p.rma)
-                       .U("served_rma", p.served_rma)
-                       .U("fetched_rma", p.fetched_rma)
-                       .U("rma_failed", p.rma_failed)
-                       .U("pushes_sent", p.pushes_sent)
-                       .U("push_bytes_sent", p.push_bytes_sent)
-                       .U("pushes_dropped", p.pushes_dropped)
-                       .U("pushes_received", p.pushes_received)
-                       .U("pushes_kept", p.pushes_kept)
-                       .U("copied_samples", p.copied_samples)
-                       .U("copied_bytes", p.copied_bytes)
-                       .U("deferred", p.deferred)
-                       .U("fill_gave_up", p.fill_gave_up)
-                       .str());
+    o["peers"] = {{"node", p.node},
+                  {"nodes", p.nodes},
+                  {"state", JsonBytes(p.state)},
+                  {"held_elsewhere", p.held_elsewhere},
+                  {"needed", p.needed},
+                  {"served_samples", p.served_samples},
+                  {"served_bytes", p.served_bytes},
+                  {"served_not_available", p.served_not_available},
+                  {"fetched_samples", p.fetched_samples},
+                  {"fetched_bytes", p.fetched_bytes},
+                  {"fetch_not_available", p.fetch_not_available},
+                  {"timeouts", p.timeouts},
+                  {"refused", p.refused},
+                  {"malformed", p.malformed},
+                  {"dead", p.dead},
+                  {"done_reports", p.done_reports},
+                  {"rma", JsonBytes(p.rma)},
+                  {"served_rma", p.served_rma},
+                  {"fetched_rma", p.fetched_rma},
+                  {"rma_failed", p.rma_failed},
+                  {"pushes_sent", p.pushes_sent},
+                  {"push_bytes_sent", p.push_bytes_sent},
+                  {"pushes_dropped", p.pushes_dropped},
+                  {"pushes_received", p.pushes_received},
+                  {"pushes_kept", p.pushes_kept},
+                  {"copied_samples", p.copied_samples},
+                  {"copied_bytes", p.copied_bytes},
+                  {"deferred", p.deferred},
+                  {"fill_gave_up", p.fill_gave_up}};
   } else {
-    o.Raw("peers", "null");
+    o["peers"] = nullptr;
   }
-  return o.str();
+  return DumpJson(o);
 }
 
 std::string RenderRunSummary(const StatusReport& r) {

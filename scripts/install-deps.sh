@@ -12,7 +12,7 @@ PACKAGES=(
   clang libclang-rt-14-dev
   # libraries
   librocksdb-dev libspdlog-dev libfmt-dev liblua5.4-dev libfabric-dev libfabric-bin libmunge-dev
-  libgtest-dev libgmock-dev libcli11-dev libxxhash-dev libbenchmark-dev libssl-dev
+  libgtest-dev libgmock-dev libcli11-dev libxxhash-dev nlohmann-json3-dev libbenchmark-dev libssl-dev
   # Slurm and MUNGE for the local cluster
   slurmctld slurmd slurm-client munge libslurm-dev
   # the Python client

@@ -129,6 +129,37 @@ class CacheTest(unittest.TestCase):
         self.assertEqual(self.ls(), [])
         self.assertEqual(os.listdir(self.kept_dir()), [])
 
+    def test_a_dataset_path_that_is_not_utf8_is_written_exactly_in_json(self):
+        # JSON carries each byte that is not UTF-8 as \udcXX (PEP 383): Python's json reads it
+        # and os.fsencode gives back the path's bytes, in `cache ls --json` as in
+        # `status --json`.
+        raw = os.path.join(os.fsencode(self.work), b"bad\xffname")
+        rnd = random.Random(9)
+        for c in range(2):
+            os.makedirs(os.path.join(raw, b"c%d" % c))
+            for i in range(10):
+                with open(os.path.join(raw, b"c%d" % c, b"%03d.bin" % i), "wb") as f:
+                    f.write(rnd.randbytes(3000))
+        for root, _, files in os.walk(raw):
+            os.chmod(root, 0o755)
+            for f in files:
+                os.chmod(os.path.join(root, f), 0o644)
+        dataset = os.fsdecode(raw)
+        self.keep_run(dataset)
+        text = nopfs("cache", "ls", "--config", self.conf, "--json").stdout
+        self.assertIn("bad\\udcffname", text)
+        [entry] = json.loads(text)
+        self.assertEqual(os.fsencode(entry["dataset"]), raw)
+        out = os.path.join(self.work, "status")
+        os.mkdir(out, 0o777)
+        os.chmod(out, 0o777)
+        status = os.path.join(out, "status.json")
+        nopfs("run", "--dataset", dataset, "--ranks", 1, "--config", self.conf, "--",
+              "sh", "-c", f"exec {os.path.join(BIN, 'nopfs')} status --json > {status}")
+        with open(status, "rb") as f:
+            doc = json.loads(f.read())
+        self.assertEqual(os.fsencode(doc["dataset"]["path"]), raw)
+
     def test_bad_arguments_say_what_to_write(self):
         p = nopfs("cache", "rm", "--config", self.conf, check=False)
         self.assertEqual(p.returncode, 2)
