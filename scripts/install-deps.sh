@@ -10,9 +10,9 @@ PACKAGES=(
   # clang: the thread-safety analysis (scripts/thread_safety.py) and the fuzz tree
   # (scripts/fuzz.sh), with its libFuzzer, ASan and UBSan runtimes
   clang libclang-rt-14-dev
-  # libraries
-  librocksdb-dev libspdlog-dev libfmt-dev liblua5.4-dev libfabric-dev libfabric-bin libmunge-dev
-  libgtest-dev libgmock-dev libcli11-dev libxxhash-dev nlohmann-json3-dev libbenchmark-dev libssl-dev
+  # libraries (spdlog's headers use fmt's)
+  librocksdb-dev libspdlog-dev libfmt-dev liblua5.4-dev libfabric-dev libfabric-bin
+  libgtest-dev libgmock-dev libcli11-dev libxxhash-dev nlohmann-json3-dev libssl-dev
   # Slurm and MUNGE for the local cluster
   slurmctld slurmd slurm-client munge libslurm-dev
   # the Python client
@@ -20,7 +20,7 @@ PACKAGES=(
   # the wheel (python/pyproject.toml), built offline, and the venv it is tested in
   python3-pip python3-setuptools python3-wheel python3-venv
   # tools used by tests and benchmarks (the metrics test parses with prometheus_client's parser)
-  procps psmisc iproute2 util-linux iperf3 python3-prometheus-client
+  procps iproute2 util-linux iperf3 python3-prometheus-client
   # the emulated PFS (bench/pfsemu, a FUSE 3 file system) and the end-to-end benchmark's plots
   libfuse3-dev fuse3 gnuplot-nox
 )
