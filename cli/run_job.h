@@ -37,13 +37,13 @@
 #include <vector>
 
 #include "client/client.h"
-#include "client/status_report.h"
 #include "common/units.h"
 #include "launch/daemon_args.h"
 #include "launch/job_flags.h"
 #include "launch/process.h"
 #include "launch/run_files.h"
 #include "launch/task_env.h"
+#include "protocol/status_report.h"
 #include "service/daemon/run_dir.h"
 
 namespace nopfs::cli::run {

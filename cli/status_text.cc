@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "client/client.h"
-#include "client/status_report.h"
+#include "protocol/status_report.h"
 
 namespace nopfs::cli {
 namespace {

@@ -11,9 +11,9 @@
 #include <utility>
 #include <vector>
 
-#include "client/ring.h"
-#include "client/wire.h"
 #include "common/mutex.h"
+#include "protocol/ring.h"
+#include "protocol/wire.h"
 
 namespace nopfs::client {
 

@@ -44,9 +44,9 @@
 #include <string>
 #include <vector>
 
-#include "client/status_report.h"
 #include "common/mutex.h"
 #include "common/status.h"
+#include "protocol/status_report.h"
 
 namespace nopfs::ring {
 class RingReader;

@@ -1,4 +1,4 @@
-// Byte coding for nopfs's hand-written formats: the client/service wire (client/wire.cc), the peer
+// Byte coding for nopfs's hand-written formats: the client/service wire (protocol/wire.cc), the peer
 // protocol (fabric/peer_protocol.cc), the catalog's RocksDB records
 // (service/catalog/catalog_codec.cc) and the directory exchange (service/peers/directory_wire.cc).
 //

@@ -1,11 +1,11 @@
-// Fuzz target: the client <-> nopfsd wire format (client/wire.h), which nopfsd decodes from any
+// Fuzz target: the client <-> nopfsd wire format (protocol/wire.h), which nopfsd decodes from any
 // process of the job's user and the client decodes from its socket.
 // Properties: Decode never reads outside the input (ASan: libFuzzer passes an exactly sized heap
 // copy); a message Decode accepts re-encodes to exactly the same bytes (the format has one
 // encoding per message); DecodeHeader + DecodePayload agree with Decode; a status carried by an
 // ERROR maps back to a valid code.
-#include "client/wire.h"
 #include "fuzz/fuzz_check.h"
+#include "protocol/wire.h"
 
 using nopfs::fuzz::AsBytes;
 namespace wire = nopfs::wire;

@@ -6,8 +6,8 @@
 #include <fstream>
 #include <string>
 
-#include "client/wire.h"
 #include "fabric/peer_protocol.h"
+#include "protocol/wire.h"
 #include "service/catalog/catalog_codec.h"
 #include "service/catalog/catalog_share.h"
 #include "service/peers/directory_wire.h"

@@ -26,13 +26,13 @@
 #include <thread>
 #include <vector>
 
-#include "client/ring.h"
 #include "common/mutex.h"
 #include "common/phases.h"
 #include "common/status.h"
 #include "lua/config.h"
 #include "policy/job.h"
 #include "policy/plan.h"
+#include "protocol/ring.h"
 #include "service/catalog/catalog.h"
 #include "service/daemon/metrics.h"
 #include "service/daemon/staging.h"

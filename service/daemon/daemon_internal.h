@@ -4,7 +4,7 @@
 
 #include <chrono>
 
-#include "client/ring.h"
+#include "protocol/ring.h"
 
 namespace nopfs::service::daemon_internal {
 

@@ -11,9 +11,9 @@
 
 #include <string>
 
-#include "client/status_report.h"
 #include "common/status.h"
 #include "launch/run_files.h"
+#include "protocol/status_report.h"
 #include "service/env/local_io.h"
 
 namespace nopfs::service {

@@ -24,12 +24,12 @@
 #include <thread>
 #include <vector>
 
-#include "client/ring.h"
-#include "client/wire.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "policy/job.h"
 #include "policy/partition.h"
+#include "protocol/ring.h"
+#include "protocol/wire.h"
 #include "service/catalog/catalog.h"
 #include "service/reader/sample_reader.h"
 

@@ -22,12 +22,12 @@
 #include <string>
 #include <vector>
 
-#include "client/status_report.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "fabric/peer_link.h"
 #include "policy/frequency.h"
 #include "policy/plan.h"
+#include "protocol/status_report.h"
 #include "service/catalog/catalog.h"
 #include "service/peers/directory.h"
 #include "service/reader/sample_reader.h"

@@ -17,7 +17,7 @@
 #include <dirent.h>
 #include <spdlog/spdlog.h>
 
-#include "client/wire.h"
+#include "protocol/wire.h"
 
 namespace nopfs::service {
 namespace {

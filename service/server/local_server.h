@@ -1,4 +1,4 @@
-// LocalServer: nopfsd's end of the client wire format (client/wire.h, docs/wire.md), a UNIX
+// LocalServer: nopfsd's end of the client wire format (protocol/wire.h, docs/wire.md), a UNIX
 // stream socket in the job's run directory.
 //
 // Security: Start() only creates the socket inside an existing directory of mode 0700 owned by
@@ -34,9 +34,9 @@
 #include <thread>
 #include <vector>
 
-#include "client/wire.h"
 #include "common/mutex.h"
 #include "common/status.h"
+#include "protocol/wire.h"
 
 namespace nopfs::service {
 

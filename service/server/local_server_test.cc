@@ -20,7 +20,7 @@
 #include <thread>
 
 #include "client/client.h"
-#include "client/ring.h"
+#include "protocol/ring.h"
 
 namespace nopfs::service {
 namespace {

@@ -37,9 +37,9 @@
 #include <string>
 #include <vector>
 
-#include "client/wire.h"
 #include "common/mutex.h"
 #include "common/status.h"
+#include "protocol/wire.h"
 
 namespace nopfs::ring {
 

@@ -1,4 +1,4 @@
-#include "client/status_report.h"
+#include "protocol/status_report.h"
 
 #include <algorithm>
 #include <cinttypes>

@@ -23,9 +23,9 @@
 #include <variant>
 #include <vector>
 
-#include "client/status_report.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
+#include "protocol/status_report.h"
 
 namespace nopfs::wire {
 

@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <new>
 
-#include "client/ring.h"
+#include "protocol/ring.h"
 
 namespace nopfs::ring::shared {
 

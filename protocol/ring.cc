@@ -1,7 +1,7 @@
 // What both sides of the ring share beside its memory: the stall histogram's buckets and summary,
 // the ring's size, and the mapping of a RAM tier read in place (Region). The producer is
 // RingWriter (ring_writer.cc), the consumer RingReader (ring_reader.cc).
-#include "client/ring.h"
+#include "protocol/ring.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,7 +11,7 @@
 #include <bit>
 #include <cstring>
 
-#include "client/ring_shared.h"
+#include "protocol/ring_shared.h"
 
 namespace nopfs::ring {
 

@@ -1,4 +1,4 @@
-#include "client/wire.h"
+#include "protocol/wire.h"
 
 #include <poll.h>
 #include <sys/socket.h>

@@ -1,4 +1,4 @@
-#include "client/ring.h"
+#include "protocol/ring.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

@@ -11,9 +11,9 @@
 #include <new>
 #include <thread>
 
-#include "client/ring.h"
-#include "client/ring_shared.h"
 #include "common/mutex.h"
+#include "protocol/ring.h"
+#include "protocol/ring_shared.h"
 
 namespace nopfs::ring {
 

@@ -1,4 +1,4 @@
-#include "client/wire.h"
+#include "protocol/wire.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
