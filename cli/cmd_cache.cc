@@ -10,7 +10,7 @@
 
 #include "common/json.h"
 #include "common/units.h"
-#include "launch/kept_space.h"
+#include "kept/space.h"
 #include "lua/config.h"
 
 namespace nopfs::cli {
@@ -36,7 +36,7 @@ std::string Shown(std::string s) {
   return s;
 }
 
-Result<launch::KeptNode> Mine(const std::string& config_path) {
+Result<kept::KeptNode> Mine(const std::string& config_path) {
   Result<lua::NodeConfig> config = lua::LoadNodeConfig(config_path);
   if (!config.ok()) {
     return Status(config.status().code(),
@@ -46,19 +46,19 @@ Result<launch::KeptNode> Mine(const std::string& config_path) {
   for (const policy::StorageClass& c : config->model().classes) {
     if (c.kind == policy::ClassKind::kSsd && !c.path.empty()) paths.push_back(c.path);
   }
-  return launch::KeptNode::Scan(paths, ::getuid());
+  return kept::KeptNode::Scan(paths, ::getuid());
 }
 
 int List(const CacheFlags& f) {
-  Result<launch::KeptNode> node = Mine(f.config);
+  Result<kept::KeptNode> node = Mine(f.config);
   if (!node.ok()) return Fail("ls", node.status().message());
   for (const std::string& e : node->errors())
     std::fprintf(stderr, "nopfs cache ls: %s\n", e.c_str());
   const int64_t now = ::time(nullptr);
   if (f.json) {
     Json list = Json::array();
-    for (const launch::KeptEntry& e : node->entries()) {
-      const launch::KeptDataset& d = e.data;
+    for (const kept::KeptEntry& e : node->entries()) {
+      const kept::KeptDataset& d = e.data;
       list.push_back({{"key", JsonBytes(d.key)},
                       {"dataset", JsonBytes(d.dataset)},
                       {"bytes", d.bytes},
@@ -77,14 +77,14 @@ int List(const CacheFlags& f) {
   }
   std::printf("%-16s  %10s  %9s  %5s  %9s  %s\n", "KEY", "SIZE", "SAMPLES", "AGE", "LAST USE",
               "DATASET");
-  for (const launch::KeptEntry& e : node->entries()) {
-    const launch::KeptDataset& d = e.data;
+  for (const kept::KeptEntry& e : node->entries()) {
+    const kept::KeptDataset& d = e.data;
     if (d.complete) {
-      std::printf(
-          "%-16s  %10s  %9llu  %5s  %9s  %s\n", Shown(d.key).c_str(),
-          FormatBytes(static_cast<double>(d.bytes)).c_str(),
-          static_cast<unsigned long long>(d.samples), launch::FormatAge(now - d.created).c_str(),
-          (launch::FormatAge(now - d.last_used) + " ago").c_str(), Shown(d.dataset).c_str());
+      std::printf("%-16s  %10s  %9llu  %5s  %9s  %s\n", Shown(d.key).c_str(),
+                  FormatBytes(static_cast<double>(d.bytes)).c_str(),
+                  static_cast<unsigned long long>(d.samples),
+                  kept::FormatAge(now - d.created).c_str(),
+                  (kept::FormatAge(now - d.last_used) + " ago").c_str(), Shown(d.dataset).c_str());
     } else {
       std::printf("%-16s  %10s  %9s  %5s  %9s  %s\n", Shown(d.key).c_str(),
                   FormatBytes(static_cast<double>(d.bytes)).c_str(), "-", "-", "-",
@@ -98,10 +98,10 @@ int Remove(const CacheFlags& f) {
   if (f.all == !f.keys.empty()) {
     return Fail("rm", "give the keys to remove (as nopfs cache ls shows them) or --all");
   }
-  Result<launch::KeptNode> node = Mine(f.config);
+  Result<kept::KeptNode> node = Mine(f.config);
   if (!node.ok()) return Fail("rm", node.status().message());
-  std::vector<launch::KeptEntry> doomed;
-  for (const launch::KeptEntry& e : node->entries()) {
+  std::vector<kept::KeptEntry> doomed;
+  for (const kept::KeptEntry& e : node->entries()) {
     bool asked = f.all;
     for (const std::string& k : f.keys)
       asked = asked || k == e.data.key;
@@ -110,7 +110,7 @@ int Remove(const CacheFlags& f) {
   int rc = 0;
   for (const std::string& k : f.keys) {
     bool found = false;
-    for (const launch::KeptEntry& e : doomed)
+    for (const kept::KeptEntry& e : doomed)
       found = found || e.data.key == k;
     if (!found) {
       std::fprintf(stderr, "nopfs cache rm: %s: no such kept dataset here (nopfs cache ls)\n",
@@ -118,8 +118,8 @@ int Remove(const CacheFlags& f) {
       rc = 1;
     }
   }
-  for (const launch::KeptEntry& e : doomed) {
-    const launch::Removal r = node->Remove(e, "asked");
+  for (const kept::KeptEntry& e : doomed) {
+    const kept::Removal r = node->Remove(e, "asked");
     if (!r.status.ok()) {
       std::fprintf(stderr, "nopfs cache rm: %s\n", r.status.message().c_str());
       rc = 1;

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "common/units.h"
-#include "launch/kept_space.h"
+#include "kept/space.h"
 #include "lua/admit.h"
 #include "lua/config.h"
 
@@ -50,17 +50,17 @@ int RunGc(GcFlags f) {
   for (const policy::StorageClass& c : config->model().classes) {
     if (c.kind == policy::ClassKind::kSsd && !c.path.empty()) paths.push_back(c.path);
   }
-  launch::KeptNode kept = launch::KeptNode::Scan(paths);
+  kept::KeptNode kept = kept::KeptNode::Scan(paths);
   lua::NodeState ns;
   ns.name = f.node;
   ns.ram_total = config->CapacityOf(policy::ClassKind::kRam);
   ns.ssd_total = config->CapacityOf(policy::ClassKind::kSsd);
   ns.ssd_kept = kept.Bytes();
   lua::KeepGrants grants(f.policy, *config, ns);
-  const std::vector<launch::Removal> removed = kept.Sweep(
+  const std::vector<kept::Removal> removed = kept.Sweep(
       [&](uint32_t uid) {
         const lua::KeepGrant g = grants.For(uid);
-        return launch::KeepLimits{g.quota, g.lifetime};
+        return kept::KeepLimits{g.quota, g.lifetime};
       },
       ::time(nullptr));
   int rc = 0;
@@ -72,7 +72,7 @@ int RunGc(GcFlags f) {
     std::fprintf(stderr, "nopfs gc: %s (that user's datasets are left alone)\n", e.c_str());
     rc = 1;
   }
-  for (const launch::Removal& r : removed) {
+  for (const kept::Removal& r : removed) {
     if (!r.status.ok()) rc = 1;
     std::printf("%s %s (uid %u, %s, %s)%s%s\n", r.status.ok() ? "removed" : "could not remove",
                 r.entry.data.dir.c_str(), r.entry.uid,

@@ -197,8 +197,6 @@ void SpankOptions() {
             "on_refusal=run\nlauncher=/usr/libexec/nopfs/nopfs-job\nnopfsd=/usr/sbin/nopfsd\n"
             "timeout=120\ngrace=5\npeer_key=/etc/nopfs/peer.key\npeer_port=42000\n"
             "peer_host=127.0.0.1");
-  Write("spank_options", "hostlist",
-        std::string("\x02\x00", 2) + "n[1-3,7],gpu[08-09],login\ngpu09");
 }
 
 }  // namespace

@@ -36,7 +36,7 @@ struct DaemonArgs {
   // The start-up phase (docs/fabric.md, "Start-up"): how long after its start nopfsd waits for
   // the other nodes' nopfsd to answer before it goes on without them.
   uint32_t peer_startup_timeout_ms = kDefaultPeerStartupTimeoutMs;
-  // The kept area (launch/kept_area.h): keep the SSD tier's samples at exit; keep at most this
+  // The kept area (kept/area.h): keep the SSD tier's samples at exit; keep at most this
   // many bytes (0: no limit given).
   bool keep = false;
   uint64_t keep_max_bytes = 0;

@@ -87,7 +87,7 @@ Result<Admission> AdmitWithPolicyText(std::string_view policy_text, std::string_
                                       const NodeState& node, const LuaLimits& limits = {});
 
 // The keep hook of the same policy file: how much of a user's SSD tier may outlive its jobs on a
-// node (the kept area, launch/kept_area.h), asked at job start (the prolog) and by `nopfs gc`.
+// node (the kept area, kept/area.h), asked at job start (the prolog) and by `nopfs gc`.
 //
 //   function keep(user, node)
 //     if user.name == "guest" then return nil end            -- keeps nothing

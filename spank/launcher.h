@@ -30,19 +30,25 @@ extern "C" {
 }
 
 #include "common/units.h"
+#include "kept/node.h"
 #include "launch/daemon_args.h"
 #include "launch/process.h"
 #include "launch/run_files.h"
 #include "lua/admit.h"
 #include "lua/config.h"
+#include "spank/hostlist.h"
 #include "spank/job_cgroup.h"
 #include "spank/job_files.h"
 #include "spank/ledger.h"
-#include "spank/node_kept.h"
 #include "spank/options.h"
 #include "spank/user_dirs.h"
 
 namespace nopfs::spank::launcher {
+
+using kept::AfterJob;
+using kept::KeepJob;
+using kept::KeepPlan;
+using kept::NodeKept;
 
 // The node index when it is not known (the epilog takes it from the ledger entry).
 inline constexpr uint32_t kUnknownIndex = UINT32_MAX;

@@ -114,11 +114,7 @@ Result<PluginArgs> ParsePluginArgs(const std::vector<std::string>& args);
 // The same arguments back as key=value strings (for nopfs-job).
 std::vector<std::string> ToArgs(const PluginArgs& args);
 
-// Expands a Slurm host list ("n[1-3,7],gpu[08-09],login") into names, in order. At most
-// 65536 names; InvalidArgument on malformed input.
-Result<std::vector<std::string>> ExpandHostlist(std::string_view list);
-// Index of `node` in the expanded list; NotFound when absent.
-Result<uint32_t> NodeIndex(std::string_view list, std::string_view node);
+// A job's node list is expanded by libslurm: spank/hostlist.h.
 
 // The peer ports of a job lie in [base, base + kPeerPortRange): node i of the job listens on
 // base + (offset + i) mod kPeerPortRange, where `offset` comes from the job's peer secret

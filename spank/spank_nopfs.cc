@@ -38,6 +38,7 @@ SPANK_PLUGIN(nopfs, 1)
 #include "launch/process.h"
 #include "launch/run_files.h"
 #include "launch/task_env.h"
+#include "spank/hostlist.h"
 #include "spank/job_files.h"
 #include "spank/options.h"
 

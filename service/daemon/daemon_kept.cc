@@ -9,7 +9,7 @@
 #include <xxhash.h>
 
 #include "common/units.h"
-#include "launch/kept_area.h"
+#include "kept/area.h"
 #include "service/daemon/daemon.h"
 #include "service/daemon/daemon_internal.h"
 #include "service/env/env.h"
@@ -49,7 +49,7 @@ void Daemon::AdoptKept() {
   for (size_t j : ssd) {
     KeptClass k;
     k.class_index = j;
-    k.place.kept_dir = launch::KeptAreaDir(SsdTier::UserDir(model_.classes[j].path, geteuid()));
+    k.place.kept_dir = kept::KeptAreaDir(SsdTier::UserDir(model_.classes[j].path, geteuid()));
     k.place.dataset = dataset.string();
     k.place.tag = options_.job_id + "." + std::to_string(options_.node);
     std::string scan = kKeptScanOptions;
@@ -63,7 +63,7 @@ void Daemon::AdoptKept() {
         break;
       }
     }
-    k.place.key = launch::KeptKey(k.place.dataset, scan);
+    k.place.key = kept::KeptKey(k.place.dataset, scan);
     if (Result<uint64_t> n = CleanKeptArea(k.place.kept_dir); !n.ok()) {
       spdlog::warn("kept area: cleaning {}: {}", k.place.kept_dir, n.status().message());
     }

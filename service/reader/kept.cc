@@ -92,13 +92,13 @@ Status EnsureKeptDir(const std::string& kept) {
 }  // namespace
 
 Result<uint64_t> CleanKeptArea(const std::string& kept_dir) {
-  Result<std::vector<launch::KeptDataset>> list = launch::ListKept(kept_dir);
+  Result<std::vector<kept::KeptDataset>> list = kept::ListKept(kept_dir);
   if (!list.ok()) return list.status();
   uint64_t removed = 0;
-  for (const launch::KeptDataset& k : *list) {
+  for (const kept::KeptDataset& k : *list) {
     if (k.complete) continue;
-    if (k.key.rfind(".tmp.", 0) == 0 && launch::KeptEntryInUse(kept_dir, k.key)) continue;
-    if (Status s = launch::RemoveKept(kept_dir, k.key); !s.ok()) {
+    if (k.key.rfind(".tmp.", 0) == 0 && kept::KeptEntryInUse(kept_dir, k.key)) continue;
+    if (Status s = kept::RemoveKept(kept_dir, k.key); !s.ok()) {
       spdlog::warn("kept area: removing incomplete {}: {}", k.dir, s.message());
       continue;
     }
@@ -119,13 +119,13 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
   k->name_ = ".tmp.adopt." + place.tag + "." + std::to_string(::getpid());
   k->dir_ = place.kept_dir + "/" + k->name_;
   if (!S_ISDIR(st.st_mode)) {
-    (void)launch::RemoveKept(place.kept_dir, place.key);
+    (void)kept::RemoveKept(place.kept_dir, place.key);
     return Status::Corruption(src + ": not a directory (removed)");
   }
   // Locked, then private: the entry's private name never shows a free lock to a cleaner
   // (CleanKeptArea), and two jobs never adopt the same directory (the loser finds it locked or
   // gone).
-  Result<int> lock = launch::LockKeptEntry(src);
+  Result<int> lock = kept::LockKeptEntry(src);
   if (!lock.ok()) {
     if (lock.status().code() == StatusCode::kUnavailable) {
       return Status::NotFound(src + ": another job adopts it");
@@ -139,9 +139,9 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
     return s;
   };
 
-  Result<std::string> mbytes = ReadPrivateFile(k->dir_ + "/MANIFEST", launch::kMaxManifestBytes);
+  Result<std::string> mbytes = ReadPrivateFile(k->dir_ + "/MANIFEST", kept::kMaxManifestBytes);
   if (!mbytes.ok()) return fail(mbytes.status());
-  Result<launch::KeptManifest> m = launch::ParseKeptManifest(*mbytes);
+  Result<kept::KeptManifest> m = kept::ParseKeptManifest(*mbytes);
   if (!m.ok()) return fail(m.status().WithContext(src));
   if (m->key != place.key) return fail(Status::Corruption(src + ": MANIFEST names another key"));
   Result<std::string> ibytes = ReadPrivateFile(k->dir_ + "/index", m->index_bytes);
@@ -150,7 +150,7 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
       XXH3_64bits(ibytes->data(), ibytes->size()) != m->index_xxh3) {
     return fail(Status::Corruption(src + ": index differs from what MANIFEST records"));
   }
-  Result<std::vector<launch::KeptSample>> records = launch::ParseKeptIndex(*ibytes);
+  Result<std::vector<kept::KeptSample>> records = kept::ParseKeptIndex(*ibytes);
   if (!records.ok()) return fail(records.status().WithContext(src));
   k->records_ = std::move(*records);
   k->created_ = m->created;
@@ -178,7 +178,7 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
     auto it = by_path.find(catalog.relative_path(id));
     if (it == by_path.end()) continue;
     for (uint32_t r : it->second) {
-      const launch::KeptSample& rec = k->records_[r];
+      const kept::KeptSample& rec = k->records_[r];
       if (rec.offset == catalog.offset(id) && rec.length == catalog.length(id) &&
           k->state_[r].load(std::memory_order_relaxed) == kUntried) {
         k->record_of_[id] = r;
@@ -238,7 +238,7 @@ void KeptCopy::Remove() {
     fd = -1;
   }
   if (!name_.empty()) {
-    if (Status s = launch::RemoveKept(kept_dir_, name_); !s.ok())
+    if (Status s = kept::RemoveKept(kept_dir_, name_); !s.ok())
       spdlog::warn("kept area: removing {}: {}", dir_, s.message());
     name_.clear();
   }
@@ -266,7 +266,7 @@ void KeptCopy::Reject(uint32_t record, policy::SampleId sample, const std::strin
   }
 }
 
-bool KeptCopy::Unchanged(const launch::KeptSample& rec, const FileStat& st) {
+bool KeptCopy::Unchanged(const kept::KeptSample& rec, const FileStat& st) {
   return st.size == rec.file_size && st.mtime_ns == rec.mtime_ns && st.ctime_ns == rec.ctime_ns &&
          st.inode == rec.inode;
 }
@@ -324,7 +324,7 @@ std::vector<std::string> KeptCopy::InPlaceFiles(const TierLayout& layout) const 
   for (policy::SampleId id = 0; id < record_of_.size(); ++id) {
     const uint32_t r = record_of_[id];
     if (r == kNone) continue;
-    const launch::KeptSample& rec = records_[r];
+    const kept::KeptSample& rec = records_[r];
     if (rec.data_file >= fits.size()) continue;
     const uint32_t slot = layout.SlotOf(id);
     bool at = false;
@@ -367,7 +367,7 @@ void KeptCopy::StopChecks() {
 }
 
 void KeptCopy::MarkInPlace(uint32_t r, policy::SampleId id) {
-  const launch::KeptSample& rec = records_[r];
+  const kept::KeptSample& rec = records_[r];
   const std::optional<uint64_t> known = catalog_.checksum(id);
   if (known && *known != rec.xxh3) {
     Reject(r, id, "the kept bytes differ from their checksum");
@@ -397,7 +397,7 @@ uint64_t KeptCopy::Release(std::span<const policy::SampleId> samples) {
     uint8_t expected = kAdopted;
     if (!state_[r].compare_exchange_strong(expected, kReleased))
       continue;  // not adopted (or released)
-    const launch::KeptSample& rec = records_[r];
+    const kept::KeptSample& rec = records_[r];
     const int fd = rec.data_file < data_fds_.size() ? data_fds_[rec.data_file] : -1;
     if (fd < 0) continue;
     // The sample's slot: its bytes and the padding up to the next slot (slots are aligned). A read
@@ -432,7 +432,7 @@ Result<uint64_t> KeptCopy::Fetch(policy::SampleId sample, std::span<std::byte> d
     return Status::NotFound("sample " + std::to_string(sample) +
                             (state == kRejected ? " was rejected" : " is in a tier"));
   }
-  const launch::KeptSample& rec = records_[r];
+  const kept::KeptSample& rec = records_[r];
   const auto reject = [&](const std::string& why, StatusCode code) -> Status {
     Reject(r, sample, why);
     return Status(code, "kept sample " + std::to_string(sample) + ": " + why);
@@ -483,14 +483,14 @@ Result<KeepResult> KeepSsdTier(const KeepOptions& o, SsdTier& tier, const Catalo
     return Status::FromErrno(errno, "kept area: creating a directory in " + place.kept_dir);
   }
   const std::string tmp_name = tmp.substr(place.kept_dir.size() + 1);
-  Result<int> lock = launch::LockKeptEntry(tmp);
+  Result<int> lock = kept::LockKeptEntry(tmp);
   if (!lock.ok()) {
-    (void)launch::RemoveKept(place.kept_dir, tmp_name);
+    (void)kept::RemoveKept(place.kept_dir, tmp_name);
     return lock.status();
   }
   const int lock_fd = *lock;
   const auto fail = [&](Status s) -> Status {
-    (void)launch::RemoveKept(place.kept_dir, tmp_name);
+    (void)kept::RemoveKept(place.kept_dir, tmp_name);
     ::close(lock_fd);
     return s;
   };
@@ -536,7 +536,7 @@ Result<KeepResult> KeepSsdTier(const KeepOptions& o, SsdTier& tier, const Catalo
       t.join();
   }
 
-  std::vector<launch::KeptSample> records;
+  std::vector<kept::KeptSample> records;
   std::vector<std::vector<std::pair<uint64_t, uint64_t>>> extents(layout.file_count());
   for (uint32_t s : slots) {
     const policy::SampleId id = layout.SampleAt(s);
@@ -549,7 +549,7 @@ Result<KeepResult> KeepSsdTier(const KeepOptions& o, SsdTier& tier, const Catalo
       continue;
     }
     const SlotExtent e = layout.Extent(s);
-    launch::KeptSample k;
+    kept::KeptSample k;
     k.relative_path = std::string(catalog.relative_path(id));
     k.offset = catalog.offset(id);
     k.length = catalog.length(id);
@@ -598,8 +598,8 @@ Result<KeepResult> KeepSsdTier(const KeepOptions& o, SsdTier& tier, const Catalo
     ::close(fd);
   }
 
-  const std::string index = launch::EncodeKeptIndex(records);
-  launch::KeptManifest m;
+  const std::string index = kept::EncodeKeptIndex(records);
+  kept::KeptManifest m;
   m.key = place.key;
   m.dataset = place.dataset;
   m.created = o.created != 0 ? o.created : NowSeconds();
@@ -609,9 +609,8 @@ Result<KeepResult> KeepSsdTier(const KeepOptions& o, SsdTier& tier, const Catalo
   m.index_xxh3 = XXH3_64bits(index.data(), index.size());
   m.data_files = layout.file_count();
   // The samples' bytes are not synced: adoption checks every one against its xxh3.
-  if (Status s = launch::WriteFileDurably(tmp, "index", index); !s.ok()) return fail(s);
-  if (Status s = launch::WriteFileDurably(tmp, "MANIFEST", launch::EncodeKeptManifest(m));
-      !s.ok()) {
+  if (Status s = kept::WriteFileDurably(tmp, "index", index); !s.ok()) return fail(s);
+  if (Status s = kept::WriteFileDurably(tmp, "MANIFEST", kept::EncodeKeptManifest(m)); !s.ok()) {
     return fail(s);
   }
   names.push_back("index");
@@ -622,7 +621,7 @@ Result<KeepResult> KeepSsdTier(const KeepOptions& o, SsdTier& tier, const Catalo
   if (::rename(tmp.c_str(), result.dir.c_str()) != 0) {
     if (errno != EEXIST && errno != ENOTEMPTY)
       return fail(Status::FromErrno(errno, "kept area: renaming " + tmp));
-    if (Status s = launch::RemoveKept(place.kept_dir, place.key); !s.ok()) return fail(s);
+    if (Status s = kept::RemoveKept(place.kept_dir, place.key); !s.ok()) return fail(s);
     if (::rename(tmp.c_str(), result.dir.c_str()) != 0)
       return fail(Status::FromErrno(errno, "kept area: renaming " + tmp));
   }

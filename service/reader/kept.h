@@ -1,4 +1,4 @@
-// nopfsd's side of the kept area (launch/kept_area.h; docs/tiers.md, "The kept area"): adopting a
+// nopfsd's side of the kept area (kept/area.h; docs/tiers.md, "The kept area"): adopting a
 // kept dataset at start (KeptCopy, a source of verified samples for the SampleReader, whose data
 // files an SSD tier of the same layout takes over in place) and keeping the SSD tier's ready
 // samples at exit (KeepSsdTier).
@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "launch/kept_area.h"
+#include "kept/area.h"
 #include "policy/job.h"
 #include "service/catalog/catalog.h"
 #include "service/env/env.h"
@@ -36,7 +36,7 @@ namespace nopfs::service {
 // Where this daemon's kept dataset lives.
 struct KeptPlace {
   std::string kept_dir;  // <scratch>/nopfs-<uid>/kept
-  std::string key;       // launch::KeptKey of the dataset
+  std::string key;       // kept::KeptKey of the dataset
   std::string dataset;   // the canonical dataset path (recorded in the MANIFEST)
   std::string tag;       // "<job>.<node>": names this daemon's private .tmp.* entries
 };
@@ -114,7 +114,7 @@ class KeptCopy {
   KeptCopy(Catalog& catalog, Env* env) : catalog_(catalog), env_(env) {}
   void Reject(uint32_t record, policy::SampleId sample, const std::string& why);
   // Whether `st` is the stat the record was kept with.
-  static bool Unchanged(const launch::KeptSample& rec, const FileStat& st);
+  static bool Unchanged(const kept::KeptSample& rec, const FileStat& st);
   // Record r (sample id) of an in-place file, its file unchanged: adopted, ready in the tier.
   void MarkInPlace(uint32_t r, policy::SampleId id);
 
@@ -123,9 +123,9 @@ class KeptCopy {
   std::string kept_dir_, key_, name_, dir_;
   int lock_fd_ = -1;
   int64_t created_ = 0;
-  std::vector<int> data_fds_;                // [data file], -1: absent
-  std::vector<launch::KeptSample> records_;  // from the index
-  std::vector<uint32_t> record_of_;          // [sample]: index into records_, or kNone
+  std::vector<int> data_fds_;              // [data file], -1: absent
+  std::vector<kept::KeptSample> records_;  // from the index
+  std::vector<uint32_t> record_of_;        // [sample]: index into records_, or kNone
   // What became of a record this job.
   enum RecordState : uint8_t {
     kUntried = 0,

@@ -74,9 +74,9 @@ class KeptTest : public ::testing::Test {
     ASSERT_EQ(catalog_->size(), kFiles);
     scratch_ = dir_.path() + "/ssd";
     fs::create_directories(scratch_);
-    place_.kept_dir = launch::KeptAreaDir(SsdTier::UserDir(scratch_, ::geteuid()));
+    place_.kept_dir = kept::KeptAreaDir(SsdTier::UserDir(scratch_, ::geteuid()));
     place_.dataset = data_;
-    place_.key = launch::KeptKey(data_, "test");
+    place_.key = kept::KeptKey(data_, "test");
     place_.tag = "job1.0";
     ssd_ = MakeTier("job1");
   }
@@ -146,7 +146,7 @@ TEST_F(KeptTest, KeepThenAdopt) {
   EXPECT_EQ(r->dir, place_.kept_dir + "/" + place_.key);
   EXPECT_FALSE(fs::exists(ssd_->DataPath(0)));  // moved, not copied
   ASSERT_TRUE(ssd_->Destroy().ok());
-  Result<std::vector<launch::KeptDataset>> l = launch::ListKept(place_.kept_dir);
+  Result<std::vector<kept::KeptDataset>> l = kept::ListKept(place_.kept_dir);
   ASSERT_TRUE(l.ok());
   ASSERT_EQ(l->size(), 1u);
   EXPECT_TRUE((*l)[0].complete);
@@ -201,7 +201,7 @@ TEST_F(KeptTest, TwoClassesKeepTheirOwnSamplesAndTogetherGiveBackEverySample) {
   std::unique_ptr<SsdTier> tiers[2] = {MakeTier("job1", scratch_, even),
                                        MakeTier("job1", scratch2, odd)};
   KeptPlace places[2] = {place_, place_};
-  places[1].kept_dir = launch::KeptAreaDir(SsdTier::UserDir(scratch2, ::geteuid()));
+  places[1].kept_dir = kept::KeptAreaDir(SsdTier::UserDir(scratch2, ::geteuid()));
   for (int c = 0; c < 2; ++c) {
     KeepOptions o = Options();
     o.place = places[c];
@@ -499,8 +499,8 @@ TEST_F(KeptTest, KeeperKilledMidKeepLeavesNothingTrusted) {
   std::string tmp;
   while (tmp.empty() && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    Result<std::vector<launch::KeptDataset>> l = launch::ListKept(place_.kept_dir);
-    if (l.ok() && !l->empty() && launch::KeptEntryInUse(place_.kept_dir, (*l)[0].key))
+    Result<std::vector<kept::KeptDataset>> l = kept::ListKept(place_.kept_dir);
+    if (l.ok() && !l->empty() && kept::KeptEntryInUse(place_.kept_dir, (*l)[0].key))
       tmp = (*l)[0].key;
   }
   ASSERT_FALSE(tmp.empty());
@@ -509,12 +509,12 @@ TEST_F(KeptTest, KeeperKilledMidKeepLeavesNothingTrusted) {
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFSIGNALED(status));
 
-  Result<std::vector<launch::KeptDataset>> l = launch::ListKept(place_.kept_dir);
+  Result<std::vector<kept::KeptDataset>> l = kept::ListKept(place_.kept_dir);
   ASSERT_TRUE(l.ok());
   ASSERT_EQ(l->size(), 1u);
   EXPECT_EQ((*l)[0].key, tmp);
   EXPECT_FALSE((*l)[0].complete);
-  EXPECT_FALSE(launch::KeptEntryInUse(place_.kept_dir, tmp));  // its lock died with it
+  EXPECT_FALSE(kept::KeptEntryInUse(place_.kept_dir, tmp));  // its lock died with it
   EXPECT_EQ(KeptCopy::Adopt(place_, *catalog_, Env::Default()).status().code(),
             StatusCode::kNotFound);
   Result<uint64_t> removed = CleanKeptArea(place_.kept_dir);

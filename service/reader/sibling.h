@@ -11,7 +11,7 @@
 //   <scratch>/nopfs-<uid>/live/<key>.<job>.<node>  one running nopfsd: a small text file, written
 //                                               under a temporary name and renamed, removed at
 //                                               exit (EncodeLiveEntry)
-// <key> is the kept area's key (launch::KeptKey: the canonical dataset path and the scan format);
+// <key> is the kept area's key (kept::KeptKey: the canonical dataset path and the scan format);
 // the entry also records the catalog's fingerprint, which must equal the asker's. An entry whose
 // process is gone, or whose socket does not answer, is stale: ignored and removed.
 //

@@ -157,7 +157,7 @@ Result<uint64_t> SsdTier::CleanupStale(const std::string& scratch_root, uid_t ui
   closedir(d);
   uint64_t removed = 0;
   for (const std::string& n : names) {
-    // The kept area (launch/kept_area.h) and the sibling registry (service/reader/sibling.h)
+    // The kept area (kept/area.h) and the sibling registry (service/reader/sibling.h)
     // are not a job's tier.
     if (n == kKeptName || n == "live") continue;
     const std::string path = udir + "/" + n;

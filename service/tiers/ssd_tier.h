@@ -3,7 +3,7 @@
 //
 // Layout on disk (docs/tiers.md says why):
 //   <scratch>/nopfs-<uid>/                 0700, owned by the daemon's user (shared by its jobs)
-//   <scratch>/nopfs-<uid>/kept/            the kept area (launch/kept_area.h), never touched here
+//   <scratch>/nopfs-<uid>/kept/            the kept area (kept/area.h), never touched here
 //   <scratch>/nopfs-<uid>/<job>.<node>/    0700, this tier
 //       lock                               flock()ed (LOCK_EX) for as long as the tier lives
 //       data.0, data.1, ...                0600, samples at 4 KiB-aligned offsets given by the

@@ -131,7 +131,7 @@ class KeepTest(unittest.TestCase):
         return glob.glob(os.path.join(scratch or self.scratch, "nopfs-*", "kept", name))[0]
 
     def kept_index(self, kept_dir):
-        """The index's records (launch/kept_area.h) as dicts."""
+        """The index's records (kept/area.h) as dicts."""
         with open(os.path.join(kept_dir, "index"), "rb") as fh:
             b = fh.read()
         self.assertEqual(b[:8], b"NOPFSKIX")

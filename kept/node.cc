@@ -1,4 +1,4 @@
-#include "spank/node_kept.h"
+#include "kept/node.h"
 
 #include <limits.h>
 #include <stdlib.h>
@@ -8,7 +8,7 @@
 
 #include "common/units.h"
 
-namespace nopfs::spank {
+namespace nopfs::kept {
 namespace {
 
 std::string Canonical(const std::string& path) {
@@ -16,10 +16,10 @@ std::string Canonical(const std::string& path) {
   return ::realpath(path.c_str(), buf) != nullptr ? std::string(buf) : path;
 }
 
-std::function<launch::KeepLimits(uint32_t)> LimitsOf(lua::KeepGrants* grants) {
+std::function<KeepLimits(uint32_t)> LimitsOf(lua::KeepGrants* grants) {
   return [grants](uint32_t uid) {
     const lua::KeepGrant g = grants->For(uid);
-    return launch::KeepLimits{g.quota, g.lifetime};
+    return KeepLimits{g.quota, g.lifetime};
   };
 }
 
@@ -32,7 +32,7 @@ void Append(std::string* out, const std::string& what) {
 NodeKept::NodeKept(KeepJob job, const lua::NodeConfig& config,
                    const std::vector<std::string>& ssd_paths, lua::NodeState* ns)
     : job_(std::move(job)),
-      kept_(launch::KeptNode::Scan(ssd_paths)),
+      kept_(KeptNode::Scan(ssd_paths)),
       grants_(job_.policy, config, WithKept(*ns)) {
   removed_ = kept_.Sweep(LimitsOf(&grants_), ::time(nullptr));
   ns->ssd_kept = kept_.Bytes();
@@ -45,18 +45,18 @@ lua::NodeState NodeKept::WithKept(lua::NodeState ns) const {
 
 KeepPlan NodeKept::Admitted(const lua::NodeState& ns, const lua::Admission& adm) {
   const std::string canonical = Canonical(job_.dataset);
-  auto adoptable = [&](const launch::KeptEntry& k) {
+  auto adoptable = [&](const KeptEntry& k) {
     return k.uid == job_.uid && k.Complete() &&
            (k.data.dataset == job_.dataset || k.data.dataset == canonical);
   };
   uint64_t own = 0;
-  for (const launch::KeptEntry& k : kept_.entries()) {
+  for (const KeptEntry& k : kept_.entries()) {
     if (adoptable(k)) own += k.data.bytes;
   }
   const uint64_t used = ns.ssd_reserved + adm.ssd;
   const uint64_t room =
       (ns.ssd_total > used ? ns.ssd_total - used : 0) + std::min<uint64_t>(own, adm.ssd);
-  for (launch::Removal& r : kept_.MakeRoom(room, adoptable))
+  for (Removal& r : kept_.MakeRoom(room, adoptable))
     removed_.push_back(std::move(r));
 
   KeepPlan plan;
@@ -80,7 +80,7 @@ KeepPlan NodeKept::Admitted(const lua::NodeState& ns, const lua::Admission& adm)
   for (const std::string& e : kept_.errors())
     Append(&plan.note, e);
   if (!removed_.empty()) {
-    Append(&plan.note, "kept datasets removed: " + launch::DescribeRemovals(removed_));
+    Append(&plan.note, "kept datasets removed: " + DescribeRemovals(removed_));
   }
   return plan;
 }
@@ -92,21 +92,20 @@ std::string AfterJob(const std::string& policy, const lua::NodeConfig& config,
   ns.name = node;
   ns.ram_total = config.CapacityOf(policy::ClassKind::kRam);
   ns.ssd_total = config.CapacityOf(policy::ClassKind::kSsd);
-  launch::KeptNode kept = launch::KeptNode::Scan(ssd_paths, uid);
+  KeptNode kept = KeptNode::Scan(ssd_paths, uid);
   ns.ssd_kept = kept.Bytes();
   lua::KeepGrants grants(policy, config, ns);
-  const std::vector<launch::Removal> removed = kept.Sweep(LimitsOf(&grants), ::time(nullptr));
+  const std::vector<Removal> removed = kept.Sweep(LimitsOf(&grants), ::time(nullptr));
   std::string notes;
   for (const std::string& e : grants.errors())
     notes += e + "; ";
   for (const std::string& e : kept.errors())
     notes += e + "; ";
-  if (!removed.empty())
-    notes += "kept datasets removed: " + launch::DescribeRemovals(removed) + "; ";
+  if (!removed.empty()) notes += "kept datasets removed: " + DescribeRemovals(removed) + "; ";
   if (kept.BytesOf(uid) != 0) {
     notes += "kept " + FormatBytes(static_cast<double>(kept.BytesOf(uid))) + "; ";
   }
   return notes;
 }
 
-}  // namespace nopfs::spank
+}  // namespace nopfs::kept

@@ -1,4 +1,4 @@
-#include "launch/kept_space.h"
+#include "kept/space.h"
 
 #include <unistd.h>
 
@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-namespace nopfs::launch {
+namespace nopfs::kept {
 namespace {
 
 namespace fs = std::filesystem;
@@ -186,4 +186,4 @@ TEST(KeptSpace, Ages) {
 }
 
 }  // namespace
-}  // namespace nopfs::launch
+}  // namespace nopfs::kept

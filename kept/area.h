@@ -33,7 +33,7 @@
 
 #include "common/status.h"
 
-namespace nopfs::launch {
+namespace nopfs::kept {
 
 inline constexpr uint32_t kKeptVersion = 1;
 inline constexpr uint64_t kMaxManifestBytes = 64 * 1024;
@@ -106,4 +106,4 @@ Result<std::vector<KeptSample>> ParseKeptIndex(std::string_view bytes);
 // Writes `bytes` to <dir>/<name> durably: a temporary file, fsync, rename, fsync of `dir`.
 Status WriteFileDurably(const std::string& dir, const std::string& name, std::string_view bytes);
 
-}  // namespace nopfs::launch
+}  // namespace nopfs::kept

@@ -1,4 +1,4 @@
-#include "spank/node_kept.h"
+#include "kept/node.h"
 
 #include <unistd.h>
 
@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-namespace nopfs::spank {
+namespace nopfs::kept {
 namespace {
 
 namespace fs = std::filesystem;
@@ -48,12 +48,12 @@ class NodeKeptTest : public testing::Test {
     const std::string dir = kept_ + "/" + key;
     fs::create_directories(dir);
     std::ofstream(dir + "/data.0", std::ios::binary) << std::string(bytes, 'x');
-    launch::KeptManifest m;
+    KeptManifest m;
     m.key = key;
     m.dataset = dataset;
     m.created = m.last_used = last_used;
     m.samples = 1;
-    ASSERT_TRUE(launch::WriteFileDurably(dir, "MANIFEST", launch::EncodeKeptManifest(m)).ok());
+    ASSERT_TRUE(WriteFileDurably(dir, "MANIFEST", EncodeKeptManifest(m)).ok());
   }
 
   std::set<std::string> Left() const {
@@ -176,4 +176,4 @@ TEST_F(NodeKeptTest, AfterTheJobTheQuotaAndTheLifetimeApply) {
 }
 
 }  // namespace
-}  // namespace nopfs::spank
+}  // namespace nopfs::kept

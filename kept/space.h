@@ -1,5 +1,5 @@
 // The kept datasets of every user on a node, and the rules that bound them: the policy's quota
-// and lifetime per user, the node's SSD capacity, incomplete entries (launch/kept_area.h). Used by
+// and lifetime per user, the node's SSD capacity, incomplete entries (kept/area.h). Used by
 // the prolog (nopfs-job, as root, before admitting a job), the epilog, `nopfs gc` (root) and
 // `nopfs cache` (the user, on the user's own kept area).
 //
@@ -28,9 +28,9 @@
 #include <vector>
 
 #include "common/status.h"
-#include "launch/kept_area.h"
+#include "kept/area.h"
 
-namespace nopfs::launch {
+namespace nopfs::kept {
 
 struct KeptEntry {
   uint32_t uid = 0;
@@ -97,4 +97,4 @@ std::string DescribeRemovals(const std::vector<Removal>& removals);
 // "40s", "10m", "3h", "2d": an age in seconds, as `nopfs cache ls` shows it.
 std::string FormatAge(int64_t seconds);
 
-}  // namespace nopfs::launch
+}  // namespace nopfs::kept

@@ -1,4 +1,4 @@
-#include "launch/kept_space.h"
+#include "kept/space.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -11,7 +11,7 @@
 
 #include "common/units.h"
 
-namespace nopfs::launch {
+namespace nopfs::kept {
 
 // One user's kept area under one SSD path, held open.
 struct KeptNode::Area {
@@ -221,4 +221,4 @@ std::string FormatAge(int64_t seconds) {
   return std::to_string(seconds / 86400) + "d";
 }
 
-}  // namespace nopfs::launch
+}  // namespace nopfs::kept

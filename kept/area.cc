@@ -1,4 +1,4 @@
-#include "launch/kept_area.h"
+#include "kept/area.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -18,7 +18,7 @@
 #include "common/lock_file.h"
 #include "common/unique_fd.h"
 
-namespace nopfs::launch {
+namespace nopfs::kept {
 namespace {
 
 constexpr std::string_view kManifestMagic = "NOPFSKPT";
@@ -398,4 +398,4 @@ Status RemoveKept(const std::string& kept_dir, const std::string& name) {
   return Status::Ok();
 }
 
-}  // namespace nopfs::launch
+}  // namespace nopfs::kept

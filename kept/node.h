@@ -2,7 +2,7 @@
 // datasets"): the prolog's removal of incomplete, expired and over-quota entries of every user,
 // its eviction of the least recently used for the admitted job's SSD, and its decision of what
 // the job's nopfsd may keep at exit; the epilog's quota and lifetime after nopfsd kept. Runs as
-// root; every listing and removal goes through launch::KeptNode (descriptors, no link followed).
+// root; every listing and removal goes through KeptNode (descriptors, no link followed).
 //
 // Thread safety: use from one thread.
 #pragma once
@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "launch/kept_space.h"
+#include "kept/space.h"
 #include "lua/admit.h"
 #include "lua/config.h"
 
-namespace nopfs::spank {
+namespace nopfs::kept {
 
 // What the job's nopfsd may keep at exit.
 struct KeepPlan {
@@ -49,9 +49,9 @@ class NodeKept {
  private:
   lua::NodeState WithKept(lua::NodeState ns) const;
   KeepJob job_;
-  launch::KeptNode kept_;
+  KeptNode kept_;
   lua::KeepGrants grants_;
-  std::vector<launch::Removal> removed_;
+  std::vector<Removal> removed_;
 };
 
 // The epilog's part, after the job's nopfsd has stopped: the user's quota and lifetimes on the
@@ -61,4 +61,4 @@ std::string AfterJob(const std::string& policy, const lua::NodeConfig& config,
                      const std::string& node, const std::vector<std::string>& ssd_paths,
                      uint32_t uid);
 
-}  // namespace nopfs::spank
+}  // namespace nopfs::kept

@@ -1,4 +1,4 @@
-#include "launch/kept_area.h"
+#include "kept/area.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-namespace nopfs::launch {
+namespace nopfs::kept {
 namespace {
 
 namespace fs = std::filesystem;
@@ -268,4 +268,4 @@ TEST(KeptArea, RemoveKeptRemovesEverythingAndNothingOutside) {
 }
 
 }  // namespace
-}  // namespace nopfs::launch
+}  // namespace nopfs::kept
