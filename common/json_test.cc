@@ -69,8 +69,9 @@ TEST(JsonTest, ADocumentMixingBothKindsParsesBack) {
   EXPECT_EQ(compact,
             "{\"ok\":\"caf\xc3\xa9\",\"bad\":\"bad\\udcffname\",\"list\":[\"\\udcfe\",1,null,true],"
             "\"n\":18446744073709551615}");
-  // Python's json reads the \udcXX escapes (tests/cli/cli_test.py checks the round trip through
-  // os.fsencode); nlohmann/json refuses an unpaired surrogate, so it reads back only the rest.
+  // Python's json reads the \udcXX escapes (tests/cli/cli_test.py and cache_test.py check the
+  // round trip through os.fsencode); nlohmann/json refuses an unpaired surrogate, so it reads back
+  // only the rest.
   doc.erase("bad");
   doc["list"].erase(0);
   const Json back = Json::parse(DumpJson(doc));

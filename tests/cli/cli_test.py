@@ -233,6 +233,27 @@ class SimulateTest(unittest.TestCase):
         self.assertEqual(int(by["dataloader"]["job_pfs_bytes"]), 3 * dataset)
         self.assertEqual(int(by["no-io"]["job_pfs_bytes"]), 0)
 
+    def test_json_writes_a_path_that_is_not_utf8_byte_for_byte(self):
+        # The config's path is bytes: well-formed UTF-8 (2 to 4 bytes) as it is, every other byte
+        # (stray, truncated, overlong, a surrogate, above U+10FFFF) as \udcXX, quotes and control
+        # characters escaped (docs/service.md, "Status"). The text is UTF-8 that Python's json
+        # reads, to the string os.fsdecode makes of the path; os.fsencode gives the bytes back.
+        name = (b"bad\xffname \x80 \xe2\x82 \xc0\xaf \xed\xa0\x80 \xf4\x90\x80\x80 "
+                b"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \"q\\ \t\x01.conf.lua")
+        tmp = tempfile.mkdtemp(prefix="nopfs-json-")
+        self.addCleanup(shutil.rmtree, tmp)
+        conf = os.path.join(os.fsencode(tmp), name)
+        with open(conf, "w") as fh:
+            fh.write("pfs = 500\n")
+        p = subprocess.run([NOPFS, "simulate", "--config", conf, "--samples", "3", "--format",
+                            "json"], capture_output=True, timeout=120, check=True)
+        text = p.stdout.decode("utf-8")  # strict: the text itself is well-formed UTF-8
+        self.assertIn("bad\\udcffname \\udc80 \\udce2\\udc82 ", text)
+        self.assertIn("caf\u00e9 \u20ac \U0001f600 \\\"q\\\\ \\t\\u0001.conf", text)
+        config = json.loads(text)["config"]
+        self.assertEqual(config, os.fsdecode(conf))
+        self.assertEqual(os.fsencode(config), conf)
+
     def test_table_and_policy_subset(self):
         out = run("simulate", "--samples", 5000, "--epochs", 2, "--policies",
                   "staging,no-io").stdout
