@@ -15,8 +15,8 @@
 // the bytes), parsers that insist on paired surrogates (nlohmann/json itself, Rust's serde_json)
 // refuse it, and some (jq, Go) read U+FFFD in its place. Well-formed UTF-8 is written as it is;
 // a NUL byte is written as \u0000. Strings go into a Json
-// value through JsonBytes, which applies the rule; a plain std::string of well-formed UTF-8 may be
-// put in directly.
+// value through JsonBytes, which applies the rule; a plain std::string of well-formed UTF-8 without
+// NUL may be put in directly.
 //
 // Thread safety: reentrant.
 #pragma once
