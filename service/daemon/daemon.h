@@ -126,7 +126,7 @@ class Daemon final : public Handler {
   Status SettleJob();                    // job_: F from the catalog, checked
   void PlanNode(Startup* s);             // model_ (capped by the grants), plan_, the counts
   Status CreateTiers();                  // ram_tiers_, ssd_tiers_, tier_refs_
-  void CreateReader(Startup* s);         // reader_ with the kept copies and the sibling
+  void CreateReader(Startup* s);         // reader_ with its sources: peers, kept copies, sibling
   void CreatePrefetchers();              // prefetchers_ (not started)
   void AttachPeerDirectory(Startup* s);  // the peer directory; frees the counts
   void AnnounceFilledClasses(const Startup& s);  // what a class's filling triggers

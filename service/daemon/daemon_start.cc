@@ -262,7 +262,7 @@ void Daemon::PlanNode(Startup* s) {
 Status Daemon::CreateTiers() {
   for (size_t j = 0; j < model_.classes.size(); ++j) {
     const policy::StorageClass& c = model_.classes[j];
-    TierRef ref{c.name, nullptr, nullptr};
+    TierRef ref = TierRef::Empty(c.name);
     const policy::TierPlan& tp = plan_.tiers[j];
     if (!tp.prefetch_order.empty()) {
       if (c.kind == policy::ClassKind::kRam) {
@@ -270,7 +270,7 @@ Status Daemon::CreateTiers() {
         if (!layout.ok()) return layout.status();
         Result<std::unique_ptr<RamTier>> t = RamTier::Create(options_.job_id, std::move(*layout));
         if (!t.ok()) return t.status().WithContext("class " + c.name);
-        ref.ram = t->get();
+        ref = TierRef::Of(c.name, t->get());
         ram_tiers_.push_back(std::move(*t));
       } else {
         Result<TierLayout> layout = TierLayout::Ssd(tp, catalog_->sizes());
@@ -288,7 +288,7 @@ Status Daemon::CreateTiers() {
         Result<std::unique_ptr<SsdTier>> t = SsdTier::Create(so, std::move(*layout));
         if (!t.ok()) return t.status().WithContext("class " + c.name);
         if (copy != nullptr) copy->SetInPlaceTier(t->get());
-        ref.ssd = t->get();
+        ref = TierRef::Of(c.name, t->get());
         ssd_tiers_.push_back(std::move(*t));
       }
       spdlog::info("tier {}: {} samples, {}", c.name, tp.prefetch_order.size(),
@@ -303,9 +303,8 @@ void Daemon::CreateReader(Startup* s) {
   uint32_t prefetch_threads = 0;
   for (const policy::StorageClass& c : model_.classes)
     prefetch_threads += c.threads;
-  reader_ = std::make_unique<SampleReader>(*catalog_, plan_, tier_refs_, model_,
-                                           job_.nodes() * std::max<uint32_t>(1, prefetch_threads));
-  reader_->set_verify_ram_hits(config_.ram_verify() == lua::RamVerify::kAlways);
+  ReaderSources sources;
+  sources.peers = peers_.get();
   for (KeptClass& k : kept_) {
     if (k.copy) s->copies.push_back(k.copy.get());
   }
@@ -325,29 +324,32 @@ void Daemon::CreateReader(Startup* s) {
     for (KeptCopy* k : s->copies)
       k->CheckAhead(order, kKeptCheckThreads);
     // A sample is kept by one class at most: the first copy that knows it answers.
-    reader_->SetKeptSource(
-        [copies = s->copies](policy::SampleId id, std::span<std::byte> dst) -> Result<uint64_t> {
-          for (KeptCopy* k : copies) {
-            Result<uint64_t> r = k->Fetch(id, dst);
-            if (r.ok() || r.status().code() != StatusCode::kNotFound) return r;
-          }
-          return Status::NotFound("sample " + std::to_string(id) + " is not kept");
-        });
+    sources.kept = [copies = s->copies](policy::SampleId id,
+                                        std::span<std::byte> dst) -> Result<uint64_t> {
+      for (KeptCopy* k : copies) {
+        Result<uint64_t> r = k->Fetch(id, dst);
+        if (r.ok() || r.status().code() != StatusCode::kNotFound) return r;
+      }
+      return Status::NotFound("sample " + std::to_string(id) + " is not kept");
+    };
   }
   if (siblings_) {
     SiblingReader* sib = siblings_.get();
-    reader_->SetSiblingSource([sib](policy::SampleId id, std::span<std::byte> dst) {
+    sources.sibling = [sib](policy::SampleId id, std::span<std::byte> dst) {
       return sib->Fetch(static_cast<uint32_t>(id), dst);
-    });
+    };
   }
+  reader_ = std::make_unique<SampleReader>(*catalog_, plan_, tier_refs_, model_,
+                                           job_.nodes() * std::max<uint32_t>(1, prefetch_threads),
+                                           std::move(sources));
+  reader_->set_verify_ram_hits(config_.ram_verify() == lua::RamVerify::kAlways);
 }
 
 void Daemon::CreatePrefetchers() {
   // One per non-empty class, each with the class's threads.
   prefetch_done_.assign(model_.classes.size(), {});
   for (size_t j = 0; j < tier_refs_.size(); ++j) {
-    Tier* tier = tier_refs_[j].ram != nullptr ? static_cast<Tier*>(tier_refs_[j].ram)
-                                              : static_cast<Tier*>(tier_refs_[j].ssd);
+    Tier* tier = tier_refs_[j].tier;
     if (tier == nullptr) {
       prefetchers_.push_back(nullptr);
       continue;
@@ -390,8 +392,7 @@ void Daemon::AnnounceFilledClasses(const Startup& s) {
       if (copies.empty()) return;
       std::vector<policy::SampleId> ready;
       for (policy::SampleId id : plan_.tiers[j].prefetch_order)
-        if (tier_refs_[j].ram != nullptr ? tier_refs_[j].ram->IsReady(id)
-                                         : tier_refs_[j].ssd->IsReady(id)) {
+        if (tier_refs_[j].tier->IsReady(id)) {
           ready.push_back(id);
         }
       for (KeptCopy* k : copies)

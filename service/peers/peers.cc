@@ -241,15 +241,8 @@ Status PeerService::Attach(const policy::NodePlan& plan, const policy::NodeAcces
   held_elsewhere_ = directory_.size();
   needed_ = needs.size();
   spdlog::info("peers: {}", state_);
-  have_directory_.store(true, std::memory_order_release);
-  reader.SetPeerSource(
-      [this](policy::SampleId s) { return Lookup(s); },
-      [this](policy::SampleId s, std::span<std::byte> dst) { return Fetch(s, dst); },
-      [this](policy::SampleId s, std::span<std::byte> dst) { return FetchCopy(s, dst); },
-      [this](policy::SampleId s, std::span<const std::byte> bytes, uint64_t h) {
-        Push(s, bytes, h);
-      });
   reader_.store(&reader, std::memory_order_release);
+  have_directory_.store(true, std::memory_order_release);
   return Status::Ok();
 }
 

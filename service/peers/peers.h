@@ -1,7 +1,8 @@
 // PeerService: what makes a node's cache part of the whole job's cache. It serves this node's
 // ready tier copies to the job's other nodes over fabric::PeerLink, builds the peer directory
-// (service/peers/directory.h) with them, and gives the SampleReader its peer sources: the holder of
-// a sample this node reads and does not hold, and the filler a prefetcher copies from. The rules
+// (service/peers/directory.h) with them, and is the SampleReader's PeerSource
+// (service/reader/sources.h): the holder of a sample this node reads and does not hold, and the
+// filler a prefetcher copies from. The rules
 // (directory, readiness, fills, pushes, dead peers, when each step happens) are
 // docs/algorithm.md §7.
 //
@@ -44,17 +45,19 @@ struct PeerServiceOptions {
   uint64_t margin = 20;  // docs/algorithm.md §7: readiness margin, in prefetch-list entries
 };
 
-class PeerService {
+class PeerService final : public PeerSource {
  public:
   static Result<std::unique_ptr<PeerService>> Start(const PeerServiceOptions& options);
-  ~PeerService();
+  ~PeerService() override;
   PeerService(const PeerService&) = delete;
   PeerService& operator=(const PeerService&) = delete;
 
   // Serves `tiers` (class j of `plan`), builds the directory from what this node holds and what
-  // it will read (`counts`), and installs the peer source into `reader`. `prefetchers` (not
+  // it will read (`counts`), and from then on answers as the reader's PeerSource; the samples
+  // other nodes push are kept through `reader` (SampleReader::KeepPushed). `prefetchers` (not
   // started yet, or running) give the pace for readiness. Everything given must outlive the
-  // service. An error means the node runs without peers (it still serves its own).
+  // service. An error means the node runs without peers (it still serves its own, and as a
+  // PeerSource knows no peer).
   Status Attach(const policy::NodePlan& plan, const policy::NodeAccessCounts& counts,
                 const std::vector<TierRef>& tiers,
                 const std::vector<const Prefetcher*>& prefetchers, const Catalog& catalog,
@@ -81,6 +84,14 @@ class PeerService {
   // then presume every entry of it ready (docs/algorithm.md §7).
   void AnnounceClassDone(uint32_t cls);
 
+  // PeerSource (sources.h): no peer until Attach has built the directory.
+  int Lookup(policy::SampleId sample) const override;
+  Result<uint64_t> Fetch(policy::SampleId sample, std::span<std::byte> dst) override;
+  Result<uint64_t> FetchCopy(policy::SampleId sample, std::span<std::byte> dst) override;
+  // Offers a sample a staging read took from the PFS to the node the directory names for it (its
+  // holder, or its filler) unless that node reported its class filled.
+  void Push(policy::SampleId sample, std::span<const std::byte> bytes, uint64_t xxh3) override;
+
   // Stops the link: nothing more is served, and peer reads (by prefetchers still running) fail at
   // once, so that they can be joined before the service goes. Idempotent; the destructor calls it.
   void Stop();
@@ -96,13 +107,7 @@ class PeerService {
   std::optional<dir::Location> Where(policy::SampleId sample) const;
   // docs/algorithm.md §7: whether loc's holder is presumed to have it by now (and is not dead).
   bool PresumedReady(const dir::Location& loc, uint64_t margin) const;
-  int Lookup(policy::SampleId sample) const;
-  Result<uint64_t> Fetch(policy::SampleId sample, std::span<std::byte> dst);
-  Result<uint64_t> FetchCopy(policy::SampleId sample, std::span<std::byte> dst);
   Result<uint64_t> ReadFrom(const dir::Location& loc, std::span<std::byte> dst);
-  // The reader's push: offers a sample a staging read took from the PFS to the node the directory
-  // names for it (its holder, or its filler) unless that node reported its class filled.
-  void Push(policy::SampleId sample, std::span<const std::byte> bytes, uint64_t xxh3);
   // A push from node `node`: kept in this node's tier if planned here and not filled yet.
   void OnPush(uint32_t node, uint64_t sample, uint64_t xxh3, std::span<const std::byte> bytes);
 

@@ -32,12 +32,13 @@ void Count(SourceCounters& c, uint64_t bytes, uint64_t nanos) {
 
 SampleReader::SampleReader(Catalog& catalog, const policy::NodePlan& plan,
                            std::vector<TierRef> tiers, const policy::SystemModel& model,
-                           uint32_t pfs_readers)
+                           uint32_t pfs_readers, ReaderSources sources)
     : catalog_(catalog),
       plan_(plan),
       tiers_(std::move(tiers)),
       model_(model),
-      pfs_readers_(std::max<uint32_t>(1, pfs_readers)) {
+      pfs_readers_(std::max<uint32_t>(1, pfs_readers)),
+      sources_(std::move(sources)) {
   for (size_t j = 0; j < tiers_.size(); ++j) {
     if (region_class_ < 0 && tiers_[j].ram != nullptr) region_class_ = static_cast<int>(j);
     per_class_.push_back(std::make_unique<SourceCounters>());
@@ -46,20 +47,20 @@ SampleReader::SampleReader(Catalog& catalog, const policy::NodePlan& plan,
   }
 }
 
-Tier* SampleReader::ClaimForCache(size_t j, policy::SampleId sample) {
-  const TierRef& t = tiers_[j];
-  Tier* tier = t.ram != nullptr ? static_cast<Tier*>(t.ram) : static_cast<Tier*>(t.ssd);
-  if (tier == nullptr) return nullptr;
+std::optional<SampleReader::Claim> SampleReader::ClaimForCache(size_t j, policy::SampleId sample) {
+  Tier* tier = tiers_[j].tier;
+  if (tier == nullptr) return std::nullopt;
   const uint32_t slot = tier->layout().SlotOf(sample);
-  if (slot >= tier->layout().slot_count() || !tier->slots().TryBeginFill(slot)) return nullptr;
-  return tier;
+  if (slot >= tier->layout().slot_count() || !tier->slots().TryBeginFill(slot)) {
+    return std::nullopt;
+  }
+  return Claim{j, tier, slot};
 }
 
-void SampleReader::CacheAfterRead(size_t j, Tier* tier, policy::SampleId sample,
+void SampleReader::CacheAfterRead(const Claim& claim, policy::SampleId sample,
                                   std::span<const std::byte> bytes, uint64_t hash,
                                   SourceCounters& counter) {
-  const TierRef& t = tiers_[j];
-  const uint32_t slot = tier->layout().SlotOf(sample);
+  Tier* tier = claim.tier;
   // The bytes are at hand: the tier's fill copies them instead of reading the PFS again.
   const FetchFn from_memory = [&](policy::SampleId, std::span<std::byte> dst) -> Result<uint64_t> {
     if (dst.size() != bytes.size()) {
@@ -80,27 +81,18 @@ void SampleReader::CacheAfterRead(size_t j, Tier* tier, policy::SampleId sample,
     bounce_size = bounce ? rounded : 0;
   }
   if (need > bounce_size) {
-    tier->slots().Abandon(slot);  // no memory for the bounce buffer: the prefetcher fills it
+    tier->slots().Abandon(claim.slot);  // no memory for the bounce buffer: the prefetcher fills it
     return;
   }
-  Result<uint64_t> h = tier->Fill(slot, from_memory, {bounce.get(), need});
+  Result<uint64_t> h = tier->Fill(claim.slot, from_memory, {bounce.get(), need});
   if (h.ok()) {
-    tier->slots().MarkReady(slot, *h);
+    tier->slots().MarkReady(claim.slot, *h);
     Count(counter, bytes.size(), 0);
   } else {
-    tier->slots().Abandon(slot);  // the prefetcher tries again from the PFS
+    tier->slots().Abandon(claim.slot);  // the prefetcher tries again from the PFS
     spdlog::warn("sample {} ({}): could not keep it in the {} tier after reading it: {}", sample,
-                 catalog_.path(sample), t.name, h.status().message());
+                 catalog_.path(sample), tiers_[claim.klass].name, h.status().message());
   }
-}
-
-void SampleReader::SetPeerSource(PeerLookupFn lookup, PeerFetchFn fetch, PeerFetchFn fill,
-                                 PeerPushFn push) {
-  peer_lookup_ = std::move(lookup);
-  peer_fetch_ = std::move(fetch);
-  peer_fill_fetch_ = std::move(fill);
-  peer_push_ = std::move(push);
-  peer_set_.store(true, std::memory_order_release);
 }
 
 bool SampleReader::KeepPushed(policy::SampleId sample, std::span<const std::byte> bytes,
@@ -121,25 +113,24 @@ bool SampleReader::KeepPushed(policy::SampleId sample, std::span<const std::byte
         sample, catalog_.path(sample));
     return false;
   }
-  Tier* claimed = ClaimForCache(static_cast<size_t>(klass), sample);
-  if (claimed == nullptr) return false;  // filled, or being filled: nothing to spare
-  CacheAfterRead(static_cast<size_t>(klass), claimed, sample, bytes, xxh3,
-                 *pushed_kept_[static_cast<size_t>(klass)]);
-  return claimed->slots().state(claimed->layout().SlotOf(sample)) == SlotState::kReady;
+  const std::optional<Claim> claim = ClaimForCache(static_cast<size_t>(klass), sample);
+  if (!claim) return false;  // filled, or being filled: nothing to spare
+  CacheAfterRead(*claim, sample, bytes, xxh3, *pushed_kept_[claim->klass]);
+  return claim->tier->slots().state(claim->slot) == SlotState::kReady;
 }
 
 Result<uint64_t> SampleReader::FetchKept(policy::SampleId sample, std::span<std::byte> dst) {
-  if (!kept_fetch_) return Status::NotFound("no kept copy");
+  if (!sources_.kept) return Status::NotFound("no kept copy");
   const uint64_t t0 = NowNanos();
-  Result<uint64_t> h = kept_fetch_(sample, dst);
+  Result<uint64_t> h = sources_.kept(sample, dst);
   if (h.ok()) Count(kept_, dst.size(), NowNanos() - t0);
   return h;
 }
 
 Result<uint64_t> SampleReader::FetchSibling(policy::SampleId sample, std::span<std::byte> dst) {
-  if (!sibling_fetch_) return Status::NotFound("no sibling");
+  if (!sources_.sibling) return Status::NotFound("no sibling");
   const uint64_t t0 = NowNanos();
-  std::optional<Result<uint64_t>> asked = sibling_fetch_(sample, dst);
+  std::optional<Result<uint64_t>> asked = sources_.sibling(sample, dst);
   if (!asked) return Status::NotFound("no sibling now");
   Result<uint64_t>& h = *asked;
   const std::optional<uint64_t> known = h.ok() ? catalog_.checksum(sample) : std::nullopt;
@@ -164,9 +155,9 @@ Result<uint64_t> SampleReader::FetchSibling(policy::SampleId sample, std::span<s
 Result<uint64_t> SampleReader::FetchForFill(policy::SampleId sample, std::span<std::byte> dst,
                                             bool may_defer) {
   if (Result<uint64_t> h = FetchKept(sample, dst); h.ok()) return h;
-  if (peer_set_.load(std::memory_order_acquire) && peer_fill_fetch_) {
+  if (sources_.peers != nullptr) {
     const uint64_t t0 = NowNanos();
-    Result<uint64_t> h = peer_fill_fetch_(sample, dst);
+    Result<uint64_t> h = sources_.peers->FetchCopy(sample, dst);
     const std::optional<uint64_t> known = h.ok() ? catalog_.checksum(sample) : std::nullopt;
     if (h.ok() && (!known || *known == *h)) {
       Count(peer_fill_, dst.size(), NowNanos() - t0);
@@ -186,16 +177,8 @@ Result<uint64_t> SampleReader::FetchForFill(policy::SampleId sample, std::span<s
   // When another node fills this sample for the job and did not have it (a copy given up on), it
   // will read the PFS too unless it is offered these bytes (for a sample this node fills itself,
   // the peer service finds nobody to offer them to).
-  if (h.ok() && peer_set_.load(std::memory_order_acquire) && peer_push_) {
-    peer_push_(sample, dst, *h);
-  }
+  if (h.ok() && sources_.peers != nullptr) sources_.peers->Push(sample, dst, *h);
   return h;
-}
-
-bool SampleReader::TierReady(const TierRef& t, policy::SampleId sample) const {
-  if (t.ram != nullptr) return t.ram->IsReady(sample);
-  if (t.ssd != nullptr) return t.ssd->IsReady(sample);
-  return false;
 }
 
 Status SampleReader::ReadTier(const TierRef& t, policy::SampleId sample, std::span<std::byte> dst) {
@@ -280,106 +263,98 @@ Result<uint64_t> SampleReader::FetchFromPfs(policy::SampleId sample, std::span<s
   return h;
 }
 
+int SampleReader::LocalClass(int klass, policy::SampleId sample) const {
+  Tier* tier = tiers_[static_cast<size_t>(klass)].tier;
+  if (tier == nullptr) return -1;
+  if (tier->IsReady(sample)) return klass;
+  // A prefetcher is fetching this very sample (staging often catches up with the prefetchers,
+  // which work in the same first-access order): its copy arrives sooner than a second PFS read
+  // would, and the PFS is spared the duplicate.
+  const uint32_t slot = tier->layout().SlotOf(sample);
+  if (slot != kNoSlot && tier->slots().state(slot) == SlotState::kFilling &&
+      tier->slots().WaitReady(slot, kFillWait).ok()) {
+    return klass;
+  }
+  return -1;
+}
+
+Result<uint64_t> SampleReader::FetchPeer(policy::SampleId sample, std::span<std::byte> dst) {
+  const uint64_t t0 = NowNanos();
+  Result<uint64_t> h = sources_.peers->Fetch(sample, dst);
+  const std::optional<uint64_t> known = catalog_.checksum(sample);
+  if (h.ok() && (!known || *known == *h)) {
+    Count(peer_, dst.size(), NowNanos() - t0);
+    return h;
+  }
+  // "Not available" is a readiness guess that missed (docs/algorithm.md §7): expected, quiet.
+  if (!h.ok() && h.status().code() == StatusCode::kNotFound) {
+    spdlog::debug("sample {}: not ready at its peer yet, reading the PFS", sample);
+    return h.status();
+  }
+  spdlog::warn("sample {} ({}): peer read failed, reading the PFS instead: {}", sample,
+               catalog_.path(sample),
+               h.ok() ? std::string("checksum differs") : h.status().message());
+  return h.ok() ? Status::Corruption("sample " + std::to_string(sample) +
+                                     ": the peer's bytes differ from the checksum recorded here")
+                : h.status();
+}
+
 Result<SourceId> SampleReader::Read(policy::SampleId sample, std::span<std::byte> dst,
                                     bool ask_sibling) {
   const int8_t klass = sample < plan_.location.size() ? plan_.location[sample] : policy::kNotCached;
   const bool planned = klass != policy::kNotCached && static_cast<size_t>(klass) < tiers_.size();
-  int local = -1;
-  if (planned && TierReady(tiers_[static_cast<size_t>(klass)], sample)) local = klass;
-  if (local < 0 && planned) {
-    // A prefetcher is fetching this very sample (staging often catches up with the prefetchers,
-    // which work in the same first-access order): its copy arrives sooner than a second PFS read
-    // would, and the PFS is spared the duplicate.
-    const TierRef& t = tiers_[static_cast<size_t>(klass)];
-    Tier* tier = t.ram != nullptr ? static_cast<Tier*>(t.ram) : static_cast<Tier*>(t.ssd);
-    if (tier != nullptr) {
-      const uint32_t slot = tier->layout().SlotOf(sample);
-      if (slot != kNoSlot && tier->slots().state(slot) == SlotState::kFilling &&
-          tier->slots().WaitReady(slot, kFillWait).ok()) {
-        local = klass;
-      }
-    }
-  }
-  Tier* claimed = nullptr;
-  bool tried_claim = false;
-  int peer = -1;
-  if (local < 0 && peer_set_.load(std::memory_order_acquire) && peer_lookup_) {
-    peer = peer_lookup_(sample);
-  }
+  // This node's tier first, when the model prefers it to the peer that has the sample.
+  const int local = planned ? LocalClass(klass, sample) : -1;
+  const int peer = local < 0 && sources_.peers != nullptr ? sources_.peers->Lookup(sample) : -1;
+  policy::SourceKind kind = policy::SourceKind::kPfs;
   if (local >= 0 || peer >= 0) {
     const uint32_t gamma = pfs_readers_ + pfs_active_.load(std::memory_order_relaxed);
-    const policy::SourceChoice choice =
-        policy::ChooseSource(model_, dst.size(), local, peer, gamma);
-    if (choice.kind == policy::SourceKind::kLocal) {
-      const uint64_t t0 = NowNanos();
-      Status s = ReadTier(tiers_[static_cast<size_t>(local)], sample, dst);
-      if (s.ok()) {
-        Count(*per_class_[static_cast<size_t>(local)], dst.size(), NowNanos() - t0);
-        return SourceId{local};
-      }
-      if (s.code() == StatusCode::kCorruption) corruptions_.fetch_add(1, std::memory_order_relaxed);
-      spdlog::warn("sample {} ({}): {} tier read failed, reading the PFS instead: {}", sample,
-                   catalog_.path(sample), tiers_[static_cast<size_t>(local)].name, s.message());
-    } else if (choice.kind == policy::SourceKind::kPeer && peer_fetch_) {
-      // A sample planned here but not filled yet: its copy from the filler is kept (fetch-and-
-      // cache from the peer), so the slot is claimed first, as for a PFS read below.
-      if (planned) {
-        claimed = ClaimForCache(static_cast<size_t>(klass), sample);
-        tried_claim = true;
-      }
-      const uint64_t t0 = NowNanos();
-      Result<uint64_t> h = peer_fetch_(sample, dst);
-      const std::optional<uint64_t> known = catalog_.checksum(sample);
-      if (h.ok() && (!known || *known == *h)) {
-        Count(peer_, dst.size(), NowNanos() - t0);
-        if (claimed != nullptr) {
-          CacheAfterRead(static_cast<size_t>(klass), claimed, sample, dst, *h,
-                         *cached_on_read_[static_cast<size_t>(klass)]);
-        }
-        return SourceId{SourceId::kPeer};
-      }
-      // "Not available" is a readiness guess that missed (docs/algorithm.md §7): expected, quiet.
-      if (!h.ok() && h.status().code() == StatusCode::kNotFound) {
-        spdlog::debug("sample {}: not ready at its peer yet, reading the PFS", sample);
-      } else {
-        spdlog::warn("sample {} ({}): peer read failed, reading the PFS instead: {}", sample,
-                     catalog_.path(sample),
-                     h.ok() ? std::string("checksum differs") : h.status().message());
-      }
-    }
+    kind = policy::ChooseSource(model_, dst.size(), local, peer, gamma).kind;
   }
-  // Fetch-and-cache: claim the planned slot before reading, so that a prefetcher reaching the
-  // same sample meanwhile skips it instead of reading the PFS a second time.
-  if (planned && !tried_claim) claimed = ClaimForCache(static_cast<size_t>(klass), sample);
-  if (Result<uint64_t> k = FetchKept(sample, dst); k.ok()) {
-    if (claimed != nullptr) {
-      CacheAfterRead(static_cast<size_t>(klass), claimed, sample, dst, *k,
-                     *cached_on_read_[static_cast<size_t>(klass)]);
+  if (kind == policy::SourceKind::kLocal) {
+    const TierRef& t = tiers_[static_cast<size_t>(local)];
+    const uint64_t t0 = NowNanos();
+    Status s = ReadTier(t, sample, dst);
+    if (s.ok()) {
+      Count(*per_class_[static_cast<size_t>(local)], dst.size(), NowNanos() - t0);
+      return SourceId{local};
     }
-    return SourceId{SourceId::kKept};
+    if (s.code() == StatusCode::kCorruption) corruptions_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::warn("sample {} ({}): {} tier read failed, reading the PFS instead: {}", sample,
+                 catalog_.path(sample), t.name, s.message());
   }
-  if (Result<uint64_t> sb = ask_sibling ? FetchSibling(sample, dst)
-                                        : Result<uint64_t>(Status::NotFound("no sibling"));
-      sb.ok()) {
-    if (claimed != nullptr) {
-      CacheAfterRead(static_cast<size_t>(klass), claimed, sample, dst, *sb,
-                     *cached_on_read_[static_cast<size_t>(klass)]);
-    }
-    return SourceId{SourceId::kSibling};
-  }
-  Result<uint64_t> h = FetchFromPfs(sample, dst, /*staging=*/true);
+  // Every other source: fetch-and-cache claims the planned slot before reading, so that a
+  // prefetcher reaching the same sample meanwhile skips it instead of reading the PFS a second
+  // time, and what is read is kept there. The peer (when the model chose it), the kept copy, a
+  // sibling, then the PFS.
+  const std::optional<Claim> claim =
+      planned ? ClaimForCache(static_cast<size_t>(klass), sample) : std::nullopt;
+  SourceId from{SourceId::kPeer};
+  Result<uint64_t> h = Status::NotFound("no source");
+  if (kind == policy::SourceKind::kPeer) h = FetchPeer(sample, dst);
   if (!h.ok()) {
-    if (claimed != nullptr) claimed->slots().Abandon(claimed->layout().SlotOf(sample));
+    from = SourceId{SourceId::kKept};
+    h = FetchKept(sample, dst);
+  }
+  if (!h.ok() && ask_sibling) {
+    from = SourceId{SourceId::kSibling};
+    h = FetchSibling(sample, dst);
+  }
+  if (!h.ok()) {
+    from = SourceId{SourceId::kPfs};
+    h = FetchFromPfs(sample, dst, /*staging=*/true);
+  }
+  if (!h.ok()) {
+    if (claim) claim->tier->slots().Abandon(claim->slot);
     return h.status();
   }
-  if (claimed != nullptr) {
-    CacheAfterRead(static_cast<size_t>(klass), claimed, sample, dst, *h,
-                   *cached_on_read_[static_cast<size_t>(klass)]);
-  }
+  if (claim) CacheAfterRead(*claim, sample, dst, *h, *cached_on_read_[claim->klass]);
   // The node that holds it (or fills it for the job) will read it from the PFS too unless it is
   // offered these bytes.
-  if (peer_set_.load(std::memory_order_acquire) && peer_push_) peer_push_(sample, dst, *h);
-  return SourceId{SourceId::kPfs};
+  if (from.index == SourceId::kPfs && sources_.peers != nullptr) {
+    sources_.peers->Push(sample, dst, *h);
+  }
+  return from;
 }
 
 }  // namespace nopfs::service

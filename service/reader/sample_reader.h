@@ -3,16 +3,16 @@
 // prefetchers use its PFS fetch to fill the tiers.
 //
 // Sources, per docs/algorithm.md §4: this node's tier holding the sample once it is ready (RAM:
-// copy out of the memfd; SSD: a read of its data file), a peer's tier (service/peers/peers.h
-// installs it: SetPeerSource), or the PFS. policy::ChooseSource picks among those that can serve
-// now. Every tier read is checked against the xxh3 recorded when the tier was filled; a mismatch (a
-// corrupted SSD file, a stray write into shared memory) is logged, the slot is marked failed, and
-// the sample is read from the PFS instead. A PFS read records the sample's checksum in the catalog
-// the first time, and warns if a later read of the same file differs (the file changed during the
-// job). Fetch-and-cache (docs/algorithm.md §7): when a staging read has to go to the PFS for a
-// sample that the plan places in a tier not filled yet, the reader stores the bytes it already has
-// in that tier (claiming the slot, so that the prefetcher skips it), and the PFS is read once for
-// it.
+// copy out of the memfd; SSD: a read of its data file), a peer's tier, the kept copy, a sibling
+// job, or the PFS (the sources beside the tiers and the PFS are given at construction:
+// sources.h). policy::ChooseSource picks between the tier, a peer and the PFS. Every tier read is
+// checked against the xxh3 recorded when the tier was filled; a mismatch (a corrupted SSD file, a
+// stray write into shared memory) is logged, the slot is marked failed, and the sample is read from
+// the PFS instead. A PFS read records the sample's checksum in the catalog the first time, and
+// warns if a later read of the same file differs (the file changed during the job). Fetch-and-cache
+// (docs/algorithm.md §7): when a staging read has to go to the PFS for a sample that the plan
+// places in a tier not filled yet, the reader stores the bytes it already has in that tier
+// (claiming the slot, so that the prefetcher skips it), and the PFS is read once for it.
 //
 // Thread safety: Read and the fetch are safe from any number of threads.
 #pragma once
@@ -30,19 +30,13 @@
 #include "policy/model.h"
 #include "policy/plan.h"
 #include "service/catalog/catalog.h"
+#include "service/reader/sources.h"
 #include "service/tiers/ram_tier.h"
 #include "service/tiers/ssd_tier.h"
 #include "service/tiers/tier_layout.h"
+#include "service/tiers/tier_ref.h"
 
 namespace nopfs::service {
-
-// One storage class of the node as the reader sees it: at most one of the two is set (an empty
-// class has neither).
-struct TierRef {
-  std::string name;
-  RamTier* ram = nullptr;
-  SsdTier* ssd = nullptr;
-};
 
 // Where a read was served from: a class index (0..classes-1), a peer, or the PFS.
 struct SourceId {
@@ -60,33 +54,12 @@ struct SourceCounters {
   std::atomic<uint64_t> nanos{0};  // time spent reading (staging reads only)
 };
 
-// A peer read (fabric/): fills dst with the sample's bytes and returns their xxh3, or an error
-// (the reader then falls back to the PFS). `peer_class` is the peer's class that holds it.
-using PeerFetchFn = std::function<Result<uint64_t>(policy::SampleId, std::span<std::byte> dst)>;
-// Whether some peer holds the sample and is presumed ready (docs/algorithm.md §7); returns the
-// peer's class index or -1. For a sample this node holds but has not filled yet, the peer is its
-// filler (the holder that reads it from the PFS; service/peers/directory.h).
-using PeerLookupFn = std::function<int(policy::SampleId)>;
-// Offers a sample just read from the PFS by a staging read to the peer that holds it (or fills it
-// for the job) but was not presumed to have it yet; best effort, must not block.
-using PeerPushFn =
-    std::function<void(policy::SampleId, std::span<const std::byte> bytes, uint64_t xxh3)>;
-
-// A kept copy's fetch (KeptCopy::Fetch): fills dst with verified bytes and returns their xxh3;
-// NotFound when it does not have the sample, another error when it rejected it.
-using KeptFetchFn = std::function<Result<uint64_t>(policy::SampleId, std::span<std::byte> dst)>;
-
-// A sibling's fetch (SiblingReader::Fetch): fills dst with bytes checked against the xxh3 the
-// sibling sent and returns it; any error: the reader reads the PFS instead; nullopt: no sibling
-// to ask now (the PFS is read, nothing is counted).
-using SiblingFetchFn =
-    std::function<std::optional<Result<uint64_t>>(policy::SampleId, std::span<std::byte> dst)>;
-
 class SampleReader {
  public:
-  // catalog, plan, tiers and model must outlive the reader. tiers[j] is class j of the plan.
+  // catalog, plan, tiers, model and sources.peers must outlive the reader. tiers[j] is class j
+  // of the plan.
   SampleReader(Catalog& catalog, const policy::NodePlan& plan, std::vector<TierRef> tiers,
-               const policy::SystemModel& model, uint32_t pfs_readers);
+               const policy::SystemModel& model, uint32_t pfs_readers, ReaderSources sources = {});
   SampleReader(const SampleReader&) = delete;
   SampleReader& operator=(const SampleReader&) = delete;
 
@@ -115,31 +88,18 @@ class SampleReader {
 
   // A PFS read that records/compares the checksum and returns it.
   Result<uint64_t> FetchFromPfs(policy::SampleId sample, std::span<std::byte> dst, bool staging);
-  // The fetch the prefetchers use: the sample's filler's copy when another node reads it from the
-  // PFS for the job (the peer fill source), else FetchFromPfs. When the filler does not have it
+  // The fetch the prefetchers use: the kept copy, else the sample's filler's copy when another
+  // node reads it from the PFS for the job (PeerSource::FetchCopy), else the sibling, else
+  // FetchFromPfs. When the filler does not have it
   // yet: with `may_defer`, kUnavailable (the prefetcher retries the slot after its pass, see
   // prefetcher.h); without, the PFS.
   Result<uint64_t> FetchForFill(policy::SampleId sample, std::span<std::byte> dst, bool may_defer);
 
-  // Installs the peer source: `lookup` and `fetch` for staging reads, `fill` for prefetches, which
-  // answers kUnavailable when the filler is not ready yet (not presumed, or "not available") and
-  // NotFound when this node reads the sample itself; any other error is logged and the PFS read.
-  // `push` (may be empty) is offered every sample a staging read took from the PFS. Safe to call
-  // once while prefetchers run; staging reads must not have started.
-  void SetPeerSource(PeerLookupFn lookup, PeerFetchFn fetch, PeerFetchFn fill,
-                     PeerPushFn push = nullptr);
-
-  // Installs the kept copy: prefetches and staging reads that would go to a peer or the PFS take
-  // the sample from it first. Call before any read.
-  void SetKeptSource(KeptFetchFn fetch) { kept_fetch_ = std::move(fetch); }
   // Samples and bytes taken from the kept copy (prefetches and staging reads).
   const SourceCounters& kept_counters() const { return kept_; }
 
-  // Installs a sibling (sibling.h): prefetches and staging reads that would go to the PFS ask it
-  // first. Its bytes must match the catalog's checksum when one is known; any failure (the
+  // A sibling's bytes must match the catalog's checksum when one is known; any failure (the
   // sibling gone, a timeout, a mismatch) reads the PFS for that sample, and is logged once.
-  // Call before any read.
-  void SetSiblingSource(SiblingFetchFn fetch) { sibling_fetch_ = std::move(fetch); }
   // Samples and bytes taken from the sibling (prefetches and staging reads), and its failures.
   const SourceCounters& sibling_counters() const { return sibling_; }
   uint64_t sibling_failures() const { return sibling_failed_.load(std::memory_order_relaxed); }
@@ -173,20 +133,30 @@ class SampleReader {
   const std::string& class_name(size_t j) const { return tiers_[j].name; }
 
  private:
+  // A planned slot this read has claimed for fetch-and-cache (docs/algorithm.md §7): its class,
+  // its tier and its slot.
+  struct Claim {
+    size_t klass = 0;
+    Tier* tier = nullptr;
+    uint32_t slot = kNoSlot;
+  };
   Status ReadTier(const TierRef& t, policy::SampleId sample, std::span<std::byte> dst);
-  bool TierReady(const TierRef& t, policy::SampleId sample) const;
+  // The class whose tier holds `sample` ready (waiting a moment for a fill already under way), or
+  // -1.
+  int LocalClass(int klass, policy::SampleId sample) const;
+  // The peer's bytes for a staging read (counted), or an error (logged unless expected).
+  Result<uint64_t> FetchPeer(policy::SampleId sample, std::span<std::byte> dst);
   // The kept copy's bytes (counted), or an error: NotFound without a kept copy.
   Result<uint64_t> FetchKept(policy::SampleId sample, std::span<std::byte> dst);
   // The sibling's bytes (counted), or an error: NotFound without a sibling to ask.
   Result<uint64_t> FetchSibling(policy::SampleId sample, std::span<std::byte> dst);
   // Fetch-and-cache: claims `sample`'s slot in class j's tier (TryBeginFill) if it is empty;
-  // the tier, or null when there is nothing to claim.
-  Tier* ClaimForCache(size_t j, policy::SampleId sample);
-  // Stores `bytes` (the sample just read from the PFS, xxh3 `hash`) in the slot claimed in
-  // `tier` (class j) and marks it ready. Failures are logged and the slot given back; the read
-  // itself has succeeded.
-  void CacheAfterRead(size_t j, Tier* tier, policy::SampleId sample,
-                      std::span<const std::byte> bytes, uint64_t hash, SourceCounters& counter);
+  // nullopt when there is nothing to claim.
+  std::optional<Claim> ClaimForCache(size_t j, policy::SampleId sample);
+  // Stores `bytes` (the sample just read, xxh3 `hash`) in the claimed slot and marks it ready.
+  // Failures are logged and the slot given back; the read itself has succeeded.
+  void CacheAfterRead(const Claim& claim, policy::SampleId sample, std::span<const std::byte> bytes,
+                      uint64_t hash, SourceCounters& counter);
 
   Catalog& catalog_;
   const policy::NodePlan& plan_;
@@ -194,18 +164,11 @@ class SampleReader {
   const policy::SystemModel& model_;
   uint32_t pfs_readers_;
   int region_class_ = -1;
-  // Set once by SetPeerSource, then read-only; peer_set_ publishes them to the prefetchers.
-  PeerLookupFn peer_lookup_;
-  PeerFetchFn peer_fetch_;
-  PeerFetchFn peer_fill_fetch_;
-  PeerPushFn peer_push_;
-  KeptFetchFn kept_fetch_;  // set before any read, then read-only
+  const ReaderSources sources_;
   SourceCounters kept_;
-  SiblingFetchFn sibling_fetch_;  // set before any read, then read-only
   SourceCounters sibling_;
   std::atomic<uint64_t> sibling_failed_{0};
   std::vector<std::unique_ptr<SourceCounters>> pushed_kept_;
-  std::atomic<bool> peer_set_{false};
   SourceCounters peer_fill_;
   std::atomic<uint64_t> peer_fill_gave_up_{0};
   std::vector<std::unique_ptr<SourceCounters>> per_class_;

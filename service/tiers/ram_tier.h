@@ -65,7 +65,7 @@ class RamTier final : public Tier {
   }
 
   // Whether the tier holds `sample` and it is ready to read.
-  bool IsReady(policy::SampleId sample) const;
+  bool IsReady(policy::SampleId sample) const override;
   // Ok once the sample is ready; NotFound if the tier does not hold it; Unavailable if its fill
   // failed (read it from the PFS); TimedOut after `timeout`.
   Status WaitReady(policy::SampleId sample, std::chrono::nanoseconds timeout) const;

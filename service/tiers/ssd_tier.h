@@ -104,7 +104,7 @@ class SsdTier final : public Tier {
 
   static constexpr uint64_t kAllocChunk = uint64_t{64} << 20;
 
-  bool IsReady(policy::SampleId sample) const;
+  bool IsReady(policy::SampleId sample) const override;
   // As RamTier::WaitReady.
   Status WaitReady(policy::SampleId sample, std::chrono::nanoseconds timeout) const;
   // Reads the sample into dst (exactly its size) and verifies its checksum. NotFound (not in this

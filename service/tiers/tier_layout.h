@@ -157,13 +157,16 @@ class SlotTable {
 // sample's size, and returns the xxh3 (XXH3_64bits) of those bytes.
 using FetchFn = std::function<Result<uint64_t>(policy::SampleId, std::span<std::byte> dst)>;
 
-// What a prefetcher needs from a tier. Implemented by RamTier and SsdTier.
+// What every tier does, for the prefetchers, the reader and the peers. Implemented by RamTier and
+// SsdTier.
 class Tier {
  public:
   virtual ~Tier() = default;
   virtual const char* kind() const = 0;  // "ram", "ssd": for logs
   virtual const TierLayout& layout() const = 0;
   virtual SlotTable& slots() = 0;
+  // Whether the tier holds `sample` and it is ready to read.
+  virtual bool IsReady(policy::SampleId sample) const = 0;
   // Bytes of aligned scratch memory one filling thread must pass to Fill (0: none needed).
   virtual uint64_t bounce_bytes() const = 0;
   // Fetches slot `slot`'s sample with `fetch` and stores it in the tier; returns its xxh3.
