@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/json.h"
+#include "common/printable.h"
 #include "common/units.h"
 #include "kept/space.h"
 #include "lua/config.h"
@@ -26,14 +27,6 @@ struct CacheFlags {
 int Fail(const std::string& what, const std::string& msg) {
   std::fprintf(stderr, "nopfs cache %s: %s\n", what.c_str(), msg.c_str());
   return 2;
-}
-
-// Printable for the terminal: control characters as '?'.
-std::string Shown(std::string s) {
-  for (char& c : s) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
-  }
-  return s;
 }
 
 Result<kept::KeptNode> Mine(const std::string& config_path) {
@@ -80,13 +73,13 @@ int List(const CacheFlags& f) {
   for (const kept::KeptEntry& e : node->entries()) {
     const kept::KeptDataset& d = e.data;
     if (d.complete) {
-      std::printf("%-16s  %10s  %9llu  %5s  %9s  %s\n", Shown(d.key).c_str(),
-                  FormatBytes(static_cast<double>(d.bytes)).c_str(),
-                  static_cast<unsigned long long>(d.samples),
-                  kept::FormatAge(now - d.created).c_str(),
-                  (kept::FormatAge(now - d.last_used) + " ago").c_str(), Shown(d.dataset).c_str());
+      std::printf(
+          "%-16s  %10s  %9llu  %5s  %9s  %s\n", Printable(d.key).c_str(),
+          FormatBytes(static_cast<double>(d.bytes)).c_str(),
+          static_cast<unsigned long long>(d.samples), kept::FormatAge(now - d.created).c_str(),
+          (kept::FormatAge(now - d.last_used) + " ago").c_str(), Printable(d.dataset).c_str());
     } else {
-      std::printf("%-16s  %10s  %9s  %5s  %9s  %s\n", Shown(d.key).c_str(),
+      std::printf("%-16s  %10s  %9s  %5s  %9s  %s\n", Printable(d.key).c_str(),
                   FormatBytes(static_cast<double>(d.bytes)).c_str(), "-", "-", "-",
                   e.Pending() ? "(being kept or adopted)" : "(incomplete: never used)");
     }
@@ -114,7 +107,7 @@ int Remove(const CacheFlags& f) {
       found = found || e.data.key == k;
     if (!found) {
       std::fprintf(stderr, "nopfs cache rm: %s: no such kept dataset here (nopfs cache ls)\n",
-                   Shown(k).c_str());
+                   Printable(k).c_str());
       rc = 1;
     }
   }
@@ -125,9 +118,9 @@ int Remove(const CacheFlags& f) {
       rc = 1;
       continue;
     }
-    std::printf("removed %s (%s, %s)\n", Shown(e.data.key).c_str(),
+    std::printf("removed %s (%s, %s)\n", Printable(e.data.key).c_str(),
                 FormatBytes(static_cast<double>(e.data.bytes)).c_str(),
-                e.data.dataset.empty() ? "incomplete" : Shown(e.data.dataset).c_str());
+                e.data.dataset.empty() ? "incomplete" : Printable(e.data.dataset).c_str());
   }
   return rc;
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/printable.h"
 #include "common/units.h"
 #include "kept/space.h"
 #include "lua/admit.h"
@@ -75,9 +76,10 @@ int RunGc(GcFlags f) {
   for (const kept::Removal& r : removed) {
     if (!r.status.ok()) rc = 1;
     std::printf("%s %s (uid %u, %s, %s)%s%s\n", r.status.ok() ? "removed" : "could not remove",
-                r.entry.data.dir.c_str(), r.entry.uid,
+                Printable(r.entry.data.dir).c_str(), r.entry.uid,
                 FormatBytes(static_cast<double>(r.entry.data.bytes)).c_str(), r.why.c_str(),
-                r.status.ok() ? "" : ": ", r.status.ok() ? "" : r.status.message().c_str());
+                r.status.ok() ? "" : ": ",
+                r.status.ok() ? "" : Printable(r.status.message()).c_str());
   }
   if (!f.quiet) {
     std::printf("kept on %s: %zu entries, %s, of %zu users\n", f.node.c_str(),

@@ -9,6 +9,7 @@
 #include <charconv>
 #include <map>
 
+#include "common/printable.h"
 #include "common/units.h"
 
 namespace nopfs::kept {
@@ -59,7 +60,8 @@ KeptNode KeptNode::Scan(const std::vector<std::string>& ssd_paths,
     } else {
       DIR* d = ::opendir(path.c_str());
       if (d == nullptr) {
-        if (errno != ENOENT) node.errors_.push_back(Status::FromErrno(errno, path).message());
+        if (errno != ENOENT)
+          node.errors_.push_back(Printable(Status::FromErrno(errno, path).message()));
         continue;
       }
       while (const dirent* e = ::readdir(d)) {
@@ -70,7 +72,8 @@ KeptNode KeptNode::Scan(const std::vector<std::string>& ssd_paths,
     }
     const int pfd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (pfd < 0) {
-      if (errno != ENOENT) node.errors_.push_back(Status::FromErrno(errno, path).message());
+      if (errno != ENOENT)
+        node.errors_.push_back(Printable(Status::FromErrno(errno, path).message()));
       continue;
     }
     for (const std::string& name : names) {
@@ -81,7 +84,7 @@ KeptNode KeptNode::Scan(const std::vector<std::string>& ssd_paths,
       struct stat st {};
       if (area->fd < 0 || ::fstat(area->fd, &st) != 0) {
         if (errno != ENOENT && errno != ELOOP && errno != ENOTDIR) {
-          node.errors_.push_back(Status::FromErrno(errno, path + "/" + name).message());
+          node.errors_.push_back(Printable(Status::FromErrno(errno, path + "/" + name).message()));
         }
         continue;
       }
@@ -90,7 +93,7 @@ KeptNode KeptNode::Scan(const std::vector<std::string>& ssd_paths,
       area->kept_dir = "/proc/self/fd/" + std::to_string(area->fd) + "/kept";
       Result<std::vector<KeptDataset>> list = ListKept(area->kept_dir);
       if (!list.ok()) {
-        node.errors_.push_back(area->shown + ": " + list.status().message());
+        node.errors_.push_back(Printable(area->shown + ": " + list.status().message()));
         continue;
       }
       const size_t index = node.areas_.size();
@@ -205,10 +208,11 @@ std::string DescribeRemovals(const std::vector<Removal>& removals) {
   std::string out;
   for (const Removal& r : removals) {
     if (!out.empty()) out += "; ";
-    out += "uid " + std::to_string(r.entry.uid) + " " + r.entry.data.key + " (" +
-           (r.entry.data.dataset.empty() ? "" : r.entry.data.dataset + ", ") +
+    // The key, the dataset and the error's paths come from the user's files: made printable.
+    out += "uid " + std::to_string(r.entry.uid) + " " + Printable(r.entry.data.key) + " (" +
+           (r.entry.data.dataset.empty() ? "" : Printable(r.entry.data.dataset) + ", ") +
            FormatBytes(static_cast<double>(r.entry.data.bytes)) + ", " + r.why +
-           (r.status.ok() ? "" : ", not removed: " + r.status.message()) + ")";
+           (r.status.ok() ? "" : ", not removed: " + Printable(r.status.message())) + ")";
   }
   return out;
 }

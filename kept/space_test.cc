@@ -177,6 +177,34 @@ TEST(KeptSpace, AUserDirectorySwappedForALinkAfterTheScanMovesNothingElsewhere) 
   EXPECT_FALSE(fs::exists(ssd + "/moved/kept/" + kA)) << "the held directory's entry stays";
 }
 
+TEST(KeptSpace, WhatAUserWroteReachesRootsLinesPrintableOnOneLine) {
+  // A user's MANIFEST whose dataset forges a line of root's log, and an entry whose name holds a
+  // newline: the prolog's, epilog's and gc's description of their removal stays one line.
+  const std::string ssd = Fresh("printable");
+  const std::string kept = UserKept(ssd);
+  MakeKept(kept, kA, 1024, 1000);
+  KeptManifest m;
+  m.key = kA;
+  m.dataset = "/x\n[2026-11-28T22:00:00.000] nopfs: epilog: n1: INJECTED alice job 99, \x1b[2K";
+  m.created = 990;
+  m.last_used = 1000;
+  m.samples = 1;
+  ASSERT_TRUE(WriteFileDurably(kept + "/" + kA, "MANIFEST", EncodeKeptManifest(m)).ok());
+  fs::create_directories(kept + "/bad\nname");
+  KeptNode n = KeptNode::Scan({ssd});
+  const std::vector<Removal> r = n.Sweep(
+      [](uint32_t) {
+        return KeepLimits{0, 100000};
+      },
+      2000);  // quota 0: all of it goes
+  ASSERT_EQ(r.size(), 2u);
+  const std::string line = DescribeRemovals(r);
+  EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+  EXPECT_EQ(line.find('\x1b'), std::string::npos) << line;
+  EXPECT_NE(line.find("/x\\x0a[2026-11-28T22:00:00.000] nopfs: epilog"), std::string::npos) << line;
+  EXPECT_NE(line.find("bad\\x0aname"), std::string::npos) << line;
+}
+
 TEST(KeptSpace, Ages) {
   EXPECT_EQ(FormatAge(-3), "0s");
   EXPECT_EQ(FormatAge(59), "59s");

@@ -351,12 +351,4 @@ std::vector<pid_t> StopProcesses(const std::vector<ProcessId>& procs,
   return left;
 }
 
-std::string Printable(std::string_view text, size_t max) {
-  std::string out(text.substr(0, max));
-  for (char& c : out) {
-    if (c < 0x20 || c > 0x7e) c = '?';
-  }
-  return out;
-}
-
 }  // namespace nopfs::spank

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "common/printable.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 
@@ -98,8 +99,10 @@ struct ProcessId {
 std::vector<pid_t> StopProcesses(const std::vector<ProcessId>& procs,
                                  std::chrono::milliseconds grace);
 
-// `text` with every byte outside printable ASCII replaced by '?', cut to `max` bytes: what a user
-// wrote, made fit for one line of slurmd's log.
-std::string Printable(std::string_view text, size_t max = 400);
+// What a user wrote, made fit for one line of slurmd's log: common/printable.h, at most `max`
+// bytes of it.
+inline std::string Printable(std::string_view text, size_t max = 400) {
+  return nopfs::Printable(text, max);
+}
 
 }  // namespace nopfs::spank

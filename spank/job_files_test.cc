@@ -267,9 +267,9 @@ TEST_F(JobFilesTest, StopProcessesGoesByPidAndStartTimeNotArgv) {
   EXPECT_TRUE(StopProcesses({{0, 0}}, 100ms).empty());
 }
 
-TEST(PrintableTest, ControlBytesAreReplacedAndTheLengthCapped) {
-  EXPECT_EQ(Printable("a\nb\x1b[31m\xff"), "a?b?[31m?");
-  EXPECT_EQ(Printable(std::string(500, 'x'), 10), std::string(10, 'x'));
+TEST(PrintableTest, ControlBytesAreEscapedAndTheLengthCapped) {
+  EXPECT_EQ(Printable("a\nb\x1b[31m\xff"), "a\\x0ab\\x1b[31m\\xff");
+  EXPECT_EQ(Printable(std::string(500, 'x'), 10), std::string(10, 'x') + "...");
 }
 
 }  // namespace
