@@ -1,6 +1,6 @@
 // The ring's shared memory as both of its sides see it (the header page, the slot table, the
 // futex waits and wakes) and what RingWriter (ring_writer.cc) and RingReader (ring_reader.cc)
-// share beside it. The layout is the format docs/wire.md describes. Private to client/.
+// share beside it. The layout is the format docs/wire.md describes. Private to protocol/.
 #pragma once
 
 #include <linux/futex.h>
