@@ -17,6 +17,15 @@ TEST(HostlistTest, ExpandsAsSlurmNumbersTheNodes) {
   h = ExpandHostlist("node[001-003],rack1-n[9-10]");
   ASSERT_TRUE(h.ok()) << h.status().message();
   EXPECT_EQ(*h, (Names{"node001", "node002", "node003", "rack1-n9", "rack1-n10"}));
+  h = ExpandHostlist("n[1-3,5],m07,x[01-02]");
+  ASSERT_TRUE(h.ok()) << h.status().message();
+  EXPECT_EQ(*h, (Names{"n1", "n2", "n3", "n5", "m07", "x01", "x02"}));
+  // A suffix after the brackets: libslurm 22.05 cannot parse it (and never writes one), so nopfs
+  // refuses it too rather than numbering the nodes its own way.
+  h = ExpandHostlist("n[1-3,5],m07,x[01-02]-ib");
+  ASSERT_FALSE(h.ok());
+  EXPECT_NE(h.status().message().find("Slurm cannot parse it"), std::string::npos)
+      << h.status().message();
   h = ExpandHostlist("n1");
   ASSERT_TRUE(h.ok());
   EXPECT_EQ(*h, Names{"n1"});
