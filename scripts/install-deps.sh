@@ -11,7 +11,7 @@ PACKAGES=(
   # (scripts/fuzz.sh), with its libFuzzer, ASan and UBSan runtimes
   clang libclang-rt-14-dev
   # libraries (spdlog's headers use fmt's)
-  librocksdb-dev libspdlog-dev libfmt-dev liblua5.4-dev libfabric-dev libfabric-bin
+  librocksdb-dev libspdlog-dev libfmt-dev liblua5.4-dev libfabric-dev
   libgtest-dev libgmock-dev libcli11-dev libxxhash-dev nlohmann-json3-dev libssl-dev
   # Slurm and MUNGE for the local cluster
   slurmctld slurmd slurm-client munge libslurm-dev
