@@ -35,6 +35,27 @@ def purge():
     run("dpkg", "-P", PACKAGE, check=False)
 
 
+def hardening(path):
+    """What `path` (an ELF file) lacks of the distribution's hardening, as a list of words."""
+    header = run("readelf", "-h", path).stdout
+    segments = run("readelf", "-lW", path).stdout
+    dynamic = run("readelf", "-dW", path).stdout
+    symbols = set(re.findall(r"\b(__\w+_chk(?:_fail)?)\b", run("readelf", "--dyn-syms", "-W",
+                                                               path).stdout))
+    missing = []
+    if "GNU_RELRO" not in segments:
+        missing.append("relro")
+    if not re.search(r"\(FLAGS(_1)?\)\s+Flags:.*\b(BIND_NOW|NOW)\b", dynamic):
+        missing.append("bindnow")
+    if not re.search(r"Type:\s+DYN", header):
+        missing.append("pie")
+    if "__stack_chk_fail" not in symbols:
+        missing.append("stackprotector")
+    if not symbols - {"__stack_chk_fail"}:
+        missing.append("fortify")
+    return missing
+
+
 class PackageTest(cl.ClusterCase):
     @classmethod
     def setUpClass(cls):
@@ -110,6 +131,14 @@ class PackageTest(cl.ClusterCase):
         # The installed config loads with the installed nopfs.
         run("/usr/bin/nopfs", "config", "/etc/nopfs/nopfs.conf.lua", "--policy",
             "/etc/nopfs/policy.lua")
+
+    def test_1_binaries_are_hardened(self):
+        # As Debian hardens its own packages: full RELRO (GNU_RELRO and BIND_NOW), position-
+        # independent executables, the stack protector and _FORTIFY_SOURCE (their checked entry
+        # points among the imported symbols).
+        for path in ("/usr/bin/nopfs", "/usr/sbin/nopfsd", "/usr/libexec/nopfs/nopfs-job",
+                     self.plugin):
+            self.assertEqual(hardening(path), [], path)
 
     def test_2_a_job_runs_on_the_installed_parts(self):
         with open(os.path.join(cl.DIR, "etc/plugstack.conf")) as f:
