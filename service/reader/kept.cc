@@ -25,13 +25,13 @@ int64_t NowSeconds() {
 }
 
 // The whole regular file at `path` (not a symlink), at most `limit` bytes.
-Result<std::string> ReadPrivateFile(const std::string& path, uint64_t limit) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0) return Status::FromErrno(errno, path);
+Result<std::string> ReadPrivateFile(LocalIo* io, const std::string& path, uint64_t limit) {
+  const UniqueFd fd(io->Open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK, 0));
+  if (!fd.valid()) return Status::FromErrno(errno, path);
   struct stat st {};
   std::string out;
   Status s;
-  if (::fstat(fd, &st) != 0) {
+  if (io->Fstat(fd.get(), &st) != 0) {
     s = Status::FromErrno(errno, path);
   } else if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) > limit) {
     s = Status::Corruption(path + ": not a regular file of at most " + std::to_string(limit) +
@@ -40,7 +40,7 @@ Result<std::string> ReadPrivateFile(const std::string& path, uint64_t limit) {
     out.resize(static_cast<size_t>(st.st_size));
     size_t got = 0;
     while (got < out.size()) {
-      const ssize_t n = ::pread(fd, out.data() + got, out.size() - got, off_t(got));
+      const ssize_t n = io->Pread(fd.get(), out.data() + got, out.size() - got, off_t(got));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
         s = n < 0 ? Status::FromErrno(errno, path) : Status::Corruption(path + ": shrank");
@@ -49,15 +49,15 @@ Result<std::string> ReadPrivateFile(const std::string& path, uint64_t limit) {
       got += size_t(n);
     }
   }
-  ::close(fd);
   if (!s.ok()) return s;
   return out;
 }
 
-Status PreadAll(int fd, std::span<std::byte> dst, uint64_t off, const std::string& what) {
+Status PreadAll(LocalIo* io, int fd, std::span<std::byte> dst, uint64_t off,
+                const std::string& what) {
   size_t got = 0;
   while (got < dst.size()) {
-    const ssize_t n = ::pread(fd, dst.data() + got, dst.size() - got, off_t(off + got));
+    const ssize_t n = io->Pread(fd, dst.data() + got, dst.size() - got, off_t(off + got));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Status::FromErrno(errno, what);
     if (n == 0) return Status::Corruption(what + ": ends before the sample's bytes");
@@ -66,22 +66,22 @@ Status PreadAll(int fd, std::span<std::byte> dst, uint64_t off, const std::strin
   return Status::Ok();
 }
 
-uint64_t DiskBytesOf(const std::string& dir, const std::vector<std::string>& names) {
+uint64_t DiskBytesOf(LocalIo* io, const std::string& dir, const std::vector<std::string>& names) {
   uint64_t bytes = 0;
   for (const std::string& n : names) {
     struct stat st {};
-    if (::lstat((dir + "/" + n).c_str(), &st) == 0 && S_ISREG(st.st_mode))
+    if (io->Lstat(dir + "/" + n, &st) == 0 && S_ISREG(st.st_mode))
       bytes += uint64_t(st.st_blocks) * 512;
   }
   return bytes;
 }
 
 // Creates <kept> (0700) if missing and checks that it is our own directory.
-Status EnsureKeptDir(const std::string& kept) {
-  if (::mkdir(kept.c_str(), 0700) != 0 && errno != EEXIST)
+Status EnsureKeptDir(LocalIo* io, const std::string& kept) {
+  if (io->Mkdir(kept, 0700) != 0 && errno != EEXIST)
     return Status::FromErrno(errno, "kept area: creating " + kept);
   struct stat st {};
-  if (::lstat(kept.c_str(), &st) != 0) return Status::FromErrno(errno, "kept area: " + kept);
+  if (io->Lstat(kept, &st) != 0) return Status::FromErrno(errno, "kept area: " + kept);
   if (!S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) {
     return Status::PermissionDenied("kept area: " + kept +
                                     " is not a directory of this user; remove it");
@@ -109,11 +109,12 @@ Result<uint64_t> CleanKeptArea(const std::string& kept_dir) {
 }
 
 Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalog& catalog,
-                                                  Env* env) {
+                                                  Env* env, LocalIo* io) {
+  if (io == nullptr) io = LocalIo::Default();
   const std::string src = place.kept_dir + "/" + place.key;
   struct stat st {};
-  if (::lstat(src.c_str(), &st) != 0) return Status::FromErrno(errno, src);
-  std::unique_ptr<KeptCopy> k(new KeptCopy(catalog, env));
+  if (io->Lstat(src, &st) != 0) return Status::FromErrno(errno, src);
+  std::unique_ptr<KeptCopy> k(new KeptCopy(catalog, env, io));
   k->kept_dir_ = place.kept_dir;
   k->key_ = place.key;
   k->name_ = ".tmp.adopt." + place.tag + "." + std::to_string(::getpid());
@@ -132,19 +133,19 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
     }
     return lock.status();
   }
-  k->lock_fd_ = *lock;
-  if (::rename(src.c_str(), k->dir_.c_str()) != 0) return Status::FromErrno(errno, src);
+  k->lock_fd_.Reset(*lock);
+  if (io->Rename(src, k->dir_) != 0) return Status::FromErrno(errno, src);
   const auto fail = [&k](Status s) {
     k->Remove();
     return s;
   };
 
-  Result<std::string> mbytes = ReadPrivateFile(k->dir_ + "/MANIFEST", kept::kMaxManifestBytes);
+  Result<std::string> mbytes = ReadPrivateFile(io, k->dir_ + "/MANIFEST", kept::kMaxManifestBytes);
   if (!mbytes.ok()) return fail(mbytes.status());
   Result<kept::KeptManifest> m = kept::ParseKeptManifest(*mbytes);
   if (!m.ok()) return fail(m.status().WithContext(src));
   if (m->key != place.key) return fail(Status::Corruption(src + ": MANIFEST names another key"));
-  Result<std::string> ibytes = ReadPrivateFile(k->dir_ + "/index", m->index_bytes);
+  Result<std::string> ibytes = ReadPrivateFile(io, k->dir_ + "/index", m->index_bytes);
   if (!ibytes.ok()) return fail(ibytes.status());
   if (ibytes->size() != m->index_bytes ||
       XXH3_64bits(ibytes->data(), ibytes->size()) != m->index_xxh3) {
@@ -157,14 +158,10 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
   for (uint32_t f = 0; f < m->data_files; ++f) {
     const std::string path = k->dir_ + "/data." + std::to_string(f);
     // Read-write: Release punches the adopted samples out (only Release writes).
-    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    UniqueFd fd(io->Open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK, 0));
     struct stat fst {};
-    if (fd >= 0 && (::fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode))) {
-      ::close(fd);
-      k->data_fds_.push_back(-1);
-      continue;
-    }
-    k->data_fds_.push_back(fd);  // -1 when absent: its samples are rejected
+    if (fd.valid() && (io->Fstat(fd.get(), &fst) != 0 || !S_ISREG(fst.st_mode))) fd.Reset();
+    k->data_fds_.push_back(std::move(fd));  // none when absent: its samples are rejected
   }
 
   // Each kept record to the catalog's id for the same entry (path, offset, length).
@@ -208,19 +205,16 @@ void KeptCopy::PutBack() {
   // next adoption checks every sample's bytes again).
   for (uint32_t f = 0; in_place_tier_ != nullptr && f < in_place_.size(); ++f) {
     if (in_place_[f]) {
-      (void)::rename(in_place_tier_->DataPath(f).c_str(),
-                     (dir_ + "/data." + std::to_string(f)).c_str());
+      (void)io_->Rename(in_place_tier_->DataPath(f), dir_ + "/data." + std::to_string(f));
     }
   }
   in_place_tier_ = nullptr;
   // Adoption only reads the copy: it is as it was kept.
-  for (int& fd : data_fds_) {
-    if (fd >= 0) ::close(fd);
-    fd = -1;
-  }
+  for (UniqueFd& fd : data_fds_)
+    fd.Reset();
   const std::string back = kept_dir_ + "/" + key_;
-  (void)::unlink((dir_ + "/lock").c_str());
-  if (::rename(dir_.c_str(), back.c_str()) == 0) {
+  (void)io_->Unlink(dir_ + "/lock");
+  if (io_->Rename(dir_, back) == 0) {
     spdlog::info("kept area: {} given back as {}", dir_, back);
     name_.clear();
   }
@@ -233,17 +227,14 @@ KeptCopy::~KeptCopy() {
 
 void KeptCopy::Remove() {
   StopChecks();
-  for (int& fd : data_fds_) {
-    if (fd >= 0) ::close(fd);
-    fd = -1;
-  }
+  for (UniqueFd& fd : data_fds_)
+    fd.Reset();
   if (!name_.empty()) {
     if (Status s = kept::RemoveKept(kept_dir_, name_); !s.ok())
       spdlog::warn("kept area: removing {}: {}", dir_, s.message());
     name_.clear();
   }
-  if (lock_fd_ >= 0) ::close(lock_fd_);
-  lock_fd_ = -1;
+  lock_fd_.Reset();
 }
 
 void KeptCopy::Reject(uint32_t record, policy::SampleId sample, const std::string& why) {
@@ -337,7 +328,7 @@ std::vector<std::string> KeptCopy::InPlaceFiles(const TierLayout& layout) const 
   }
   for (uint32_t f = 0; f < fits.size() && f < out.size(); ++f) {
     struct stat st {};
-    if (fits[f] == 1 && data_fds_[f] >= 0 && ::fstat(data_fds_[f], &st) == 0 &&
+    if (fits[f] == 1 && data_fds_[f].valid() && io_->Fstat(data_fds_[f].get(), &st) == 0 &&
         uint64_t(st.st_size) == layout.file_bytes(f)) {
       out[f] = dir_ + "/data." + std::to_string(f);
     }
@@ -398,7 +389,7 @@ uint64_t KeptCopy::Release(std::span<const policy::SampleId> samples) {
     if (!state_[r].compare_exchange_strong(expected, kReleased))
       continue;  // not adopted (or released)
     const kept::KeptSample& rec = records_[r];
-    const int fd = rec.data_file < data_fds_.size() ? data_fds_[rec.data_file] : -1;
+    const int fd = rec.data_file < data_fds_.size() ? data_fds_[rec.data_file].get() : -1;
     if (fd < 0) continue;
     // The sample's slot: its bytes and the padding up to the next slot (slots are aligned). A read
     // of the punched bytes gives zeros: a Fetch that raced with this one finds the sample
@@ -406,8 +397,7 @@ uint64_t KeptCopy::Release(std::span<const policy::SampleId> samples) {
     uint64_t len = rec.length;
     if (rec.data_offset % kSsdAlignment == 0)
       len = (len + kSsdAlignment - 1) / kSsdAlignment * kSsdAlignment;
-    if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(rec.data_offset),
-                    off_t(len)) == 0) {
+    if (io_->PunchHole(fd, off_t(rec.data_offset), off_t(len)) == 0) {
       bytes += len;
     } else if (!punch_refused_.exchange(true)) {
       spdlog::warn(
@@ -450,10 +440,10 @@ Result<uint64_t> KeptCopy::Fetch(policy::SampleId sample, std::span<std::byte> d
   if (state_[r].load(std::memory_order_acquire) == kRejected) {
     return Status::NotFound("sample " + std::to_string(sample) + " was rejected");
   }
-  const int fd = rec.data_file < data_fds_.size() ? data_fds_[rec.data_file] : -1;
+  const int fd = rec.data_file < data_fds_.size() ? data_fds_[rec.data_file].get() : -1;
   if (fd < 0) return reject("its data file is missing", StatusCode::kCorruption);
   if (Status s =
-          PreadAll(fd, dst, rec.data_offset, dir_ + "/data." + std::to_string(rec.data_file));
+          PreadAll(io_, fd, dst, rec.data_offset, dir_ + "/data." + std::to_string(rec.data_file));
       !s.ok()) {
     return reject(s.message(), StatusCode::kCorruption);
   }
@@ -477,9 +467,10 @@ Result<uint64_t> KeptCopy::Fetch(policy::SampleId sample, std::span<std::byte> d
 Result<KeepResult> KeepSsdTier(const KeepOptions& o, SsdTier& tier, const Catalog& catalog,
                                Env* env) {
   const KeptPlace& place = o.place;
-  NOPFS_RETURN_IF_ERROR(EnsureKeptDir(place.kept_dir));
+  LocalIo* const io = o.io != nullptr ? o.io : LocalIo::Default();
+  NOPFS_RETURN_IF_ERROR(EnsureKeptDir(io, place.kept_dir));
   std::string tmp = place.kept_dir + "/.tmp.keep." + place.tag + ".XXXXXX";
-  if (::mkdtemp(tmp.data()) == nullptr) {
+  if (io->MakeTempDir(tmp) != 0) {
     return Status::FromErrno(errno, "kept area: creating a directory in " + place.kept_dir);
   }
   const std::string tmp_name = tmp.substr(place.kept_dir.size() + 1);
@@ -488,10 +479,10 @@ Result<KeepResult> KeepSsdTier(const KeepOptions& o, SsdTier& tier, const Catalo
     (void)kept::RemoveKept(place.kept_dir, tmp_name);
     return lock.status();
   }
-  const int lock_fd = *lock;
+  UniqueFd lock_fd(*lock);
   const auto fail = [&](Status s) -> Status {
     (void)kept::RemoveKept(place.kept_dir, tmp_name);
-    ::close(lock_fd);
+    lock_fd.Reset();
     return s;
   };
 
@@ -573,18 +564,17 @@ Result<KeepResult> KeepSsdTier(const KeepOptions& o, SsdTier& tier, const Catalo
     if (extents[f].empty()) continue;
     const std::string name = "data." + std::to_string(f);
     const std::string dst = tmp + "/" + name;
-    if (::rename(tier.DataPath(f).c_str(), dst.c_str()) != 0) {
+    if (io->Rename(tier.DataPath(f), dst) != 0) {
       return fail(Status::FromErrno(errno, "kept area: moving " + tier.DataPath(f)));
     }
     names.push_back(name);
-    const int fd = ::open(dst.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) return fail(Status::FromErrno(errno, "kept area: " + dst));
+    const UniqueFd fd(io->Open(dst, O_RDWR | O_NOFOLLOW, 0));
+    if (!fd.valid()) return fail(Status::FromErrno(errno, "kept area: " + dst));
     std::sort(extents[f].begin(), extents[f].end());
     uint64_t at = 0;
     const auto punch = [&](uint64_t from, uint64_t to) {
       if (to <= from || punch_refused) return;
-      if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(from),
-                      off_t(to - from)) != 0) {
+      if (io->PunchHole(fd.get(), off_t(from), off_t(to - from)) != 0) {
         punch_refused = true;
         spdlog::warn("kept area: {} cannot punch holes ({}); the unkept slots stay allocated", dst,
                      std::strerror(errno));
@@ -595,7 +585,6 @@ Result<KeepResult> KeepSsdTier(const KeepOptions& o, SsdTier& tier, const Catalo
       at = off + len;
     }
     punch(at, layout.file_bytes(f));
-    ::close(fd);
   }
 
   const std::string index = kept::EncodeKeptIndex(records);
@@ -618,22 +607,20 @@ Result<KeepResult> KeepSsdTier(const KeepOptions& o, SsdTier& tier, const Catalo
 
   // Into place, replacing what another job of the user kept meanwhile.
   result.dir = place.kept_dir + "/" + place.key;
-  if (::rename(tmp.c_str(), result.dir.c_str()) != 0) {
+  if (io->Rename(tmp, result.dir) != 0) {
     if (errno != EEXIST && errno != ENOTEMPTY)
       return fail(Status::FromErrno(errno, "kept area: renaming " + tmp));
     if (Status s = kept::RemoveKept(place.kept_dir, place.key); !s.ok()) return fail(s);
-    if (::rename(tmp.c_str(), result.dir.c_str()) != 0)
+    if (io->Rename(tmp, result.dir) != 0)
       return fail(Status::FromErrno(errno, "kept area: renaming " + tmp));
   }
-  const int kfd = ::open(place.kept_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (kfd >= 0) {
-    (void)::fsync(kfd);
-    ::close(kfd);
+  if (const UniqueFd kfd(io->Open(place.kept_dir, O_RDONLY | O_DIRECTORY, 0)); kfd.valid()) {
+    (void)io->Fsync(kfd.get());
   }
-  (void)::unlink((result.dir + "/lock").c_str());
-  ::close(lock_fd);
+  (void)io->Unlink(result.dir + "/lock");
+  lock_fd.Reset();
   result.samples = records.size();
-  result.bytes = DiskBytesOf(result.dir, names);
+  result.bytes = DiskBytesOf(io, result.dir, names);
   return result;
 }
 
