@@ -464,71 +464,95 @@ Result<uint64_t> KeptCopy::Fetch(policy::SampleId sample, std::span<std::byte> d
   return h;
 }
 
-Result<KeepResult> KeepSsdTier(const KeepOptions& o, SsdTier& tier, const Catalog& catalog,
-                               Env* env) {
-  const KeptPlace& place = o.place;
-  LocalIo* const io = o.io != nullptr ? o.io : LocalIo::Default();
+namespace {
+
+// A keep's private entry, <kept>/.tmp.keep.*, locked; removed (and unlocked) unless committed.
+struct KeepEntry {
+  std::string tmp, tmp_name;
+  UniqueFd lock;
+};
+
+// Makes and locks the keep's private entry in <kept>.
+Result<KeepEntry> MakeKeepEntry(LocalIo* io, const KeptPlace& place) {
   NOPFS_RETURN_IF_ERROR(EnsureKeptDir(io, place.kept_dir));
-  std::string tmp = place.kept_dir + "/.tmp.keep." + place.tag + ".XXXXXX";
-  if (io->MakeTempDir(tmp) != 0) {
+  KeepEntry e;
+  e.tmp = place.kept_dir + "/.tmp.keep." + place.tag + ".XXXXXX";
+  if (io->MakeTempDir(e.tmp) != 0) {
     return Status::FromErrno(errno, "kept area: creating a directory in " + place.kept_dir);
   }
-  const std::string tmp_name = tmp.substr(place.kept_dir.size() + 1);
-  Result<int> lock = kept::LockKeptEntry(tmp);
+  e.tmp_name = e.tmp.substr(place.kept_dir.size() + 1);
+  Result<int> lock = kept::LockKeptEntry(e.tmp);
   if (!lock.ok()) {
-    (void)kept::RemoveKept(place.kept_dir, tmp_name);
+    (void)kept::RemoveKept(place.kept_dir, e.tmp_name);
     return lock.status();
   }
-  UniqueFd lock_fd(*lock);
-  const auto fail = [&](Status s) -> Status {
-    (void)kept::RemoveKept(place.kept_dir, tmp_name);
-    lock_fd.Reset();
-    return s;
-  };
+  e.lock.Reset(*lock);
+  return e;
+}
 
-  // The ready slots in slot order (first access first), within the budget.
+// The ready slots in slot order (first access first), within the budget; the others counted in
+// `skipped`.
+std::vector<uint32_t> SlotsToKeep(const KeepOptions& o, SsdTier& tier, uint64_t& skipped) {
   const TierLayout& layout = tier.layout();
-  KeepResult result;
   std::vector<uint32_t> slots;
   uint64_t budget_used = 0;
   for (uint32_t s = 0; s < layout.slot_count(); ++s) {
     if (tier.slots().state(s) != SlotState::kReady) continue;
     const uint64_t padded = layout.PaddedSizeOf(s);
     if (o.max_bytes != 0 && budget_used + padded > o.max_bytes) {
-      ++result.skipped;
+      ++skipped;
       continue;
     }
     budget_used += padded;
     slots.push_back(s);
   }
+  return slots;
+}
 
-  // One stat per distinct file, in parallel, until the deadline.
+// One stat per file of `paths` (sorted, distinct), in parallel, until the deadline: [path] its
+// stat, or none (failed or not reached).
+std::vector<std::optional<FileStat>> StatFiles(const KeepOptions& o,
+                                               const std::vector<std::string>& paths, Env* env) {
+  std::vector<std::optional<FileStat>> stats(paths.size());
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> threads;
+  const unsigned n = std::max(1u, std::min<unsigned>(o.stat_threads, unsigned(paths.size())));
+  for (unsigned t = 0; t < n; ++t) {
+    threads.emplace_back([&] {
+      for (size_t i; (i = next.fetch_add(1)) < paths.size();) {
+        if (std::chrono::steady_clock::now() >= o.deadline) return;
+        Result<FileStat> st = env->Stat(paths[i]);
+        if (st.ok()) stats[i] = *st;
+      }
+    });
+  }
+  for (std::thread& t : threads)
+    t.join();
+  return stats;
+}
+
+// What a keep records of its samples, and where they sit in the data files.
+struct KeptRecords {
+  std::vector<kept::KeptSample> records;
+  // [data file]: (offset, padded size) of each kept slot in it.
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> extents;
+};
+
+// The records of `slots` whose files were stat-ed, unchanged since before the job's start and long
+// enough; the others counted in `skipped`.
+KeptRecords RecordSlots(const KeepOptions& o, const SsdTier& tier, const Catalog& catalog,
+                        const std::vector<uint32_t>& slots, Env* env, uint64_t& skipped) {
+  const TierLayout& layout = tier.layout();
   std::vector<std::string> paths;
   paths.reserve(slots.size());
   for (uint32_t s : slots)
     paths.push_back(catalog.path(layout.SampleAt(s)));
   std::sort(paths.begin(), paths.end());
   paths.erase(std::unique(paths.begin(), paths.end()), paths.end());
-  std::vector<std::optional<FileStat>> stats(paths.size());
-  {
-    std::atomic<size_t> next{0};
-    std::vector<std::thread> threads;
-    const unsigned n = std::max(1u, std::min<unsigned>(o.stat_threads, unsigned(paths.size())));
-    for (unsigned t = 0; t < n; ++t) {
-      threads.emplace_back([&] {
-        for (size_t i; (i = next.fetch_add(1)) < paths.size();) {
-          if (std::chrono::steady_clock::now() >= o.deadline) return;
-          Result<FileStat> st = env->Stat(paths[i]);
-          if (st.ok()) stats[i] = *st;
-        }
-      });
-    }
-    for (std::thread& t : threads)
-      t.join();
-  }
+  const std::vector<std::optional<FileStat>> stats = StatFiles(o, paths, env);
 
-  std::vector<kept::KeptSample> records;
-  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> extents(layout.file_count());
+  KeptRecords out;
+  out.extents.resize(layout.file_count());
   for (uint32_t s : slots) {
     const policy::SampleId id = layout.SampleAt(s);
     const std::string path = catalog.path(id);
@@ -536,7 +560,7 @@ Result<KeepResult> KeepSsdTier(const KeepOptions& o, SsdTier& tier, const Catalo
     const std::optional<FileStat>& st = stats[i];
     if (!st || !st->is_regular || st->ctime_ns >= o.unchanged_before_ns ||
         catalog.offset(id) + catalog.length(id) > st->size) {
-      ++result.skipped;
+      ++skipped;
       continue;
     }
     const SlotExtent e = layout.Extent(s);
@@ -551,25 +575,31 @@ Result<KeepResult> KeepSsdTier(const KeepOptions& o, SsdTier& tier, const Catalo
     k.inode = st->inode;
     k.data_file = e.file;
     k.data_offset = e.offset;
-    records.push_back(std::move(k));
-    extents[e.file].emplace_back(e.offset, layout.PaddedSizeOf(s));
+    out.records.push_back(std::move(k));
+    out.extents[e.file].emplace_back(e.offset, layout.PaddedSizeOf(s));
   }
+  return out;
+}
 
-  // The data files that hold kept samples move into the entry; the rest of each is punched out.
+// Moves the tier's data files that hold kept samples into the entry and punches out the rest of
+// each; appends the names moved to `names`.
+Status MoveDataFiles(LocalIo* io, SsdTier& tier, const std::string& tmp,
+                     std::vector<std::vector<std::pair<uint64_t, uint64_t>>>& extents,
+                     std::vector<std::string>& names) {
+  const TierLayout& layout = tier.layout();
   // No chunk may be preallocated behind the punching.
   tier.StopPreallocation();
-  std::vector<std::string> names;
   bool punch_refused = false;
   for (uint32_t f = 0; f < layout.file_count(); ++f) {
     if (extents[f].empty()) continue;
     const std::string name = "data." + std::to_string(f);
     const std::string dst = tmp + "/" + name;
     if (io->Rename(tier.DataPath(f), dst) != 0) {
-      return fail(Status::FromErrno(errno, "kept area: moving " + tier.DataPath(f)));
+      return Status::FromErrno(errno, "kept area: moving " + tier.DataPath(f));
     }
     names.push_back(name);
     const UniqueFd fd(io->Open(dst, O_RDWR | O_NOFOLLOW, 0));
-    if (!fd.valid()) return fail(Status::FromErrno(errno, "kept area: " + dst));
+    if (!fd.valid()) return Status::FromErrno(errno, "kept area: " + dst);
     std::sort(extents[f].begin(), extents[f].end());
     uint64_t at = 0;
     const auto punch = [&](uint64_t from, uint64_t to) {
@@ -586,40 +616,77 @@ Result<KeepResult> KeepSsdTier(const KeepOptions& o, SsdTier& tier, const Catalo
     }
     punch(at, layout.file_bytes(f));
   }
+  return Status::Ok();
+}
 
+// Writes the entry's index and then its MANIFEST (which makes it complete), durably; appends
+// their names to `names`.
+Status WriteIndexAndManifest(const KeepOptions& o, const std::string& tmp,
+                             const std::vector<kept::KeptSample>& records, uint32_t data_files,
+                             std::vector<std::string>& names) {
   const std::string index = kept::EncodeKeptIndex(records);
   kept::KeptManifest m;
-  m.key = place.key;
-  m.dataset = place.dataset;
+  m.key = o.place.key;
+  m.dataset = o.place.dataset;
   m.created = o.created != 0 ? o.created : NowSeconds();
   m.last_used = NowSeconds();
   m.samples = records.size();
   m.index_bytes = index.size();
   m.index_xxh3 = XXH3_64bits(index.data(), index.size());
-  m.data_files = layout.file_count();
+  m.data_files = data_files;
   // The samples' bytes are not synced: adoption checks every one against its xxh3.
-  if (Status s = kept::WriteFileDurably(tmp, "index", index); !s.ok()) return fail(s);
-  if (Status s = kept::WriteFileDurably(tmp, "MANIFEST", kept::EncodeKeptManifest(m)); !s.ok()) {
-    return fail(s);
-  }
+  NOPFS_RETURN_IF_ERROR(kept::WriteFileDurably(tmp, "index", index));
+  NOPFS_RETURN_IF_ERROR(kept::WriteFileDurably(tmp, "MANIFEST", kept::EncodeKeptManifest(m)));
   names.push_back("index");
   names.push_back("MANIFEST");
+  return Status::Ok();
+}
 
-  // Into place, replacing what another job of the user kept meanwhile.
-  result.dir = place.kept_dir + "/" + place.key;
-  if (io->Rename(tmp, result.dir) != 0) {
+// Renames the entry to <kept>/<key>, replacing what another job of the user kept meanwhile.
+Status RenameIntoPlace(LocalIo* io, const KeptPlace& place, const std::string& tmp,
+                       const std::string& dir) {
+  if (io->Rename(tmp, dir) != 0) {
     if (errno != EEXIST && errno != ENOTEMPTY)
-      return fail(Status::FromErrno(errno, "kept area: renaming " + tmp));
-    if (Status s = kept::RemoveKept(place.kept_dir, place.key); !s.ok()) return fail(s);
-    if (io->Rename(tmp, result.dir) != 0)
-      return fail(Status::FromErrno(errno, "kept area: renaming " + tmp));
+      return Status::FromErrno(errno, "kept area: renaming " + tmp);
+    NOPFS_RETURN_IF_ERROR(kept::RemoveKept(place.kept_dir, place.key));
+    if (io->Rename(tmp, dir) != 0) return Status::FromErrno(errno, "kept area: renaming " + tmp);
   }
   if (const UniqueFd kfd(io->Open(place.kept_dir, O_RDONLY | O_DIRECTORY, 0)); kfd.valid()) {
     (void)io->Fsync(kfd.get());
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<KeepResult> KeepSsdTier(const KeepOptions& o, SsdTier& tier, const Catalog& catalog,
+                               Env* env) {
+  const KeptPlace& place = o.place;
+  LocalIo* const io = o.io != nullptr ? o.io : LocalIo::Default();
+  Result<KeepEntry> entry = MakeKeepEntry(io, place);
+  if (!entry.ok()) return entry.status();
+  const auto fail = [&](Status s) -> Status {
+    (void)kept::RemoveKept(place.kept_dir, entry->tmp_name);
+    entry->lock.Reset();
+    return s;
+  };
+
+  KeepResult result;
+  const std::vector<uint32_t> slots = SlotsToKeep(o, tier, result.skipped);
+  KeptRecords recs = RecordSlots(o, tier, catalog, slots, env, result.skipped);
+  // The data files that hold kept samples move into the entry; the rest of each is punched out.
+  std::vector<std::string> names;
+  if (Status s = MoveDataFiles(io, tier, entry->tmp, recs.extents, names); !s.ok()) return fail(s);
+  if (Status s =
+          WriteIndexAndManifest(o, entry->tmp, recs.records, tier.layout().file_count(), names);
+      !s.ok()) {
+    return fail(s);
+  }
+  result.dir = place.kept_dir + "/" + place.key;
+  if (Status s = RenameIntoPlace(io, place, entry->tmp, result.dir); !s.ok()) return fail(s);
   (void)io->Unlink(result.dir + "/lock");
-  lock_fd.Reset();
-  result.samples = records.size();
+  entry->lock.Reset();
+  result.samples = recs.records.size();
   result.bytes = DiskBytesOf(io, result.dir, names);
   return result;
 }
