@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <thread>
 
+#include "common/small_file.h"
+
 namespace nopfs::service {
 namespace {
 
@@ -59,6 +61,10 @@ int LocalIo::Fsync(int fd) {
 }
 int LocalIo::PunchHole(int fd, off_t offset, off_t length) {
   return ::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length);
+}
+
+Result<std::string> LocalIo::ReadSmallFile(const std::string& path, uint64_t max_bytes) {
+  return nopfs::ReadSmallFile(path, SmallFileRules{max_bytes, {}});
 }
 
 LocalIo* LocalIo::Default() {
@@ -291,6 +297,16 @@ int FaultInjectionLocalIo::PunchHole(int fd, off_t offset, off_t length) {
     return static_cast<int>(Fail(err));
   }
   return base_->PunchHole(fd, offset, length);
+}
+
+Result<std::string> FaultInjectionLocalIo::ReadSmallFile(const std::string& path,
+                                                         uint64_t max_bytes) {
+  Delay();
+  if (const int err = read_error_.load(std::memory_order_acquire); err != 0 && Hits(path)) {
+    failed_.fetch_add(1, std::memory_order_relaxed);
+    return Status::FromErrno(err, "read " + path);
+  }
+  return base_->ReadSmallFile(path, max_bytes);
 }
 
 int FaultInjectionLocalIo::Fallocate(int fd, off_t offset, off_t length) {

@@ -18,6 +18,8 @@
 #include <set>
 #include <string>
 
+#include "common/status.h"
+
 namespace nopfs::service {
 
 class LocalIo {
@@ -51,6 +53,9 @@ class LocalIo {
   virtual int MakeTempDir(std::string& templ);
   virtual int Fsync(int fd);
   virtual int PunchHole(int fd, off_t offset, off_t length);
+  // The whole of a small file, as common/small_file.h's ReadSmallFile with a cap of `max_bytes`
+  // (never a link, a regular file).
+  virtual Result<std::string> ReadSmallFile(const std::string& path, uint64_t max_bytes);
 
   // The process-wide LocalIo of plain system calls; never deleted.
   static LocalIo* Default();
@@ -83,6 +88,7 @@ class FaultInjectionLocalIo final : public LocalIo {
   // Unlink, Lstat, Mkdir, MakeTempDir) and the descriptors this LocalIo opened from such paths; ""
   // (the default): every call. Descriptors opened elsewhere (the SSD tier's) are then spared.
   void OnlyPaths(std::string part);
+  // Pread and ReadSmallFile fail with this.
   void FailReads(int err);
   void FailFallocate(int err);
   // Every read moves at most half of what was asked (at least `unit` bytes, in multiples of it:
@@ -113,6 +119,7 @@ class FaultInjectionLocalIo final : public LocalIo {
   int MakeTempDir(std::string& templ) override;
   int Fsync(int fd) override;
   int PunchHole(int fd, off_t offset, off_t length) override;
+  Result<std::string> ReadSmallFile(const std::string& path, uint64_t max_bytes) override;
 
  private:
   void Delay() const;

@@ -95,6 +95,19 @@ TEST_F(LocalIoTest, EachKeptAreaCallFailsWithItsFault) {
   EXPECT_EQ(io_.failed_calls(), 6u);
 }
 
+TEST_F(LocalIoTest, ReadSmallFileReadsAndFailsWithTheReads) {
+  { UniqueFd fd = MakeFile(&io_, "f", 10); }
+  Result<std::string> r = io_.ReadSmallFile(dir_ + "/f", 10);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(*r, std::string(10, 'x'));
+  EXPECT_FALSE(io_.ReadSmallFile(dir_ + "/f", 9).ok());  // larger than the cap
+  io_.FailReads(EIO);
+  r = io_.ReadSmallFile(dir_ + "/f", 10);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kIoError) << r.status().message();
+  EXPECT_EQ(io_.failed_calls(), 1u);
+}
+
 TEST_F(LocalIoTest, KeptAreaFaultsHitOnlyTheNamedPaths) {
   io_.OnlyPaths("hit");
   UniqueFd hit = MakeFile(&io_, "hit", 4096);

@@ -24,35 +24,6 @@ int64_t NowSeconds() {
   return static_cast<int64_t>(::time(nullptr));
 }
 
-// The whole regular file at `path` (not a symlink), at most `limit` bytes.
-Result<std::string> ReadPrivateFile(LocalIo* io, const std::string& path, uint64_t limit) {
-  const UniqueFd fd(io->Open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK, 0));
-  if (!fd.valid()) return Status::FromErrno(errno, path);
-  struct stat st {};
-  std::string out;
-  Status s;
-  if (io->Fstat(fd.get(), &st) != 0) {
-    s = Status::FromErrno(errno, path);
-  } else if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) > limit) {
-    s = Status::Corruption(path + ": not a regular file of at most " + std::to_string(limit) +
-                           " bytes");
-  } else {
-    out.resize(static_cast<size_t>(st.st_size));
-    size_t got = 0;
-    while (got < out.size()) {
-      const ssize_t n = io->Pread(fd.get(), out.data() + got, out.size() - got, off_t(got));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        s = n < 0 ? Status::FromErrno(errno, path) : Status::Corruption(path + ": shrank");
-        break;
-      }
-      got += size_t(n);
-    }
-  }
-  if (!s.ok()) return s;
-  return out;
-}
-
 Status PreadAll(LocalIo* io, int fd, std::span<std::byte> dst, uint64_t off,
                 const std::string& what) {
   size_t got = 0;
@@ -140,12 +111,12 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
     return s;
   };
 
-  Result<std::string> mbytes = ReadPrivateFile(io, k->dir_ + "/MANIFEST", kept::kMaxManifestBytes);
+  Result<std::string> mbytes = io->ReadSmallFile(k->dir_ + "/MANIFEST", kept::kMaxManifestBytes);
   if (!mbytes.ok()) return fail(mbytes.status());
   Result<kept::KeptManifest> m = kept::ParseKeptManifest(*mbytes);
   if (!m.ok()) return fail(m.status().WithContext(src));
   if (m->key != place.key) return fail(Status::Corruption(src + ": MANIFEST names another key"));
-  Result<std::string> ibytes = ReadPrivateFile(io, k->dir_ + "/index", m->index_bytes);
+  Result<std::string> ibytes = io->ReadSmallFile(k->dir_ + "/index", m->index_bytes);
   if (!ibytes.ok()) return fail(ibytes.status());
   if (ibytes->size() != m->index_bytes ||
       XXH3_64bits(ibytes->data(), ibytes->size()) != m->index_xxh3) {
