@@ -16,6 +16,7 @@
 #include "common/checksum.h"
 #include "common/coding.h"
 #include "common/lock_file.h"
+#include "common/small_file.h"
 #include "common/unique_fd.h"
 
 namespace nopfs::kept {
@@ -56,31 +57,6 @@ Result<std::string_view> Unseal(std::string_view bytes, std::string_view magic, 
                               ", this nopfs reads version " + std::to_string(kKeptVersion));
   }
   return sealed.substr(magic.size() + 4);
-}
-
-// Reads a regular file at `dfd`/`name` without following a symlink or blocking on a FIFO; at most
-// `limit` bytes (a larger file is Corruption).
-Result<std::string> ReadSmallAt(int dfd, const char* name, uint64_t limit) {
-  UniqueFd fd(::openat(dfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY));
-  if (fd.get() < 0) return Status::FromErrno(errno, name);
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, name);
-  if (!S_ISREG(st.st_mode)) return Status::Corruption(std::string(name) + ": not a regular file");
-  if (static_cast<uint64_t>(st.st_size) > limit) {
-    return Status::Corruption(std::string(name) + ": " + std::to_string(st.st_size) +
-                              " bytes, more than the limit of " + std::to_string(limit));
-  }
-  std::string out(static_cast<size_t>(st.st_size), '\0');
-  size_t got = 0;
-  while (got < out.size()) {
-    const ssize_t n = ::pread(fd.get(), out.data() + got, out.size() - got, off_t(got));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Status::FromErrno(errno, name);
-    if (n == 0) break;
-    got += size_t(n);
-  }
-  out.resize(got);
-  return out;
 }
 
 // Disk bytes of the regular files directly in the directory `dfd` (lstat only).
@@ -348,7 +324,8 @@ Result<std::vector<KeptDataset>> ListKept(const std::string& kept_dir) {
     }
     k.bytes = DiskBytes(dfd.get());
     if (IsKeptKey(name)) {
-      Result<std::string> bytes = ReadSmallAt(dfd.get(), "MANIFEST", kMaxManifestBytes);
+      Result<std::string> bytes =
+          ReadSmallFileAt(dfd.get(), "MANIFEST", SmallFileRules{kMaxManifestBytes, {}});
       if (bytes.ok()) {
         Result<KeptManifest> m = ParseKeptManifest(*bytes);
         if (m.ok() && m->key == name) {

@@ -11,6 +11,7 @@
 
 #include <thread>
 
+#include "common/small_file.h"
 #include "spank/ledger.h"
 
 namespace nopfs::spank {
@@ -24,15 +25,6 @@ int PidfdOpen(pid_t pid) {
 }
 int PidfdSignal(int pidfd, int sig) {
   return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0));
-}
-
-std::string Kind(mode_t mode) {
-  if (S_ISLNK(mode)) return "a symbolic link";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISSOCK(mode)) return "a socket";
-  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
-  return "not a regular file";
 }
 
 Status CheckName(const std::string& name) {
@@ -139,40 +131,7 @@ Result<UniqueFd> WalkTrusted(const std::string& path, bool create, mode_t mode,
 
 Result<std::string> ReadUserFile(int dir_fd, const std::string& name, uid_t owner,
                                  size_t max_bytes) {
-  const UniqueFd fd(
-      ::openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
-  if (fd.get() < 0) {
-    const int err = errno;
-    if (err == ENOENT) return Status::NotFound(name + " does not exist");
-    if (err == ELOOP) return Status::PermissionDenied(name + " is a symbolic link; not reading it");
-    return Status::FromErrno(err, "open " + name);
-  }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "stat " + name);
-  if (!S_ISREG(st.st_mode)) {
-    return Status::PermissionDenied(name + " is " + Kind(st.st_mode) + "; not reading it");
-  }
-  if (st.st_uid != owner) {
-    return Status::PermissionDenied(name + " belongs to uid " + std::to_string(st.st_uid) +
-                                    ", not " + std::to_string(owner) + "; not reading it");
-  }
-  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
-    return Status::PermissionDenied(name + " holds " + std::to_string(st.st_size) +
-                                    " bytes, more than " + std::to_string(max_bytes) +
-                                    "; not reading it");
-  }
-  // The file may grow after fstat: read at most the cap.
-  std::string out(max_bytes, '\0');
-  size_t got = 0;
-  while (got < out.size()) {
-    const ssize_t n = ::read(fd.get(), out.data() + got, out.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Status::FromErrno(errno, "read " + name);
-    if (n == 0) break;
-    got += static_cast<size_t>(n);
-  }
-  out.resize(got);
-  return out;
+  return ReadSmallFileAt(dir_fd, name, SmallFileRules{max_bytes, owner});
 }
 
 Result<std::string> ReadUserFile(const std::string& path, uid_t owner, size_t max_bytes) {

@@ -11,34 +11,14 @@
 #include <sstream>
 #include <thread>
 
+#include "common/small_file.h"
+
 namespace nopfs::spank {
 namespace {
 
 bool ParseU64(std::string_view s, uint64_t* v) {
   const auto r = std::from_chars(s.data(), s.data() + s.size(), *v);
   return !s.empty() && r.ec == std::errc() && r.ptr == s.data() + s.size();
-}
-
-// Reads at most 64 KiB of a regular file (the ledger's entries, /proc files), never following a
-// link in its last component nor blocking on a FIFO; "" when it cannot.
-std::string ReadSmallFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-  if (fd < 0) return "";
-  struct stat st {};
-  std::string out;
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
-    out.resize(64 * 1024);
-    size_t got = 0;
-    while (got < out.size()) {
-      const ssize_t n = ::read(fd, out.data() + got, out.size() - got);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      got += static_cast<size_t>(n);
-    }
-    out.resize(got);
-  }
-  ::close(fd);
-  return out;
 }
 
 }  // namespace
@@ -161,7 +141,17 @@ Result<std::vector<LedgerEntry>> Ledger::Entries() const {
     const std::string name = ent->d_name;
     uint64_t job = 0;
     if (!ParseU64(name, &job)) continue;  // ".", "..", "lock", temporary files
-    Result<LedgerEntry> e = ParseEntry(ReadSmallFile(dir_ + "/" + name));
+    const std::string path = dir_ + "/" + name;
+    Result<std::string> text = ReadSmallFile(path, SmallFileRules{});
+    if (!text.ok() && text.status().code() == StatusCode::kNotFound) continue;  // removed meanwhile
+    if (!text.ok() && text.status().code() != StatusCode::kPermissionDenied) {
+      // Unreadable, not malformed: it may be a live job's entry, so it is neither dropped nor
+      // removed.
+      ::closedir(d);
+      return text.status().WithContext("ledger: entry " + path + " cannot be read");
+    }
+    // A link, not a regular file or too large: malformed, like one that does not parse.
+    Result<LedgerEntry> e = text.ok() ? ParseEntry(*text) : Result<LedgerEntry>(text.status());
     if (!e.ok() || e->job_id != job) {
       bad.push_back(name);
       continue;
@@ -210,7 +200,9 @@ Status Ledger::Remove(uint64_t job_id) const {
 }
 
 std::string BootId() {
-  std::string id = ReadSmallFile("/proc/sys/kernel/random/boot_id");
+  Result<std::string> read = ReadSmallFile("/proc/sys/kernel/random/boot_id", SmallFileRules{});
+  if (!read.ok()) return "";  // the kernel does not say
+  std::string id = std::move(*read);
   while (!id.empty() && (id.back() == '\n' || id.back() == ' '))
     id.pop_back();
   return id;
@@ -218,7 +210,9 @@ std::string BootId() {
 
 std::optional<uint64_t> ProcessStartTime(pid_t pid) {
   if (pid <= 0) return std::nullopt;
-  const std::string stat = ReadSmallFile("/proc/" + std::to_string(pid) + "/stat");
+  Result<std::string> read = ReadSmallFile("/proc/" + std::to_string(pid) + "/stat", {});
+  if (!read.ok()) return std::nullopt;  // no such process (or it cannot be read: not known alive)
+  const std::string& stat = *read;
   // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
   const size_t close = stat.rfind(')');
   if (close == std::string::npos || close + 2 >= stat.size()) return std::nullopt;

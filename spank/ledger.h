@@ -59,7 +59,9 @@ class Ledger {
   Ledger(const Ledger&) = delete;
   ~Ledger();
 
-  // Every well-formed entry; malformed files (never written by this code) are removed.
+  // Every well-formed entry; malformed files (a link, not a regular file, too large, or not
+  // parsing: never written by this code) are removed. An entry that cannot be read (an I/O error)
+  // is an error that names it, and is left alone.
   Result<std::vector<LedgerEntry>> Entries() const;
   // Writes (or replaces) the entry of e.job_id atomically.
   Status Put(const LedgerEntry& e) const;

@@ -67,7 +67,8 @@ void Daemon::AdoptKept() {
     if (Result<uint64_t> n = CleanKeptArea(k.place.kept_dir); !n.ok()) {
       spdlog::warn("kept area: cleaning {}: {}", k.place.kept_dir, n.status().message());
     }
-    Result<std::unique_ptr<KeptCopy>> copy = KeptCopy::Adopt(k.place, *catalog_, Env::Default());
+    Result<std::unique_ptr<KeptCopy>> copy =
+        KeptCopy::Adopt(k.place, *catalog_, Env::Default(), options_.local_io);
     if (copy.ok()) {
       k.copy = std::move(*copy);
     } else if (copy.status().code() != StatusCode::kNotFound) {
@@ -171,6 +172,7 @@ void Daemon::KeepAtExit() {
     ko.unchanged_before_ns = start_wall_ns_ - 500'000'000;
     ko.stat_threads = kKeepStatThreads;
     ko.deadline = t0 + kKeepStatBudget;
+    ko.io = options_.local_io;
     Result<KeepResult> r = KeepSsdTier(ko, *tier, *catalog_, Env::Default());
     if (!r.ok()) {
       spdlog::error("kept area: class {}: keeping its SSD tier failed (nothing kept): {}", name,

@@ -1,11 +1,14 @@
 #include "service/env/local_io.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <thread>
+
+#include "common/small_file.h"
 
 namespace nopfs::service {
 namespace {
@@ -39,6 +42,29 @@ int LocalIo::Rename(const std::string& from, const std::string& to) {
 }
 int LocalIo::Unlink(const std::string& path) {
   return ::unlink(path.c_str());
+}
+
+int LocalIo::Fstat(int fd, struct stat* st) {
+  return ::fstat(fd, st);
+}
+int LocalIo::Lstat(const std::string& path, struct stat* st) {
+  return ::lstat(path.c_str(), st);
+}
+int LocalIo::Mkdir(const std::string& path, mode_t mode) {
+  return ::mkdir(path.c_str(), mode);
+}
+int LocalIo::MakeTempDir(std::string& templ) {
+  return ::mkdtemp(templ.data()) == nullptr ? -1 : 0;
+}
+int LocalIo::Fsync(int fd) {
+  return ::fsync(fd);
+}
+int LocalIo::PunchHole(int fd, off_t offset, off_t length) {
+  return ::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length);
+}
+
+Result<std::string> LocalIo::ReadSmallFile(const std::string& path, uint64_t max_bytes) {
+  return nopfs::ReadSmallFile(path, SmallFileRules{max_bytes, {}});
 }
 
 LocalIo* LocalIo::Default() {
@@ -87,6 +113,22 @@ void FaultInjectionLocalIo::FailUnlink(int err) {
   unlink_error_.store(err, std::memory_order_release);
 }
 
+void FaultInjectionLocalIo::FailStat(int err) {
+  stat_error_.store(err, std::memory_order_release);
+}
+
+void FaultInjectionLocalIo::FailMkdir(int err) {
+  mkdir_error_.store(err, std::memory_order_release);
+}
+
+void FaultInjectionLocalIo::FailFsync(int err) {
+  fsync_error_.store(err, std::memory_order_release);
+}
+
+void FaultInjectionLocalIo::FailPunchHole(int err) {
+  punch_error_.store(err, std::memory_order_release);
+}
+
 void FaultInjectionLocalIo::OnlyPaths(std::string part) {
   std::lock_guard<std::mutex> lock(paths_mu_);
   only_paths_ = std::move(part);
@@ -107,6 +149,10 @@ void FaultInjectionLocalIo::ClearFaults() {
   open_error_.store(0);
   rename_error_.store(0);
   unlink_error_.store(0);
+  stat_error_.store(0);
+  mkdir_error_.store(0);
+  fsync_error_.store(0);
+  punch_error_.store(0);
   write_error_.store(0);
   read_error_.store(0);
   fallocate_error_.store(0);
@@ -182,6 +228,8 @@ int FaultInjectionLocalIo::Open(const std::string& path, int flags, mode_t mode)
   std::lock_guard<std::mutex> lock(paths_mu_);
   if (fd >= 0 && !only_paths_.empty() && path.find(only_paths_) != std::string::npos) {
     only_fds_.insert(fd);
+  } else if (fd >= 0) {
+    only_fds_.erase(fd);  // a number reused after a close that did not come through here
   }
   return fd;
 }
@@ -207,6 +255,58 @@ int FaultInjectionLocalIo::Unlink(const std::string& path) {
     return static_cast<int>(Fail(err));
   }
   return base_->Unlink(path);
+}
+
+int FaultInjectionLocalIo::Fstat(int fd, struct stat* st) {
+  if (const int err = stat_error_.load(std::memory_order_acquire); err != 0 && Hits(fd)) {
+    return static_cast<int>(Fail(err));
+  }
+  return base_->Fstat(fd, st);
+}
+
+int FaultInjectionLocalIo::Lstat(const std::string& path, struct stat* st) {
+  if (const int err = stat_error_.load(std::memory_order_acquire); err != 0 && Hits(path)) {
+    return static_cast<int>(Fail(err));
+  }
+  return base_->Lstat(path, st);
+}
+
+int FaultInjectionLocalIo::Mkdir(const std::string& path, mode_t mode) {
+  if (const int err = mkdir_error_.load(std::memory_order_acquire); err != 0 && Hits(path)) {
+    return static_cast<int>(Fail(err));
+  }
+  return base_->Mkdir(path, mode);
+}
+
+int FaultInjectionLocalIo::MakeTempDir(std::string& templ) {
+  if (const int err = mkdir_error_.load(std::memory_order_acquire); err != 0 && Hits(templ)) {
+    return static_cast<int>(Fail(err));
+  }
+  return base_->MakeTempDir(templ);
+}
+
+int FaultInjectionLocalIo::Fsync(int fd) {
+  if (const int err = fsync_error_.load(std::memory_order_acquire); err != 0 && Hits(fd)) {
+    return static_cast<int>(Fail(err));
+  }
+  return base_->Fsync(fd);
+}
+
+int FaultInjectionLocalIo::PunchHole(int fd, off_t offset, off_t length) {
+  if (const int err = punch_error_.load(std::memory_order_acquire); err != 0 && Hits(fd)) {
+    return static_cast<int>(Fail(err));
+  }
+  return base_->PunchHole(fd, offset, length);
+}
+
+Result<std::string> FaultInjectionLocalIo::ReadSmallFile(const std::string& path,
+                                                         uint64_t max_bytes) {
+  Delay();
+  if (const int err = read_error_.load(std::memory_order_acquire); err != 0 && Hits(path)) {
+    failed_.fetch_add(1, std::memory_order_relaxed);
+    return Status::FromErrno(err, "read " + path);
+  }
+  return base_->ReadSmallFile(path, max_bytes);
 }
 
 int FaultInjectionLocalIo::Fallocate(int fd, off_t offset, off_t length) {

@@ -7,6 +7,7 @@
 // Thread safety: every LocalIo is safe to call from many threads at once.
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -16,6 +17,8 @@
 #include <mutex>
 #include <set>
 #include <string>
+
+#include "common/status.h"
 
 namespace nopfs::service {
 
@@ -40,6 +43,20 @@ class LocalIo {
   virtual int Rename(const std::string& from, const std::string& to);
   virtual int Unlink(const std::string& path);
 
+  // The calls of the kept area's directories and files; each returns what its system call returns
+  // (-1 with errno set on failure). fstat(2), lstat(2), mkdir(2), mkdtemp(3) (fills in `templ`'s
+  // trailing X's; 0 or -1), fsync(2), and fallocate(2) with FALLOC_FL_PUNCH_HOLE |
+  // FALLOC_FL_KEEP_SIZE.
+  virtual int Fstat(int fd, struct stat* st);
+  virtual int Lstat(const std::string& path, struct stat* st);
+  virtual int Mkdir(const std::string& path, mode_t mode);
+  virtual int MakeTempDir(std::string& templ);
+  virtual int Fsync(int fd);
+  virtual int PunchHole(int fd, off_t offset, off_t length);
+  // The whole of a small file, as common/small_file.h's ReadSmallFile with a cap of `max_bytes`
+  // (never a link, a regular file).
+  virtual Result<std::string> ReadSmallFile(const std::string& path, uint64_t max_bytes);
+
   // The process-wide LocalIo of plain system calls; never deleted.
   static LocalIo* Default();
 };
@@ -62,10 +79,16 @@ class FaultInjectionLocalIo final : public LocalIo {
   void FailOpen(int err);
   void FailRename(int err);
   void FailUnlink(int err);
+  // Fstat and Lstat, Mkdir and MakeTempDir, Fsync, PunchHole fail with these.
+  void FailStat(int err);
+  void FailMkdir(int err);
+  void FailFsync(int err);
+  void FailPunchHole(int err);
   // Faults hit only the paths whose name contains `part` (Open, Rename's source or target,
-  // Unlink) and the descriptors this LocalIo opened from such paths; "" (the default): every
-  // call. Descriptors opened elsewhere (the SSD tier's) are then spared.
+  // Unlink, Lstat, Mkdir, MakeTempDir) and the descriptors this LocalIo opened from such paths; ""
+  // (the default): every call. Descriptors opened elsewhere (the SSD tier's) are then spared.
   void OnlyPaths(std::string part);
+  // Pread and ReadSmallFile fail with this.
   void FailReads(int err);
   void FailFallocate(int err);
   // Every read moves at most half of what was asked (at least `unit` bytes, in multiples of it:
@@ -90,6 +113,13 @@ class FaultInjectionLocalIo final : public LocalIo {
   int Close(int fd) override;
   int Rename(const std::string& from, const std::string& to) override;
   int Unlink(const std::string& path) override;
+  int Fstat(int fd, struct stat* st) override;
+  int Lstat(const std::string& path, struct stat* st) override;
+  int Mkdir(const std::string& path, mode_t mode) override;
+  int MakeTempDir(std::string& templ) override;
+  int Fsync(int fd) override;
+  int PunchHole(int fd, off_t offset, off_t length) override;
+  Result<std::string> ReadSmallFile(const std::string& path, uint64_t max_bytes) override;
 
  private:
   void Delay() const;
@@ -108,6 +138,10 @@ class FaultInjectionLocalIo final : public LocalIo {
   std::atomic<int> open_error_{0};
   std::atomic<int> rename_error_{0};
   std::atomic<int> unlink_error_{0};
+  std::atomic<int> stat_error_{0};
+  std::atomic<int> mkdir_error_{0};
+  std::atomic<int> fsync_error_{0};
+  std::atomic<int> punch_error_{0};
   mutable std::mutex paths_mu_;
   std::string only_paths_;  // guarded by paths_mu_
   std::set<int> only_fds_;  // guarded by paths_mu_: descriptors opened from matching paths

@@ -24,40 +24,11 @@ int64_t NowSeconds() {
   return static_cast<int64_t>(::time(nullptr));
 }
 
-// The whole regular file at `path` (not a symlink), at most `limit` bytes.
-Result<std::string> ReadPrivateFile(const std::string& path, uint64_t limit) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0) return Status::FromErrno(errno, path);
-  struct stat st {};
-  std::string out;
-  Status s;
-  if (::fstat(fd, &st) != 0) {
-    s = Status::FromErrno(errno, path);
-  } else if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) > limit) {
-    s = Status::Corruption(path + ": not a regular file of at most " + std::to_string(limit) +
-                           " bytes");
-  } else {
-    out.resize(static_cast<size_t>(st.st_size));
-    size_t got = 0;
-    while (got < out.size()) {
-      const ssize_t n = ::pread(fd, out.data() + got, out.size() - got, off_t(got));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        s = n < 0 ? Status::FromErrno(errno, path) : Status::Corruption(path + ": shrank");
-        break;
-      }
-      got += size_t(n);
-    }
-  }
-  ::close(fd);
-  if (!s.ok()) return s;
-  return out;
-}
-
-Status PreadAll(int fd, std::span<std::byte> dst, uint64_t off, const std::string& what) {
+Status PreadAll(LocalIo* io, int fd, std::span<std::byte> dst, uint64_t off,
+                const std::string& what) {
   size_t got = 0;
   while (got < dst.size()) {
-    const ssize_t n = ::pread(fd, dst.data() + got, dst.size() - got, off_t(off + got));
+    const ssize_t n = io->Pread(fd, dst.data() + got, dst.size() - got, off_t(off + got));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Status::FromErrno(errno, what);
     if (n == 0) return Status::Corruption(what + ": ends before the sample's bytes");
@@ -66,22 +37,22 @@ Status PreadAll(int fd, std::span<std::byte> dst, uint64_t off, const std::strin
   return Status::Ok();
 }
 
-uint64_t DiskBytesOf(const std::string& dir, const std::vector<std::string>& names) {
+uint64_t DiskBytesOf(LocalIo* io, const std::string& dir, const std::vector<std::string>& names) {
   uint64_t bytes = 0;
   for (const std::string& n : names) {
     struct stat st {};
-    if (::lstat((dir + "/" + n).c_str(), &st) == 0 && S_ISREG(st.st_mode))
+    if (io->Lstat(dir + "/" + n, &st) == 0 && S_ISREG(st.st_mode))
       bytes += uint64_t(st.st_blocks) * 512;
   }
   return bytes;
 }
 
 // Creates <kept> (0700) if missing and checks that it is our own directory.
-Status EnsureKeptDir(const std::string& kept) {
-  if (::mkdir(kept.c_str(), 0700) != 0 && errno != EEXIST)
+Status EnsureKeptDir(LocalIo* io, const std::string& kept) {
+  if (io->Mkdir(kept, 0700) != 0 && errno != EEXIST)
     return Status::FromErrno(errno, "kept area: creating " + kept);
   struct stat st {};
-  if (::lstat(kept.c_str(), &st) != 0) return Status::FromErrno(errno, "kept area: " + kept);
+  if (io->Lstat(kept, &st) != 0) return Status::FromErrno(errno, "kept area: " + kept);
   if (!S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) {
     return Status::PermissionDenied("kept area: " + kept +
                                     " is not a directory of this user; remove it");
@@ -109,11 +80,12 @@ Result<uint64_t> CleanKeptArea(const std::string& kept_dir) {
 }
 
 Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalog& catalog,
-                                                  Env* env) {
+                                                  Env* env, LocalIo* io) {
+  if (io == nullptr) io = LocalIo::Default();
   const std::string src = place.kept_dir + "/" + place.key;
   struct stat st {};
-  if (::lstat(src.c_str(), &st) != 0) return Status::FromErrno(errno, src);
-  std::unique_ptr<KeptCopy> k(new KeptCopy(catalog, env));
+  if (io->Lstat(src, &st) != 0) return Status::FromErrno(errno, src);
+  std::unique_ptr<KeptCopy> k(new KeptCopy(catalog, env, io));
   k->kept_dir_ = place.kept_dir;
   k->key_ = place.key;
   k->name_ = ".tmp.adopt." + place.tag + "." + std::to_string(::getpid());
@@ -132,19 +104,19 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
     }
     return lock.status();
   }
-  k->lock_fd_ = *lock;
-  if (::rename(src.c_str(), k->dir_.c_str()) != 0) return Status::FromErrno(errno, src);
+  k->lock_fd_.Reset(*lock);
+  if (io->Rename(src, k->dir_) != 0) return Status::FromErrno(errno, src);
   const auto fail = [&k](Status s) {
     k->Remove();
     return s;
   };
 
-  Result<std::string> mbytes = ReadPrivateFile(k->dir_ + "/MANIFEST", kept::kMaxManifestBytes);
+  Result<std::string> mbytes = io->ReadSmallFile(k->dir_ + "/MANIFEST", kept::kMaxManifestBytes);
   if (!mbytes.ok()) return fail(mbytes.status());
   Result<kept::KeptManifest> m = kept::ParseKeptManifest(*mbytes);
   if (!m.ok()) return fail(m.status().WithContext(src));
   if (m->key != place.key) return fail(Status::Corruption(src + ": MANIFEST names another key"));
-  Result<std::string> ibytes = ReadPrivateFile(k->dir_ + "/index", m->index_bytes);
+  Result<std::string> ibytes = io->ReadSmallFile(k->dir_ + "/index", m->index_bytes);
   if (!ibytes.ok()) return fail(ibytes.status());
   if (ibytes->size() != m->index_bytes ||
       XXH3_64bits(ibytes->data(), ibytes->size()) != m->index_xxh3) {
@@ -157,14 +129,10 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
   for (uint32_t f = 0; f < m->data_files; ++f) {
     const std::string path = k->dir_ + "/data." + std::to_string(f);
     // Read-write: Release punches the adopted samples out (only Release writes).
-    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    UniqueFd fd(io->Open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK, 0));
     struct stat fst {};
-    if (fd >= 0 && (::fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode))) {
-      ::close(fd);
-      k->data_fds_.push_back(-1);
-      continue;
-    }
-    k->data_fds_.push_back(fd);  // -1 when absent: its samples are rejected
+    if (fd.valid() && (io->Fstat(fd.get(), &fst) != 0 || !S_ISREG(fst.st_mode))) fd.Reset();
+    k->data_fds_.push_back(std::move(fd));  // none when absent: its samples are rejected
   }
 
   // Each kept record to the catalog's id for the same entry (path, offset, length).
@@ -208,19 +176,16 @@ void KeptCopy::PutBack() {
   // next adoption checks every sample's bytes again).
   for (uint32_t f = 0; in_place_tier_ != nullptr && f < in_place_.size(); ++f) {
     if (in_place_[f]) {
-      (void)::rename(in_place_tier_->DataPath(f).c_str(),
-                     (dir_ + "/data." + std::to_string(f)).c_str());
+      (void)io_->Rename(in_place_tier_->DataPath(f), dir_ + "/data." + std::to_string(f));
     }
   }
   in_place_tier_ = nullptr;
   // Adoption only reads the copy: it is as it was kept.
-  for (int& fd : data_fds_) {
-    if (fd >= 0) ::close(fd);
-    fd = -1;
-  }
+  for (UniqueFd& fd : data_fds_)
+    fd.Reset();
   const std::string back = kept_dir_ + "/" + key_;
-  (void)::unlink((dir_ + "/lock").c_str());
-  if (::rename(dir_.c_str(), back.c_str()) == 0) {
+  (void)io_->Unlink(dir_ + "/lock");
+  if (io_->Rename(dir_, back) == 0) {
     spdlog::info("kept area: {} given back as {}", dir_, back);
     name_.clear();
   }
@@ -233,17 +198,14 @@ KeptCopy::~KeptCopy() {
 
 void KeptCopy::Remove() {
   StopChecks();
-  for (int& fd : data_fds_) {
-    if (fd >= 0) ::close(fd);
-    fd = -1;
-  }
+  for (UniqueFd& fd : data_fds_)
+    fd.Reset();
   if (!name_.empty()) {
     if (Status s = kept::RemoveKept(kept_dir_, name_); !s.ok())
       spdlog::warn("kept area: removing {}: {}", dir_, s.message());
     name_.clear();
   }
-  if (lock_fd_ >= 0) ::close(lock_fd_);
-  lock_fd_ = -1;
+  lock_fd_.Reset();
 }
 
 void KeptCopy::Reject(uint32_t record, policy::SampleId sample, const std::string& why) {
@@ -337,7 +299,7 @@ std::vector<std::string> KeptCopy::InPlaceFiles(const TierLayout& layout) const 
   }
   for (uint32_t f = 0; f < fits.size() && f < out.size(); ++f) {
     struct stat st {};
-    if (fits[f] == 1 && data_fds_[f] >= 0 && ::fstat(data_fds_[f], &st) == 0 &&
+    if (fits[f] == 1 && data_fds_[f].valid() && io_->Fstat(data_fds_[f].get(), &st) == 0 &&
         uint64_t(st.st_size) == layout.file_bytes(f)) {
       out[f] = dir_ + "/data." + std::to_string(f);
     }
@@ -398,7 +360,7 @@ uint64_t KeptCopy::Release(std::span<const policy::SampleId> samples) {
     if (!state_[r].compare_exchange_strong(expected, kReleased))
       continue;  // not adopted (or released)
     const kept::KeptSample& rec = records_[r];
-    const int fd = rec.data_file < data_fds_.size() ? data_fds_[rec.data_file] : -1;
+    const int fd = rec.data_file < data_fds_.size() ? data_fds_[rec.data_file].get() : -1;
     if (fd < 0) continue;
     // The sample's slot: its bytes and the padding up to the next slot (slots are aligned). A read
     // of the punched bytes gives zeros: a Fetch that raced with this one finds the sample
@@ -406,8 +368,7 @@ uint64_t KeptCopy::Release(std::span<const policy::SampleId> samples) {
     uint64_t len = rec.length;
     if (rec.data_offset % kSsdAlignment == 0)
       len = (len + kSsdAlignment - 1) / kSsdAlignment * kSsdAlignment;
-    if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(rec.data_offset),
-                    off_t(len)) == 0) {
+    if (io_->PunchHole(fd, off_t(rec.data_offset), off_t(len)) == 0) {
       bytes += len;
     } else if (!punch_refused_.exchange(true)) {
       spdlog::warn(
@@ -450,10 +411,10 @@ Result<uint64_t> KeptCopy::Fetch(policy::SampleId sample, std::span<std::byte> d
   if (state_[r].load(std::memory_order_acquire) == kRejected) {
     return Status::NotFound("sample " + std::to_string(sample) + " was rejected");
   }
-  const int fd = rec.data_file < data_fds_.size() ? data_fds_[rec.data_file] : -1;
+  const int fd = rec.data_file < data_fds_.size() ? data_fds_[rec.data_file].get() : -1;
   if (fd < 0) return reject("its data file is missing", StatusCode::kCorruption);
   if (Status s =
-          PreadAll(fd, dst, rec.data_offset, dir_ + "/data." + std::to_string(rec.data_file));
+          PreadAll(io_, fd, dst, rec.data_offset, dir_ + "/data." + std::to_string(rec.data_file));
       !s.ok()) {
     return reject(s.message(), StatusCode::kCorruption);
   }
@@ -474,70 +435,95 @@ Result<uint64_t> KeptCopy::Fetch(policy::SampleId sample, std::span<std::byte> d
   return h;
 }
 
-Result<KeepResult> KeepSsdTier(const KeepOptions& o, SsdTier& tier, const Catalog& catalog,
-                               Env* env) {
-  const KeptPlace& place = o.place;
-  NOPFS_RETURN_IF_ERROR(EnsureKeptDir(place.kept_dir));
-  std::string tmp = place.kept_dir + "/.tmp.keep." + place.tag + ".XXXXXX";
-  if (::mkdtemp(tmp.data()) == nullptr) {
+namespace {
+
+// A keep's private entry, <kept>/.tmp.keep.*, locked; removed (and unlocked) unless committed.
+struct KeepEntry {
+  std::string tmp, tmp_name;
+  UniqueFd lock;
+};
+
+// Makes and locks the keep's private entry in <kept>.
+Result<KeepEntry> MakeKeepEntry(LocalIo* io, const KeptPlace& place) {
+  NOPFS_RETURN_IF_ERROR(EnsureKeptDir(io, place.kept_dir));
+  KeepEntry e;
+  e.tmp = place.kept_dir + "/.tmp.keep." + place.tag + ".XXXXXX";
+  if (io->MakeTempDir(e.tmp) != 0) {
     return Status::FromErrno(errno, "kept area: creating a directory in " + place.kept_dir);
   }
-  const std::string tmp_name = tmp.substr(place.kept_dir.size() + 1);
-  Result<int> lock = kept::LockKeptEntry(tmp);
+  e.tmp_name = e.tmp.substr(place.kept_dir.size() + 1);
+  Result<int> lock = kept::LockKeptEntry(e.tmp);
   if (!lock.ok()) {
-    (void)kept::RemoveKept(place.kept_dir, tmp_name);
+    (void)kept::RemoveKept(place.kept_dir, e.tmp_name);
     return lock.status();
   }
-  const int lock_fd = *lock;
-  const auto fail = [&](Status s) -> Status {
-    (void)kept::RemoveKept(place.kept_dir, tmp_name);
-    ::close(lock_fd);
-    return s;
-  };
+  e.lock.Reset(*lock);
+  return e;
+}
 
-  // The ready slots in slot order (first access first), within the budget.
+// The ready slots in slot order (first access first), within the budget; the others counted in
+// `skipped`.
+std::vector<uint32_t> SlotsToKeep(const KeepOptions& o, SsdTier& tier, uint64_t& skipped) {
   const TierLayout& layout = tier.layout();
-  KeepResult result;
   std::vector<uint32_t> slots;
   uint64_t budget_used = 0;
   for (uint32_t s = 0; s < layout.slot_count(); ++s) {
     if (tier.slots().state(s) != SlotState::kReady) continue;
     const uint64_t padded = layout.PaddedSizeOf(s);
     if (o.max_bytes != 0 && budget_used + padded > o.max_bytes) {
-      ++result.skipped;
+      ++skipped;
       continue;
     }
     budget_used += padded;
     slots.push_back(s);
   }
+  return slots;
+}
 
-  // One stat per distinct file, in parallel, until the deadline.
+// One stat per file of `paths` (sorted, distinct), in parallel, until the deadline: [path] its
+// stat, or none (failed or not reached).
+std::vector<std::optional<FileStat>> StatFiles(const KeepOptions& o,
+                                               const std::vector<std::string>& paths, Env* env) {
+  std::vector<std::optional<FileStat>> stats(paths.size());
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> threads;
+  const unsigned n = std::max(1u, std::min<unsigned>(o.stat_threads, unsigned(paths.size())));
+  for (unsigned t = 0; t < n; ++t) {
+    threads.emplace_back([&] {
+      for (size_t i; (i = next.fetch_add(1)) < paths.size();) {
+        if (std::chrono::steady_clock::now() >= o.deadline) return;
+        Result<FileStat> st = env->Stat(paths[i]);
+        if (st.ok()) stats[i] = *st;
+      }
+    });
+  }
+  for (std::thread& t : threads)
+    t.join();
+  return stats;
+}
+
+// What a keep records of its samples, and where they sit in the data files.
+struct KeptRecords {
+  std::vector<kept::KeptSample> records;
+  // [data file]: (offset, padded size) of each kept slot in it.
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> extents;
+};
+
+// The records of `slots` whose files were stat-ed, unchanged since before the job's start and long
+// enough; the others counted in `skipped`.
+KeptRecords RecordSlots(const KeepOptions& o, const SsdTier& tier, const Catalog& catalog,
+                        const std::vector<uint32_t>& slots, Env* env, uint64_t& skipped) {
+  const TierLayout& layout = tier.layout();
   std::vector<std::string> paths;
   paths.reserve(slots.size());
   for (uint32_t s : slots)
     paths.push_back(catalog.path(layout.SampleAt(s)));
   std::sort(paths.begin(), paths.end());
   paths.erase(std::unique(paths.begin(), paths.end()), paths.end());
-  std::vector<std::optional<FileStat>> stats(paths.size());
-  {
-    std::atomic<size_t> next{0};
-    std::vector<std::thread> threads;
-    const unsigned n = std::max(1u, std::min<unsigned>(o.stat_threads, unsigned(paths.size())));
-    for (unsigned t = 0; t < n; ++t) {
-      threads.emplace_back([&] {
-        for (size_t i; (i = next.fetch_add(1)) < paths.size();) {
-          if (std::chrono::steady_clock::now() >= o.deadline) return;
-          Result<FileStat> st = env->Stat(paths[i]);
-          if (st.ok()) stats[i] = *st;
-        }
-      });
-    }
-    for (std::thread& t : threads)
-      t.join();
-  }
+  const std::vector<std::optional<FileStat>> stats = StatFiles(o, paths, env);
 
-  std::vector<kept::KeptSample> records;
-  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> extents(layout.file_count());
+  KeptRecords out;
+  out.extents.resize(layout.file_count());
   for (uint32_t s : slots) {
     const policy::SampleId id = layout.SampleAt(s);
     const std::string path = catalog.path(id);
@@ -545,7 +531,7 @@ Result<KeepResult> KeepSsdTier(const KeepOptions& o, SsdTier& tier, const Catalo
     const std::optional<FileStat>& st = stats[i];
     if (!st || !st->is_regular || st->ctime_ns >= o.unchanged_before_ns ||
         catalog.offset(id) + catalog.length(id) > st->size) {
-      ++result.skipped;
+      ++skipped;
       continue;
     }
     const SlotExtent e = layout.Extent(s);
@@ -560,31 +546,36 @@ Result<KeepResult> KeepSsdTier(const KeepOptions& o, SsdTier& tier, const Catalo
     k.inode = st->inode;
     k.data_file = e.file;
     k.data_offset = e.offset;
-    records.push_back(std::move(k));
-    extents[e.file].emplace_back(e.offset, layout.PaddedSizeOf(s));
+    out.records.push_back(std::move(k));
+    out.extents[e.file].emplace_back(e.offset, layout.PaddedSizeOf(s));
   }
+  return out;
+}
 
-  // The data files that hold kept samples move into the entry; the rest of each is punched out.
+// Moves the tier's data files that hold kept samples into the entry and punches out the rest of
+// each; appends the names moved to `names`.
+Status MoveDataFiles(LocalIo* io, SsdTier& tier, const std::string& tmp,
+                     std::vector<std::vector<std::pair<uint64_t, uint64_t>>>& extents,
+                     std::vector<std::string>& names) {
+  const TierLayout& layout = tier.layout();
   // No chunk may be preallocated behind the punching.
   tier.StopPreallocation();
-  std::vector<std::string> names;
   bool punch_refused = false;
   for (uint32_t f = 0; f < layout.file_count(); ++f) {
     if (extents[f].empty()) continue;
     const std::string name = "data." + std::to_string(f);
     const std::string dst = tmp + "/" + name;
-    if (::rename(tier.DataPath(f).c_str(), dst.c_str()) != 0) {
-      return fail(Status::FromErrno(errno, "kept area: moving " + tier.DataPath(f)));
+    if (io->Rename(tier.DataPath(f), dst) != 0) {
+      return Status::FromErrno(errno, "kept area: moving " + tier.DataPath(f));
     }
     names.push_back(name);
-    const int fd = ::open(dst.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) return fail(Status::FromErrno(errno, "kept area: " + dst));
+    const UniqueFd fd(io->Open(dst, O_RDWR | O_NOFOLLOW, 0));
+    if (!fd.valid()) return Status::FromErrno(errno, "kept area: " + dst);
     std::sort(extents[f].begin(), extents[f].end());
     uint64_t at = 0;
     const auto punch = [&](uint64_t from, uint64_t to) {
       if (to <= from || punch_refused) return;
-      if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(from),
-                      off_t(to - from)) != 0) {
+      if (io->PunchHole(fd.get(), off_t(from), off_t(to - from)) != 0) {
         punch_refused = true;
         spdlog::warn("kept area: {} cannot punch holes ({}); the unkept slots stay allocated", dst,
                      std::strerror(errno));
@@ -595,45 +586,79 @@ Result<KeepResult> KeepSsdTier(const KeepOptions& o, SsdTier& tier, const Catalo
       at = off + len;
     }
     punch(at, layout.file_bytes(f));
-    ::close(fd);
   }
+  return Status::Ok();
+}
 
+// Writes the entry's index and then its MANIFEST (which makes it complete), durably; appends
+// their names to `names`.
+Status WriteIndexAndManifest(const KeepOptions& o, const std::string& tmp,
+                             const std::vector<kept::KeptSample>& records, uint32_t data_files,
+                             std::vector<std::string>& names) {
   const std::string index = kept::EncodeKeptIndex(records);
   kept::KeptManifest m;
-  m.key = place.key;
-  m.dataset = place.dataset;
+  m.key = o.place.key;
+  m.dataset = o.place.dataset;
   m.created = o.created != 0 ? o.created : NowSeconds();
   m.last_used = NowSeconds();
   m.samples = records.size();
   m.index_bytes = index.size();
   m.index_xxh3 = XXH3_64bits(index.data(), index.size());
-  m.data_files = layout.file_count();
+  m.data_files = data_files;
   // The samples' bytes are not synced: adoption checks every one against its xxh3.
-  if (Status s = kept::WriteFileDurably(tmp, "index", index); !s.ok()) return fail(s);
-  if (Status s = kept::WriteFileDurably(tmp, "MANIFEST", kept::EncodeKeptManifest(m)); !s.ok()) {
-    return fail(s);
-  }
+  NOPFS_RETURN_IF_ERROR(kept::WriteFileDurably(tmp, "index", index));
+  NOPFS_RETURN_IF_ERROR(kept::WriteFileDurably(tmp, "MANIFEST", kept::EncodeKeptManifest(m)));
   names.push_back("index");
   names.push_back("MANIFEST");
+  return Status::Ok();
+}
 
-  // Into place, replacing what another job of the user kept meanwhile.
-  result.dir = place.kept_dir + "/" + place.key;
-  if (::rename(tmp.c_str(), result.dir.c_str()) != 0) {
+// Renames the entry to <kept>/<key>, replacing what another job of the user kept meanwhile.
+Status RenameIntoPlace(LocalIo* io, const KeptPlace& place, const std::string& tmp,
+                       const std::string& dir) {
+  if (io->Rename(tmp, dir) != 0) {
     if (errno != EEXIST && errno != ENOTEMPTY)
-      return fail(Status::FromErrno(errno, "kept area: renaming " + tmp));
-    if (Status s = kept::RemoveKept(place.kept_dir, place.key); !s.ok()) return fail(s);
-    if (::rename(tmp.c_str(), result.dir.c_str()) != 0)
-      return fail(Status::FromErrno(errno, "kept area: renaming " + tmp));
+      return Status::FromErrno(errno, "kept area: renaming " + tmp);
+    NOPFS_RETURN_IF_ERROR(kept::RemoveKept(place.kept_dir, place.key));
+    if (io->Rename(tmp, dir) != 0) return Status::FromErrno(errno, "kept area: renaming " + tmp);
   }
-  const int kfd = ::open(place.kept_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (kfd >= 0) {
-    (void)::fsync(kfd);
-    ::close(kfd);
+  if (const UniqueFd kfd(io->Open(place.kept_dir, O_RDONLY | O_DIRECTORY, 0)); kfd.valid()) {
+    (void)io->Fsync(kfd.get());
   }
-  (void)::unlink((result.dir + "/lock").c_str());
-  ::close(lock_fd);
-  result.samples = records.size();
-  result.bytes = DiskBytesOf(result.dir, names);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<KeepResult> KeepSsdTier(const KeepOptions& o, SsdTier& tier, const Catalog& catalog,
+                               Env* env) {
+  const KeptPlace& place = o.place;
+  LocalIo* const io = o.io != nullptr ? o.io : LocalIo::Default();
+  Result<KeepEntry> entry = MakeKeepEntry(io, place);
+  if (!entry.ok()) return entry.status();
+  const auto fail = [&](Status s) -> Status {
+    (void)kept::RemoveKept(place.kept_dir, entry->tmp_name);
+    entry->lock.Reset();
+    return s;
+  };
+
+  KeepResult result;
+  const std::vector<uint32_t> slots = SlotsToKeep(o, tier, result.skipped);
+  KeptRecords recs = RecordSlots(o, tier, catalog, slots, env, result.skipped);
+  // The data files that hold kept samples move into the entry; the rest of each is punched out.
+  std::vector<std::string> names;
+  if (Status s = MoveDataFiles(io, tier, entry->tmp, recs.extents, names); !s.ok()) return fail(s);
+  if (Status s =
+          WriteIndexAndManifest(o, entry->tmp, recs.records, tier.layout().file_count(), names);
+      !s.ok()) {
+    return fail(s);
+  }
+  result.dir = place.kept_dir + "/" + place.key;
+  if (Status s = RenameIntoPlace(io, place, entry->tmp, result.dir); !s.ok()) return fail(s);
+  (void)io->Unlink(result.dir + "/lock");
+  entry->lock.Reset();
+  result.samples = recs.records.size();
+  result.bytes = DiskBytesOf(io, result.dir, names);
   return result;
 }
 

@@ -25,10 +25,12 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/unique_fd.h"
 #include "kept/area.h"
 #include "policy/job.h"
 #include "service/catalog/catalog.h"
 #include "service/env/env.h"
+#include "service/env/local_io.h"
 #include "service/tiers/ssd_tier.h"
 
 namespace nopfs::service {
@@ -50,9 +52,10 @@ class KeptCopy {
  public:
   // Renames <kept>/<key> to a private, locked .tmp.adopt.* entry and reads its MANIFEST and
   // index. NotFound when nothing is kept for the key; any other error (the entry is removed)
-  // means it was unusable.
-  static Result<std::unique_ptr<KeptCopy>> Adopt(const KeptPlace& place, Catalog& catalog,
-                                                 Env* env);
+  // means it was unusable. The entry's files are read (and Release punches them) through `io`
+  // (nullptr: LocalIo::Default()), which must outlive the copy.
+  static Result<std::unique_ptr<KeptCopy>> Adopt(const KeptPlace& place, Catalog& catalog, Env* env,
+                                                 LocalIo* io = nullptr);
   ~KeptCopy();  // Remove()
   KeptCopy(const KeptCopy&) = delete;
   KeptCopy& operator=(const KeptCopy&) = delete;
@@ -111,7 +114,7 @@ class KeptCopy {
   void PutBack();
 
  private:
-  KeptCopy(Catalog& catalog, Env* env) : catalog_(catalog), env_(env) {}
+  KeptCopy(Catalog& catalog, Env* env, LocalIo* io) : catalog_(catalog), env_(env), io_(io) {}
   void Reject(uint32_t record, policy::SampleId sample, const std::string& why);
   // Whether `st` is the stat the record was kept with.
   static bool Unchanged(const kept::KeptSample& rec, const FileStat& st);
@@ -120,10 +123,11 @@ class KeptCopy {
 
   Catalog& catalog_;
   Env* env_;
+  LocalIo* const io_;
   std::string kept_dir_, key_, name_, dir_;
-  int lock_fd_ = -1;
+  UniqueFd lock_fd_;
   int64_t created_ = 0;
-  std::vector<int> data_fds_;              // [data file], -1: absent
+  std::vector<UniqueFd> data_fds_;         // [data file], none: absent
   std::vector<kept::KeptSample> records_;  // from the index
   std::vector<uint32_t> record_of_;        // [sample]: index into records_, or kNone
   // What became of a record this job.
@@ -157,6 +161,9 @@ struct KeepOptions {
   unsigned stat_threads = 8;
   // Files not stat-ed by then are not kept (the epilog's grace bounds the whole stop).
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  // The kept area's directories and files are made, moved and punched through this (tests
+  // inject faults); nullptr: LocalIo::Default().
+  LocalIo* io = nullptr;
 };
 
 struct KeepResult {

@@ -1,6 +1,6 @@
 // KeepSsdTier and KeptCopy against a real catalog (RocksDB over real files) and a real SSD tier:
-// the round trip, a sample whose file changed, a kept byte flipped, and a keeper killed with
-// SIGKILL in the middle of its keep.
+// the round trip, a sample whose file changed, a kept byte flipped, a keeper killed with SIGKILL
+// in the middle of its keep, and a disk failing under a keep or an adoption.
 #include "service/reader/kept.h"
 
 #include <signal.h>
@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "service/env/local_io.h"
 #include "service/reader/reader_test_util.h"
 #include "service/tiers/tier_test_util.h"
 
@@ -525,6 +526,53 @@ TEST_F(KeptTest, KeeperKilledMidKeepLeavesNothingTrusted) {
   Result<KeepResult> r = KeepSsdTier(Options(), *ssd_, *catalog_, Env::Default());
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(r->samples, kFiles);
+}
+
+// The keep's last step, the rename into place, fails: the half-made entry is removed, nothing is
+// left to adopt or to clean.
+TEST_F(KeptTest, KeepFailingAtItsRenameIntoPlaceLeavesNothingToAdopt) {
+  FaultInjectionLocalIo io(LocalIo::Default());
+  io.OnlyPaths(place_.key);
+  io.FailRename(EIO);
+  KeepOptions o = Options();
+  o.io = &io;
+  Result<KeepResult> r = KeepSsdTier(o, *ssd_, *catalog_, Env::Default());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("renaming"), std::string::npos) << r.status().message();
+  EXPECT_EQ(io.failed_calls(), 1u);
+  EXPECT_TRUE(fs::is_empty(place_.kept_dir));
+  EXPECT_EQ(KeptCopy::Adopt(place_, *catalog_, Env::Default()).status().code(),
+            StatusCode::kNotFound);
+}
+
+// Reads failing under an adoption: a MANIFEST that cannot be read makes the entry unusable (and
+// removed); a kept sample whose bytes cannot be read is rejected, never served, and read from its
+// source thereafter.
+TEST_F(KeptTest, ReadsFailingUnderAnAdoptionServeNothing) {
+  ASSERT_TRUE(KeepSsdTier(Options(), *ssd_, *catalog_, Env::Default()).ok());
+  FaultInjectionLocalIo io(LocalIo::Default());
+  io.FailReads(EIO);
+  Result<std::unique_ptr<KeptCopy>> k = KeptCopy::Adopt(place_, *catalog_, Env::Default(), &io);
+  ASSERT_FALSE(k.ok());
+  EXPECT_NE(k.status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(fs::is_empty(place_.kept_dir));
+
+  auto tier = MakeTier("job2");
+  ASSERT_TRUE(KeepSsdTier(Options(), *tier, *catalog_, Env::Default()).ok());
+  io.ClearFaults();
+  k = KeptCopy::Adopt(place_, *catalog_, Env::Default(), &io);
+  ASSERT_TRUE(k.ok()) << k.status().message();
+  io.FailReads(EIO);
+  Status s;
+  Fetch(**k, 3, &s);
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.message();
+  io.ClearFaults();
+  Fetch(**k, 3, &s);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.message();
+  EXPECT_EQ(Fetch(**k, 4, &s), Bytes(4));
+  EXPECT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ((*k)->rejected_samples(), 1u);
+  EXPECT_EQ((*k)->adopted_samples(), 1u);
 }
 
 }  // namespace
