@@ -53,14 +53,15 @@ set(_nopfs_conffiles
 list(JOIN _nopfs_conffiles "\n" _nopfs_conffiles)
 file(WRITE ${PROJECT_BINARY_DIR}/debian/conffiles "${_nopfs_conffiles}\n")
 # Python writes __pycache__ beside the modules when root imports them; dpkg -r removes only what
-# the package shipped, so prerm removes the bytecode (what dh_python3's py3clean does).
+# the package shipped, so prerm removes the bytecode (what dh_python3's py3clean does) of each
+# package directory: nopfs and nopfs.torch.
 if(IS_ABSOLUTE ${NOPFS_PYTHON_INSTALL_DIR_USED})
   set(_nopfs_pydir ${NOPFS_PYTHON_INSTALL_DIR_USED}/nopfs)
 else()
   set(_nopfs_pydir ${CMAKE_INSTALL_PREFIX}/${NOPFS_PYTHON_INSTALL_DIR_USED}/nopfs)
 endif()
 file(WRITE ${PROJECT_BINARY_DIR}/debian/prerm
-     "#!/bin/sh\nset -e\nrm -rf '${_nopfs_pydir}/__pycache__'\n")
+     "#!/bin/sh\nset -e\nrm -rf '${_nopfs_pydir}/__pycache__' '${_nopfs_pydir}/torch/__pycache__'\n")
 file(CHMOD ${PROJECT_BINARY_DIR}/debian/prerm
      PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ GROUP_EXECUTE WORLD_READ
                  WORLD_EXECUTE)
