@@ -278,7 +278,6 @@ void PrintKv(const SimReport& rep) {
   const policy::JobSpec& job = o.job;
   const policy::PolicyResult* bound = rep.bound;
   const double total = rep.total;
-  const double dataset = rep.total;
   for (const policy::PolicyResult& r : rep.results) {
     const std::string epochs = Joined(r.epoch_seconds, ",");
     std::printf(
@@ -296,7 +295,7 @@ void PrintKv(const SimReport& rep) {
         Num(r.stall_median_seconds).c_str(), Num(r.stall_p99_seconds).c_str(),
         static_cast<unsigned long long>(r.steps), static_cast<unsigned long long>(r.job_pfs_bytes),
         static_cast<unsigned long long>(r.node_pfs_bytes),
-        Num(static_cast<double>(r.job_pfs_bytes) / dataset).c_str(), r.pfs_readers,
+        Num(static_cast<double>(r.job_pfs_bytes) / total).c_str(), r.pfs_readers,
         static_cast<unsigned long long>(r.reads[0]), static_cast<unsigned long long>(r.reads[1]),
         static_cast<unsigned long long>(r.reads[2]), epochs.c_str());
   }

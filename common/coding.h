@@ -1,5 +1,5 @@
-// Byte coding for nopfs's hand-written formats: the client/service wire (protocol/wire.cc), the peer
-// protocol (fabric/peer_protocol.cc), the catalog's RocksDB records
+// Byte coding for nopfs's hand-written formats: the client/service wire (protocol/wire.cc), the
+// peer protocol (fabric/peer_protocol.cc), the catalog's RocksDB records
 // (service/catalog/catalog_codec.cc) and the directory exchange (service/peers/directory_wire.cc).
 //
 // - Fixed-width integers are little-endian (StoreLe/LoadLe on raw bytes; Writer::U8..U64 append

@@ -121,7 +121,7 @@ report::StatusReport Daemon::Report() {
     t.failed = pc.failures;
     // Ready is what the slots say now: a slot filled, found corrupt and filled again is one
     // sample (adding up the fill counters would count it twice).
-    Tier* tier = tier_refs_[j].tier;
+    Tier* tier = tier_refs_[j].tier();
     for (uint32_t slot = 0; tier != nullptr && slot < tier->slots().size(); ++slot) {
       if (tier->slots().state(slot) != SlotState::kReady) continue;
       ++t.ready_samples;

@@ -262,7 +262,7 @@ void Daemon::PlanNode(Startup* s) {
 Status Daemon::CreateTiers() {
   for (size_t j = 0; j < model_.classes.size(); ++j) {
     const policy::StorageClass& c = model_.classes[j];
-    TierRef ref = TierRef::Empty(c.name);
+    TierRef ref{c.name, nullptr, nullptr};
     const policy::TierPlan& tp = plan_.tiers[j];
     if (!tp.prefetch_order.empty()) {
       if (c.kind == policy::ClassKind::kRam) {
@@ -270,7 +270,7 @@ Status Daemon::CreateTiers() {
         if (!layout.ok()) return layout.status();
         Result<std::unique_ptr<RamTier>> t = RamTier::Create(options_.job_id, std::move(*layout));
         if (!t.ok()) return t.status().WithContext("class " + c.name);
-        ref = TierRef::Of(c.name, t->get());
+        ref.ram = t->get();
         ram_tiers_.push_back(std::move(*t));
       } else {
         Result<TierLayout> layout = TierLayout::Ssd(tp, catalog_->sizes());
@@ -288,7 +288,7 @@ Status Daemon::CreateTiers() {
         Result<std::unique_ptr<SsdTier>> t = SsdTier::Create(so, std::move(*layout));
         if (!t.ok()) return t.status().WithContext("class " + c.name);
         if (copy != nullptr) copy->SetInPlaceTier(t->get());
-        ref = TierRef::Of(c.name, t->get());
+        ref.ssd = t->get();
         ssd_tiers_.push_back(std::move(*t));
       }
       spdlog::info("tier {}: {} samples, {}", c.name, tp.prefetch_order.size(),
@@ -349,7 +349,7 @@ void Daemon::CreatePrefetchers() {
   // One per non-empty class, each with the class's threads.
   prefetch_done_.assign(model_.classes.size(), {});
   for (size_t j = 0; j < tier_refs_.size(); ++j) {
-    Tier* tier = tier_refs_[j].tier;
+    Tier* tier = tier_refs_[j].tier();
     if (tier == nullptr) {
       prefetchers_.push_back(nullptr);
       continue;
@@ -392,7 +392,7 @@ void Daemon::AnnounceFilledClasses(const Startup& s) {
       if (copies.empty()) return;
       std::vector<policy::SampleId> ready;
       for (policy::SampleId id : plan_.tiers[j].prefetch_order)
-        if (tier_refs_[j].tier->IsReady(id)) {
+        if (tier_refs_[j].tier()->IsReady(id)) {
           ready.push_back(id);
         }
       for (KeptCopy* k : copies)

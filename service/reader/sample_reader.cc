@@ -48,7 +48,7 @@ SampleReader::SampleReader(Catalog& catalog, const policy::NodePlan& plan,
 }
 
 std::optional<SampleReader::Claim> SampleReader::ClaimForCache(size_t j, policy::SampleId sample) {
-  Tier* tier = tiers_[j].tier;
+  Tier* tier = tiers_[j].tier();
   if (tier == nullptr) return std::nullopt;
   const uint32_t slot = tier->layout().SlotOf(sample);
   if (slot >= tier->layout().slot_count() || !tier->slots().TryBeginFill(slot)) {
@@ -264,7 +264,7 @@ Result<uint64_t> SampleReader::FetchFromPfs(policy::SampleId sample, std::span<s
 }
 
 int SampleReader::LocalClass(int klass, policy::SampleId sample) const {
-  Tier* tier = tiers_[static_cast<size_t>(klass)].tier;
+  Tier* tier = tiers_[static_cast<size_t>(klass)].tier();
   if (tier == nullptr) return -1;
   if (tier->IsReady(sample)) return klass;
   // A prefetcher is fetching this very sample (staging often catches up with the prefetchers,

@@ -80,8 +80,8 @@ class SampleReaderTest : public ::testing::Test {
     model_ = Model();
     reader_ = std::make_unique<SampleReader>(
         *catalog_, plan_,
-        std::vector<TierRef>{TierRef::Of("ram", ram_.get()), TierRef::Of("ssd", ssd_.get())},
-        model_, 1);
+        std::vector<TierRef>{{"ram", ram_.get(), nullptr}, {"ssd", nullptr, ssd_.get()}}, model_,
+        1);
   }
 
   std::string Read(policy::SampleId k, SourceId* from) {

@@ -1,12 +1,11 @@
 // TierRef: one storage class of the node as the reader, the peers and the daemon see it: its name
-// and its tier (none for a class that holds nothing in this job). `tier` is what every tier does
-// (layout, slots, readiness, fill); `ram` and `ssd` are set for the kind it is, for what only that
+// and its tier (none for a class that holds nothing in this job). tier() is what every tier does
+// (layout, slots, readiness, fill); `ram` or `ssd` is set for the kind it is, for what only that
 // kind does (RAM: the mapping clients read in place and peers read by RMA; SSD: its files, kept
 // at exit).
 #pragma once
 
 #include <string>
-#include <utility>
 
 #include "service/tiers/ram_tier.h"
 #include "service/tiers/ssd_tier.h"
@@ -16,18 +15,13 @@ namespace nopfs::service {
 
 struct TierRef {
   std::string name;
-  Tier* tier = nullptr;  // null for an empty class
-  RamTier* ram = nullptr;
-  SsdTier* ssd = nullptr;
+  RamTier* ram = nullptr;  // set for a RAM class that holds samples in this job
+  SsdTier* ssd = nullptr;  // set for an SSD class that holds samples in this job
 
-  static TierRef Empty(std::string name) {
-    return TierRef{std::move(name), nullptr, nullptr, nullptr};
-  }
-  static TierRef Of(std::string name, RamTier* t) {
-    return TierRef{std::move(name), t, t, nullptr};
-  }
-  static TierRef Of(std::string name, SsdTier* t) {
-    return TierRef{std::move(name), t, nullptr, t};
+  // The class's tier, whichever kind it is; null for an empty class.
+  Tier* tier() const {
+    if (ram != nullptr) return ram;
+    return ssd;
   }
 };
 
