@@ -21,6 +21,7 @@ namespace {
 
 // What the child did when it failed before exec, reported on the error pipe.
 enum class Step : int {
+  kCgroup,
   kSession,
   kNetns,
   kGroups,
@@ -35,6 +36,8 @@ enum class Step : int {
 
 const char* StepName(Step s) {
   switch (s) {
+    case Step::kCgroup:
+      return "joining its cgroup";
     case Step::kSession:
       return "setsid";
     case Step::kNetns:
@@ -129,6 +132,10 @@ Result<Child> Child::Spawn(const std::vector<std::string>& argv, const Options& 
       (void)ignored;
       _exit(127);
     };
+    for (int fd : options.cgroup_fds) {
+      // "0": the writing process (cgroup v1 and v2).
+      if (write(fd, "0\n", 2) != 2) fail(Step::kCgroup, errno);
+    }
     if (options.new_session) {
       if (setsid() < 0) fail(Step::kSession, errno);
     } else if (options.new_group) {

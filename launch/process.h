@@ -36,6 +36,9 @@ class Child {
     bool new_group = true;         // own process group, so that a signal to it reaches its children
     bool new_session = false;      // own session (setsid): no controlling terminal; implies a group
     bool die_with_parent = false;  // SIGTERM when this process dies (PR_SET_PDEATHSIG)
+    // Descriptors of cgroup.procs files (opened for writing) the child joins first, while it
+    // still has this process's credentials, so that everything it allocates is charged there.
+    std::vector<int> cgroup_fds;
     // Network namespace to enter before exec (an open descriptor of e.g. /run/netns/NAME; needs
     // CAP_SYS_ADMIN), or -1.
     int netns_fd = -1;
