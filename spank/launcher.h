@@ -104,6 +104,7 @@ struct Target {
   ProcessId daemon;                // pid 0: none recorded
   std::vector<std::string> ssd_paths;
   std::string metrics_dir;  // where the job's metrics file is; "": none
+  std::string node;         // this node's name (the job's cgroup, job_cgroup.h); "": not touched
 };
 
 Target FromEntry(const LedgerEntry& e);
@@ -156,10 +157,11 @@ launch::DaemonArgs DaemonArgsFor(const Job& job, uint32_t ranks_per_node, const 
                                  const KeepPlan& keep, std::string* peers_note);
 
 // Starts nopfsd as the job's user and waits until it says ready. The ledger entry (`entry`, with
-// the grant) is rewritten to name nopfsd as soon as it runs. Returns nopfsd's pid; on failure
+// the grant) is rewritten to name nopfsd as soon as it runs; nopfsd joins the cgroup whose
+// cgroup.procs `cgroup_procs` is (-1: none) before exec. Returns nopfsd's pid; on failure
 // nopfsd is stopped and the Status says why.
 Result<pid_t> StartNopfsd(const Job& job, const std::string& nopfsd, launch::DaemonArgs dargs,
-                          LedgerEntry entry);
+                          LedgerEntry entry, int cgroup_procs);
 
 int Prolog(const Job& job, const char* self);
 

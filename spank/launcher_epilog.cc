@@ -58,6 +58,13 @@ std::string Teardown(const std::string& node_dir, const Target& t,
     for (pid_t p : StopProcesses({t.daemon}, grace))
       left += " process " + std::to_string(p);
   }
+  // What slurmd could not remove of the job's cgroup while nopfsd was in it.
+  if (!t.node.empty()) {
+    if (std::string cg = RemoveJobCgroup(JobCgroupOptions{.node = t.node}, t.job_id, t.uid);
+        !cg.empty()) {
+      left += " cgroup " + cg;
+    }
+  }
   if (t.index != kUnknownIndex) {
     if (Status s = RemoveSsd(t.ssd_paths, t.job_id, t.uid, t.index); !s.ok()) {
       left += " " + s.message();
@@ -116,7 +123,9 @@ int Epilog(const Job& job) {
   std::string error;
   const std::optional<LedgerEntry> entry = FindEntry(job.ledger_dir, job.job_id, &error);
   if (!error.empty()) left += " reservation (" + error + ")";
-  Target t = entry ? FromEntry(*entry) : Target{job.job_id, job.uid, job.node_index, {}, {}, {}};
+  Target t =
+      entry ? FromEntry(*entry) : Target{job.job_id, job.uid, job.node_index, {}, {}, {}, {}};
+  t.node = job.node;
   if (t.ssd_paths.empty()) {
     if (Result<lua::NodeConfig> config = LoadConfig(job); config.ok()) {
       t.ssd_paths = SsdPaths(*config);

@@ -73,6 +73,7 @@ Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
     if (!live) {
       // Stale: its job is over and its epilog did not finish. Clean up after it.
       Target t = FromEntry(e);
+      t.node = job.node;
       if (t.ssd_paths.empty()) t.ssd_paths = SsdPaths(config);
       if (t.metrics_dir.empty()) t.metrics_dir = config.metrics_dir();
       (void)Teardown(job.node_dir, t, 2s);
@@ -139,7 +140,7 @@ launch::DaemonArgs DaemonArgsFor(const Job& job, uint32_t ranks_per_node, const 
 }
 
 Result<pid_t> StartNopfsd(const Job& job, const std::string& nopfsd, launch::DaemonArgs dargs,
-                          LedgerEntry entry) {
+                          LedgerEntry entry, int cgroup_procs) {
   // nopfsd says ready or failed on a pipe this launcher made (nopfsd --ready-fd), never through
   // a file in the user's run directory that the user could swap for a link or a FIFO.
   int ready_pipe[2];
@@ -170,6 +171,7 @@ Result<pid_t> StartNopfsd(const Job& job, const std::string& nopfsd, launch::Dae
   const UniqueFd null_fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   o.stdin_fd = null_fd.get();
   o.keep_fds = {ready_pipe[1]};
+  if (cgroup_procs >= 0) o.cgroup_fds = {cgroup_procs};
   std::fflush(nullptr);
   Result<launch::Child> spawned =
       groups.ok() ? launch::Child::Spawn(argv, o) : Result<launch::Child>(groups.status());
@@ -245,7 +247,8 @@ int Prolog(const Job& job, const char* self) {
   {
     std::string error;
     const std::optional<LedgerEntry> old = FindEntry(job.ledger_dir, job.job_id, &error);
-    Target t = old ? FromEntry(*old) : Target{job.job_id, job.uid, job.node_index, {}, {}, {}};
+    Target t = old ? FromEntry(*old) : Target{job.job_id, job.uid, job.node_index, {}, {}, {}, {}};
+    t.node = job.node;
     if (t.ssd_paths.empty()) t.ssd_paths = SsdPaths(*config);
     if (t.metrics_dir.empty()) t.metrics_dir = config->metrics_dir();
     (void)Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace));
@@ -307,25 +310,39 @@ int Prolog(const Job& job, const char* self) {
                   where.c_str(), s.message().c_str());
     }
   }
-  Result<pid_t> started = StartNopfsd(job, DaemonPath(job, self), dargs, entry);
+  // Where Slurm holds jobs in cgroups, nopfsd starts in its job's (docs/admin.md, "The job's
+  // cgroup"), and on v1 joins the job's other controllers once slurmd has set them up.
+  const SlurmCgroups slurm_cgroups = AskSlurmCgroups();
+  const JobCgroupOptions cgroup_options{.node = job.node};
+  std::string cgroup_note;
+  Result<JobCgroup> cgroup = Status::NotFound("Slurm does not run jobs in cgroups");
+  if (slurm_cgroups.task_cgroup) {
+    cgroup = PrepareJobCgroup(cgroup_options, job.job_id, job.uid, req.memory);
+    cgroup_note = cgroup.ok() ? cgroup->note
+                              : "cgroup: " + cgroup.status().message() +
+                                    "; nopfsd runs outside the job's cgroup";
+  }
+  Result<pid_t> started =
+      StartNopfsd(job, DaemonPath(job, self), dargs, entry, cgroup.ok() ? cgroup->procs.get() : -1);
   if (!started.ok()) {
     WriteStatus(job, launch::kFailedName, where + started.status().message());
     release();
+    (void)RemoveJobCgroup(cgroup_options, job.job_id, job.uid);
     return fail("nopfsd failed: " + started.status().message(), 4);
   }
   const pid_t child = *started;
-  // Under cgroups nopfsd joins the job's extern step once slurmd has made it (after the prolog).
-  if (SlurmContainsJobs())
-    (void)AdoptLater(JobCgroupOptions{.node = job.node}, job.job_id, job.uid, child,
+  if (slurm_cgroups.task_cgroup && slurm_cgroups.contain)
+    (void)AdoptLater(cgroup_options, job.job_id, job.uid, child,
                      ProcessStartTime(child).value_or(0), std::chrono::seconds(job.args.timeout));
-  std::printf("%sserving %s (partition %s, job memory %s) with RAM %s, SSD %s%s%s%s%s%s%s\n",
+  std::printf("%sserving %s (partition %s, job memory %s) with RAM %s, SSD %s%s%s%s%s%s%s%s%s\n",
               where.c_str(), job.opts.dataset.c_str(),
               req.partition.empty() ? "?" : req.partition.c_str(),
               req.memory == 0 ? "unlimited" : FormatBytes(static_cast<double>(req.memory)).c_str(),
               FormatBytes(static_cast<double>(adm.ram)).c_str(),
               FormatBytes(static_cast<double>(adm.ssd)).c_str(), adm.reason.empty() ? "" : "; ",
               adm.reason.c_str(), peers_note.empty() ? "" : "; ", peers_note.c_str(),
-              keep.note.empty() ? "" : "; ", keep.note.c_str());
+              keep.note.empty() ? "" : "; ", keep.note.c_str(), cgroup_note.empty() ? "" : "; ",
+              cgroup_note.c_str());
   return 0;
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Cluster tests of docs/security.md's "Per-user directories" and "What a client can make nopfsd
 allocate": nopfs-bob attacks, nopfs-alice's job must run unharmed. Run as root (see
-clusterlib.py); NOPFS_CLUSTER_CGROUP=1 adds the job-cgroup test (cgroup v1, PrologFlags=Contain)."""
+clusterlib.py)."""
 import glob
 import json
 import os
@@ -163,40 +163,6 @@ class SecurityResourcesTest(ClusterCase):
         self.assertIsNotNone(m, out)
         refusals = json.loads(m.group(1))["refusals"]
         self.assertEqual((refusals["streams_per_rank"], refusals["streams"]), (8, 292), out)
-        self.assertNothingLeft([job])
-
-
-@unittest.skipUnless(os.environ.get("NOPFS_CLUSTER_CGROUP") == "1",
-                     "NOPFS_CLUSTER_CGROUP=1 runs the cluster with cgroup v1")
-class JobCgroupTest(ClusterCase):
-    def test_nopfsd_runs_in_the_jobs_cgroup(self):
-        uid = pwd.getpwnam("nopfs-alice").pw_uid
-        job = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs={DATASET}",
-                     f"srun bash -c '{BUILD}/bin/nopfs cat --verify 2>&1 | tail -n 1 | "
-                     "sed \"s/^/verify: /\"'\nwhile [ ! -e " + JOBS +
-                     "/release-$SLURM_JOB_ID ]; do sleep 0.2; done\n")
-        wait_state(job, {"RUNNING"})
-        want = f"/slurm_n1/uid_{uid}/job_{job}/step_extern"
-        deadline = time.monotonic() + 30
-        got = {}
-        while time.monotonic() < deadline:
-            pids = [p for p, (_, argv) in daemons().items() if f"/n1/{job}" in " ".join(argv)]
-            if pids:
-                with open(f"/proc/{pids[0]}/cgroup") as f:
-                    got = {line.split(":")[1]: line.split(":")[2].strip()
-                           for line in f.read().splitlines()}
-                if got.get("memory") == want:
-                    break
-            time.sleep(0.2)
-        self.assertEqual(got.get("memory"), want, got)
-        self.assertEqual(got.get("cpuset"), want, got)
-        # The kernel holds it to the job's --mem, as every other process of the job.
-        job_cg = f"/sys/fs/cgroup/memory/slurm_n1/uid_{uid}/job_{job}"
-        with open(job_cg + "/memory.limit_in_bytes") as f:
-            self.assertEqual(int(f.read()), 300 * MiB)
-        release(job)
-        self.assertEqual(wait_done(job, 120), "COMPLETED")
-        self.assertRegex(output(job), r"verify: 120 samples, \d+ bytes, 0 mismatches")
         self.assertNothingLeft([job])
 
 
