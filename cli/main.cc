@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "cli/cmd_admin.h"
 #include "cli/cmd_cache.h"
 #include "cli/cmd_cat.h"
 #include "cli/cmd_config.h"
@@ -11,13 +12,14 @@
 #include "cli/cmd_simulate.h"
 #include "cli/cmd_stream.h"
 #include "cli/status_text.h"
+#include "common/version.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
       "nopfs: a job-scoped burst buffer for deep-learning training that replays the job's shuffle "
       "to stage samples before they are read"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "nopfs 0.1.0");
+  app.set_version_flag("--version", std::string("nopfs ") + nopfs::kVersion);
   int exit_code = 0;
   nopfs::cli::RegisterStream(&app, &exit_code);
   nopfs::cli::RegisterPlan(&app, &exit_code);
@@ -28,6 +30,7 @@ int main(int argc, char** argv) {
   nopfs::cli::RegisterSimulate(&app, &exit_code);
   nopfs::cli::RegisterCache(&app, &exit_code);
   nopfs::cli::RegisterGc(&app, &exit_code);
+  nopfs::cli::RegisterAdmin(&app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -30,6 +30,7 @@ extern "C" {
 }
 
 #include "common/units.h"
+#include "common/version.h"
 #include "kept/node.h"
 #include "launch/daemon_args.h"
 #include "launch/process.h"

@@ -334,15 +334,15 @@ int Prolog(const Job& job, const char* self) {
   if (slurm_cgroups.task_cgroup && slurm_cgroups.contain)
     (void)AdoptLater(cgroup_options, job.job_id, job.uid, child,
                      ProcessStartTime(child).value_or(0), std::chrono::seconds(job.args.timeout));
-  std::printf("%sserving %s (partition %s, job memory %s) with RAM %s, SSD %s%s%s%s%s%s%s%s%s\n",
-              where.c_str(), job.opts.dataset.c_str(),
-              req.partition.empty() ? "?" : req.partition.c_str(),
-              req.memory == 0 ? "unlimited" : FormatBytes(static_cast<double>(req.memory)).c_str(),
-              FormatBytes(static_cast<double>(adm.ram)).c_str(),
-              FormatBytes(static_cast<double>(adm.ssd)).c_str(), adm.reason.empty() ? "" : "; ",
-              adm.reason.c_str(), peers_note.empty() ? "" : "; ", peers_note.c_str(),
-              keep.note.empty() ? "" : "; ", keep.note.c_str(), cgroup_note.empty() ? "" : "; ",
-              cgroup_note.c_str());
+  std::printf(
+      "%sserving %s (partition %s, job memory %s) with RAM %s, SSD %s%s%s%s%s%s%s%s%s; nopfs %s\n",
+      where.c_str(), job.opts.dataset.c_str(), req.partition.empty() ? "?" : req.partition.c_str(),
+      req.memory == 0 ? "unlimited" : FormatBytes(static_cast<double>(req.memory)).c_str(),
+      FormatBytes(static_cast<double>(adm.ram)).c_str(),
+      FormatBytes(static_cast<double>(adm.ssd)).c_str(), adm.reason.empty() ? "" : "; ",
+      adm.reason.c_str(), peers_note.empty() ? "" : "; ", peers_note.c_str(),
+      keep.note.empty() ? "" : "; ", keep.note.c_str(), cgroup_note.empty() ? "" : "; ",
+      cgroup_note.c_str(), kVersion);
   return 0;
 }
 

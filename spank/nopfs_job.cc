@@ -15,7 +15,9 @@
 #include <charconv>
 #include <cstdio>
 #include <string>
+#include <string_view>
 
+#include "common/version.h"
 #include "spank/launcher.h"
 
 namespace nopfs::spank::launcher {
@@ -96,6 +98,10 @@ Result<Job> ParseCommandLine(int argc, char** argv) {
 int main(int argc, char** argv) {
   using namespace nopfs::spank::launcher;
   ::umask(022);
+  if (argc == 2 && std::string_view(argv[1]) == "--version") {
+    std::printf("nopfs-job (nopfs) %s\n", nopfs::kVersion);
+    return 0;
+  }
   nopfs::Result<Job> job = ParseCommandLine(argc, argv);
   if (!job.ok()) {
     std::printf("nopfs: %s: %s\n", argc > 1 ? argv[1] : "nopfs-job",

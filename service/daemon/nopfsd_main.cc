@@ -16,6 +16,7 @@
 
 #include "common/phases.h"
 #include "common/units.h"
+#include "common/version.h"
 #include "fabric/endpoint.h"
 #include "launch/daemon_args.h"
 #include "launch/run_files.h"
@@ -65,6 +66,7 @@ int main(int argc, char** argv) {
   CLI::App app{"nopfsd: the nopfs cache service of one job on one node"};
   nopfs::launch::DaemonArgs f;
   nopfs::launch::AddDaemonFlags(&app, &f);
+  app.set_version_flag("--version", std::string("nopfsd (nopfs) ") + nopfs::kVersion);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
