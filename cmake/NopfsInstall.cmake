@@ -8,8 +8,11 @@
 #   /usr/lib/<multiarch>/slurm-wlm/spank_nopfs.so  the SPANK plugin, in Slurm's plugin directory
 #   /usr/lib/python3/dist-packages/nopfs/        the Python package (python/CMakeLists.txt)
 #   /etc/nopfs/{nopfs.conf.lua,policy.lua}       the node config and the admission policy
-#   /etc/slurm/plugstack.conf.d/nopfs.conf       the plugin's line (Debian's plugstack.conf
-#                                                includes plugstack.conf.d/*.conf)
+#   /usr/share/nopfs/plugstack.conf              the plugin's line, where Slurm does not read it:
+#                                                `nopfs admin enable` copies it to
+#                                                /etc/slurm/plugstack.conf.d/nopfs.conf (Debian's
+#                                                plugstack.conf includes plugstack.conf.d/*.conf)
+#   /usr/lib/systemd/system/nopfs-gc.{service,timer}  `nopfs gc` hourly, disabled until enabled
 #   /usr/share/man/man1/nopfs.1, man8/nopfsd.8, man8/nopfs-spank.8
 #   /usr/share/doc/nopfs/                        README, docs/, the example job scripts
 #
@@ -36,6 +39,10 @@ foreach(v NOPFS_SLURM_PLUGIN_DIR NOPFS_SLURM_SYSCONFDIR NOPFS_SYSCONFDIR)
     set(${v}_FULL ${CMAKE_INSTALL_PREFIX}/${${v}})
   endif()
 endforeach()
+# `nopfs admin` (cli/cmd_admin.h): where the package's line is and where enabling puts it.
+target_compile_definitions(nopfs PRIVATE
+  NOPFS_INSTALLED_PLUGSTACK_LINE="${CMAKE_INSTALL_FULL_DATADIR}/nopfs/plugstack.conf"
+  NOPFS_INSTALLED_PLUGSTACK_DIR="${NOPFS_SLURM_SYSCONFDIR_FULL}/plugstack.conf.d")
 
 install(TARGETS nopfs RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS nopfsd RUNTIME DESTINATION ${CMAKE_INSTALL_SBINDIR})
@@ -47,7 +54,7 @@ if(TARGET spank_nopfs)
   configure_file(${PROJECT_SOURCE_DIR}/contrib/slurm/plugstack.conf.in
                  ${PROJECT_BINARY_DIR}/contrib/plugstack.conf @ONLY)
   install(FILES ${PROJECT_BINARY_DIR}/contrib/plugstack.conf
-          DESTINATION ${NOPFS_SLURM_SYSCONFDIR}/plugstack.conf.d RENAME nopfs.conf)
+          DESTINATION ${CMAKE_INSTALL_DATADIR}/nopfs)
   install(FILES ${PROJECT_SOURCE_DIR}/contrib/slurm/nopfs.conf.lua
                 ${PROJECT_SOURCE_DIR}/contrib/slurm/policy.lua
           DESTINATION ${NOPFS_SYSCONFDIR})
@@ -57,6 +64,12 @@ if(TARGET spank_nopfs)
                 ${PROJECT_SOURCE_DIR}/contrib/slurm/examples/epoch_task.py
           DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples)
 endif()
+# `nopfs gc` every hour, as a systemd timer that stays disabled until the admin enables it.
+configure_file(${PROJECT_SOURCE_DIR}/contrib/systemd/nopfs-gc.service.in
+               ${PROJECT_BINARY_DIR}/contrib/nopfs-gc.service @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/contrib/nopfs-gc.service
+              ${PROJECT_SOURCE_DIR}/contrib/systemd/nopfs-gc.timer
+        DESTINATION ${CMAKE_INSTALL_PREFIX}/lib/systemd/system)
 install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs
         FILES_MATCHING PATTERN "*.md" PATTERN "*.png")
@@ -98,6 +111,10 @@ nopfs_man_page(nopfs 1 DEPENDS nopfs ${_docs}/user.md ARGS
   --help-cmd "+nopfs cache ls=$<TARGET_FILE:nopfs> cache ls --help"
   --help-cmd "+nopfs cache rm=$<TARGET_FILE:nopfs> cache rm --help"
   --help-cmd "+nopfs gc=$<TARGET_FILE:nopfs> gc --help"
+  --help-cmd "+nopfs admin enable=$<TARGET_FILE:nopfs> admin enable --help"
+  --help-cmd "+nopfs admin disable=$<TARGET_FILE:nopfs> admin disable --help"
+  --help-cmd "+nopfs admin status=$<TARGET_FILE:nopfs> admin status --help"
+  --help-cmd "+nopfs admin state=$<TARGET_FILE:nopfs> admin state --help"
   --see-also "**nopfsd**(8), **nopfs-spank**(8), **sbatch**(1); /usr/share/doc/nopfs/docs")
 nopfs_man_page(nopfsd 8 DEPENDS nopfsd ${_docs}/service.md ARGS
   --summary "the cache service of one nopfs job on one node"

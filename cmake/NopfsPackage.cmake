@@ -45,11 +45,13 @@ set(CPACK_DEBIAN_PACKAGE_DEPENDS ${_nopfs_deb_depends})
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "python3-torch, python3-numpy")
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS "python3-torchvision")
 
-# What lives under /etc is the admin's to edit: conffiles, kept on upgrade and on `dpkg -r`.
+# What lives under /etc is the admin's to edit: conffiles, kept on upgrade and on `dpkg -r`. The
+# plugin's line is not among them: the package ships it under /usr/share/nopfs, where Slurm does
+# not read it, and `nopfs admin enable` writes /etc/slurm/plugstack.conf.d/nopfs.conf
+# (cli/cmd_admin.h), so that installing changes nothing until the admin enables it.
 set(_nopfs_conffiles
     ${NOPFS_SYSCONFDIR}/nopfs.conf.lua
-    ${NOPFS_SYSCONFDIR}/policy.lua
-    ${NOPFS_SLURM_SYSCONFDIR}/plugstack.conf.d/nopfs.conf)
+    ${NOPFS_SYSCONFDIR}/policy.lua)
 list(JOIN _nopfs_conffiles "\n" _nopfs_conffiles)
 file(WRITE ${PROJECT_BINARY_DIR}/debian/conffiles "${_nopfs_conffiles}\n")
 # Python writes __pycache__ beside the modules when root imports them; dpkg -r removes only what
@@ -60,13 +62,22 @@ if(IS_ABSOLUTE ${NOPFS_PYTHON_INSTALL_DIR_USED})
 else()
   set(_nopfs_pydir ${CMAKE_INSTALL_PREFIX}/${NOPFS_PYTHON_INSTALL_DIR_USED}/nopfs)
 endif()
-file(WRITE ${PROJECT_BINARY_DIR}/debian/prerm
-     "#!/bin/sh\nset -e\nrm -rf '${_nopfs_pydir}/__pycache__' '${_nopfs_pydir}/torch/__pycache__'\n")
-file(CHMOD ${PROJECT_BINARY_DIR}/debian/prerm
-     PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ GROUP_EXECUTE WORLD_READ
-                 WORLD_EXECUTE)
+set(_nopfs_plugstack ${NOPFS_SLURM_SYSCONFDIR_FULL}/plugstack.conf.d/nopfs.conf)
+set(_nopfs_varlib /var/lib/nopfs)
+# prerm: on removal (not on an upgrade, which keeps the plugin enabled for the next job), the
+# plugin's line goes aside, so that sbatch, srun and slurmd never load a plugin that is gone; and
+# what the package's purge will remove is written down while nopfs can still read its config.
+configure_file(${PROJECT_SOURCE_DIR}/cmake/deb/prerm.in ${PROJECT_BINARY_DIR}/debian/prerm @ONLY)
+# postrm: on purge, the plugin's line and every piece of nopfs's state written down by prerm
+# (the run directory, the SSD's nopfs-<uid> trees, the catalog cache, the metrics files).
+configure_file(${PROJECT_SOURCE_DIR}/cmake/deb/postrm.in ${PROJECT_BINARY_DIR}/debian/postrm @ONLY)
+foreach(script prerm postrm)
+  file(CHMOD ${PROJECT_BINARY_DIR}/debian/${script}
+       PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ GROUP_EXECUTE WORLD_READ
+                   WORLD_EXECUTE)
+endforeach()
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA ${PROJECT_BINARY_DIR}/debian/conffiles
-    ${PROJECT_BINARY_DIR}/debian/prerm)
+    ${PROJECT_BINARY_DIR}/debian/prerm ${PROJECT_BINARY_DIR}/debian/postrm)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 
 include(CPack)

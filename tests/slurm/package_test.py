@@ -1,7 +1,9 @@
 """The package as an admin installs it: `cpack -G DEB` in the build tree, `apt-get install
-./nopfs_*.deb`, the local cluster running the **installed** plugin, launcher and nopfsd (no path
-into the build tree), a job of nopfs-alice reading through them with the installed `nopfs` and
-Python package, then `dpkg -r` leaving nothing but the conffiles and `dpkg -P` leaving nothing.
+./nopfs_*.deb` changing nothing until `nopfs admin enable` (which says what is missing), the local
+cluster running the **installed** plugin, launcher and nopfsd (no path into the build tree), a job
+of nopfs-alice reading through them with the installed `nopfs` and Python package, an upgrade
+under a running job, then `dpkg -r` leaving nothing but the conffiles and Slurm's commands
+working, and `dpkg -P` leaving nothing of nopfs (its state included) and nothing else touched.
 
 Run as root, on a machine where nopfs is not installed otherwise (the test refuses to touch an
 installed nopfs it did not install).
@@ -12,11 +14,25 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 import unittest
 
 import clusterlib as cl
 
 PACKAGE = "nopfs"
+ENABLED = "/etc/slurm/plugstack.conf.d/nopfs.conf"  # what `nopfs admin enable` writes
+
+
+def host_slurm_env():
+    """Slurm's commands as on a host with Debian's /etc/slurm/plugstack.conf (it includes
+    plugstack.conf.d/*.conf), talking to the local cluster."""
+    conf = os.path.join(cl.DIR, "etc/slurm-host.conf")
+    with open(cl.CONF) as f:
+        text = f.read()
+    with open(conf, "w") as f:
+        f.write(re.sub(r"(?m)^PlugStackConfig=.*$", "PlugStackConfig=/etc/slurm/plugstack.conf",
+                       text))
+    return dict(os.environ, SLURM_CONF=conf)
 
 
 def run(*args, check=True, env=None, cwd=None):
@@ -105,7 +121,9 @@ class PackageTest(cl.ClusterCase):
         self.assertIn("Recommends: python3-torch", fields)
         for path in ("/usr/bin/nopfs", "/usr/sbin/nopfsd", "/usr/libexec/nopfs/nopfs-job",
                      "/etc/nopfs/nopfs.conf.lua", "/etc/nopfs/policy.lua",
-                     "/etc/slurm/plugstack.conf.d/nopfs.conf",
+                     "/usr/share/nopfs/plugstack.conf",
+                     "/usr/lib/systemd/system/nopfs-gc.service",
+                     "/usr/lib/systemd/system/nopfs-gc.timer",
                      "/usr/share/man/man1/nopfs.1.gz", "/usr/share/man/man8/nopfsd.8.gz",
                      "/usr/share/man/man8/nopfs-spank.8.gz",
                      "/usr/lib/python3/dist-packages/nopfs/torch/__init__.py",
@@ -113,10 +131,10 @@ class PackageTest(cl.ClusterCase):
                      "/usr/share/doc/nopfs/docs/admin.md"):
             self.assertIn(path, self.files)
         self.assertRegex(self.plugin, r"^/usr/lib/[^/]+/slurm-wlm/spank_nopfs\.so$")
-        self.assertEqual(self.conffiles, {"/etc/nopfs/nopfs.conf.lua", "/etc/nopfs/policy.lua",
-                                          "/etc/slurm/plugstack.conf.d/nopfs.conf"})
-        # The installed plugstack line names the installed plugin and config, nothing of the build.
-        with open("/etc/slurm/plugstack.conf.d/nopfs.conf") as f:
+        self.assertEqual(self.conffiles, {"/etc/nopfs/nopfs.conf.lua", "/etc/nopfs/policy.lua"})
+        # The package's plugstack line names the installed plugin and config, nothing of the
+        # build; it is where Slurm does not read it.
+        with open("/usr/share/nopfs/plugstack.conf") as f:
             line = [s for s in f if s.startswith("optional ")][0]
         self.assertIn(self.plugin, line)
         self.assertIn("config=/etc/nopfs/nopfs.conf.lua", line)
@@ -132,6 +150,16 @@ class PackageTest(cl.ClusterCase):
         run("/usr/bin/nopfs", "config", "/etc/nopfs/nopfs.conf.lua", "--policy",
             "/etc/nopfs/policy.lua")
 
+    def test_1_install_changes_nothing_until_enabled(self):
+        self.assertFalse(os.path.lexists(ENABLED), "the package enabled the plugin itself")
+        self.assertEqual(glob.glob("/etc/systemd/system/*.wants/nopfs-gc.*"), [])
+        r = run("/usr/bin/nopfs", "admin", "status")
+        self.assertIn("disabled", r.stdout)
+        # Every program says its version: the package's.
+        version = run("dpkg-query", "-W", "-f=${Version}", PACKAGE).stdout
+        for prog in ("/usr/bin/nopfs", "/usr/sbin/nopfsd", "/usr/libexec/nopfs/nopfs-job"):
+            self.assertEqual(run(prog, "--version").stdout.split()[-1], version, prog)
+
     def test_1_binaries_are_hardened(self):
         # As Debian hardens its own packages: full RELRO (GNU_RELRO and BIND_NOW), position-
         # independent executables, the stack protector and _FORTIFY_SOURCE (their checked entry
@@ -140,7 +168,26 @@ class PackageTest(cl.ClusterCase):
                      self.plugin):
             self.assertEqual(hardening(path), [], path)
 
-    def test_2_a_job_runs_on_the_installed_parts(self):
+    def test_2_0_enabling_is_one_step_that_says_what_is_missing(self):
+        # Without a slurm.conf to check, nothing is written and the reason is named.
+        r = run("/usr/bin/nopfs", "admin", "enable", "--slurm-conf", "/nonexistent/slurm.conf",
+                check=False)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("/nonexistent/slurm.conf: cannot be read", r.stderr)
+        self.assertFalse(os.path.lexists(ENABLED))
+        # The documented step, against the cluster's slurm.conf (PrologFlags=Alloc).
+        r = run("/usr/bin/nopfs", "admin", "enable", env=dict(os.environ, SLURM_CONF=cl.CONF))
+        self.assertIn(f"enabled: {ENABLED}", r.stdout)
+        self.assertIn("no peer_key=", r.stdout)  # said, not refused
+        with open(ENABLED) as f:
+            self.assertIn(self.plugin, f.read())
+        self.assertIn("enabled", run("/usr/bin/nopfs", "admin", "status").stdout)
+        # Slurm's commands reading the host's plugstack.conf now offer the options.
+        r = run("sbatch", "--help", env=host_slurm_env())
+        self.assertIn("--nopfs", r.stdout)
+        self.assertEqual(r.stderr, "")
+
+    def test_2_1_a_job_runs_on_the_installed_parts(self):
         with open(os.path.join(cl.DIR, "etc/plugstack.conf")) as f:
             line = f.read()
         self.assertIn(self.plugin, line)
@@ -175,11 +222,79 @@ class PackageTest(cl.ClusterCase):
             self.assertEqual(m.group(2), "0", out)
         self.assertNothingLeft([job])
 
+    def test_2_2_an_upgrade_under_a_running_job(self):
+        """Running jobs keep their nopfsd (its files replaced under it), the plugin stays
+        enabled, the new epilog tears the old job down, and the next job gets the new parts."""
+        job = cl.submit("nopfs-alice", f"-w n1 --mem=300 --nopfs={cl.DATASET}",
+                        f"srun /usr/bin/nopfs cat --verify 2>&1 | tail -n 1\n" +
+                        cl.HOLD.format(jobs=cl.JOBS))
+        cl.wait_state(job, {"RUNNING"}, 90)
+        deadline = time.monotonic() + 60
+        before = set()
+        while not before and time.monotonic() < deadline:
+            before = {p for p, (_, argv) in cl.daemons().items()
+                      if f"/n1/{job}" in " ".join(argv)}
+            time.sleep(0.2)
+        self.assertEqual(len(before), 1, cl.output(job))
+        # The same package as a newer version (what an upgrade does to the files and scripts).
+        work = tempfile.mkdtemp(prefix="nopfs-upgrade-", dir=self.out)
+        run("dpkg-deb", "-R", self.deb, work + "/root")
+        control = work + "/root/DEBIAN/control"
+        with open(control) as f:
+            text = f.read()
+        version = re.search(r"(?m)^Version: (.*)$", text).group(1)
+        with open(control, "w") as f:
+            f.write(text.replace(f"Version: {version}", f"Version: {version}+1"))
+        run("dpkg-deb", "-b", work + "/root", work + "/new.deb")
+        run("apt-get", "install", "-y", "--no-install-recommends", work + "/new.deb")
+        self.assertEqual(run("dpkg-query", "-W", "-f=${Version}", PACKAGE).stdout, version + "+1")
+        self.assertTrue(os.path.exists(ENABLED), "an upgrade must leave the plugin enabled")
+        after = {p for p, (_, argv) in cl.daemons().items() if f"/n1/{job}" in " ".join(argv)}
+        self.assertEqual(after, before, "the running job's nopfsd was touched by the upgrade")
+        cl.release(job)
+        self.assertEqual(cl.wait_done(job, 120), "COMPLETED", cl.output(job))
+        self.assertRegex(cl.output(job), r"\d+ samples, \d+ bytes, 0 mismatches")
+        self.assertNothingLeft([job])
+        # The next job runs on the upgraded parts.
+        nxt = cl.submit("nopfs-alice", f"-w n1 --mem=300 --nopfs={cl.DATASET}",
+                        "srun /usr/bin/nopfs cat --verify 2>&1 | tail -n 1\n")
+        self.assertEqual(cl.wait_done(nxt, 120), "COMPLETED", cl.output(nxt))
+        self.assertRegex(cl.output(nxt), r"\d+ samples, \d+ bytes, 0 mismatches")
+        self.assertNothingLeft([nxt])
+
     def test_3_remove_leaves_only_conffiles_and_purge_nothing(self):
         # Byte-compiled modules made by running the package (above, as a user would) must go too.
         run("env", "-u", "PYTHONDONTWRITEBYTECODE", "/usr/bin/python3", "-c", "import nopfs.torch",
             cwd="/")
-        run("dpkg", "-r", PACKAGE)
+        # State for the purge to remove, beside what is not nopfs's: the admin points the
+        # config's SSD class and metrics directory at scratch directories of this test.
+        scratch = tempfile.mkdtemp(prefix="nopfs-purge-", dir=self.out)
+        ssd, metrics, rundir = (os.path.join(scratch, d) for d in ("ssd", "metrics", "run"))
+        for path in (f"{ssd}/nopfs-1001/kept/00000000000000aa", f"{ssd}/someone-else",
+                     metrics, f"{rundir}/n1/.ledger"):
+            os.makedirs(path)
+        for path in (f"{ssd}/nopfs-1001/kept/00000000000000aa/data.0", f"{ssd}/someone-else/f",
+                     f"{metrics}/nopfs_77.prom", f"{metrics}/node.prom"):
+            open(path, "w").close()
+        with open("/etc/nopfs/nopfs.conf.lua") as f:
+            conf = f.read()
+        with open("/etc/nopfs/nopfs.conf.lua", "w") as f:
+            f.write(conf.replace('"/local/nvme"', f'"{ssd}"') + f'metrics_dir = "{metrics}"\n')
+        with open(ENABLED) as f:
+            line = f.read()
+        with open(ENABLED, "w") as f:
+            f.write(line.replace("rundir=/run/nopfs", f"rundir={rundir}"))
+        r = run("dpkg", "-r", PACKAGE)
+        self.assertIn("the Slurm plugin is disabled", r.stdout)
+        # Slurm's commands work after the removal: no line names the plugin that is gone.
+        self.assertFalse(os.path.lexists(ENABLED))
+        r = run("sbatch", "--help", env=host_slurm_env())
+        self.assertEqual(r.stderr, "")
+        self.assertNotIn("--nopfs", r.stdout)
+        with open(os.path.join(cl.DIR, "etc/plugstack.conf"), "w") as f:
+            f.write("include /etc/slurm/plugstack.conf.d/*.conf\n")  # as the host's
+        r = run("srun", "-w", "n1", "true", env=host_slurm_env())
+        self.assertEqual(r.stderr, "")
         left = [f for f in self.files
                 if f and os.path.lexists(f) and not os.path.isdir(f) and f not in self.conffiles]
         self.assertEqual(left, [], "left behind by dpkg -r")
@@ -187,9 +302,17 @@ class PackageTest(cl.ClusterCase):
         self.assertFalse(os.path.exists("/usr/libexec/nopfs"))
         for f in self.conffiles:
             self.assertTrue(os.path.exists(f), f)
-        run("dpkg", "-P", PACKAGE)
+        r = run("dpkg", "-P", PACKAGE)
         self.assertEqual([f for f in self.conffiles if os.path.exists(f)], [])
         self.assertFalse(os.path.exists("/etc/nopfs"))
+        # Purge removed nopfs's state, said so, and touched nothing else.
+        for gone in (f"{ssd}/nopfs-1001", f"{metrics}/nopfs_77.prom", rundir,
+                     ENABLED + ".disabled", "/var/lib/nopfs"):
+            self.assertFalse(os.path.lexists(gone), gone)
+            if not gone.startswith(("/etc", "/var")):
+                self.assertIn(f"nopfs: purge: removed {gone}", r.stdout)
+        for kept in (f"{ssd}/someone-else/f", f"{metrics}/node.prom"):
+            self.assertTrue(os.path.exists(kept), kept)
 
 
 if __name__ == "__main__":
