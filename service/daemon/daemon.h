@@ -105,7 +105,7 @@ class Daemon final : public Handler {
   // LocalServer::Handler
   HelloInfo Hello() override;
   Result<StreamGrant> OpenStream(const OpenStreamRequest& request, ConnectionId conn) override;
-  void CloseStream(uint64_t stream_id) override;
+  std::function<void()> CloseStream(uint64_t stream_id) override;
   std::string StatusText() override;  // report::RenderText(Report())
   report::StatusReport Report() override;
   Result<wire::DescribeOk> Describe(uint32_t sample_id) override;

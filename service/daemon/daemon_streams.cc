@@ -153,24 +153,28 @@ Result<StreamGrant> Daemon::OpenStream(const OpenStreamRequest& req, ConnectionI
   return grant;
 }
 
-void Daemon::CloseStream(uint64_t stream_id) {
-  std::unique_ptr<StagingStream> s;
+std::function<void()> Daemon::CloseStream(uint64_t stream_id) {
+  std::shared_ptr<StagingStream> s;
   {
     MutexLock lock(&mu_);
     auto it = streams_.find(stream_id);
-    if (it == streams_.end()) return;
+    if (it == streams_.end()) return nullptr;
     s = std::move(it->second);
     streams_.erase(it);
     --open_per_rank_[s->rank()];
     claims_.erase(stream_id);
+    // The reader's figures are final: the client reads no more.
+    Merge(&closed_stats_, s->ring().stats());
   }
   closed_cv_.SignalAll();
-  s->Cancel();
-  const ring::RingStats st = s->ring().stats();
-  spdlog::info("stream {} (rank {}) closed: {} staged, {} errors", stream_id, s->rank(),
-               s->staged(), s->errors());
-  MutexLock lock(&mu_);
-  Merge(&closed_stats_, st);
+  // Stopping the writer and unmapping the ring (milliseconds for a large ring) wait until the
+  // client has its answer.
+  return [stream_id, s = std::move(s)]() mutable {
+    s->Cancel();
+    spdlog::info("stream {} (rank {}) closed: {} staged, {} errors", stream_id, s->rank(),
+                 s->staged(), s->errors());
+    s.reset();
+  };
 }
 
 Result<wire::DescribeOk> Daemon::Describe(uint32_t sample_id) {

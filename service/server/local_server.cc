@@ -269,8 +269,9 @@ void LocalServer::Serve(Conn* conn) {
   s.conn = conn;
   const int fd = conn->fd.get();
   auto finish = [&] {
-    for (uint64_t id : s.streams)
-      handler_->CloseStream(id);
+    for (uint64_t id : s.streams) {
+      if (std::function<void()> rest = handler_->CloseStream(id)) rest();
+    }
     ::shutdown(fd, SHUT_RDWR);  // the fd itself is closed when the connection is reaped
     conn->done.store(true);
   };
@@ -295,6 +296,7 @@ void LocalServer::Serve(Conn* conn) {
     Reply reply = Answer(&s, r->message);
     Status sent = wire::SendMessage(fd, reply.message, reply.pass_fd, reply.region_fd.get());
     reply.region_fd.Reset(-1);
+    if (reply.after_send) reply.after_send();
     if (!sent.ok() || reply.close_after) break;
   }
   finish();
@@ -366,7 +368,7 @@ LocalServer::Reply LocalServer::Answer(Session* s, const wire::Message& request)
     AnswerReadSample(*rs, &reply);
   } else if (auto* c = std::get_if<wire::CloseStream>(&request.body)) {
     if (s->streams.erase(c->stream_id) == 1) {
-      handler_->CloseStream(c->stream_id);
+      reply.after_send = handler_->CloseStream(c->stream_id);
       answer.body = wire::CloseOk{c->stream_id};
     } else {
       answer.body = wire::FromStatus(Status::NotFound(

@@ -26,6 +26,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <optional>
@@ -83,9 +84,12 @@ class Handler {
   virtual HelloInfo Hello() = 0;
   // Opens a rank's stream. An error status is sent to the client as ERROR.
   virtual Result<StreamGrant> OpenStream(const OpenStreamRequest& request, ConnectionId conn) = 0;
-  // The client closed `stream_id`, or its connection ended. The daemon cancels the ring's writer
-  // and frees the ring. Called exactly once per granted stream.
-  virtual void CloseStream(uint64_t stream_id) = 0;
+  // The client closed `stream_id`, or its connection ended. The daemon forgets the stream at
+  // once (its count against the limits, its stall figures) and returns the rest: cancelling the
+  // ring's writer and freeing the ring, which the server runs after it has sent CLOSE_OK (at
+  // once when the connection ended), so that a client never waits for the ring's unmapping.
+  // Called exactly once per granted stream.
+  virtual std::function<void()> CloseStream(uint64_t stream_id) = 0;
   virtual std::string StatusText() = 0;
   // The structured status (STATUS with a report version, docs/wire.md "Structured status").
   virtual report::StatusReport Report() = 0;
@@ -160,10 +164,11 @@ class LocalServer {
   // The answer to one request, and the descriptors that go with it.
   struct Reply {
     wire::Message message;
-    int pass_fd = -1;          // sent with the message (owned elsewhere, or by sample_fd)
-    wire::UniqueFd region_fd;  // sent after pass_fd, then closed
-    wire::UniqueFd sample_fd;  // SAMPLE_OK's memfd (pass_fd), closed after sending
-    bool close_after = false;  // not a request: the connection is closed after the answer
+    int pass_fd = -1;                  // sent with the message (owned elsewhere, or by sample_fd)
+    wire::UniqueFd region_fd;          // sent after pass_fd, then closed
+    wire::UniqueFd sample_fd;          // SAMPLE_OK's memfd (pass_fd), closed after sending
+    bool close_after = false;          // not a request: the connection is closed after the answer
+    std::function<void()> after_send;  // run once the answer is sent (or could not be)
   };
 
   void AcceptLoop();

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <random>
 #include <thread>
@@ -89,19 +90,23 @@ class TestHandler : public Handler {
     return grant;
   }
 
-  void CloseStream(uint64_t id) override {
-    Gen g;
+  std::function<void()> CloseStream(uint64_t id) override {
+    auto g = std::make_shared<Gen>();
     {
       std::lock_guard lock(mu_);
       auto it = streams_.find(id);
-      ASSERT_NE(it, streams_.end()) << "CloseStream of unknown stream " << id;
-      g = std::move(it->second);
+      EXPECT_NE(it, streams_.end()) << "CloseStream of unknown stream " << id;
+      if (it == streams_.end()) return nullptr;
+      *g = std::move(it->second);
       streams_.erase(it);
     }
-    Stop(g);
-    std::lock_guard lock(mu_);
-    closed_.push_back(id);
-    cv_.notify_all();
+    return [this, id, g] {
+      if (hold_release) hold_release->get_future().wait();
+      Stop(*g);
+      std::lock_guard lock(mu_);
+      closed_.push_back(id);
+      cv_.notify_all();
+    };
   }
 
   std::string StatusText() override {
@@ -135,6 +140,9 @@ class TestHandler : public Handler {
     return wire::DescribeOk{sample_id, "/pfs/set/" + std::to_string(sample_id) + ".bin",
                             sample_id * 10ull, 10, static_cast<int64_t>(sample_id % 3)};
   }
+
+  // Set: the release of a closed stream waits for it (a ring slow to free).
+  std::shared_ptr<std::promise<void>> hold_release;
 
   // Waits until `n` streams were closed.
   bool WaitClosed(size_t n, std::chrono::milliseconds timeout) {
@@ -280,7 +288,7 @@ TEST_F(LocalServerTest, EndToEndInOrderZeroCopyWithErrorAndStats) {
   EXPECT_NE(missing.status().message().find("sample 5000"), std::string::npos);
 
   EXPECT_TRUE((*s)->Close().ok());
-  EXPECT_EQ(handler_.closed(), 1u);
+  EXPECT_TRUE(handler_.WaitClosed(1, 5s));  // released right after CLOSE_OK was sent
   EXPECT_FALSE((*s)->Next(1s).ok());
 }
 
@@ -300,6 +308,21 @@ TEST_F(LocalServerTest, OpenAtStepAndOpenErrors) {
   // The connection is still usable after an error answer.
   EXPECT_TRUE((*c)->StatusText().ok());
   s->reset();  // destructor closes the stream
+  EXPECT_TRUE(handler_.WaitClosed(1, 5s));
+}
+
+TEST_F(LocalServerTest, CloseIsAnsweredBeforeTheRingIsReleased) {
+  handler_.count = 20;
+  handler_.hold_release = std::make_shared<std::promise<void>>();
+  StartServer();
+  auto c = client::Client::Connect(path_);
+  ASSERT_TRUE(c.ok());
+  auto s = (*c)->Open(0);
+  ASSERT_TRUE(s.ok());
+  // CLOSE_OK comes while the stream's release is still held: the client never waits for it.
+  EXPECT_TRUE((*s)->Close().ok());
+  EXPECT_EQ(handler_.closed(), 0u);
+  handler_.hold_release->set_value();
   EXPECT_TRUE(handler_.WaitClosed(1, 5s));
 }
 
