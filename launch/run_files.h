@@ -39,6 +39,11 @@ inline constexpr const char* kFailedName = "failed";
 inline constexpr const char* kRefusedName = "refused";
 inline constexpr const char* kLayoutName = "layout";
 inline constexpr const char* kSecretName = "peer.secret";
+// nopfsd's last status report (a STATUS_OK message of protocol/wire.h with the structured report),
+// rewritten every few seconds and at exit: the epilog reads it for the job's summary.
+inline constexpr const char* kSummaryName = "summary";
+// The most a summary may take (the epilog reads no more).
+inline constexpr uint64_t kMaxSummaryBytes = 1 << 20;
 
 // What nopfsd says when it is ready: "pid=P\nsamples=F\n".
 struct ReadyInfo {

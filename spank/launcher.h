@@ -37,6 +37,7 @@ extern "C" {
 #include "launch/run_files.h"
 #include "lua/admit.h"
 #include "lua/config.h"
+#include "protocol/status_report.h"
 #include "spank/hostlist.h"
 #include "spank/job_cgroup.h"
 #include "spank/job_files.h"
@@ -84,6 +85,7 @@ struct SlurmJob {
   std::string account, partition, qos;
   uint64_t memory = 0;  // bytes on this node; 0: unknown/unlimited
   TaskLayout layout;    // nodes 0: unknown
+  std::string std_out;  // a batch job's output file, its name patterns expanded ("": none)
 };
 
 SlurmJob QuerySlurm(uint64_t job_id, const std::string& node);
@@ -118,8 +120,10 @@ std::optional<LedgerEntry> FindEntry(const std::string& ledger_dir, uint64_t job
 // that can fail but the removals themselves: the process is the one the ledger names (pid and
 // start time, never its command line), the run directory is reached through a checked walk of
 // `node_dir`, the metrics file is the one in the directory the ledger recorded.
-// Returns what is left (empty when nothing).
-std::string Teardown(const std::string& node_dir, const Target& t, std::chrono::milliseconds grace);
+// Returns what is left (empty when nothing). With `summary`, nopfsd's last summary is read once
+// it has stopped, before its run directory goes (ReadSummary; *summary stays empty without one).
+std::string Teardown(const std::string& node_dir, const Target& t, std::chrono::milliseconds grace,
+                     std::optional<report::StatusReport>* summary = nullptr);
 
 // Writes <run dir>/<name> with `text` (a line), owned by the job's user.
 void WriteStatus(const Job& job, const char* name, const std::string& text);
@@ -163,6 +167,25 @@ launch::DaemonArgs DaemonArgsFor(const Job& job, uint32_t ranks_per_node, const 
 // nopfsd is stopped and the Status says why.
 Result<pid_t> StartNopfsd(const Job& job, const std::string& nopfsd, launch::DaemonArgs dargs,
                           LedgerEntry entry, int cgroup_procs);
+
+// The job's last summary from its nopfsd (launch::kSummaryName in its run directory below the
+// trusted `node_dir`, read as the user's file: regular, the user's, size-capped, decoded by the
+// wire format's checks). nullopt, with the reason in *why, when there is none or it is not one.
+std::optional<report::StatusReport> ReadSummary(const std::string& node_dir, uint64_t job_id,
+                                                uid_t uid, std::string* why);
+
+// One line for slurmd's log and the job's output: where the samples came from, what was read
+// from the PFS, the stall, the kept copy, the peers and the errors.
+std::string DescribeSummary(const report::StatusReport& r);
+
+// When the job's nopfsd staged data but the job read nothing through it: the warning, with what
+// to change in the training script; "" otherwise.
+std::string UnusedWarning(const report::StatusReport& r);
+
+// Appends `text` to the batch job's output file `path` as the job's user: a child that becomes
+// uid/gid first opens it (O_APPEND, never through a final link, a regular file only), so that
+// root's rights never reach a path the user chose.
+Status AppendAsUser(const std::string& path, uid_t uid, gid_t gid, const std::string& text);
 
 int Prolog(const Job& job, const char* self);
 

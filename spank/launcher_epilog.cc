@@ -18,6 +18,22 @@ Status RemoveSsd(const std::vector<std::string>& paths, uint64_t job_id, uid_t u
   return first;
 }
 
+// The job's record (docs/admin.md, "A record of every job"): one line in slurmd's log, and the
+// same line, with a warning for a job that read nothing through nopfs, in the job's output.
+void Record(const Job& job, const report::StatusReport& summary) {
+  const std::string line = DescribeSummary(summary);
+  std::printf("nopfs: epilog: %s: job %llu: %s\n", job.node.c_str(),
+              static_cast<unsigned long long>(job.job_id), line.c_str());
+  const SlurmJob sj = QuerySlurm(job.job_id, job.node);
+  if (sj.std_out.empty()) return;
+  std::string text = "nopfs: " + job.node + ": " + line + "\n";
+  if (const std::string w = UnusedWarning(summary); !w.empty())
+    text += "nopfs: " + job.node + ": " + w + "\n";
+  if (Status s = AppendAsUser(sj.std_out, job.uid, job.gid, text); !s.ok()) {
+    std::printf("nopfs: epilog: %s: job output: %s\n", job.node.c_str(), s.message().c_str());
+  }
+}
+
 Target FromEntry(const LedgerEntry& e) {
   Target t;
   t.job_id = e.job_id;
@@ -49,14 +65,18 @@ std::optional<LedgerEntry> FindEntry(const std::string& ledger_dir, uint64_t job
   return std::nullopt;
 }
 
-std::string Teardown(const std::string& node_dir, const Target& t,
-                     std::chrono::milliseconds grace) {
+std::string Teardown(const std::string& node_dir, const Target& t, std::chrono::milliseconds grace,
+                     std::optional<report::StatusReport>* summary) {
   const std::string& metrics_dir = t.metrics_dir;
   const std::string job = std::to_string(t.job_id);
   std::string left;
   if (t.daemon.pid > 0) {
     for (pid_t p : StopProcesses({t.daemon}, grace))
       left += " process " + std::to_string(p);
+  }
+  if (summary != nullptr) {
+    std::string why;
+    *summary = ReadSummary(node_dir, t.job_id, t.uid, &why);
   }
   // What slurmd could not remove of the job's cgroup while nopfsd was in it.
   if (!t.node.empty()) {
@@ -142,7 +162,9 @@ int Epilog(const Job& job) {
   // job was never admitted here, so it has no SSD directory here either.
   if (t.index == kUnknownIndex) t.ssd_paths.clear();
   // The metrics file's directory comes from the entry (no entry: nopfsd never ran here).
-  left += Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace));
+  std::optional<report::StatusReport> summary;
+  left += Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace), &summary);
+  if (summary) Record(job, *summary);
   if (entry) {
     Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s);
     if (!l.ok()) {

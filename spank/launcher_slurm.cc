@@ -47,6 +47,11 @@ SlurmJob QuerySlurm(uint64_t job_id, const std::string& node) {
     out.layout.tasks = j.num_tasks == NO_VAL ? 0 : j.num_tasks;
     out.layout.tasks_per_node =
         j.ntasks_per_node == NO_VAL16 || j.ntasks_per_node == INFINITE16 ? 0 : j.ntasks_per_node;
+    if (j.batch_flag != 0) {
+      char path[4096] = {};
+      slurm_get_job_stdout(path, sizeof(path), const_cast<slurm_job_info_t*>(&j));
+      out.std_out = path;
+    }
   }
   slurm_free_job_info_msg(msg);
   return out;

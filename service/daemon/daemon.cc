@@ -94,6 +94,7 @@ void Daemon::Stop() {
     if (k.copy) k.copy->StopChecks();  // they may mark slots of a tier ready
   KeepAtExit();
   if (metrics_ && reader_) WriteMetrics();  // with what was kept
+  if (reader_) WriteSummary();
   reader_.reset();
   siblings_.reset();
   kept_.clear();  // the adopted copies: what is worth keeping again is in the new kept entries

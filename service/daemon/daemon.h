@@ -219,6 +219,8 @@ class Daemon final : public Handler {
   // metrics_dir, rewrites the metrics file every kMetricsPeriod (and once more in Stop()).
   void Reporter();
   void WriteMetrics();
+  // The job's summary for the epilog (launch::kSummaryName in the run directory).
+  void WriteSummary();
   std::unique_ptr<MetricsWriter> metrics_;  // null without metrics_dir
   std::string metrics_error_;               // the last error logged (each new one is logged once)
   std::thread reporter_;

@@ -9,8 +9,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include "protocol/wire.h"
 #include "service/daemon/daemon.h"
 #include "service/daemon/daemon_internal.h"
+#include "service/daemon/run_dir.h"
 
 namespace nopfs::service {
 namespace {
@@ -37,6 +39,21 @@ void Daemon::WriteMetrics() {
   }
 }
 
+void Daemon::WriteSummary() {
+  if (options_.run_dir.empty()) return;
+  wire::Message m;
+  m.body = wire::StatusOk{"", Report()};
+  Result<std::vector<std::byte>> bytes = wire::Encode(m);
+  Status st = bytes.status();
+  if (bytes.ok()) {
+    st = WriteFileAtomically(
+        options_.run_dir, launch::kSummaryName,
+        std::string(reinterpret_cast<const char*>(bytes->data()), bytes->size()),
+        options_.local_io);
+  }
+  if (!st.ok()) spdlog::warn("summary: {} (the job's epilog will not have it)", st.message());
+}
+
 void Daemon::Reporter() {
   auto next_write = std::chrono::steady_clock::now() + kMetricsPeriod;
   for (;;) {
@@ -47,8 +64,9 @@ void Daemon::Reporter() {
       }
       if (reporter_stop_) return;
     }
-    if (metrics_ && std::chrono::steady_clock::now() >= next_write) {
-      WriteMetrics();  // (its report samples the rate too)
+    if (std::chrono::steady_clock::now() >= next_write) {
+      if (metrics_) WriteMetrics();  // (its report samples the rate too)
+      WriteSummary();
       next_write = std::chrono::steady_clock::now() + kMetricsPeriod;
     } else {
       (void)ObserveRates();

@@ -204,6 +204,34 @@ class ClusterTest(ClusterCase):
         self.assertEqual(wait_done(job), "COMPLETED", out)
         self.assertNothingLeft([job])
 
+    @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd (its summary)")
+    def test_every_job_leaves_its_record(self):
+        """After any job: each node's summary line in slurmd's log and in the job's output; a
+        job that staged but read nothing through nopfs is told so, with what to change."""
+        def slurmd_log(node):
+            with open(os.path.join(DIR, "log", f"slurmd-{node}.log"), errors="replace") as f:
+                return f.read()
+        nopfs = os.path.join(BUILD, "bin/nopfs")
+        job = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs={DATASET} --nopfs-seed=3",
+                     f"srun {nopfs} cat --verify 2>&1 | tail -n 1\n")
+        self.assertEqual(wait_done(job, 120), "COMPLETED")
+        self.assertNothingLeft([job])
+        line = rf"served 120 samples \(ram \d+, .*pfs \d+\); read \d.* from the PFS; stall median "
+        self.assertRegex(slurmd_log("n1"), rf"nopfs: epilog: n1: job {job}: {line}")
+        out = output(job)
+        self.assertRegex(out, rf"(?m)^nopfs: n1: {line}.*errors: 0 staging, 0 corrupt, 0 changed$")
+        self.assertNotIn("warning", out)
+        # The script reads the files itself: the cache staged them for nothing.
+        idle = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs={DATASET}",
+                      f"cat {DATASET}/class0/0000.bin > /dev/null; sleep 3\n")
+        self.assertEqual(wait_done(idle, 120), "COMPLETED")
+        self.assertNothingLeft([idle])
+        out = output(idle)
+        self.assertRegex(out, r"(?m)^nopfs: n1: served 0 samples ")
+        self.assertRegex(out, r"(?m)^nopfs: n1: warning: this job staged .* but read nothing "
+                         r"through nopfs .*The three-line change")
+        self.assertRegex(slurmd_log("n1"), rf"nopfs: epilog: n1: job {idle}: served 0 samples")
+
     def test_scancel_while_starting_leaves_nothing(self):
         job = submit("nopfs-alice", f"-N3 --mem=300 --nopfs={DATASET} --nopfs-epochs=50",
                      HOLD.format(jobs=JOBS))
