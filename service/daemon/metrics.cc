@@ -220,8 +220,21 @@ Status MetricsWriter::Write(const report::StatusReport& r) {
   const std::string text = RenderMetrics(r, labels_);
   // The file is rewritten in place: nopfsd may not create or rename anything in a metrics
   // directory that only root writes (root made this file for the job). O_NOFOLLOW: a link is
-  // never written through; O_CREAT serves `nopfs run`, in a directory of the user's own.
-  const int fd = io_->Open(path_, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK, 0644);
+  // never written through.
+  int fd = io_->Open(path_, O_RDWR | O_NOFOLLOW | O_NONBLOCK, 0644);
+  if (fd < 0 && errno == ENOENT) {
+    // Made here only in a directory of this user's that nobody else may write (`nopfs run`'s):
+    // a file of nopfsd's own among other users' would let them stand in for it.
+    struct stat dir {};
+    if (::stat(dir_.c_str(), &dir) != 0) return Status::FromErrno(errno, "metrics: " + dir_);
+    if (dir.st_uid != ::geteuid() || (dir.st_mode & 022) != 0) {
+      return Status::NotFound("metrics: " + path_ +
+                              " does not exist: nopfsd writes only the file root made for the "
+                              "job (Slurm's prolog), or one in a directory of its user's own "
+                              "that nobody else may write");
+    }
+    fd = io_->Open(path_, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK, 0644);
+  }
   if (fd < 0) return Status::FromErrno(errno, "metrics: opening " + path_);
   struct stat st {};
   auto fail = [&](int err, const std::string& what) {

@@ -39,7 +39,8 @@ class MetricsWriter {
   // Ignores SIGIO (a reader's open sends it to break the lease; its default action would end the
   // process) unless the process handles it already.
   //
-  // Renders `r` and rewrites the file (O_NOFOLLOW; made if absent, as `nopfs run` needs): the
+  // Renders `r` and rewrites the file (O_NOFOLLOW; made if absent only in a directory of this
+  // user's that nobody else may write, as `nopfs run`'s, never among other users' files): the
   // space is reserved first (a full disk leaves the previous text whole), then the text written
   // under the lease; a write that fails midway leaves the file empty, never half a text. A reader
   // that keeps the file open for over kLeaseAttempts * kLeaseWaitUs leaves it as it was

@@ -288,6 +288,21 @@ TEST_F(RunDirFaultTest, MetricsAreRewrittenInPlaceAndNeverThroughALink) {
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("metrics: opening " + path), std::string::npos) << s.message();
   EXPECT_EQ(Slurp(target), "untouched\n");
+
+  // In a directory others may write, nopfsd makes no file of its own (others could stand in for
+  // it there); one made for it (by root, under Slurm) it rewrites.
+  const std::string shared = dir_ + "/shared";
+  ASSERT_EQ(::mkdir(shared.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(shared.c_str(), 01777), 0);
+  MetricsWriter in_shared(shared, {"80", "alice", "n1"}, &io_);
+  const Status absent = in_shared.Write(SomeReport(5));
+  EXPECT_EQ(absent.code(), StatusCode::kNotFound) << absent.ToString();
+  EXPECT_NE(absent.message().find(shared + "/nopfs_80.prom does not exist"), std::string::npos)
+      << absent.message();
+  EXPECT_TRUE(Names(shared).empty());
+  { std::ofstream(shared + "/nopfs_80.prom") << ""; }
+  ASSERT_TRUE(in_shared.Write(SomeReport(5)).ok());
+  EXPECT_EQ(Slurp(shared + "/nopfs_80.prom"), RenderMetrics(SomeReport(5), {"80", "alice", "n1"}));
 }
 
 // No reader ever opens half a text: while nopfsd writes (slowly here), an open(2) waits for the
