@@ -108,7 +108,8 @@ Status PrepareUserDir(const std::string& parent, const std::string& name, uid_t 
         RemoveSquatted(pfd.fd, parent, note);
         return Status::Ok();
       }
-      // Not the user's: someone else's directory, a file or a link. Never follow or remove it.
+      // Not the user's: someone else's directory, a file or a link. Never followed: moved aside
+      // whole, then removed with the other .squatted.* entries (RemoveSquatted).
       const std::string aside = kAside + name + "." + std::to_string(::time(nullptr)) + "." +
                                 std::to_string(::getpid()) + "." + std::to_string(attempt);
       if (::renameat(pfd.fd, name.c_str(), pfd.fd, aside.c_str()) != 0) {

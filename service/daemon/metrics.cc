@@ -251,15 +251,17 @@ Status MetricsWriter::Write(const report::StatusReport& r) {
   // open(2) by anyone else (node_exporter) waits until it is released, so no reader ever sees
   // the file between its old and its new text. A reader that has it open now is waited for.
   bool leased = false;
+  int lease_err = 0;
   for (int attempt = 0; attempt < kLeaseAttempts; ++attempt) {
     if (::fcntl(fd, F_SETLEASE, F_WRLCK) == 0) {
       leased = true;
       break;
     }
-    if (errno != EAGAIN && errno != EBUSY) break;  // leases unsupported here: see below
+    lease_err = errno;
+    if (lease_err != EAGAIN && lease_err != EBUSY) break;  // leases unsupported here: see below
     ::usleep(kLeaseWaitUs);
   }
-  if (!leased && (errno == EAGAIN || errno == EBUSY)) {
+  if (!leased && (lease_err == EAGAIN || lease_err == EBUSY)) {
     io_->Close(fd);
     return Status::Unavailable("metrics: " + path_ +
                                " stays open in another process; not rewritten this time");
@@ -269,7 +271,7 @@ Status MetricsWriter::Write(const report::StatusReport& r) {
     // that opens the file during the few microseconds of the write may see it mixed.
     lease_warned_ = true;
     spdlog::warn("metrics: no write lease on {} ({}): a scrape during a rewrite may see it mixed",
-                 path_, std::strerror(errno));
+                 path_, std::strerror(lease_err));
   }
   auto release = [&] {
     if (leased) ::fcntl(fd, F_SETLEASE, F_UNLCK);
