@@ -236,35 +236,22 @@ Status WriteFileAs(const std::string& dir, const std::string& name, const std::s
   return Status::Ok();
 }
 
-Status ClaimFileAs(const std::string& dir, const std::string& name, uid_t uid, gid_t gid,
-                   mode_t mode) {
+Status MakeFileAs(const std::string& dir, const std::string& name, uid_t uid, gid_t gid,
+                  mode_t mode) {
   NOPFS_RETURN_IF_ERROR(CheckName(name));
-  Result<UniqueFd> dfd = OpenTrustedDir(dir, /*last_may_be_sticky=*/true);
+  Result<UniqueFd> dfd = MakeTrustedDir(dir, 0755);
   if (!dfd.ok()) return dfd.status();
   const std::string shown = dir + "/" + name;
-  const std::string tmp = "." + name + ".nopfs-job." + std::to_string(::getpid());
-  // Whoever races us for the temporary name or plants a directory again gets a few more tries.
-  int err = 0;
-  for (int attempt = 0; attempt < 4; ++attempt) {
-    NOPFS_RETURN_IF_ERROR(RemoveBelowAt(dfd->get(), tmp, dir + "/" + tmp));
-    const UniqueFd fd(::openat(dfd->get(), tmp.c_str(),
-                               O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode & 0600));
-    if (fd.get() < 0) {
-      err = errno;
-      continue;
-    }
-    if (::fchown(fd.get(), uid, gid) != 0 || ::fchmod(fd.get(), mode) != 0) {
-      err = errno;
-      ::unlinkat(dfd->get(), tmp.c_str(), 0);
-      return Status::FromErrno(err, "claim " + shown);
-    }
-    if (::renameat(dfd->get(), tmp.c_str(), dfd->get(), name.c_str()) == 0) return Status::Ok();
-    err = errno;
-    ::unlinkat(dfd->get(), tmp.c_str(), 0);
-    if (err != EISDIR && err != ENOTEMPTY && err != EEXIST) break;
-    NOPFS_RETURN_IF_ERROR(RemoveBelowAt(dfd->get(), name, shown));
+  NOPFS_RETURN_IF_ERROR(RemoveBelowAt(dfd->get(), name, shown));
+  const UniqueFd fd(::openat(dfd->get(), name.c_str(),
+                             O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode & 0600));
+  if (fd.get() < 0) return Status::FromErrno(errno, "create " + shown);
+  if (::fchown(fd.get(), uid, gid) != 0 || ::fchmod(fd.get(), mode) != 0) {
+    const int err = errno;
+    ::unlinkat(dfd->get(), name.c_str(), 0);
+    return Status::FromErrno(err, "create " + shown);
   }
-  return Status::FromErrno(err, "claim " + shown);
+  return Status::Ok();
 }
 
 std::vector<pid_t> StopProcesses(const std::vector<ProcessId>& procs,

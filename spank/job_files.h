@@ -76,15 +76,15 @@ Status RemoveBelowUserDir(const std::string& root, const std::string& user_dir, 
 Status WriteFileAs(const std::string& dir, const std::string& name, const std::string& text,
                    uid_t uid, gid_t gid, mode_t mode = 0644);
 
-// Makes `dir`/`name` an empty regular file owned by uid:gid with `mode`, whatever another user
-// put under that name first (a file, a link, a directory tree), for a name in a sticky directory
-// that everybody may write (the metrics directory): `dir` is reached with OpenTrustedDir (a
-// sticky last component allowed); the file is made through a fresh temporary name (O_EXCL |
-// O_NOFOLLOW), fchown'ed and fchmod'ed through its descriptor and renamed over the name (a
-// directory there is first removed with RemoveBelowAt, never followed). From then on only uid
-// (and root) can remove or replace it: uid's own later renames over it succeed, nobody else's.
-Status ClaimFileAs(const std::string& dir, const std::string& name, uid_t uid, gid_t gid,
-                   mode_t mode = 0644);
+// Makes `dir`/`name` a new, empty regular file owned by uid:gid with `mode`, in a directory only
+// root may write (the metrics directory, docs/admin.md "Metrics": every file in it is one root
+// made for a job). `dir` is made if absent (0755) and checked with MakeTrustedDir: each component
+// root's and writable by nobody else, the last one not even sticky, so no user can have put
+// anything in it. Whatever is under the name (a file left by a job whose epilog never ran) is
+// removed first, never followed; the file is made with O_CREAT | O_EXCL | O_NOFOLLOW and
+// fchown'ed and fchmod'ed through its descriptor. Its owner may then rewrite it, never add a name.
+Status MakeFileAs(const std::string& dir, const std::string& name, uid_t uid, gid_t gid,
+                  mode_t mode = 0644);
 
 // A process as the ledger names it: pid and start time (/proc/<pid>/stat field 22).
 struct ProcessId {

@@ -192,41 +192,62 @@ TEST_F(JobFilesTest, WriteFileAsRefusesALinkedOrForeignDirectory) {
   EXPECT_EQ(ReadText(real + "/failed"), "why\n");
 }
 
-// The metrics file's name in a sticky directory, taken first by another user as a link to a file
-// of theirs, a file or a directory tree: the claim makes it the job user's own empty file, and
-// nothing the other user planted is followed or written.
-TEST_F(JobFilesTest, ClaimFileAsTakesTheNameBackFromAnotherUser) {
+// The metrics directory takes files from root alone: MakeFileAs makes it root's 0755 when absent,
+// refuses one that others may write (sticky or not), and makes the job's file the user's, empty
+// and readable by node_exporter, replacing only what root left there, never following a link.
+TEST_F(JobFilesTest, MakeFileAsMakesTheJobsFileInADirectoryOnlyRootWrites) {
   const std::string dir = root_ + "/metrics";
-  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
-  ASSERT_EQ(::chmod(dir.c_str(), 01777), 0);
-  const std::string theirs = root_ + "/theirs.prom";
-  Write(theirs, "their figures\n");
   const std::string name = dir + "/nopfs_7.prom";
   auto check = [&] {
     struct stat st {};
     ASSERT_EQ(::lstat(name.c_str(), &st), 0);
     EXPECT_TRUE(S_ISREG(st.st_mode));
     EXPECT_EQ(st.st_uid, kOtherUid);
+    EXPECT_EQ(st.st_gid, kOtherUid);
     EXPECT_EQ(st.st_mode & 07777, 0644u);
     EXPECT_EQ(st.st_size, 0);
-    EXPECT_EQ(ReadText(theirs), "their figures\n");
   };
+  ASSERT_TRUE(MakeFileAs(dir, "nopfs_7.prom", kOtherUid, kOtherUid).ok());
+  check();
+  struct stat ds {};
+  ASSERT_EQ(::stat(dir.c_str(), &ds), 0);
+  EXPECT_EQ(ds.st_mode & 07777, 0755u);
+  EXPECT_EQ(ds.st_uid, ::geteuid());
+  // A file the job wrote (a leftover of a job whose epilog never ran): made afresh, empty.
+  Write(name, "nopfs_uptime_seconds 1\n");
+  ASSERT_TRUE(MakeFileAs(dir, "nopfs_7.prom", kOtherUid, kOtherUid).ok());
+  check();
+  // A link or a directory tree under the name is removed, never followed.
+  const std::string theirs = root_ + "/theirs.prom";
+  Write(theirs, "their figures\n");
+  ASSERT_EQ(::unlink(name.c_str()), 0);
   ASSERT_EQ(::symlink(theirs.c_str(), name.c_str()), 0);
-  ASSERT_TRUE(ClaimFileAs(dir, "nopfs_7.prom", kOtherUid, kOtherUid).ok());
+  ASSERT_TRUE(MakeFileAs(dir, "nopfs_7.prom", kOtherUid, kOtherUid).ok());
   check();
   ASSERT_EQ(::unlink(name.c_str()), 0);
   ASSERT_EQ(::mkdir(name.c_str(), 0755), 0);
-  Write(name + "/inside", "x");
   ASSERT_EQ(::symlink(theirs.c_str(), (name + "/link").c_str()), 0);
-  ASSERT_TRUE(ClaimFileAs(dir, "nopfs_7.prom", kOtherUid, kOtherUid).ok());
+  ASSERT_TRUE(MakeFileAs(dir, "nopfs_7.prom", kOtherUid, kOtherUid).ok());
   check();
-  // The temporary name planted as a link too.
-  ASSERT_EQ(::symlink(theirs.c_str(),
-                      (dir + "/.nopfs_7.prom.nopfs-job." + std::to_string(::getpid())).c_str()),
-            0);
-  ASSERT_TRUE(ClaimFileAs(dir, "nopfs_7.prom", kOtherUid, kOtherUid).ok());
-  check();
-  EXPECT_FALSE(ClaimFileAs(dir, "../x", kOtherUid, kOtherUid).ok());
+  EXPECT_EQ(ReadText(theirs), "their figures\n");
+  // A directory others may write, sticky like /tmp or not, is refused, and nothing made in it.
+  for (mode_t mode : {01777, 0777, 0775}) {
+    SCOPED_TRACE(mode);
+    ASSERT_EQ(::unlink(name.c_str()), 0);
+    ASSERT_EQ(::chmod(dir.c_str(), mode), 0);
+    const Status s = MakeFileAs(dir, "nopfs_7.prom", kOtherUid, kOtherUid);
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+    EXPECT_NE(s.message().find(dir + " is writable by group or others"), std::string::npos)
+        << s.message();
+    struct stat st {};
+    EXPECT_NE(::lstat(name.c_str(), &st), 0);
+    ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);
+    ASSERT_TRUE(MakeFileAs(dir, "nopfs_7.prom", kOtherUid, kOtherUid).ok());
+  }
+  // A directory another user owns is refused too.
+  ASSERT_EQ(::chown(dir.c_str(), kOtherUid, kOtherUid), 0);
+  EXPECT_FALSE(MakeFileAs(dir, "nopfs_8.prom", kOtherUid, kOtherUid).ok());
+  EXPECT_FALSE(MakeFileAs(root_, "../x", kOtherUid, kOtherUid).ok());
 }
 
 pid_t Spin(const char* argv0) {

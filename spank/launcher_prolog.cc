@@ -300,14 +300,14 @@ int Prolog(const Job& job, const char* self) {
       (void)l->Remove(job.job_id);
     }
   };
-  // The metrics file's name is the user's before nopfsd starts: in the sticky metrics directory
-  // another user could otherwise hold it and stand in for the job's figures (docs/security.md).
+  // The job's metrics file, made by root for the job's user before nopfsd starts: the directory
+  // takes files from root alone, so every series under the job's labels is its own (security.md).
   if (!entry.metrics_dir.empty()) {
     if (Status s =
-            ClaimFileAs(entry.metrics_dir, launch::MetricsFileName(dargs.job_id), job.uid, job.gid);
+            MakeFileAs(entry.metrics_dir, launch::MetricsFileName(dargs.job_id), job.uid, job.gid);
         !s.ok()) {
-      std::printf("%smetrics: %s (the job goes on; nopfsd may not write its metrics)\n",
-                  where.c_str(), s.message().c_str());
+      std::printf("%smetrics: %s (the job goes on without a metrics file)\n", where.c_str(),
+                  s.message().c_str());
     }
   }
   // Where Slurm holds jobs in cgroups, nopfsd starts in its job's (docs/admin.md, "The job's

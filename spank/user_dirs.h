@@ -8,9 +8,14 @@
 // tolerated, root-owned and sticky (1777). Each per-user directory ends as a real directory (not a
 // symbolic link) owned by uid:gid, mode 0700. Something else in its place (another user's
 // directory made in a sticky parent, a file, a link) is renamed aside to
-// `.squatted.<name>.<time>.<pid>` in the same parent, never followed, opened or removed, and a
-// fresh directory is made. Every step works on descriptors (openat, mkdirat, fstatat with
-// AT_SYMLINK_NOFOLLOW, fchown, fchmod), so no path is followed twice.
+// `.squatted.<name>.<time>.<pid>.<n>` in the same parent, never followed or opened, and a fresh
+// directory is made. An empty directory of root's under the name is another prolog's of the same
+// user, caught between its mkdirat and its fchown: it is given to the user too, so that two
+// prologs at once end with the same directory. Every `.squatted.*` entry of the parent (moved
+// aside now, by an earlier prolog, or planted by a user in a sticky parent) is then removed as a
+// hostile tree: by directory descriptors, never following a link (job_files.h RemoveBelowAt).
+// Every step works on descriptors (openat, mkdirat, fstatat with AT_SYMLINK_NOFOLLOW, fchown,
+// fchmod), so no path is followed twice.
 //
 // Thread safety: reentrant.
 #pragma once
@@ -26,7 +31,8 @@
 namespace nopfs::spank {
 
 // Makes <parent>/<name> as above. On success *note says what was done when it was more than a
-// check ("made", "moved aside ..."); empty otherwise. An error names the path and what to do.
+// check ("made", "moved aside ...", "removed <parent>/.squatted...", each part after "; "; user
+// names made printable); empty otherwise. An error names the path and what to do.
 Status PrepareUserDir(const std::string& parent, const std::string& name, uid_t uid, gid_t gid,
                       std::string* note);
 

@@ -5,8 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <thread>
+#include <vector>
 
 namespace nopfs::spank {
 namespace {
@@ -38,6 +41,15 @@ class UserDirsTest : public ::testing::Test {
     EXPECT_EQ(st.st_uid, kAlice);
     EXPECT_EQ(st.st_gid, kAliceGid);
     EXPECT_EQ(st.st_mode & 07777, 0700u);
+  }
+  // The `.squatted.*` entries of dir_.
+  std::vector<std::string> Aside() const {
+    std::vector<std::string> out;
+    for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind(".squatted.", 0) == 0) out.push_back(n);
+    }
+    return out;
   }
   std::string dir_;
 };
@@ -81,6 +93,10 @@ TEST_F(UserDirsTest, SquattersAreMovedAsideNeverFollowed) {
     EXPECT_NE(note.find(p + " (uid 4202"), std::string::npos) << note;
     EXPECT_NE(note.find("moved aside to " + dir_ + "/.squatted." + c.name + "."), std::string::npos)
         << note;
+    // ... and then removed, never followed: nothing is left aside.
+    EXPECT_NE(note.find("; removed " + dir_ + "/.squatted." + c.name + "."), std::string::npos)
+        << note;
+    EXPECT_TRUE(Aside().empty()) << Aside().front();
     ExpectAlices(p);
   }
   // The link's target was not touched.
@@ -88,6 +104,87 @@ TEST_F(UserDirsTest, SquattersAreMovedAsideNeverFollowed) {
   EXPECT_EQ(t.st_uid, 0u);
   EXPECT_EQ(t.st_mode & 07777, 0700u);
   std::filesystem::remove_all(target);
+}
+
+// What a user planted under a `.squatted.` name in a sticky parent (or an earlier prolog left):
+// removed by root as a hostile tree, never following a link out of it.
+TEST_F(UserDirsTest, SquattedLeftoversAreRemovedWithoutFollowingALink) {
+  ASSERT_EQ(::chmod(dir_.c_str(), 01777), 0);
+  const std::string target = dir_ + "-root-only";
+  ASSERT_EQ(::mkdir(target.c_str(), 0700), 0);
+  std::ofstream(target + "/precious") << "root's";
+  const std::string tree = dir_ + "/.squatted.nopfs-4201.1.2.0";
+  std::string deep = tree;
+  for (int i = 0; i < 10; ++i) {
+    deep += "/d" + std::to_string(i);
+    ASSERT_TRUE(std::filesystem::create_directories(deep));
+    std::ofstream(deep + "/junk") << "bob's";
+    ASSERT_EQ(::symlink(target.c_str(), (deep + "/link").c_str()), 0);
+  }
+  ASSERT_EQ(::symlink(target.c_str(), (dir_ + "/.squatted.link").c_str()), 0);
+  std::ofstream(dir_ + "/.squatted.file") << "bob's";
+  ASSERT_EQ(::mkfifo((dir_ + "/.squatted.fifo").c_str(), 0666), 0);
+  std::ofstream(dir_ + "/unrelated") << "left alone";
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir_)) {
+    ASSERT_EQ(::lchown(e.path().c_str(), kBob, kBob), 0);
+  }
+  std::string note;
+  ASSERT_TRUE(PrepareUserDir(dir_, "nopfs-4201", kAlice, kAliceGid, &note).ok());
+  ExpectAlices(dir_ + "/nopfs-4201");
+  EXPECT_TRUE(Aside().empty()) << Aside().front();
+  for (const char* n :
+       {".squatted.nopfs-4201.1.2.0", ".squatted.link", ".squatted.file", ".squatted.fifo"}) {
+    EXPECT_NE(note.find("removed " + dir_ + "/" + n), std::string::npos) << note;
+  }
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/unrelated"));
+  std::ifstream in(target + "/precious");
+  std::string text;
+  std::getline(in, text);
+  EXPECT_EQ(text, "root's");
+  // A name that would break slurmd's log line arrives there printable.
+  ASSERT_EQ(::mkdir((dir_ + "/.squatted.x\n[fake] line").c_str(), 0755), 0);
+  ASSERT_TRUE(PrepareUserDir(dir_, "nopfs-4201", kAlice, kAliceGid, &note).ok());
+  EXPECT_EQ(note.find('\n'), std::string::npos) << note;
+  EXPECT_TRUE(Aside().empty());
+  std::filesystem::remove_all(target);
+}
+
+// Two prologs of the same user at once (two jobs starting together on the node), the directory
+// absent: both succeed, and what is left is the user's one directory, nothing aside.
+TEST_F(UserDirsTest, TwoPrologsAtOnceEndWithTheSameDirectoryAndNothingAside) {
+  for (int round = 0; round < 300; ++round) {
+    std::filesystem::remove_all(dir_ + "/nopfs-4201");
+    std::atomic<int> ready{0};
+    Status results[2];
+    std::string notes[2];
+    std::vector<std::thread> prologs;
+    for (int i = 0; i < 2; ++i) {
+      prologs.emplace_back([&, i] {
+        ready.fetch_add(1);
+        while (ready.load() < 2) {
+        }
+        results[i] = PrepareUserDir(dir_, "nopfs-4201", kAlice, kAliceGid, &notes[i]);
+      });
+    }
+    for (std::thread& t : prologs)
+      t.join();
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(results[i].ok()) << round << ": " << results[i].ToString();
+      EXPECT_EQ(notes[i].find("moved aside"), std::string::npos) << round << ": " << notes[i];
+    }
+    ExpectAlices(dir_ + "/nopfs-4201");
+    ASSERT_TRUE(Aside().empty()) << round << ": " << Aside().front();
+  }
+  // A directory of root's that is not empty is no prolog's fresh one: moved aside and removed.
+  std::filesystem::remove_all(dir_ + "/nopfs-4201");
+  ASSERT_EQ(::mkdir((dir_ + "/nopfs-4201").c_str(), 0700), 0);
+  std::ofstream(dir_ + "/nopfs-4201/something") << "x";
+  std::string note;
+  ASSERT_TRUE(PrepareUserDir(dir_, "nopfs-4201", kAlice, kAliceGid, &note).ok());
+  EXPECT_NE(note.find("moved aside"), std::string::npos) << note;
+  ExpectAlices(dir_ + "/nopfs-4201");
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/nopfs-4201/something"));
+  EXPECT_TRUE(Aside().empty());
 }
 
 TEST_F(UserDirsTest, ParentsThatOthersMayWriteAreRefused) {

@@ -1,14 +1,16 @@
 #include "service/daemon/metrics.h"
 
 #include <fcntl.h>
-#include <sys/random.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <vector>
+
+#include <spdlog/spdlog.h>
 
 namespace nopfs::service {
 namespace {
@@ -202,45 +204,109 @@ MetricsWriter::MetricsWriter(std::string dir, MetricsLabels labels, LocalIo* io)
     : dir_(std::move(dir)),
       labels_(std::move(labels)),
       path_(dir_ + "/" + MetricsFileName(labels_.job)),
-      io_(io != nullptr ? io : LocalIo::Default()) {}
+      io_(io != nullptr ? io : LocalIo::Default()) {
+  // A reader's open(2) breaks the write lease with SIGIO, whose default action ends the process;
+  // the lease is released within microseconds anyway, so the signal is not needed.
+  struct sigaction old {};
+  if (::sigaction(SIGIO, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    ::sigemptyset(&ign.sa_mask);
+    ::sigaction(SIGIO, &ign, nullptr);
+  }
+}
 
 Status MetricsWriter::Write(const report::StatusReport& r) {
   const std::string text = RenderMetrics(r, labels_);
-  // Hidden and without the .prom suffix: the collector reads *.prom only. A fresh random name
-  // each time, made with O_EXCL: in the sticky directory another user can take a name that can
-  // be predicted (a link, a file nopfsd could write but never rename or remove), never this one.
-  // Errors name path_, not the random name: the same fault gives the same message each time.
-  std::string tmp;
-  int fd = -1;
-  for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
-    uint64_t nonce = 0;
-    if (::getrandom(&nonce, sizeof nonce, 0) != static_cast<ssize_t>(sizeof nonce)) {
-      return Status::FromErrno(errno, "metrics: getrandom");
+  // The file is rewritten in place: nopfsd may not create or rename anything in a metrics
+  // directory that only root writes (root made this file for the job). O_NOFOLLOW: a link is
+  // never written through.
+  int fd = io_->Open(path_, O_RDWR | O_NOFOLLOW | O_NONBLOCK, 0644);
+  if (fd < 0 && errno == ENOENT) {
+    // Made here only in a directory of this user's that nobody else may write (`nopfs run`'s):
+    // a file of nopfsd's own among other users' would let them stand in for it.
+    struct stat dir {};
+    if (::stat(dir_.c_str(), &dir) != 0) return Status::FromErrno(errno, "metrics: " + dir_);
+    if (dir.st_uid != ::geteuid() || (dir.st_mode & 022) != 0) {
+      return Status::NotFound("metrics: " + path_ +
+                              " does not exist: nopfsd writes only the file root made for the "
+                              "job (Slurm's prolog), or one in a directory of its user's own "
+                              "that nobody else may write");
     }
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016" PRIx64, nonce);
-    tmp = dir_ + "/." + MetricsFileName(labels_.job) + "." + hex + ".tmp";
-    fd = io_->Open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0644);
-    if (fd < 0 && errno != EEXIST) break;
+    fd = io_->Open(path_, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK, 0644);
   }
-  if (fd < 0) return Status::FromErrno(errno, "metrics: creating a temporary file for " + path_);
-  auto fail = [&](int err, bool open, const std::string& what) {
-    if (open) io_->Close(fd);
-    io_->Unlink(tmp);
+  if (fd < 0) return Status::FromErrno(errno, "metrics: opening " + path_);
+  struct stat st {};
+  auto fail = [&](int err, const std::string& what) {
+    io_->Close(fd);
     return Status::FromErrno(err, "metrics: " + what + " " + path_);
   };
+  if (io_->Fstat(fd, &st) != 0) return fail(errno, "checking");
+  if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) {
+    io_->Close(fd);
+    return Status::PermissionDenied("metrics: " + path_ +
+                                    " is not a regular file of this user; not writing it");
+  }
+  // A write lease: granted only while no other process has the file open, and from then on an
+  // open(2) by anyone else (node_exporter) waits until it is released, so no reader ever sees
+  // the file between its old and its new text. A reader that has it open now is waited for.
+  bool leased = false;
+  int lease_err = 0;
+  for (int attempt = 0; attempt < kLeaseAttempts; ++attempt) {
+    if (::fcntl(fd, F_SETLEASE, F_WRLCK) == 0) {
+      leased = true;
+      break;
+    }
+    lease_err = errno;
+    if (lease_err != EAGAIN && lease_err != EBUSY) break;  // leases unsupported here: see below
+    ::usleep(kLeaseWaitUs);
+  }
+  if (!leased && (lease_err == EAGAIN || lease_err == EBUSY)) {
+    io_->Close(fd);
+    return Status::Unavailable("metrics: " + path_ +
+                               " stays open in another process; not rewritten this time");
+  }
+  if (!leased && !lease_warned_) {
+    // NFS and a few others grant no leases: the rewrite then goes on without one, and a reader
+    // that opens the file during the few microseconds of the write may see it mixed.
+    lease_warned_ = true;
+    spdlog::warn("metrics: no write lease on {} ({}): a scrape during a rewrite may see it mixed",
+                 path_, std::strerror(lease_err));
+  }
+  auto release = [&] {
+    if (leased) ::fcntl(fd, F_SETLEASE, F_UNLCK);
+  };
+  // The space first: a full disk then fails here, with the previous text still whole.
+  const off_t size = static_cast<off_t>(text.size());
+  if (size > st.st_size) {
+    if (const int err = io_->Fallocate(fd, 0, size); err != 0 && err != EOPNOTSUPP) {
+      release();
+      return fail(err, "writing");
+    }
+  }
   size_t done = 0;
+  int err = 0;
   while (done < text.size()) {
-    const ssize_t n = io_->Write(fd, text.data() + done, text.size() - done);
+    const ssize_t n =
+        io_->Pwrite(fd, text.data() + done, text.size() - done, static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return fail(errno, true, "writing");
-    if (n == 0) return fail(EIO, true, "writing");
+    if (n <= 0) {
+      err = n < 0 ? errno : EIO;
+      break;
+    }
     done += static_cast<size_t>(n);
   }
+  // Never half a text: what failed midway leaves an empty file (no series, never a wrong one).
+  if (err == 0 && ::ftruncate(fd, size) != 0) err = errno;
+  if (err != 0) {
+    const int emptied = ::ftruncate(fd, 0);  // the error reported stays the first one
+    static_cast<void>(emptied);
+  }
   // fchmod: the umask must not hide the file from node_exporter (which runs as its own user).
-  if (::fchmod(fd, 0644) != 0) return fail(errno, true, "making readable");
-  if (io_->Close(fd) != 0) return fail(errno, false, "closing");
-  if (io_->Rename(tmp, path_) != 0) return fail(errno, false, "renaming into");
+  if (err == 0 && (st.st_mode & 07777) != 0644 && ::fchmod(fd, 0644) != 0) err = errno;
+  release();
+  if (err != 0) return fail(err, "writing");
+  if (io_->Close(fd) != 0) return Status::FromErrno(errno, "metrics: closing " + path_);
   return Status::Ok();
 }
 

@@ -1,7 +1,9 @@
 // Metrics: nopfsd's status in the Prometheus text exposition format, written for node_exporter's
-// textfile collector (docs/admin.md, "Metrics"). The file is `<dir>/nopfs_<job>.prom`, replaced
-// atomically (written to a hidden temporary file of a fresh random name, made with O_EXCL, in the
-// same directory, then renamed), so the collector never reads half a file; the epilog removes it.
+// textfile collector (docs/admin.md, "Metrics"). The file is `<dir>/nopfs_<job>.prom`. Under Slurm
+// root made it for the job's user in a directory only root writes, so nopfsd rewrites it in place
+// (it may neither create nor rename there): under a write lease (fcntl F_SETLEASE), taken only
+// while nobody else has the file open and making every other open(2) wait until it is released,
+// so the collector opens either the old text or the new one, never a mix; the epilog removes it.
 //
 // Every series carries the labels job, user and node; the names and their meaning are in
 // docs/admin.md. The stall is a Prometheus histogram (_bucket, _sum, _count) in seconds.
@@ -34,17 +36,29 @@ class MetricsWriter {
  public:
   // The file's I/O goes through `io` (nullptr: LocalIo::Default()), which must outlive this.
   MetricsWriter(std::string dir, MetricsLabels labels, LocalIo* io = nullptr);
-  // Renders `r` and replaces the file; a failure leaves the previous file whole and no temporary
-  // file. An error names the path (never the temporary name, so that the same fault gives the
-  // same message) and what failed.
+  // Ignores SIGIO (a reader's open sends it to break the lease; its default action would end the
+  // process) unless the process handles it already.
+  //
+  // Renders `r` and rewrites the file (O_NOFOLLOW; made if absent only in a directory of this
+  // user's that nobody else may write, as `nopfs run`'s, never among other users' files): the
+  // space is reserved first (a full disk leaves the previous text whole), then the text written
+  // under the lease; a write that fails midway leaves the file empty, never half a text. A reader
+  // that keeps the file open for over kLeaseAttempts * kLeaseWaitUs leaves it as it was
+  // (Unavailable). Where no lease is granted (NFS), the file is rewritten without one and a
+  // warning logged once. An error names the path and what failed, the same words for the same
+  // fault.
   Status Write(const report::StatusReport& r);
   const std::string& path() const { return path_; }
+
+  static constexpr int kLeaseAttempts = 100;
+  static constexpr unsigned kLeaseWaitUs = 2000;
 
  private:
   std::string dir_;
   MetricsLabels labels_;
   std::string path_;
   LocalIo* io_;
+  bool lease_warned_ = false;
 };
 
 }  // namespace nopfs::service

@@ -3,6 +3,7 @@
 // trusts is written whole or not at all, a start file that cannot be written is a start failure
 // that names it, and the log and the metrics file cost the job nothing but a warning.
 #include <errno.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <spdlog/sinks/ringbuffer_sink.h>
@@ -200,30 +202,147 @@ report::StatusReport SomeReport(uint64_t samples) {
   return r;
 }
 
-TEST_F(RunDirFaultTest, MetricsThatCannotBeWrittenLeaveThePreviousFileWholeAndTheSameMessage) {
+// Each metrics fault: what it does to the previous file (a whole text or none, never half).
+struct MetricsFault {
+  const char* what;
+  void (*set)(FaultInjectionLocalIo*);
+  const char* error;
+  bool previous_stays;  // false: the file is left empty
+};
+const MetricsFault kMetricsFaults[] = {
+    {"no space for the larger text", [](FaultInjectionLocalIo* io) { io->FailFallocate(ENOSPC); },
+     "No space left on device", true},
+    {"the file cannot be opened", [](FaultInjectionLocalIo* io) { io->FailOpen(EACCES); },
+     "Permission denied", true},
+    {"full at the first write", [](FaultInjectionLocalIo* io) { io->FailWrites(ENOSPC); },
+     "No space left on device", false},
+    {"EIO after 2 bytes, writes halved",
+     [](FaultInjectionLocalIo* io) {
+       io->ShortWrites(true);
+       io->FailWrites(EIO, 2);
+     },
+     "Input/output error", false},
+};
+
+// A report whose text grows with `samples` (so that a rewrite needs more space).
+report::StatusReport LargerReport(uint64_t samples) {
+  report::StatusReport r = SomeReport(samples);
+  r.uptime_ns = samples * 1'000'000'007ULL;
+  return r;
+}
+
+TEST_F(RunDirFaultTest, MetricsThatCannotBeWrittenLeaveAWholeTextOrNoneAndTheSameMessage) {
   MetricsWriter w(dir_, {"77", "alice", "n1"}, &io_);
   const std::string path = dir_ + "/nopfs_77.prom";
   ASSERT_EQ(w.path(), path);
   ASSERT_TRUE(w.Write(SomeReport(10)).ok());
-  const std::string first = Slurp(path);
-  ASSERT_NE(first.find("job=\"77\""), std::string::npos);
-  for (const Fault& f : kFaults) {
+  for (const MetricsFault& f : kMetricsFaults) {
     SCOPED_TRACE(f.what);
+    io_.ClearFaults();
+    ASSERT_TRUE(w.Write(SomeReport(10)).ok());
+    const std::string first = Slurp(path);
+    ASSERT_NE(first.find("job=\"77\""), std::string::npos);
     f.set(&io_);
-    const Status a = w.Write(SomeReport(20));
-    const Status b = w.Write(SomeReport(30));
+    const Status a = w.Write(LargerReport(20'000'000'000ULL));
+    const Status b = w.Write(LargerReport(20'000'000'000ULL));
     io_.ClearFaults();
     ASSERT_FALSE(a.ok());
     EXPECT_NE(a.message().find(path + ": " + f.error), std::string::npos) << a.message();
     // The same fault, the same words: the daemon logs it once, not every period.
     EXPECT_EQ(a.message(), b.message());
-    EXPECT_EQ(Slurp(path), first);
+    EXPECT_EQ(Slurp(path), f.previous_stays ? first : "");
+    // Nothing but the file itself: nopfsd makes no other name in the directory.
     EXPECT_EQ(Names(dir_), std::vector<std::string>{"nopfs_77.prom"});
   }
   io_.ShortWrites(true);
   ASSERT_TRUE(w.Write(SomeReport(40)).ok());
   io_.ClearFaults();
   EXPECT_EQ(Slurp(path), RenderMetrics(SomeReport(40), {"77", "alice", "n1"}));
+  // A shorter text after a longer one: nothing of the longer one's tail is left.
+  ASSERT_TRUE(w.Write(LargerReport(20'000'000'000ULL)).ok());
+  ASSERT_TRUE(w.Write(SomeReport(1)).ok());
+  EXPECT_EQ(Slurp(path), RenderMetrics(SomeReport(1), {"77", "alice", "n1"}));
+}
+
+// The file root made for the job is rewritten in place, its owner, inode and mode kept; a link
+// under the name is never written through.
+TEST_F(RunDirFaultTest, MetricsAreRewrittenInPlaceAndNeverThroughALink) {
+  const std::string path = dir_ + "/nopfs_78.prom";
+  { std::ofstream(path) << ""; }
+  ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
+  struct stat before {};
+  ASSERT_EQ(::stat(path.c_str(), &before), 0);
+  MetricsWriter w(dir_, {"78", "alice", "n1"}, &io_);
+  ASSERT_TRUE(w.Write(SomeReport(3)).ok());
+  struct stat after {};
+  ASSERT_EQ(::stat(path.c_str(), &after), 0);
+  EXPECT_EQ(after.st_ino, before.st_ino);
+  EXPECT_EQ(after.st_mode & 07777, 0644u);  // readable by node_exporter
+  EXPECT_EQ(Slurp(path), RenderMetrics(SomeReport(3), {"78", "alice", "n1"}));
+
+  const std::string target = dir_ + "/target";
+  { std::ofstream(target) << "untouched\n"; }
+  ASSERT_EQ(::unlink(path.c_str()), 0);
+  ASSERT_EQ(::symlink(target.c_str(), path.c_str()), 0);
+  const Status s = w.Write(SomeReport(4));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("metrics: opening " + path), std::string::npos) << s.message();
+  EXPECT_EQ(Slurp(target), "untouched\n");
+
+  // In a directory others may write, nopfsd makes no file of its own (others could stand in for
+  // it there); one made for it (by root, under Slurm) it rewrites.
+  const std::string shared = dir_ + "/shared";
+  ASSERT_EQ(::mkdir(shared.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(shared.c_str(), 01777), 0);
+  MetricsWriter in_shared(shared, {"80", "alice", "n1"}, &io_);
+  const Status absent = in_shared.Write(SomeReport(5));
+  EXPECT_EQ(absent.code(), StatusCode::kNotFound) << absent.ToString();
+  EXPECT_NE(absent.message().find(shared + "/nopfs_80.prom does not exist"), std::string::npos)
+      << absent.message();
+  EXPECT_TRUE(Names(shared).empty());
+  { std::ofstream(shared + "/nopfs_80.prom") << ""; }
+  ASSERT_TRUE(in_shared.Write(SomeReport(5)).ok());
+  EXPECT_EQ(Slurp(shared + "/nopfs_80.prom"), RenderMetrics(SomeReport(5), {"80", "alice", "n1"}));
+}
+
+// No reader ever opens half a text: while nopfsd writes (slowly here), an open(2) waits for the
+// whole new text; a reader that keeps the file open is waited for, then costs one period.
+TEST_F(RunDirFaultTest, AReaderOpensTheOldTextOrTheNewOneNeverAMix) {
+  MetricsWriter w(dir_, {"79", "alice", "n1"}, &io_);
+  const std::string path = dir_ + "/nopfs_79.prom";
+  ASSERT_TRUE(w.Write(SomeReport(5)).ok());
+  const std::string old_text = Slurp(path);
+  const std::string new_text = RenderMetrics(LargerReport(123'456'789), {"79", "alice", "n1"});
+  io_.ShortWrites(true);                        // many writes...
+  io_.SetDelay(std::chrono::milliseconds(20));  // ...each slow: the rewrite takes a while
+  Status written;
+  std::thread writer([&] { written = w.Write(LargerReport(123'456'789)); });
+  std::vector<std::string> seen;
+  for (int i = 0; i < 20; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    seen.push_back(Slurp(path));
+  }
+  writer.join();
+  io_.ClearFaults();
+  ASSERT_TRUE(written.ok()) << written.ToString();
+  int news = 0;
+  for (const std::string& text : seen) {
+    EXPECT_TRUE(text == old_text || text == new_text) << text.size() << " bytes:\n" << text;
+    news += text == new_text ? 1 : 0;
+  }
+  EXPECT_GT(news, 0);  // the later opens waited for the rewrite, then read it whole
+
+  // A reader that holds the file open: the rewrite waits for it, then gives up this period.
+  const int held = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(held, 0);
+  const Status busy = w.Write(SomeReport(6));
+  EXPECT_EQ(busy.code(), StatusCode::kUnavailable) << busy.ToString();
+  EXPECT_NE(busy.message().find(path + " stays open in another process"), std::string::npos)
+      << busy.message();
+  EXPECT_EQ(Slurp(path), new_text);
+  ::close(held);
+  ASSERT_TRUE(w.Write(SomeReport(6)).ok());
+  EXPECT_EQ(Slurp(path), RenderMetrics(SomeReport(6), {"79", "alice", "n1"}));
 }
 
 // --- the daemon ---
@@ -328,7 +447,9 @@ TEST_F(DaemonFaultTest, AMetricsDirectoryThatFailsCostsTheJobOneWarningAndNoByte
     }
   }
   EXPECT_EQ(warnings, 1);
-  EXPECT_TRUE(Names(dir_ + "/metrics").empty()) << Names(dir_ + "/metrics").front();
+  // What the full disk left: an empty file (no series), never half a text.
+  EXPECT_EQ(Names(dir_ + "/metrics"), std::vector<std::string>{"nopfs_88.prom"});
+  EXPECT_EQ(Slurp(dir_ + "/metrics/nopfs_88.prom"), "");
   EXPECT_GT(io_.failed_calls(), 0u);
 }
 

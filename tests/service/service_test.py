@@ -331,9 +331,12 @@ class ServiceTest(unittest.TestCase):
         a `nopfs status --json` holds the same figures, and the file written at exit those of
         `nopfs run`'s summary."""
         from prometheus_client.parser import text_string_to_metric_families
+        # A directory of the user's own that nobody else may write: nopfsd makes its file there.
         metrics = os.path.join(self.work, "metrics")
         os.mkdir(metrics)
-        os.chmod(metrics, 0o1777)
+        os.chmod(metrics, 0o755)
+        if AS_ROOT:
+            os.chown(metrics, pwd.getpwnam("nobody").pw_uid, -1)
         conf = os.path.join(self.work, "metrics.conf.lua")
         write_config(conf, ram=str(self.total_bytes // 2))
         with open(conf, "a") as fh:
@@ -402,7 +405,7 @@ class ServiceTest(unittest.TestCase):
             self.assertEqual(m[("nopfs_refusals_total", (("kind", kind),))],
                              status["refusals"][field], kind)
         # At exit nopfsd wrote the file once more, with what `nopfs run` summed up; nothing
-        # else is left in the directory (the temporary file was renamed).
+        # else is left in the directory (the file is rewritten in place).
         self.assertEqual(os.listdir(metrics), ["nopfs_local.prom"])
         self.assertEqual(stat.S_IMODE(os.stat(prom).st_mode), 0o644)
         final = samples(read(prom))

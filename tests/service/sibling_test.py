@@ -66,9 +66,11 @@ class SiblingTest(unittest.TestCase):
         os.chmod(self.scratch, 0o777)
         self.conf = os.path.join(self.work, "ssd.conf.lua")
         st.write_config(self.conf, ssd="1GB", ssd_path=self.scratch)
+        # As on a node: a directory only root writes, where root makes each job's file for its
+        # user before nopfsd starts (spawn_job); nopfsd makes no file of its own there.
         self.metrics = os.path.join(self.work, "metrics")
         os.mkdir(self.metrics)
-        os.chmod(self.metrics, 0o1777)
+        os.chmod(self.metrics, 0o755)
         with open(self.conf, "a") as fh:
             fh.write(f'metrics_dir = "{self.metrics}"\n')
         self.procs = []
@@ -152,6 +154,11 @@ class SiblingTest(unittest.TestCase):
         argv = [nopfs_bin, "run", "--dataset", dataset, "--ranks", "1", *map(str, self.JOB),
                 "--config", self.conf, "--run-dir", out + ".rundir", "--keep-run-dir",
                 "--job-id", self.JOB_IDS[name], *extra, "--", "sh", "-c", script]
+        prom = os.path.join(self.metrics, f"nopfs_{self.JOB_IDS[name]}.prom")
+        open(prom, "w").close()
+        if os.geteuid() == 0:
+            pw = pwd.getpwnam(user)
+            os.chown(prom, pw.pw_uid, pw.pw_gid)
         if user != "nobody":
             argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--"] + argv
         else:

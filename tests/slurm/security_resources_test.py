@@ -9,11 +9,12 @@ import pwd
 import re
 import shutil
 import stat
+import subprocess
 import time
 import unittest
 
 from clusterlib import (BUILD, DATASET, DIR, JOBS, REAL_NOPFSD, SSD, ClusterCase, as_user,
-                        daemons, ledger, output, release, submit, wait_done, wait_file,
+                        daemons, env, ledger, output, release, submit, wait_done, wait_file,
                         wait_state)
 
 CACHE = os.path.join(DIR, "cache")
@@ -57,6 +58,11 @@ import time
 while not os.path.exists(sys.argv[3]):
     time.sleep(0.2)
 '''
+
+
+def read_log(node):
+    with open(os.path.join(DIR, f"log/slurmd-{node}.log"), errors="replace") as f:
+        return f.read()
 
 
 def rss_bytes(pid):
@@ -108,10 +114,12 @@ class SecurityResourcesTest(ClusterCase):
             # While the job ran, both were alice's (the SSD one goes with her last job).
             for path in (ssd_dir, cache_dir):
                 self.assertIn(f"dir: {path} {uid} 700 directory\n", out)
+            # bob's directories were moved aside, then removed by root: nothing is left aside.
+            log = read_log("n1")
             for parent, name in ((SSD, f"nopfs-{uid}"), (CACHE, str(uid))):
-                aside = glob.glob(os.path.join(parent, f".squatted.{name}.*"))
-                self.assertEqual(len(aside), 1, aside)
-                self.assertEqual(os.lstat(aside[0]).st_uid, bob)
+                self.assertEqual(glob.glob(os.path.join(parent, ".squatted.*")), [])
+                self.assertRegex(log, rf"moved aside to {re.escape(parent)}/\.squatted\.{name}\."
+                                 rf"[0-9.]+; removed {re.escape(parent)}/\.squatted\.{name}\.")
             if REAL_NOPFSD:
                 # The catalog was kept in alice's cache directory for her next job.
                 self.assertTrue(os.listdir(cache_dir), cache_dir)
@@ -121,6 +129,62 @@ class SecurityResourcesTest(ClusterCase):
                 os.chmod(parent, 0o755)
                 for p in glob.glob(os.path.join(parent, ".squatted.*")):
                     shutil.rmtree(p)
+
+    def test_two_jobs_at_once_and_a_planted_squatted_tree(self):
+        alice = pwd.getpwnam("nopfs-alice")
+        bob = pwd.getpwnam("nopfs-bob").pw_uid
+        ssd_dir, cache_dir = os.path.join(SSD, f"nopfs-{alice.pw_uid}"), \
+            os.path.join(CACHE, str(alice.pw_uid))
+        # A tree left under a .squatted. name (as an earlier prolog or the old 1777 setup left
+        # them): bob's, deep, with links to a directory of root's and a FIFO.
+        target = os.path.join(DIR, "root-only")
+        shutil.rmtree(target, ignore_errors=True)
+        os.mkdir(target, 0o700)
+        with open(os.path.join(target, "precious"), "w") as f:
+            f.write("root's")
+        planted = os.path.join(SSD, ".squatted.nopfs-9999.1.2.0")
+        shutil.rmtree(planted, ignore_errors=True)
+        deep = planted
+        for i in range(12):
+            deep = os.path.join(deep, f"d{i}")
+            os.makedirs(deep)
+            os.symlink(target, os.path.join(deep, "link"))
+            os.mkfifo(os.path.join(deep, "fifo"))
+        os.symlink(target, os.path.join(CACHE, ".squatted.link"))
+        subprocess.run(["chown", "-hR", f"{bob}:{bob}", planted,
+                        os.path.join(CACHE, ".squatted.link")], check=True)
+        # Two 1-node jobs of alice's started together on n1, her directories absent: both
+        # prologs make them at once.
+        for path in (ssd_dir, cache_dir):
+            shutil.rmtree(path, ignore_errors=True)
+        script = (f"srun bash -c 'stat -c \"dir: %n %u %a %F\" {ssd_dir} {cache_dir}; "
+                  f"{BUILD}/bin/nopfs cat --verify 2>&1 | tail -n 1 | sed \"s/^/verify: /\"'\n")
+        logs = len(read_log("n1"))
+        jobs = [submit("nopfs-alice", f"-w n1 --oversubscribe --mem=300 --hold "
+                       f"--nopfs={DATASET} --nopfs-ram=1KB --nopfs-ssd=50MB", script)
+                for _ in range(2)]
+        subprocess.run(["scontrol", "release", ",".join(map(str, jobs))], env=env(), check=True)
+        for job in jobs:
+            self.assertEqual(wait_done(job, 120), "COMPLETED")
+            out = output(job)
+            for path in (ssd_dir, cache_dir):
+                self.assertIn(f"dir: {path} {alice.pw_uid} 700 directory\n", out)
+            if REAL_NOPFSD:
+                self.assertRegex(out, r"verify: 120 samples, \d+ bytes, 0 mismatches", out)
+        log = read_log("n1")[logs:]
+        print(log)
+        # Nothing aside: neither prolog moved the other's fresh directory away, and the planted
+        # tree is gone without root following its links.
+        self.assertNotIn("moved aside", log)
+        for parent in (SSD, CACHE):
+            self.assertEqual(glob.glob(os.path.join(parent, ".squatted.*")), [])
+        self.assertIn(f"removed {planted}", log)
+        self.assertIn(f"removed {CACHE}/.squatted.link", log)
+        with open(os.path.join(target, "precious")) as f:
+            self.assertEqual(f.read(), "root's")
+        self.assertEqual(os.stat(target).st_uid, 0)
+        shutil.rmtree(target)
+        self.assertNothingLeft(jobs)
 
     @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd")
     def test_a_rank_flooding_open_stream_is_bounded_and_the_other_rank_verifies(self):

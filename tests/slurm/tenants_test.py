@@ -19,6 +19,7 @@ import glob
 import os
 import pwd
 import re
+import stat
 import struct
 import subprocess
 import time
@@ -137,59 +138,69 @@ class TenantsTest(ClusterCase):
         self.alice_verified(job)
         self.assertNothingLeft([job])
 
-    def test_a_link_planted_at_alices_metrics_file(self):
-        # bob sees alice's pending job in squeue and plants its metrics file's name in the
-        # sticky metrics directory, a link to a file of his with figures of his choosing: once
-        # before her job and again the moment its run directory appears (after the prolog has
-        # cleared the name, before nopfsd first writes it).
+    def test_bob_can_put_nothing_in_the_metrics_directory(self):
+        from prometheus_client.parser import text_string_to_metric_families
+        alice = pwd.getpwnam("nopfs-alice")
+        # The directory is root's, 0755: only root creates, renames or removes in it.
+        st = os.stat(METRICS)
+        self.assertEqual((st.st_uid, stat.S_IMODE(st.st_mode)), (0, 0o755))
         job = reader_job(f"-w n1 --oversubscribe --mem=300 --nopfs={DATASET} --hold "
                          "--nopfs-epochs=100", gate_after=50)
+        prom = os.path.join(METRICS, f"nopfs_{job}.prom")
         fake = os.path.join(JOBS, "bobs-figures.prom")
         figures = f'nopfs_pfs_read_bytes_total{{job="{job}",user="nopfs-alice"}} 1e+18\n'
-        prom = os.path.join(METRICS, f"nopfs_{job}.prom")
         with open(fake, "w") as f:
             f.write(figures)
         os.chown(fake, pwd.getpwnam("nopfs-bob").pw_uid, -1)
         os.chmod(fake, 0o644)
-        plant = (f"while [ ! -e {RUN}/n1/{job} ]; do sleep 0.001; done; "
-                 f"ln -sf {fake} {prom}; ls -l {prom}")
-        r = as_user("nopfs-bob", f"ln -s {fake} {prom}")
-        self.assertEqual(r.returncode, 0, r.stderr)
-        planter = subprocess.Popen(["runuser", "-u", "nopfs-bob", "--", "/bin/bash", "-c", plant],
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # bob sees her pending job in squeue: before it starts he tries her file's name (a link,
+        # a file, a FIFO that would hang node_exporter) and a file of his own with her labels.
+        attempts = [f"ln -s {fake} {prom}", f"cp {fake} {prom}", f"mkfifo {prom}",
+                    f"cp {fake} {METRICS}/bobs.prom", f"mkdir {METRICS}/d.prom"]
+        for cmd in attempts:
+            r = as_user("nopfs-bob", cmd)
+            self.assertNotEqual(r.returncode, 0, cmd)
+            self.assertIn("Permission denied", r.stderr, cmd)
+        self.assertFalse(os.path.lexists(prom))
+        self.assertFalse(os.path.lexists(os.path.join(METRICS, "bobs.prom")))
         subprocess.run(["scontrol", "release", str(job)], env=env(), check=True)
-        planted, _ = planter.communicate(timeout=60)
-        print(planted)
         wait_gate(job, (0,))
-        # While she reads, the file of her job's name is hers and holds her nopfsd's figures.
+        # While she reads: her job's file, made by root for her, holds her nopfsd's figures and
+        # parses as Prometheus text, every series under her job's labels.
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            st = os.lstat(prom)
-            if st.st_uid == pwd.getpwnam("nopfs-alice").pw_uid and os.path.isfile(prom) and \
-                    not os.path.islink(prom) and "nopfs_uptime_seconds" in read_text(prom):
-                break
+        while time.monotonic() < deadline and "nopfs_uptime_seconds" not in read_text(prom):
             time.sleep(0.5)
-        self.assertFalse(os.path.islink(prom), "bob's link still stands in for her metrics")
-        with open(prom) as f:
-            text = f.read()
-        self.assertIn(f'nopfs_pfs_read_bytes_total{{job="{job}",user="nopfs-alice",', text)
-        self.assertNotIn("1e+18", text)
-        # bob then takes the temporary name nopfsd would write next (he sees its pid), a link to
-        # his file: her figures go on being published.
-        pid = int(ledger("n1")[job]["pid"])
-        taken = os.path.join(METRICS, f".nopfs_{job}.prom.{pid}.tmp")
-        r = as_user("nopfs-bob", f"ln -s {fake} {taken}")
-        self.assertEqual(r.returncode, 0, r.stderr)
+        st = os.lstat(prom)
+        self.assertTrue(stat.S_ISREG(st.st_mode))
+        self.assertEqual((st.st_uid, stat.S_IMODE(st.st_mode)), (alice.pw_uid, 0o644))
+        families = list(text_string_to_metric_families(read_text(prom)))
+        self.assertGreater(len(families), 10)
+        for fam in families:
+            for smp in fam.samples:
+                self.assertEqual((smp.labels["job"], smp.labels["user"]),
+                                 (str(job), "nopfs-alice"), smp)
+        self.assertNotIn("1e+18", read_text(prom))
+        # bob can neither write, replace nor remove it, nor add a file beside it.
+        attempts = [f"echo '{figures.strip()}' >> {prom}", f"ln -sf {fake} {prom}",
+                    f"mv -f {fake} {prom}", f"rm -f {prom}", f"cp {fake} {METRICS}/bobs.prom",
+                    f"mkfifo {METRICS}/fifo.prom"]
+        for cmd in attempts:
+            r = as_user("nopfs-bob", cmd)
+            self.assertNotEqual(r.returncode, 0, cmd)
+        # Her figures go on: the same file, rewritten in place, nothing else made beside it.
         first = uptime(read_text(prom))
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and uptime(read_text(prom)) < first + 5:
             time.sleep(0.5)
         self.assertGreaterEqual(uptime(read_text(prom)), first + 5, "her metrics stopped")
+        self.assertEqual(os.lstat(prom).st_ino, st.st_ino)
+        self.assertEqual([n for n in os.listdir(METRICS) if str(job) in n], [f"nopfs_{job}.prom"])
+        self.assertNotIn("bobs.prom", os.listdir(METRICS))
         self.alice_verified(job)
-        self.assertNothingLeft([job])
+        self.assertNothingLeft([job])  # the epilog removed her file
+        self.assertFalse(os.path.lexists(prom))
         with open(fake) as f:
-            self.assertEqual(f.read(), figures, "bob's file was written through the link")
-        os.unlink(taken)
+            self.assertEqual(f.read(), figures)
 
     def test_bob_asks_for_a_dataset_only_alice_can_read(self):
         alice = pwd.getpwnam("nopfs-alice")
