@@ -13,6 +13,7 @@
 #                                                /etc/slurm/plugstack.conf.d/nopfs.conf (Debian's
 #                                                plugstack.conf includes plugstack.conf.d/*.conf)
 #   /usr/lib/systemd/system/nopfs-gc.{service,timer}  `nopfs gc` hourly, disabled until enabled
+#   /usr/lib/systemd/system/nopfs-node-exporter.service  the metrics for Prometheus, likewise
 #   /usr/share/man/man1/nopfs.1, man8/nopfsd.8, man8/nopfs-spank.8
 #   /usr/share/doc/nopfs/                        README, docs/, the example job scripts
 #
@@ -69,6 +70,7 @@ configure_file(${PROJECT_SOURCE_DIR}/contrib/systemd/nopfs-gc.service.in
                ${PROJECT_BINARY_DIR}/contrib/nopfs-gc.service @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/contrib/nopfs-gc.service
               ${PROJECT_SOURCE_DIR}/contrib/systemd/nopfs-gc.timer
+              ${PROJECT_SOURCE_DIR}/contrib/systemd/nopfs-node-exporter.service
         DESTINATION ${CMAKE_INSTALL_PREFIX}/lib/systemd/system)
 install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs

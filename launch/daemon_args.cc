@@ -38,6 +38,7 @@ std::vector<std::string> DaemonArgs::ToArgv() const {
   if (keep) a.emplace_back("--keep");
   if (keep_max_bytes != 0) add("--keep-max-bytes", std::to_string(keep_max_bytes));
   if (!share_running) add("--share-running", "no");
+  if (summary) a.emplace_back("--summary");
   if (ready_fd >= 0) add("--ready-fd", std::to_string(ready_fd));
   if (allow_root) a.emplace_back("--allow-root");
   return a;
@@ -82,6 +83,9 @@ void AddDaemonFlags(CLI::App* app, DaemonArgs* args) {
                   "this node and dataset, so that the PFS is read once (docs/tiers.md, \"Sibling "
                   "jobs\"); no: each job reads on its own")
       ->capture_default_str();
+  app->add_flag("--summary", args->summary,
+                "Rewrite the job's status report to <run dir>/summary every few seconds and at "
+                "exit, and leave it there (the Slurm epilog's record of the job)");
   app->add_option("--ready-fd", args->ready_fd,
                   "Also say ready/failed on this inherited pipe (the launcher's)");
   app->add_flag("--allow-root", args->allow_root,

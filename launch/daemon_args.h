@@ -43,6 +43,8 @@ struct DaemonArgs {
   // Serve, and read from, the user's other jobs on this node and dataset (docs/tiers.md,
   // "Sibling jobs"); off with --share-running=no.
   bool share_running = true;
+  // Leave the job's summary (run_files.h kSummaryName) in the run directory for the epilog.
+  bool summary = false;
   int ready_fd = -1;  // an inherited pipe on which to say ready or failed (run_files.h)
   bool allow_root = false;
 

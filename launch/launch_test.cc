@@ -203,6 +203,7 @@ TEST(DaemonArgs, RoundTripsThroughArgv) {
   a.keep = true;
   a.keep_max_bytes = 123'456'789'012;
   a.share_running = false;
+  a.summary = true;
   a.ready_fd = 3;
   a.allow_root = true;
   const DaemonArgs b = Parse(a.ToArgv());
@@ -232,6 +233,7 @@ TEST(DaemonArgs, RoundTripsThroughArgv) {
   EXPECT_TRUE(b.keep);
   EXPECT_EQ(b.keep_max_bytes, 123'456'789'012u);
   EXPECT_FALSE(b.share_running);
+  EXPECT_TRUE(b.summary);
   EXPECT_EQ(b.ready_fd, 3);
   EXPECT_TRUE(b.allow_root);
 }

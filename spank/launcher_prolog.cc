@@ -132,6 +132,7 @@ launch::DaemonArgs DaemonArgsFor(const Job& job, uint32_t ranks_per_node, const 
   dargs.keep = keep.keep;
   dargs.keep_max_bytes = keep.max_bytes;
   dargs.share_running = job.opts.share_running;
+  dargs.summary = true;  // the epilog's record of the job
   SetPeers(job, &dargs, peers_note);
   // The nodes wait for each other at most half of the time nopfsd has to become ready.
   dargs.peer_startup_timeout_ms = static_cast<uint32_t>(

@@ -77,6 +77,8 @@ struct DaemonOptions {
   // Sibling jobs (service/reader/sibling.h): register in the user's registry, serve READ_SAMPLE,
   // and read from the oldest running sibling on the same dataset before the PFS.
   bool share_running = true;
+  // Leave the job's summary in the run directory (launch::kSummaryName; the epilog reads it).
+  bool summary = false;
   // The I/O of the run directory's plan file and of the metrics file (tests inject faults);
   // nullptr: LocalIo::Default(). Must outlive the daemon.
   LocalIo* local_io = nullptr;

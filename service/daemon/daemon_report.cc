@@ -40,7 +40,7 @@ void Daemon::WriteMetrics() {
 }
 
 void Daemon::WriteSummary() {
-  if (options_.run_dir.empty()) return;
+  if (options_.run_dir.empty() || !options_.summary) return;
   wire::Message m;
   m.body = wire::StatusOk{"", Report()};
   Result<std::vector<std::byte>> bytes = wire::Encode(m);

@@ -447,6 +447,9 @@ Status Daemon::StartServer() {
 void Daemon::StartReporter() {
   if (!config_.metrics_dir().empty()) {
     MetricsLabels labels{options_.job_id, std::to_string(options_.uid), "localhost"};
+    using Seconds = std::chrono::duration<double>;
+    labels.start_time = Seconds(std::chrono::system_clock::now().time_since_epoch()).count() -
+                        Seconds(std::chrono::steady_clock::now() - started_).count();
     std::vector<char> buf(16384);
     passwd pw{};
     passwd* found = nullptr;

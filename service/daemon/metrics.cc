@@ -12,6 +12,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/version.h"
+
 namespace nopfs::service {
 namespace {
 
@@ -41,8 +43,8 @@ std::string Num(double v) {
 class Exposition {
  public:
   explicit Exposition(const MetricsLabels& l)
-      : base_("job=\"" + Escape(l.job) + "\",user=\"" + Escape(l.user) + "\",node=\"" +
-              Escape(l.node) + "\"") {}
+      : base_("slurm_job_id=\"" + Escape(l.job) + "\",slurm_user=\"" + Escape(l.user) +
+              "\",slurm_node=\"" + Escape(l.node) + "\"") {}
 
   void Family(const char* name, const char* type, const char* help) {
     out_ += "# HELP ";
@@ -55,7 +57,7 @@ class Exposition {
     out_ += type;
     out_ += '\n';
   }
-  // name{job,user,node[,extra]} value
+  // name{slurm_job_id,slurm_user,slurm_node[,extra]} value
   void Sample(const std::string& name, const std::string& extra, const std::string& value) {
     out_ += name;
     out_ += '{';
@@ -195,8 +197,10 @@ std::string RenderMetrics(const report::StatusReport& r, const MetricsLabels& la
   e.Sample("nopfs_refusals_total", "kind=\"connection\"", r.refusals.connections);
   e.Sample("nopfs_refusals_total", "kind=\"timed_out\"", r.refusals.timed_out);
 
-  e.Family("nopfs_uptime_seconds", "gauge", "Seconds since nopfsd started.");
-  e.Sample("nopfs_uptime_seconds", "", Num(static_cast<double>(r.uptime_ns) / 1e9));
+  e.Family("nopfs_start_time_seconds", "gauge", "When nopfsd started, in seconds since the epoch.");
+  e.Sample("nopfs_start_time_seconds", "", Num(labels.start_time));
+  e.Family("nopfs_build_info", "gauge", "The nopfs version that nopfsd was built as.");
+  e.Sample("nopfs_build_info", "version=\"" + Escape(kVersion) + "\"", uint64_t{1});
   return std::move(e.str());
 }
 

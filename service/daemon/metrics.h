@@ -5,8 +5,10 @@
 // while nobody else has the file open and making every other open(2) wait until it is released,
 // so the collector opens either the old text or the new one, never a mix; the epilog removes it.
 //
-// Every series carries the labels job, user and node; the names and their meaning are in
-// docs/admin.md. The stall is a Prometheus histogram (_bucket, _sum, _count) in seconds.
+// Every series carries the labels slurm_job_id, slurm_user and slurm_node (never `job`, `instance`
+// or `node`, which Prometheus and its service discovery set on every scraped series); the names
+// and their meaning are in docs/admin.md. The stall is a Prometheus histogram (_bucket, _sum,
+// _count) in seconds; nopfs_build_info carries the version, nopfs_start_time_seconds the start.
 //
 // Thread safety: RenderMetrics is reentrant; a MetricsWriter is used from one thread at a time.
 #pragma once
@@ -21,9 +23,10 @@
 namespace nopfs::service {
 
 struct MetricsLabels {
-  std::string job;   // the Slurm job id ("local" for `nopfs run`)
-  std::string user;  // the job's user name
-  std::string node;  // the host name
+  std::string job;        // the Slurm job id ("local" for `nopfs run`)
+  std::string user;       // the job's user name
+  std::string node;       // the host name
+  double start_time = 0;  // when nopfsd started, in unix seconds (nopfs_start_time_seconds)
 };
 
 // The exposition text of one report.

@@ -114,6 +114,7 @@ int main(int argc, char** argv) {
   options.keep = f.keep;
   options.keep_max_bytes = f.keep_max_bytes;
   options.share_running = f.share_running;
+  options.summary = f.summary;
   for (auto [text, out] :
        {std::pair{&f.ram, &options.ram_grant}, std::pair{&f.ssd, &options.ssd_grant}}) {
     if (text->empty()) continue;

@@ -227,7 +227,8 @@ const MetricsFault kMetricsFaults[] = {
 // A report whose text grows with `samples` (so that a rewrite needs more space).
 report::StatusReport LargerReport(uint64_t samples) {
   report::StatusReport r = SomeReport(samples);
-  r.uptime_ns = samples * 1'000'000'007ULL;
+  r.pfs_bytes = samples * 1'000'000'007ULL;
+  r.corrupt = samples * 3'000'000'017ULL;
   return r;
 }
 
@@ -241,7 +242,7 @@ TEST_F(RunDirFaultTest, MetricsThatCannotBeWrittenLeaveAWholeTextOrNoneAndTheSam
     io_.ClearFaults();
     ASSERT_TRUE(w.Write(SomeReport(10)).ok());
     const std::string first = Slurp(path);
-    ASSERT_NE(first.find("job=\"77\""), std::string::npos);
+    ASSERT_NE(first.find("slurm_job_id=\"77\""), std::string::npos);
     f.set(&io_);
     const Status a = w.Write(LargerReport(20'000'000'000ULL));
     const Status b = w.Write(LargerReport(20'000'000'000ULL));

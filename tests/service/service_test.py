@@ -360,16 +360,20 @@ class ServiceTest(unittest.TestCase):
             for family in text_string_to_metric_families(text):
                 for smp in family.samples:
                     labels = dict(smp.labels)
-                    for key in ("job", "user", "node"):
+                    for key in ("slurm_job_id", "slurm_user", "slurm_node"):
                         found.setdefault(key, set()).add(labels.pop(key))
                     found[(smp.name, tuple(sorted(labels.items())))] = smp.value
             return found
 
         m = samples(read(out + ".prom"))
         user = "nobody" if AS_ROOT else pwd.getpwuid(os.geteuid()).pw_name
-        self.assertEqual(m["job"], {"local"})
-        self.assertEqual(m["user"], {user})
-        self.assertEqual(m["node"], {socket.gethostname()})
+        self.assertEqual(m["slurm_job_id"], {"local"})
+        self.assertEqual(m["slurm_user"], {user})
+        self.assertEqual(m["slurm_node"], {socket.gethostname()})
+        version = subprocess.run([os.path.join(BIN, "nopfsd"), "--version"], capture_output=True,
+                                 text=True, check=True).stdout.split()[-1]
+        self.assertEqual(m[("nopfs_build_info", (("version", version),))], 1)
+        self.assertLess(abs(m[("nopfs_start_time_seconds", ())] - time.time()), 600)
         for src in status["sources"]:
             key = (("source", src["name"]),)
             self.assertEqual(m[("nopfs_served_samples_total", key)], src["samples"], src)

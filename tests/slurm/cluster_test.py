@@ -196,7 +196,8 @@ class ClusterTest(ClusterCase):
             # assertNothingLeft).
             with open(os.path.join(METRICS, f"nopfs_{job}.prom")) as fh:
                 prom = fh.read()
-            self.assertIn(f'nopfs_pfs_read_bytes_total{{job="{job}",user="nopfs-alice",', prom)
+            self.assertIn(f'nopfs_pfs_read_bytes_total{{slurm_job_id="{job}",slurm_user="nopfs-alice",',
+                          prom)
             # The batch script's output starts with the first node's plan.
             self.assertRegex(out, r"(?m)^nopfs: plan: node 0 of 2, dataset .*; tiers: ram .* "
                              r"to stage; predicted stall ", out)

@@ -124,6 +124,7 @@ class PackageTest(cl.ClusterCase):
                      "/usr/share/nopfs/plugstack.conf",
                      "/usr/lib/systemd/system/nopfs-gc.service",
                      "/usr/lib/systemd/system/nopfs-gc.timer",
+                     "/usr/lib/systemd/system/nopfs-node-exporter.service",
                      "/usr/share/man/man1/nopfs.1.gz", "/usr/share/man/man8/nopfsd.8.gz",
                      "/usr/share/man/man8/nopfs-spank.8.gz",
                      "/usr/lib/python3/dist-packages/nopfs/torch/__init__.py",
@@ -152,7 +153,7 @@ class PackageTest(cl.ClusterCase):
 
     def test_1_install_changes_nothing_until_enabled(self):
         self.assertFalse(os.path.lexists(ENABLED), "the package enabled the plugin itself")
-        self.assertEqual(glob.glob("/etc/systemd/system/*.wants/nopfs-gc.*"), [])
+        self.assertEqual(glob.glob("/etc/systemd/system/*.wants/nopfs-*"), [])
         r = run("/usr/bin/nopfs", "admin", "status")
         self.assertIn("disabled", r.stdout)
         # Every program says its version: the package's.
