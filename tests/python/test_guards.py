@@ -286,6 +286,7 @@ def test_the_sampler_agrees_with_the_process_group(images, tmp_path, mode):
                 f"rank {rank} of 2"), line
             assert "pass DistributedSampler(num_replicas=2, rank=" in line
     else:
+        assert "read no sample through nopfs" not in p.stderr
         group = (lambda r: r) if mode == "agree" else (lambda r: 1 - r)
         got = [int(x) for x in re.findall(r"(\d+) samples", "\n".join(lines))]
         assert lines == [f"rank {r} group {group(r)}: sampler rank {r} of 2, {got[r]} samples"
@@ -477,11 +478,24 @@ def manifest_of(root, paths):
     return path
 
 
-def test_a_manifest_fallback_checks_its_files_too(tree, monkeypatch):
+def test_a_manifest_fallback_checks_its_files_too(tree, tmp_path, monkeypatch):
     root, paths = tree
+    manifest = manifest_of(root, paths)
+    # Under a service, the listing is the catalog's (checked when the loader is made).
+    svc = Service(manifest, str(tmp_path / "run"), len(paths),
+                  job={"seed": 3, "epochs": 1, "ranks": 1, "batch": 4, "scheme": "uniform"})
+    try:
+        for k, v in svc.env(0).items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("NOPFS_FALLBACK", "1")
+        sampler, loader = loader_of(ManifestDataset(manifest))
+        assert [d for d, _ in items_of(loader)] == [file_bytes(paths[i])
+                                                    for i in sampler.job.order(0).tolist()]
+    finally:
+        svc.stop()
     no_nopfs_env(monkeypatch)
     monkeypatch.setenv("NOPFS_FALLBACK", "1")
-    ds = ManifestDataset(manifest_of(root, paths))
+    ds = ManifestDataset(manifest)
     sampler, loader = loader_of(ds)
     victim = ds.samples[sampler.job.order(0).tolist()[5]][0]
     with open(victim, "ab") as fh:
@@ -576,3 +590,20 @@ def test_a_generator_whose_seed_is_not_the_jobs_warns(service, images, rank_env)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         loader_of(ImageFolder(root, decode=bytes), generator=torch.Generator().manual_seed(7))
+
+
+def test_a_job_that_staged_but_served_nothing_says_so(images, tmp_path):
+    """A script that reads with torch's own classes under `nopfs run`: the job's end says so,
+    with the three lines to change."""
+    root, _ = images
+    script = ("import sys, torchvision\n"
+              "ds = torchvision.datasets.ImageFolder(sys.argv[1])\n"
+              "assert len(ds) == 90\n"
+              "import time; time.sleep(1)\n")  # nopfsd stages meanwhile
+    p = run_two_ranks(root, tmp_path, sys.executable, "-c", script, root)
+    assert p.returncode == 0, p.stderr
+    assert re.search(r"nopfs run: the job staged [\d.]+ \w?B from the PFS but its ranks read no "
+                     r"sample through nopfs: the training script reads the files itself\. To "
+                     r"read through nopfs, change three lines .*\n  from nopfs.torch import "
+                     r"DataLoader\n  from nopfs.torch import DistributedSampler\n  from "
+                     r"nopfs.torch import ImageFolder\n", p.stderr), p.stderr
