@@ -143,12 +143,17 @@ int JobRun::Finish(int exit_code) {
   }
 
   uint64_t pfs_total = 0;
+  uint64_t served = 0;
+  bool answered = true;
   for (NodeRun& r : nodes) {
     if (nodes.size() > 1) std::printf("node %u:\n", r.node);
     if (r.report) {
       pfs_total += r.report->pfs_bytes;
+      for (const report::Source& s : r.report->sources)
+        served += s.samples;
       std::printf("%s", report::RenderRunSummary(*r.report).c_str());
     } else {
+      answered = false;
       std::printf("nopfs run: no figures (the service did not answer)\n");
     }
   }
@@ -157,6 +162,17 @@ int JobRun::Finish(int exit_code) {
                 FormatBytes(static_cast<double>(pfs_total)).c_str());
   }
   std::fflush(stdout);
+  if (answered && served == 0 && pfs_total > 0) {
+    // The usual cause: a script still reading with torch's own classes.
+    std::fprintf(stderr,
+                 "nopfs run: the job staged %s from the PFS but its ranks read no sample through "
+                 "nopfs: the training script reads the files itself. To read through nopfs, "
+                 "change three lines (docs/python.md, \"The three-line change\"):\n"
+                 "  from nopfs.torch import DataLoader\n"
+                 "  from nopfs.torch import DistributedSampler\n"
+                 "  from nopfs.torch import ImageFolder\n",
+                 FormatBytes(static_cast<double>(pfs_total)).c_str());
+  }
 
   // nopfsd removes its socket, shared memory and SSD files; what may remain is its log.
   for (NodeRun& r : nodes) {

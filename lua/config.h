@@ -6,7 +6,7 @@
 //   pfs      = { {1, "250MB/s"}, {16, "2GB/s"} }      -- readers -> aggregate bytes/s
 //   network  = "10GB/s"
 //   limits   = { jobs_per_node = 8, ram_per_job = "64GB", ssd_per_job = "1TB",
-//                streams_per_rank = 8 }
+//                streams_per_rank = 32 }
 //   log_level, catalog_cache, preprocess, metrics_dir
 //   planner  = "frequency"                             -- or "staging", "fill-once"
 //   verify   = "on_fill"                               -- or "always": RAM hits re-hashed
@@ -34,8 +34,9 @@ struct Limits {
   policy::Bytes ram_per_job = 0;  // bytes of RAM tier one job may hold on this node
   policy::Bytes ssd_per_job = 0;  // bytes of SSD tier one job may hold on this node
   // Streams one rank may have open at once in nopfsd (one per DataLoader worker); each holds a
-  // ring and staging threads, so this bounds what a job's clients can make nopfsd allocate.
-  uint32_t streams_per_rank = 8;
+  // ring and staging threads, so this bounds what a job's clients can make nopfsd allocate. 32:
+  // one worker per core of a common training node, and torchvision's reference scripts' 16.
+  uint32_t streams_per_rank = 32;
 };
 
 // When a RAM tier's bytes are checked against the xxh3 recorded at fill (docs/tiers.md). Fills,

@@ -87,7 +87,7 @@ TEST(NodeConfigTest, EmptyFileMeansNoTiersAndDefaultModel) {
   EXPECT_EQ(c->log_level(), "info");
   EXPECT_EQ(c->planner(), policy::Planner::kFrequency);
   EXPECT_EQ(c->ram_verify(), RamVerify::kOnFill);
-  EXPECT_EQ(c->limits().streams_per_rank, 8u);
+  EXPECT_EQ(c->limits().streams_per_rank, 32u);
   EXPECT_TRUE(c->model().Validate().ok());
 }
 

@@ -48,4 +48,4 @@ classes = {
 
 -- Caps on every job, whatever the policy says (0 or absent: none).
 limits = { jobs_per_node = 8, ram_per_job = "50%", ssd_per_job = "800GB",
-           streams_per_rank = 8 }                -- open streams per rank: one per DataLoader worker
+           streams_per_rank = 32 }               -- open streams per rank: one per DataLoader worker

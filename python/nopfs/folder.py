@@ -40,7 +40,7 @@ def list_classes(root: str) -> List[str]:
 
 
 def _walk(directory: str, rel_prefix: str, ancestors: Tuple[Tuple[int, int], ...],
-          out: List[str]) -> None:
+          out: List[Tuple[str, os.stat_result]]) -> None:
     st = os.stat(directory)
     ident = (st.st_dev, st.st_ino)
     if ident in ancestors:
@@ -57,20 +57,34 @@ def _walk(directory: str, rel_prefix: str, ancestors: Tuple[Tuple[int, int], ...
         if stat.S_ISDIR(sst.st_mode):
             _walk(path, rel_prefix + name + "/", ancestors, out)
         elif stat.S_ISREG(sst.st_mode):
-            out.append(rel_prefix + name)
+            out.append((rel_prefix + name, sst))
 
 
-def scan_image_folder(root: str) -> Tuple[List[str], List[Tuple[str, int]]]:
-    """Returns (classes, samples): samples[i] = (absolute path, label) of sample id i."""
+def file_identity(st: os.stat_result) -> Tuple[int, int, int, int]:
+    """(device, inode, size, modification time in ns): what says a file is still the one listed."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def scan_image_folder_files(root: str) -> Tuple[List[str], List[Tuple[str, int]],
+                                                List[Tuple[int, int, int, int]]]:
+    """scan_image_folder's (classes, samples), and each sample's file_identity() at the scan."""
     root = os.path.abspath(root)
     classes = list_classes(root)
     rst = os.stat(root)
     samples: List[Tuple[str, int]] = []
+    idents: List[Tuple[int, int, int, int]] = []
     for label, cls in enumerate(classes):
-        rel: List[str] = []
+        rel: List[Tuple[str, os.stat_result]] = []
         _walk(os.path.join(root, cls), cls + "/", ((rst.st_dev, rst.st_ino),), rel)
-        rel.sort(key=os.fsencode)
-        samples.extend((os.path.join(root, r), label) for r in rel)
+        rel.sort(key=lambda e: os.fsencode(e[0]))
+        samples.extend((os.path.join(root, r), label) for r, _ in rel)
+        idents.extend(file_identity(st) for _, st in rel)
+    return classes, samples, idents
+
+
+def scan_image_folder(root: str) -> Tuple[List[str], List[Tuple[str, int]]]:
+    """Returns (classes, samples): samples[i] = (absolute path, label) of sample id i."""
+    classes, samples, _ = scan_image_folder_files(root)
     return classes, samples
 
 

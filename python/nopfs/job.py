@@ -56,6 +56,26 @@ _TORCHRUN = ("run one torchrun per Slurm task with its static rendezvous (the de
              "agents by host name and pid")
 
 
+def _check_plain_launcher(rank: int) -> None:
+    """One process per Slurm task (no LOCAL_RANK/LOCAL_WORLD_SIZE): a RANK or WORLD_SIZE in the
+    environment (a script's export, accelerate, Lightning) must be the job's."""
+    ranks = _env_int("NOPFS_RANKS")
+    world = _env_int("WORLD_SIZE")
+    if world is not None and ranks is not None and world != ranks:
+        raise _launcher_error(
+            f"WORLD_SIZE={world} in the environment is not the job's NOPFS_RANKS={ranks}: every "
+            "training process must be one nopfs rank",
+            f"write WORLD_SIZE=$NOPFS_RANKS (or leave it unset), or run the job with {world} "
+            "ranks (sbatch --nodes x --nopfs-ranks-per-node, nopfs run --ranks)")
+    launcher_rank = _env_int("RANK")
+    if launcher_rank is not None and launcher_rank != rank:
+        raise _launcher_error(
+            f"RANK={launcher_rank} in the environment is not this process's nopfs rank {rank} "
+            "(NOPFS_RANK: one process per Slurm task, numbered by the job)",
+            "write RANK=$NOPFS_RANK (or leave RANK unset: nopfs knows the rank); a launcher "
+            "that starts several processes per task must set LOCAL_RANK and LOCAL_WORLD_SIZE")
+
+
 def env_rank() -> Optional[int]:
     """This process's nopfs rank from the NOPFS_* environment, or None without one.
 
@@ -65,11 +85,15 @@ def env_rank() -> Optional[int]:
     per node are tasks per node x k. LOCAL_RANK/LOCAL_WORLD_SIZE equal to NOPFS_LOCAL_RANK and
     NOPFS_RANKS_PER_NODE are the Slurm tasks themselves (exported from SLURM_LOCALID): k = 1.
     A launcher's RANK, WORLD_SIZE or LOCAL_WORLD_SIZE that contradicts the NOPFS_* values is a
-    ValueError that says what to write.
+    ValueError that says what to write, whatever the launcher (without LOCAL_RANK and
+    LOCAL_WORLD_SIZE, RANK must be NOPFS_RANK and WORLD_SIZE NOPFS_RANKS).
     """
     rank = _env_int("NOPFS_RANK")
     local, k = _env_int("LOCAL_RANK"), _env_int("LOCAL_WORLD_SIZE")
-    if rank is None or local is None or k is None:
+    if rank is None:
+        return rank
+    if local is None or k is None:
+        _check_plain_launcher(rank)
         return rank
     ranks = _env_int("NOPFS_RANKS")
     per_node = _env_int("NOPFS_RANKS_PER_NODE")

@@ -178,8 +178,10 @@ def set_env(monkeypatch, **env):
 
 
 def test_the_rank_under_a_launcher(monkeypatch):
-    # srun python: NOPFS_RANK, whatever RANK says (unchanged).
-    set_env(monkeypatch, **LAUNCHER, RANK=0)
+    # srun python: NOPFS_RANK; a RANK and WORLD_SIZE exported too must agree with it.
+    set_env(monkeypatch, **LAUNCHER)
+    assert env_rank() == 4
+    set_env(monkeypatch, **LAUNCHER, RANK=4, WORLD_SIZE=8)
     assert env_rank() == 4
     # torchrun --nproc_per_node=4 in the one task of node 1: 1 x 4 + 0 x 4 + LOCAL_RANK.
     for local in range(4):
@@ -224,6 +226,17 @@ def test_the_rank_under_a_launcher(monkeypatch):
      "--nnodes=$SLURM_NTASKS --node_rank=$SLURM_PROCID"),
     ({**LAUNCHER, "LOCAL_RANK": 4, "LOCAL_WORLD_SIZE": 4},
      "LOCAL_RANK=4 is out of range for LOCAL_WORLD_SIZE=4"),
+    # srun or nopfs run, one process per task, with a RANK the script or a library (accelerate,
+    # Lightning) exported otherwise than the job numbers its processes.
+    ({**LAUNCHER, "RANK": 0},
+     "RANK=0 in the environment is not this process's nopfs rank 4 (NOPFS_RANK: one process per "
+     "Slurm task, numbered by the job); write RANK=$NOPFS_RANK (or leave RANK unset"),
+    ({**LAUNCHER, "RANK": 4, "WORLD_SIZE": 4},
+     "WORLD_SIZE=4 in the environment is not the job's NOPFS_RANKS=8: every training process "
+     "must be one nopfs rank; write WORLD_SIZE=$NOPFS_RANKS (or leave it unset)"),
+    # LOCAL_RANK alone (no LOCAL_WORLD_SIZE): one process per task as far as nopfs can tell.
+    ({**LAUNCHER, "LOCAL_RANK": 0, "RANK": 5},
+     "RANK=5 in the environment is not this process's nopfs rank 4"),
     ({"NOPFS_RANK": "0", "LOCAL_RANK": 0, "LOCAL_WORLD_SIZE": 2},
      "LOCAL_RANK and LOCAL_WORLD_SIZE are set (a launcher started this process) but "
      "NOPFS_RANKS, NOPFS_RANKS_PER_NODE, NOPFS_NODE, NOPFS_LOCAL_RANK are not"),

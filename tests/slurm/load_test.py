@@ -156,8 +156,9 @@ class LoadTest(ClusterCase):
         m = re.search(r"connections: 1000 opened, (\d+) kept, (\d+) refused: (.*)", held)
         self.assertIsNotNone(m, held)
         kept, refused = int(m.group(1)), int(m.group(2))
-        # One rank: 8 streams + 16 connections + 32 for sibling jobs, one of them the rank's own.
-        self.assertEqual((kept, refused), (55, 945), held)
+        # One rank: 32 streams (the default limits.streams_per_rank) + 16 connections + 32 for
+        # sibling jobs, one of them the rank's own.
+        self.assertEqual((kept, refused), (79, 921), held)
         self.assertIn("connections are open, the most this job's service takes", m.group(3))
         # Then the job's other steps connect again as before.
         r = as_user("nopfs-alice", f"NOPFS_SOCKET={RUN}/n3/{job}/nopfsd.sock NOPFS_RANK=0 "

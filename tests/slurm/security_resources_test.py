@@ -209,9 +209,10 @@ class SecurityResourcesTest(ClusterCase):
         self.assertEqual(len(pids), 1)
         rss = rss_bytes(pids[0])  # with the flood's streams held
         ram = int(ledger("n1")[job]["ram"])
-        # The grant, the rings one rank may hold (2 ranks x 8 streams x 32 MiB rings: the local
-        # cluster's 64 MB of staging split between 2 ranks), and 200 MB of code, catalog, threads.
-        bound = ram + 2 * 8 * 32 * MiB + 200 * MB
+        # The grant, the rings the ranks may hold (2 ranks x 32 streams, the default
+        # limits.streams_per_rank, x 32 MiB rings: the local cluster's 64 MB of staging split
+        # between 2 ranks), and 200 MB of code, catalog, threads.
+        bound = ram + 2 * 32 * 32 * MiB + 200 * MB
         print(f"nopfsd RSS after the flood: {rss / MB:.0f} MB (bound {bound / MB:.0f} MB, "
               f"RAM grant {ram / MB:.0f} MB)")
         self.assertLess(rss, bound)
@@ -219,14 +220,14 @@ class SecurityResourcesTest(ClusterCase):
         out = output(job)
         m = re.search(r"flood: (\d+) opened, (\d+) refused: (.*)", out)
         self.assertIsNotNone(m, out)
-        self.assertEqual((int(m.group(1)), int(m.group(2))), (8, 292), out)
-        self.assertIn("rank 1 already has 8 streams open, the most one rank may have", m.group(3))
+        self.assertEqual((int(m.group(1)), int(m.group(2))), (32, 268), out)
+        self.assertIn("rank 1 already has 32 streams open, the most one rank may have", m.group(3))
         # The other rank read its whole stream after the flood, byte for byte.
         self.assertRegex(out, r"verify: [1-9]\d* samples, \d+ bytes, 0 mismatches", out)
         m = re.search(r"(?m)^status: (\{.*\})$", out)
         self.assertIsNotNone(m, out)
         refusals = json.loads(m.group(1))["refusals"]
-        self.assertEqual((refusals["streams_per_rank"], refusals["streams"]), (8, 292), out)
+        self.assertEqual((refusals["streams_per_rank"], refusals["streams"]), (32, 268), out)
         self.assertNothingLeft([job])
 
 

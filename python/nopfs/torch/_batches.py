@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 import torch.utils.data as tud
 
-from ._datasets import _SampleDataset, pil_decode, uint8_tensor
+from ._datasets import _SampleDataset, getitem_overridden, pil_decode, uint8_tensor
 
 if TYPE_CHECKING:
     import torch
@@ -17,7 +17,10 @@ def _identity(batch: Any) -> Any:
 
 
 def _batch_mode(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]]) -> str:
-    """How StreamDataset makes a batch's items: "tensor", "bytes", "copies" or "views"."""
+    """How StreamDataset makes a batch's items: "getitem" (a subclass's own __getitem__, given
+    each sample's bytes as a bytes object), "tensor", "bytes", "copies" or "views"."""
+    if getitem_overridden(dataset):
+        return "getitem"
     plain = (getattr(dataset, "transform", None) is None
              and getattr(dataset, "target_transform", None) is None
              and type(dataset).make_item is _SampleDataset.make_item)

@@ -1,13 +1,15 @@
-"""The datasets nopfs.torch reads (ImageFolder, ManifestDataset) and the decodes it has fast
-paths for (pil_decode, uint8_tensor)."""
+"""The datasets nopfs.torch reads (ImageFolder, ManifestDataset), the decodes it has fast
+paths for (pil_decode, uint8_tensor), and the hooks a subclass may override."""
 
 import io
 import os
+import threading
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch.utils.data as tud
 
-from ..folder import list_classes, read_manifest, scan_image_folder
+from .. import _client
+from ..folder import file_identity, list_classes, read_manifest, scan_image_folder_files
 from ..job import service_available, service_samples
 
 if TYPE_CHECKING:
@@ -22,15 +24,41 @@ def pil_decode(data: Any) -> Any:
         return img.convert("RGB")
 
 
+# The sample a loader hands to a subclass's __getitem__, per thread: (dataset, id, bytes, label).
+# read(id) returns it (and clears it) instead of reading the file.
+_served = threading.local()
+
+_HOOKS = ("override make_item(self, data, label) to change how a sample's bytes and label become "
+          "an item, or __getitem__(self, index) calling self.read(index) (or "
+          "super().__getitem__(index)) for the sample's bytes and label (docs/python.md, "
+          "\"Subclassing a dataset\")")
+
+
 class _SampleDataset(tud.Dataset):
     """What ImageFolder and ManifestDataset share: an item is made from a sample's bytes and
-    label by decode, transform and target_transform; `read(i)` (the subclass's) gives them."""
+    label by decode, transform and target_transform.
+
+    The hooks a subclass may override (the loader calls them in every mode):
+    - make_item(data, label): the item made from a sample's bytes (a buffer) and label;
+    - __getitem__(index): the item of sample `index`, which gets the sample's bytes and label
+      from self.read(index) (or super().__getitem__(index)): from the service, or from the file.
+    read() itself is not a hook: under a service the loader never reads the files.
+    """
 
     decode: Callable[[Any], Any]
     transform: Optional[Callable[[Any], Any]]
     target_transform: Optional[Callable[[int], Any]]
 
-    def read(self, sample_id: int) -> Tuple[bytes, int]:
+    def read(self, sample_id: int) -> Tuple[Any, int]:
+        """(bytes, label) of a sample: inside the loader, what it delivered for that sample (the
+        service's bytes, or in fallback the file's, checked); else read from its file."""
+        slot = getattr(_served, "slot", None)
+        if slot is not None and slot[0] is self and slot[1] == sample_id:
+            _served.slot = None
+            return slot[2], slot[3]
+        return self._read_file(sample_id)
+
+    def _read_file(self, sample_id: int) -> Tuple[bytes, int]:
         raise NotImplementedError
 
     def make_item(self, data: Any, label: int) -> Tuple[Any, Any]:
@@ -42,9 +70,87 @@ class _SampleDataset(tud.Dataset):
             label = self.target_transform(label)
         return x, label
 
-    def __getitem__(self, index: int) -> Tuple[Any, Any]:
+    def __getitem__(self, index: int) -> Any:
         data, label = self.read(index)
         return self.make_item(data, label)
+
+
+def getitem_overridden(dataset: Any) -> bool:
+    """True if a subclass of a nopfs dataset overrides __getitem__ (the loader then calls it)."""
+    return (isinstance(dataset, _SampleDataset)
+            and type(dataset).__getitem__ is not _SampleDataset.__getitem__)
+
+
+def check_hooks(dataset: Any) -> None:
+    """Raises TypeError if a subclass overrides what the loader cannot honour (read)."""
+    if isinstance(dataset, _SampleDataset) and type(dataset).read is not _SampleDataset.read:
+        name = type(dataset).__name__
+        raise TypeError(f"nopfs: {name} overrides read(), which the loader does not call: the "
+                        f"service reads the files itself, so {name}.read would change the items "
+                        f"only without a service; {_HOOKS}")
+
+
+def item_of(dataset: Any, sample_id: int, data: Any, label: int) -> Any:
+    """dataset[sample_id] of a subclass whose __getitem__ is its own, given the sample's bytes
+    and label (self.read(sample_id) returns them)."""
+    _served.slot = (dataset, sample_id, data, label)
+    try:
+        item = dataset[sample_id]
+    finally:
+        left, _served.slot = _served.slot, None
+    if left is not None:
+        name = type(dataset).__name__
+        raise TypeError(f"nopfs: {name}.__getitem__({sample_id}) did not call "
+                        f"self.read({sample_id}): it reads the sample some other way, which the "
+                        f"loader cannot serve; {_HOOKS}")
+    return item
+
+
+def _changed(sample_id: int, path: str, what: str) -> "_client.Error":
+    return _client.Error(
+        f"nopfs: sample {sample_id} ({path}) {what} since the dataset was listed: the files "
+        "read without a service are exactly the ones the job listed at its start, and this one "
+        "is not that file any more, so nopfs stops rather than read another one; restore the "
+        "file, or start the training again (a new job lists the dataset anew)")
+
+
+def read_checked(sample_id: int, path: str, offset: int, length: int,
+                 ident: Optional[Tuple[int, int, int, int]]) -> bytes:
+    """`length` bytes at `offset` of the file at `path`, which must still be the file `ident`
+    (file_identity() at the listing): else nopfs.Error naming what changed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise _changed(sample_id, path, "is gone") from None
+    try:
+        st = os.fstat(fd)
+        if ident is not None:
+            dev, ino, size, mtime = ident
+            if (st.st_dev, st.st_ino) != (dev, ino):
+                raise _changed(sample_id, path, f"is another file (inode {st.st_ino}, listed "
+                               f"as inode {ino})")
+            if st.st_size != size:
+                raise _changed(sample_id, path, f"is {st.st_size} bytes, listed with {size}")
+            if st.st_mtime_ns != mtime:
+                raise _changed(sample_id, path, "was modified")
+        if offset + length > st.st_size:
+            raise _changed(sample_id, path, f"is {st.st_size} bytes, the sample needs bytes "
+                           f"{offset}..{offset + length}")
+        parts = []
+        got = 0
+        while got < length:
+            chunk = os.pread(fd, length - got, offset + got)
+            if not chunk:
+                break
+            parts.append(chunk)
+            got += len(chunk)
+        data = b"".join(parts)
+    finally:
+        os.close(fd)
+    if len(data) != length:
+        raise _changed(sample_id, path, f"gave {len(data)} bytes at offset {offset}, the sample "
+                       f"has {length}")
+    return data
 
 
 class ImageFolder(_SampleDataset):
@@ -53,6 +159,9 @@ class ImageFolder(_SampleDataset):
     Labels are class indices in sorted class order, as torchvision's. `decode(buffer)` turns a
     sample's bytes into the object `transform` receives (default: pil_decode); it must not keep a
     reference to the buffer (copy what it keeps). Indexing (dataset[i]) reads the file directly.
+    The root's real path is resolved when the dataset is made (a link re-pointed later changes
+    nothing); `samples` lists the files below it when first used, with each file's identity,
+    which every later read checks.
     """
 
     def __init__(self, root: Union[str, "os.PathLike[str]"],
@@ -60,22 +169,30 @@ class ImageFolder(_SampleDataset):
                  target_transform: Optional[Callable[[int], Any]] = None,
                  decode: Callable[[Any], Any] = pil_decode) -> None:
         self.root = os.path.abspath(root)
+        self.real_root = os.path.realpath(self.root)
         self.transform = transform
         self.target_transform = target_transform
         self.decode = decode
-        self.classes = list_classes(self.root)
+        self.classes = list_classes(self.real_root)
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         self._samples: Optional[List[Tuple[str, int]]] = None
+        self._idents: List[Tuple[int, int, int, int]] = []
 
     @property
     def samples(self) -> List[Tuple[str, int]]:
-        """[(path, label)] in sample-id order (scans the tree on first use)."""
+        """[(path, label)] in sample-id order, below the root's real path (scans the tree on
+        first use: the DataLoader does at construction when it may read the files)."""
         if self._samples is None:
-            classes, samples = scan_image_folder(self.root)
+            classes, samples, idents = scan_image_folder_files(self.real_root)
             if classes != self.classes:
-                raise RuntimeError(f"nopfs: {self.root}: the class directories changed")
-            self._samples = samples
+                raise RuntimeError(f"nopfs: {self.root}: the class directories changed since "
+                                   f"the dataset was made: {self.classes} then, {classes} now")
+            self._samples, self._idents = samples, idents
         return self._samples
+
+    def sample_ranges(self) -> List[Tuple[str, int, int]]:
+        """[(path, offset, length)] in sample-id order: what the service's catalog names."""
+        return [(path, 0, ident[2]) for (path, _), ident in zip(self.samples, self._idents)]
 
     @property
     def targets(self) -> List[int]:
@@ -94,11 +211,11 @@ class ImageFolder(_SampleDataset):
                 os.path.realpath(served) != os.path.realpath(self.root):
             raise ValueError(f"nopfs: the job's service serves {served}, not {self.root}")
 
-    def read(self, sample_id: int) -> Tuple[bytes, int]:
-        """(bytes, label) of a sample, read from its file."""
+    def _read_file(self, sample_id: int) -> Tuple[bytes, int]:
+        """(bytes, label) of a sample, read from its file, checked against the listing."""
         path, label = self.samples[sample_id]
-        with open(path, "rb") as fh:
-            return fh.read(), label
+        ident = self._idents[sample_id]
+        return read_checked(sample_id, path, 0, ident[2], ident), label
 
 
 def uint8_tensor(data: Any) -> "torch.Tensor":
@@ -129,15 +246,17 @@ class ManifestDataset(_SampleDataset):
         self.transform = transform
         self.target_transform = target_transform
         self._samples: Optional[List[Tuple[str, int, int, int]]] = None
+        self._idents: List[Tuple[int, int, int, int]] = []
         if isinstance(source, (str, bytes, os.PathLike)):
             if labels is not None:
                 raise ValueError("nopfs: ManifestDataset(manifest, labels=...): a manifest "
                                  "carries its labels; pass labels only with a list of files")
             self.manifest: Optional[str] = os.path.abspath(os.fsdecode(source))
+            self._real_manifest = os.path.realpath(self.manifest)
             self._files: Optional[List[str]] = None
             self._labels: Optional[List[int]] = None
         else:
-            files = [os.path.abspath(os.fsdecode(f)) for f in source]
+            files = [os.path.realpath(os.fsdecode(f)) for f in source]
             if not files:
                 raise ValueError("nopfs: ManifestDataset([]): the list of files is empty")
             lab = [-1] * len(files) if labels is None else [int(x) for x in labels]
@@ -149,16 +268,24 @@ class ManifestDataset(_SampleDataset):
 
     @property
     def samples(self) -> List[Tuple[str, int, int, int]]:
-        """[(path, label, offset, length)] in sample-id order (read on first use)."""
+        """[(path, label, offset, length)] in sample-id order (read on first use: the DataLoader
+        does at construction when it may read the files), with each file's identity, which every
+        later read checks. The manifest's real path is resolved when the dataset is made."""
         if self._samples is None:
             if self.manifest is not None:
-                self._samples = read_manifest(self.manifest)
+                samples = read_manifest(self._real_manifest)
             else:
                 assert self._files is not None and self._labels is not None
                 rows = sorted((lab, os.fsencode(f), os.stat(f).st_size, f)
                               for f, lab in zip(self._files, self._labels))
-                self._samples = [(f, lab, 0, size) for lab, _, size, f in rows]
+                samples = [(f, lab, 0, size) for lab, _, size, f in rows]
+            stats = {p: file_identity(os.stat(p)) for p in {s[0] for s in samples}}
+            self._samples, self._idents = samples, [stats[s[0]] for s in samples]
         return self._samples
+
+    def sample_ranges(self) -> List[Tuple[str, int, int]]:
+        """[(path, offset, length)] in sample-id order: what the service's catalog names."""
+        return [(path, offset, length) for path, _, offset, length in self.samples]
 
     @property
     def targets(self) -> List[int]:
@@ -189,12 +316,35 @@ class ManifestDataset(_SampleDataset):
             raise ValueError(f"nopfs: the job's service serves the manifest {served}, whose "
                              "samples are not these files: pass ManifestDataset(manifest path)")
 
-    def read(self, sample_id: int) -> Tuple[bytes, int]:
-        """(bytes, label) of a sample, read from its file."""
+    def _read_file(self, sample_id: int) -> Tuple[bytes, int]:
+        """(bytes, label) of a sample, read from its file, checked against the listing."""
         path, label, offset, length = self.samples[sample_id]
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            data = fh.read(length)
-        if len(data) != length:
-            raise OSError(f"{path}: {len(data)} bytes at offset {offset}, the sample has {length}")
-        return data, label
+        return read_checked(sample_id, path, offset, length, self._idents[sample_id]), label
+
+
+def check_against_catalog(dataset: Any, client: Any) -> None:
+    """Raises nopfs.Error if the dataset's listing (dataset.sample_ranges()) is not what the
+    service's catalog names: the number of samples, their bytes in all, and the path, offset and
+    length of 16 samples spread over the ids (the first and the last among them)."""
+    ranges = dataset.sample_ranges()
+    where = getattr(dataset, "root", None) or getattr(dataset, "manifest", None)
+    info = client.report()["dataset"]
+    theirs = (int(info["samples"]), int(info["bytes"]))
+    mine = (len(ranges), sum(r[2] for r in ranges))
+    fix = ("the files read without a service would not be the ones the service serves; "
+           "restore the dataset as the job found it, or start a new job (it lists the "
+           "dataset anew)")
+    if mine != theirs:
+        raise _client.Error(f"nopfs: {where} now holds {mine[0]} samples of {mine[1]} bytes, the "
+                            f"job's catalog {theirs[0]} of {theirs[1]} (listed when the job "
+                            f"started): the dataset changed since; {fix}")
+    n = len(ranges)
+    for sample_id in sorted({(n - 1) * k // 15 for k in range(16)}):
+        d = client.describe(sample_id)
+        got = (d["path"], int(d["offset"]), int(d["length"]))
+        if got != tuple(ranges[sample_id]):
+            raise _client.Error(
+                f"nopfs: sample {sample_id} is {got[0]} (bytes {got[1]}..{got[1] + got[2]}) in "
+                f"the job's catalog, but {ranges[sample_id][0]} (bytes {ranges[sample_id][1]}.."
+                f"{ranges[sample_id][1] + ranges[sample_id][2]}) below {where} now: the dataset's "
+                f"path leads elsewhere or its files changed since the job started; {fix}")

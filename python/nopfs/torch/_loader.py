@@ -2,6 +2,7 @@
 without torch's when there are no workers."""
 
 import math
+import warnings
 from typing import Any, Dict, Iterator, Optional
 
 import torch.utils.data as tud
@@ -9,6 +10,7 @@ import torch.utils.data as tud
 from .. import _client
 from ..job import fallback_requested, service_available
 from ._batches import _batch_mode, _identity
+from ._datasets import check_against_catalog, check_hooks
 from ._sampler import DistributedSampler, _mismatch, _set_by
 from ._stream_dataset import StreamDataset
 
@@ -69,6 +71,7 @@ class DataLoader(tud.DataLoader):
             raise TypeError("nopfs: DataLoader needs a nopfs dataset (nopfs.torch.ImageFolder, "
                             "nopfs.torch.ManifestDataset, or one with make_item(data, label) and "
                             "read(id))")
+        check_hooks(dataset)
         if sampler is None:
             sampler = DistributedSampler(dataset)
         if not isinstance(sampler, DistributedSampler):
@@ -87,6 +90,7 @@ class DataLoader(tud.DataLoader):
         if use_service and hasattr(dataset, "check_served"):
             dataset.check_served()
         sampler._set_batch_size(batch_size)
+        sampler._socket = socket
         job = sampler.job
         if batch_size != job.rank_batch:
             raise ValueError(
@@ -97,6 +101,14 @@ class DataLoader(tud.DataLoader):
         if drop_last is not None and bool(drop_last) != job.drop_last:
             raise _mismatch(f"DataLoader(drop_last={drop_last!r})", drop_last, "drop_last",
                             job.drop_last)
+        generator = kwargs.get("generator")
+        if generator is not None and generator.initial_seed() != job.seed:
+            warnings.warn(
+                f"nopfs: DataLoader(generator=...) is seeded with {generator.initial_seed()}, the "
+                f"job's seed is {job.seed}: the order of the samples comes from the job's seed "
+                f"({_set_by('seed')}); the generator seeds only the workers' random numbers "
+                "(augmentations), as torch's does. Seed it with sampler.seed to say so, or run "
+                f"the job with seed {generator.initial_seed()}", UserWarning, stacklevel=2)
         self.nopfs_sampler = sampler
         self.nopfs_fallback = not use_service
         self.nopfs_batch = int(batch_size)
@@ -113,6 +125,26 @@ class DataLoader(tud.DataLoader):
             for worker_only in ("prefetch_factor", "persistent_workers",
                                 "multiprocessing_context"):
                 kwargs.pop(worker_only, None)
+        client = None
+        if use_service and (num_workers > 0 or fallback):
+            client = _client.connect(socket)
+        if client is not None and num_workers > 0:
+            limit = int(client.report()["refusals"]["streams_per_rank"])
+            if num_workers > limit:
+                raise ValueError(
+                    f"nopfs: DataLoader(num_workers={num_workers}): each worker opens a stream "
+                    f"of rank {job.rank}, and this job's service allows {limit} streams per rank "
+                    f"(limits.streams_per_rank = {limit} in the node config, shown by `nopfs "
+                    f"status` as 'limits: {limit} streams per rank'): write num_workers={limit} "
+                    "or fewer, or ask the admin to raise limits.streams_per_rank in the node "
+                    "config (docs/config.md; each stream costs a ring, docs/service.md, "
+                    "\"Limits\")")
+        if fallback and hasattr(dataset, "sample_ranges"):
+            # The files the fallback may read are listed now, once, and every read is checked
+            # against the listing; under a service the listing must be its catalog's.
+            dataset.sample_ranges()
+            if client is not None:
+                check_against_catalog(dataset, client)
         # Without workers a thread makes the batches ahead, prefetch_factor of them (torch's
         # default, 2; 0: none), as torch's workers do; torch itself takes the argument only
         # with workers.

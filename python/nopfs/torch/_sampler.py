@@ -3,7 +3,7 @@ service's plan; and the checks of a loader's arguments against the job."""
 
 import os
 import warnings
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch.utils.data as tud
 
@@ -27,7 +27,12 @@ _JOB_OPTIONS = {
     "num_replicas": ("NOPFS_RANKS", "--nodes x --nopfs-ranks-per-node", "--ranks"),
     "batch": ("NOPFS_BATCH", "--nopfs-batch", "--batch"),
     "epochs": ("NOPFS_EPOCHS", "--nopfs-epochs", "--epochs"),
+    "scheme": ("NOPFS_SCHEME", "--nopfs-scheme", "--scheme"),
 }
+
+# The format of state_dict(): "nopfs_state" holds it. A state without the key is of a nopfs
+# that saved only the position ({"epoch", "step"}).
+STATE_FORMAT = 1
 
 
 def _set_by(what: str) -> str:
@@ -43,6 +48,27 @@ def _mismatch(call: str, given: object, what: str, job_value: object) -> ValueEr
     return ValueError(f"nopfs: {call} contradicts the job, whose {what} is {job_value!r} "
                       f"({_set_by(what)}): leave the argument out, or run the job with "
                       f"{what} {given!r}")
+
+
+def _check_process_group(job: Job) -> None:
+    """With torch.distributed initialised, the job's rank and ranks must be the process group's
+    (what torch's own sampler would take): else ValueError saying what to write."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if (rank, world) == (job.rank, job.ranks):
+        return
+    raise ValueError(
+        f"nopfs: torch.distributed's process group makes this process rank {rank} of {world}, "
+        f"but the job makes it nopfs rank {job.rank} of {job.ranks} (NOPFS_RANK, "
+        f"{_set_by('num_replicas')}): torch's own DistributedSampler would read another share "
+        f"than the one nopfs serves here. Initialise the process group with "
+        f"rank=nopfs.job.env_rank() and world_size=int(os.environ['NOPFS_RANKS'])"
+        + (f", or run the job with {world} ranks" if world != job.ranks else "")
+        + "; if the group is not the data-parallel one (model or pipeline parallelism), pass "
+        f"DistributedSampler(num_replicas={job.ranks}, rank={job.rank}) to say so")
 
 
 def job_epochs() -> Optional[int]:
@@ -68,7 +94,8 @@ class DistributedSampler(tud.Sampler):
 
     def __init__(self, dataset: Any, num_replicas: Optional[int] = None,
                  rank: Optional[int] = None, shuffle: bool = True, seed: Optional[int] = None,
-                 drop_last: Optional[bool] = None, batch_size: Optional[int] = None) -> None:
+                 drop_last: Optional[bool] = None, batch_size: Optional[int] = None,
+                 epochs: Optional[int] = None) -> None:
         if not shuffle:
             raise ValueError("nopfs: DistributedSampler(shuffle=False) is not supported: nopfs "
                              "serves the planned shuffle. For an unshuffled pass (validation) use "
@@ -90,8 +117,20 @@ class DistributedSampler(tud.Sampler):
         if batch_size is not None and job.rank_batch != batch_size:
             raise _mismatch(f"DistributedSampler(batch_size={batch_size})", batch_size *
                             job.ranks, "batch", job.batch)
+        if num_replicas is None and rank is None:
+            _check_process_group(job)
         self._job = job if batch_size is not None else None
         self._epochs = job_epochs()
+        if epochs is not None:
+            if int(epochs) < 1:
+                raise ValueError(f"nopfs: DistributedSampler(epochs={epochs}): write a number "
+                                 "of epochs >= 1")
+            if self._epochs is not None and int(epochs) != self._epochs:
+                raise _mismatch(f"DistributedSampler(epochs={epochs})", epochs, "epochs",
+                                self._epochs)
+            self._epochs = int(epochs)
+        self._identity: Optional[Dict[str, Any]] = None
+        self._socket: Optional[str] = None  # the DataLoader's service socket, if it named one
         self.epoch = 0
         self.start_step = 0
         self._pos = (0, 0)  # (epoch, step) of the next batch the training loop consumes
@@ -134,8 +173,14 @@ class DistributedSampler(tud.Sampler):
         return self.job.drop_last
 
     @property
-    def epochs(self) -> Optional[int]:
-        """The job's number of epochs (NOPFS_EPOCHS); None without a job (no limit)."""
+    def epochs(self) -> int:
+        """The job's number of epochs (NOPFS_EPOCHS), or without a job the `epochs` argument;
+        without either, ValueError saying what to write."""
+        if self._epochs is None:
+            raise ValueError("nopfs: sampler.epochs is unknown: there is no job (NOPFS_EPOCHS is "
+                             "not set) and DistributedSampler(..., epochs=N) was not given; pass "
+                             "epochs=N (the script's own number of epochs: under a job it must "
+                             "be the job's), or set NOPFS_EPOCHS=N")
         return self._epochs
 
     @property
@@ -192,14 +237,107 @@ class DistributedSampler(tud.Sampler):
         self._active = None
         self._pos = (epoch, step)
 
-    def state_dict(self) -> Dict[str, int]:
-        """{"epoch", "step"}: where the next batch the training loop has not consumed is.
+    def dataset_identity(self) -> Dict[str, Any]:
+        """{"path", "samples", "bytes"} of the dataset: from the service's status under a
+        service (its catalog), else from the dataset's listing (sample_ranges())."""
+        if self._identity is None:
+            from ..job import service_available
 
-        After the last batch of epoch e it is (e + 1, 0). Load it with load_state_dict()."""
-        return {"epoch": self._pos[0], "step": self._pos[1]}
+            if self._socket is not None or service_available():
+                d = _client.connect(self._socket).report()["dataset"]
+                path = d["path"]
+                self._identity = {"path": os.path.realpath(path) if os.path.exists(path)
+                                  else path, "samples": int(d["samples"]),
+                                  "bytes": int(d["bytes"])}
+            elif hasattr(self.dataset, "sample_ranges"):
+                ranges = self.dataset.sample_ranges()
+                where = (getattr(self.dataset, "real_root", None)
+                         or getattr(self.dataset, "_real_manifest", None) or "")
+                self._identity = {"path": where, "samples": len(ranges),
+                                  "bytes": sum(r[2] for r in ranges)}
+            else:
+                self._identity = {"path": "", "samples": len(self.dataset), "bytes": None}
+        return self._identity
 
-    def load_state_dict(self, state: Dict[str, int]) -> None:
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the next batch the training loop has not consumed is ("epoch", "step"), and
+        what makes the order it is a position in (docs/python.md, "Checkpoints").
+
+        After the last batch of epoch e the position is (e + 1, 0). Load it with
+        load_state_dict()."""
+        j = self.job
+        return {
+            "nopfs_state": STATE_FORMAT,
+            "epoch": self._pos[0],
+            "step": self._pos[1],
+            "order": {"seed": j.seed, "samples": j.samples, "ranks": j.ranks, "batch": j.batch,
+                      "scheme": j.scheme, "drop_last": j.drop_last},
+            "rank": j.rank,
+            "epochs": self._epochs,
+            "dataset": dict(self.dataset_identity()),
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Resumes at the state's position; a state of another order (seed, samples, ranks,
+        global batch, scheme, drop_last, dataset) raises ValueError naming each difference and
+        what to run instead; a state without them (an older nopfs) is resumed with a
+        UserWarning."""
+        fmt = state.get("nopfs_state")
+        if fmt is None:
+            warnings.warn(f"nopfs: this loader state ({dict(state)!r}) does not say which order "
+                          "it is a position in (saved by an older nopfs): resuming at epoch "
+                          f"{state['epoch']} step {state['step']} of this job's order, which is "
+                          "right only if the job has the seed, ranks, batch, scheme, drop_last "
+                          "and dataset the checkpoint was saved under", UserWarning,
+                          stacklevel=2)
+            self.resume(state["epoch"], state["step"])
+            return
+        if not isinstance(fmt, int) or fmt > STATE_FORMAT:
+            raise ValueError(f"nopfs: this loader state is of format {fmt!r}, saved by a newer "
+                             f"nopfs (this one reads formats up to {STATE_FORMAT}): resume it "
+                             "with that nopfs")
+        problems = self._differences(state)
+        if problems:
+            raise ValueError(
+                "nopfs: this loader state was saved in another order than this job's, so its "
+                f"position (epoch {state['epoch']}, step {state['step']}) would train again on "
+                "some samples and skip others: " + "; ".join(problems) + ". Resume it in a job "
+                "run as it was, or start this job's training without the loader state")
+        saved = (state.get("dataset") or {}).get("path")
+        mine = self.dataset_identity().get("path")
+        if saved and mine and saved != mine:
+            warnings.warn(f"nopfs: this loader state was saved reading {saved}; this job reads "
+                          f"{mine}, which has the same samples and bytes: resuming", UserWarning,
+                          stacklevel=2)
         self.resume(state["epoch"], state["step"])
+
+    def _differences(self, state: Dict[str, Any]) -> List[str]:
+        """What of the order a state records differs from this job's, with what to run."""
+        j = self.job
+        order = state.get("order") or {}
+        out = []
+        for what, mine in (("seed", j.seed), ("num_replicas", j.ranks), ("batch", j.batch),
+                           ("scheme", j.scheme), ("drop_last", j.drop_last)):
+            key = "ranks" if what == "num_replicas" else what
+            if key in order and order[key] != mine:
+                var, sbatch, run = _JOB_OPTIONS[what]
+                name = "ranks" if key == "ranks" else key.replace("_", " ")
+                out.append(f"{name} {order[key]!r} (this job's: {mine!r}): run the job with "
+                           f"{var}={order[key]!r} (sbatch {sbatch}, nopfs run {run})")
+        saved = state.get("dataset") or {}
+        mine_ds = self.dataset_identity()
+        samples_saved = saved.get("samples", order.get("samples"))
+        if samples_saved is not None and samples_saved != j.samples:
+            out.append(f"dataset of {samples_saved} samples (this job's: {j.samples}, "
+                       f"{mine_ds.get('path') or 'this dataset'}): run it on the dataset the "
+                       f"checkpoint was trained on ({saved.get('path') or 'path not recorded'})")
+        elif (saved.get("bytes") is not None and mine_ds.get("bytes") is not None
+              and saved["bytes"] != mine_ds["bytes"]):
+            out.append(f"dataset of {saved['bytes']} bytes (this job's: {mine_ds['bytes']}, "
+                       f"{mine_ds.get('path') or 'this dataset'}): its files changed; run it on "
+                       f"the dataset the checkpoint was trained on "
+                       f"({saved.get('path') or 'path not recorded'})")
+        return out
 
     def order(self, epoch: Optional[int] = None, step: Optional[int] = None) -> Any:
         """The sample ids of a pass (default: the next one), as a numpy array."""

@@ -12,6 +12,7 @@ import torch.utils.data as tud
 
 from .. import _client
 from ._batches import _batch_mode, _batch_tensor
+from ._datasets import item_of
 from ._memory import _Blocks
 from ._readahead import _ahead, _Pace
 from ._sampler import DistributedSampler
@@ -175,7 +176,7 @@ class StreamDataset(tud.IterableDataset):
                 if keep and delivered == mine:
                     # Every sample of the pass is in hand (the items are copies): the stream goes
                     # on with the next epoch, unless this is the job's last one.
-                    epochs = self.sampler.epochs
+                    epochs = self.sampler._epochs
                     if epochs is None or epoch + 1 < epochs:
                         self.kept.put(stream, epoch + 1)
                         stream = None
@@ -208,6 +209,15 @@ class StreamDataset(tud.IterableDataset):
             if self.mode == "bytes":
                 items.extend(zip(batch.tobytes(), labels))
                 batch.release()
+                continue
+            if self.mode == "getitem":
+                # A subclass's own __getitem__: given each sample's id, its read() returns the
+                # bytes (a copy: the item may keep them) and label delivered.
+                copies = batch.tobytes()
+                ids = batch.ids.tolist()
+                batch.release()
+                items.extend(item_of(self.dataset, i, data, label)
+                             for i, data, label in zip(ids, copies, labels))
                 continue
             if self.mode == "copies" or read_once:
                 copies = batch.tobytes()
@@ -314,10 +324,15 @@ class StreamDataset(tud.IterableDataset):
             if mine <= skip:
                 continue
             try:
-                data, label = self.dataset.read(sample_id)
+                data, label = (self.dataset._read_file(sample_id)
+                               if hasattr(self.dataset, "_read_file")
+                               else self.dataset.read(sample_id))
             except OSError as e:
                 path = self.dataset.samples[sample_id][0]
                 err = _client.SampleError(f"sample {sample_id} ({path}): {e.strerror or e}")
                 err.sample_id, err.path, err.code = sample_id, path, None
                 raise err from e
-            yield self.dataset.make_item(data, label)
+            if self.mode == "getitem":
+                yield item_of(self.dataset, sample_id, data, label)
+            else:
+                yield self.dataset.make_item(data, label)
