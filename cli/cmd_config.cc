@@ -1,5 +1,7 @@
 #include "cli/cmd_config.h"
 
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -23,6 +25,7 @@ struct ConfigFlags {
   uint32_t nodes = 1;
   std::string ram = "0";
   std::string ssd = "0";
+  std::string memory;  // the job's memory on the node, as Slurm's --mem
   std::string ram_reserved = "0";
   std::string ssd_reserved = "0";
   uint32_t jobs = 0;
@@ -41,6 +44,29 @@ std::string Table(const policy::BandwidthTable& t) {
     out += std::to_string(static_cast<long long>(x)) + ":" + FormatBytes(y) + "/s";
   }
   return out;
+}
+
+// Slurm's --mem: a number of MiB, or with a suffix K, M, G or T (powers of 1024).
+Result<uint64_t> ParseSlurmMemory(const std::string& text) {
+  size_t used = 0;
+  unsigned long long n = 0;
+  try {
+    n = std::stoull(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = text.substr(used);
+  int shift = -1;
+  if (unit.empty() || unit == "M" || unit == "m") shift = 20;
+  if (unit == "K" || unit == "k") shift = 10;
+  if (unit == "G" || unit == "g") shift = 30;
+  if (unit == "T" || unit == "t") shift = 40;
+  if (used == 0 || text[0] == '-' || shift < 0 || n > (UINT64_MAX >> shift)) {
+    return Status::InvalidArgument("--memory " + text +
+                                   ": write it as Slurm's --mem: MiB, or a number with K, M, G "
+                                   "or T (e.g. 64G)");
+  }
+  return static_cast<uint64_t>(n) << shift;
 }
 
 int RunConfig(const ConfigFlags& f) {
@@ -65,6 +91,13 @@ int RunConfig(const ConfigFlags& f) {
                 c.kind == policy::ClassKind::kRam ? "ram" : "ssd", c.path.empty() ? "" : " at ",
                 c.path.c_str(), FormatBytes(static_cast<double>(c.capacity)).c_str(), c.threads,
                 Table(c.read).c_str(), Table(c.write).c_str());
+    struct stat st {};
+    if (!c.path.empty() && (::stat(c.path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))) {
+      std::fprintf(stderr,
+                   "nopfs config: warning: class %s: %s is not a directory on this machine; "
+                   "jobs here get no %s tier until it is\n",
+                   c.name.c_str(), c.path.c_str(), c.name.c_str());
+    }
   }
   const lua::Limits& l = config->limits();
   auto cap = [](policy::Bytes b) {
@@ -82,6 +115,11 @@ int RunConfig(const ConfigFlags& f) {
   job.partition = f.partition;
   job.qos = f.qos;
   job.nodes = f.nodes;
+  if (!f.memory.empty()) {
+    Result<uint64_t> mem = ParseSlurmMemory(f.memory);
+    if (!mem.ok()) return Fail(mem.status());
+    job.memory = *mem;
+  }
   lua::NodeState node;
   node.name = f.node;
   node.ram_total = config->CapacityOf(policy::ClassKind::kRam);
@@ -148,6 +186,9 @@ void RegisterConfig(CLI::App* app, int* exit_code) {
       ->capture_default_str();
   job->add_option("--ssd", f->ssd, "SSD the job asks for (0: as much as allowed)")
       ->capture_default_str();
+  job->add_option("--memory", f->memory,
+                  "The job's memory on the node, as Slurm's --mem (MiB, or with K, M, G, T; "
+                  "default: none, as a job without --mem)");
   job->add_option("--node", f->node, "The node's name")->capture_default_str();
   job->add_option("--ram-reserved", f->ram_reserved, "RAM other jobs hold on the node")
       ->capture_default_str();

@@ -90,6 +90,7 @@ function(nopfs_man_page name section)
   add_custom_command(OUTPUT ${page}.gz
     COMMAND ${CMAKE_COMMAND} -E make_directory ${_nopfs_man_dir}
     COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/scripts/md2man.py --version ${PROJECT_VERSION}
+            --docdir ${CMAKE_INSTALL_FULL_DOCDIR}/docs
             --name ${name} --section ${section} --out ${page} ${M_ARGS}
     COMMAND gzip -9 -n -c ${page} > ${page}.gz
     DEPENDS ${PROJECT_SOURCE_DIR}/scripts/md2man.py ${M_DEPENDS}

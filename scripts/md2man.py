@@ -184,6 +184,9 @@ def main():
                     type=lambda v: ("help", v),
                     help="TITLE=COMMAND: its output, verbatim (+TITLE: a subsection)")
     ap.add_argument("--see-also", default="")
+    ap.add_argument("--docdir", default="",
+                    help="where docs/ is installed: every docs/NAME.md cited becomes DIR/NAME.md, "
+                         "so that the page names files a node has")
     args = ap.parse_args()
 
     # SOURCE_DATE_EPOCH makes the date reproducible (Debian's packaging sets it).
@@ -213,9 +216,14 @@ def main():
             out.append(".fi")
     if args.see_also:
         out += [".SH SEE ALSO", inline(args.see_also)]
+    text = "\n".join(out) + "\n"
+    if args.docdir:
+        # After a word boundary, or right after a font change (\fB, \fI).
+        text = re.sub(r"(?:(?<=\\f[BIR])|(?<![\w/.-]))docs/([\w.]+\.md)",
+                      lambda m: f"{args.docdir}/{m.group(1)}", text)
     tmp = args.out + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        f.write("\n".join(out) + "\n")
+        f.write(text)
     os.replace(tmp, args.out)
 
 

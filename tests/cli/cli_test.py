@@ -140,6 +140,30 @@ class PlanTest(unittest.TestCase):
     def plan(self, *extra):
         return run("plan", *self.JOB, *extra).stdout
 
+    def test_config_asks_the_policy_about_a_jobs_memory_and_warns_of_a_missing_tier(self):
+        conf = os.path.join(ROOT, "contrib", "slurm", "nopfs.conf.lua")
+        policy = os.path.join(ROOT, "contrib", "slurm", "policy.lua")
+        # The shipped policy grants a quarter of the job's memory: --mem=1000 is 1000 MiB.
+        p = run("config", conf, "--policy", policy, "--partition", "batch", "--memory", "1000")
+        self.assertIn("admit: ram 262 MB,", p.stdout)
+        p = run("config", conf, "--policy", policy, "--partition", "batch", "--memory", "2G")
+        self.assertIn("admit: ram 512 MB,", p.stdout)  # the partition's cap
+        # An SSD path that is not on this machine: said, not refused.
+        with tempfile.TemporaryDirectory() as tmp:
+            missing = os.path.join(tmp, "no-such-ssd")
+            with open(conf) as f:
+                text = f.read().replace('"/local/nvme"', f'"{missing}"')
+            with open(os.path.join(tmp, "n.conf.lua"), "w") as f:
+                f.write(text)
+            p = run("config", os.path.join(tmp, "n.conf.lua"))
+            self.assertIn(f"warning: class ssd: {missing} is not a directory on this machine",
+                          p.stderr)
+            os.mkdir(missing)
+            self.assertNotIn("warning", run("config", os.path.join(tmp, "n.conf.lua")).stderr)
+        p = run("config", conf, "--policy", policy, "--memory", "12x", check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("write it as Slurm's --mem", p.stderr)
+
     def test_plan_is_deterministic_across_threads(self):
         a = self.plan("--synthetic", "20000:100KB", "--threads", 1)
         b = self.plan("--synthetic", "20000:100KB", "--threads", 2)
