@@ -26,6 +26,11 @@ import tempfile
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
+try:
+    from wheel.bdist_wheel import bdist_wheel
+except ImportError:  # building without the wheel package: no wheel, no tag to choose
+    bdist_wheel = None
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -93,10 +98,67 @@ class CMakeBuildExt(build_ext):
         shutil.copyfile(version_py, os.path.join(os.path.dirname(dest), "_version.py"))
 
 
+# The manylinux levels (PEP 600) whose reference distribution's libraries are known, with the
+# newest symbol versions each guarantees (auditwheel's policies): CentOS 7, AlmaLinux 8 and 9.
+MANYLINUX = [
+    ((2, 17), {"GLIBCXX": (3, 4, 19), "CXXABI": (1, 3, 7), "GCC": (4, 8, 0)}),
+    ((2, 28), {"GLIBCXX": (3, 4, 25), "CXXABI": (1, 3, 11), "GCC": (7, 0, 0)}),
+    ((2, 34), {"GLIBCXX": (3, 4, 29), "CXXABI": (1, 3, 13), "GCC": (7, 0, 0)}),
+]
+# What a manylinux wheel may link besides itself.
+MANYLINUX_LIBS = {"libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1",
+                  "libpthread.so.0", "libdl.so.2", "librt.so.1", "ld-linux-x86-64.so.2"}
+
+
+def version_tuple(text):
+    return tuple(int(x) for x in text.split("."))
+
+
+def platform_tag(extension):
+    """The honest platform tag of the wheel that carries `extension`: the oldest manylinux level
+    whose libraries provide every symbol version the extension needs (read with readelf), when it
+    links only what manylinux allows; the build machine's own tag otherwise. A wheel tagged so
+    installs on any distribution of that level or newer, and on no older one."""
+    fallback = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+    arch = fallback[len("linux_"):] if fallback.startswith("linux_") else None
+    if arch != "x86_64" or shutil.which("readelf") is None:
+        return fallback
+    dynamic = subprocess.run(["readelf", "-dW", extension], capture_output=True, text=True).stdout
+    needed = set(re.findall(r"\(NEEDED\).*\[(.+)\]", dynamic))
+    if not needed <= MANYLINUX_LIBS:
+        print(f"nopfs: {os.path.basename(extension)} links {sorted(needed - MANYLINUX_LIBS)}: "
+              f"tagged {fallback}", flush=True)
+        return fallback
+    versions = subprocess.run(["readelf", "-VW", extension], capture_output=True,
+                              text=True).stdout
+    wanted = {}
+    for name, ver in re.findall(r"Name: (GLIBC|GLIBCXX|CXXABI|GCC)_([0-9.]+)", versions):
+        wanted[name] = max(wanted.get(name, ()), version_tuple(ver))
+    glibc = wanted.pop("GLIBC", (2, 17))
+    for level, limits in MANYLINUX:
+        if glibc <= level and all(v <= limits.get(k, ()) for k, v in wanted.items()):
+            return f"manylinux_{level[0]}_{level[1]}_{arch}"
+    print(f"nopfs: {os.path.basename(extension)} needs {glibc} and {wanted}, newer than every "
+          f"known manylinux level: tagged {fallback}", flush=True)
+    return fallback
+
+
+cmdclass = {"build_ext": CMakeBuildExt}
+if bdist_wheel is not None:
+    class TaggedWheel(bdist_wheel):
+        """Tags the wheel with platform_tag() of the extension it carries."""
+
+        def get_tag(self):
+            impl, abi, _ = super().get_tag()
+            build_ext_cmd = self.get_finalized_command("build_ext")
+            return impl, abi, platform_tag(build_ext_cmd.get_ext_fullpath("nopfs._client"))
+
+    cmdclass["bdist_wheel"] = TaggedWheel
+
 setup(
     version=project_version(),
     ext_modules=[Extension("nopfs._client", sources=[])],
-    cmdclass={"build_ext": CMakeBuildExt},
+    cmdclass=cmdclass,
     options={
         "build": {"build_base": os.path.join(WORK, "build")},
         "egg_info": {"egg_base": WORK},

@@ -86,7 +86,19 @@ def check_wheel(wheel, python, source, work):
     with open(os.path.join(source, "CMakeLists.txt"), encoding="utf-8") as f:
         version = re.search(r"^project\(nopfs\s+VERSION\s+([0-9.]+)", f.read(), re.M).group(1)
     name = os.path.basename(wheel)
-    assert name.startswith(f"nopfs-{version}-{tag}-{tag}-linux_"), name
+    # Tagged for the oldest manylinux level that provides what the extension needs (built on
+    # Debian 12: glibc 2.34, GLIBCXX 3.4.29), which pip in the venv accepts below.
+    m = re.match(rf"nopfs-{re.escape(version)}-{tag}-{tag}-manylinux_2_(\d+)_x86_64\.whl$", name)
+    assert m, name
+    with zipfile.ZipFile(wheel) as z:
+        ext = z.read(f"nopfs/_client{suffix}")
+    ext_path = os.path.join(work, "tagged" + suffix)
+    with open(ext_path, "wb") as f:
+        f.write(ext)
+    glibc = max((tuple(map(int, v.split("."))) for v in
+                 re.findall(r"Name: GLIBC_([0-9.]+)", output(["readelf", "-VW", ext_path]))),
+                default=(2, 17))
+    assert glibc <= (2, int(m.group(1))), (name, glibc)
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         expected = {f"nopfs/{f}" for f in ("__init__.py", "folder.py", "job.py",
