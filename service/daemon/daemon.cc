@@ -95,6 +95,10 @@ void Daemon::Stop() {
   KeepAtExit();
   if (metrics_ && reader_) WriteMetrics();  // with what was kept
   if (reader_) WriteSummary();
+  // A file nopfsd made itself (`nopfs run`) would hold the job's last figures for ever.
+  if (metrics_) {
+    if (Status s = metrics_->RemoveIfMade(); !s.ok()) spdlog::warn("{}", s.message());
+  }
   reader_.reset();
   siblings_.reset();
   kept_.clear();  // the adopted copies: what is worth keeping again is in the new kept entries

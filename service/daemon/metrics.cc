@@ -220,6 +220,15 @@ MetricsWriter::MetricsWriter(std::string dir, MetricsLabels labels, LocalIo* io)
   }
 }
 
+Status MetricsWriter::RemoveIfMade() {
+  if (!created_) return Status::Ok();
+  created_ = false;
+  if (io_->Unlink(path_) != 0 && errno != ENOENT) {
+    return Status::FromErrno(errno, "metrics: removing " + path_);
+  }
+  return Status::Ok();
+}
+
 Status MetricsWriter::Write(const report::StatusReport& r) {
   const std::string text = RenderMetrics(r, labels_);
   // The file is rewritten in place: nopfsd may not create or rename anything in a metrics
@@ -238,6 +247,7 @@ Status MetricsWriter::Write(const report::StatusReport& r) {
                               "that nobody else may write");
     }
     fd = io_->Open(path_, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK, 0644);
+    if (fd >= 0) created_ = true;
   }
   if (fd < 0) return Status::FromErrno(errno, "metrics: opening " + path_);
   struct stat st {};

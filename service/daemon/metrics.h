@@ -52,6 +52,9 @@ class MetricsWriter {
   // fault.
   Status Write(const report::StatusReport& r);
   const std::string& path() const { return path_; }
+  // Removes the file if this writer made it (`nopfs run`'s, which has no epilog); the file root
+  // made for a Slurm job is the epilog's to remove. For the end of nopfsd, after the last Write.
+  Status RemoveIfMade();
 
   static constexpr int kLeaseAttempts = 100;
   static constexpr unsigned kLeaseWaitUs = 2000;
@@ -61,6 +64,7 @@ class MetricsWriter {
   MetricsLabels labels_;
   std::string path_;
   LocalIo* io_;
+  bool created_ = false;  // this writer made the file (see RemoveIfMade)
   bool lease_warned_ = false;
 };
 
