@@ -106,6 +106,10 @@ int RunConfig(const ConfigFlags& f) {
   std::printf("limits: jobs_per_node %s, ram_per_job %s, ssd_per_job %s\n",
               l.jobs_per_node == 0 ? "none" : std::to_string(l.jobs_per_node).c_str(),
               cap(l.ram_per_job).c_str(), cap(l.ssd_per_job).c_str());
+  if (!config->job_log_dir().empty()) {
+    std::printf("job_logs: %s, kept %u days\n", config->job_log_dir().c_str(),
+                config->job_log_days());
+  }
   if (f.policy.empty()) return 0;
 
   lua::JobRequest job;

@@ -42,9 +42,9 @@ BandwidthTable DefaultPfs() {
 constexpr uint32_t kDefaultThreads = 4;
 constexpr policy::Bytes kDefaultStagingBytes = policy::Bytes{1} << 30;
 
-constexpr std::array kSettings = {"classes",    "staging",   "pfs",        "network",
-                                  "limits",     "log_level", "verify",     "catalog_cache",
-                                  "preprocess", "planner",   "metrics_dir"};
+constexpr std::array kSettings = {"classes",    "staging",   "pfs",         "network",
+                                  "limits",     "log_level", "verify",      "catalog_cache",
+                                  "preprocess", "planner",   "metrics_dir", "job_logs"};
 
 // ram{...} and ssd{...}: mark the table with its kind and the line it was written on, so that
 // errors found later can point at it.
@@ -80,7 +80,7 @@ class Reader {
 
   Status Read(policy::SystemModel* model, Limits* limits, std::string* log_level,
               std::string* catalog_cache, policy::Planner* planner, RamVerify* verify,
-              std::string* metrics_dir) {
+              std::string* metrics_dir, std::string* job_log_dir, uint32_t* job_log_days) {
     NOPFS_RETURN_IF_ERROR(CheckGlobals());
     model->pfs = DefaultPfs();
     model->staging = StorageClass{"staging",
@@ -173,6 +173,11 @@ class Reader {
       }
       *metrics_dir = *dir;
     }
+    if (Global("job_logs")) {
+      Status s = ReadJobLogs(job_log_dir, job_log_days);
+      lua_pop(L_, 1);
+      if (!s.ok()) return s;
+    }
     if (Global("planner")) {
       Result<std::string> name = ReadString(L_, -1, name_ + ": planner");
       lua_pop(L_, 1);
@@ -214,7 +219,7 @@ class Reader {
       }
       std::string_view near = internal::Closest(
           key, {"classes", "staging", "pfs", "network", "limits", "log_level", "verify",
-                "catalog_cache", "preprocess", "planner", "metrics_dir"});
+                "catalog_cache", "preprocess", "planner", "metrics_dir", "job_logs"});
       if (!near.empty() && key.size() > 3) {
         std::string msg = name_ + ": unknown setting '" + std::string(key) + "' (did you mean '" +
                           std::string(near) + "'?)";
@@ -386,6 +391,40 @@ class Reader {
     return Status::Ok();
   }
 
+  // job_logs = { dir = "/var/log/nopfs", days = 14 }
+  Status ReadJobLogs(std::string* dir, uint32_t* days) {
+    const std::string where = name_ + ": job_logs";
+    if (!lua_istable(L_, -1)) {
+      return Status::InvalidArgument(where +
+                                     ": expected a table like { dir = \"/var/log/nopfs\", days "
+                                     "= 14 }");
+    }
+    NOPFS_RETURN_IF_ERROR(CheckKeys(L_, -1, {"dir", "days"}, where));
+    if (lua_getfield(L_, -1, "dir") == LUA_TNIL) {
+      lua_pop(L_, 1);
+      return Status::InvalidArgument(where +
+                                     ": give dir = \"/var/log/nopfs\" (root's directory "
+                                     "for the jobs' nopfsd logs)");
+    }
+    Result<std::string> d = ReadString(L_, -1, where + ": dir");
+    lua_pop(L_, 1);
+    if (!d.ok()) return d.status();
+    if (d->empty() || d->front() != '/') {
+      return Status::InvalidArgument(where + ": dir: \"" + *d +
+                                     "\" must be an absolute path, e.g. \"/var/log/nopfs\"");
+    }
+    *dir = *d;
+    if (lua_getfield(L_, -1, "days") != LUA_TNIL) {
+      Result<uint32_t> n = ReadCount(L_, -1, where + ": days", 1);
+      lua_pop(L_, 1);
+      if (!n.ok()) return n.status();
+      *days = *n;
+    } else {
+      lua_pop(L_, 1);
+    }
+    return Status::Ok();
+  }
+
   Status ReadLimits(Limits* limits) {
     const std::string where = name_ + ": limits";
     if (!lua_istable(L_, -1)) {
@@ -467,9 +506,9 @@ Result<NodeConfig> LoadNodeConfigFromString(std::string_view text, std::string_v
   NodeConfig config;
   config.source_ = std::string(name);
   Reader reader(L, std::string(name), host_memory, std::move(builtins));
-  NOPFS_RETURN_IF_ERROR(reader.Read(&config.model_, &config.limits_, &config.log_level_,
-                                    &config.catalog_cache_, &config.planner_, &config.ram_verify_,
-                                    &config.metrics_dir_));
+  NOPFS_RETURN_IF_ERROR(reader.Read(
+      &config.model_, &config.limits_, &config.log_level_, &config.catalog_cache_, &config.planner_,
+      &config.ram_verify_, &config.metrics_dir_, &config.job_log_dir_, &config.job_log_days_));
   return config;
 }
 

@@ -61,6 +61,10 @@ class NodeConfig {
   const std::string& catalog_cache() const { return catalog_cache_; }
   // node_exporter's textfile directory where nopfsd writes nopfs_<job>.prom; empty: no metrics.
   const std::string& metrics_dir() const { return metrics_dir_; }
+  // Where the epilog keeps each job's nopfsd log (`job_logs.dir`, root's; empty: not kept) and
+  // for how many days (`job_logs.days`).
+  const std::string& job_log_dir() const { return job_log_dir_; }
+  uint32_t job_log_days() const { return job_log_days_; }
   // Which samples the node's classes hold (policy/plan.h); frequency unless the file says.
   policy::Planner planner() const { return planner_; }
   // When RAM tier hits are verified (`verify`).
@@ -80,6 +84,8 @@ class NodeConfig {
   std::string log_level_ = "info";
   std::string catalog_cache_;
   std::string metrics_dir_;
+  std::string job_log_dir_;
+  uint32_t job_log_days_ = 14;
   policy::Planner planner_ = policy::Planner::kFrequency;
   RamVerify ram_verify_ = RamVerify::kOnFill;
 };

@@ -78,6 +78,24 @@ TEST(NodeConfigTest, FullConfig) {
   EXPECT_TRUE(m.Validate().ok());
 }
 
+TEST(NodeConfigTest, JobLogs) {
+  Result<NodeConfig> c = Load(R"(job_logs = { dir = "/var/log/nopfs", days = 3 })");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->job_log_dir(), "/var/log/nopfs");
+  EXPECT_EQ(c->job_log_days(), 3u);
+  c = Load(R"(job_logs = { dir = "/var/log/nopfs" })");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->job_log_days(), 14u);
+  c = Load("");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->job_log_dir(), "");  // not kept
+  ExpectError(R"(job_logs = { dir = "logs" })", "job_logs: dir: \"logs\" must be an absolute");
+  ExpectError(R"(job_logs = { days = 3 })", "job_logs: give dir =");
+  ExpectError(R"(job_logs = { dir = "/l", days = 0 })", "job_logs: days");
+  ExpectError(R"(job_logs = { dir = "/l", keep = 3 })", "job_logs");
+  ExpectError(R"(job_logs = "/var/log/nopfs")", "job_logs: expected a table");
+}
+
 TEST(NodeConfigTest, EmptyFileMeansNoTiersAndDefaultModel) {
   Result<NodeConfig> c = Load("-- nothing\n");
   ASSERT_TRUE(c.ok()) << c.status().message();

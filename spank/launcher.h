@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -120,10 +121,10 @@ std::optional<LedgerEntry> FindEntry(const std::string& ledger_dir, uint64_t job
 // that can fail but the removals themselves: the process is the one the ledger names (pid and
 // start time, never its command line), the run directory is reached through a checked walk of
 // `node_dir`, the metrics file is the one in the directory the ledger recorded.
-// Returns what is left (empty when nothing). With `summary`, nopfsd's last summary is read once
-// it has stopped, before its run directory goes (ReadSummary; *summary stays empty without one).
+// Returns what is left (empty when nothing). `while_stopped` (if any) runs once nopfsd has
+// stopped and before its run directory goes: the epilog reads the job's record there.
 std::string Teardown(const std::string& node_dir, const Target& t, std::chrono::milliseconds grace,
-                     std::optional<report::StatusReport>* summary = nullptr);
+                     const std::function<void()>& while_stopped = nullptr);
 
 // Writes <run dir>/<name> with `text` (a line), owned by the job's user.
 void WriteStatus(const Job& job, const char* name, const std::string& text);
@@ -181,6 +182,13 @@ std::string DescribeSummary(const report::StatusReport& r);
 // When the job's nopfsd staged data but the job read nothing through it: the warning, with what
 // to change in the training script; "" otherwise.
 std::string UnusedWarning(const report::StatusReport& r);
+
+// Keeps the job's nopfsd log (launch::kLogName in its run directory, read as the user's file, at
+// most kMaxKeptLogBytes) as <log_dir>/nopfsd-<job>-<node>.log: root's, mode 0640, readable by the
+// job's user alone through a POSIX ACL (root's alone where the file system has none); removes
+// the files there older than `days`. Returns a note for the epilog's line.
+inline constexpr size_t kMaxKeptLogBytes = 64 << 20;
+std::string KeepJobLog(const Job& job, const std::string& log_dir, uint32_t days);
 
 // Appends `text` to the batch job's output file `path` as the job's user: a child that becomes
 // uid/gid first opens it (O_APPEND, never through a final link, a regular file only), so that

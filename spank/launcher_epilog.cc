@@ -66,7 +66,7 @@ std::optional<LedgerEntry> FindEntry(const std::string& ledger_dir, uint64_t job
 }
 
 std::string Teardown(const std::string& node_dir, const Target& t, std::chrono::milliseconds grace,
-                     std::optional<report::StatusReport>* summary) {
+                     const std::function<void()>& while_stopped) {
   const std::string& metrics_dir = t.metrics_dir;
   const std::string job = std::to_string(t.job_id);
   std::string left;
@@ -74,10 +74,7 @@ std::string Teardown(const std::string& node_dir, const Target& t, std::chrono::
     for (pid_t p : StopProcesses({t.daemon}, grace))
       left += " process " + std::to_string(p);
   }
-  if (summary != nullptr) {
-    std::string why;
-    *summary = ReadSummary(node_dir, t.job_id, t.uid, &why);
-  }
+  if (while_stopped) while_stopped();
   // What slurmd could not remove of the job's cgroup while nopfsd was in it.
   if (!t.node.empty()) {
     if (std::string cg = RemoveJobCgroup(JobCgroupOptions{.node = t.node}, t.job_id, t.uid);
@@ -162,9 +159,21 @@ int Epilog(const Job& job) {
   // job was never admitted here, so it has no SSD directory here either.
   if (t.index == kUnknownIndex) t.ssd_paths.clear();
   // The metrics file's directory comes from the entry (no entry: nopfsd never ran here).
+  // The job's record, read while nopfsd is stopped and its run directory still there.
   std::optional<report::StatusReport> summary;
-  left += Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace), &summary);
+  std::string log_note;
+  auto record = [&] {
+    std::string why;
+    summary = ReadSummary(job.node_dir, job.job_id, job.uid, &why);
+    if (!entry) return;
+    if (Result<lua::NodeConfig> config = LoadConfig(job);
+        config.ok() && !config->job_log_dir().empty()) {
+      log_note = KeepJobLog(job, config->job_log_dir(), config->job_log_days());
+    }
+  };
+  left += Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace), record);
   if (summary) Record(job, *summary);
+  if (!log_note.empty()) notes += log_note + "; ";
   if (entry) {
     Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s);
     if (!l.ok()) {

@@ -2,6 +2,9 @@
 // one line for slurmd's log and the job's output, and the warning for a job that staged data but
 // read nothing through nopfs. The summary is the user's file (nopfsd runs as the user): it is
 // read as hostile input and only its numbers, and names made printable, reach root's lines.
+#include <dirent.h>
+#include <sys/xattr.h>
+
 #include <cinttypes>
 
 #include "common/printable.h"
@@ -91,6 +94,85 @@ std::string UnusedWarning(const report::StatusReport& r) {
          "import DataLoader, DistributedSampler and ImageFolder from nopfs.torch instead of "
          "torch and torchvision (docs/python.md, \"The three-line change\"), or submit without "
          "--nopfs";
+}
+
+namespace {
+
+// A POSIX ACL (the system.posix_acl_access extended attribute, little-endian): the owner reads and
+// writes, `uid` reads, nobody else.
+std::string ReadableBy(uid_t uid) {
+  std::string acl;
+  auto u16 = [&](uint16_t v) {
+    acl += static_cast<char>(v & 0xff);
+    acl += static_cast<char>(v >> 8);
+  };
+  auto u32 = [&](uint32_t v) {
+    u16(static_cast<uint16_t>(v & 0xffff));
+    u16(static_cast<uint16_t>(v >> 16));
+  };
+  constexpr uint32_t kUndefined = 0xffffffff;
+  u32(2);                                                        // the format's version
+  for (auto [tag, perm, id] : {std::tuple{0x01, 6, kUndefined},  // the owner: rw
+                               std::tuple{0x02, 4, static_cast<uint32_t>(uid)},  // the user: r
+                               std::tuple{0x04, 0, kUndefined},     // the owning group: nothing
+                               std::tuple{0x10, 4, kUndefined},     // the mask
+                               std::tuple{0x20, 0, kUndefined}}) {  // others: nothing
+    u16(static_cast<uint16_t>(tag));
+    u16(static_cast<uint16_t>(perm));
+    u32(id);
+  }
+  return acl;
+}
+
+// Removes nopfsd-*.log files of `dir_fd` last changed more than `days` ago.
+void RemoveOldLogs(int dir_fd, uint32_t days) {
+  const int fd = ::openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DIR* d = fd >= 0 ? ::fdopendir(fd) : nullptr;
+  if (d == nullptr) {
+    if (fd >= 0) ::close(fd);
+    return;
+  }
+  const time_t oldest = ::time(nullptr) - static_cast<time_t>(days) * 86400;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind("nopfsd-", 0) != 0 || name.size() < 5 || name.substr(name.size() - 4) != ".log")
+      continue;
+    struct stat st {};
+    if (::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_mtime < oldest)
+      ::unlinkat(dir_fd, name.c_str(), 0);
+  }
+  ::closedir(d);
+}
+
+}  // namespace
+
+std::string KeepJobLog(const Job& job, const std::string& log_dir, uint32_t days) {
+  Result<UniqueFd> dir = MakeTrustedDir(log_dir, 0755);
+  if (!dir.ok()) return "job log not kept: " + dir.status().message();
+  RemoveOldLogs(dir->get(), days);
+  Result<UniqueFd> node = OpenTrustedDir(job.node_dir);
+  if (!node.ok()) return "job log not kept: " + node.status().message();
+  const std::string id = std::to_string(job.job_id);
+  const UniqueFd run(
+      ::openat(node->get(), id.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!run.valid()) return "job log not kept: " + Status::FromErrno(errno, job.run_dir).message();
+  Result<std::string> text = ReadUserFile(run.get(), launch::kLogName, job.uid, kMaxKeptLogBytes);
+  if (!text.ok()) return "job log not kept: " + text.status().message();
+  const std::string name = "nopfsd-" + id + "-" + job.node + ".log";
+  const UniqueFd out(::openat(dir->get(), name.c_str(),
+                              O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
+  const std::string shown = log_dir + "/" + name;
+  if (!out.valid()) return "job log not kept: " + Status::FromErrno(errno, shown).message();
+  if (::write(out.get(), text->data(), text->size()) != static_cast<ssize_t>(text->size())) {
+    const int err = errno;
+    ::unlinkat(dir->get(), name.c_str(), 0);
+    return "job log not kept: " + Status::FromErrno(err, shown).message();
+  }
+  const std::string acl = ReadableBy(job.uid);
+  if (::fsetxattr(out.get(), "system.posix_acl_access", acl.data(), acl.size(), 0) != 0) {
+    return "job log " + shown + " (root's alone: " + std::strerror(errno) + ")";
+  }
+  return "job log " + shown;
 }
 
 Status AppendAsUser(const std::string& path, uid_t uid, gid_t gid, const std::string& text) {

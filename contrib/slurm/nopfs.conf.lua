@@ -20,3 +20,6 @@ classes = {
 
 -- Hard caps whatever the policy says.
 limits = { jobs_per_node = 4, ram_per_job = "128GB", ssd_per_job = "1TB" }
+
+-- Each job's nopfsd log, kept by the epilog for the admin and the job's user, for 14 days.
+job_logs = { dir = "/var/log/nopfs", days = 14 }

@@ -213,10 +213,26 @@ class ClusterTest(ClusterCase):
             with open(os.path.join(DIR, "log", f"slurmd-{node}.log"), errors="replace") as f:
                 return f.read()
         nopfs = os.path.join(BUILD, "bin/nopfs")
+        logs = os.path.join(DIR, "log", "jobs")  # the local cluster's job_logs.dir
+        os.makedirs(logs, mode=0o755, exist_ok=True)
+        old = os.path.join(logs, "nopfsd-999999-n1.log")
+        open(old, "w").close()
+        os.utime(old, (time.time() - 15 * 86400,) * 2)  # past job_logs.days = 14
         job = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs={DATASET} --nopfs-seed=3",
                      f"srun {nopfs} cat --verify 2>&1 | tail -n 1\n")
         self.assertEqual(wait_done(job, 120), "COMPLETED")
         self.assertNothingLeft([job])
+        # nopfsd's log is kept for the admin (root's) and the job's user, no one else.
+        kept = os.path.join(logs, f"nopfsd-{job}-n1.log")
+        st = os.stat(kept)
+        self.assertEqual((st.st_uid, st.st_mode & 0o777), (0, 0o640))
+        r = as_user("nopfs-alice", f"cat {kept}")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("stopped; nothing staged remains", r.stdout)
+        r = as_user("nopfs-bob", f"cat {kept}")
+        self.assertIn("Permission denied", r.stderr)
+        self.assertFalse(os.path.exists(old), "a log past job_logs.days stayed")
+        self.assertRegex(slurmd_log("n1"), rf"nopfs: epilog: n1: job log {kept}; clean")
         line = rf"served 120 samples \(ram \d+, .*pfs \d+\); read \d.* from the PFS; stall median "
         self.assertRegex(slurmd_log("n1"), rf"nopfs: epilog: n1: job {job}: {line}")
         out = output(job)
