@@ -35,7 +35,7 @@ namespace {
 using namespace std::chrono_literals;
 
 TEST(RunFiles, ReadyRoundTrips) {
-  const ReadyInfo in{4242, 1'281'167};
+  const ReadyInfo in{4242, 1'281'167, 0, false, {}};
   EXPECT_EQ(FormatReady(in), "pid=4242\nsamples=1281167\n");
   Result<ReadyInfo> out = ParseReady(FormatReady(in));
   ASSERT_TRUE(out.ok()) << out.status().message();
@@ -45,6 +45,32 @@ TEST(RunFiles, ReadyRoundTrips) {
   out = ParseReady("samples=7\nversion=2\npid=1\n");
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(out->samples, 7u);
+}
+
+// The peer link's port and line ride along for a job with peers; the line stays one line.
+TEST(RunFiles, ReadyCarriesThePeerLink) {
+  const ReadyInfo in{7, 120, 648, true,
+                     "listening on 127.0.0.1:648\nforged=1; every other node answered"};
+  const std::string text = FormatReady(in);
+  EXPECT_EQ(text,
+            "pid=7\nsamples=120\npeer_port=648\npeers_joined=1\n"
+            "peers=listening on 127.0.0.1:648 forged=1; every other node answered\n");
+  Result<ReadyInfo> out = ParseReady(text);
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  EXPECT_EQ(out->peer_port, 648);
+  EXPECT_TRUE(out->peers_joined);
+  EXPECT_EQ(out->peers, "listening on 127.0.0.1:648 forged=1; every other node answered");
+  Result<ReadyInfo> none = ParseReady("pid=7\nsamples=120\n");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->peer_port, 0);
+  EXPECT_TRUE(none->peers.empty());
+  EXPECT_FALSE(ParseReady("pid=7\nsamples=120\npeer_port=65536\n").ok());
+  EXPECT_FALSE(ParseReady("pid=7\nsamples=120\npeer_port=6x\n").ok());
+  EXPECT_FALSE(ParseReady("pid=7\nsamples=120\npeers_joined=2\n").ok());
+  // Through the pipe as nopfsd sends it.
+  Result<ReadyInfo> piped = ParseReady(ReadyMessage(in).substr(6));
+  ASSERT_TRUE(piped.ok());
+  EXPECT_EQ(piped->peers, out->peers);
 }
 
 TEST(RunFiles, ReadyTakesOnlyDigits) {
@@ -98,7 +124,7 @@ std::chrono::steady_clock::time_point In(std::chrono::milliseconds d) {
 
 TEST(RunFiles, WaitReadySaysWhatNopfsdSaid) {
   {
-    Pipe p(ReadyMessage({77, 3000}), 50ms);
+    Pipe p(ReadyMessage({77, 3000, 0, false, {}}), 50ms);
     Result<ReadyInfo> r = WaitReady(p.fd[0], In(5s), nullptr);
     ASSERT_TRUE(r.ok()) << r.status().message();
     EXPECT_EQ(r->pid, 77);
@@ -417,8 +443,12 @@ TEST(Child, KeepsOnlyTheAmbientCapabilityAskedFor) {
       "    except PermissionError:\n"
       "        print('refused'); break\n"
       "    except OSError:\n"
-      "        pass\n";
+      "        pass\n"
+      "sys.stdout.flush()\n"
+      "sys.stdin.read()\n";
   for (const bool keep : {true, false}) {
+    int in[2];
+    ASSERT_EQ(::pipe2(in, O_CLOEXEC), 0);
     Child::Options o;
     o.switch_user = true;
     o.uid = kNobody;
@@ -426,8 +456,27 @@ TEST(Child, KeepsOnlyTheAmbientCapabilityAskedFor) {
     if (keep) o.ambient_caps = {CAP_NET_BIND_SERVICE};
     o.cwd = dir;
     o.output_path = "out.txt";
+    o.stdin_fd = in[0];
     Result<Child> c = Child::Spawn({"/usr/bin/python3", "-c", script}, o);
+    ::close(in[0]);
     ASSERT_TRUE(c.ok()) << c.status().message();
+    // Another process of the same user, with no capability, may not look into it while it holds
+    // one (the kernel's ptrace access check, which /proc/PID/environ, /proc/PID/mem and ptrace
+    // share: the target's permitted set must be within the caller's); it may once it holds none.
+    const pid_t peeker = ::fork();
+    ASSERT_GE(peeker, 0);
+    if (peeker == 0) {
+      if (setresgid(kNobody, kNobody, kNobody) != 0 || setresuid(kNobody, kNobody, kNobody) != 0) {
+        _exit(3);
+      }
+      const std::string environ_path = "/proc/" + std::to_string(c->pid()) + "/environ";
+      const int fd = ::open(environ_path.c_str(), O_RDONLY | O_CLOEXEC);
+      _exit(fd >= 0 ? 0 : errno == EACCES ? 1 : 2);
+    }
+    int peeked = 0;
+    ASSERT_EQ(::waitpid(peeker, &peeked, 0), peeker);
+    EXPECT_EQ(ExitCodeOf(peeked), keep ? 1 : 0);
+    ::close(in[1]);
     Result<int> st = c->Wait(30s);
     ASSERT_TRUE(st.ok());
     EXPECT_EQ(ExitCodeOf(*st), 0);
