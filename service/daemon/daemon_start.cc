@@ -77,6 +77,7 @@ Status Daemon::Init() {
   s.deadline = std::chrono::steady_clock::now() +
                std::chrono::milliseconds(options_.peer_startup_timeout_ms);
   NOPFS_RETURN_IF_ERROR(StartPeers());
+  startup_.Mark("peers");
   NOPFS_RETURN_IF_ERROR(LoadConfig());
   startup_.Mark("config");
   JoinPeers(s);
