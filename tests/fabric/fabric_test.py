@@ -653,7 +653,8 @@ class FabricTest(unittest.TestCase):
                 self.assertEqual(status["NoNewPrivs"].strip(), "1", path)
         self.assertNotIn("peer_port=", ready[2])
         self.assertIn(f"peers=no peers: peers: fabric: fi_endpoint: cannot listen on "
-                      f"127.0.0.1:{ports[2]}", ready[2])
+                      f"127.0.0.1:{ports[2]} (a privileged port: only a process with "
+                      "CAP_NET_BIND_SERVICE may bind it", ready[2])
         # The two serve each other.
         for n in range(2):
             while not self.prefetch_done(self.status(n)):
