@@ -138,9 +138,12 @@ uint32_t PeerPortOffset(const std::string& secret);
 
 // Sets the nopfsd arguments that make this node serve its peers, or leaves them unset (with the
 // reason in *why) for a one-node job or a cluster without peer_key. *why warns when peer_ports
-// reaches net.ipv4.ip_unprivileged_port_start (UnprivilegedPortStart), where any user can bind.
+// reaches net.ipv4.ip_unprivileged_port_start (PeerPortsWarning), where any user can bind.
 void SetPeers(const Job& job, launch::DaemonArgs* args, std::string* why);
 uint32_t UnprivilegedPortStart();
+// "; warning: peer_ports=... reaches net.ipv4.ip_unprivileged_port_start=N, ..." when the ranges
+// reach this node's threshold; "" when every port is privileged here.
+std::string PeerPortsWarning(const PluginArgs& args);
 
 // The prolog line's words on the peer link once nopfsd said ready (`ready`, the user's process's
 // words, shown printable): "peers: N nodes, listening on H:P; every other node answered ...", or

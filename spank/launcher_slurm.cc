@@ -125,6 +125,16 @@ uint32_t UnprivilegedPortStart() {
   return start;
 }
 
+std::string PeerPortsWarning(const PluginArgs& args) {
+  const uint32_t start = UnprivilegedPortStart();
+  if (args.peer_ports.empty() || args.peer_ports.back().high < start) return "";
+  return "; warning: peer_ports=" + FormatPortRanges(args.peer_ports) +
+         " reaches net.ipv4.ip_unprivileged_port_start=" + std::to_string(start) +
+         ", so any user can bind those ports and keep jobs from their peers: keep peer_ports "
+         "below " +
+         std::to_string(start);
+}
+
 std::string PeersOutcome(const Job& job, const launch::DaemonArgs& dargs,
                          const launch::ReadyInfo& ready, std::string* for_job) {
   for_job->clear();
@@ -152,10 +162,10 @@ std::string PeersOutcome(const Job& job, const launch::DaemonArgs& dargs,
            " must be open between the compute nodes, and the other nodes' prolog lines in their "
            "slurmd logs say whether their nopfsd listens";
   } else {
-    return head + said;
+    return head + said + PeerPortsWarning(job.args);
   }
   *for_job = "nopfs: " + job.node + ": " + note;
-  return note;
+  return note + PeerPortsWarning(job.args);
 }
 
 void SetPeers(const Job& job, launch::DaemonArgs* args, std::string* why) {
@@ -181,13 +191,7 @@ void SetPeers(const Job& job, launch::DaemonArgs* args, std::string* why) {
     list += (list.empty() ? "" : ",") + p;
   // Until nopfsd says it listens (PeersOutcome), the line says only where it is to.
   *why = "peers: " + std::to_string(peers.size()) + " nodes, to listen on " + peers[job.node_index];
-  if (const uint32_t start = UnprivilegedPortStart(); job.args.peer_ports.back().high >= start) {
-    *why += "; warning: peer_ports=" + FormatPortRanges(job.args.peer_ports) +
-            " reaches net.ipv4.ip_unprivileged_port_start=" + std::to_string(start) +
-            ", so any user can bind those ports and keep jobs from their peers: keep peer_ports "
-            "below " +
-            std::to_string(start);
-  }
+  *why += PeerPortsWarning(job.args);
   args->peer_listen = peers[job.node_index];
   args->peers = list;
   args->peer_secret_file = job.run_dir + "/" + launch::kSecretName;

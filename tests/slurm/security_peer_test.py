@@ -263,8 +263,10 @@ class SecurityPeerTest(ClusterCase):
         if not REAL_NOPFSD:
             self.skipTest("needs the real nopfsd")
         # Two peer ports: the job's two nodes get one each, in an order only its secret says.
-        # Root (a service of the node) holds one of them.
-        self.set_plugin_args("peer_ports=700-701")
+        # Root (a service of the node) holds one of them. The other node waits for it at most
+        # half of timeout= (5 s): a prolog that outlasts srun's message timeout on the node that
+        # does not run the batch script would fail the step's launch.
+        self.set_plugin_args("peer_ports=700-701 timeout=10")
         held = socket.socket()
         held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         held.bind(("127.0.0.1", 701))
@@ -303,12 +305,38 @@ class SecurityPeerTest(ClusterCase):
                       out)
         # The other listened, and says that its peer did not answer, and what the admin checks.
         self.assertIn("peers: 2 nodes, listening on 127.0.0.1:700; peer node(s) ", lines[other])
-        self.assertIn("did not answer the handshake", lines[other])
+        self.assertIn("did not answer the handshake by the start-up deadline (5000 ms)", lines[other])
         self.assertIn("must be open between the compute nodes", lines[other])
         self.assertIn(f"nopfs: {other}: peers: 2 nodes, listening on 127.0.0.1:700; peer node(s) ",
                       out)
         release(job)
         self.assertEqual(wait_done(job), "COMPLETED", out)
+        self.assertNothingLeft([job])
+
+    def test_peer_ports_any_user_can_bind_are_warned_about(self):
+        if not REAL_NOPFSD:
+            self.skipTest("needs the real nopfsd")
+        # A range that reaches net.ipv4.ip_unprivileged_port_start (1024 here): the peers work,
+        # and slurmd's log warns that any user could take those ports.
+        with open("/proc/sys/net/ipv4/ip_unprivileged_port_start") as f:
+            start = int(f.read())
+        self.set_plugin_args(f"peer_ports={start - 1}-{start}")
+        logs = {n: len(read_text(f"{DIR}/log/slurmd-{n}.log")) for n in NODES}
+        job = submit_two_node_job("nopfs-alice", verify=False)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and (not os.path.exists(f"{JOBS}/job-{job}.out")
+                                               or output(job).count("NOPFS_SOCKET=") < 4):
+            time.sleep(0.2)
+        for node in ("n1", "n3"):
+            line = [x for x in read_text(f"{DIR}/log/slurmd-{node}.log")[logs[node]:]
+                    .splitlines() if "nopfs: prolog: " in x and "serving " in x]
+            self.assertEqual(len(line), 1, line)
+            self.assertIn(f"warning: peer_ports={start - 1}-{start} reaches "
+                          f"net.ipv4.ip_unprivileged_port_start={start}, so any user can bind "
+                          f"those ports", line[0])
+            self.assertIn("every other node answered", line[0])
+        release(job)
+        self.assertEqual(wait_done(job), "COMPLETED", output(job))
         self.assertNothingLeft([job])
 
 
