@@ -80,9 +80,11 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Open(const EndpointOptions& options)
     std::string what =
         std::string("fabric: ") + call + ": cannot listen on " + options.host + ":" + service;
     if (code == -FI_EADDRINUSE) {
+      what += " (another process holds that port: another job's nopfsd, or a service of the node)";
+    } else if (code == -FI_EACCES) {
       what +=
-          " (another process holds that port: another job's, or one bound on purpose to keep "
-          "this job from its peers)";
+          " (a privileged port: only a process with CAP_NET_BIND_SERVICE may bind it, which "
+          "nopfs-job gives nopfsd)";
     }
     return Status::IoError(FiError(what.c_str(), code));
   };

@@ -53,6 +53,7 @@ Result<std::unique_ptr<PeerLink>> PeerLink::Start(const PeerLinkOptions& options
   auto ep = Endpoint::Open({options.provider, self.host, self.port, options.remote_read});
   if (!ep.ok()) return ep.status();
   s->ep = std::move(*ep);
+  if (options.after_bind) NOPFS_RETURN_IF_ERROR(options.after_bind());
   for (const PeerAddress& p : options.peers) {
     auto a = s->ep->AddPeer(p.host, p.port);
     if (!a.ok()) return a.status();

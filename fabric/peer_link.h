@@ -62,6 +62,10 @@ struct PeerLinkOptions {
   std::function<void(uint32_t node, uint64_t sample, uint64_t xxh3,
                      std::span<const std::byte> data)>
       on_push;
+  // Called once the endpoint is bound (its port is this process's from then on), on the calling
+  // thread and before the link starts a thread of its own: nopfsd gives up the capability that let
+  // it bind a privileged port there. An error fails Start.
+  std::function<Status()> after_bind;
 };
 
 // Answers a peer's request for `sample`: status kOk with the bytes, kNotAvailable when the slot

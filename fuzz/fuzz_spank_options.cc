@@ -90,7 +90,7 @@ bool SamePlugin(const spank::PluginArgs& a, const spank::PluginArgs& b) {
   return a.config == b.config && a.policy == b.policy && a.rundir == b.rundir &&
          a.on_refusal == b.on_refusal && a.launcher == b.launcher && a.nopfsd == b.nopfsd &&
          a.timeout == b.timeout && a.grace == b.grace && a.peer_key == b.peer_key &&
-         a.peer_port == b.peer_port && a.peer_host == b.peer_host;
+         a.peer_ports == b.peer_ports && a.peer_host == b.peer_host;
 }
 
 void PluginArgs(std::string_view text) {
@@ -102,7 +102,8 @@ void PluginArgs(std::string_view text) {
     return;
   }
   NOPFS_FUZZ_CHECK(!args->rundir.empty() && args->rundir.front() == '/' && args->rundir != "/");
-  NOPFS_FUZZ_CHECK(args->peer_port + spank::kPeerPortRange <= 65536);
+  NOPFS_FUZZ_CHECK(!args->peer_ports.empty() && spank::PortCount(args->peer_ports) <= 65535);
+  NOPFS_FUZZ_CHECK(spank::PeerPort(args->peer_ports, UINT32_MAX, 7) >= args->peer_ports[0].low);
   nopfs::Result<spank::PluginArgs> back = spank::ParsePluginArgs(spank::ToArgs(*args));
   NOPFS_FUZZ_CHECK(back.ok() && SamePlugin(*back, *args));
 }

@@ -195,7 +195,7 @@ void SpankOptions() {
         std::string("\x01\x00", 2) +
             "config=/etc/nopfs/config.lua\npolicy=/etc/nopfs/admit.lua\nrundir=/run/nopfs\n"
             "on_refusal=run\nlauncher=/usr/libexec/nopfs/nopfs-job\nnopfsd=/usr/sbin/nopfsd\n"
-            "timeout=120\ngrace=5\npeer_key=/etc/nopfs/peer.key\npeer_port=42000\n"
+            "timeout=120\ngrace=5\npeer_key=/etc/nopfs/peer.key\npeer_ports=600-630,640-987\n"
             "peer_host=127.0.0.1");
 }
 

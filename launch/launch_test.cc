@@ -1,10 +1,17 @@
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <linux/capability.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -28,7 +35,7 @@ namespace {
 using namespace std::chrono_literals;
 
 TEST(RunFiles, ReadyRoundTrips) {
-  const ReadyInfo in{4242, 1'281'167};
+  const ReadyInfo in{4242, 1'281'167, 0, false, {}};
   EXPECT_EQ(FormatReady(in), "pid=4242\nsamples=1281167\n");
   Result<ReadyInfo> out = ParseReady(FormatReady(in));
   ASSERT_TRUE(out.ok()) << out.status().message();
@@ -38,6 +45,32 @@ TEST(RunFiles, ReadyRoundTrips) {
   out = ParseReady("samples=7\nversion=2\npid=1\n");
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(out->samples, 7u);
+}
+
+// The peer link's port and line ride along for a job with peers; the line stays one line.
+TEST(RunFiles, ReadyCarriesThePeerLink) {
+  const ReadyInfo in{7, 120, 648, true,
+                     "listening on 127.0.0.1:648\nforged=1; every other node answered"};
+  const std::string text = FormatReady(in);
+  EXPECT_EQ(text,
+            "pid=7\nsamples=120\npeer_port=648\npeers_joined=1\n"
+            "peers=listening on 127.0.0.1:648 forged=1; every other node answered\n");
+  Result<ReadyInfo> out = ParseReady(text);
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  EXPECT_EQ(out->peer_port, 648);
+  EXPECT_TRUE(out->peers_joined);
+  EXPECT_EQ(out->peers, "listening on 127.0.0.1:648 forged=1; every other node answered");
+  Result<ReadyInfo> none = ParseReady("pid=7\nsamples=120\n");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->peer_port, 0);
+  EXPECT_TRUE(none->peers.empty());
+  EXPECT_FALSE(ParseReady("pid=7\nsamples=120\npeer_port=65536\n").ok());
+  EXPECT_FALSE(ParseReady("pid=7\nsamples=120\npeer_port=6x\n").ok());
+  EXPECT_FALSE(ParseReady("pid=7\nsamples=120\npeers_joined=2\n").ok());
+  // Through the pipe as nopfsd sends it.
+  Result<ReadyInfo> piped = ParseReady(ReadyMessage(in).substr(6));
+  ASSERT_TRUE(piped.ok());
+  EXPECT_EQ(piped->peers, out->peers);
 }
 
 TEST(RunFiles, ReadyTakesOnlyDigits) {
@@ -91,7 +124,7 @@ std::chrono::steady_clock::time_point In(std::chrono::milliseconds d) {
 
 TEST(RunFiles, WaitReadySaysWhatNopfsdSaid) {
   {
-    Pipe p(ReadyMessage({77, 3000}), 50ms);
+    Pipe p(ReadyMessage({77, 3000, 0, false, {}}), 50ms);
     Result<ReadyInfo> r = WaitReady(p.fd[0], In(5s), nullptr);
     ASSERT_TRUE(r.ok()) << r.status().message();
     EXPECT_EQ(r->pid, 77);
@@ -354,6 +387,187 @@ TEST(Child, ExecFailureAndRelease) {
   ::kill(pid, SIGKILL);
   int status = 0;
   EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+}
+
+// The capability sets of this thread: "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb" as in
+// /proc/<pid>/status, and "NoNewPrivs".
+std::map<std::string, std::string> CapsOf(const std::string& status_path) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(Slurp(status_path));
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const std::string key = line.substr(0, colon);
+    if (key.rfind("Cap", 0) == 0 || key == "NoNewPrivs") {
+      std::string v = line.substr(colon + 1);
+      v.erase(0, v.find_first_not_of(" \t"));
+      out[key] = v;
+    }
+  }
+  return out;
+}
+
+// Binds 127.0.0.1 on the first port of 600..987 that is free to bind; returns it, or -errno of
+// the last refusal (-EACCES for a process that may not bind privileged ports).
+int BindPrivileged() {
+  int last = -EADDRINUSE;
+  for (int port = 600; port <= 987; ++port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    last = rc == 0 ? port : -errno;
+    ::close(fd);
+    if (rc == 0 || last == -EACCES) return last;
+  }
+  return last;
+}
+
+constexpr uid_t kNobody = 65534;
+
+// A user's program started with ambient CAP_NET_BIND_SERVICE holds that capability and no other
+// (effective, permitted, ambient and bounding), can bind a privileged port, and cannot become
+// root again; the same program started without it cannot bind one.
+TEST(Child, KeepsOnlyTheAmbientCapabilityAskedFor) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to switch users";
+  const std::string dir = FreshDir("launch_caps");
+  ASSERT_EQ(::chown(dir.c_str(), kNobody, kNobody), 0);
+  const std::string script =
+      "import socket, sys\n"
+      "print(open('/proc/self/status').read())\n"
+      "for port in range(600, 988):\n"
+      "    s = socket.socket()\n"
+      "    try:\n"
+      "        s.bind(('127.0.0.1', port)); print('bound', port); break\n"
+      "    except PermissionError:\n"
+      "        print('refused'); break\n"
+      "    except OSError:\n"
+      "        pass\n"
+      "sys.stdout.flush()\n"
+      "sys.stdin.read()\n";
+  for (const bool keep : {true, false}) {
+    int in[2];
+    ASSERT_EQ(::pipe2(in, O_CLOEXEC), 0);
+    Child::Options o;
+    o.switch_user = true;
+    o.uid = kNobody;
+    o.gid = kNobody;
+    if (keep) o.ambient_caps = {CAP_NET_BIND_SERVICE};
+    o.cwd = dir;
+    o.output_path = "out.txt";
+    o.stdin_fd = in[0];
+    Result<Child> c = Child::Spawn({"/usr/bin/python3", "-c", script}, o);
+    ::close(in[0]);
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    // Another process of the same user, with no capability, may not look into it while it holds
+    // one (the kernel's ptrace access check, which /proc/PID/environ, /proc/PID/mem and ptrace
+    // share: the target's permitted set must be within the caller's); it may once it holds none.
+    const pid_t peeker = ::fork();
+    ASSERT_GE(peeker, 0);
+    if (peeker == 0) {
+      if (setresgid(kNobody, kNobody, kNobody) != 0 || setresuid(kNobody, kNobody, kNobody) != 0) {
+        _exit(3);
+      }
+      const std::string environ_path = "/proc/" + std::to_string(c->pid()) + "/environ";
+      const int fd = ::open(environ_path.c_str(), O_RDONLY | O_CLOEXEC);
+      _exit(fd >= 0 ? 0 : errno == EACCES ? 1 : 2);
+    }
+    int peeked = 0;
+    ASSERT_EQ(::waitpid(peeker, &peeked, 0), peeker);
+    EXPECT_EQ(ExitCodeOf(peeked), keep ? 1 : 0);
+    ::close(in[1]);
+    Result<int> st = c->Wait(30s);
+    ASSERT_TRUE(st.ok());
+    EXPECT_EQ(ExitCodeOf(*st), 0);
+    const std::string out = Slurp(dir + "/out.txt");
+    std::ofstream(dir + "/status") << out;
+    const std::map<std::string, std::string> caps = CapsOf(dir + "/status");
+    const std::string want = keep ? "0000000000000400" : "0000000000000000";  // bit 10
+    EXPECT_EQ(caps.at("CapEff"), want) << out;
+    EXPECT_EQ(caps.at("CapPrm"), want) << out;
+    EXPECT_EQ(caps.at("CapAmb"), want) << out;
+    if (keep) {
+      EXPECT_EQ(caps.at("CapBnd"), want) << out;
+    }
+    EXPECT_NE(out.find(keep ? "bound " : "refused"), std::string::npos) << out;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// nopfsd's drop (DropAllCapabilities) in a process started as Child gives one: after it the
+// process holds nothing, has no_new_privs, and may no longer bind a privileged port; with a
+// second thread it refuses and drops nothing, since that thread would keep its own.
+TEST(Capabilities, DropAllLeavesNothing) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to switch users";
+  int pipefd[2];
+  ASSERT_EQ(::pipe(pipefd), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // As Child::Spawn with ambient_caps: nobody with CAP_NET_BIND_SERVICE alone.
+    std::string report;
+    prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0);
+    if (setresgid(kNobody, kNobody, kNobody) != 0 || setresuid(kNobody, kNobody, kNobody) != 0) {
+      _exit(3);
+    }
+    __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct data[2] = {};
+    data[0].effective = data[0].permitted = data[0].inheritable = 1u << CAP_NET_BIND_SERVICE;
+    if (syscall(SYS_capset, &header, data) != 0 ||
+        prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_NET_BIND_SERVICE, 0, 0) != 0) {
+      _exit(4);
+    }
+    report += "before=" + std::to_string(BindPrivileged() > 0) + "\n";
+    {
+      // A second thread: refused, nothing dropped.
+      std::atomic<bool> done{false};
+      std::thread t([&] {
+        while (!done)
+          std::this_thread::sleep_for(1ms);
+      });
+      const Status s = DropAllCapabilities();
+      report += "threaded=" + std::to_string(static_cast<int>(s.code())) + "\n";
+      done = true;
+      t.join();
+    }
+    report += "kept=" + std::to_string(BindPrivileged() > 0) + "\n";
+    const Status s = DropAllCapabilities();
+    report += "dropped=" + std::to_string(s.ok()) + "\n";
+    report += "after=" + std::to_string(BindPrivileged()) + "\n";
+    report += "again=" + std::to_string(DropAllCapabilities().ok()) + "\n";
+    report += Slurp("/proc/self/status");
+    ssize_t ignored = ::write(pipefd[1], report.data(), report.size());
+    (void)ignored;
+    _exit(0);
+  }
+  ::close(pipefd[1]);
+  std::string report;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(pipefd[0], buf, sizeof buf)) > 0)
+    report.append(buf, static_cast<size_t>(n));
+  ::close(pipefd[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_EQ(ExitCodeOf(status), 0) << report;
+  EXPECT_NE(report.find("before=1\n"), std::string::npos) << report;
+  EXPECT_NE(report.find("threaded=" +
+                        std::to_string(static_cast<int>(StatusCode::kFailedPrecondition)) + "\n"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("kept=1\n"), std::string::npos) << report;
+  EXPECT_NE(report.find("dropped=1\n"), std::string::npos) << report;
+  EXPECT_NE(report.find("after=" + std::to_string(-EACCES) + "\n"), std::string::npos) << report;
+  EXPECT_NE(report.find("again=1\n"), std::string::npos) << report;
+  const std::string path = FreshDir("launch_drop") + "/status";
+  std::ofstream(path) << report;
+  const std::map<std::string, std::string> caps = CapsOf(path);
+  for (const char* key : {"CapInh", "CapPrm", "CapEff", "CapAmb"})
+    EXPECT_EQ(caps.at(key), "0000000000000000") << key << "\n" << report;
+  EXPECT_EQ(caps.at("NoNewPrivs"), "1") << report;
 }
 
 }  // namespace

@@ -3,9 +3,11 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/capability.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,6 +30,7 @@ enum class Step : int {
   kGid,
   kUid,
   kRootKept,
+  kCaps,
   kCwd,
   kOutput,
   kStdio,
@@ -50,6 +53,8 @@ const char* StepName(Step s) {
       return "setresuid";
     case Step::kRootKept:
       return "dropping root for good";
+    case Step::kCaps:
+      return "keeping its ambient capabilities";
     case Step::kCwd:
       return "changing directory";
     case Step::kOutput:
@@ -60,6 +65,14 @@ const char* StepName(Step s) {
       break;
   }
   return "exec";
+}
+
+// The capabilities in `caps` as the two 32-bit words of capset's version 3.
+void CapWords(const std::vector<int>& caps, uint32_t words[2]) {
+  words[0] = words[1] = 0;
+  for (int c : caps) {
+    if (c >= 0 && c < 64) words[c / 32] |= uint32_t{1} << (c % 32);
+  }
 }
 
 struct ChildError {
@@ -112,6 +125,9 @@ Result<Child> Child::Spawn(const std::vector<std::string>& argv, const Options& 
     argp.push_back(s.data());
   argp.push_back(nullptr);
   const std::vector<int>& keep_fds = options.keep_fds;
+  const bool keep_caps = options.switch_user && !options.ambient_caps.empty();
+  uint32_t cap_words[2];
+  CapWords(options.ambient_caps, cap_words);
   const int max_fd = static_cast<int>(
       std::min<long>(sysconf(_SC_OPEN_MAX) > 0 ? sysconf(_SC_OPEN_MAX) : 1024, 65536));
 
@@ -145,11 +161,35 @@ Result<Child> Child::Spawn(const std::vector<std::string>& argv, const Options& 
       fail(Step::kNetns, errno);
     }
     if (options.switch_user) {
+      if (keep_caps) {
+        // While still root: every capability but the kept ones leaves the bounding set (no
+        // later exec can bring one back), and the permitted set survives the uid change.
+        for (int c = 0; c < 64; ++c) {
+          const bool kept = (cap_words[c / 32] >> (c % 32) & 1) != 0;
+          if (!kept && prctl(PR_CAPBSET_DROP, c, 0, 0, 0) != 0 && errno != EINVAL) {
+            fail(Step::kCaps, errno);
+          }
+        }
+        if (prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0) fail(Step::kCaps, errno);
+      }
       // Groups first: once the uid is dropped they can no longer be changed.
       if (setgroups(options.groups.size(), options.groups.data()) != 0) fail(Step::kGroups, errno);
       if (setresgid(options.gid, options.gid, options.gid) != 0) fail(Step::kGid, errno);
       if (setresuid(options.uid, options.uid, options.uid) != 0) fail(Step::kUid, errno);
       if (options.uid != 0 && setuid(0) == 0) fail(Step::kRootKept, EPERM);
+      if (keep_caps) {
+        // The kept capabilities only: permitted, effective and inheritable (which the ambient
+        // set requires), then raised as ambient so that they survive exec of a plain program.
+        __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+        __user_cap_data_struct data[2] = {};
+        for (int w = 0; w < 2; ++w)
+          data[w].effective = data[w].permitted = data[w].inheritable = cap_words[w];
+        if (syscall(SYS_capset, &header, data) != 0) fail(Step::kCaps, errno);
+        for (int c : options.ambient_caps) {
+          if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, c, 0, 0) != 0) fail(Step::kCaps, errno);
+        }
+        if (prctl(PR_SET_KEEPCAPS, 0, 0, 0, 0) != 0) fail(Step::kCaps, errno);
+      }
     }
     // After the credentials change: a change of credentials clears the parent-death signal.
     if (options.die_with_parent) {
@@ -256,6 +296,44 @@ std::string DescribeWaitStatus(int status) {
     return std::string("killed by SIG") + (name ? name : std::to_string(WTERMSIG(status)).c_str());
   }
   return "ended with status " + std::to_string(status);
+}
+
+Status DropAllCapabilities() {
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2] = {};
+  if (syscall(SYS_capget, &header, data) != 0) return Status::FromErrno(errno, "capget");
+  bool held = false;
+  for (const auto& d : data)
+    held |= (d.permitted | d.effective | d.inheritable) != 0;
+  for (int c = 0; c < 64 && !held; ++c)
+    held = prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_IS_SET, c, 0, 0) == 1;
+  if (held) {
+    int threads = 0;
+    if (DIR* d = opendir("/proc/self/task")) {
+      while (const dirent* e = readdir(d))
+        threads += e->d_name[0] != '.';
+      closedir(d);
+    }
+    if (threads != 1) {
+      return Status::FailedPrecondition(
+          "cannot drop capabilities: the process has " + std::to_string(threads) +
+          " threads, and a capability belongs to a thread (drop them before starting any)");
+    }
+    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0) {
+      return Status::FromErrno(errno, "clearing the ambient capabilities");
+    }
+    // Emptying the bounding set needs CAP_SETPCAP: a process that has it drops every one.
+    for (int c = 0; c < 64; ++c)
+      (void)prctl(PR_CAPBSET_DROP, c, 0, 0, 0);
+    __user_cap_data_struct none[2] = {};
+    if (syscall(SYS_capset, &header, none) != 0) {
+      return Status::FromErrno(errno, "dropping the capabilities");
+    }
+  }
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
+    return Status::FromErrno(errno, "setting no_new_privs");
+  }
+  return Status::Ok();
 }
 
 Result<std::vector<gid_t>> GroupsOf(const std::string& user, gid_t gid) {

@@ -48,6 +48,10 @@ class Child {
     uid_t uid = 0;
     gid_t gid = 0;
     std::vector<gid_t> groups;
+    // Capabilities (CAP_NET_BIND_SERVICE, ...) the child keeps across the user switch, as ambient
+    // capabilities that the program it runs then holds (effective and permitted); every other
+    // capability leaves its bounding set. Only with switch_user; empty: none (the default).
+    std::vector<int> ambient_caps;
     // Directory to change to after the user switch (as the user); empty: stay.
     std::string cwd;
     // Standard descriptors: a descriptor of this process to give the child as 0, 1 or 2, or -1 to
@@ -89,6 +93,15 @@ std::string DescribeWaitStatus(int status);
 
 // The exit code a shell would give for a wait status (128 + signal for a signal).
 int ExitCodeOf(int status);
+
+// Gives up every capability this process holds for good: ambient, inheritable, permitted and
+// effective emptied, the bounding set emptied as far as the process may (that needs
+// CAP_SETPCAP, which a process started with ambient_caps does not hold: its bounding set keeps
+// only what was kept), and no_new_privs set, so that no exec can bring any back. Capabilities
+// belong to threads: FailedPrecondition, with nothing dropped, when the process holds one and
+// has more than one thread (a thread started before would keep it). A process that holds none
+// only gets no_new_privs.
+Status DropAllCapabilities();
 
 // The supplementary groups of `user` with `gid` (getgrouplist), for Options::groups.
 Result<std::vector<gid_t>> GroupsOf(const std::string& user, gid_t gid);

@@ -51,7 +51,20 @@ std::string LastLine(std::string_view text) {
 }  // namespace
 
 std::string FormatReady(const ReadyInfo& info) {
-  return "pid=" + std::to_string(info.pid) + "\nsamples=" + std::to_string(info.samples) + "\n";
+  std::string out =
+      "pid=" + std::to_string(info.pid) + "\nsamples=" + std::to_string(info.samples) + "\n";
+  if (info.peer_port != 0) {
+    out += "peer_port=" + std::to_string(info.peer_port) + "\n";
+    out += std::string("peers_joined=") + (info.peers_joined ? "1" : "0") + "\n";
+  }
+  if (!info.peers.empty()) {
+    std::string line = info.peers.substr(0, 1000);
+    for (char& c : line) {
+      if (c == '\n') c = ' ';
+    }
+    out += "peers=" + line + "\n";
+  }
+  return out;
 }
 
 Result<ReadyInfo> ParseReady(std::string_view text) {
@@ -64,7 +77,21 @@ Result<ReadyInfo> ParseReady(std::string_view text) {
   if (!p.ok()) return p.status();
   Result<uint64_t> f = Digits<uint64_t>("ready: samples", samples, uint64_t{1} << 48);
   if (!f.ok()) return f.status();
-  return ReadyInfo{static_cast<pid_t>(*p), *f};
+  ReadyInfo info{static_cast<pid_t>(*p), *f, 0, false, {}};
+  if (std::string_view port; Find(text, "peer_port", &port)) {
+    Result<uint16_t> n = Digits<uint16_t>("ready: peer_port", port, 65535);
+    if (!n.ok()) return n.status();
+    info.peer_port = *n;
+  }
+  if (std::string_view joined; Find(text, "peers_joined", &joined)) {
+    Result<uint8_t> n = Digits<uint8_t>("ready: peers_joined", joined, 1);
+    if (!n.ok()) return n.status();
+    info.peers_joined = *n == 1;
+  }
+  if (std::string_view peers; Find(text, "peers", &peers)) {
+    info.peers = std::string(peers.substr(0, 1000));
+  }
+  return info;
 }
 
 std::string FormatLayout(uint32_t ranks_per_node) {

@@ -10,6 +10,8 @@
 //   <run dir>/refused       written by the Slurm launcher when the admission policy says no
 //   <run dir>/layout        written by the Slurm launcher: the job's ranks per node (FormatLayout)
 //   <run dir>/peer.secret   the job's peer secret (32 bytes, mode 0600)
+//   <run dir>/peers         written by the Slurm launcher when the peer link did not start, or
+//                           not every other node answered: why, and what the admin can do
 //
 // A launcher learns readiness on a pipe it made (nopfsd --ready-fd), never from these files: a
 // file in the user's directory is the user's to replace. The tasks read `ready` and `layout` with
@@ -44,15 +46,24 @@ inline constexpr const char* kSecretName = "peer.secret";
 inline constexpr const char* kSummaryName = "summary";
 // The most a summary may take (the epilog reads no more).
 inline constexpr uint64_t kMaxSummaryBytes = 1 << 20;
+inline constexpr const char* kPeersName = "peers";
 
-// What nopfsd says when it is ready: "pid=P\nsamples=F\n".
+// What nopfsd says when it is ready: "pid=P\nsamples=F\n", and for a job with peers
+// "peer_port=N\npeers_joined=0|1\npeers=TEXT\n" besides.
 struct ReadyInfo {
   pid_t pid = 0;
-  uint64_t samples = 0;  // the catalog's size: the job's F
+  uint64_t samples = 0;       // the catalog's size: the job's F
+  uint16_t peer_port = 0;     // the port this node's peer link listens on; 0: none
+  bool peers_joined = false;  // every other node answered in the start-up phase
+  // One line on the peer link (service::Daemon::peer_note): where it listens and whether the
+  // other nodes answered, or why there is none. Text of the user's process: whoever shows it
+  // makes it printable (common/units.h Printable).
+  std::string peers;
 };
 std::string FormatReady(const ReadyInfo& info);
-// Parses FormatReady's text (unknown keys are ignored). Anything but digits in a value, or a
-// missing key, is InvalidArgument.
+// Parses FormatReady's text (unknown keys are ignored). Anything but digits in pid, samples or
+// peer_port, or a missing pid or samples, is InvalidArgument; peers is the rest of its line, at
+// most 1,000 bytes.
 Result<ReadyInfo> ParseReady(std::string_view text);
 
 // The layout file: "ranks_per_node=N", or "error=<message>" for a task layout nopfs refuses.

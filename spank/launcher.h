@@ -138,13 +138,26 @@ std::string DaemonPath(const Job& job, const char* self);
 // to the others; no other job and no user can derive it without the key.
 Result<std::string> PeerSecret(const std::string& key_path, uint64_t job_id, uid_t uid);
 
-// Where the job's peer ports start in the range (spank/options.h PeerPort): HMAC-SHA256 under
-// the job's secret, so that only who can read the secret can compute them.
+// Where the job's peer ports start in peer_ports (spank/options.h PeerPort, which takes it modulo
+// the number of ports): 24 bits of HMAC-SHA256 under the job's secret, so that only who can read
+// the secret can compute them.
 uint32_t PeerPortOffset(const std::string& secret);
 
 // Sets the nopfsd arguments that make this node serve its peers, or leaves them unset (with the
-// reason in *why) for a one-node job or a cluster without peer_key.
+// reason in *why) for a one-node job or a cluster without peer_key. *why warns when peer_ports
+// reaches net.ipv4.ip_unprivileged_port_start (PeerPortsWarning), where any user can bind.
 void SetPeers(const Job& job, launch::DaemonArgs* args, std::string* why);
+uint32_t UnprivilegedPortStart();
+// "; warning: peer_ports=... reaches net.ipv4.ip_unprivileged_port_start=N, ..." when the ranges
+// reach this node's threshold; "" when every port is privileged here.
+std::string PeerPortsWarning(const PluginArgs& args);
+
+// The prolog line's words on the peer link once nopfsd said ready (`ready`, the user's process's
+// words, shown printable): "peers: N nodes, listening on H:P; every other node answered ...", or
+// why this node has no peer link or not every other node answered, with what the admin can do.
+// In those two cases *for_job is the same for the job's `peers` file. Empty without peers.
+std::string PeersOutcome(const Job& job, const launch::DaemonArgs& dargs,
+                         const launch::ReadyInfo& ready, std::string* for_job);
 
 // The ranks per node of nopfsd's plan, from the job's task layout (spank/options.h
 // RanksPerNode). The answer goes to the job's tasks in <run dir>/layout: task_init sets
@@ -162,12 +175,14 @@ Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
 launch::DaemonArgs DaemonArgsFor(const Job& job, uint32_t ranks_per_node, const lua::Admission& adm,
                                  const KeepPlan& keep, std::string* peers_note);
 
-// Starts nopfsd as the job's user and waits until it says ready. The ledger entry (`entry`, with
-// the grant) is rewritten to name nopfsd as soon as it runs; nopfsd joins the cgroup whose
-// cgroup.procs `cgroup_procs` is (-1: none) before exec. Returns nopfsd's pid; on failure
-// nopfsd is stopped and the Status says why.
+// Starts nopfsd as the job's user and waits until it says ready. A nopfsd with peers gets
+// CAP_NET_BIND_SERVICE alone, as an ambient capability, for its peer port in the privileged range
+// (it gives it up once bound). The ledger entry (`entry`, with the grant) is rewritten to name
+// nopfsd as soon as it runs; nopfsd joins the cgroup whose cgroup.procs `cgroup_procs` is (-1:
+// none) before exec. Returns nopfsd's pid and *said what it said ready with; on failure nopfsd
+// is stopped and the Status says why.
 Result<pid_t> StartNopfsd(const Job& job, const std::string& nopfsd, launch::DaemonArgs dargs,
-                          LedgerEntry entry, int cgroup_procs);
+                          LedgerEntry entry, int cgroup_procs, launch::ReadyInfo* said);
 
 // The job's last summary from its nopfsd (launch::kSummaryName in its run directory below the
 // trusted `node_dir`, read as the user's file: regular, the user's, size-capped, decoded by the

@@ -1,5 +1,7 @@
 // nopfs-job's prolog: the admission policy and the ledger's reservation, the job's run directory,
 // nopfsd started as the user and waited for until ready, and the status files task_init reads.
+#include <linux/capability.h>
+
 #include "spank/launcher.h"
 
 namespace nopfs::spank::launcher {
@@ -141,7 +143,7 @@ launch::DaemonArgs DaemonArgsFor(const Job& job, uint32_t ranks_per_node, const 
 }
 
 Result<pid_t> StartNopfsd(const Job& job, const std::string& nopfsd, launch::DaemonArgs dargs,
-                          LedgerEntry entry, int cgroup_procs) {
+                          LedgerEntry entry, int cgroup_procs, launch::ReadyInfo* said) {
   // nopfsd says ready or failed on a pipe this launcher made (nopfsd --ready-fd), never through
   // a file in the user's run directory that the user could swap for a link or a FIFO.
   int ready_pipe[2];
@@ -165,6 +167,8 @@ Result<pid_t> StartNopfsd(const Job& job, const std::string& nopfsd, launch::Dae
   o.switch_user = true;
   o.uid = job.uid;
   o.gid = job.gid;
+  // Its peer port is privileged, so that no user can take it (docs/security.md).
+  if (!dargs.peers.empty()) o.ambient_caps = {CAP_NET_BIND_SERVICE};
   Result<std::vector<gid_t>> groups = launch::GroupsOf(name, job.gid);
   if (groups.ok()) o.groups = std::move(*groups);
   o.cwd = job.run_dir;
@@ -223,6 +227,7 @@ Result<pid_t> StartNopfsd(const Job& job, const std::string& nopfsd, launch::Dae
     if (out.ok() && !LastLine(*out).empty()) why += ": " + Printable(LastLine(*out));
     return give_up(why);
   }
+  *said = *ready;
   return child;
 }
 
@@ -323,8 +328,9 @@ int Prolog(const Job& job, const char* self) {
                               : "cgroup: " + cgroup.status().message() +
                                     "; nopfsd runs outside the job's cgroup";
   }
-  Result<pid_t> started =
-      StartNopfsd(job, DaemonPath(job, self), dargs, entry, cgroup.ok() ? cgroup->procs.get() : -1);
+  launch::ReadyInfo said;
+  Result<pid_t> started = StartNopfsd(job, DaemonPath(job, self), dargs, entry,
+                                      cgroup.ok() ? cgroup->procs.get() : -1, &said);
   if (!started.ok()) {
     WriteStatus(job, launch::kFailedName, where + started.status().message());
     release();
@@ -332,6 +338,11 @@ int Prolog(const Job& job, const char* self) {
     return fail("nopfsd failed: " + started.status().message(), 4);
   }
   const pid_t child = *started;
+  if (!dargs.peers.empty()) {
+    std::string for_job;
+    peers_note = PeersOutcome(job, dargs, said, &for_job);
+    if (!for_job.empty()) WriteStatus(job, launch::kPeersName, for_job);
+  }
   if (slurm_cgroups.task_cgroup && slurm_cgroups.contain)
     (void)AdoptLater(cgroup_options, job.job_id, job.uid, child,
                      ProcessStartTime(child).value_or(0), std::chrono::seconds(job.args.timeout));

@@ -112,7 +112,65 @@ uint32_t PeerPortOffset(const std::string& secret) {
       len < 4) {
     return 0;
   }
-  return (uint32_t{out[0]} | uint32_t{out[1]} << 8 | uint32_t{out[2]} << 16) % kPeerPortRange;
+  return uint32_t{out[0]} | uint32_t{out[1]} << 8 | uint32_t{out[2]} << 16;
+}
+
+uint32_t UnprivilegedPortStart() {
+  uint32_t start = 1024;  // Linux's default
+  const int fd = ::open("/proc/sys/net/ipv4/ip_unprivileged_port_start", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return start;
+  char buf[32];
+  const ssize_t n = ::read(fd, buf, sizeof(buf));
+  ::close(fd);
+  if (n > 0) {
+    uint32_t v = 0;
+    const auto r = std::from_chars(buf, buf + n, v);
+    if (r.ec == std::errc()) start = v;
+  }
+  return start;
+}
+
+std::string PeerPortsWarning(const PluginArgs& args) {
+  const uint32_t start = UnprivilegedPortStart();
+  if (args.peer_ports.empty() || args.peer_ports.back().high < start) return "";
+  return "; warning: peer_ports=" + FormatPortRanges(args.peer_ports) +
+         " reaches net.ipv4.ip_unprivileged_port_start=" + std::to_string(start) +
+         ", so any user can bind those ports and keep jobs from their peers: keep peer_ports "
+         "below " +
+         std::to_string(start);
+}
+
+std::string PeersOutcome(const Job& job, const launch::DaemonArgs& dargs,
+                         const launch::ReadyInfo& ready, std::string* for_job) {
+  for_job->clear();
+  if (dargs.peers.empty()) return "";
+  const std::string ranges = FormatPortRanges(job.args.peer_ports);
+  const size_t colon = dargs.peer_listen.rfind(':');
+  const std::string port = colon == std::string::npos ? "" : dargs.peer_listen.substr(colon + 1);
+  // nopfsd is the user's process: its words are shown printable and its port is checked.
+  std::string said = Printable(ready.peers, 600);
+  const std::string head = "peers: " + std::to_string(job.nodes) + " nodes, ";
+  std::string note;
+  if (ready.peer_port == 0 || std::to_string(ready.peer_port) != port) {
+    if (said.rfind("no peers: ", 0) == 0) said.erase(0, 10);
+    if (ready.peer_port != 0) said = "nopfsd said port " + std::to_string(ready.peer_port);
+    note = "no peers: this node does not listen on " + dargs.peer_listen + " (" +
+           (said.empty() ? "nopfsd did not say why" : said) +
+           "); the job reads what this node lacks from the PFS. For the admin: `ss -tlnp "
+           "'sport = :" +
+           port +
+           "'` shows who holds that port; free it, or leave it out of peer_ports= in "
+           "plugstack.conf (now " +
+           ranges + ")";
+  } else if (!ready.peers_joined) {
+    note = head + said + "; for the admin: the ports of peer_ports=" + ranges +
+           " must be open between the compute nodes, and the other nodes' prolog lines in their "
+           "slurmd logs say whether their nopfsd listens";
+  } else {
+    return head + said + PeerPortsWarning(job.args);
+  }
+  *for_job = "nopfs: " + job.node + ": " + note;
+  return note + PeerPortsWarning(job.args);
 }
 
 void SetPeers(const Job& job, launch::DaemonArgs* args, std::string* why) {
@@ -136,7 +194,9 @@ void SetPeers(const Job& job, launch::DaemonArgs* args, std::string* why) {
   std::string list;
   for (const std::string& p : peers)
     list += (list.empty() ? "" : ",") + p;
-  *why = "peers: " + std::to_string(peers.size()) + " nodes, listening on " + peers[job.node_index];
+  // Until nopfsd says it listens (PeersOutcome), the line says only where it is to.
+  *why = "peers: " + std::to_string(peers.size()) + " nodes, to listen on " + peers[job.node_index];
+  *why += PeerPortsWarning(job.args);
   args->peer_listen = peers[job.node_index];
   args->peers = list;
   args->peer_secret_file = job.run_dir + "/" + launch::kSecretName;

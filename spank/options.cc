@@ -19,7 +19,7 @@ namespace nopfs::spank {
 namespace {
 
 constexpr size_t kMaxPath = 4000;  // below PATH_MAX, with room for what nopfsd appends
-constexpr uint64_t kMaxPeerBase = 65536 - kPeerPortRange;  // PeerPort() stays <= 65535
+constexpr size_t kMaxPortRanges = 16;
 constexpr size_t kMaxValue = 64;
 
 enum Opt : uint32_t {
@@ -317,6 +317,48 @@ std::vector<std::string> ToArgs(const JobOptions& opts) {
   return out;
 }
 
+namespace {
+
+// peer_ports=LOW-HIGH[,LOW-HIGH...]: ascending, disjoint ranges of ports 1..65535 (a single
+// port is LOW-LOW or LOW).
+Result<std::vector<PortRange>> ParsePortRanges(const std::string& shown, std::string_view value) {
+  const std::string write =
+      "; write ascending, disjoint ranges of privileged ports, e.g. peer_ports=600-987 or "
+      "peer_ports=600-630,640-987";
+  std::vector<PortRange> out;
+  size_t pos = 0;
+  while (pos <= value.size()) {
+    const size_t comma = std::min(value.find(',', pos), value.size());
+    const std::string_view item = value.substr(pos, comma - pos);
+    const size_t dash = item.find('-');
+    const std::string_view lo = item.substr(0, dash);
+    const std::string_view hi = dash == std::string_view::npos ? lo : item.substr(dash + 1);
+    uint32_t low = 0;
+    uint32_t high = 0;
+    const auto number = [](std::string_view t, uint32_t* v) {
+      const auto r = std::from_chars(t.data(), t.data() + t.size(), *v);
+      return !t.empty() && r.ec == std::errc() && r.ptr == t.data() + t.size() && *v >= 1 &&
+             *v <= 65535;
+    };
+    if (!number(lo, &low) || !number(hi, &high) || low > high) {
+      return Status::InvalidArgument(shown + ": '" + std::string(item) +
+                                     "' is not a range LOW-HIGH of ports 1..65535" + write);
+    }
+    if (!out.empty() && low <= out.back().high) {
+      return Status::InvalidArgument(shown + ": ranges overlap or are not ascending" + write);
+    }
+    if (out.size() == kMaxPortRanges) {
+      return Status::InvalidArgument(shown + ": more than " + std::to_string(kMaxPortRanges) +
+                                     " ranges" + write);
+    }
+    out.push_back({static_cast<uint16_t>(low), static_cast<uint16_t>(high)});
+    pos = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
 Result<PluginArgs> ParsePluginArgs(const std::vector<std::string>& args) {
   PluginArgs out;
   for (const std::string& arg : args) {
@@ -325,7 +367,7 @@ Result<PluginArgs> ParsePluginArgs(const std::vector<std::string>& args) {
       return Status::InvalidArgument(
           "plugstack.conf: '" + arg +
           "': write key=value (config, policy, rundir, on_refusal, "
-          "launcher, nopfsd, timeout, grace, peer_key, peer_port, peer_host)");
+          "launcher, nopfsd, timeout, grace, peer_key, peer_ports, peer_host)");
     }
     const std::string key = arg.substr(0, eq);
     const std::string value = arg.substr(eq + 1);
@@ -364,10 +406,14 @@ Result<PluginArgs> ParsePluginArgs(const std::vector<std::string>& args) {
       (key == "timeout" ? out.timeout : out.grace) = static_cast<uint32_t>(v);
     } else if (key == "peer_key") {
       NOPFS_RETURN_IF_ERROR(path(&out.peer_key, true));
+    } else if (key == "peer_ports") {
+      SPANK_ASSIGN_OR_RETURN(out.peer_ports, ParsePortRanges(shown, value));
     } else if (key == "peer_port") {
-      SPANK_ASSIGN_OR_RETURN(uint64_t v,
-                             ParseNumber(shown, value, 1024, kMaxPeerBase, "peer_port=41000"));
-      out.peer_port = static_cast<uint32_t>(v);
+      return Status::InvalidArgument(
+          shown +
+          ": peer_port= is gone: the peer ports are a range of privileged ports that only "
+          "nopfsd can bind; write peer_ports=" +
+          FormatPortRanges({kDefaultPeerPorts}) + " (docs/admin.md, \"Peers\")");
     } else if (key == "peer_host") {
       if (value.empty() || value.size() > 253 ||
           value.find_first_not_of(
@@ -383,7 +429,7 @@ Result<PluginArgs> ParsePluginArgs(const std::vector<std::string>& args) {
       return Status::InvalidArgument(shown +
                                      ": unknown key; the keys are config, policy, rundir, "
                                      "on_refusal, launcher, nopfsd, timeout, grace, peer_key, "
-                                     "peer_port, peer_host");
+                                     "peer_ports, peer_host");
     }
   }
   return out;
@@ -401,13 +447,41 @@ std::vector<std::string> ToArgs(const PluginArgs& args) {
   out.push_back("timeout=" + std::to_string(args.timeout));
   out.push_back("grace=" + std::to_string(args.grace));
   if (!args.peer_key.empty()) out.push_back("peer_key=" + args.peer_key);
-  out.push_back("peer_port=" + std::to_string(args.peer_port));
+  out.push_back("peer_ports=" + FormatPortRanges(args.peer_ports));
   if (!args.peer_host.empty()) out.push_back("peer_host=" + args.peer_host);
   return out;
 }
 
-uint16_t PeerPort(uint32_t base, uint32_t offset, uint32_t node_index) {
-  return static_cast<uint16_t>(base + (uint64_t{offset} + node_index) % kPeerPortRange);
+uint32_t PortCount(const std::vector<PortRange>& ranges) {
+  uint32_t n = 0;
+  for (const PortRange& r : ranges)
+    n += uint32_t{r.high} - r.low + 1;
+  return n;
+}
+
+uint16_t PeerPort(const std::vector<PortRange>& ranges, uint32_t offset, uint32_t node_index) {
+  const uint32_t n = PortCount(ranges);
+  if (n == 0) return 0;
+  uint32_t k = static_cast<uint32_t>((uint64_t{offset} + node_index) % n);
+  for (const PortRange& r : ranges) {
+    const uint32_t size = uint32_t{r.high} - r.low + 1;
+    if (k < size) return static_cast<uint16_t>(r.low + k);
+    k -= size;
+  }
+  return 0;
+}
+
+std::string FormatPortRanges(const std::vector<PortRange>& ranges) {
+  std::string out;
+  for (const PortRange& r : ranges) {
+    if (!out.empty()) out += ",";
+    out += std::to_string(r.low);
+    if (r.high != r.low) {
+      out += '-';
+      out += std::to_string(r.high);
+    }
+  }
+  return out;
 }
 
 std::vector<std::string> PeerEndpoints(const PluginArgs& args,
@@ -417,7 +491,7 @@ std::vector<std::string> PeerEndpoints(const PluginArgs& args,
   for (size_t i = 0; i < nodes.size(); ++i) {
     const std::string& host = args.peer_host.empty() ? nodes[i] : args.peer_host;
     out.push_back(host + ":" +
-                  std::to_string(PeerPort(args.peer_port, offset, static_cast<uint32_t>(i))));
+                  std::to_string(PeerPort(args.peer_ports, offset, static_cast<uint32_t>(i))));
   }
   return out;
 }

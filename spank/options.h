@@ -22,7 +22,7 @@
 //
 // Plugin arguments (plugstack.conf, written by the admin): strict key=value, unknown keys are
 // errors: config=FILE policy=FILE rundir=DIR on_refusal=fail|run launcher=PATH nopfsd=PATH
-// timeout=SECONDS grace=SECONDS peer_key=FILE peer_port=PORT peer_host=ADDR.
+// timeout=SECONDS grace=SECONDS peer_key=FILE peer_ports=LOW-HIGH[,LOW-HIGH...] peer_host=ADDR.
 // With peer_key, the nopfsd of a multi-node job serve each other (docs/fabric.md): each listens
 // on PeerPort(), knows the others by PeerEndpoints(), and authenticates them with a per-job
 // secret derived from the site key (docs/admin.md), from which its ports are derived too.
@@ -94,19 +94,32 @@ std::vector<std::string> ToArgs(const JobOptions& opts);
 
 enum class OnRefusal { kFail, kRun };
 
+// A range of TCP ports, both ends included.
+struct PortRange {
+  uint16_t low = 0;
+  uint16_t high = 0;
+  bool operator==(const PortRange&) const = default;
+};
+// The default peer ports: privileged (below net.ipv4.ip_unprivileged_port_start, 1024 unless an
+// admin changed it), so that only root and nopfsd, which nopfs-job starts with
+// CAP_NET_BIND_SERVICE alone, can bind them; above 599, below the ports of the common services
+// (ssh 22, smtp 25, rpcbind 111, https 443, ...); below 988, Lustre's LNet acceptor (which listens
+// on every Lustre client) and the TLS ports of mail and FTP (989..995). docs/admin.md, "Peers".
+inline constexpr PortRange kDefaultPeerPorts{600, 987};
+
 struct PluginArgs {
   std::string config;                 // node config (lua/config.h); empty: built-in defaults
   std::string policy;                 // admission policy (lua/admit.h); empty: none
   std::string rundir = "/run/nopfs";  // base; a job's run dir is <rundir>/<node>/<jobid>
   OnRefusal on_refusal = OnRefusal::kFail;
-  std::string launcher;        // nopfs-job; empty: beside the plugin's install prefix
-  std::string nopfsd;          // nopfsd; empty: beside nopfs-job
-  uint32_t timeout = 300;      // seconds nopfsd may take to become ready
-  uint32_t grace = 10;         // seconds between SIGTERM and SIGKILL in the epilog
-  std::string peer_key;        // site key (root-owned, 0600); empty: nodes do not serve each other
-  uint32_t peer_port = 41000;  // base of the per-job peer ports
-  std::string peer_host;       // every node's peer address (a one-host test cluster); empty: the
-                               // node names of the job's node list
+  std::string launcher;    // nopfs-job; empty: beside the plugin's install prefix
+  std::string nopfsd;      // nopfsd; empty: beside nopfs-job
+  uint32_t timeout = 300;  // seconds nopfsd may take to become ready
+  uint32_t grace = 10;     // seconds between SIGTERM and SIGKILL in the epilog
+  std::string peer_key;    // site key (root-owned, 0600); empty: nodes do not serve each other
+  std::vector<PortRange> peer_ports{kDefaultPeerPorts};  // ascending, disjoint, not empty
+  std::string peer_host;  // every node's peer address (a one-host test cluster); empty: the
+                          // node names of the job's node list
 };
 
 // Parses plugstack.conf's arguments for this plugin.
@@ -116,15 +129,17 @@ std::vector<std::string> ToArgs(const PluginArgs& args);
 
 // A job's node list is expanded by libslurm: spank/hostlist.h.
 
-// The peer ports of a job lie in [base, base + kPeerPortRange): node i of the job listens on
-// base + (offset + i) mod kPeerPortRange, where `offset` comes from the job's peer secret
-// (PeerPortOffset in nopfs-job), which only root and the job's user can read. So another user
-// can neither predict a job's ports nor bind them before it starts; the nodes of one job never
-// collide even when they share a host (peer_host); two jobs on one node collide with probability
-// about (their nodes) / kPeerPortRange, and the second then runs without peers (nopfsd logs that
-// its port is taken).
-inline constexpr uint32_t kPeerPortRange = 4096;
-uint16_t PeerPort(uint32_t base, uint32_t offset, uint32_t node_index);
+// The peer ports of a job lie in `ranges` (PluginArgs::peer_ports, N ports in all): node i of
+// the job listens on the ((offset + i) mod N)-th of them, where `offset` comes from the job's peer
+// secret (PeerPortOffset in nopfs-job), which only root and the job's user can read. So another
+// user can neither predict a job's ports nor, as they are privileged, bind them; the nodes of one
+// job never collide even when they share a host (peer_host), up to N nodes; two jobs on one node
+// collide with probability about (their nodes) / N, and the second then runs without peers (its
+// prolog line and the job's output say which port was taken).
+uint32_t PortCount(const std::vector<PortRange>& ranges);
+uint16_t PeerPort(const std::vector<PortRange>& ranges, uint32_t offset, uint32_t node_index);
+// "600-987" or "600-630,640-987": what peer_ports= reads back.
+std::string FormatPortRanges(const std::vector<PortRange>& ranges);
 // "host:port" of every node of the job, in node-list order.
 std::vector<std::string> PeerEndpoints(const PluginArgs& args,
                                        const std::vector<std::string>& nodes, uint32_t offset);

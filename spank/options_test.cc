@@ -289,11 +289,11 @@ TEST(OptionsTest, UniformBatchesSmallerThanTheRanksOfANodeAreRefused) {
 }
 
 TEST(PluginArgsTest, ParsesEveryKey) {
-  Result<PluginArgs> a =
-      ParsePluginArgs({"config=/etc/nopfs/nopfs.conf.lua", "policy=/etc/nopfs/policy.lua",
-                       "rundir=/run/nopfs/", "on_refusal=run", "launcher=/usr/libexec/nopfs-job",
-                       "nopfsd=/usr/sbin/nopfsd", "timeout=120", "grace=5",
-                       "peer_key=/etc/nopfs/peer.key", "peer_port=50000", "peer_host=127.0.0.1"});
+  Result<PluginArgs> a = ParsePluginArgs(
+      {"config=/etc/nopfs/nopfs.conf.lua", "policy=/etc/nopfs/policy.lua", "rundir=/run/nopfs/",
+       "on_refusal=run", "launcher=/usr/libexec/nopfs-job", "nopfsd=/usr/sbin/nopfsd",
+       "timeout=120", "grace=5", "peer_key=/etc/nopfs/peer.key", "peer_ports=700-799,900-949",
+       "peer_host=127.0.0.1"});
   ASSERT_TRUE(a.ok()) << a.status().message();
   EXPECT_EQ(a->config, "/etc/nopfs/nopfs.conf.lua");
   EXPECT_EQ(a->rundir, "/run/nopfs");
@@ -305,7 +305,7 @@ TEST(PluginArgsTest, ParsesEveryKey) {
   EXPECT_EQ(back->nopfsd, "/usr/sbin/nopfsd");
   EXPECT_EQ(back->launcher, a->launcher);
   EXPECT_EQ(back->peer_key, "/etc/nopfs/peer.key");
-  EXPECT_EQ(back->peer_port, 50000u);
+  EXPECT_EQ(back->peer_ports, (std::vector<PortRange>{{700, 799}, {900, 949}}));
   EXPECT_EQ(back->peer_host, "127.0.0.1");
   Result<PluginArgs> d = ParsePluginArgs({});
   ASSERT_TRUE(d.ok());
@@ -316,37 +316,83 @@ TEST(PluginArgsTest, ParsesEveryKey) {
 
 TEST(PluginArgsTest, PeerEndpointsAreDistinctPerNodeOfAJob) {
   PluginArgs a;
-  a.peer_port = 41000;
+  EXPECT_EQ(a.peer_ports, (std::vector<PortRange>{{600, 987}}));
   const std::vector<std::string> nodes = {"n1", "n2", "n3"};
-  EXPECT_EQ(PeerEndpoints(a, nodes, 448),
-            (std::vector<std::string>{"n1:41448", "n2:41449", "n3:41450"}));
+  EXPECT_EQ(PeerEndpoints(a, nodes, 48 + 388),
+            (std::vector<std::string>{"n1:648", "n2:649", "n3:650"}));
   a.peer_host = "127.0.0.1";
-  const std::vector<std::string> one = PeerEndpoints(a, nodes, 448);
-  EXPECT_EQ(one[0], "127.0.0.1:41448");
-  EXPECT_EQ(one[2], "127.0.0.1:41450");
-  // The range wraps: the nodes of a job never share a port on one host, up to the range's size.
-  EXPECT_EQ(PeerPort(41000, kPeerPortRange - 1, 0), 41000 + kPeerPortRange - 1);
-  EXPECT_EQ(PeerPort(41000, kPeerPortRange - 1, 1), 41000);
-  for (uint32_t offset : {0u, 1u, 4000u, kPeerPortRange - 1}) {
-    std::vector<bool> used(65536);
-    for (uint32_t n = 0; n < kPeerPortRange; ++n) {
-      const uint16_t p = PeerPort(41000, offset, n);
-      EXPECT_FALSE(used[p]) << offset << " " << n;
-      used[p] = true;
+  const std::vector<std::string> one = PeerEndpoints(a, nodes, 48);
+  EXPECT_EQ(one[0], "127.0.0.1:648");
+  EXPECT_EQ(one[2], "127.0.0.1:650");
+  // The offset is taken modulo the number of ports, and the ports wrap around the ranges: the
+  // nodes of a job never share a port on one host, up to the number of ports.
+  const std::vector<PortRange> two = {{700, 709}, {900, 904}};
+  EXPECT_EQ(PortCount(two), 15u);
+  EXPECT_EQ(PeerPort(two, 9, 0), 709);
+  EXPECT_EQ(PeerPort(two, 9, 1), 900);
+  EXPECT_EQ(PeerPort(two, 9, 5), 904);
+  EXPECT_EQ(PeerPort(two, 9, 6), 700);
+  EXPECT_EQ(PeerPort(two, 15 * 1000 + 9, 0), 709);
+  for (const std::vector<PortRange>& ranges :
+       {std::vector<PortRange>{kDefaultPeerPorts}, two,
+        std::vector<PortRange>{{1, 1}, {80, 80}, {65535, 65535}}}) {
+    const uint32_t n = PortCount(ranges);
+    for (uint32_t offset : {0u, 1u, 4000u, (1u << 24) - 1}) {
+      std::vector<bool> used(65536);
+      for (uint32_t i = 0; i < n; ++i) {
+        const uint16_t p = PeerPort(ranges, offset, i);
+        EXPECT_FALSE(used[p]) << offset << " " << i;
+        used[p] = true;
+        bool inside = false;
+        for (const PortRange& r : ranges)
+          inside |= p >= r.low && p <= r.high;
+        EXPECT_TRUE(inside) << p;
+      }
     }
   }
-  // The highest base keeps every port valid.
-  EXPECT_EQ(PeerPort(65535 - 4095, 4095, 0), 65535);
-  EXPECT_TRUE(ParsePluginArgs({"peer_port=61440"}).ok());
-  EXPECT_FALSE(ParsePluginArgs({"peer_port=61441"}).ok());
+  // Every default port is privileged at Linux's default threshold (1024).
+  EXPECT_LT(kDefaultPeerPorts.high, 1024);
+}
+
+TEST(PluginArgsTest, ParsesPeerPortRanges) {
+  struct Case {
+    const char* arg;
+    std::vector<PortRange> want;
+  };
+  for (const Case& c :
+       {Case{"peer_ports=600-987", {{600, 987}}}, Case{"peer_ports=700", {{700, 700}}},
+        Case{"peer_ports=600-630,632-987", {{600, 630}, {632, 987}}},
+        Case{"peer_ports=1-1,65535", {{1, 1}, {65535, 65535}}}}) {
+    Result<PluginArgs> a = ParsePluginArgs({c.arg});
+    ASSERT_TRUE(a.ok()) << c.arg << ": " << a.status().message();
+    EXPECT_EQ(a->peer_ports, c.want) << c.arg;
+    Result<PluginArgs> back = ParsePluginArgs(ToArgs(*a));
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(back->peer_ports, c.want) << c.arg;
+  }
+  for (const char* bad :
+       {"peer_ports=", "peer_ports=0-10", "peer_ports=900-800", "peer_ports=600-70000",
+        "peer_ports=600-700,650-800", "peer_ports=800-900,600-700", "peer_ports=600-700,",
+        "peer_ports=a-b", "peer_ports=600 - 700", "peer_ports=+600-700",
+        "peer_ports=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17"}) {
+    Result<PluginArgs> a = ParsePluginArgs({bad});
+    ASSERT_FALSE(a.ok()) << bad;
+    EXPECT_NE(a.status().message().find("peer_ports=600-987"), std::string::npos)
+        << a.status().message();
+  }
+  // The unprivileged base of earlier versions is refused with what to write instead.
+  Result<PluginArgs> old = ParsePluginArgs({"peer_port=41000"});
+  ASSERT_FALSE(old.ok());
+  EXPECT_NE(old.status().message().find("write peer_ports=600-987"), std::string::npos)
+      << old.status().message();
 }
 
 TEST(PluginArgsTest, RefusesBadArguments) {
   for (const char* bad :
        {"config", "=x", "colour=blue", "rundir=relative", "rundir=/", "rundir=", "on_refusal=maybe",
         "timeout=0", "timeout=-1", "timeout=1d", "grace=86401", "launcher=nopfs-job",
-        "peer_key=relative.key", "peer_port=80", "peer_port=70000", "peer_host=", "peer_host=a b",
-        "peer_host=-x", "peer_host=host;rm"}) {
+        "peer_key=relative.key", "peer_ports=80-", "peer_ports=70000",
+        "peer_host=", "peer_host=a b", "peer_host=-x", "peer_host=host;rm"}) {
     Result<PluginArgs> a = ParsePluginArgs({bad});
     EXPECT_FALSE(a.ok()) << bad;
   }

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -79,6 +80,10 @@ struct DaemonOptions {
   bool share_running = true;
   // Leave the job's summary in the run directory (launch::kSummaryName; the epilog reads it).
   bool summary = false;
+  // Called once the peer endpoint is bound, or could not be, or at once without peers: before the
+  // daemon reads the node config or the dataset and before it starts a thread (nopfsd gives up
+  // its capabilities there: launch::DropAllCapabilities). An error fails Start. Unset: nothing.
+  std::function<Status()> after_peer_bind;
   // The I/O of the run directory's plan file and of the metrics file (tests inject faults);
   // nullptr: LocalIo::Default(). Must outlive the daemon.
   LocalIo* local_io = nullptr;
@@ -100,6 +105,13 @@ class Daemon final : public Handler {
   const std::string& log_level() const { return config_.log_level(); }
   // Where Start's time went (nopfsd's `start-up in` line, docs/service.md "Start-up").
   const Phases& startup_phases() const { return startup_; }
+  // How the peer link started, for the launcher (launch::ReadyInfo): the port this node listens
+  // on (0: none), whether every other node answered in the start-up phase, and one line on it
+  // ("listening on H:P; every other node answered", or why there are no peers). Empty for a job
+  // without peers.
+  uint16_t peer_port() const { return peer_port_; }
+  bool peers_joined() const { return peers_joined_; }
+  const std::string& peer_note() const { return peer_note_; }
   const SampleReader& reader() const { return *reader_; }
   // Waits until every prefetcher has visited all of its slots (tests and benchmarks).
   void WaitPrefetched();
@@ -123,7 +135,8 @@ class Daemon final : public Handler {
   struct Startup;  // what a phase hands on to a later one and the daemon does not keep
   Status Init();
   Status LoadConfig();                   // config_
-  Status JoinPeers(const Startup& s);    // peers_ (null without peers or when they fail to start)
+  Status StartPeers();                   // peers_ (null without peers or when they fail to start)
+  void JoinPeers(const Startup& s);      // the start-up phase: waits for the other nodes
   Status OpenCatalog(const Startup& s);  // catalog_, scanned over the peer link or reused
   Status SettleJob();                    // job_: F from the catalog, checked
   void PlanNode(Startup* s);             // model_ (capped by the grants), plan_, the counts
@@ -179,6 +192,9 @@ class Daemon final : public Handler {
   ring::RingStats closed_stats_ GUARDED_BY(mu_);
   bool stopped_ GUARDED_BY(mu_) = false;
   std::unique_ptr<PeerService> peers_;  // null without peers
+  uint16_t peer_port_ = 0;
+  bool peers_joined_ = false;
+  std::string peer_note_;
 
   // The kept area of each SSD class, in the config's order: the class, where its samples are
   // kept (its own scratch path's kept area; none when the dataset has no canonical path), and its

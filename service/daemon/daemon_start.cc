@@ -46,9 +46,11 @@ struct Daemon::Startup {
 
 Status Daemon::Init() {
   // The phases, in order; each uses what the phases before it established:
+  //   peer endpoint  first: bound with the one capability nopfsd starts with, which it gives up
+  //                  right after (after_peer_bind), before it reads anything else
   //   config         the node config: classes, limits, planner, metrics; everything reads it
-  //   peers          first, so that the other nodes can reach this one while it scans and plans
-  //                  (the nodes wait for each other until the start-up deadline)
+  //   peers          the other nodes reach this one while it scans and plans (the nodes wait
+  //                  for each other until the start-up deadline)
   //   catalog        the dataset, scanned once for the job over the peer link (or reused)
   //   job            F from the catalog, checked against the job's flags
   //   plan           the classes capped by the grants; the node's accesses counted and planned
@@ -72,11 +74,13 @@ Status Daemon::Init() {
     start_wall_ns_ = int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
   }
   Startup s;
-  NOPFS_RETURN_IF_ERROR(LoadConfig());
-  startup_.Mark("config");
   s.deadline = std::chrono::steady_clock::now() +
                std::chrono::milliseconds(options_.peer_startup_timeout_ms);
-  NOPFS_RETURN_IF_ERROR(JoinPeers(s));
+  NOPFS_RETURN_IF_ERROR(StartPeers());
+  startup_.Mark("peers");
+  NOPFS_RETURN_IF_ERROR(LoadConfig());
+  startup_.Mark("config");
+  JoinPeers(s);
   startup_.Mark("peers");
   NOPFS_RETURN_IF_ERROR(OpenCatalog(s));
   NOPFS_RETURN_IF_ERROR(SettleJob());
@@ -112,52 +116,69 @@ Status Daemon::LoadConfig() {
   return Status::Ok();
 }
 
-Status Daemon::JoinPeers(const Startup& s) {
-  if (!options_.peers.empty()) {
-    Result<std::vector<fabric::PeerAddress>> peers = fabric::ParsePeerList(options_.peers);
-    if (!peers.ok()) return peers.status().WithContext("--peers");
-    if (peers->size() != options_.job.nodes() || options_.node >= peers->size()) {
-      return Status::InvalidArgument("--peers lists " + std::to_string(peers->size()) +
-                                     " nodes, the job has " + std::to_string(options_.job.nodes()) +
-                                     "; write one HOST:PORT per node, in node order");
-    }
-    const fabric::PeerAddress& me = (*peers)[options_.node];
-    if (!options_.peer_listen.empty() &&
-        options_.peer_listen != me.host + ":" + std::to_string(me.port)) {
-      return Status::InvalidArgument("--peer-listen " + options_.peer_listen + " is not entry " +
-                                     std::to_string(options_.node) + " of --peers (" + me.host +
-                                     ":" + std::to_string(me.port) + ")");
-    }
-    Result<fabric::Secret> secret = fabric::ReadSecretFile(options_.peer_secret_file);
-    if (!secret.ok()) return secret.status().WithContext("--peer-secret-file");
-    PeerServiceOptions po;
-    po.provider = options_.peer_provider;
-    po.node = options_.node;
-    po.peers = std::move(*peers);
-    po.secret = *secret;
-    po.timeout = std::chrono::milliseconds(options_.peer_timeout_ms);
-    Result<std::unique_ptr<PeerService>> ps = PeerService::Start(po);
-    if (ps.ok()) {
-      peers_ = std::move(*ps);
-    } else {
-      // A taken port or a provider missing here: the node still serves its own ranks.
-      spdlog::warn("peers: {}; this node runs without peers", ps.status().message());
-    }
+Status Daemon::StartPeers() {
+  const auto after_bind = [this] {
+    return options_.after_peer_bind ? options_.after_peer_bind() : Status::Ok();
+  };
+  if (options_.peers.empty()) return after_bind();
+  Result<std::vector<fabric::PeerAddress>> peers = fabric::ParsePeerList(options_.peers);
+  if (!peers.ok()) return peers.status().WithContext("--peers");
+  if (peers->size() != options_.job.nodes() || options_.node >= peers->size()) {
+    return Status::InvalidArgument("--peers lists " + std::to_string(peers->size()) +
+                                   " nodes, the job has " + std::to_string(options_.job.nodes()) +
+                                   "; write one HOST:PORT per node, in node order");
   }
-
-  if (peers_) {
-    const auto tw = std::chrono::steady_clock::now();
-    if (Status joined = peers_->WaitForPeers(s.deadline); joined.ok()) {
-      spdlog::info("peers: every other node answered in {:.2f} s",
-                   Seconds(std::chrono::steady_clock::now() - tw));
-    } else {
-      spdlog::warn(
-          "peers: {} (deadline {} ms after this node started); the job goes on without them, "
-          "and one that starts later joins for peer reads when it comes",
-          joined.message(), options_.peer_startup_timeout_ms);
-    }
+  const fabric::PeerAddress& me = (*peers)[options_.node];
+  const std::string listen = me.host + ":" + std::to_string(me.port);
+  if (!options_.peer_listen.empty() && options_.peer_listen != listen) {
+    return Status::InvalidArgument("--peer-listen " + options_.peer_listen + " is not entry " +
+                                   std::to_string(options_.node) + " of --peers (" + listen + ")");
+  }
+  Result<fabric::Secret> secret = fabric::ReadSecretFile(options_.peer_secret_file);
+  if (!secret.ok()) {
+    NOPFS_RETURN_IF_ERROR(after_bind());
+    return secret.status().WithContext("--peer-secret-file");
+  }
+  PeerServiceOptions po;
+  po.provider = options_.peer_provider;
+  po.node = options_.node;
+  po.peers = std::move(*peers);
+  po.secret = *secret;
+  po.timeout = std::chrono::milliseconds(options_.peer_timeout_ms);
+  po.after_bind = after_bind;
+  Result<std::unique_ptr<PeerService>> ps = PeerService::Start(po);
+  // Whether or not the endpoint was bound, nothing is read before the capability is gone (a
+  // second call finds none and only checks).
+  NOPFS_RETURN_IF_ERROR(after_bind());
+  if (ps.ok()) {
+    peers_ = std::move(*ps);
+    peer_port_ = me.port;
+    peer_note_ = "listening on " + listen;
+  } else {
+    // A taken port or a provider missing here: the node still serves its own ranks.
+    peer_note_ = "no peers: " + ps.status().message();
+    spdlog::warn("peers: {}; this node runs without peers", ps.status().message());
   }
   return Status::Ok();
+}
+
+void Daemon::JoinPeers(const Startup& s) {
+  if (!peers_) return;
+  const auto tw = std::chrono::steady_clock::now();
+  if (Status joined = peers_->WaitForPeers(s.deadline); joined.ok()) {
+    const double took = Seconds(std::chrono::steady_clock::now() - tw);
+    spdlog::info("peers: every other node answered in {:.2f} s", took);
+    peers_joined_ = true;
+    peer_note_ += fmt::format("; every other node answered in {:.2f} s", took);
+  } else {
+    spdlog::warn(
+        "peers: {} (deadline {} ms after this node started); the job goes on without them, "
+        "and one that starts later joins for peer reads when it comes",
+        joined.message(), options_.peer_startup_timeout_ms);
+    peer_note_ += "; " + joined.message() + " (" +
+                  std::to_string(options_.peer_startup_timeout_ms) +
+                  " ms); the job goes on without them until they answer";
+  }
 }
 
 Status Daemon::OpenCatalog(const Startup& s) {

@@ -19,6 +19,7 @@
 #include "common/version.h"
 #include "fabric/endpoint.h"
 #include "launch/daemon_args.h"
+#include "launch/process.h"
 #include "launch/run_files.h"
 #include "service/daemon/daemon.h"
 #include "service/daemon/log_file.h"
@@ -115,6 +116,11 @@ int main(int argc, char** argv) {
   options.keep_max_bytes = f.keep_max_bytes;
   options.share_running = f.share_running;
   options.summary = f.summary;
+  // The Slurm launcher starts nopfsd with CAP_NET_BIND_SERVICE alone (ambient), so that it can
+  // bind its peer port in the privileged range no user can take; it is given up for good as soon
+  // as the port is bound, before the daemon reads the node config or the dataset. (A root
+  // nopfsd, --allow-root on a personal machine, keeps what root has.)
+  if (geteuid() != 0) options.after_peer_bind = [] { return launch::DropAllCapabilities(); };
   for (auto [text, out] :
        {std::pair{&f.ram, &options.ram_grant}, std::pair{&f.ssd, &options.ssd_grant}}) {
     if (text->empty()) continue;
@@ -166,7 +172,8 @@ int main(int argc, char** argv) {
     return rc;
   }
   spdlog::set_level(spdlog::level::from_str((*daemon)->log_level()));
-  const nopfs::launch::ReadyInfo ready{getpid(), (*daemon)->samples()};
+  const nopfs::launch::ReadyInfo ready{getpid(), (*daemon)->samples(), (*daemon)->peer_port(),
+                                       (*daemon)->peers_joined(), (*daemon)->peer_note()};
   if (Status s = service::WriteFileAtomically(dir, launch::kReadyName, launch::FormatReady(ready));
       !s.ok()) {
     // No ready file, no job: stop serving before saying so, and leave no pid file behind.

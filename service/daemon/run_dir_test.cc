@@ -92,7 +92,7 @@ const Fault kFaults[] = {
 };
 
 TEST_F(RunDirFaultTest, EachStartFileIsWrittenWholeOrNotAtAllAndItsFailureNamesIt) {
-  const std::string ready = launch::FormatReady({4242, 1281167});
+  const std::string ready = launch::FormatReady({4242, 1281167, 0, false, {}});
   const std::pair<const char*, std::string> files[] = {
       {launch::kPidName, "4242\n"},
       {launch::kReadyName, ready},

@@ -20,6 +20,7 @@ Result<std::unique_ptr<PeerService>> PeerService::Start(const PeerServiceOptions
   lo.peers = options.peers;
   lo.secret = options.secret;
   lo.timeout = options.timeout;
+  lo.after_bind = options.after_bind;
   PeerService* self = p.get();
   lo.serve_inline = [self](uint64_t sample) { return self->ServesFromMemory(sample); };
   lo.on_push = [self](uint32_t node, uint64_t sample, uint64_t xxh3,

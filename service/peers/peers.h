@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -43,6 +44,7 @@ struct PeerServiceOptions {
   fabric::Secret secret{};
   std::chrono::milliseconds timeout{5000};  // per request and handshake (a dead peer costs one)
   uint64_t margin = 20;  // docs/algorithm.md §7: readiness margin, in prefetch-list entries
+  std::function<Status()> after_bind;  // fabric::PeerLinkOptions::after_bind
 };
 
 class PeerService final : public PeerSource {

@@ -17,6 +17,9 @@ What a user relies on, checked here:
 - `nopfs run --nodes 2` runs a job of two nodes serving each other, on loopback or (as root, with
   --netns, --hosts and --user) in two network namespaces; its flags' errors say what to write;
 - nothing is left behind after SIGTERM;
+- as root: nodes started as nopfs-job starts them (as `nobody` with CAP_NET_BIND_SERVICE alone,
+  ambient) listen on privileged ports and serve each other, and once ready no thread of nopfsd
+  holds a capability; a node without the capability says in its ready file why it has no peers;
 - one dataset scan per job: on the emulated PFS, a job of 1, 2 or 4 nodes asks it for one
   `stat` per file, at most three operations per directory (its lookup and its listing) and a few
   per node, and every node logs the same catalog fingerprint; a node
@@ -31,6 +34,7 @@ Usage: fabric_test.py BUILD_BIN_DIR
 """
 
 import fcntl
+import glob
 import json
 import os
 import re
@@ -582,6 +586,84 @@ class FabricTest(unittest.TestCase):
             p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
             self.assertEqual(p.returncode, 2, p.stderr)
             self.assertRegex(p.stderr, want)
+
+    def test_privileged_ports_then_no_capability_left(self):
+        if not st.AS_ROOT:
+            self.skipTest("needs root to start nopfsd with a capability")
+        secret = self.private_file("secret", os.urandom(32))
+        conf = self.config(str(int(self.total * 0.6)))
+        ports = []
+        for port in range(600, 988):  # free privileged ports (the default peer_ports)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            ports.append(port)
+            if len(ports) == 3:
+                break
+        addrs = [f"127.0.0.1:{p}" for p in ports[:2]]
+        # As nopfs-job starts nopfsd (launch::Child::Spawn with ambient_caps): nobody with
+        # CAP_NET_BIND_SERVICE alone, in every set but the bounding set's others.
+        cap = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+               "--inh-caps=+net_bind_service", "--ambient-caps=+net_bind_service",
+               "--bounding-set=-all,+net_bind_service", "--"]
+        plain = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"]
+
+        def nopfsd(n, prefix, peers, listen):
+            run = os.path.join(self.work, f"run{len(self.daemons)}")
+            os.mkdir(run, 0o700)
+            shutil.chown(run, "nobody", "nogroup")
+            err = open(os.path.join(self.work, f"nopfsd{len(self.daemons)}.err"), "w")
+            self.addCleanup(err.close)
+            argv = prefix + [
+                os.path.join(BIN, "nopfsd"), "--run-dir", run, "--dataset", self.data.root, *JOB,
+                "--node", str(n), "--config", conf, "--job-id", "captest", "--peers", peers,
+                "--peer-listen", listen, "--peer-secret-file", secret,
+                "--peer-startup-timeout-ms", "10000"]
+            self.daemons.append((subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err),
+                                 run))
+
+        for n in range(2):
+            nopfsd(n, cap, ",".join(addrs), addrs[n])
+        # A third, of a job of its own, without the capability: it may not bind its port.
+        alone = f"127.0.0.1:{ports[2]},127.0.0.1:{ports[0]}"
+        nopfsd(0, plain, alone, f"127.0.0.1:{ports[2]}")
+        ready = []
+        deadline = time.time() + 120
+        for d, run in self.daemons:
+            while not os.path.exists(os.path.join(run, "ready")):
+                self.assertIsNone(d.poll(), run)
+                self.assertLess(time.time(), deadline, run)
+                time.sleep(0.02)
+            ready.append(st.read(os.path.join(run, "ready")))
+        for n in range(2):
+            self.assertIn(f"peer_port={ports[n]}\npeers_joined=1\npeers=listening on {addrs[n]}; "
+                          "every other node answered in ", ready[n])
+            threads = glob.glob(f"/proc/{self.daemons[n][0].pid}/task/*/status")
+            self.assertGreater(len(threads), 1)
+            for path in threads:
+                try:
+                    text = st.read(path)
+                except FileNotFoundError:
+                    continue  # a thread that ended meanwhile
+                status = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+                for key in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+                    self.assertEqual(status[key].strip(), "0000000000000000", f"{path}: {key}")
+                self.assertEqual(status["NoNewPrivs"].strip(), "1", path)
+        self.assertNotIn("peer_port=", ready[2])
+        self.assertIn(f"peers=no peers: peers: fabric: fi_endpoint: cannot listen on "
+                      f"127.0.0.1:{ports[2]} (a privileged port: only a process with "
+                      "CAP_NET_BIND_SERVICE may bind it", ready[2])
+        # The two serve each other.
+        for n in range(2):
+            while not self.prefetch_done(self.status(n)):
+                time.sleep(0.05)
+        for rank in range(4):
+            self.read_rank(rank // 2, rank)
+        statuses = [self.status(n) for n in range(2)]
+        self.assertGreater(sum(s["peers"]["fetched_samples"] for s in statuses), 0, statuses)
+        self.stop_all()
 
     def test_malformed_secret_file_is_a_clear_error(self):
         short = self.private_file("short", b"x" * 7)
