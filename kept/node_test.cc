@@ -201,5 +201,49 @@ TEST_F(NodeKeptTest, AfterTheJobTheQuotaAndTheLifetimeApply) {
       AfterJob(Policy("return { quota = '3MB' }"), *config_, "n1", Paths(), kMe, "/pfs/c", {}), "");
 }
 
+TEST_F(NodeKeptTest, TheEpilogRecordsTheUseOfTheJobsDatasetNotOfOthers) {
+  const int64_t now = ::time(nullptr);
+  Kept(kA, "/pfs/a", kMiB, now - 7200);  // root last saw it used two hours ago
+  Kept(kB, "/pfs/b", kMiB, now - 7200);
+  // The job ran on /pfs/a (it adopted kA): kA's last use is now, kB's stays and expires.
+  const std::string notes = AfterJob(Policy("return { quota = '1GB', lifetime = '1h' }"), *config_,
+                                     "n1", Paths(), kMe, "/pfs/a", {});
+  EXPECT_EQ(Left(), std::set<std::string>{kA}) << notes;
+  const std::optional<RootTimes> t = Recorded(kA);
+  ASSERT_TRUE(t.has_value());
+  EXPECT_GE(t->last_used, now);
+  EXPECT_EQ(t->first_seen, now - 7200);
+  EXPECT_FALSE(Recorded(kB).has_value()) << "the record of a removed dataset stays";
+}
+
+TEST_F(NodeKeptTest, ThePrologCountsWhatAUserLeftAndRemovesStrays) {
+  Kept(kA, "/pfs/a", 4 * kMiB, ::time(nullptr));
+  std::ofstream(UserDir() + "/junk", std::ios::binary) << std::string(3 * kMiB, 'x');
+  fs::create_directories(UserDir() + "/12.0");  // a running job's tier: its reservation's
+  std::ofstream(UserDir() + "/12.0/data.0", std::ios::binary) << std::string(20 * kMiB, 'x');
+  fs::create_directories(UserDir() + "/held");  // held by a live process: counted, kept
+  std::ofstream(UserDir() + "/held/data", std::ios::binary) << std::string(2 * kMiB, 'x');
+  Result<int> lock = LockKeptEntry(UserDir() + "/held");
+  ASSERT_TRUE(lock.ok()) << lock.status().message();
+  lua::NodeState ns = Node(20 * kMiB);
+  NodeKept kept(KeepJob{kMe, "/pfs/a", true, Policy("return { quota = '1GB' }")}, *config_, Paths(),
+                {LiveJob{kMe, 12, 0}}, &ns);
+  EXPECT_FALSE(fs::exists(UserDir() + "/junk"));
+  EXPECT_TRUE(fs::exists(UserDir() + "/12.0/data.0"));
+  EXPECT_TRUE(fs::exists(UserDir() + "/held/data"));
+  EXPECT_GE(ns.ssd_kept, 4 * kMiB);
+  EXPECT_LT(ns.ssd_kept, 5 * kMiB) << "the dataset only: junk is gone, held is reserved";
+  EXPECT_GE(ns.ssd_reserved, 22 * kMiB) << "the live job's 20 MiB and the 2 MiB held";
+  EXPECT_LT(ns.ssd_reserved, 23 * kMiB) << "the live job's directory counted twice";
+  lua::Admission adm;
+  adm.admitted = true;
+  adm.ssd = 10 * kMiB;
+  const KeepPlan plan = kept.Admitted(ns, adm);
+  EXPECT_NE(plan.note.find("nopfs-" + std::to_string(kMe) + "/junk ("), std::string::npos)
+      << plan.note;
+  EXPECT_NE(plan.note.find("stray)"), std::string::npos) << plan.note;
+  ::close(*lock);
+}
+
 }  // namespace
 }  // namespace nopfs::kept

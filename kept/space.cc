@@ -203,8 +203,10 @@ KeptNode KeptNode::Scan(const std::vector<std::string>& ssd_paths, const ScanOpt
           if (!u.status.ok()) node.errors_.push_back(Printable(u.status.message()));
           // A job directory being made (.tmp.*) may have no lock file yet: the grace applies to
           // those only; anything else is in use only while its lock file is held.
-          e.in_use =
-              n.rfind(".tmp.", 0) == 0 ? KeptEntryInUse(area->dir, n) : KeptLockHeld(area->dir, n);
+          // (area->dir + "/.": with the descriptor's magic link as the path's last component,
+          // O_NOFOLLOW would refuse it.)
+          const std::string here = area->dir + "/.";
+          e.in_use = n.rfind(".tmp.", 0) == 0 ? KeptEntryInUse(here, n) : KeptLockHeld(here, n);
           e.times = {node.now_, node.now_};
           node.entries_.push_back(std::move(e));
         }
