@@ -13,6 +13,7 @@
 #include <set>
 
 #include "common/printable.h"
+#include "common/unique_fd.h"
 #include "common/units.h"
 #include "kept/tree.h"
 
@@ -142,26 +143,28 @@ KeptNode KeptNode::Scan(const std::vector<std::string>& ssd_paths, const ScanOpt
       area->shown = path + "/" + name;
       area->dir = "/proc/self/fd/" + std::to_string(area->fd);
       const size_t index = node.areas_.size();
+      node.areas_.push_back(std::move(area));
+      Area* const user = node.areas_.back().get();
       bool whole = true;
       // kept/: the datasets.
       struct stat kst {};
       const bool kept_is_dir =
-          ::fstatat(area->fd, "kept", &kst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(kst.st_mode);
+          ::fstatat(user->fd, "kept", &kst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(kst.st_mode);
       // Root's view: a `kept` that is not a directory is a stray (below), never followed.
       Result<std::vector<KeptDataset>> list =
-          kept_is_dir || !o.root ? ListKept(area->dir + "/kept") : std::vector<KeptDataset>();
+          kept_is_dir || !o.root ? ListKept(user->dir + "/kept") : std::vector<KeptDataset>();
       if (!list.ok()) {
         whole = false;
-        node.errors_.push_back(Printable(area->shown + "/kept: " + list.status().message()));
+        node.errors_.push_back(Printable(user->shown + "/kept: " + list.status().message()));
         list = std::vector<KeptDataset>();
       }
       for (KeptDataset& k : *list) {
         KeptEntry e;
         e.uid = uid;
         e.area = index;
-        k.dir = area->shown + "/kept/" + k.key;
+        k.dir = user->shown + "/kept/" + k.key;
         e.data = std::move(k);
-        if (e.Pending()) e.in_use = KeptEntryInUse(area->dir + "/kept", e.data.key);
+        if (e.Pending()) e.in_use = KeptEntryInUse(user->dir + "/kept", e.data.key);
         if (!o.root) {
           e.times = {e.data.created, e.data.last_used};
         } else if (e.Complete()) {
@@ -183,7 +186,7 @@ KeptNode KeptNode::Scan(const std::vector<std::string>& ssd_paths, const ScanOpt
       }
       // Everything else in nopfs-<uid>/ (root's view).
       if (o.root) {
-        Result<std::vector<std::string>> all = Names(area->fd, area->shown);
+        Result<std::vector<std::string>> all = Names(user->fd, user->shown);
         if (!all.ok()) {
           whole = false;
           node.errors_.push_back(Printable(all.status().message()));
@@ -192,27 +195,36 @@ KeptNode KeptNode::Scan(const std::vector<std::string>& ssd_paths, const ScanOpt
         for (const std::string& n : *all) {
           if (o.live && o.live(uid, n)) continue;
           if (n == "kept" && kept_is_dir) continue;
+          if (n == kLiveDir && o.live) {
+            struct stat lst {};
+            if (::fstatat(user->fd, n.c_str(), &lst, AT_SYMLINK_NOFOLLOW) == 0 &&
+                S_ISDIR(lst.st_mode)) {
+              node.ScanLive(index, o);
+              continue;
+            }
+          }
           KeptEntry e;
           e.uid = uid;
           e.area = index;
           e.stray = true;
           e.data.key = n;
-          e.data.dir = area->shown + "/" + n;
-          const TreeUsage u = UsageAt(area->fd, n, e.data.dir);
+          e.data.dir = user->shown + "/" + n;
+          const TreeUsage u = UsageAt(user->fd, n, e.data.dir);
           e.data.bytes = u.bytes;
           if (!u.status.ok()) node.errors_.push_back(Printable(u.status.message()));
           // A job directory being made (.tmp.*) may have no lock file yet: the grace applies to
           // those only; anything else is in use only while its lock file is held.
-          // (area->dir + "/.": with the descriptor's magic link as the path's last component,
+          // (user->dir + "/.": with the descriptor's magic link as the path's last component,
           // O_NOFOLLOW would refuse it.)
-          const std::string here = area->dir + "/.";
+          const std::string here = user->dir + "/.";
           e.in_use = n.rfind(".tmp.", 0) == 0 ? KeptEntryInUse(here, n) : KeptLockHeld(here, n);
+          // Without the ledger (`nopfs gc`), the running jobs' sibling registry is in use.
+          e.in_use = e.in_use || n == kLiveDir;
           e.times = {node.now_, node.now_};
           node.entries_.push_back(std::move(e));
         }
       }
       if (whole) listed.insert(uid);
-      node.areas_.push_back(std::move(area));
     }
     ::close(pfd);
     if (record != nullptr) {
@@ -238,6 +250,44 @@ KeptNode KeptNode::Scan(const std::vector<std::string>& ssd_paths, const ScanOpt
   }
   node.SaveRecords();
   return node;
+}
+
+void KeptNode::ScanLive(size_t index, const ScanOptions& o) {
+  const Area& area = *areas_[index];
+  const std::string shown = area.shown + "/" + kLiveDir;
+  UniqueFd dir(::openat(area.fd, kLiveDir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  Result<std::vector<std::string>> names =
+      dir.valid() ? Names(dir.get(), shown) : Status::FromErrno(errno, shown);
+  if (!names.ok()) {
+    if (names.status().code() != StatusCode::kNotFound)
+      errors_.push_back(Printable(names.status().message()));
+    return;
+  }
+  for (const std::string& n : *names) {
+    // <key>.<job>.<node>, or .tmp.<key>.<job>.<node> while it is written.
+    const std::string entry = n.rfind(".tmp.", 0) == 0 ? n.substr(5) : n;
+    if (entry.size() > 17 && IsKeptKey(entry.substr(0, 16)) && entry[16] == '.' &&
+        o.live(area.uid, entry.substr(17))) {
+      continue;
+    }
+    KeptEntry e;
+    e.uid = area.uid;
+    e.area = index;
+    e.stray = true;
+    e.under = kLiveDir;
+    e.data.key = n;
+    e.data.dir = shown + "/" + n;
+    const TreeUsage u = UsageAt(dir.get(), n, e.data.dir);
+    e.data.bytes = u.bytes;
+    if (!u.status.ok()) errors_.push_back(Printable(u.status.message()));
+    // A job that started after the ledger was read (the epilog) registers meanwhile: an entry
+    // changed in the last kKeptLockGraceSeconds is in use.
+    struct stat st {};
+    e.in_use = ::fstatat(dir.get(), n.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+               now_ - int64_t(st.st_ctime) < kKeptLockGraceSeconds;
+    e.times = {now_, now_};
+    entries_.push_back(std::move(e));
+  }
 }
 
 void KeptNode::SaveRecords() {
@@ -295,7 +345,7 @@ void KeptNode::MarkUsed(uint32_t uid, const std::function<bool(const KeptEntry&)
 
 void KeptNode::Forget(const KeptEntry& e) {
   std::erase_if(entries_, [&](const KeptEntry& x) {
-    return x.area == e.area && x.stray == e.stray && x.data.key == e.data.key;
+    return x.area == e.area && x.stray == e.stray && x.under == e.under && x.data.key == e.data.key;
   });
   RootRecord* r = records_.empty() ? nullptr : records_[areas_[e.area]->path].get();
   if (r != nullptr && !e.stray && r->times().erase({e.uid, e.data.key}) != 0) r->Touch();
@@ -308,8 +358,17 @@ Removal KeptNode::Remove(const KeptEntry& e, std::string why) {
     return r;
   }
   const Area& a = *areas_[e.area];
-  r.status = e.stray ? RemoveTreeAt(a.fd, e.data.key, e.data.dir)
-                     : RemoveKept(a.dir + "/kept", e.data.key);
+  if (!e.stray) {
+    r.status = RemoveKept(a.dir + "/kept", e.data.key);
+  } else if (e.under.empty()) {
+    r.status = RemoveTreeAt(a.fd, e.data.key, e.data.dir);
+  } else {
+    UniqueFd under(
+        ::openat(a.fd, e.under.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    r.status = under.valid()     ? RemoveTreeAt(under.get(), e.data.key, e.data.dir)
+               : errno == ENOENT ? Status::Ok()
+                                 : Status::FromErrno(errno, a.shown + "/" + e.under);
+  }
   if (r.status.ok()) Forget(e);
   return r;
 }
@@ -374,7 +433,9 @@ std::string DescribeRemovals(const std::vector<Removal>& removals) {
     if (!out.empty()) out += "; ";
     // The key, the dataset and the error's paths come from the user's files: made printable.
     out += "uid " + std::to_string(r.entry.uid) + " " +
-           (r.entry.stray ? "nopfs-" + std::to_string(r.entry.uid) + "/" : "") +
+           (r.entry.stray ? "nopfs-" + std::to_string(r.entry.uid) + "/" +
+                                (r.entry.under.empty() ? "" : r.entry.under + "/")
+                          : "") +
            Printable(r.entry.data.key) + " (" +
            (r.entry.data.dataset.empty() ? "" : Printable(r.entry.data.dataset) + ", ") +
            FormatBytes(static_cast<double>(r.entry.data.bytes)) + ", " + r.why +

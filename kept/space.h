@@ -15,6 +15,12 @@
 //   a live job's  <job>.<node> or .tmp.<job>.<node>.* of a job the ledger holds (ScanOptions::
 //   directory     live): the job's SSD reservation counts it, so it is neither counted here nor
 //                 removed
+//   live/<entry>  the sibling registry (service/reader/sibling.h): an entry <key>.<job>.<node>
+//                 (or .tmp.<key>.<job>.<node>) of a live job is that job's; any other entry is
+//                 a stray (in use for kKeptLockGraceSeconds after its last change: a job
+//                 admitted after the epilog read the ledger registers meanwhile). Without
+//                 ScanOptions::live (`nopfs gc`, which does not read the ledger), all of live/
+//                 is one stray in use.
 //   a stray       anything else (a loose file, a renamed job directory, `kept` when it is not a
 //                 directory): counted against the user, removed by Sweep
 // and the times that count are root's own (kept/record.h): a dataset root has no record of is
@@ -57,6 +63,7 @@ struct KeptEntry {
   KeptDataset data;     // data.dir is the path as shown (<ssd path>/nopfs-<uid>/kept/<name>; for a
                         // stray <ssd path>/nopfs-<uid>/<name>, data.key being <name>)
   bool stray = false;   // root's view: outside kept/, and not a live job's directory
+  std::string under;    // a stray's directory in nopfs-<uid>/: "" or kLiveDir
   bool in_use = false;  // held by a live process: counted, never removed
   // The times the rules use: root's record in root's view, the MANIFEST's in the user's.
   RootTimes times;
@@ -80,7 +87,8 @@ struct Removal {
 struct ScanOptions {
   std::optional<uint32_t> only_uid;  // set: that user's directory only
   // Root's view (above): everything in nopfs-<uid>/ and root's record of times, which Scan
-  // opens and locks for the KeptNode's life (kRootRecordTimeout at most).
+  // opens and locks for the KeptNode's life, waiting kRootRecordTimeout at most while another
+  // KeptNode holds it (of any process, this one too: end one before scanning again).
   bool root = false;
   // Root's view: whether datasets root sees for the first time are written to the record (the
   // prolog and the epilog) or only taken as "now" (`nopfs gc`). Records of datasets that are
@@ -92,6 +100,8 @@ struct ScanOptions {
 };
 
 inline constexpr std::chrono::milliseconds kRootRecordTimeout{30000};
+// The running jobs' sibling registry in nopfs-<uid>/ (service/reader/sibling.h).
+inline constexpr char kLiveDir[] = "live";
 
 // Whether `name` in nopfs-<uid>/ is the SSD directory of job `job_id` on node index `index`:
 // <job>.<index>, or .tmp.<job>.<index>.* while the tier is being made (service/tiers/ssd_tier.h).
@@ -143,6 +153,7 @@ class KeptNode {
   struct Area;
   KeptNode();
   void Forget(const KeptEntry& e);
+  void ScanLive(size_t area, const ScanOptions& o);
   void SaveRecords();
   std::vector<std::unique_ptr<Area>> areas_;
   std::vector<std::unique_ptr<RootRecord>> records_;  // per SSD path (null: none)

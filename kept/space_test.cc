@@ -381,6 +381,44 @@ TEST(KeptSpace, EverythingInTheUsersDirectoryCountsAndStraysGo) {
   EXPECT_EQ(OnDisk(user), std::set<std::string>{"88.0"});
 }
 
+TEST(KeptSpace, TheSiblingRegistryOfLiveJobsStaysAndTheRestIsStray) {
+  const std::string ssd = Fresh("live");
+  const std::string user = ssd + "/nopfs-" + std::to_string(kMe);
+  fs::create_directories(user + "/live");
+  std::ofstream(user + "/live/" + kA + ".88.0") << "pid=1\n";       // a live job's entry
+  std::ofstream(user + "/live/.tmp." + kB + ".88.0") << "pid=1\n";  // one being written
+  std::ofstream(user + "/live/" + kA + ".55.0") << "pid=2\n";       // a job that is over
+  std::ofstream(user + "/live/junk", std::ios::binary) << std::string(kMiB, 'x');
+  fs::create_directory_symlink(ssd, user + "/live/link");
+  const int64_t later = ::time(nullptr) + 120;  // past the grace of a fresh entry
+  KeptNode n = KeptNode::Scan({ssd}, RootView(later, {{kMe, "88.0"}}));
+  std::set<std::string> strays;
+  for (const KeptEntry& e : n.entries()) {
+    EXPECT_TRUE(e.stray);
+    EXPECT_EQ(e.under, "live");
+    strays.insert(e.data.key);
+  }
+  EXPECT_EQ(strays, (std::set<std::string>{kA + ".55.0", "junk", "link"}));
+  EXPECT_GE(n.BytesOf(kMe), kMiB);
+  const std::vector<Removal> r = n.Sweep([](uint32_t) { return KeepLimits{100 * kMiB, 0}; }, later);
+  EXPECT_EQ(r.size(), 3u);
+  EXPECT_NE(DescribeRemovals(r).find("nopfs-" + std::to_string(kMe) + "/live/junk ("),
+            std::string::npos)
+      << DescribeRemovals(r);
+  EXPECT_EQ(OnDisk(user + "/live"), (std::set<std::string>{kA + ".88.0", ".tmp." + kB + ".88.0"}));
+  EXPECT_TRUE(fs::exists(ssd + "/nopfs-" + std::to_string(kMe))) << "the link was followed";
+  Release(n);
+  // Without the ledger (`nopfs gc`), live/ is counted and left alone.
+  ScanOptions gc;
+  gc.root = true;
+  gc.now = later;
+  n = KeptNode::Scan({ssd}, gc);
+  ASSERT_EQ(n.entries().size(), 1u);
+  EXPECT_TRUE(n.entries()[0].in_use);
+  EXPECT_TRUE(n.Sweep([](uint32_t) { return KeepLimits{}; }, later).empty());
+  EXPECT_EQ(OnDisk(user + "/live").size(), 2u);
+}
+
 TEST(KeptSpace, Ages) {
   EXPECT_EQ(FormatAge(-3), "0s");
   EXPECT_EQ(FormatAge(59), "59s");
