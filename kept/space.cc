@@ -219,7 +219,7 @@ KeptNode KeptNode::Scan(const std::vector<std::string>& ssd_paths, const ScanOpt
           const std::string here = user->dir + "/.";
           e.in_use = n.rfind(".tmp.", 0) == 0 ? KeptEntryInUse(here, n) : KeptLockHeld(here, n);
           // Without the ledger (`nopfs gc`), the running jobs' sibling registry is in use.
-          e.in_use = e.in_use || n == kLiveDir;
+          e.in_use = e.in_use || (n == kLiveDir && !o.live);
           e.times = {node.now_, node.now_};
           node.entries_.push_back(std::move(e));
         }
