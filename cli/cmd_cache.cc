@@ -84,6 +84,9 @@ int List(const CacheFlags& f) {
                   e.Pending() ? "(being kept or adopted)" : "(incomplete: never used)");
     }
   }
+  std::printf(
+      "AGE and LAST USE as each MANIFEST says; the site's lifetime and eviction order go by "
+      "root's own record of when your jobs last used each one\n");
   return 0;
 }
 

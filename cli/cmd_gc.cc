@@ -51,12 +51,19 @@ int RunGc(GcFlags f) {
   for (const policy::StorageClass& c : config->model().classes) {
     if (c.kind == policy::ClassKind::kSsd && !c.path.empty()) paths.push_back(c.path);
   }
-  kept::KeptNode kept = kept::KeptNode::Scan(paths);
+  // Root's view (kept/space.h): everything in every nopfs-<uid>/, with root's own record of
+  // times (datasets root has not seen before are recorded as first seen now, so that a node
+  // where only gc runs still ages them). The ledger is not read here: a running job's directory
+  // is in use (its lock is held) and left alone, counted among the held bytes.
+  kept::ScanOptions scan;
+  scan.root = true;
+  kept::KeptNode kept = kept::KeptNode::Scan(paths, scan);
   lua::NodeState ns;
   ns.name = f.node;
   ns.ram_total = config->CapacityOf(policy::ClassKind::kRam);
   ns.ssd_total = config->CapacityOf(policy::ClassKind::kSsd);
-  ns.ssd_kept = kept.Bytes();
+  ns.ssd_kept = kept.Bytes() - kept.HeldBytes();
+  ns.ssd_reserved = kept.HeldBytes();
   lua::KeepGrants grants(f.policy, *config, ns);
   const std::vector<kept::Removal> removed = kept.Sweep(
       [&](uint32_t uid) {

@@ -18,13 +18,13 @@
 #include "common/lock_file.h"
 #include "common/small_file.h"
 #include "common/unique_fd.h"
+#include "kept/tree.h"
 
 namespace nopfs::kept {
 namespace {
 
 constexpr std::string_view kManifestMagic = "NOPFSKPT";
 constexpr std::string_view kIndexMagic = "NOPFSKIX";
-constexpr int kMaxRemoveDepth = 8;
 
 uint64_t Hash(std::string_view bytes) {
   return ColdXxh3(std::as_bytes(std::span(bytes.data(), bytes.size())));
@@ -59,64 +59,6 @@ Result<std::string_view> Unseal(std::string_view bytes, std::string_view magic, 
   return sealed.substr(magic.size() + 4);
 }
 
-// Disk bytes of the regular files directly in the directory `dfd` (lstat only).
-uint64_t DiskBytes(int dfd) {
-  const int dup = ::fcntl(dfd, F_DUPFD_CLOEXEC, 0);
-  if (dup < 0) return 0;
-  DIR* d = ::fdopendir(dup);
-  if (d == nullptr) {
-    ::close(dup);
-    return 0;
-  }
-  uint64_t bytes = 0;
-  while (const dirent* e = ::readdir(d)) {
-    struct stat st {};
-    if (::fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
-      bytes += uint64_t(st.st_blocks) * 512;
-    }
-  }
-  ::closedir(d);
-  return bytes;
-}
-
-// Removes everything inside the directory `dfd` (depth-limited, never following a symlink).
-Status EmptyDirAt(int dfd, const std::string& path, int depth) {
-  if (depth > kMaxRemoveDepth) return Status::FailedPrecondition(path + ": nested too deep");
-  const int dup = ::fcntl(dfd, F_DUPFD_CLOEXEC, 0);
-  if (dup < 0) return Status::FromErrno(errno, path);
-  DIR* d = ::fdopendir(dup);
-  if (d == nullptr) {
-    const int err = errno;
-    ::close(dup);
-    return Status::FromErrno(err, path);
-  }
-  std::vector<std::string> names;
-  while (const dirent* e = ::readdir(d)) {
-    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0)
-      names.emplace_back(e->d_name);
-  }
-  ::closedir(d);
-  for (const std::string& n : names) {
-    const std::string sub = path + "/" + n;
-    struct stat st {};
-    if (::fstatat(dfd, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
-      if (errno == ENOENT) continue;
-      return Status::FromErrno(errno, sub);
-    }
-    if (S_ISDIR(st.st_mode)) {
-      UniqueFd child(::openat(dfd, n.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-      if (child.get() < 0) return Status::FromErrno(errno, sub);
-      NOPFS_RETURN_IF_ERROR(EmptyDirAt(child.get(), sub, depth + 1));
-      if (::unlinkat(dfd, n.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
-        return Status::FromErrno(errno, sub);
-      }
-    } else if (::unlinkat(dfd, n.c_str(), 0) != 0 && errno != ENOENT) {
-      return Status::FromErrno(errno, sub);
-    }
-  }
-  return Status::Ok();
-}
-
 void HexTo(uint64_t v, char* out) {
   static constexpr char kHex[] = "0123456789abcdef";
   for (int i = 15; i >= 0; --i) {
@@ -137,7 +79,9 @@ Result<int> LockKeptEntry(const std::string& dir) {
   return fd;
 }
 
-bool KeptEntryInUse(const std::string& kept_dir, const std::string& name) {
+namespace {
+
+bool InUse(const std::string& kept_dir, const std::string& name, bool grace) {
   UniqueFd kfd(::open(kept_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (kfd.get() < 0) return false;
   UniqueFd dfd(::openat(kfd.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
@@ -145,13 +89,23 @@ bool KeptEntryInUse(const std::string& kept_dir, const std::string& name) {
   UniqueFd lock(::openat(dfd.get(), "lock", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   if (lock.get() < 0) {
     struct stat st {};
-    return errno == ENOENT && ::fstat(dfd.get(), &st) == 0 &&
+    return grace && errno == ENOENT && ::fstat(dfd.get(), &st) == 0 &&
            int64_t(::time(nullptr)) - int64_t(st.st_ctime) < kKeptLockGraceSeconds;
   }
   struct stat st {};
   if (::fstat(lock.get(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
   if (::flock(lock.get(), LOCK_SH | LOCK_NB) != 0) return errno == EWOULDBLOCK;
   return false;
+}
+
+}  // namespace
+
+bool KeptEntryInUse(const std::string& kept_dir, const std::string& name) {
+  return InUse(kept_dir, name, true);
+}
+
+bool KeptLockHeld(const std::string& dir, const std::string& name) {
+  return InUse(dir, name, false);
 }
 
 std::string KeptKey(std::string_view canonical_dataset, std::string_view scan_options) {
@@ -311,8 +265,9 @@ Result<std::vector<KeptDataset>> ListKept(const std::string& kept_dir) {
     k.dir = kept_dir + "/" + name;
     struct stat st {};
     if (::fstatat(kfd.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;  // gone
+    // Everything in the entry, whatever its shape (kept/tree.h).
+    k.bytes = UsageAt(kfd.get(), name, k.dir).bytes;
     if (!S_ISDIR(st.st_mode)) {
-      if (S_ISREG(st.st_mode)) k.bytes = uint64_t(st.st_blocks) * 512;
       out.push_back(std::move(k));
       continue;
     }
@@ -322,7 +277,6 @@ Result<std::vector<KeptDataset>> ListKept(const std::string& kept_dir) {
       out.push_back(std::move(k));
       continue;
     }
-    k.bytes = DiskBytes(dfd.get());
     if (IsKeptKey(name)) {
       Result<std::string> bytes =
           ReadSmallFileAt(dfd.get(), "MANIFEST", SmallFileRules{kMaxManifestBytes, {}});
@@ -354,25 +308,7 @@ Status RemoveKept(const std::string& kept_dir, const std::string& name) {
     if (errno == ENOENT) return Status::Ok();
     return Status::FromErrno(errno, kept_dir);
   }
-  const std::string path = kept_dir + "/" + name;
-  struct stat st {};
-  if (::fstatat(kfd.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
-    if (errno == ENOENT) return Status::Ok();
-    return Status::FromErrno(errno, path);
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    if (::unlinkat(kfd.get(), name.c_str(), 0) != 0 && errno != ENOENT) {
-      return Status::FromErrno(errno, path);
-    }
-    return Status::Ok();
-  }
-  UniqueFd dfd(::openat(kfd.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (dfd.get() < 0) return Status::FromErrno(errno, path);
-  NOPFS_RETURN_IF_ERROR(EmptyDirAt(dfd.get(), path, 0));
-  if (::unlinkat(kfd.get(), name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
-    return Status::FromErrno(errno, path);
-  }
-  return Status::Ok();
+  return RemoveTreeAt(kfd.get(), name, kept_dir + "/" + name);
 }
 
 }  // namespace nopfs::kept

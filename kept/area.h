@@ -45,7 +45,7 @@ std::string KeptAreaDir(const std::string& user_dir);  // <user_dir>/kept
 struct KeptDataset {
   std::string key, dir;  // dir = <kept>/<key>
   std::string dataset;   // the dataset root it holds (from MANIFEST)
-  uint64_t bytes = 0;    // disk bytes (st_blocks*512 of its regular files, lstat only)
+  uint64_t bytes = 0;    // disk bytes of everything in it, whatever its shape (kept/tree.h)
   uint64_t samples = 0;
   int64_t created = 0, last_used = 0;  // unix seconds (MANIFEST fields)
   bool complete = false;               // a valid MANIFEST is present
@@ -56,8 +56,9 @@ struct KeptDataset {
 // common/coding.h. A missing <kept> is an empty list.
 Result<std::vector<KeptDataset>> ListKept(const std::string& kept_dir);
 
-// Removes <kept>/<key> (or a .tmp.* entry) on descriptors (openat/unlinkat, AT_SYMLINK_NOFOLLOW,
-// never leaves the directory); safe as root inside a user's directory. A missing entry is ok.
+// Removes <kept>/<key> (or a .tmp.* entry) and everything below it, at any depth, on descriptors
+// (RemoveTreeAt, kept/tree.h: never follows a link, never leaves the tree); safe as root inside a
+// user's directory. A missing entry is ok.
 Status RemoveKept(const std::string& kept_dir, const std::string& name);
 
 // A .tmp.* entry is in use while a live nopfsd holds the flock of its `lock` file (LockKeptEntry),
@@ -69,6 +70,8 @@ inline constexpr int64_t kKeptLockGraceSeconds = 60;
 Result<int> LockKeptEntry(const std::string& dir);
 // Whether a live nopfsd writes or adopts <kept>/<name> (see above); never follows a symlink.
 bool KeptEntryInUse(const std::string& kept_dir, const std::string& name);
+// Whether <dir>/<name>/lock is held with flock by a live process (no grace, no link followed).
+bool KeptLockHeld(const std::string& dir, const std::string& name);
 
 // The key of a dataset: 16 lowercase hex digits of the xxh3 of the canonical dataset root and the
 // scan options that change which samples it has (not the seed, epochs, nodes or ranks).

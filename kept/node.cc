@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <ctime>
+#include <optional>
 
 #include "common/units.h"
 
@@ -23,31 +24,54 @@ std::function<KeepLimits(uint32_t)> LimitsOf(lua::KeepGrants* grants) {
   };
 }
 
+// Whether kept dataset `k` holds `dataset` (as given, or its canonical path).
+bool Holds(const KeptEntry& k, const std::string& dataset, const std::string& canonical) {
+  return k.Complete() && !k.stray && (k.data.dataset == dataset || k.data.dataset == canonical);
+}
+
+ScanOptions RootScan(std::optional<uint32_t> only_uid, const std::vector<LiveJob>& live) {
+  ScanOptions o;
+  o.only_uid = only_uid;
+  o.root = true;
+  o.live = LiveDirs(live);
+  return o;
+}
+
 void Append(std::string* out, const std::string& what) {
   if (!what.empty()) *out += (out->empty() ? "" : "; ") + what;
 }
 
 }  // namespace
 
+std::function<bool(uint32_t, const std::string&)> LiveDirs(std::vector<LiveJob> live) {
+  return [live = std::move(live)](uint32_t uid, const std::string& name) {
+    return std::any_of(live.begin(), live.end(), [&](const LiveJob& j) {
+      return j.uid == uid && IsJobDir(name, j.job_id, j.index);
+    });
+  };
+}
+
 NodeKept::NodeKept(KeepJob job, const lua::NodeConfig& config,
-                   const std::vector<std::string>& ssd_paths, lua::NodeState* ns)
+                   const std::vector<std::string>& ssd_paths, const std::vector<LiveJob>& live,
+                   lua::NodeState* ns)
     : job_(std::move(job)),
-      kept_(KeptNode::Scan(ssd_paths)),
+      kept_(KeptNode::Scan(ssd_paths, RootScan(std::nullopt, live))),
       grants_(job_.policy, config, WithKept(*ns)) {
   removed_ = kept_.Sweep(LimitsOf(&grants_), ::time(nullptr));
-  ns->ssd_kept = kept_.Bytes();
+  *ns = WithKept(*ns);
 }
 
 lua::NodeState NodeKept::WithKept(lua::NodeState ns) const {
-  ns.ssd_kept = kept_.Bytes();
+  // What is in use (a live process holds it) cannot be evicted: it counts as reserved.
+  ns.ssd_kept = kept_.Bytes() - kept_.HeldBytes();
+  ns.ssd_reserved += kept_.HeldBytes();
   return ns;
 }
 
 KeepPlan NodeKept::Admitted(const lua::NodeState& ns, const lua::Admission& adm) {
   const std::string canonical = Canonical(job_.dataset);
   auto adoptable = [&](const KeptEntry& k) {
-    return k.uid == job_.uid && k.Complete() &&
-           (k.data.dataset == job_.dataset || k.data.dataset == canonical);
+    return k.uid == job_.uid && Holds(k, job_.dataset, canonical);
   };
   uint64_t own = 0;
   for (const KeptEntry& k : kept_.entries()) {
@@ -87,13 +111,15 @@ KeepPlan NodeKept::Admitted(const lua::NodeState& ns, const lua::Admission& adm)
 
 std::string AfterJob(const std::string& policy, const lua::NodeConfig& config,
                      const std::string& node, const std::vector<std::string>& ssd_paths,
-                     uint32_t uid) {
+                     uint32_t uid, const std::string& dataset, const std::vector<LiveJob>& live) {
   lua::NodeState ns;
   ns.name = node;
   ns.ram_total = config.CapacityOf(policy::ClassKind::kRam);
   ns.ssd_total = config.CapacityOf(policy::ClassKind::kSsd);
-  KeptNode kept = KeptNode::Scan(ssd_paths, uid);
-  ns.ssd_kept = kept.Bytes();
+  KeptNode kept = KeptNode::Scan(ssd_paths, RootScan(uid, live));
+  const std::string canonical = Canonical(dataset);
+  kept.MarkUsed(uid, [&](const KeptEntry& k) { return Holds(k, dataset, canonical); });
+  ns.ssd_kept = kept.Bytes() - kept.HeldBytes();
   lua::KeepGrants grants(policy, config, ns);
   const std::vector<Removal> removed = kept.Sweep(LimitsOf(&grants), ::time(nullptr));
   std::string notes;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,13 +33,23 @@ struct KeepJob {
   std::string policy;   // the policy file ("": none, nothing is kept)
 };
 
+// A job the ledger holds on this node: its SSD directories (<job>.<index>) count in its
+// reservation, not among the kept bytes, and are never removed as strays.
+struct LiveJob {
+  uint32_t uid = 0;
+  uint64_t job_id = 0;
+  uint32_t index = 0;
+};
+
 class NodeKept {
  public:
-  // Lists every user's kept datasets under `ssd_paths`, removes their incomplete, expired and
-  // over-quota ones (the policy's keep hook, asked about `node` with ssd_kept set), and sets
-  // ns->ssd_kept to what is left.
+  // Lists everything every user has under `ssd_paths` but the directories of `live` jobs
+  // (root's view, kept/space.h), removes strays and incomplete, expired and over-quota datasets
+  // (the policy's keep hook, asked about `node` with ssd_kept set), and sets ns->ssd_kept to
+  // the removable kept bytes left and adds what is in use (HeldBytes, which nothing evicts) to
+  // ns->ssd_reserved.
   NodeKept(KeepJob job, const lua::NodeConfig& config, const std::vector<std::string>& ssd_paths,
-           lua::NodeState* ns);
+           const std::vector<LiveJob>& live, lua::NodeState* ns);
   // Once the job is admitted with `adm` (ns: the node before it): removes the least recently
   // used datasets of any user until the kept bytes fit beside ns.ssd_reserved and adm.ssd (the
   // job's user's kept copies of its dataset count within the grant: the job adopts them), and
@@ -54,11 +65,16 @@ class NodeKept {
   std::vector<Removal> removed_;
 };
 
-// The epilog's part, after the job's nopfsd has stopped: the user's quota and lifetimes on the
-// user's kept datasets under `ssd_paths`. Returns what to add to the epilog's line ("kept ...;
-// kept datasets removed: ...; "), "" when the user has nothing kept.
+// The epilog's part, after the job's nopfsd has stopped: the job used the user's kept datasets of
+// `dataset` (adopted or kept them: their last use in root's record is now), then the user's
+// strays, quota and lifetimes apply to everything the user has under `ssd_paths` but the
+// directories of `live` jobs. Returns what to add to the epilog's line ("kept ...; kept datasets
+// removed: ...; "), "" when the user has nothing there.
 std::string AfterJob(const std::string& policy, const lua::NodeConfig& config,
                      const std::string& node, const std::vector<std::string>& ssd_paths,
-                     uint32_t uid);
+                     uint32_t uid, const std::string& dataset, const std::vector<LiveJob>& live);
+
+// ScanOptions::live for `live`.
+std::function<bool(uint32_t, const std::string&)> LiveDirs(std::vector<LiveJob> live);
 
 }  // namespace nopfs::kept

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -44,6 +45,8 @@ class NodeKeptTest : public testing::Test {
     return path;
   }
 
+  // A kept dataset that root's record says was last used at `last_used`. Its MANIFEST says what
+  // a user may write there: last used ten years ahead, which must change nothing.
   void Kept(const std::string& key, const std::string& dataset, size_t bytes, int64_t last_used) {
     const std::string dir = kept_ + "/" + key;
     fs::create_directories(dir);
@@ -51,10 +54,32 @@ class NodeKeptTest : public testing::Test {
     KeptManifest m;
     m.key = key;
     m.dataset = dataset;
-    m.created = m.last_used = last_used;
+    m.created = m.last_used = ::time(nullptr) + 10 * 365 * 86400;
     m.samples = 1;
     ASSERT_TRUE(WriteFileDurably(dir, "MANIFEST", EncodeKeptManifest(m)).ok());
+    Record(key, last_used);
   }
+
+  void Record(const std::string& key, int64_t last_used, uint32_t uid = kMe) {
+    std::string note;
+    Result<RootRecord> r = RootRecord::Open(root_ + "/ssd", std::chrono::seconds(5), &note);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    r->times()[{uid, key}] = RootTimes{last_used, last_used};
+    r->Touch();
+    ASSERT_TRUE(r->Save().ok());
+  }
+
+  std::optional<RootTimes> Recorded(const std::string& key) {
+    std::string note;
+    Result<RootRecord> r = RootRecord::Open(root_ + "/ssd", std::chrono::seconds(5), &note);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    if (!r.ok()) return std::nullopt;
+    auto it = r->times().find({kMe, key});
+    if (it == r->times().end()) return std::nullopt;
+    return it->second;
+  }
+
+  std::string UserDir() const { return root_ + "/ssd/nopfs-" + std::to_string(kMe); }
 
   std::set<std::string> Left() const {
     std::set<std::string> out;
@@ -84,7 +109,7 @@ TEST_F(NodeKeptTest, AJobThatNeedsTheSpaceEvictsOthersButAdoptsItsOwn) {
   Kept(kC, "/pfs/third", 10 * kMiB, now - 100);  // evicted next, if still needed
   lua::NodeState ns = Node(50 * kMiB);
   NodeKept kept(KeepJob{kMe, "/pfs/mine", true, Policy("return { quota = '1GB' }")}, *config_,
-                Paths(), &ns);
+                Paths(), {}, &ns);
   EXPECT_GE(ns.ssd_kept, 30 * kMiB);
   EXPECT_EQ(Left(), (std::set<std::string>{kA, kB, kC})) << "nothing over quota or expired";
   // 50 MiB reserved + a 39 MiB grant leave 11 MiB, plus the 10 MiB of its own it adopts: one of
@@ -112,14 +137,14 @@ TEST_F(NodeKeptTest, QuotaBoundsTheKeepAndTheOptionOrTheAbsentHookKeepNothing) {
   adm.ssd = 40 * kMiB;
   {
     NodeKept kept(KeepJob{kMe, "/pfs/d", true, Policy("return { quota = '5MB' }")}, *config_,
-                  Paths(), &ns);
+                  Paths(), {}, &ns);
     const KeepPlan plan = kept.Admitted(ns, adm);
     EXPECT_TRUE(plan.keep);
     EXPECT_EQ(plan.max_bytes, 5'000'000u);
   }
   {
     NodeKept kept(KeepJob{kMe, "/pfs/d", false, Policy("return { quota = '5MB' }")}, *config_,
-                  Paths(), &ns);
+                  Paths(), {}, &ns);
     const KeepPlan plan = kept.Admitted(ns, adm);
     EXPECT_FALSE(plan.keep);
     EXPECT_EQ(plan.max_bytes, 0u);
@@ -129,12 +154,12 @@ TEST_F(NodeKeptTest, QuotaBoundsTheKeepAndTheOptionOrTheAbsentHookKeepNothing) {
     lua::Admission no_ssd = adm;
     no_ssd.ssd = 0;
     NodeKept kept(KeepJob{kMe, "/pfs/d", true, Policy("return { quota = '5MB' }")}, *config_,
-                  Paths(), &ns);
+                  Paths(), {}, &ns);
     EXPECT_FALSE(kept.Admitted(ns, no_ssd).keep);
   }
   // No keep hook: nothing may be kept, and what the user kept before goes.
   Kept(kA, "/pfs/d", kMiB, ::time(nullptr));
-  NodeKept kept(KeepJob{kMe, "/pfs/d", true, Policy("")}, *config_, Paths(), &ns);
+  NodeKept kept(KeepJob{kMe, "/pfs/d", true, Policy("")}, *config_, Paths(), {}, &ns);
   EXPECT_TRUE(Left().empty());
   EXPECT_EQ(ns.ssd_kept, 0u);
   const KeepPlan plan = kept.Admitted(ns, adm);
@@ -145,7 +170,7 @@ TEST_F(NodeKeptTest, QuotaBoundsTheKeepAndTheOptionOrTheAbsentHookKeepNothing) {
 TEST_F(NodeKeptTest, AFailingHookLeavesTheUsersDataAndKeepsNothingMore) {
   Kept(kA, "/pfs/d", kMiB, 1000);  // long ago
   lua::NodeState ns = Node();
-  NodeKept kept(KeepJob{kMe, "/pfs/d", true, Policy("error('typo')")}, *config_, Paths(), &ns);
+  NodeKept kept(KeepJob{kMe, "/pfs/d", true, Policy("error('typo')")}, *config_, Paths(), {}, &ns);
   EXPECT_EQ(Left(), std::set<std::string>{kA});
   lua::Admission adm;
   adm.admitted = true;
@@ -163,8 +188,8 @@ TEST_F(NodeKeptTest, AfterTheJobTheQuotaAndTheLifetimeApply) {
   Kept(kB, "/pfs/b", 2 * kMiB, now - 60);     // over a 3 MB quota with kC
   Kept(kC, "/pfs/c", 2 * kMiB, now);          // just kept
   fs::create_directories(kept_ + "/.tmp.1");  // a keep of another job, in its first minute
-  const std::string notes =
-      AfterJob(Policy("return { quota = '3MB', lifetime = '1h' }"), *config_, "n1", Paths(), kMe);
+  const std::string notes = AfterJob(Policy("return { quota = '3MB', lifetime = '1h' }"), *config_,
+                                     "n1", Paths(), kMe, "/pfs/c", {});
   EXPECT_EQ(Left(), (std::set<std::string>{kC, ".tmp.1"}));
   EXPECT_NE(notes.find(kA + " (/pfs/a, "), std::string::npos) << notes;
   EXPECT_NE(notes.find("expired)"), std::string::npos) << notes;
@@ -172,7 +197,52 @@ TEST_F(NodeKeptTest, AfterTheJobTheQuotaAndTheLifetimeApply) {
   EXPECT_NE(notes.find("over quota)"), std::string::npos) << notes;
   EXPECT_NE(notes.find("kept "), std::string::npos) << notes;
   fs::remove_all(kept_);
-  EXPECT_EQ(AfterJob(Policy("return { quota = '3MB' }"), *config_, "n1", Paths(), kMe), "");
+  EXPECT_EQ(
+      AfterJob(Policy("return { quota = '3MB' }"), *config_, "n1", Paths(), kMe, "/pfs/c", {}), "");
+}
+
+TEST_F(NodeKeptTest, TheEpilogRecordsTheUseOfTheJobsDatasetNotOfOthers) {
+  const int64_t now = ::time(nullptr);
+  Kept(kA, "/pfs/a", kMiB, now - 7200);  // root last saw it used two hours ago
+  Kept(kB, "/pfs/b", kMiB, now - 7200);
+  // The job ran on /pfs/a (it adopted kA): kA's last use is now, kB's stays and expires.
+  const std::string notes = AfterJob(Policy("return { quota = '1GB', lifetime = '1h' }"), *config_,
+                                     "n1", Paths(), kMe, "/pfs/a", {});
+  EXPECT_EQ(Left(), std::set<std::string>{kA}) << notes;
+  const std::optional<RootTimes> t = Recorded(kA);
+  ASSERT_TRUE(t.has_value());
+  EXPECT_GE(t->last_used, now);
+  EXPECT_EQ(t->first_seen, now - 7200);
+  EXPECT_FALSE(Recorded(kB).has_value()) << "the record of a removed dataset stays";
+}
+
+TEST_F(NodeKeptTest, ThePrologCountsWhatAUserLeftAndRemovesStrays) {
+  Kept(kA, "/pfs/a", 4 * kMiB, ::time(nullptr));
+  std::ofstream(UserDir() + "/junk", std::ios::binary) << std::string(3 * kMiB, 'x');
+  fs::create_directories(UserDir() + "/12.0");  // a running job's tier: its reservation's
+  std::ofstream(UserDir() + "/12.0/data.0", std::ios::binary) << std::string(20 * kMiB, 'x');
+  fs::create_directories(UserDir() + "/held");  // held by a live process: counted, kept
+  std::ofstream(UserDir() + "/held/data", std::ios::binary) << std::string(2 * kMiB, 'x');
+  Result<int> lock = LockKeptEntry(UserDir() + "/held");
+  ASSERT_TRUE(lock.ok()) << lock.status().message();
+  lua::NodeState ns = Node(20 * kMiB);
+  NodeKept kept(KeepJob{kMe, "/pfs/a", true, Policy("return { quota = '1GB' }")}, *config_, Paths(),
+                {LiveJob{kMe, 12, 0}}, &ns);
+  EXPECT_FALSE(fs::exists(UserDir() + "/junk"));
+  EXPECT_TRUE(fs::exists(UserDir() + "/12.0/data.0"));
+  EXPECT_TRUE(fs::exists(UserDir() + "/held/data"));
+  EXPECT_GE(ns.ssd_kept, 4 * kMiB);
+  EXPECT_LT(ns.ssd_kept, 5 * kMiB) << "the dataset only: junk is gone, held is reserved";
+  EXPECT_GE(ns.ssd_reserved, 22 * kMiB) << "the live job's 20 MiB and the 2 MiB held";
+  EXPECT_LT(ns.ssd_reserved, 23 * kMiB) << "the live job's directory counted twice";
+  lua::Admission adm;
+  adm.admitted = true;
+  adm.ssd = 10 * kMiB;
+  const KeepPlan plan = kept.Admitted(ns, adm);
+  EXPECT_NE(plan.note.find("nopfs-" + std::to_string(kMe) + "/junk ("), std::string::npos)
+      << plan.note;
+  EXPECT_NE(plan.note.find("stray)"), std::string::npos) << plan.note;
+  ::close(*lock);
 }
 
 }  // namespace

@@ -63,6 +63,8 @@ struct NodeState {
   policy::Bytes ram_total = 0;     // the config's RAM classes
   policy::Bytes ssd_total = 0;     // the config's SSD classes
   policy::Bytes ram_reserved = 0;  // held by other nopfs jobs now
+  // Other jobs' reservations, and (from the prolog) what users left on the SSD that a live
+  // process holds, which nothing can evict (kept/space.h HeldBytes).
   policy::Bytes ssd_reserved = 0;
   uint32_t jobs = 0;           // other nopfs jobs now
   policy::Bytes ssd_kept = 0;  // kept datasets of every user (evicted, least recently used

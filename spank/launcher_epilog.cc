@@ -1,6 +1,7 @@
 // nopfs-job's epilog, and the teardown of one job that it and the prolog (on a stale ledger entry)
 // use: the job's nopfsd stopped, its SSD directories, run directory and metrics file removed,
 // looked for again.
+#include "spank/kept_live.h"
 #include "spank/launcher.h"
 
 namespace nopfs::spank::launcher {
@@ -186,7 +187,15 @@ int Epilog(const Job& job) {
   // datasets now.
   if (entry && !t.ssd_paths.empty()) {
     if (Result<lua::NodeConfig> config = LoadConfig(job); config.ok()) {
-      notes += AfterJob(job.args.policy, *config, job.node, t.ssd_paths, t.uid);
+      // The ledger's other jobs: their SSD directories are theirs, not the user's kept bytes.
+      std::string ledger_error;
+      const std::vector<kept::LiveJob> live = LiveJobs(job.ledger_dir, &ledger_error);
+      if (ledger_error.empty()) {
+        notes += AfterJob(job.args.policy, *config, job.node, t.ssd_paths, t.uid, job.opts.dataset,
+                          live);
+      } else {
+        notes += "kept datasets not looked at (ledger: " + ledger_error + "); ";
+      }
     }
   }
   if (!left.empty()) {

@@ -2,6 +2,7 @@
 // nopfsd started as the user and waited for until ready, and the status files task_init reads.
 #include <linux/capability.h>
 
+#include "spank/kept_live.h"
 #include "spank/launcher.h"
 
 namespace nopfs::spank::launcher {
@@ -66,6 +67,7 @@ Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
   ns.ram_total = config.CapacityOf(policy::ClassKind::kRam);
   ns.ssd_total = config.CapacityOf(policy::ClassKind::kSsd);
   const std::string boot = BootId();
+  std::vector<kept::LiveJob> live_jobs;
   for (const LedgerEntry& e : *entries) {
     if (e.job_id == job.job_id) continue;
     // An entry of an earlier boot is stale; so is one whose job slurmctld reports over or
@@ -85,9 +87,10 @@ Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
     ns.ram_reserved += e.ram;
     ns.ssd_reserved += e.ssd;
     ++ns.jobs;
+    live_jobs.push_back(LiveJobOf(e));
   }
   NodeKept kept(KeepJob{job.uid, job.opts.dataset, job.opts.keep, job.args.policy}, config,
-                SsdPaths(config), &ns);
+                SsdPaths(config), live_jobs, &ns);
   Result<lua::Admission> a = lua::Admit(job.args.policy, config, req, ns);
   if (!a.ok()) {
     adm.admitted = false;

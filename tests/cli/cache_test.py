@@ -189,8 +189,12 @@ class CacheTest(unittest.TestCase):
 
     @unittest.skipUnless(AS_ROOT, "gc runs as root")
     def test_gc_applies_lifetime_quota_and_removes_crash_leftovers(self):
+        gc = ["gc", "--config", self.conf, "--policy", self.policy, "--node", "n7"]
+        # The times that count are root's own record: when gc (or a prolog or an epilog) first
+        # saw a dataset, never the MANIFEST's.
         self.keep_run(self.datasets[0])
-        time.sleep(1.1)  # last use is in seconds: ds2 is the more recent
+        nopfs(*gc, root=True)
+        time.sleep(1.1)  # root's record is in seconds: ds2 is the more recent
         self.keep_run(self.datasets[1])
         keys = {e["dataset"]: e["key"] for e in self.ls()}
         # What a crash leaves: a .tmp.* entry whose lock nobody holds, a key without MANIFEST.
@@ -199,7 +203,6 @@ class CacheTest(unittest.TestCase):
         with open(os.path.join(tmp, "lock"), "w"):
             pass
         os.mkdir(os.path.join(self.kept_dir(), "00000000000000aa"))
-        gc = ["gc", "--config", self.conf, "--policy", self.policy, "--node", "n7"]
         p = nopfs(*gc, root=True)
         self.assertRegex(p.stdout, r"removed .*/kept/\.tmp\.crashed \(uid \d+, .*, incomplete\)")
         self.assertRegex(p.stdout, r"removed .*/kept/00000000000000aa \(uid \d+, .*, incomplete\)")

@@ -77,6 +77,39 @@ def disk_bytes(path):
     return total
 
 
+# Run as bob: forges the MANIFEST of every kept dataset in his kept area (argv[1]) to say it was
+# last used ten years ahead, resealed with the xxh3 anyone can recompute; prints the keys.
+FORGE = r"""
+import ctypes, os, struct, sys, time
+xx = ctypes.CDLL("libxxhash.so.0")
+xx.XXH3_64bits.restype = ctypes.c_uint64
+xx.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+kept = sys.argv[1]
+for key in sorted(os.listdir(kept)):
+    path = os.path.join(kept, key, "MANIFEST")
+    if len(key) != 16 or not os.path.exists(path):
+        continue
+    body = open(path, "rb").read()[:-8]
+    off = 12 + 4 + struct.unpack_from("<I", body, 12)[0]
+    off += 4 + struct.unpack_from("<I", body, off)[0]
+    future = int(time.time()) + 10 * 365 * 86400
+    body = body[:off] + struct.pack("<qq", future, future) + body[off + 16:]
+    with open(path + ".new", "wb") as f:
+        f.write(body + struct.pack("<Q", xx.XXH3_64bits(body, len(body))))
+    os.rename(path + ".new", path)
+    print(key)
+"""
+
+
+def removed_mb(log, uid, name, why):
+    """The size in MB a removal line of root's gave `name` of uid `uid` removed for `why`, or
+    None when there is none."""
+    m = re.search(rf"uid {uid} {re.escape(name)} \((?:[^()]*, )?([\d.]+) (KB|MB|GB), {why}\)", log)
+    if not m:
+        return None
+    return float(m.group(1)) * {"KB": 1e-3, "MB": 1, "GB": 1e3}[m.group(2)]
+
+
 class KeepTest(ClusterCase):
     @classmethod
     def setUpClass(cls):
@@ -337,6 +370,107 @@ class KeepTest(ClusterCase):
         self.run_job("nopfs-bob", "n1", extra="--nopfs-keep=no", ssd="1GB")
         self.assertEqual([n for n, c in kept("nopfs-alice").items() if c], [])
         self.assertRegex(self.slurmd_log("n1"), r"kept datasets removed: .*space")
+
+    def bob_leaves(self, nested_in=None):
+        """As bob: 30 MB twelve levels down in kept dataset `nested_in`, 30 MB in a loose file and
+        30 MB in a renamed job directory of his SSD directory."""
+        user = os.path.dirname(kept_dir("nopfs-bob"))
+        cmds = [f"head -c 30000000 /dev/urandom > {user}/junk",
+                f"mkdir -p {user}/77.0.renamed/a/b",
+                f"head -c 30000000 /dev/urandom > {user}/77.0.renamed/a/b/data.0",
+                f"ln -s {kept_dir('nopfs-alice')} {user}/77.0.renamed/to-alice"]
+        if nested_in:
+            deep = os.path.join(kept_dir("nopfs-bob"), nested_in,
+                                *[str(i) for i in range(1, 13)])
+            cmds += [f"mkdir -p {deep}", f"head -c 30000000 /dev/urandom > {deep}/big"]
+        r = as_user("nopfs-bob", " && ".join(cmds))
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    def bob_forges(self):
+        script = os.path.join(JOBS, "forge.py")
+        with open(script, "w") as f:
+            f.write(FORGE)
+        os.chmod(script, 0o644)
+        r = as_user("nopfs-bob", f"python3 {script} {kept_dir('nopfs-bob')}")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        forged = r.stdout.split()
+        # nopfs accepts the forgery as a valid MANIFEST: bob's view shows the forged time.
+        r = as_user("nopfs-bob", f"{NOPFS} cache ls --json --config {CONFIG}")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for e in json.loads(r.stdout):
+            if e["key"] in forged:
+                self.assertTrue(e["complete"], e)
+                self.assertGreater(e["last_used"], time.time() + 9 * 365 * 86400, e)
+        return forged
+
+    @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd")
+    def test_what_bob_leaves_counts_against_bob_and_his_forged_times_change_nothing(self):
+        """bob leaves 30 MB twelve levels deep in a kept dataset, a loose file, a renamed job
+        directory (with a link to alice's kept area in it) and a MANIFEST that says he used it
+        ten years ahead. The next prolog counts all of it against bob, removes the strays, and
+        evicts bob's dataset before alice's (root's record: alice used hers last); a lifetime
+        expires bob's forged dataset all the same; a quota counts the nested bytes."""
+        bob, alice = uid_of("nopfs-bob"), uid_of("nopfs-alice")
+        bob_dir = os.path.dirname(kept_dir("nopfs-bob"))
+        write_policy(quota=100_000_000, lifetime=600)
+        jobs = [self.run_job("nopfs-bob", "n1", dataset=DATASET2)[0]]
+        (b_key,) = [n for n, c in kept("nopfs-bob").items() if c]
+        time.sleep(1.1)  # root's record is in seconds: alice's use is the later one
+        jobs.append(self.run_job("nopfs-alice", "n1")[0])
+        (a_key,) = [n for n, c in kept("nopfs-alice").items() if c]
+        a_bytes = disk_bytes(os.path.join(kept_dir("nopfs-alice"), a_key))
+        self.assertEqual(self.bob_forges(), [b_key])
+        self.bob_leaves(nested_in=b_key)
+        # A job of alice's that needs all of the SSD but what her kept dataset and 10 MB leave:
+        # one of the two kept datasets must go, and root's record says bob's is the older.
+        ssd_mb = (1_000_000_000 - a_bytes - 10_000_000) // 1_000_000
+        log_before = len(self.slurmd_log("n1"))
+        jobs.append(self.run_job("nopfs-alice", "n1", dataset=DATASET2,
+                                 extra="--nopfs-keep=no", ssd=f"{ssd_mb}MB")[0])
+        log = self.slurmd_log("n1")[log_before:]
+        self.assertGreaterEqual(removed_mb(log, bob, f"nopfs-{bob}/junk", "stray") or 0, 29, log)
+        self.assertGreaterEqual(removed_mb(log, bob, f"nopfs-{bob}/77.0.renamed", "stray") or 0,
+                                29, log)
+        self.assertGreaterEqual(removed_mb(log, bob, b_key, "space") or 0, 30,
+                                "bob's dataset with its nested 30 MB, evicted first\n" + log)
+        self.assertIsNone(removed_mb(log, alice, a_key, "space"), log)
+        self.assertEqual(kept("nopfs-alice"), {a_key: True}, "alice's evicted before bob's")
+        self.assertEqual(os.listdir(bob_dir), ["kept"])
+        self.assertEqual(os.listdir(kept_dir("nopfs-bob")), [])
+
+        # The lifetime: bob's forged dataset expires 1 s after root last saw it used.
+        jobs.append(self.run_job("nopfs-bob", "n1", dataset=DATASET2)[0])
+        self.assertEqual(len(self.bob_forges()), 1)
+        write_policy(quota=100_000_000, lifetime=1)
+        time.sleep(2.1)
+        r = subprocess.run([NOPFS, "gc", "--config", CONFIG, "--policy", POLICY, "--node", "n1"],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, rf"removed {re.escape(kept_dir('nopfs-bob'))}/[0-9a-f]{{16}} "
+                         rf"\(uid {bob}, .*, expired\)")
+        self.assertEqual(kept("nopfs-bob"), {})
+
+        # The quota: 20 MB each. bob's new dataset with 30 MB nested in it is over it; alice's
+        # is not, and the next prolog (a job of alice's) says so.
+        write_policy(quota=20_000_000)
+        jobs.append(self.run_job("nopfs-bob", "n1", dataset=DATASET2)[0])
+        (b_key,) = [n for n, c in kept("nopfs-bob").items() if c]
+        self.bob_leaves(nested_in=b_key)
+        log_before = len(self.slurmd_log("n1"))
+        jobs.append(self.run_job("nopfs-alice", "n1")[0])
+        log = self.slurmd_log("n1")[log_before:]
+        self.assertGreaterEqual(removed_mb(log, bob, b_key, "over quota") or 0, 30, log)
+        self.assertGreaterEqual(removed_mb(log, bob, f"nopfs-{bob}/junk", "stray") or 0, 29, log)
+        self.assertNotIn("nested too deep", log)
+        self.assertEqual(os.listdir(bob_dir), ["kept"])
+        self.assertEqual(os.listdir(kept_dir("nopfs-bob")), [])
+        self.assertNotIn(f"uid {alice} ", log.split("kept datasets removed:", 1)[-1]
+                         if "kept datasets removed:" in log else "", log)
+        self.assertEqual(list(kept("nopfs-alice").values()), [True], kept("nopfs-alice"))
+        # Root's record lives beside the users' directories, root's alone.
+        st = os.stat(os.path.join(SSD, ".nopfs-root"))
+        self.assertEqual((st.st_uid, st.st_mode & 0o7777), (0, 0o700))
+        self.assertNothingLeft(jobs)
 
     @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd")
     def test_gc_removes_an_expired_dataset(self):
