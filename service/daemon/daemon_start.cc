@@ -90,6 +90,7 @@ Status Daemon::Init() {
   AttachPeerDirectory(&s);
   AnnounceFilledClasses(s);
   NOPFS_RETURN_IF_ERROR(StartPrefetchers());
+  StartKeepCommits();
   startup_.Mark("tiers");
   NOPFS_RETURN_IF_ERROR(StartServer());
   StartReporter();
