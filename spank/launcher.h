@@ -108,6 +108,10 @@ struct Target {
   std::vector<std::string> ssd_paths;
   std::string metrics_dir;  // where the job's metrics file is; "": none
   std::string node;         // this node's name (the job's cgroup, job_cgroup.h); "": not touched
+  // The keep grant (the ledger's): a killed nopfsd's keep records are kept within it.
+  bool keep = false;
+  uint64_t keep_max_bytes = 0;
+  std::string keep_dataset;
 };
 
 Target FromEntry(const LedgerEntry& e);
@@ -122,8 +126,12 @@ std::optional<LedgerEntry> FindEntry(const std::string& ledger_dir, uint64_t job
 // `node_dir`, the metrics file is the one in the directory the ledger recorded.
 // Returns what is left (empty when nothing). With `summary`, nopfsd's last summary is read once
 // it has stopped, before its run directory goes (ReadSummary; *summary stays empty without one).
+// With a keep grant, once nopfsd is gone, a kept entry is made from each SSD tier's keep record
+// that nopfsd left (it was killed before it kept: kept/finish.h), before the tier is removed;
+// what was kept is added to `notes` when given.
 std::string Teardown(const std::string& node_dir, const Target& t, std::chrono::milliseconds grace,
-                     std::optional<report::StatusReport>* summary = nullptr);
+                     std::optional<report::StatusReport>* summary = nullptr,
+                     std::string* notes = nullptr);
 
 // Writes <run dir>/<name> with `text` (a line), owned by the job's user.
 void WriteStatus(const Job& job, const char* name, const std::string& text);

@@ -3,6 +3,9 @@
 // looked for again.
 #include "spank/launcher.h"
 
+#include "common/units.h"
+#include "kept/finish.h"
+
 namespace nopfs::spank::launcher {
 
 using namespace std::chrono_literals;
@@ -34,6 +37,69 @@ void Record(const Job& job, const report::StatusReport& summary) {
   }
 }
 
+namespace {
+
+// The user's directory <path>/nopfs-<uid>, reached from a trusted `path` without following a link
+// and checked to be the uid's; NotFound when there is none.
+Result<UniqueFd> OpenUserDir(const std::string& path, uid_t uid) {
+  Result<UniqueFd> rfd = OpenTrustedDir(path, /*last_may_be_sticky=*/true);
+  if (!rfd.ok()) return rfd.status();
+  const std::string name = "nopfs-" + std::to_string(uid);
+  UniqueFd ufd(::openat(rfd->get(), name.c_str(),
+                        O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+  if (ufd.get() < 0) {
+    if (errno == ENOENT) return Status::NotFound(path + "/" + name + " does not exist");
+    return Status::FromErrno(errno, "open " + path + "/" + name);
+  }
+  struct stat st {};
+  if (::fstat(ufd.get(), &st) != 0) return Status::FromErrno(errno, "stat " + path + "/" + name);
+  if (st.st_uid != uid) {
+    return Status::PermissionDenied(path + "/" + name + " belongs to uid " +
+                                    std::to_string(st.st_uid) + "; not touching it");
+  }
+  return ufd;
+}
+
+// Kept entries made from the keep records a killed nopfsd left beside its SSD tiers, within the
+// grant (all SSD paths together, in order). Returns the note for the epilog's line.
+std::string FinishKeeps(const Target& t) {
+  std::string note;
+  uint64_t used = 0;
+  for (const std::string& path : t.ssd_paths) {
+    if (t.keep_max_bytes != 0 && used >= t.keep_max_bytes) break;
+    Result<UniqueFd> ufd = OpenUserDir(path, t.uid);
+    if (!ufd.ok()) {
+      if (ufd.status().code() != StatusCode::kNotFound)
+        note += "kept area: not finished: " + Printable(ufd.status().message()) + "; ";
+      continue;
+    }
+    kept::FinishRequest r;
+    r.user_dir_fd = ufd->get();
+    r.user_dir = path + "/nopfs-" + std::to_string(t.uid);
+    r.uid = t.uid;
+    r.tier_name = std::to_string(t.job_id) + "." + std::to_string(t.index);
+    r.dataset = t.keep_dataset;
+    r.max_bytes = t.keep_max_bytes == 0 ? 0 : t.keep_max_bytes - used;
+    r.now = static_cast<int64_t>(::time(nullptr));
+    Result<kept::FinishResult> f = kept::FinishKept(r);
+    if (!f.ok()) {
+      note += "kept area: nothing kept from nopfsd's keep record in " + Printable(r.user_dir) +
+              ": " + Printable(f.status().message()) + "; ";
+      continue;
+    }
+    if (!f->found) continue;
+    used += f->bytes;
+    note += "kept area: " + std::to_string(f->samples) + " samples (" +
+            FormatBytes(static_cast<double>(f->bytes)) + ") in " + Printable(f->dir) +
+            ", finished by the epilog from nopfsd's keep record";
+    if (f->dropped != 0) note += " (" + std::to_string(f->dropped) + " beyond the grant not kept)";
+    note += "; ";
+  }
+  return note;
+}
+
+}  // namespace
+
 Target FromEntry(const LedgerEntry& e) {
   Target t;
   t.job_id = e.job_id;
@@ -42,6 +108,9 @@ Target FromEntry(const LedgerEntry& e) {
   t.daemon = {static_cast<pid_t>(e.pid), e.start_time};
   t.ssd_paths = e.ssd_paths;
   t.metrics_dir = e.metrics_dir;
+  t.keep = e.keep;
+  t.keep_max_bytes = e.keep_max_bytes;
+  t.keep_dataset = e.keep_dataset;
   return t;
 }
 
@@ -66,13 +135,19 @@ std::optional<LedgerEntry> FindEntry(const std::string& ledger_dir, uint64_t job
 }
 
 std::string Teardown(const std::string& node_dir, const Target& t, std::chrono::milliseconds grace,
-                     std::optional<report::StatusReport>* summary) {
+                     std::optional<report::StatusReport>* summary, std::string* notes) {
   const std::string& metrics_dir = t.metrics_dir;
   const std::string job = std::to_string(t.job_id);
   std::string left;
   if (t.daemon.pid > 0) {
     for (pid_t p : StopProcesses({t.daemon}, grace))
       left += " process " + std::to_string(p);
+  }
+  // nopfsd is gone (a clean stop kept already and removed its tiers with their records): what a
+  // killed nopfsd committed is kept now, from the SSD tiers, before they are removed.
+  if (t.keep && left.empty() && t.index != kUnknownIndex) {
+    const std::string note = FinishKeeps(t);
+    if (notes != nullptr) *notes += note;
   }
   if (summary != nullptr) {
     std::string why;
@@ -143,8 +218,8 @@ int Epilog(const Job& job) {
   std::string error;
   const std::optional<LedgerEntry> entry = FindEntry(job.ledger_dir, job.job_id, &error);
   if (!error.empty()) left += " reservation (" + error + ")";
-  Target t =
-      entry ? FromEntry(*entry) : Target{job.job_id, job.uid, job.node_index, {}, {}, {}, {}};
+  Target t = entry ? FromEntry(*entry)
+                   : Target{job.job_id, job.uid, job.node_index, {}, {}, {}, {}, false, 0, {}};
   t.node = job.node;
   if (t.ssd_paths.empty()) {
     if (Result<lua::NodeConfig> config = LoadConfig(job); config.ok()) {
@@ -163,7 +238,7 @@ int Epilog(const Job& job) {
   if (t.index == kUnknownIndex) t.ssd_paths.clear();
   // The metrics file's directory comes from the entry (no entry: nopfsd never ran here).
   std::optional<report::StatusReport> summary;
-  left += Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace), &summary);
+  left += Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace), &summary, &notes);
   if (summary) Record(job, *summary);
   if (entry) {
     Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s);
