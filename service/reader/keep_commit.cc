@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
@@ -80,7 +81,7 @@ Result<bool> KeepCommitter::Commit(bool force) {
   const uint64_t fresh_recorded = recorded_ - written_recorded_;
   const bool write =
       fresh_recorded > 0 &&
-      (force || fresh.empty() ||
+      (force || (fresh.empty() && t0 - last_write_ >= o_.quiet) ||
        fresh_recorded >= std::max<uint64_t>(o_.min_new_samples, written_recorded_ / 4));
   if (!write) return false;
   NOPFS_RETURN_IF_ERROR(Write());
@@ -128,6 +129,7 @@ Status KeepCommitter::Write() {
   // The samples' bytes are not synced: whoever adopts them checks each against its xxh3.
   NOPFS_RETURN_IF_ERROR(kept::WriteFileDurably(tier_.dir(), kept::kKeepRecordName, record));
   written_recorded_ = recorded_;
+  last_write_ = std::chrono::steady_clock::now();
   commits_.fetch_add(1, std::memory_order_relaxed);
   committed_.store(records.size(), std::memory_order_relaxed);
   written_bytes_.fetch_add(record.size(), std::memory_order_relaxed);
@@ -138,17 +140,27 @@ void KeepCommitter::Start() {
   thread_ = std::thread([this] { Run(); });
 }
 
+void KeepCommitter::Wake() {
+  {
+    MutexLock lock(&mu_);
+    wake_ = true;
+  }
+  cv_.SignalAll();
+}
+
 void KeepCommitter::Run() {
   bool logged = false;
   for (;;) {
+    bool woken = false;
     {
       MutexLock lock(&mu_);
       const auto deadline = std::chrono::steady_clock::now() + o_.interval;
-      while (!stop_ && cv_.WaitUntil(&mu_, deadline)) {
+      while (!stop_ && !wake_ && cv_.WaitUntil(&mu_, deadline)) {
       }
       if (stop_) return;
+      woken = std::exchange(wake_, false);
     }
-    Result<bool> r = Commit(false);
+    Result<bool> r = Commit(woken);
     if (!r.ok() && !logged) {
       logged = true;
       spdlog::warn("kept area: committing the keep record of {}: {} (retrying)", tier_.dir(),

@@ -191,9 +191,10 @@ struct KeepCommitOptions {
   int64_t unchanged_before_ns = 0;
   // The thread commits when at least this many recorded samples are new and at least a quarter
   // of those committed before (so the record's total write cost stays within a few times its
-  // final size), or when some are new and none became ready since its last look (the tier is
-  // full, or its fill paused).
+  // final size); when some are new, none became ready since its last look (the fill paused) and
+  // the last commit is `quiet` old; and at once when woken (Wake: the tier's prefetch is done).
   uint64_t min_new_samples = 256;
+  std::chrono::milliseconds quiet{5000};
   std::chrono::milliseconds interval{1000};  // how often the thread looks at the tier
   unsigned stat_threads = 8;                 // the new samples' files are stat-ed in parallel
 };
@@ -214,6 +215,7 @@ class KeepCommitter {
   // `force` (and anything changed) or the batch rule above says so. Returns whether it wrote.
   Result<bool> Commit(bool force);
   void Start();    // a thread that calls Commit every interval
+  void Wake();     // the thread commits whatever is new now (Commit(true))
   void Stop();     // joins it; idempotent
   void Discard();  // removes the record (after a keep at exit, or when nothing may be kept)
 
@@ -243,6 +245,8 @@ class KeepCommitter {
   Mutex mu_;
   CondVar cv_;
   bool stop_ GUARDED_BY(mu_) = false;
+  bool wake_ GUARDED_BY(mu_) = false;
+  std::chrono::steady_clock::time_point last_write_{};
   std::thread thread_;
 };
 

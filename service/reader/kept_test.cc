@@ -649,6 +649,7 @@ TEST_F(KeptTest, TheRecordIsCommittedInBatchesAsTheTierFills) {
   auto tier = MakeTier("job2", "", {}, /*fill=*/false);
   KeepCommitOptions o = CommitOptions();
   o.min_new_samples = 4;
+  o.quiet = std::chrono::milliseconds(0);
   KeepCommitter c(o, *tier, *catalog_, Env::Default());
   ASSERT_FALSE(*c.Commit(false));  // nothing ready
   EXPECT_EQ(RecordedSamples(*tier), -1);
@@ -668,6 +669,21 @@ TEST_F(KeptTest, TheRecordIsCommittedInBatchesAsTheTierFills) {
   EXPECT_EQ(c.commits(), 3u);
   c.Discard();
   EXPECT_EQ(RecordedSamples(*tier), -1);
+}
+
+// Woken when the tier's prefetch is done, the thread commits at once, not at its next look.
+TEST_F(KeptTest, AWokenCommitterCommitsAtOnce) {
+  KeepCommitOptions o = CommitOptions();
+  o.interval = std::chrono::hours(1);
+  KeepCommitter c(o, *ssd_, *catalog_, Env::Default());
+  c.Start();
+  c.Wake();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (RecordedSamples(*ssd_) < 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(RecordedSamples(*ssd_), int64_t(kFiles));
+  c.Stop();
+  EXPECT_EQ(c.commits(), 1u);
 }
 
 // The same rules as a keep at exit: files changed since the job's start are never recorded, and
@@ -709,6 +725,7 @@ TEST_F(KeptTest, KilledAnyTimeWhileFillingLeavesAnAdoptableEntryOrNothing) {
       KeepCommitOptions o = CommitOptions();
       o.min_new_samples = 1;
       o.interval = std::chrono::milliseconds(3);
+      o.quiet = std::chrono::milliseconds(0);
       KeepCommitter c(o, *tier, *catalog_, Env::Default());
       c.Start();
       for (uint32_t s = 0; s < kFiles; ++s) {
