@@ -124,11 +124,12 @@ std::optional<LedgerEntry> FindEntry(const std::string& ledger_dir, uint64_t job
 // that can fail but the removals themselves: the process is the one the ledger names (pid and
 // start time, never its command line), the run directory is reached through a checked walk of
 // `node_dir`, the metrics file is the one in the directory the ledger recorded.
-// Returns what is left (empty when nothing). With `summary`, nopfsd's last summary is read once
-// it has stopped, before its run directory goes (ReadSummary; *summary stays empty without one).
-// With a keep grant, once nopfsd is gone, a kept entry is made from each SSD tier's keep record
-// that nopfsd left (it was killed before it kept: kept/finish.h), before the tier is removed;
-// what was kept is added to `notes` when given.
+// With `summary`, nopfsd's last summary is read once it has stopped, before its run directory
+// goes (ReadSummary; *summary stays empty without one). With a keep grant, once nopfsd is gone, a
+// kept entry is made from each SSD tier's keep record that nopfsd left (it was killed before it
+// kept: kept/finish.h), before the tier is removed; what was kept is added to `notes` when given;
+// the job's entries in the user's sibling registry (live/) are removed. Returns what is left (empty
+// when nothing).
 std::string Teardown(const std::string& node_dir, const Target& t, std::chrono::milliseconds grace,
                      std::optional<report::StatusReport>* summary = nullptr,
                      std::string* notes = nullptr);

@@ -3,7 +3,10 @@
 // looked for again.
 #include "spank/launcher.h"
 
+#include <dirent.h>
+
 #include "common/units.h"
+#include "kept/area.h"
 #include "kept/finish.h"
 
 namespace nopfs::spank::launcher {
@@ -98,6 +101,39 @@ std::string FinishKeeps(const Target& t) {
   return note;
 }
 
+// Removes the job's entries <key>.<job>.<index> from each SSD path's <user dir>/live (the
+// sibling registry, service/reader/sibling.h), which a killed nopfsd leaves; by name in the
+// user's directory, never following a link. Best effort: a reader skips an entry whose process is
+// gone, and removes it.
+void RemoveLiveEntries(const Target& t) {
+  const std::string suffix = "." + std::to_string(t.job_id) + "." + std::to_string(t.index);
+  for (const std::string& path : t.ssd_paths) {
+    Result<UniqueFd> ufd = OpenUserDir(path, t.uid);
+    if (!ufd.ok()) continue;
+    const int lfd =
+        ::openat(ufd->get(), "live", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (lfd < 0) continue;
+    struct stat st {};
+    DIR* d = ::fstat(lfd, &st) == 0 && st.st_uid == t.uid ? ::fdopendir(lfd) : nullptr;
+    if (d == nullptr) {
+      ::close(lfd);
+      continue;
+    }
+    std::vector<std::string> names;
+    while (const dirent* e = ::readdir(d)) {
+      const std::string_view n = e->d_name;
+      if (n.size() == 16 + suffix.size() && kept::IsKeptKey(n.substr(0, 16)) &&
+          n.substr(16) == suffix) {
+        names.emplace_back(n);
+      }
+    }
+    for (const std::string& n : names)
+      (void)::unlinkat(::dirfd(d), n.c_str(), 0);
+    ::closedir(d);
+    (void)::unlinkat(ufd->get(), "live", AT_REMOVEDIR);  // only when empty
+  }
+}
+
 }  // namespace
 
 Target FromEntry(const LedgerEntry& e) {
@@ -145,9 +181,12 @@ std::string Teardown(const std::string& node_dir, const Target& t, std::chrono::
   }
   // nopfsd is gone (a clean stop kept already and removed its tiers with their records): what a
   // killed nopfsd committed is kept now, from the SSD tiers, before they are removed.
-  if (t.keep && left.empty() && t.index != kUnknownIndex) {
-    const std::string note = FinishKeeps(t);
-    if (notes != nullptr) *notes += note;
+  if (left.empty() && t.index != kUnknownIndex) {
+    if (t.keep) {
+      const std::string note = FinishKeeps(t);
+      if (notes != nullptr) *notes += note;
+    }
+    RemoveLiveEntries(t);
   }
   if (summary != nullptr) {
     std::string why;

@@ -9,6 +9,10 @@ one user at once on one node read the PFS once (the second through the first's n
 The local cluster's three nodes share one SSD directory (one machine), so a dataset kept on one
 node is found on every node: the tests pin jobs to nodes only to keep them apart in time.
 
+With NOPFS_CLUSTER_CGROUP=1 (ctest's slurm_keep_cgroup) the jobs run in cgroup v1 with
+PrologFlags=Contain, where slurmstepd kills nopfsd with SIGKILL at every job's end: what is kept
+then is what the epilog finishes from nopfsd's keep record.
+
 Run as root, one cluster test at a time: flock /tmp/nopfs-cluster.lock ctest -L slurm -R keep
 """
 import glob
