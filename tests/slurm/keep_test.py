@@ -10,8 +10,7 @@ The local cluster's three nodes share one SSD directory (one machine), so a data
 node is found on every node: the tests pin jobs to nodes only to keep them apart in time.
 
 With NOPFS_CLUSTER_CGROUP=1 (ctest's slurm_keep_cgroup) the jobs run in cgroup v1 with
-PrologFlags=Contain, where slurmstepd kills nopfsd with SIGKILL at every job's end: what is kept
-then is what the epilog finishes from nopfsd's keep record.
+PrologFlags=Contain, nopfsd in the job's cgroup: the same tests hold there.
 
 Run as root, one cluster test at a time: flock /tmp/nopfs-cluster.lock ctest -L slurm -R keep
 """
@@ -437,9 +436,9 @@ class KeepTest(ClusterCase):
                                      (delay, name))
 
     def test_a_killed_nopfsd_is_kept_by_the_epilog(self):
-        """nopfsd killed with SIGKILL once its SSD tier is full (by the job's user here; under
-        PrologFlags=Contain slurmstepd kills the extern step the same way): it never keeps at
-        exit, and the epilog keeps from the keep record it committed as the tier filled. The same
+        """nopfsd killed with SIGKILL once its SSD tier is full (by the job's user here; the OOM
+        killer or a crash the same way): it never keeps at exit, and the epilog keeps from the
+        keep record it committed as the tier filled. The same
         job again reads at most 5 % of the dataset from the PFS, every byte right."""
         write_policy(quota=50_000_000)
         user = "nopfs-alice"
