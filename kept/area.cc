@@ -25,6 +25,7 @@ namespace {
 
 constexpr std::string_view kManifestMagic = "NOPFSKPT";
 constexpr std::string_view kIndexMagic = "NOPFSKIX";
+constexpr std::string_view kRecordMagic = "NOPFSKRC";
 
 uint64_t Hash(std::string_view bytes) {
   return ColdXxh3(std::as_bytes(std::span(bytes.data(), bytes.size())));
@@ -214,6 +215,49 @@ Result<std::vector<KeptSample>> ParseKeptIndex(std::string_view bytes) {
   return out;
 }
 
+std::string EncodeKeepRecord(const KeptManifest& manifest, std::string_view index) {
+  coding::StringWriter w;
+  w.Bytes(kRecordMagic);
+  w.U32(kKeptVersion);
+  w.Str(EncodeKeptManifest(manifest));
+  w.Str(index);
+  return Seal(std::move(w));
+}
+
+Result<KeepRecord> ParseKeepRecord(std::string_view bytes) {
+  if (bytes.size() > kMaxKeepRecordBytes) return Status::Corruption("keep record: too large");
+  Result<std::string_view> body = Unseal(bytes, kRecordMagic, "keep record");
+  if (!body.ok()) return body.status();
+  coding::Reader r(*body);
+  // Two le32-length-prefixed byte strings, read in place.
+  const auto view = [&r](std::string_view* out) {
+    uint32_t n = 0;
+    std::span<const std::byte> b;
+    if (!r.U32(&n) || !r.Bytes(n, &b)) return false;
+    *out = std::string_view(reinterpret_cast<const char*>(b.data()), b.size());
+    return true;
+  };
+  std::string_view manifest, index;
+  if (view(&manifest)) view(&index);
+  if (!r.ok()) return Status::Corruption(std::string("keep record: ") + r.error());
+  if (!r.done()) return Status::Corruption("keep record: trailing bytes");
+  KeepRecord out;
+  Result<KeptManifest> m = ParseKeptManifest(manifest);
+  if (!m.ok()) return m.status().WithContext("keep record");
+  if (m->index_bytes != index.size() || Hash(index) != m->index_xxh3) {
+    return Status::Corruption("keep record: the index differs from what its MANIFEST records");
+  }
+  Result<std::vector<KeptSample>> samples = ParseKeptIndex(index);
+  if (!samples.ok()) return samples.status().WithContext("keep record");
+  if (samples->size() != m->samples) {
+    return Status::Corruption("keep record: the MANIFEST counts " + std::to_string(m->samples) +
+                              " samples, the index holds " + std::to_string(samples->size()));
+  }
+  out.manifest = std::move(*m);
+  out.samples = std::move(*samples);
+  return out;
+}
+
 Status WriteFileDurably(const std::string& dir, const std::string& name, std::string_view bytes) {
   UniqueFd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (dfd.get() < 0) return Status::FromErrno(errno, dir);
@@ -297,18 +341,22 @@ Result<std::vector<KeptDataset>> ListKept(const std::string& kept_dir) {
 }
 
 Status RemoveKept(const std::string& kept_dir, const std::string& name) {
+  UniqueFd kfd(::open(kept_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (kfd.get() < 0) {
+    if (errno == ENOENT) return Status::Ok();
+    return Status::FromErrno(errno, kept_dir);
+  }
+  return RemoveKeptAt(kfd.get(), kept_dir, name);
+}
+
+Status RemoveKeptAt(int kept_fd, const std::string& shown, const std::string& name) {
   if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
       name.find('\0') != std::string::npos) {
     return Status::InvalidArgument("kept entry \"" + name +
                                    "\": not an entry name; give a key (16 hex digits) or a .tmp.* "
                                    "name as `nopfs cache ls` shows it");
   }
-  UniqueFd kfd(::open(kept_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (kfd.get() < 0) {
-    if (errno == ENOENT) return Status::Ok();
-    return Status::FromErrno(errno, kept_dir);
-  }
-  return RemoveTreeAt(kfd.get(), name, kept_dir + "/" + name);
+  return RemoveTreeAt(kept_fd, name, shown + "/" + name);
 }
 
 }  // namespace nopfs::kept

@@ -23,6 +23,15 @@
 //   u64 xxh3 u64 file_size i64 mtime_ns i64 ctime_ns u64 inode u32 data_file u64 data_offset },
 //   then u64 xxh3 of every byte before it.
 //
+// The keep record, beside a live SSD tier's data files (EncodeKeepRecord):
+//   <scratch>/nopfs-<uid>/<job>.<node>/keep     written by nopfsd as its tier fills (temporary
+//                                               file .tmp.keep, fsync, rename, fsync of the
+//                                               directory): a MANIFEST and an index for data.N
+//   "NOPFSKRC" u32 version(=1) str manifest str index, then u64 xxh3 of every byte before it.
+// Root finishes a kept entry from it when nopfsd did not keep (kept/finish.h) in a private
+//   <scratch>/nopfs-<uid>/kept/.tmp.finish.<job>.<node>    (no lock file: in use for 60 s)
+// and renames it to kept/<key>.
+//
 // Thread safety: reentrant.
 #pragma once
 
@@ -60,6 +69,8 @@ Result<std::vector<KeptDataset>> ListKept(const std::string& kept_dir);
 // (RemoveTreeAt, kept/tree.h: never follows a link, never leaves the tree); safe as root inside a
 // user's directory. A missing entry is ok.
 Status RemoveKept(const std::string& kept_dir, const std::string& name);
+// The same inside the directory `kept_fd` (`shown`: its path, for messages).
+Status RemoveKeptAt(int kept_fd, const std::string& shown, const std::string& name);
 
 // A .tmp.* entry is in use while a live nopfsd holds the flock of its `lock` file (LockKeptEntry),
 // and for kKeptLockGraceSeconds after its last change when it has no lock file yet.
@@ -105,6 +116,22 @@ struct KeptSample {
 };
 std::string EncodeKeptIndex(const std::vector<KeptSample>& samples);
 Result<std::vector<KeptSample>> ParseKeptIndex(std::string_view bytes);
+
+// The keep record: what a live nopfsd with --keep commits beside its SSD tier's data files as the
+// tier fills (<scratch>/nopfs-<uid>/<job>.<node>/keep, kKeepRecordName), so that a kept entry
+// can be made from the tier's directory at any instant, by nopfsd at exit or by root's epilog
+// when nopfsd was killed (kept/finish.h). A MANIFEST and an index, sealed together: its
+// manifest's data_files counts the tier's data files, data.<n> of the tier's directory.
+inline constexpr char kKeepRecordName[] = "keep";
+inline constexpr uint64_t kMaxKeepRecordBytes = kMaxManifestBytes + kMaxIndexBytes + 64;
+struct KeepRecord {
+  KeptManifest manifest;
+  std::vector<KeptSample> samples;
+};
+std::string EncodeKeepRecord(const KeptManifest& manifest, std::string_view index);
+// Corruption naming what is wrong; the manifest's index size and xxh3 are checked against the
+// index it carries.
+Result<KeepRecord> ParseKeepRecord(std::string_view bytes);
 
 // Writes `bytes` to <dir>/<name> durably: a temporary file, fsync, rename, fsync of `dir`.
 Status WriteFileDurably(const std::string& dir, const std::string& name, std::string_view bytes);

@@ -109,6 +109,10 @@ struct Target {
   std::vector<std::string> ssd_paths;
   std::string metrics_dir;  // where the job's metrics file is; "": none
   std::string node;         // this node's name (the job's cgroup, job_cgroup.h); "": not touched
+  // The keep grant (the ledger's): a killed nopfsd's keep records are kept within it.
+  bool keep = false;
+  uint64_t keep_max_bytes = 0;
+  std::string keep_dataset;
 };
 
 Target FromEntry(const LedgerEntry& e);
@@ -121,10 +125,14 @@ std::optional<LedgerEntry> FindEntry(const std::string& ledger_dir, uint64_t job
 // that can fail but the removals themselves: the process is the one the ledger names (pid and
 // start time, never its command line), the run directory is reached through a checked walk of
 // `node_dir`, the metrics file is the one in the directory the ledger recorded.
-// Returns what is left (empty when nothing). `while_stopped` (if any) runs once nopfsd has
-// stopped and before its run directory goes: the epilog reads the job's record there.
+// With a keep grant, once nopfsd is gone, a kept entry is made from each SSD tier's keep record
+// that nopfsd left (it was killed before it kept: kept/finish.h), before the tier is removed;
+// what was kept is added to `notes` when given; the job's entries in the user's sibling registry
+// (live/) are removed. `while_stopped` (if any) runs then too, before the run directory goes:
+// the epilog reads the job's record there. Returns what is left (empty when nothing).
 std::string Teardown(const std::string& node_dir, const Target& t, std::chrono::milliseconds grace,
-                     const std::function<void()>& while_stopped = nullptr);
+                     const std::function<void()>& while_stopped = nullptr,
+                     std::string* notes = nullptr);
 
 // Writes <run dir>/<name> with `text` (a line), owned by the job's user.
 void WriteStatus(const Job& job, const char* name, const std::string& text);

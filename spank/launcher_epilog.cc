@@ -4,6 +4,12 @@
 #include "spank/kept_live.h"
 #include "spank/launcher.h"
 
+#include <dirent.h>
+
+#include "common/units.h"
+#include "kept/area.h"
+#include "kept/finish.h"
+
 namespace nopfs::spank::launcher {
 
 using namespace std::chrono_literals;
@@ -35,6 +41,102 @@ void Record(const Job& job, const report::StatusReport& summary) {
   }
 }
 
+namespace {
+
+// The user's directory <path>/nopfs-<uid>, reached from a trusted `path` without following a link
+// and checked to be the uid's; NotFound when there is none.
+Result<UniqueFd> OpenUserDir(const std::string& path, uid_t uid) {
+  Result<UniqueFd> rfd = OpenTrustedDir(path, /*last_may_be_sticky=*/true);
+  if (!rfd.ok()) return rfd.status();
+  const std::string name = "nopfs-" + std::to_string(uid);
+  UniqueFd ufd(::openat(rfd->get(), name.c_str(),
+                        O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+  if (ufd.get() < 0) {
+    if (errno == ENOENT) return Status::NotFound(path + "/" + name + " does not exist");
+    return Status::FromErrno(errno, "open " + path + "/" + name);
+  }
+  struct stat st {};
+  if (::fstat(ufd.get(), &st) != 0) return Status::FromErrno(errno, "stat " + path + "/" + name);
+  if (st.st_uid != uid) {
+    return Status::PermissionDenied(path + "/" + name + " belongs to uid " +
+                                    std::to_string(st.st_uid) + "; not touching it");
+  }
+  return ufd;
+}
+
+// Kept entries made from the keep records a killed nopfsd left beside its SSD tiers, within the
+// grant (all SSD paths together, in order). Returns the note for the epilog's line.
+std::string FinishKeeps(const Target& t) {
+  std::string note;
+  uint64_t used = 0;
+  for (const std::string& path : t.ssd_paths) {
+    if (t.keep_max_bytes != 0 && used >= t.keep_max_bytes) break;
+    Result<UniqueFd> ufd = OpenUserDir(path, t.uid);
+    if (!ufd.ok()) {
+      if (ufd.status().code() != StatusCode::kNotFound)
+        note += "kept area: not finished: " + Printable(ufd.status().message()) + "; ";
+      continue;
+    }
+    kept::FinishRequest r;
+    r.user_dir_fd = ufd->get();
+    r.user_dir = path + "/nopfs-" + std::to_string(t.uid);
+    r.uid = t.uid;
+    r.tier_name = std::to_string(t.job_id) + "." + std::to_string(t.index);
+    r.dataset = t.keep_dataset;
+    r.max_bytes = t.keep_max_bytes == 0 ? 0 : t.keep_max_bytes - used;
+    r.now = static_cast<int64_t>(::time(nullptr));
+    Result<kept::FinishResult> f = kept::FinishKept(r);
+    if (!f.ok()) {
+      note += "kept area: nothing kept from nopfsd's keep record in " + Printable(r.user_dir) +
+              ": " + Printable(f.status().message()) + "; ";
+      continue;
+    }
+    if (!f->found) continue;
+    used += f->bytes;
+    note += "kept area: " + std::to_string(f->samples) + " samples (" +
+            FormatBytes(static_cast<double>(f->bytes)) + ") in " + Printable(f->dir) +
+            ", finished by the epilog from nopfsd's keep record";
+    if (f->dropped != 0) note += " (" + std::to_string(f->dropped) + " beyond the grant not kept)";
+    note += "; ";
+  }
+  return note;
+}
+
+// Removes the job's entries <key>.<job>.<index> from each SSD path's <user dir>/live (the
+// sibling registry, service/reader/sibling.h), which a killed nopfsd leaves; by name in the
+// user's directory, never following a link. Best effort: a reader skips an entry whose process is
+// gone, and removes it.
+void RemoveLiveEntries(const Target& t) {
+  const std::string suffix = "." + std::to_string(t.job_id) + "." + std::to_string(t.index);
+  for (const std::string& path : t.ssd_paths) {
+    Result<UniqueFd> ufd = OpenUserDir(path, t.uid);
+    if (!ufd.ok()) continue;
+    const int lfd =
+        ::openat(ufd->get(), "live", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (lfd < 0) continue;
+    struct stat st {};
+    DIR* d = ::fstat(lfd, &st) == 0 && st.st_uid == t.uid ? ::fdopendir(lfd) : nullptr;
+    if (d == nullptr) {
+      ::close(lfd);
+      continue;
+    }
+    std::vector<std::string> names;
+    while (const dirent* e = ::readdir(d)) {
+      const std::string_view n = e->d_name;
+      if (n.size() == 16 + suffix.size() && kept::IsKeptKey(n.substr(0, 16)) &&
+          n.substr(16) == suffix) {
+        names.emplace_back(n);
+      }
+    }
+    for (const std::string& n : names)
+      (void)::unlinkat(::dirfd(d), n.c_str(), 0);
+    ::closedir(d);
+    (void)::unlinkat(ufd->get(), "live", AT_REMOVEDIR);  // only when empty
+  }
+}
+
+}  // namespace
+
 Target FromEntry(const LedgerEntry& e) {
   Target t;
   t.job_id = e.job_id;
@@ -43,6 +145,9 @@ Target FromEntry(const LedgerEntry& e) {
   t.daemon = {static_cast<pid_t>(e.pid), e.start_time};
   t.ssd_paths = e.ssd_paths;
   t.metrics_dir = e.metrics_dir;
+  t.keep = e.keep;
+  t.keep_max_bytes = e.keep_max_bytes;
+  t.keep_dataset = e.keep_dataset;
   return t;
 }
 
@@ -67,13 +172,22 @@ std::optional<LedgerEntry> FindEntry(const std::string& ledger_dir, uint64_t job
 }
 
 std::string Teardown(const std::string& node_dir, const Target& t, std::chrono::milliseconds grace,
-                     const std::function<void()>& while_stopped) {
+                     const std::function<void()>& while_stopped, std::string* notes) {
   const std::string& metrics_dir = t.metrics_dir;
   const std::string job = std::to_string(t.job_id);
   std::string left;
   if (t.daemon.pid > 0) {
     for (pid_t p : StopProcesses({t.daemon}, grace))
       left += " process " + std::to_string(p);
+  }
+  // nopfsd is gone (a clean stop kept already and removed its tiers with their records): what a
+  // killed nopfsd committed is kept now, from the SSD tiers, before they are removed.
+  if (left.empty() && t.index != kUnknownIndex) {
+    if (t.keep) {
+      const std::string note = FinishKeeps(t);
+      if (notes != nullptr) *notes += note;
+    }
+    RemoveLiveEntries(t);
   }
   if (while_stopped) while_stopped();
   // What slurmd could not remove of the job's cgroup while nopfsd was in it.
@@ -141,8 +255,8 @@ int Epilog(const Job& job) {
   std::string error;
   const std::optional<LedgerEntry> entry = FindEntry(job.ledger_dir, job.job_id, &error);
   if (!error.empty()) left += " reservation (" + error + ")";
-  Target t =
-      entry ? FromEntry(*entry) : Target{job.job_id, job.uid, job.node_index, {}, {}, {}, {}};
+  Target t = entry ? FromEntry(*entry)
+                   : Target{job.job_id, job.uid, job.node_index, {}, {}, {}, {}, false, 0, {}};
   t.node = job.node;
   if (t.ssd_paths.empty()) {
     if (Result<lua::NodeConfig> config = LoadConfig(job); config.ok()) {
@@ -172,7 +286,7 @@ int Epilog(const Job& job) {
       log_note = KeepJobLog(job, config->job_log_dir(), config->job_log_days());
     }
   };
-  left += Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace), record);
+  left += Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace), record, &notes);
   if (summary) Record(job, *summary);
   if (!log_note.empty()) notes += log_note + "; ";
   if (entry) {

@@ -110,8 +110,12 @@ Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
     e.start_time = ProcessStartTime(::getpid()).value_or(0);
     e.ssd_paths = SsdPaths(config);
     e.metrics_dir = config.metrics_dir();
-    if (Status s = ledger->Put(e); !s.ok()) return s;
     *keep = kept.Admitted(ns, adm);
+    // The epilog keeps within this grant when nopfsd is killed before it kept.
+    e.keep = keep->keep;
+    e.keep_max_bytes = keep->max_bytes;
+    e.keep_dataset = job.opts.dataset;
+    if (Status s = ledger->Put(e); !s.ok()) return s;
   }
 
   return adm;
@@ -256,7 +260,8 @@ int Prolog(const Job& job, const char* self) {
   {
     std::string error;
     const std::optional<LedgerEntry> old = FindEntry(job.ledger_dir, job.job_id, &error);
-    Target t = old ? FromEntry(*old) : Target{job.job_id, job.uid, job.node_index, {}, {}, {}, {}};
+    Target t = old ? FromEntry(*old)
+                   : Target{job.job_id, job.uid, job.node_index, {}, {}, {}, {}, false, 0, {}};
     t.node = job.node;
     if (t.ssd_paths.empty()) t.ssd_paths = SsdPaths(*config);
     if (t.metrics_dir.empty()) t.metrics_dir = config->metrics_dir();

@@ -35,6 +35,12 @@ std::string FormatEntry(const LedgerEntry& e) {
   if (!e.metrics_dir.empty() && e.metrics_dir.find('\n') == std::string::npos) {
     out += "metrics_dir=" + e.metrics_dir + "\n";
   }
+  if (e.keep) {
+    out += "keep=1\nkeep_max_bytes=" + std::to_string(e.keep_max_bytes) + "\n";
+    if (!e.keep_dataset.empty() && e.keep_dataset.find('\n') == std::string::npos) {
+      out += "keep_dataset=" + e.keep_dataset + "\n";
+    }
+  }
   return out;
 }
 
@@ -57,6 +63,11 @@ Result<LedgerEntry> ParseEntry(const std::string& text) {
     if (key == "metrics_dir") {
       if (value.empty()) return Status::Corruption("ledger entry line '" + line + "'");
       e.metrics_dir = std::string(value);
+      continue;
+    }
+    if (key == "keep_dataset") {
+      if (value.empty()) return Status::Corruption("ledger entry line '" + line + "'");
+      e.keep_dataset = std::string(value);
       continue;
     }
     if (key == "ssd_path") {
@@ -86,6 +97,11 @@ Result<LedgerEntry> ParseEntry(const std::string& text) {
     } else if (key == "start") {
       e.start_time = v;
       seen |= 1u << 7;
+    } else if (key == "keep") {
+      if (v > 1) return Status::Corruption("ledger entry value '" + line + "'");
+      e.keep = v == 1;
+    } else if (key == "keep_max_bytes") {
+      e.keep_max_bytes = v;
     } else {
       return Status::Corruption("ledger entry key '" + key + "'");
     }

@@ -45,6 +45,13 @@ struct LedgerEntry {
   // The node config's metrics_dir when the job was admitted ("metrics_dir=PATH"; empty: none),
   // so that the epilog removes the job's metrics file without the config.
   std::string metrics_dir;
+  // What the job's nopfsd may keep (the policy's grant, kept/node.h KeepPlan), so that the epilog
+  // keeps within it from the keep record of a nopfsd that was killed (kept/finish.h): "keep=1",
+  // "keep_max_bytes=N" (0: no limit) and "keep_dataset=PATH" (the job's --nopfs=, written to the
+  // kept MANIFEST; a path holding a newline is never recorded). Entries without them keep nothing.
+  bool keep = false;
+  uint64_t keep_max_bytes = 0;
+  std::string keep_dataset;
 };
 
 std::string FormatEntry(const LedgerEntry& e);

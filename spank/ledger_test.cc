@@ -121,6 +121,29 @@ TEST_F(LedgerTest, EntryKeepsTheMetricsDirectory) {
   EXPECT_TRUE(back->metrics_dir.empty());
 }
 
+// ... and so does the keep grant, within which the epilog keeps from a killed nopfsd's record;
+// an entry without one keeps nothing.
+TEST_F(LedgerTest, EntryKeepsTheKeepGrant) {
+  LedgerEntry e = Entry(13, 100);
+  Result<LedgerEntry> back = ParseEntry(FormatEntry(e));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_FALSE(back->keep);
+  e.keep = true;
+  e.keep_max_bytes = 50'000'000;
+  e.keep_dataset = "/pfs/imagenet/train";
+  back = ParseEntry(FormatEntry(e));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_TRUE(back->keep);
+  EXPECT_EQ(back->keep_max_bytes, 50'000'000u);
+  EXPECT_EQ(back->keep_dataset, "/pfs/imagenet/train");
+  e.keep_dataset = "bad\npath";  // never recorded
+  back = ParseEntry(FormatEntry(e));
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(back->keep_dataset.empty());
+  EXPECT_FALSE(ParseEntry(FormatEntry(e) + "keep=2\n").ok());
+  EXPECT_FALSE(ParseEntry(FormatEntry(e) + "keep_dataset=\n").ok());
+}
+
 TEST_F(LedgerTest, LockExcludesOtherProcessesAndTimesOut) {
   Result<Ledger> l = Ledger::Lock(dir_, 1s);
   ASSERT_TRUE(l.ok());

@@ -90,9 +90,17 @@ void Daemon::Stop() {
     if (p) p->Stop();
   peers_.reset();
   prefetchers_.clear();
-  for (KeptClass& k : kept_)
+  for (KeptClass& k : kept_) {
     if (k.copy) k.copy->StopChecks();  // they may mark slots of a tier ready
+    if (k.committer) k.committer->Stop();
+  }
   KeepAtExit();
+  // What was kept is in the kept area now (or nothing could be): the keep records go with the
+  // tiers.
+  for (KeptClass& k : kept_) {
+    if (k.committer) k.committer->Discard();
+    k.committer.reset();
+  }
   if (metrics_ && reader_) WriteMetrics();  // with what was kept
   if (reader_) WriteSummary();
   // A file nopfsd made itself (`nopfs run`) would hold the job's last figures for ever.

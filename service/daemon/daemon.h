@@ -203,12 +203,16 @@ class Daemon final : public Handler {
     size_t class_index = 0;
     KeptPlace place;
     std::unique_ptr<KeptCopy> copy;
+    // With --keep: the keep record committed beside the class's SSD tier as it fills (null
+    // without a tier), from which the epilog keeps when this daemon is killed.
+    std::unique_ptr<KeepCommitter> committer;
   };
   std::vector<KeptClass> kept_;
   // What Stop() kept (disk bytes, every class).
   std::atomic<uint64_t> kept_bytes_{0};
   int64_t start_wall_ns_ = 0;  // the real time at the start of Init
   void AdoptKept();
+  void StartKeepCommits();
   void KeepAtExit();
 
   // Sibling jobs: the sibling this daemon reads through (null: not sharing), its registry

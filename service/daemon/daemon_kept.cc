@@ -147,8 +147,34 @@ Result<uint64_t> Daemon::ReadSample(uint64_t fingerprint, uint32_t sample_id,
   return XXH3_64bits(bytes->data(), bytes->size());
 }
 
+void Daemon::StartKeepCommits() {
+  if (!options_.keep) return;
+  for (KeptClass& k : kept_) {
+    SsdTier* tier = k.class_index < tier_refs_.size() ? tier_refs_[k.class_index].ssd : nullptr;
+    if (tier == nullptr) continue;
+    KeepCommitOptions o;
+    o.place = k.place;
+    // Each class's record may hold the whole budget: the epilog keeps at most --keep-max-bytes
+    // of all classes' records together, in the config's order, as a keep at exit does.
+    o.max_bytes = options_.keep_max_bytes;
+    o.unchanged_before_ns = start_wall_ns_ - 500'000'000;
+    k.committer = std::make_unique<KeepCommitter>(std::move(o), *tier, *catalog_, Env::Default());
+    k.committer->Start();
+  }
+}
+
 void Daemon::KeepAtExit() {
   if (!options_.keep) return;
+  for (KeptClass& k : kept_) {
+    if (!k.committer || k.committer->commits() == 0) continue;
+    spdlog::info(
+        "kept area: class {}: {} keep records committed as the tier filled ({} samples in the "
+        "last, {} written in {:.3f} s)",
+        model_.classes[k.class_index].name, k.committer->commits(),
+        k.committer->committed_samples(),
+        FormatBytes(static_cast<double>(k.committer->committed_bytes())),
+        static_cast<double>(k.committer->commit_ns()) / 1e9);
+  }
   const auto t0 = std::chrono::steady_clock::now();
   uint64_t used = 0;  // --keep-max-bytes bounds every class's kept bytes together
   for (KeptClass& k : kept_) {

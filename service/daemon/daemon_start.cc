@@ -91,6 +91,7 @@ Status Daemon::Init() {
   NOPFS_RETURN_IF_ERROR(CreateTiers());
   CreateReader(&s);
   CreatePrefetchers();
+  StartKeepCommits();
   AttachPeerDirectory(&s);
   AnnounceFilledClasses(s);
   NOPFS_RETURN_IF_ERROR(StartPrefetchers());
@@ -403,13 +404,18 @@ void Daemon::AttachPeerDirectory(Startup* s) {
 
 void Daemon::AnnounceFilledClasses(const Startup& s) {
   // A filled class is announced, so that the other nodes stop guessing (docs/algorithm.md §7),
-  // and the kept copies free the disk of the samples it now holds (docs/tiers.md).
+  // and the kept copies free the disk of the samples it now holds (docs/tiers.md); its keep
+  // record is committed at once, with every sample the tier now holds.
   PeerService* ps = peers_.get();
   const std::vector<KeptCopy*>& copies = s.copies;
   for (size_t j = 0; j < prefetchers_.size(); ++j) {
-    if (!prefetchers_[j] || (ps == nullptr && copies.empty())) continue;
-    prefetchers_[j]->SetOnDone([this, ps, copies, j] {
+    KeepCommitter* committer = nullptr;
+    for (KeptClass& k : kept_)
+      if (k.class_index == j && k.committer) committer = k.committer.get();
+    if (!prefetchers_[j] || (ps == nullptr && copies.empty() && committer == nullptr)) continue;
+    prefetchers_[j]->SetOnDone([this, ps, copies, committer, j] {
       if (ps != nullptr) ps->AnnounceClassDone(static_cast<uint32_t>(j));
+      if (committer != nullptr) committer->Wake();
       if (copies.empty()) return;
       std::vector<policy::SampleId> ready;
       for (policy::SampleId id : plan_.tiers[j].prefetch_order)

@@ -1,7 +1,8 @@
 // nopfsd's side of the kept area (kept/area.h; docs/tiers.md, "The kept area"): adopting a
 // kept dataset at start (KeptCopy, a source of verified samples for the SampleReader, whose data
-// files an SSD tier of the same layout takes over in place) and keeping the SSD tier's ready
-// samples at exit (KeepSsdTier).
+// files an SSD tier of the same layout takes over in place), committing a keep record beside the
+// SSD tier as it fills (KeepCommitter, from which root's epilog finishes a kept entry when nopfsd
+// is killed: kept/finish.h) and keeping the SSD tier's ready samples at exit (KeepSsdTier).
 //
 // A kept sample is trusted only when its PFS file is still what it was when it was kept (size,
 // mtime, ctime and inode, by one stat during this job: CheckAhead's, or Fetch's own when the check
@@ -12,7 +13,8 @@
 //
 // Thread safety: KeptCopy::Fetch, Release and the counters are safe from any number of threads
 // (and alongside CheckAhead's threads);
-// KeepSsdTier runs alone (the tier's writers stopped).
+// KeepSsdTier runs alone (the tier's writers stopped); KeepCommitter's calls are made from one
+// thread (its own, once started), alongside the tier's writers.
 #pragma once
 
 #include <atomic>
@@ -22,8 +24,10 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "kept/area.h"
@@ -179,5 +183,71 @@ struct KeepResult {
 // A failure or crash at any point leaves at most an incomplete entry.
 Result<KeepResult> KeepSsdTier(const KeepOptions& options, SsdTier& tier, const Catalog& catalog,
                                Env* env);
+
+struct KeepCommitOptions {
+  KeptPlace place;         // the record's key and dataset
+  uint64_t max_bytes = 0;  // padded sample bytes at most (0: no limit), in slot order
+  // As KeepOptions: a sample whose file's ctime is at or after this is not recorded.
+  int64_t unchanged_before_ns = 0;
+  // The thread commits when at least this many recorded samples are new and at least a quarter
+  // of those committed before (so the record's total write cost stays within a few times its
+  // final size); when some are new, none became ready since its last look (the fill paused) and
+  // the last commit is `quiet` old; and at once when woken (Wake: the tier's prefetch is done).
+  uint64_t min_new_samples = 256;
+  std::chrono::milliseconds quiet{5000};
+  std::chrono::milliseconds interval{1000};  // how often the thread looks at the tier
+  unsigned stat_threads = 8;                 // the new samples' files are stat-ed in parallel
+};
+
+// Keeps a record (kept/area.h, kKeepRecordName in the tier's directory) of the tier's ready
+// samples whose files are unchanged since before the job's start, committed durably (temporary
+// file, fsync, rename, fsync of the directory) in batches as the tier fills: at every instant the
+// tier's directory holds either no record or a whole one, naming only samples that were ready
+// (with their fill-time xxh3) when it was written. Each file is stat-ed once.
+class KeepCommitter {
+ public:
+  KeepCommitter(KeepCommitOptions options, SsdTier& tier, const Catalog& catalog, Env* env);
+  ~KeepCommitter();  // Stop()
+  KeepCommitter(const KeepCommitter&) = delete;
+  KeepCommitter& operator=(const KeepCommitter&) = delete;
+
+  // Records the samples that became ready since the last call and writes the record when
+  // `force` (and anything changed) or the batch rule above says so. Returns whether it wrote.
+  Result<bool> Commit(bool force);
+  void Start();    // a thread that calls Commit every interval
+  void Wake();     // the thread commits whatever is new now (Commit(true))
+  void Stop();     // joins it; idempotent
+  void Discard();  // removes the record (after a keep at exit, or when nothing may be kept)
+
+  uint64_t commits() const { return commits_.load(std::memory_order_relaxed); }
+  uint64_t committed_samples() const { return committed_.load(std::memory_order_relaxed); }
+  uint64_t committed_bytes() const { return written_bytes_.load(std::memory_order_relaxed); }
+  // Wall time spent in commits (stats, encoding, writes, fsyncs), ns.
+  uint64_t commit_ns() const { return commit_ns_.load(std::memory_order_relaxed); }
+
+ private:
+  // [slot]: what the committer knows of it.
+  enum Mark : uint8_t { kUnseen = 0, kRecorded = 1, kRefused = 2 };
+  Status Write();
+  void Run();
+
+  const KeepCommitOptions o_;
+  SsdTier& tier_;
+  const Catalog& catalog_;
+  Env* const env_;
+  std::vector<uint8_t> mark_;      // [slot]
+  std::vector<FileStat> stat_of_;  // [slot]: its file's stat, when recorded
+  std::unordered_map<std::string, std::optional<FileStat>> stats_;  // by path; none: failed
+  uint64_t budget_used_ = 0;                                        // padded bytes recorded
+  uint64_t recorded_ = 0, written_recorded_ = 0;
+  uint64_t last_ready_seen_ = 0;
+  std::atomic<uint64_t> commits_{0}, committed_{0}, written_bytes_{0}, commit_ns_{0};
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ GUARDED_BY(mu_) = false;
+  bool wake_ GUARDED_BY(mu_) = false;
+  std::chrono::steady_clock::time_point last_write_{};
+  std::thread thread_;
+};
 
 }  // namespace nopfs::service

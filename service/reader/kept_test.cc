@@ -3,6 +3,7 @@
 // in the middle of its keep, and a disk failing under a keep or an adoption.
 #include "service/reader/kept.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -18,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/unique_fd.h"
+#include "kept/finish.h"
 #include "service/env/local_io.h"
 #include "service/reader/reader_test_util.h"
 #include "service/tiers/tier_test_util.h"
@@ -83,9 +86,9 @@ class KeptTest : public ::testing::Test {
   }
 
   // An SSD tier under `scratch` (default scratch_) holding `samples` (default every sample),
-  // filled.
+  // filled unless `fill` is false.
   std::unique_ptr<SsdTier> MakeTier(const std::string& job, std::string scratch = "",
-                                    std::vector<policy::SampleId> samples = {}) {
+                                    std::vector<policy::SampleId> samples = {}, bool fill = true) {
     const std::vector<uint64_t> sizes(catalog_->sizes().begin(), catalog_->sizes().end());
     if (samples.empty()) {
       for (policy::SampleId k = 0; k < kFiles; ++k)
@@ -97,21 +100,59 @@ class KeptTest : public ::testing::Test {
                              std::move(*layout));
     EXPECT_TRUE(t.ok()) << t.status().message();
     std::unique_ptr<SsdTier> tier = std::move(*t);
-    void* bounce = std::aligned_alloc(kSsdAlignment, tier->bounce_bytes());
-    for (uint32_t s = 0; s < tier->layout().slot_count(); ++s) {
-      EXPECT_TRUE(tier->slots().TryBeginFill(s));
+    if (fill) FillSlots(*tier, 0, tier->layout().slot_count());
+    return tier;
+  }
+
+  // Fills slots [begin, end) of `tier` from the dataset and marks them ready.
+  void FillSlots(SsdTier& tier, uint32_t begin, uint32_t end) {
+    void* bounce = std::aligned_alloc(kSsdAlignment, tier.bounce_bytes());
+    for (uint32_t s = begin; s < end; ++s) {
+      SsdTier* t = &tier;
+      EXPECT_TRUE(t->slots().TryBeginFill(s));
       Result<uint64_t> h =
-          tier->Fill(s,
-                     [this](policy::SampleId id, std::span<std::byte> dst) -> Result<uint64_t> {
-                       NOPFS_RETURN_IF_ERROR(catalog_->Read(id, dst));
-                       return XXH3_64bits(dst.data(), dst.size());
-                     },
-                     {static_cast<std::byte*>(bounce), tier->bounce_bytes()});
+          t->Fill(s,
+                  [this](policy::SampleId id, std::span<std::byte> dst) -> Result<uint64_t> {
+                    NOPFS_RETURN_IF_ERROR(catalog_->Read(id, dst));
+                    return XXH3_64bits(dst.data(), dst.size());
+                  },
+                  {static_cast<std::byte*>(bounce), t->bounce_bytes()});
       EXPECT_TRUE(h.ok()) << h.status().message();
-      tier->slots().MarkReady(s, *h);
+      t->slots().MarkReady(s, *h);
     }
     std::free(bounce);
-    return tier;
+  }
+
+  KeepCommitOptions CommitOptions() const {
+    KeepCommitOptions o;
+    o.place = place_;
+    o.unchanged_before_ns = Options().unchanged_before_ns;
+    return o;
+  }
+
+  // What root's epilog does for a killed nopfsd's tier <scratch_>/nopfs-<uid>/<job>.0.
+  Result<kept::FinishResult> FinishAsTheEpilog(const std::string& job, uint64_t max_bytes = 0) {
+    const std::string user_dir = SsdTier::UserDir(scratch_, ::geteuid());
+    const UniqueFd ufd(::open(user_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    EXPECT_TRUE(ufd.valid());
+    kept::FinishRequest r;
+    r.user_dir_fd = ufd.get();
+    r.user_dir = user_dir;
+    r.uid = ::geteuid();
+    r.tier_name = job + ".0";
+    r.dataset = data_;
+    r.max_bytes = max_bytes;
+    r.now = ::time(nullptr);
+    return kept::FinishKept(r);
+  }
+
+  // The samples of the kept record in `tier`'s directory (-1: none, or not whole).
+  int64_t RecordedSamples(const SsdTier& tier) {
+    std::ifstream in(tier.dir() + "/" + kept::kKeepRecordName, std::ios::binary);
+    if (!in) return -1;
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    Result<kept::KeepRecord> r = kept::ParseKeepRecord(bytes);
+    return r.ok() ? int64_t(r->samples.size()) : -1;
   }
 
   KeepOptions Options() const {
@@ -575,6 +616,153 @@ TEST_F(KeptTest, ReadsFailingUnderAnAdoptionServeNothing) {
   EXPECT_TRUE(s.ok()) << s.message();
   EXPECT_EQ((*k)->rejected_samples(), 1u);
   EXPECT_EQ((*k)->adopted_samples(), 1u);
+}
+
+// nopfsd killed after a commit (no keep at exit): root's finish makes the entry, and the next job
+// adopts every sample with its bytes.
+TEST_F(KeptTest, ACommittedRecordIsFinishedByTheEpilogAndAdoptedByteForByte) {
+  KeepCommitter c(CommitOptions(), *ssd_, *catalog_, Env::Default());
+  Result<bool> w = c.Commit(/*force=*/true);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  EXPECT_TRUE(*w);
+  EXPECT_EQ(c.commits(), 1u);
+  EXPECT_EQ(c.committed_samples(), kFiles);
+  EXPECT_EQ(RecordedSamples(*ssd_), int64_t(kFiles));
+  Result<kept::FinishResult> f = FinishAsTheEpilog("job1");
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  ASSERT_TRUE(f->found);
+  EXPECT_EQ(f->samples, kFiles);
+  EXPECT_EQ(f->key, place_.key);
+  ssd_.reset();
+  Result<std::unique_ptr<KeptCopy>> k = KeptCopy::Adopt(place_, *catalog_, Env::Default());
+  ASSERT_TRUE(k.ok()) << k.status().message();
+  for (policy::SampleId id = 0; id < kFiles; ++id) {
+    Status s;
+    EXPECT_EQ(Fetch(**k, id, &s), Bytes(id)) << id;
+    EXPECT_TRUE(s.ok()) << id << ": " << s.message();
+  }
+  EXPECT_EQ((*k)->adopted_samples(), kFiles);
+  EXPECT_EQ((*k)->rejected_samples(), 0u);
+}
+
+// Records are written in batches: at least min_new_samples new ones and a quarter of those
+// written before, or whatever is new once the fill stops.
+TEST_F(KeptTest, TheRecordIsCommittedInBatchesAsTheTierFills) {
+  auto tier = MakeTier("job2", "", {}, /*fill=*/false);
+  KeepCommitOptions o = CommitOptions();
+  o.min_new_samples = 4;
+  o.quiet = std::chrono::milliseconds(0);
+  KeepCommitter c(o, *tier, *catalog_, Env::Default());
+  ASSERT_FALSE(*c.Commit(false));  // nothing ready
+  EXPECT_EQ(RecordedSamples(*tier), -1);
+  FillSlots(*tier, 0, 10);
+  ASSERT_TRUE(*c.Commit(false));
+  EXPECT_EQ(RecordedSamples(*tier), 10);
+  FillSlots(*tier, 10, 11);
+  ASSERT_FALSE(*c.Commit(false));  // one new: the fill goes on
+  EXPECT_EQ(RecordedSamples(*tier), 10);
+  ASSERT_TRUE(*c.Commit(false));  // none became ready since: the fill paused
+  EXPECT_EQ(RecordedSamples(*tier), 11);
+  FillSlots(*tier, 11, kFiles);
+  ASSERT_TRUE(*c.Commit(false));
+  EXPECT_EQ(RecordedSamples(*tier), int64_t(kFiles));
+  ASSERT_FALSE(*c.Commit(false));
+  ASSERT_FALSE(*c.Commit(true));  // nothing new: no rewrite
+  EXPECT_EQ(c.commits(), 3u);
+  c.Discard();
+  EXPECT_EQ(RecordedSamples(*tier), -1);
+}
+
+// Woken when the tier's prefetch is done, the thread commits at once, not at its next look.
+TEST_F(KeptTest, AWokenCommitterCommitsAtOnce) {
+  KeepCommitOptions o = CommitOptions();
+  o.interval = std::chrono::hours(1);
+  KeepCommitter c(o, *ssd_, *catalog_, Env::Default());
+  c.Start();
+  c.Wake();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (RecordedSamples(*ssd_) < 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(RecordedSamples(*ssd_), int64_t(kFiles));
+  c.Stop();
+  EXPECT_EQ(c.commits(), 1u);
+}
+
+// The same rules as a keep at exit: files changed since the job's start are never recorded, and
+// the budget bounds the record.
+TEST_F(KeptTest, TheRecordHoldsOnlyUnchangedFilesWithinTheBudget) {
+  KeepCommitOptions o = CommitOptions();
+  o.unchanged_before_ns = 0;
+  {
+    KeepCommitter c(o, *ssd_, *catalog_, Env::Default());
+    ASSERT_FALSE(*c.Commit(true));
+    EXPECT_EQ(RecordedSamples(*ssd_), -1);
+  }
+  o = CommitOptions();
+  o.max_bytes = 3 * kSsdAlignment;
+  KeepCommitter c(o, *ssd_, *catalog_, Env::Default());
+  ASSERT_TRUE(*c.Commit(true));
+  const int64_t n = RecordedSamples(*ssd_);
+  EXPECT_GT(n, 0);
+  EXPECT_LT(n, int64_t(kFiles));
+  // Root applies its own grant again, below nopfsd's.
+  Result<kept::FinishResult> f = FinishAsTheEpilog("job1", kSsdAlignment);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_EQ(f->samples, 1u);
+  EXPECT_EQ(f->dropped, uint64_t(n - 1));
+}
+
+// nopfsd killed with SIGKILL at moments spread over its fill, its committer running: each time
+// the epilog either keeps a whole record, whose every sample the next job adopts with its bytes,
+// or keeps nothing.
+TEST_F(KeptTest, KilledAnyTimeWhileFillingLeavesAnAdoptableEntryOrNothing) {
+  uint64_t kept_runs = 0;
+  for (int delay_ms : {0, 15, 40, 90, 160, 400}) {
+    SCOPED_TRACE(delay_ms);
+    const std::string job = "kill" + std::to_string(delay_ms);
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      auto tier = MakeTier(job, "", {}, /*fill=*/false);
+      KeepCommitOptions o = CommitOptions();
+      o.min_new_samples = 1;
+      o.interval = std::chrono::milliseconds(3);
+      o.quiet = std::chrono::milliseconds(0);
+      KeepCommitter c(o, *tier, *catalog_, Env::Default());
+      c.Start();
+      for (uint32_t s = 0; s < kFiles; ++s) {
+        FillSlots(*tier, s, s + 1);
+        std::this_thread::sleep_for(std::chrono::milliseconds(8));
+      }
+      std::this_thread::sleep_for(std::chrono::seconds(30));  // killed before
+      ::_exit(0);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    ASSERT_EQ(::kill(child, SIGKILL), 0);
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFSIGNALED(status));
+    Result<kept::FinishResult> f = FinishAsTheEpilog(job);
+    if (!f.ok() || !f->found) {
+      Result<std::unique_ptr<KeptCopy>> none = KeptCopy::Adopt(place_, *catalog_, Env::Default());
+      EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
+      continue;
+    }
+    ++kept_runs;
+    Result<std::unique_ptr<KeptCopy>> k = KeptCopy::Adopt(place_, *catalog_, Env::Default());
+    ASSERT_TRUE(k.ok()) << k.status().message();
+    EXPECT_EQ((*k)->kept_samples(), f->samples);
+    for (policy::SampleId id = 0; id < kFiles; ++id) {
+      Status s;
+      const std::string got = Fetch(**k, id, &s);
+      if (s.ok()) {
+        EXPECT_EQ(got, Bytes(id)) << id;
+      }
+    }
+    EXPECT_EQ((*k)->adopted_samples(), f->samples);
+    EXPECT_EQ((*k)->rejected_samples(), 0u);
+  }
+  EXPECT_GT(kept_runs, 0u);  // the later kills find a record
 }
 
 }  // namespace

@@ -9,6 +9,9 @@ one user at once on one node read the PFS once (the second through the first's n
 The local cluster's three nodes share one SSD directory (one machine), so a dataset kept on one
 node is found on every node: the tests pin jobs to nodes only to keep them apart in time.
 
+With NOPFS_CLUSTER_CGROUP=1 (ctest's slurm_keep_cgroup) the jobs run in cgroup v1 with
+PrologFlags=Contain, nopfsd in the job's cgroup: the same tests hold there.
+
 Run as root, one cluster test at a time: flock /tmp/nopfs-cluster.lock ctest -L slurm -R keep
 """
 import glob
@@ -67,6 +70,23 @@ def tiers_staged(status):
     return status is not None and all(
         t["prefetch"] == "done" and t["ready_samples"] >= t["planned_samples"]
         for t in status["tiers"] if t["planned_samples"] > 0)
+
+
+def record_samples(path):
+    """The sample count of the keep record at `path` (kept/area.h: "NOPFSKRC" u32 version, then
+    the MANIFEST as a le32-length-prefixed string: "NOPFSKPT" u32 version, str key, str dataset,
+    i64 created, i64 last_used, u64 samples, ...), or None when there is none."""
+    try:
+        with open(path, "rb") as f:
+            b = f.read()
+    except OSError:
+        return None
+    if b[:8] != b"NOPFSKRC":
+        return None
+    at = 16 + 12  # record magic, version, manifest length; manifest magic, version
+    for _ in range(2):  # key, dataset
+        at += 4 + int.from_bytes(b[at:at + 4], "little")
+    return int.from_bytes(b[at + 16:at + 24], "little")
 
 
 def disk_bytes(path):
@@ -548,6 +568,55 @@ class KeepTest(ClusterCase):
                 if name.startswith(".tmp."):
                     self.assertFalse(os.path.exists(os.path.join(kept_dir(user), name, "lock")),
                                      (delay, name))
+
+    def test_a_killed_nopfsd_is_kept_by_the_epilog(self):
+        """nopfsd killed with SIGKILL once its SSD tier is full (by the job's user here; the OOM
+        killer or a crash the same way): it never keeps at exit, and the epilog keeps from the
+        keep record it committed as the tier filled. The same
+        job again reads at most 5 % of the dataset from the PFS, every byte right."""
+        write_policy(quota=50_000_000)
+        user = "nopfs-alice"
+        job = submit(user, f"-w n1 --mem=300 --nopfs-ram=1KB --nopfs-ssd=100MB "
+                     f"--nopfs={DATASET} --nopfs-seed=3", READ + HOLD.format(jobs=JOBS))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and "status: " not in self.output_so_far(job):
+            time.sleep(0.2)
+        out = output(job)
+        self.assertRegex(out, r"verify: 120 samples, \d+ bytes, 0 mismatches", out)
+        first = json.loads(re.search(r"(?m)^status: (\{.*\})$", out).group(1))
+        self.assertTrue(tiers_staged(first), first)
+        # The record is committed within moments of the fill's end (the committer looks every
+        # second); wait until it holds every sample the tier holds.
+        record = os.path.join(SSD, f"nopfs-{uid_of(user)}", f"{job}.0", "keep")
+        ready = sum(t["ready_samples"] for t in first["tiers"])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (record_samples(record) or 0) < ready:
+            time.sleep(0.2)
+        self.assertEqual(record_samples(record), ready, record)
+        r = as_user(user, f"kill -9 {first['pid']}")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        release(job)
+        wait_done(job, 120)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (job in ledger("n1") or daemons()):
+            time.sleep(0.2)
+        self.assertNotIn(job, ledger("n1"))
+        log = self.slurmd_log("n1")
+        line = re.search(r"(?m)^.*nopfs: epilog: n1: kept area: .*finished by the epilog.*$", log)
+        self.assertRegex(log, r"nopfs: epilog: n1: kept area: \d+ samples \(.*\) in .*/kept/"
+                         r"[0-9a-f]{16}, finished by the epilog from nopfsd's keep record; .*clean")
+        print(f"\n{line.group(0) if line else ''}", file=sys.stderr)
+        names = kept(user)
+        keys = [n for n, complete in names.items() if complete and KEY.match(n)]
+        self.assertEqual(len(keys), 1, names)
+        self.assertFalse(os.path.exists(os.path.join(SSD, f"nopfs-{uid_of(user)}", f"{job}.0")))
+
+        _, _, second = self.run_job(user, "n2")
+        self.assertGreater(first["pfs_bytes"], 0, first)
+        self.assertLessEqual(second["pfs_bytes"], 0.05 * first["pfs_bytes"],
+                             (first["pfs_bytes"], second["pfs_bytes"]))
+        print(f"PFS bytes: the killed job {first['pfs_bytes']}, the next {second['pfs_bytes']}",
+              file=sys.stderr)
 
 
 if __name__ == "__main__":
