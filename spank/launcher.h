@@ -209,7 +209,7 @@ std::string UnusedWarning(const report::StatusReport& r);
 // Keeps the job's nopfsd log (launch::kLogName in its run directory, read as the user's file, at
 // most kMaxKeptLogBytes) as <log_dir>/nopfsd-<job>-<node>.log: root's, mode 0640, readable by the
 // job's user alone through a POSIX ACL (root's alone where the file system has none); removes
-// the files there older than `days`. Returns a note for the epilog's line.
+// the files there older than `days`. Returns what was done, for a line of slurmd's log.
 inline constexpr size_t kMaxKeptLogBytes = 64 << 20;
 std::string KeepJobLog(const Job& job, const std::string& log_dir, uint32_t days);
 

@@ -288,7 +288,10 @@ int Epilog(const Job& job) {
   };
   left += Teardown(job.node_dir, t, std::chrono::seconds(job.args.grace), record, &notes);
   if (summary) Record(job, *summary);
-  if (!log_note.empty()) notes += log_note + "; ";
+  if (!log_note.empty()) {
+    std::printf("%sjob %llu: %s\n", where.c_str(), static_cast<unsigned long long>(job.job_id),
+                log_note.c_str());
+  }
   if (entry) {
     Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s);
     if (!l.ok()) {

@@ -148,31 +148,32 @@ void RemoveOldLogs(int dir_fd, uint32_t days) {
 
 std::string KeepJobLog(const Job& job, const std::string& log_dir, uint32_t days) {
   Result<UniqueFd> dir = MakeTrustedDir(log_dir, 0755);
-  if (!dir.ok()) return "job log not kept: " + dir.status().message();
+  if (!dir.ok()) return "nopfsd's log not kept: " + dir.status().message();
   RemoveOldLogs(dir->get(), days);
   Result<UniqueFd> node = OpenTrustedDir(job.node_dir);
-  if (!node.ok()) return "job log not kept: " + node.status().message();
+  if (!node.ok()) return "nopfsd's log not kept: " + node.status().message();
   const std::string id = std::to_string(job.job_id);
   const UniqueFd run(
       ::openat(node->get(), id.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (!run.valid()) return "job log not kept: " + Status::FromErrno(errno, job.run_dir).message();
+  if (!run.valid())
+    return "nopfsd's log not kept: " + Status::FromErrno(errno, job.run_dir).message();
   Result<std::string> text = ReadUserFile(run.get(), launch::kLogName, job.uid, kMaxKeptLogBytes);
-  if (!text.ok()) return "job log not kept: " + text.status().message();
+  if (!text.ok()) return "nopfsd's log not kept: " + text.status().message();
   const std::string name = "nopfsd-" + id + "-" + job.node + ".log";
   const UniqueFd out(::openat(dir->get(), name.c_str(),
                               O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
   const std::string shown = log_dir + "/" + name;
-  if (!out.valid()) return "job log not kept: " + Status::FromErrno(errno, shown).message();
+  if (!out.valid()) return "nopfsd's log not kept: " + Status::FromErrno(errno, shown).message();
   if (::write(out.get(), text->data(), text->size()) != static_cast<ssize_t>(text->size())) {
     const int err = errno;
     ::unlinkat(dir->get(), name.c_str(), 0);
-    return "job log not kept: " + Status::FromErrno(err, shown).message();
+    return "nopfsd's log not kept: " + Status::FromErrno(err, shown).message();
   }
   const std::string acl = ReadableBy(job.uid);
   if (::fsetxattr(out.get(), "system.posix_acl_access", acl.data(), acl.size(), 0) != 0) {
-    return "job log " + shown + " (root's alone: " + std::strerror(errno) + ")";
+    return "nopfsd's log kept as " + shown + " (root's alone: " + std::strerror(errno) + ")";
   }
-  return "job log " + shown;
+  return "nopfsd's log kept as " + shown;
 }
 
 Status AppendAsUser(const std::string& path, uid_t uid, gid_t gid, const std::string& text) {

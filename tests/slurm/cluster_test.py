@@ -232,7 +232,8 @@ class ClusterTest(ClusterCase):
         r = as_user("nopfs-bob", f"cat {kept}")
         self.assertIn("Permission denied", r.stderr)
         self.assertFalse(os.path.exists(old), "a log past job_logs.days stayed")
-        self.assertRegex(slurmd_log("n1"), rf"nopfs: epilog: n1: job log {kept}; clean")
+        self.assertIn(f"nopfs: epilog: n1: job {job}: nopfsd's log kept as {kept}\n",
+                      slurmd_log("n1"))
         line = rf"served 120 samples \(ram \d+, .*pfs \d+\); read \d.* from the PFS; stall median "
         self.assertRegex(slurmd_log("n1"), rf"nopfs: epilog: n1: job {job}: {line}")
         out = output(job)
