@@ -460,18 +460,32 @@ std::shared_ptr<SiblingSource> SiblingReader::Current() {
           current_->entry().job);
       current_.reset();
     }
-    // One thread looks; the others read the PFS meanwhile.
-    if (looking_ || now < next_look_) return nullptr;
+    // One thread looks; the others wait for what it finds (a sibling answers its HELLO in
+    // milliseconds), so that the first samples of a job are not read from the PFS only because
+    // they were asked for while the connection was being made. A look that takes longer (a
+    // sibling that does not answer) leaves them to the PFS after kLookWait.
+    if (looking_) {
+      constexpr std::chrono::milliseconds kLookWait(1000);
+      const auto deadline = now + std::min(kLookWait, o_.timeout);
+      while (looking_ && !stopped_ && looked_cv_.WaitUntil(&mu_, deadline)) {
+      }
+      return stopped_ || looking_ ? nullptr : current_;
+    }
+    if (now < next_look_) return nullptr;
     looking_ = true;
     next_look_ = now + o_.look_every;
   }
   std::shared_ptr<SiblingSource> found = Look();
-  MutexLock lock(&mu_);
-  looking_ = false;
-  if (found && !stopped_) {
-    current_ = found;
-    ever_ = true;
+  {
+    MutexLock lock(&mu_);
+    looking_ = false;
+    if (found && !stopped_) {
+      current_ = found;
+      ever_ = true;
+    }
   }
+  looked_cv_.SignalAll();
+  MutexLock lock(&mu_);
   return stopped_ ? nullptr : current_;
 }
 
@@ -524,10 +538,13 @@ std::shared_ptr<SiblingSource> SiblingReader::Look() {
 }
 
 void SiblingReader::Stop() {
-  MutexLock lock(&mu_);
-  stopped_ = true;
-  if (current_) current_->Abandon();
-  if (connecting_) connecting_->Abandon();
+  {
+    MutexLock lock(&mu_);
+    stopped_ = true;
+    if (current_) current_->Abandon();
+    if (connecting_) connecting_->Abandon();
+  }
+  looked_cv_.SignalAll();
 }
 
 std::string SiblingReader::through() const {

@@ -175,6 +175,7 @@ class SiblingReader {
   std::shared_ptr<SiblingSource> current_ GUARDED_BY(mu_);
   std::shared_ptr<SiblingSource> connecting_ GUARDED_BY(mu_);
   bool looking_ GUARDED_BY(mu_) = false;
+  CondVar looked_cv_;  // a look ended (with mu_)
   bool stopped_ GUARDED_BY(mu_) = false;
   bool ever_ GUARDED_BY(mu_) = false;
   std::chrono::steady_clock::time_point next_look_ GUARDED_BY(mu_){};

@@ -356,7 +356,8 @@ class KeepTest(ClusterCase):
         self.assertGreater(sibling[0]["samples"], 0, second)
         self.assertGreater(first["pfs_bytes"], 0, first)
         self.assertLessEqual(second["pfs_bytes"], 0.05 * first["pfs_bytes"],
-                             (first["pfs_bytes"], second["pfs_bytes"]))
+                             (first["pfs_bytes"], second["pfs_bytes"], second["sources"],
+                              second.get("siblings"), second.get("tiers")))
 
     @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd")
     def test_share_running_no_reads_alone(self):
