@@ -15,6 +15,7 @@
 
 #include "common/checksum.h"
 #include "common/coding.h"
+#include "common/dir_names.h"
 #include "common/lock_file.h"
 #include "common/small_file.h"
 #include "common/unique_fd.h"
@@ -288,21 +289,9 @@ Result<std::vector<KeptDataset>> ListKept(const std::string& kept_dir) {
     if (errno == ENOENT) return out;
     return Status::FromErrno(errno, kept_dir);
   }
-  const int dup = ::fcntl(kfd.get(), F_DUPFD_CLOEXEC, 0);
-  if (dup < 0) return Status::FromErrno(errno, kept_dir);
-  DIR* d = ::fdopendir(dup);
-  if (d == nullptr) {
-    const int err = errno;
-    ::close(dup);
-    return Status::FromErrno(err, kept_dir);
-  }
-  std::vector<std::string> names;
-  while (const dirent* e = ::readdir(d)) {
-    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0)
-      names.emplace_back(e->d_name);
-  }
-  ::closedir(d);
-  std::sort(names.begin(), names.end());
+  Result<std::vector<std::string>> all = DirNames(kfd.get(), kept_dir);
+  if (!all.ok()) return all.status();
+  const std::vector<std::string>& names = *all;
   for (const std::string& name : names) {
     KeptDataset k;
     k.key = name;

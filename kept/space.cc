@@ -12,6 +12,7 @@
 #include <map>
 #include <set>
 
+#include "common/dir_names.h"
 #include "common/printable.h"
 #include "common/unique_fd.h"
 #include "common/units.h"
@@ -47,26 +48,6 @@ std::optional<uint32_t> UidOf(const std::string& name) {
 bool OlderFirst(const KeptEntry& a, const KeptEntry& b) {
   if (a.times.last_used != b.times.last_used) return a.times.last_used < b.times.last_used;
   return a.data.key < b.data.key;
-}
-
-// The names in the directory `fd` but "." and "..", sorted.
-Result<std::vector<std::string>> Names(int fd, const std::string& shown) {
-  const int dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  if (dup < 0) return Status::FromErrno(errno, shown);
-  DIR* d = ::fdopendir(dup);
-  if (d == nullptr) {
-    const int err = errno;
-    ::close(dup);
-    return Status::FromErrno(err, shown);
-  }
-  std::vector<std::string> names;
-  while (const dirent* e = ::readdir(d)) {
-    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0)
-      names.emplace_back(e->d_name);
-  }
-  ::closedir(d);
-  std::sort(names.begin(), names.end());
-  return names;
 }
 
 }  // namespace
@@ -186,7 +167,7 @@ KeptNode KeptNode::Scan(const std::vector<std::string>& ssd_paths, const ScanOpt
       }
       // Everything else in nopfs-<uid>/ (root's view).
       if (o.root) {
-        Result<std::vector<std::string>> all = Names(user->fd, user->shown);
+        Result<std::vector<std::string>> all = DirNames(user->fd, user->shown);
         if (!all.ok()) {
           whole = false;
           node.errors_.push_back(Printable(all.status().message()));
@@ -257,7 +238,7 @@ void KeptNode::ScanLive(size_t index, const ScanOptions& o) {
   const std::string shown = area.shown + "/" + kLiveDir;
   UniqueFd dir(::openat(area.fd, kLiveDir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   Result<std::vector<std::string>> names =
-      dir.valid() ? Names(dir.get(), shown) : Status::FromErrno(errno, shown);
+      dir.valid() ? DirNames(dir.get(), shown) : Status::FromErrno(errno, shown);
   if (!names.ok()) {
     if (names.status().code() != StatusCode::kNotFound)
       errors_.push_back(Printable(names.status().message()));

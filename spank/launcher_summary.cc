@@ -2,11 +2,11 @@
 // one line for slurmd's log and the job's output, and the warning for a job that staged data but
 // read nothing through nopfs. The summary is the user's file (nopfsd runs as the user): it is
 // read as hostile input and only its numbers, and names made printable, reach root's lines.
-#include <dirent.h>
 #include <sys/xattr.h>
 
 #include <cinttypes>
 
+#include "common/dir_names.h"
 #include "common/printable.h"
 #include "protocol/wire.h"
 #include "spank/launcher.h"
@@ -126,22 +126,16 @@ std::string ReadableBy(uid_t uid) {
 
 // Removes nopfsd-*.log files of `dir_fd` last changed more than `days` ago.
 void RemoveOldLogs(int dir_fd, uint32_t days) {
-  const int fd = ::openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  DIR* d = fd >= 0 ? ::fdopendir(fd) : nullptr;
-  if (d == nullptr) {
-    if (fd >= 0) ::close(fd);
-    return;
-  }
+  Result<std::vector<std::string>> names = DirNames(dir_fd, "job_logs.dir");
+  if (!names.ok()) return;
   const time_t oldest = ::time(nullptr) - static_cast<time_t>(days) * 86400;
-  while (const dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
+  for (const std::string& name : *names) {
     if (name.rfind("nopfsd-", 0) != 0 || name.size() < 5 || name.substr(name.size() - 4) != ".log")
       continue;
     struct stat st {};
     if (::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_mtime < oldest)
       ::unlinkat(dir_fd, name.c_str(), 0);
   }
-  ::closedir(d);
 }
 
 }  // namespace
