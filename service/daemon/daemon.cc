@@ -75,7 +75,7 @@ void Daemon::Stop() {
     s->Cancel();
   streams.clear();
   // The last figures, with every stream closed (and merged into the stall).
-  if (metrics_) WriteMetrics();
+  (void)WriteReports(true, false);
   if (!options_.run_dir.empty()) {
     LocalIo* io = options_.local_io != nullptr ? options_.local_io : LocalIo::Default();
     (void)io->Unlink(options_.run_dir + "/" + kPlanName);
@@ -101,8 +101,7 @@ void Daemon::Stop() {
     if (k.committer) k.committer->Discard();
     k.committer.reset();
   }
-  if (metrics_ && reader_) WriteMetrics();  // with what was kept
-  if (reader_) WriteSummary();
+  if (reader_) (void)WriteReports(true, true);  // with what was kept
   // A file nopfsd made itself (`nopfs run`) would hold the job's last figures for ever.
   if (metrics_) {
     if (Status s = metrics_->RemoveIfMade(); !s.ok()) spdlog::warn("{}", s.message());

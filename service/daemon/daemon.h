@@ -238,11 +238,14 @@ class Daemon final : public Handler {
   std::deque<RateSample> rate_samples_ GUARDED_BY(rate_mu_);  // the oldest is kept
 
   // The reporter thread: samples the staging rate every second and, with the config's
-  // metrics_dir, rewrites the metrics file every kMetricsPeriod (and once more in Stop()).
+  // metrics_dir, rewrites the metrics file (and with options_.summary the job's summary for the
+  // epilog, launch::kSummaryName in the run directory) every kMetricsPeriod, and in Stop().
   void Reporter();
-  void WriteMetrics();
-  // The job's summary for the epilog (launch::kSummaryName in the run directory).
-  void WriteSummary();
+  // Writes the metrics file (`metrics`, when there is one) and the summary (`summary`, when asked
+  // for) from one report. False when there was nothing to write.
+  bool WriteReports(bool metrics, bool summary);
+  void WriteMetrics(const report::StatusReport& r);
+  void WriteSummary(const report::StatusReport& r);
   std::unique_ptr<MetricsWriter> metrics_;  // null without metrics_dir
   std::string metrics_error_;               // the last error logged (each new one is logged once)
   std::thread reporter_;

@@ -28,8 +28,18 @@ constexpr size_t kMaxReportedStreams = 512;
 
 }  // namespace
 
-void Daemon::WriteMetrics() {
-  const Status st = metrics_->Write(Report());
+bool Daemon::WriteReports(bool metrics, bool summary) {
+  metrics = metrics && metrics_ != nullptr;
+  summary = summary && options_.summary && !options_.run_dir.empty();
+  if (!metrics && !summary) return false;
+  const report::StatusReport r = Report();  // (it samples the staging rate too)
+  if (metrics) WriteMetrics(r);
+  if (summary) WriteSummary(r);
+  return true;
+}
+
+void Daemon::WriteMetrics(const report::StatusReport& r) {
+  const Status st = metrics_->Write(r);
   if (st.ok()) {
     if (!metrics_error_.empty()) spdlog::info("metrics: {} written again", metrics_->path());
     metrics_error_.clear();
@@ -39,10 +49,9 @@ void Daemon::WriteMetrics() {
   }
 }
 
-void Daemon::WriteSummary() {
-  if (options_.run_dir.empty() || !options_.summary) return;
+void Daemon::WriteSummary(const report::StatusReport& r) {
   wire::Message m;
-  m.body = wire::StatusOk{"", Report()};
+  m.body = wire::StatusOk{"", r};
   Result<std::vector<std::byte>> bytes = wire::Encode(m);
   Status st = bytes.status();
   if (bytes.ok()) {
@@ -64,13 +73,9 @@ void Daemon::Reporter() {
       }
       if (reporter_stop_) return;
     }
-    if (std::chrono::steady_clock::now() >= next_write) {
-      if (metrics_) WriteMetrics();  // (its report samples the rate too)
-      WriteSummary();
-      next_write = std::chrono::steady_clock::now() + kMetricsPeriod;
-    } else {
-      (void)ObserveRates();
-    }
+    const bool due = std::chrono::steady_clock::now() >= next_write;
+    if (due) next_write = std::chrono::steady_clock::now() + kMetricsPeriod;
+    if (!due || !WriteReports(true, true)) (void)ObserveRates();
   }
 }
 

@@ -487,7 +487,7 @@ void Daemon::StartReporter() {
     if (gethostname(host, sizeof host - 1) == 0) labels.node = host;
     metrics_ = std::make_unique<MetricsWriter>(config_.metrics_dir(), std::move(labels),
                                                options_.local_io);
-    WriteMetrics();
+    (void)WriteReports(true, false);
     spdlog::info("metrics: writing {} every {} s", metrics_->path(), kMetricsPeriod.count());
   }
   reporter_ = std::thread([this] { Reporter(); });
