@@ -191,18 +191,6 @@ Status RemoveCgroupDir(const std::string& dir, bool* busy) {
 
 }  // namespace
 
-const char* CgroupVersionName(CgroupVersion v) {
-  switch (v) {
-    case CgroupVersion::kV1:
-      return "v1";
-    case CgroupVersion::kV2:
-      return "v2";
-    case CgroupVersion::kNone:
-      break;
-  }
-  return "none";
-}
-
 CgroupVersion DetectCgroupVersion(const std::string& root) {
   if (IsFile(root + "/cgroup.controllers")) return CgroupVersion::kV2;
   if (IsDir(root + "/memory")) return CgroupVersion::kV1;
@@ -213,7 +201,6 @@ SlurmCgroups AskSlurmCgroups() {
   SlurmCgroups out;
   slurm_conf_t* conf = nullptr;
   if (slurm_load_ctl_conf(0, &conf) != SLURM_SUCCESS || conf == nullptr) return out;
-  out.known = true;
   out.contain = (conf->prolog_flags & PROLOG_FLAG_CONTAIN) != 0;
   out.task_cgroup =
       conf->task_plugin != nullptr && std::strstr(conf->task_plugin, "task/cgroup") != nullptr;

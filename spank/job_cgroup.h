@@ -40,8 +40,6 @@ namespace nopfs::spank {
 
 enum class CgroupVersion { kNone, kV1, kV2 };
 
-const char* CgroupVersionName(CgroupVersion v);  // "none", "v1", "v2"
-
 struct JobCgroupOptions {
   std::string root = "/sys/fs/cgroup";  // where cgroups are mounted (cgroup.conf CgroupMountpoint)
   std::string node;                     // this slurmd's node name
@@ -54,9 +52,8 @@ struct JobCgroupOptions {
 CgroupVersion DetectCgroupVersion(const std::string& root);
 
 // How slurmctld runs jobs on cgroups: task/cgroup (the memory limit) and PrologFlags=Contain (an
-// extern step). `known` is false when slurmctld cannot be asked.
+// extern step). Both false when slurmctld cannot be asked.
 struct SlurmCgroups {
-  bool known = false;
   bool task_cgroup = false;
   bool contain = false;
 };
