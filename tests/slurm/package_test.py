@@ -161,7 +161,7 @@ class PackageTest(cl.ClusterCase):
         self.assertFalse(os.path.lexists(ENABLED), "the package enabled the plugin itself")
         self.assertEqual(glob.glob("/etc/systemd/system/*.wants/nopfs-*"), [])
         r = run("/usr/bin/nopfs", "admin", "status")
-        self.assertIn("disabled", r.stdout)
+        self.assertRegex(r.stdout, r"^nopfs \S+: disabled \(")
         # Every program says its version: the package's.
         version = run("dpkg-query", "-W", "-f=${Version}", PACKAGE).stdout
         for prog in ("/usr/bin/nopfs", "/usr/sbin/nopfsd", "/usr/libexec/nopfs/nopfs-job"):
@@ -188,7 +188,7 @@ class PackageTest(cl.ClusterCase):
         self.assertIn("no peer_key=", r.stdout)  # said, not refused
         with open(ENABLED) as f:
             self.assertIn(self.plugin, f.read())
-        self.assertIn("enabled", run("/usr/bin/nopfs", "admin", "status").stdout)
+        self.assertRegex(run("/usr/bin/nopfs", "admin", "status").stdout, r"^nopfs \S+: enabled \(")
         # Slurm's commands reading the host's plugstack.conf now offer the options.
         r = run("sbatch", "--help", env=host_slurm_env())
         self.assertIn("--nopfs", r.stdout)
