@@ -16,6 +16,8 @@ constexpr double kTwoPi = 6.283185307179586;
 // The other users' jobs start this many of their mean durations before the sweep, so that the
 // cluster and its SSDs are in their steady state at time 0.
 constexpr double kWarmupDurations = 10;
+// What a job ranked ahead of the sweep takes off its submission time: more than any run lasts.
+constexpr double kAhead = 1e12;
 
 // SplitMix64 (Steele, Lea, Flood 2014): the same sequence on every machine.
 uint64_t Mix(uint64_t z) {
@@ -67,7 +69,6 @@ struct Copy {
 
 struct Node {
   int32_t job = kNoJob;      // the job on it, running or in its epilog
-  bool user_marked = false;  // a job of the user runs on it or is in its epilog
   std::vector<Copy> copies;  // kept copies, one per user
 };
 
@@ -77,7 +78,8 @@ struct Job {
   uint32_t attempt = 0;
   uint32_t owner = 0;
   uint32_t nodes = 1;
-  double submit = 0;  // the priority: earlier first, then the lower id
+  double submit = 0;
+  double rank = 0;  // the priority: lower first, then the lower id (the submission, or earlier)
   double eligible = std::numeric_limits<double>::quiet_NaN();  // sweep: its wait's clock
   double seconds = 0;                                          // what is left to run
   double epoch_seconds = 0;  // its SSD tier fills during its first epoch
@@ -128,6 +130,13 @@ class ClusterRun {
   }
 
   Status Run(PlacementResult* out) {
+    // Other users' waits are measured over a span that does not depend on the placement: their
+    // jobs submitted during the sweep's nominal length (its jobs' mean durations, one wave of
+    // sweep_concurrency after the other), each once it started.
+    const uint32_t waves = o_.sweep_concurrency == 0
+                               ? 1
+                               : (o_.sweep_jobs + o_.sweep_concurrency - 1) / o_.sweep_concurrency;
+    window_ = waves * o_.job_seconds;
     double begin = 0;
     if (arrival_mean_ > 0) {
       begin = -kWarmupDurations * o_.background_seconds;
@@ -138,11 +147,13 @@ class ClusterRun {
       j.owner = 1 + static_cast<uint32_t>(jobs_.size() % o_.background_users);
       j.nodes = s.pinned.empty() ? s.nodes : static_cast<uint32_t>(s.pinned.size());
       j.submit = s.submit;
+      j.rank = s.submit;
       j.seconds = s.seconds;
       j.grant = o_.background_ssd_bytes;
       j.tier_bytes = std::min(o_.background_keep_bytes, o_.background_ssd_bytes);
       j.pinned = s.pinned;
       jobs_.push_back(std::move(j));
+      if (s.submit >= 0 && s.submit < window_) ++in_window_;
       Push(s.submit, EventKind::kScripted, static_cast<uint32_t>(jobs_.size() - 1));
     }
     // The user's copies at the start, last used at time 0 (on empty SSDs: they fit).
@@ -154,8 +165,9 @@ class ClusterRun {
       NoteMarked(n);
     }
     Push(0, EventKind::kSweepSubmit, 0);
-    while (!done_) {
+    while (!done_ || now_ < window_ || in_window_ > 0) {
       if (events_.empty()) {
+        if (done_) break;
         return Status::Internal("placement simulation: no event left before the sweep ended");
       }
       const Event e = events_.top();
@@ -204,7 +216,6 @@ class ClusterRun {
     return o_.keep_lifetime <= 0 || c.last_used + o_.keep_lifetime > now_;
   }
   bool UserMarked(uint32_t n) const {
-    if (nodes_[n].user_marked) return true;
     for (const Copy& c : nodes_[n].copies) {
       if (c.owner == kUser && Live(c)) return true;
     }
@@ -224,6 +235,9 @@ class ClusterRun {
       j.owner = kUser;
       j.nodes = o_.job_nodes;
       j.submit = now_;
+      // Fair share or a QOS ranks some of them ahead of the sweep, in their own FIFO order.
+      j.rank = arrivals_.Unit() <= o_.background_ahead ? now_ - kAhead : now_;
+      j.rank = now_;
       j.seconds = LogNormal(o_.job_seconds, o_.job_sigma, Keyed(seed_, kDuration1, t, 0),
                             Keyed(seed_, kDuration2, t, 0));
       j.epoch_seconds = j.seconds / o_.epochs;
@@ -239,6 +253,9 @@ class ClusterRun {
     j.owner = 1 + static_cast<uint32_t>(arrivals_.Below(o_.background_users));
     j.nodes = 1u << arrivals_.Below(levels_);
     j.submit = now_;
+    if (now_ >= 0 && now_ < window_) ++in_window_;
+    // Fair share or a QOS ranks some of them ahead of the sweep, in their own FIFO order.
+    j.rank = arrivals_.Unit() <= o_.background_ahead ? now_ - kAhead : now_;
     const double u1 = arrivals_.Unit();
     j.seconds = LogNormal(o_.background_seconds, o_.background_sigma, u1, arrivals_.Unit());
     j.grant = o_.background_ssd_bytes;
@@ -251,7 +268,7 @@ class ClusterRun {
   // Into the pending queue by priority (a requeued job keeps its place).
   void Enqueue(uint32_t id) {
     const auto before = [this](uint32_t a, uint32_t b) {
-      return jobs_[a].submit != jobs_[b].submit ? jobs_[a].submit < jobs_[b].submit : a < b;
+      return jobs_[a].rank != jobs_[b].rank ? jobs_[a].rank < jobs_[b].rank : a < b;
     };
     pending_.insert(std::upper_bound(pending_.begin(), pending_.end(), id, before), id);
   }
@@ -373,17 +390,16 @@ class ClusterRun {
       }
       EvictFor(n, j.grant, j.owner);
       if (j.sweep) {
-        if (o_.keep_quota > 0) {
-          node.user_marked = true;
-          NoteMarked(n);
-        }
         kept_share += std::min(
             1.0, static_cast<double>(j.adopted[i]) / static_cast<double>(o_.dataset_bytes));
         warm = warm && j.adopted[i] > 0;
       }
     }
     if (!j.sweep) {
-      if (j.submit >= 0) background_waits_.push_back(now_ - j.submit);
+      if (j.submit >= 0 && j.submit < window_) {
+        background_waits_.push_back(now_ - j.submit);
+        --in_window_;
+      }
       Push(now_ + j.seconds, EventKind::kEnd, id);
       return;
     }
@@ -441,7 +457,6 @@ class ClusterRun {
   void Free(uint32_t n) {
     Node& node = nodes_[n];
     node.job = kNoJob;
-    node.user_marked = false;
     pos_[n] = static_cast<uint32_t>(free_.size());
     free_.push_back(n);
   }
@@ -466,6 +481,8 @@ class ClusterRun {
   uint32_t sweep_done_ = 0;
   bool done_ = false;
   double sweep_end_ = 0;
+  double window_ = 0;       // other users' jobs submitted in [0, window_) count for their waits
+  uint64_t in_window_ = 0;  // ... and have not started yet
   uint64_t starts_ = 0, requeues_ = 0, warm_starts_ = 0;
   double pfs_bytes_ = 0;
   std::vector<double> waits_;
@@ -574,6 +591,11 @@ Status PlacementSimOptions::Validate() const {
     return Bad("--background-sigma must be in [0, 4]");
   }
   if (background_users == 0) return Bad("--background-users must be at least 1");
+  if (!(background_ahead >= 0 && background_ahead <= 1)) {
+    return Bad(
+        "--background-ahead is the share of other users' jobs ranked ahead of the sweep: "
+        "write a number in [0, 1] (e.g. 0.5)");
+  }
   for (const ScriptedJob& s : scripted_jobs) {
     if (!std::isfinite(s.submit) || !Positive(s.seconds)) {
       return Bad("a scripted job needs a finite submission time and a duration > 0");

@@ -5,15 +5,19 @@
 // costs in queue wait, against placement off.
 //
 // The model, in short (docs/simulate.md has it whole):
-//   scheduler   FIFO by submission with first fit and no reservations: at every event, the pending
-//               jobs in order, each started at once if it can be; whole nodes (one job per node);
+//   scheduler   by priority with first fit and no reservations: at every event, the pending jobs
+//               in order, each started at once if it can be; whole nodes (one job per node); the
+//               priority is the submission time (FIFO), but background_ahead of the other users'
+//               jobs rank ahead of the sweep (fair share, a QOS);
 //               a job's nodes are drawn at random among the free ones (a busy cluster's free nodes
 //               are whichever jobs just ended). A node ends each job with an epilog of
 //               epilog_seconds (keeping, marking) before it is free again.
 //   placement   off: as above. prefer (Slurm's --prefer): if at least n marked nodes are free, n of
 //               them, else as off. require: waits for n free marked nodes while the user has n
-//               marked nodes (else as off). A node is marked for the user while a job of the user
-//               on the dataset runs on it or is in its epilog, and while it holds a kept copy.
+//               marked nodes (else as off: there is no warm set to wait for). A node is marked for
+//               the user while it holds the user's kept copy: from the end of the job that keeps
+//               it (the epilog makes the copy and the mark) until it is adopted, evicted or
+//               expires. A node runs one job at a time, so no sibling job shares it.
 //   kept copies per user and node (one dataset per user): a job adopts its user's copy on each of
 //               its nodes; reserving its SSD grant evicts the least recently used copies of any
 //               user until the copies and the grant fit the node's SSD; at its end each node keeps
@@ -93,9 +97,12 @@ struct PlacementSimOptions {
   uint32_t background_max_nodes = 16;  // sizes 1, 2, 4, ... up to this
   double background_seconds = 4 * 3600;
   double background_sigma = 1.0;
-  Bytes background_ssd_bytes = 0;          // SSD grant per node of their jobs
-  Bytes background_keep_bytes = 0;         // kept per node at the end of each (up to the quota)
-  uint32_t background_users = 100;         // their users, each with one dataset
+  Bytes background_ssd_bytes = 0;   // SSD grant per node of their jobs
+  Bytes background_keep_bytes = 0;  // kept per node at the end of each (up to the quota)
+  uint32_t background_users = 100;  // their users, each with one dataset
+  // Share of their jobs that rank ahead of the sweep whatever their submission time (fair share,
+  // a QOS); the others rank by submission.
+  double background_ahead = 0.5;
   std::vector<ScriptedJob> scripted_jobs;  // besides the random ones
   uint64_t seed = 0;
   uint32_t runs = 20;  // independent runs (seeds seed, seed + 1, ...), summed
