@@ -10,7 +10,6 @@ namespace nopfs::policy {
 namespace {
 
 constexpr uint32_t kUser = 0;  // the sweep's user; other users are 1..background_users
-constexpr int32_t kNoJob = -1;
 constexpr uint32_t kNotFree = UINT32_MAX;
 constexpr double kTwoPi = 6.283185307179586;
 // The other users' jobs start this many of their mean durations before the sweep, so that the
@@ -68,7 +67,6 @@ struct Copy {
 };
 
 struct Node {
-  int32_t job = kNoJob;      // the job on it, running or in its epilog
   std::vector<Copy> copies;  // kept copies, one per user
 };
 
@@ -235,8 +233,6 @@ class ClusterRun {
       j.owner = kUser;
       j.nodes = o_.job_nodes;
       j.submit = now_;
-      // Fair share or a QOS ranks some of them ahead of the sweep, in their own FIFO order.
-      j.rank = arrivals_.Unit() <= o_.background_ahead ? now_ - kAhead : now_;
       j.rank = now_;
       j.seconds = LogNormal(o_.job_seconds, o_.job_sigma, Keyed(seed_, kDuration1, t, 0),
                             Keyed(seed_, kDuration2, t, 0));
@@ -306,6 +302,20 @@ class ClusterRun {
     return from;
   }
 
+  // n free nodes drawn without replacement: the same partial Fisher-Yates, on free_ itself (no
+  // copy of the cluster's free list per job).
+  std::vector<uint32_t> DrawFree(uint32_t n) {
+    std::vector<uint32_t> out(n);
+    for (uint32_t k = 0; k < n; ++k) {
+      const uint32_t r = k + static_cast<uint32_t>(picks_.Below(free_.size() - k));
+      std::swap(free_[k], free_[r]);
+      pos_[free_[k]] = k;
+      pos_[free_[r]] = r;
+      out[k] = free_[k];
+    }
+    return out;
+  }
+
   bool TryStart(uint32_t id) {
     Job& j = jobs_[id];
     if (!j.pinned.empty()) {
@@ -334,7 +344,7 @@ class ClusterRun {
       }
       if (placement_ == Placement::kRequire && marked >= j.nodes) return false;
     }
-    Start(id, Draw(free_, j.nodes));
+    Start(id, DrawFree(j.nodes));
     return true;
   }
 
@@ -378,7 +388,6 @@ class ClusterRun {
       const uint32_t n = on[i];
       TakeFree(n);
       Node& node = nodes_[n];
-      node.job = static_cast<int32_t>(id);
       // The prolog: expired copies go, the job adopts its user's copy, and its grant evicts the
       // least recently used copies of any user until it fits.
       std::erase_if(node.copies, [this](const Copy& c) { return !Live(c); });
@@ -455,8 +464,6 @@ class ClusterRun {
   }
 
   void Free(uint32_t n) {
-    Node& node = nodes_[n];
-    node.job = kNoJob;
     pos_[n] = static_cast<uint32_t>(free_.size());
     free_.push_back(n);
   }
