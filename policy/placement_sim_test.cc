@@ -130,6 +130,22 @@ TEST(PlacementSimTest, AMultiNodeJobPrefersOnlyAWholeSetOfWarmNodes) {
   }
 }
 
+TEST(PlacementSimTest, ARequeuedJobComesBackToWhatItKept) {
+  // Half the starts are killed at a random moment: each keeps what its tier held so far, and
+  // its restart, like every later job, lands on a warm node.
+  PlacementSimOptions o = Quiet(64);
+  o.requeue_probability = 0.5;
+  o.runs = 20;
+  const PlacementResult r = Only(o, Placement::kPrefer);
+  EXPECT_GT(r.requeues, 20u * 16);
+  EXPECT_EQ(r.starts, 20u * 32 + r.requeues);
+  EXPECT_EQ(r.warm_starts, r.starts - 20);
+  // A job killed during its first epoch kept only part of the dataset, so the next start on its
+  // node reads the rest.
+  EXPECT_LT(r.SavedShare(), static_cast<double>(r.starts - 20) / static_cast<double>(r.starts));
+  EXPECT_GT(r.SavedShare(), 0.5);
+}
+
 TEST(PlacementSimTest, NothingKeptNothingSaved) {
   PlacementSimOptions o = Quiet(16);
   o.keep_quota = 0;
