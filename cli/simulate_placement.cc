@@ -83,19 +83,19 @@ struct Row {
 };
 
 void PrintTable(const policy::PlacementSimOptions& o, const std::vector<Row>& rows,
-                const std::string& lifetime, double took) {
+                const std::string& lifetime, const std::string& max_nodes, double took) {
   std::printf(
       "nopfs simulate --placement: a sweep of %u jobs of %u node%s (%s at once, %.1f h mean, "
       "%.0f %% of the starts requeued) on a dataset of %s; per node %s of SSD, a keep quota of "
       "%s per user (lifetime %s), epilog %.0f s; other users' jobs offer %.0f %% of the nodes "
-      "(1..%u nodes, %.1f h mean, SSD %s, keep %s); %u runs from seed %llu\n",
+      "(1..%s nodes, %.1f h mean, SSD %s, keep %s); %u runs from seed %llu\n",
       o.sweep_jobs, o.job_nodes, o.job_nodes == 1 ? "" : "s",
       o.sweep_concurrency == 0 ? "all" : ("at most " + std::to_string(o.sweep_concurrency)).c_str(),
       o.job_seconds / 3600, 100 * o.requeue_probability,
       FormatBytes(static_cast<double>(o.dataset_bytes)).c_str(),
       FormatBytes(static_cast<double>(o.ssd_bytes)).c_str(),
       FormatBytes(static_cast<double>(o.keep_quota)).c_str(), lifetime.c_str(), o.epilog_seconds,
-      100 * o.background_load, o.background_max_nodes, o.background_seconds / 3600,
+      100 * o.background_load, max_nodes.c_str(), o.background_seconds / 3600,
       FormatBytes(static_cast<double>(o.background_ssd_bytes)).c_str(),
       FormatBytes(static_cast<double>(o.background_keep_bytes)).c_str(), o.runs,
       static_cast<unsigned long long>(o.seed));
@@ -215,8 +215,8 @@ void AddPlacementOptions(CLI::App* sub, PlacementFlags* f) {
                   "--placement: share of the cluster's node-hours other users' jobs offer, [0, 1)")
       ->capture_default_str();
   sub->add_option("--background-max-nodes", f->background_max_nodes,
-                  "--placement: other users' jobs take 1, 2, 4, ... up to this many nodes")
-      ->capture_default_str();
+                  "--placement: other users' jobs take 1, 2, 4, ... up to this many nodes "
+                  "(default 16, or the cluster's nodes if fewer)");
   sub->add_option("--background-hours", f->background_hours,
                   "--placement: mean duration of other users' jobs, hours")
       ->capture_default_str();
@@ -284,7 +284,6 @@ int RunPlacement(const PlacementFlags& f, const PlacementJob& job) {
   o.requeue_probability = f.requeue;
   o.background_load = f.background_load;
   o.epilog_seconds = f.epilog_seconds;
-  o.background_max_nodes = f.background_max_nodes;
   o.background_users = f.background_users;
   o.background_ahead = f.background_ahead;
   o.runs = f.runs;
@@ -326,6 +325,8 @@ int RunPlacement(const PlacementFlags& f, const PlacementJob& job) {
   std::vector<Row> rows;
   for (uint32_t n : *clusters) {
     o.cluster_nodes = n;
+    o.background_max_nodes =
+        f.background_max_nodes != 0 ? f.background_max_nodes : std::min<uint32_t>(16, n);
     Result<std::vector<policy::PlacementResult>> r = policy::SimulatePlacement(o, placements);
     if (!r.ok()) return Fail(r.status().WithContext("--cluster-nodes " + std::to_string(n)));
     for (const policy::PlacementResult& pr : *r)
@@ -337,7 +338,10 @@ int RunPlacement(const PlacementFlags& f, const PlacementJob& job) {
   } else if (job.format == "json") {
     PrintJson(o, rows);
   } else {
-    PrintTable(o, rows, *lifetime == 0 ? std::string("none") : f.keep_lifetime, took);
+    PrintTable(o, rows, *lifetime == 0 ? std::string("none") : f.keep_lifetime,
+               f.background_max_nodes != 0 ? std::to_string(f.background_max_nodes)
+                                           : std::string("min(16, N)"),
+               took);
   }
   return 0;
 }

@@ -27,7 +27,7 @@ struct PlacementFlags {
   double epilog_seconds = 30;
   std::string warm_nodes;
   double background_load = 0.8;
-  uint32_t background_max_nodes = 16;
+  uint32_t background_max_nodes = 0;  // 0: 16, or the cluster's nodes if fewer
   double background_hours = 4;
   double background_sigma = 1;
   std::string background_ssd;   // empty: a quarter of the SSD

@@ -405,7 +405,7 @@ class SimulateTest(unittest.TestCase):
         # nothing from the PFS in the first epoch.
         args = ["simulate", "--samples", 1000, "--sizes", "fixed:100MB", "--placement",
                 "--ssd", "1TB", "--cluster-nodes", 3, "--warm-nodes", 1, "--sweep-jobs", 1,
-                "--background-load", 0, "--background-max-nodes", 1, "--requeue", 0,
+                "--background-load", 0, "--requeue", 0,
                 "--runs", 1, "--format", "kv"]
         rows = {r["placement"]: r for r in parse_kv(run(*args).stdout)}
         for p in ("prefer", "require"):
