@@ -8,10 +8,10 @@
 //   scheduler   by priority with first fit and no reservations: at every event, the pending jobs
 //               in order, each started at once if it can be; whole nodes (one job per node); the
 //               priority is the submission time (FIFO), but background_ahead of the other users'
-//               jobs rank ahead of the sweep (fair share, a QOS);
-//               a job's nodes are drawn at random among the free ones (a busy cluster's free nodes
-//               are whichever jobs just ended). A node ends each job with an epilog of
-//               epilog_seconds (keeping, marking) before it is free again.
+//               jobs rank ahead of the sweep (fair share, a QOS). A job's nodes are drawn at
+//               random among the free ones (a busy cluster's free nodes are whichever jobs just
+//               ended). A node ends each job with an epilog of epilog_seconds (keeping, marking)
+//               before it is free again.
 //   placement   off: as above. prefer (Slurm's --prefer): if at least n marked nodes are free, n of
 //               them, else as off. require: waits for n free marked nodes while the user has n
 //               marked nodes (else as off: there is no warm set to wait for). A node is marked for
