@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cli/simulate_placement.h"
 #include "cli/sizes.h"
 #include "common/json.h"
 #include "common/units.h"
@@ -89,6 +90,8 @@ struct SimFlags {
   double link_start_ms = policy::StartupModel{}.link_start * 1e3;
   double link_per_peer_ms = policy::StartupModel{}.link_per_peer * 1e3;
   double catalog_us_per_sample = policy::StartupModel{}.catalog_per_sample * 1e6;
+  // The placement simulation (cli/simulate_placement.h).
+  PlacementFlags placement;
   // Which flags were given (presets fill the others).
   bool given_nodes = false, given_rpn = false, given_epochs = false, given_samples = false,
        given_rate = false;
@@ -455,6 +458,15 @@ int RunSimulate(SimFlags& f) {
   }
 
   if (f.startup) return PrintStartup(f, sizes->size(), o.model);
+  if (f.placement.placement) {
+    // --nodes is each sweep job's; one node unless given (a preset's 16 is the epochs' job).
+    return RunPlacement(f.placement, PlacementJob{.nodes = f.given_nodes ? f.nodes : 1,
+                                                  .epochs = f.epochs,
+                                                  .seed = f.seed,
+                                                  .dataset_bytes = total,
+                                                  .model = &o.model,
+                                                  .format = f.format});
+  }
 
   const auto t0 = std::chrono::steady_clock::now();
   Result<std::vector<policy::PolicyResult>> results = policy::Simulate(o, *sizes, *policies);
@@ -555,6 +567,7 @@ void RegisterSimulate(CLI::App* app, int* exit_code) {
                   "--startup: microseconds of one node's CPU per sample to build the catalog "
                   "after the walk (decode the parts, sort by class, index)")
       ->capture_default_str();
+  AddPlacementOptions(sub, &f.placement);
   sub->callback([flags, sub, exit_code] {
     SimFlags& g = *flags;
     g.given_nodes = sub->get_option("--nodes")->count() != 0;

@@ -365,6 +365,73 @@ class SimulateTest(unittest.TestCase):
         self.expect_error(["simulate", "--samples", 100, "--nodes", 2, "--node", 2],
                           r"node 2 is out of range")
 
+    PLACEMENT = ["simulate", "--preset", "imagenet1k-lassen", "--placement"]
+
+    def test_placement_saves_pfs_bytes_at_every_cluster_size(self):
+        args = [*self.PLACEMENT, "--cluster-nodes", "64,1024", "--runs", 5, "--format", "kv"]
+        out = run(*args).stdout
+        self.assertEqual(out, run(*args).stdout)  # a seed gives the same figures
+        rows = {(r["cluster_nodes"], r["placement"]): r for r in parse_kv(out)}
+        self.assertEqual(len(rows), 6)
+        for cluster in ("64", "1024"):
+            off, prefer, require = (rows[(cluster, p)] for p in ("off", "prefer", "require"))
+            for r in (off, prefer, require):
+                self.assertEqual(r["runs"], "5")
+                # 32 jobs, and a start again for each requeue.
+                self.assertEqual(int(r["starts"]), 5 * 32 + int(r["requeues"]))
+                # Without any kept copy every start reads the dataset (135 GB) in its first epoch.
+                self.assertAlmostEqual(float(r["cold_bytes"]) / (int(r["starts"]) / 5), 135e9,
+                                       delta=1e9)
+                self.assertAlmostEqual(float(r["saved_share"]),
+                                       1 - float(r["first_epoch_pfs_bytes"]) /
+                                       float(r["cold_bytes"]), places=4)
+                self.assertGreaterEqual(float(r["wait_p95_s"]), 0)
+            self.assertGreater(float(prefer["saved_share"]), float(off["saved_share"]) + 0.3)
+            self.assertGreaterEqual(float(require["saved_share"]), float(prefer["saved_share"]))
+            self.assertGreaterEqual(float(require["wait_mean_s"]), float(prefer["wait_mean_s"]))
+        # On 1,024 nodes a job lands on its data by chance almost never.
+        self.assertLess(float(rows[("1024", "off")]["saved_share"]), 0.1)
+        table = run(*self.PLACEMENT, "--cluster-nodes", 128, "--runs", 2,
+                    "--placements", "prefer").stdout
+        self.assertRegex(table, r"\n +128 prefer +\d")
+        self.assertNotIn(" off ", table)
+        doc = json.loads(run(*self.PLACEMENT, "--cluster-nodes", 64, "--runs", 2, "--format",
+                             "json").stdout)
+        self.assertEqual([r["placement"] for r in doc["results"]], ["off", "prefer", "require"])
+
+    def test_placement_a_warm_node(self):
+        # n1 of three idle nodes holds the user's copy (100 GB, the whole dataset, within the
+        # default quota of a tenth of the SSD): prefer and require land there at once and read
+        # nothing from the PFS in the first epoch.
+        args = ["simulate", "--samples", 1000, "--sizes", "fixed:100MB", "--placement",
+                "--ssd", "1TB", "--cluster-nodes", 3, "--warm-nodes", 1, "--sweep-jobs", 1,
+                "--background-load", 0, "--requeue", 0,
+                "--runs", 1, "--format", "kv"]
+        rows = {r["placement"]: r for r in parse_kv(run(*args).stdout)}
+        for p in ("prefer", "require"):
+            self.assertEqual(rows[p]["warm_starts"], "1")
+            self.assertEqual(rows[p]["first_epoch_pfs_bytes"], "0")
+            self.assertEqual(rows[p]["wait_mean_s"], "0")
+        self.assertEqual(rows["off"]["cold_bytes"], "1e+11")
+
+    def test_placement_errors_say_what_to_write(self):
+        base = ["simulate", "--samples", 100, "--placement"]
+        self.expect_error(base, r"no SSD class; write --ssd SIZE")
+        ssd = [*base, "--ssd", "1TB"]
+        self.expect_error([*ssd, "--cluster-nodes", "64,x"],
+                          r"--cluster-nodes \"64,x\" is not a list of whole numbers: write e\.g\.")
+        self.expect_error([*ssd, "--placements", "soft"], r"off, prefer or require")
+        self.expect_error([*ssd, "--background-load", 1], r"--background-load 1 .*\[0, 1\)")
+        self.expect_error([*ssd, "--requeue", 2], r"--requeue 2 .*\[0, 1\)")
+        self.expect_error([*ssd, "--job-hours", 0], r"--job-hours 0 is not a duration")
+        self.expect_error([*ssd, "--cluster-nodes", 64, "--nodes", 100],
+                          r"--nodes 100 does not fit a cluster of 64 nodes: write 1\.\.64")
+        self.expect_error([*ssd, "--job-ssd", "2TB"], r"--job-ssd is larger than --ssd")
+        self.expect_error([*ssd, "--keep-lifetime", "7w"], r"--keep-lifetime")
+        self.expect_error([*ssd, "--cluster-nodes", 4, "--warm-nodes", 4],
+                          r"warm node 4 is not a node of the cluster: write 0\.\.3")
+        self.expect_error([*ssd, "--ssd", "lots"], r"--ssd")
+
     def expect_error(self, args, pattern):
         p = run(*args, check=False)
         self.assertNotEqual(p.returncode, 0, f"{args} succeeded")
