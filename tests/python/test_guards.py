@@ -554,7 +554,7 @@ def test_a_killed_service_falls_back_to_the_files_it_listed(tmp_path, monkeypatc
             fh.write(rnd.randbytes(256 << 10))
     paths.sort()
     conf = tmp_path / "small-ring.lua"
-    conf.write_text('staging = { capacity = "1MB", threads = 1 }\nclasses = { }\n')
+    conf.write_text('staging = { capacity = "1M", threads = 1 }\nclasses = { }\n')
     run = tmp_path / "run"
     svc = Service(root, str(run), len(paths),
                   job={"seed": 3, "epochs": 1, "ranks": 1, "batch": 4, "scheme": "uniform"},

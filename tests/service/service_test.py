@@ -149,7 +149,7 @@ def launcher(work, name, extra):
     return d
 
 
-def write_config(path, ram=None, ssd=None, ssd_path=None, staging="64MB", prefetch_threads=2,
+def write_config(path, ram=None, ssd=None, ssd_path=None, staging="64M", prefetch_threads=2,
                  staging_threads=2):
     classes = []
     if ram:
@@ -233,7 +233,7 @@ class ServiceTest(unittest.TestCase):
 
     def test_four_ranks_ram_tier_smaller_than_dataset(self):
         conf = os.path.join(self.work, "ram.conf.lua")
-        write_config(conf, ram=str(self.total_bytes // 3))
+        write_config(conf, ram=f"{self.total_bytes // 3}B")
         p, outs = self.run_cat(4, conf)
         for r in range(4):
             self.check_rank_output(r, 4, outs[r][0])
@@ -244,7 +244,7 @@ class ServiceTest(unittest.TestCase):
 
     def test_ssd_and_ram_tiers(self):
         conf = os.path.join(self.work, "ssd.conf.lua")
-        write_config(conf, ram=str(self.total_bytes // 5), ssd="1GB", ssd_path=self.scratch)
+        write_config(conf, ram=f"{self.total_bytes // 5}B", ssd="1G", ssd_path=self.scratch)
         p, outs = self.run_cat(2, conf)
         for r in range(2):
             self.check_rank_output(r, 2, outs[r][0])
@@ -258,7 +258,7 @@ class ServiceTest(unittest.TestCase):
         # PFS serves about one dataset. (Here the files are in the page cache and the prefetchers
         # usually win the race; sample_reader_test covers staging reads that come first.)
         conf = os.path.join(self.work, "race.conf.lua")
-        write_config(conf, ram=str(self.total_bytes // 2), ssd="1GB", ssd_path=self.scratch,
+        write_config(conf, ram=f"{self.total_bytes // 2}B", ssd="1G", ssd_path=self.scratch,
                      prefetch_threads=1, staging_threads=4)
         p, outs = self.run_cat(2, conf)
         for r in range(2):
@@ -276,7 +276,7 @@ class ServiceTest(unittest.TestCase):
         a rate and an ETA; `--watch` appends progress lines when its output is a file, draws bars
         in place on a terminal, and ends by itself when nopfsd goes away."""
         conf = os.path.join(self.work, "watch.conf.lua")
-        write_config(conf, ram=str(self.total_bytes // 2))
+        write_config(conf, ram=f"{self.total_bytes // 2}B")
         out = os.path.join(self.work, "w")
         nopfs_bin = os.path.join(BIN, "nopfs")
         script = (
@@ -337,7 +337,7 @@ class ServiceTest(unittest.TestCase):
         if AS_ROOT:
             os.chown(metrics, pwd.getpwnam("nobody").pw_uid, -1)
         conf = os.path.join(self.work, "metrics.conf.lua")
-        write_config(conf, ram=str(self.total_bytes // 2))
+        write_config(conf, ram=f"{self.total_bytes // 2}B")
         with open(conf, "a") as fh:
             fh.write(f'metrics_dir = "{metrics}"\n')
         prom = os.path.join(metrics, "nopfs_local.prom")
@@ -416,7 +416,7 @@ class ServiceTest(unittest.TestCase):
         # place (the client maps the tier read-only; zero copy), and its bytes are still the
         # file's (--verify).
         conf = os.path.join(self.work, "zc.conf.lua")
-        write_config(conf, ram=str(2 * self.total_bytes))
+        write_config(conf, ram=f"{2 * self.total_bytes}B")
         out = os.path.join(self.work, "zc")
         nopfs_bin = os.path.join(BIN, "nopfs")
         script = (
@@ -457,7 +457,7 @@ class ServiceTest(unittest.TestCase):
             fh.write("# path label offset length\n" + "\n".join(lines) + "\n")
         make_world_readable(d)
         conf = os.path.join(self.work, "ram.conf.lua")
-        write_config(conf, ram="2MB")
+        write_config(conf, ram="2M")
         p, outs = self.run_cat(2, conf, dataset=manifest)
         for r in range(2):
             o = outs[r][0]
@@ -465,13 +465,13 @@ class ServiceTest(unittest.TestCase):
 
     def test_slow_client_gets_everything_in_order(self):
         conf = os.path.join(self.work, "ram.conf.lua")
-        write_config(conf, ram="1MB", staging="1MB")
+        write_config(conf, ram="1M", staging="1M")
         p, outs = self.run_cat(1, conf, cat_args=("--verify", "--print", "--pause-us", "300"))
         self.check_rank_output(0, 1, outs[0][0])
 
     def test_resume_at_epoch_and_step(self):
         conf = os.path.join(self.work, "ram.conf.lua")
-        write_config(conf, ram="4MB")
+        write_config(conf, ram="4M")
         p, outs = self.run_cat(2, conf, cat_args=("--verify", "--print", "--start-epoch", "1",
                                                   "--start-step", "3"))
         for r in range(2):
@@ -519,7 +519,7 @@ class ServiceTest(unittest.TestCase):
 
     def test_corrupted_ssd_copy_is_refetched(self):
         conf = os.path.join(self.work, "ssd.conf.lua")
-        write_config(conf, ssd="1GB", ssd_path=self.scratch)
+        write_config(conf, ssd="1G", ssd_path=self.scratch)
         out = os.path.join(self.work, "out")
         nopfs_bin = os.path.join(BIN, "nopfs")
         # Wait for the SSD tier to be filled, flip bytes in its data file, then read everything.
@@ -546,7 +546,7 @@ class ServiceTest(unittest.TestCase):
         reopens it read-write can neither write() it nor map it writable, while another reader
         verifies every byte it is served."""
         conf = os.path.join(self.work, "ram.conf.lua")
-        write_config(conf, ram="1GB")
+        write_config(conf, ram="1G")
         out = os.path.join(self.work, "out")
         run = os.path.join(self.work, "run")
         scribbler = os.path.join(self.work, "scribble.py")
@@ -570,7 +570,7 @@ class ServiceTest(unittest.TestCase):
         """nopfsd killed with SIGKILL under a reading client: the client ends at once with an error
         that says the service is gone, instead of waiting minutes on the ring."""
         conf = os.path.join(self.work, "ram.conf.lua")
-        write_config(conf, ram="1MB", staging="1MB")
+        write_config(conf, ram="1M", staging="1M")
         out = os.path.join(self.work, "out")
         run = os.path.join(self.work, "run")
         nopfs_bin = os.path.join(BIN, "nopfs")
@@ -626,7 +626,7 @@ class ServiceTest(unittest.TestCase):
 
     def test_client_killed_mid_epoch(self):
         conf = os.path.join(self.work, "ram.conf.lua")
-        write_config(conf, ram="2MB", staging="1MB")
+        write_config(conf, ram="2M", staging="1M")
         out = os.path.join(self.work, "out")
         nopfs_bin = os.path.join(BIN, "nopfs")
         # A first reader is killed while it holds samples; a second one then reads the whole
@@ -640,7 +640,7 @@ class ServiceTest(unittest.TestCase):
 
     def test_sigterm_mid_prefetch_leaves_nothing(self):
         conf = os.path.join(self.work, "ssd.conf.lua")
-        write_config(conf, ram="1MB", ssd="1GB", ssd_path=self.scratch)
+        write_config(conf, ram="1M", ssd="1G", ssd_path=self.scratch)
         run = os.path.join(self.work, "run2")
         os.mkdir(run, 0o700)
         if AS_ROOT:
@@ -670,7 +670,7 @@ class ServiceTest(unittest.TestCase):
     def test_a_ready_file_that_cannot_be_written_is_a_start_failure_naming_it(self):
         # A directory where nopfsd writes the ready file's text before renaming it into place.
         conf = os.path.join(self.work, "ssd.conf.lua")
-        write_config(conf, ram="1MB", ssd="1GB", ssd_path=self.scratch)
+        write_config(conf, ram="1M", ssd="1G", ssd_path=self.scratch)
         run = os.path.join(self.work, "run3")
         os.mkdir(run, 0o700)
         os.mkdir(os.path.join(run, ".ready.tmp"), 0o700)
