@@ -347,7 +347,7 @@ class ClusterTest(ClusterCase):
             os.makedirs(d, exist_ok=True)
             os.chown(d, alice.pw_uid, alice.pw_gid)
         os.chown(os.path.dirname(leftover_ssd), alice.pw_uid, alice.pw_gid)
-        job = submit("nopfs-alice", f"-w n1 --mem=500 --nopfs={DATASET} --nopfs-ram=200MB",
+        job = submit("nopfs-alice", f"-w n1 --mem=500 --nopfs={DATASET} --nopfs-ram=200M",
                      HOLD.format(jobs=JOBS))
         wait_state(job, {"RUNNING"})
         wait_file(f"{RUN}/n1/{job}/ready", 30)
@@ -364,7 +364,7 @@ class ClusterTest(ClusterCase):
         # Three jobs at once on n2 asking for 200 + 200 + 128 MB (bob's cap in the policy) of
         # RAM; the node offers 512 MB.
         jobs = [submit(user, f"-w n2 --oversubscribe --mem=500 --nopfs={DATASET} "
-                             "--nopfs-ram=200MB", HOLD.format(jobs=JOBS))
+                             "--nopfs-ram=200M", HOLD.format(jobs=JOBS))
                 for user in ("nopfs-alice", "nopfs-bob", "nopfs-alice")]
         for j in jobs:
             wait_state(j, {"RUNNING"})

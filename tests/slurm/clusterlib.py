@@ -27,7 +27,7 @@ RUN = os.path.join(DIR, "run")
 SSD = os.path.join(DIR, "ssd")
 METRICS = os.path.join(DIR, "metrics")  # the node config's metrics_dir (shared by the nodes)
 MiB = 1 << 20
-RAM_CAPACITY = 512 * 1000 * 1000  # the local cluster's config: classes.ram capacity
+RAM_CAPACITY = 512 << 20  # the local cluster's config: classes.ram capacity "512M"
 # Developer hook: a stand-in daemon before nopfsd is built. The byte check needs the real one.
 NOPFSD = os.environ.get("NOPFS_TEST_NOPFSD", os.path.join(BUILD, "bin/nopfsd"))
 REAL_NOPFSD = NOPFSD == os.path.join(BUILD, "bin/nopfsd")
