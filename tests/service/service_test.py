@@ -624,6 +624,30 @@ class ServiceTest(unittest.TestCase):
         log = read(os.path.join(run, "nopfsd.log"))
         self.assertIn(f"({victim}): the file changed on the PFS during the job", log)
 
+    def test_a_tier_smaller_than_the_largest_sample_is_named_and_the_job_goes_on(self):
+        sizes = {os.path.relpath(f, self.data.root): os.path.getsize(f) for f in self.data.files}
+        largest = max(sizes.values())
+        conf = os.path.join(self.work, "small.conf.lua")
+        write_config(conf, ram=f"{largest // 2}B")
+        run = os.path.join(self.work, "smallrun")
+        out = os.path.join(self.work, "out")
+        nopfs("run", "--dataset", self.data.root, "--ranks", 1, *self.JOB, "--config", conf,
+              "--run-dir", run, "--keep-run-dir", "--", "sh", "-c",
+              f"cp {os.path.join(run, 'plan')} {out}.plan; "
+              f"{os.path.join(BIN, 'nopfs')} cat --verify > {out}")
+        self.assertRegex(read(out), r"0 mismatches")
+        # The plan file (what the SPANK plugin prints in the job's output) names the sample, its
+        # size in the units nopfs prints, and what to ask for; the tier holds what fits.
+        plan = read(out + ".plan")
+        m = re.search(r"(?m)^nopfs: plan: tier ram: ([\d.]+ \w+) cannot hold the dataset's "
+                      r"largest sample, (\S+) \(([\d.]+ KiB)\); it holds (\d+) smaller samples on "
+                      r"node 0; write --nopfs-ram=1M or more$", plan)
+        self.assertIsNotNone(m, plan)
+        self.assertEqual(sizes[m.group(2)], largest, m.group(2))
+        self.assertAlmostEqual(float(m.group(3).split()[0]), largest / 1024, delta=0.06)
+        self.assertGreater(int(m.group(4)), 0)
+        self.assertIn(m.group(0), read(os.path.join(run, "nopfsd.log")))
+
     def test_client_killed_mid_epoch(self):
         conf = os.path.join(self.work, "ram.conf.lua")
         write_config(conf, ram="2M", staging="1M")
