@@ -44,8 +44,8 @@ TEST(ContribSlurmTest, PolicySizesRamFromTheJobsMemory) {
   Result<Admission> a = Admit(Contrib("policy.lua"), *c, j, Node(*c));
   ASSERT_TRUE(a.ok()) << a.status().message();
   EXPECT_TRUE(a->admitted);
-  EXPECT_EQ(a->ram, j.memory / 4);   // a quarter of the job's memory, not of the host's
-  EXPECT_EQ(a->ssd, 512 * kGiB);  // half of the free SSD
+  EXPECT_EQ(a->ram, j.memory / 4);  // a quarter of the job's memory, not of the host's
+  EXPECT_EQ(a->ssd, 512 * kGiB);    // half of the free SSD
 
   j.partition = "debug";  // partition cap
   a = Admit(Contrib("policy.lua"), *c, j, Node(*c));
