@@ -179,7 +179,8 @@ class CacheTest(unittest.TestCase):
         p = nopfs("run", "--dataset", self.datasets[0], "--ranks", 1, "--keep",
                   "--keep-max-bytes", "10XB", "--", "true", check=False)
         self.assertNotEqual(p.returncode, 0)
-        self.assertIn("'10XB' is not a size: write a number of bytes with an optional unit",
+        self.assertIn("'10XB' is not a size: write a number of MiB or a number with a unit, as "
+                      "for Slurm's --mem",
                       p.stderr)
         # A size with a unit is taken (and bounds what is kept: data, index and MANIFEST).
         self.keep_run(self.datasets[0], ("--keep-max-bytes", "64KiB"))

@@ -162,7 +162,7 @@ class PlanTest(unittest.TestCase):
             self.assertNotIn("warning", run("config", os.path.join(tmp, "n.conf.lua")).stderr)
         p = run("config", conf, "--policy", policy, "--memory", "12x", check=False)
         self.assertEqual(p.returncode, 2)
-        self.assertIn("write it as Slurm's --mem", p.stderr)
+        self.assertIn("as for Slurm's --mem", p.stderr)
 
     def test_plan_is_deterministic_across_threads(self):
         a = self.plan("--synthetic", "20000:100K", "--threads", 1)
