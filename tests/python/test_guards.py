@@ -602,8 +602,8 @@ def test_a_job_that_staged_but_served_nothing_says_so(images, tmp_path):
               "import time; time.sleep(1)\n")  # nopfsd stages meanwhile
     p = run_two_ranks(root, tmp_path, sys.executable, "-c", script, root)
     assert p.returncode == 0, p.stderr
-    assert re.search(r"nopfs run: the job staged [\d.]+ \w?B from the PFS but its ranks read no "
-                     r"sample through nopfs: the training script reads the files itself\. To "
-                     r"read through nopfs, change three lines .*\n  from nopfs.torch import "
-                     r"DataLoader\n  from nopfs.torch import DistributedSampler\n  from "
+    assert re.search(r"nopfs run: the job staged [\d.]+ (?:[KMGTP]i)?B from the PFS but its ranks "
+                     r"read no sample through nopfs: the training script reads the files "
+                     r"itself\. To read through nopfs, change three lines .*\n  from nopfs.torch "
+                     r"import DataLoader\n  from nopfs.torch import DistributedSampler\n  from "
                      r"nopfs.torch import ImageFolder\n", p.stderr), p.stderr

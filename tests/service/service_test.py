@@ -228,7 +228,7 @@ class ServiceTest(unittest.TestCase):
             self.assertEqual(left, [], f"left in the run directory: {left}")
 
     def summary(self, proc):
-        served = dict(re.findall(r"^(\w+)\s+\d+\s+([\d.]+ \w?B)$", proc.stdout, re.M))
+        served = dict(re.findall(r"^(\w+)\s+\d+\s+([\d.]+ (?:[KMGTP]i)?B)$", proc.stdout, re.M))
         return proc.stdout, served
 
     def test_four_ranks_ram_tier_smaller_than_dataset(self):
@@ -263,9 +263,10 @@ class ServiceTest(unittest.TestCase):
         p, outs = self.run_cat(2, conf)
         for r in range(2):
             self.check_rank_output(r, 2, outs[r][0])
-        m = re.search(r"(?m)^pfs read in all \(prefetch included\): ([\d.]+) (\w?B)$", p.stdout)
+        m = re.search(r"(?m)^pfs read in all \(prefetch included\): ([\d.]+) ((?:[KMGTP]i)?B)$",
+                      p.stdout)
         self.assertIsNotNone(m, p.stdout)
-        scale = {"B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9}[m.group(2)]
+        scale = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[m.group(2)]
         pfs = float(m.group(1)) * scale
         self.assertLessEqual(pfs, 1.05 * self.total_bytes, p.stdout)
         self.assertGreaterEqual(pfs, 0.95 * self.total_bytes, p.stdout)
@@ -295,16 +296,17 @@ class ServiceTest(unittest.TestCase):
         self.assertEqual(ram["ready_bytes"], ram["planned_bytes"], status)
         self.assertGreater(ram["planned_bytes"], 0, status)
         # The plan line, on nopfs run's standard error, from the same report.
-        plan = re.search(r"(?m)^nopfs: plan: node 0 of 1, dataset [\d.]+ \w?B; tiers: ram "
-                         r"([\d.]+ \w?B) of [\d.]+ \w?B \((\d+) samples\); .* to stage; "
+        size = r"[\d.]+ (?:[KMGTP]i)?B"  # as nopfs prints sizes: 512 B, 1.50 GiB
+        plan = re.search(rf"(?m)^nopfs: plan: node 0 of 1, dataset {size}; tiers: ram "
+                         rf"({size}) of {size} \((\d+) samples\); .* to stage; "
                          r"predicted stall [\d.]+ \w+ \(a client that takes no time per sample\)$",
                          p.stderr)
         self.assertIsNotNone(plan, p.stderr)
         self.assertEqual(int(plan.group(2)), ram["planned_samples"], p.stderr)
         # The prose shows the same progress line as the watch.
         self.assertRegex(read(out + ".text"),
-                         r"(?m)^staging ram: [\d.]+ \w?B of [\d.]+ \w?B staged \(100%\), "
-                         r"[\d.]+ \w?B/s, done$")
+                         rf"(?m)^staging ram: {size} of {size} staged \(100%\), "
+                         rf"{size}/s, done$")
         # The watch ran until nopfsd stopped, then said so (it may still be finishing).
         deadline = time.monotonic() + 20
         while "nopfsd has gone away" not in read(out + ".watch") and time.monotonic() < deadline:
