@@ -148,6 +148,17 @@ def daemons():
     return out
 
 
+def size_bytes(text):
+    """Bytes of a size as nopfs-job passes it to nopfsd (--ram=200M, 1300K, 1000B, 0)."""
+    units = {"B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
+    return 0 if text == "0" else int(text[:-1]) * units[text[-1]]
+
+
+def slurmd_log(node):
+    with open(os.path.join(DIR, "log", f"slurmd-{node}.log"), errors="replace") as f:
+        return f.read()
+
+
 def ledger(node):
     entries = {}
     for p in glob.glob(os.path.join(RUN, node, ".ledger", "[0-9]*")):

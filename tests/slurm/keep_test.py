@@ -196,10 +196,11 @@ class KeepTest(ClusterCase):
         job, argv = self.held_daemon_argv("")
         self.assertIn("--keep", argv)
         self.assertEqual(argv[argv.index("--keep-max-bytes") + 1], "6000000")
-        self.assertRegex(self.slurmd_log("n2"), rf"nopfs: prolog: n2: serving .*keeps up to 6")
-        # The grant bounds it too: an SSD tier of 4 MB keeps at most 4 MB.
+        self.assertRegex(self.slurmd_log("n2"),
+                         r"nopfs: prolog: n2: serving .*keeps up to 5\.72 MiB")  # 6,000,000 B
+        # The grant bounds it too: an SSD tier of 4M keeps at most 4 MiB.
         _, argv = self.held_daemon_argv("", ssd="4M")
-        self.assertEqual(argv[argv.index("--keep-max-bytes") + 1], "4000000")
+        self.assertEqual(argv[argv.index("--keep-max-bytes") + 1], str(4 << 20))
         # The user asks to keep nothing.
         _, argv = self.held_daemon_argv("--nopfs-keep=no")
         self.assertNotIn("--keep", argv)
