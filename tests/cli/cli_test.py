@@ -404,8 +404,8 @@ class SimulateTest(unittest.TestCase):
         # n1 of three idle nodes holds the user's copy (100 GB, the whole dataset, within the
         # default quota of a tenth of the SSD): prefer and require land there at once and read
         # nothing from the PFS in the first epoch.
-        args = ["simulate", "--samples", 1000, "--sizes", "fixed:100MB", "--placement",
-                "--ssd", "1TB", "--cluster-nodes", 3, "--warm-nodes", 1, "--sweep-jobs", 1,
+        args = ["simulate", "--samples", 1000, "--sizes", "fixed:100000000B", "--placement",
+                "--ssd", "1T", "--cluster-nodes", 3, "--warm-nodes", 1, "--sweep-jobs", 1,
                 "--background-load", 0, "--requeue", 0,
                 "--runs", 1, "--format", "kv"]
         rows = {r["placement"]: r for r in parse_kv(run(*args).stdout)}
@@ -418,7 +418,7 @@ class SimulateTest(unittest.TestCase):
     def test_placement_errors_say_what_to_write(self):
         base = ["simulate", "--samples", 100, "--placement"]
         self.expect_error(base, r"no SSD class; write --ssd SIZE")
-        ssd = [*base, "--ssd", "1TB"]
+        ssd = [*base, "--ssd", "1T"]
         self.expect_error([*ssd, "--cluster-nodes", "64,x"],
                           r"--cluster-nodes \"64,x\" is not a list of whole numbers: write e\.g\.")
         self.expect_error([*ssd, "--placements", "soft"], r"off, prefer or require")
@@ -427,7 +427,7 @@ class SimulateTest(unittest.TestCase):
         self.expect_error([*ssd, "--job-hours", 0], r"--job-hours 0 is not a duration")
         self.expect_error([*ssd, "--cluster-nodes", 64, "--nodes", 100],
                           r"--nodes 100 does not fit a cluster of 64 nodes: write 1\.\.64")
-        self.expect_error([*ssd, "--job-ssd", "2TB"], r"--job-ssd is larger than --ssd")
+        self.expect_error([*ssd, "--job-ssd", "2T"], r"--job-ssd is larger than --ssd")
         self.expect_error([*ssd, "--keep-lifetime", "7w"], r"--keep-lifetime")
         self.expect_error([*ssd, "--cluster-nodes", 4, "--warm-nodes", 4],
                           r"warm node 4 is not a node of the cluster: write 0\.\.3")
