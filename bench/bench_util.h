@@ -23,7 +23,7 @@ inline uint64_t LastLevelCacheBytes() {
     std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/size");
     std::string text;
     if (!(in >> text)) break;
-    if (Result<uint64_t> n = ParseSize(text.back() == 'K' ? text + "iB" : text); n.ok())
+    if (Result<uint64_t> n = ParseSize(text); n.ok())  // sysfs writes "32K", as --mem
       best = std::max(best, *n);
   }
   return best;

@@ -68,8 +68,8 @@ def main():
         os.chmod(scratch, 0o777)
         conf = os.path.join(work, "ssd.conf.lua")
         with open(conf, "w") as fh:
-            fh.write('staging = { capacity = "64MB", threads = 4 }\n'
-                     f'classes = {{ ssd {{ path = "{scratch}", capacity = "4GB", threads = 4 }} }}\n')
+            fh.write('staging = { capacity = "64M", threads = 4 }\n'
+                     f'classes = {{ ssd {{ path = "{scratch}", capacity = "4G", threads = 4 }} }}\n')
         os.chmod(conf, 0o644)
         if a.array:
             array(a, bindir, work, mnt, conf)

@@ -138,7 +138,7 @@ void RunSize(const Args& a, const std::string& bin, uint64_t size) {
   {
     std::ofstream(root + "/bench.conf.lua")
         << "verify = \"" << a.verify << "\"\n"
-        << "staging = { capacity = \"256MB\", threads = " << a.staging_threads << " }\n"
+        << "staging = { capacity = \"256M\", threads = " << a.staging_threads << " }\n"
         << "classes = { ram { capacity = \"" << (count * (size + 64) + (1 << 20))
         << "\", threads = 2 } }\n";
   }

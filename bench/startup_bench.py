@@ -98,14 +98,16 @@ def counters(mnt):
             return {f[0]: int(f[1]) for f in fields if len(f) == 2 and f[1].isdigit()}
 
 
-SIZE_UNITS = {"": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20,
-              "GIB": 2**30}
+# As Slurm's --mem and nopfs (common/units.h): a bare number is MiB, K/M/G are powers of 1024
+# ("GB" and "GiB" too), B is bytes.
+SIZE_UNITS = {"": 2**20, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "KB": 2**10, "MB": 2**20,
+              "GB": 2**30, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
 def parse_size(text):
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)", text.strip())
     if not m or m.group(2).upper() not in SIZE_UNITS:
-        sys.exit(f"startup_bench: --ram: {text!r} is not a size; write e.g. 0,1GB,4GB,16GB")
+        sys.exit(f"startup_bench: --ram: {text!r} is not a size; write e.g. 0,1G,4G,16G")
     return int(float(m.group(1)) * SIZE_UNITS[m.group(2).upper()])
 
 
@@ -115,8 +117,8 @@ def write_conf(path, ram_bytes, file_bytes):
         # Without a tier, what the job waits for is the start-up itself, and the only opens are
         # the ranks' first samples and the staging threads' read-ahead.
         staging = max(1 << 20, 4 * file_bytes)
-        fh.write(f'staging = {{ capacity = "{staging}", threads = 1 }}\n'
-                 f'classes = {{ ram {{ capacity = "{ram_bytes}", threads = 1 }} }}\n')
+        fh.write(f'staging = {{ capacity = "{staging}B", threads = 1 }}\n'
+                 f'classes = {{ ram {{ capacity = "{ram_bytes}B", threads = 1 }} }}\n')
     os.chmod(path, 0o644)
 
 

@@ -127,13 +127,13 @@ int RunCat(const CatFlags& f) {
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const client::Stats st = (*s)->stats();
-  std::fprintf(stderr,
-               "nopfs cat: rank %u: read in %.3f s (%.1f MB/s%s); stall total %.3f s, median "
-               "%.1f us, p99 %.1f us\n",
-               rank, elapsed, elapsed > 0 ? static_cast<double>(bytes) / elapsed / 1e6 : 0.0,
-               f.verify ? ", verifying" : "", static_cast<double>(st.stall_ns_total) / 1e9,
-               static_cast<double>(st.stall_ns_median) / 1e3,
-               static_cast<double>(st.stall_ns_p99) / 1e3);
+  std::fprintf(
+      stderr,
+      "nopfs cat: rank %u: read in %.3f s (%s/s%s); stall total %.3f s, median "
+      "%.1f us, p99 %.1f us\n",
+      rank, elapsed, FormatBytes(elapsed > 0 ? static_cast<double>(bytes) / elapsed : 0.0).c_str(),
+      f.verify ? ", verifying" : "", static_cast<double>(st.stall_ns_total) / 1e9,
+      static_cast<double>(st.stall_ns_median) / 1e3, static_cast<double>(st.stall_ns_p99) / 1e3);
   std::printf("%" PRIu64 " samples, %" PRIu64 " bytes, %" PRIu64 " mismatches", samples, bytes,
               mismatches);
   if (unverified != 0) std::printf(", %" PRIu64 " not verified", unverified);

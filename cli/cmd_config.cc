@@ -46,29 +46,6 @@ std::string Table(const policy::BandwidthTable& t) {
   return out;
 }
 
-// Slurm's --mem: a number of MiB, or with a suffix K, M, G or T (powers of 1024).
-Result<uint64_t> ParseSlurmMemory(const std::string& text) {
-  size_t used = 0;
-  unsigned long long n = 0;
-  try {
-    n = std::stoull(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  const std::string unit = text.substr(used);
-  int shift = -1;
-  if (unit.empty() || unit == "M" || unit == "m") shift = 20;
-  if (unit == "K" || unit == "k") shift = 10;
-  if (unit == "G" || unit == "g") shift = 30;
-  if (unit == "T" || unit == "t") shift = 40;
-  if (used == 0 || text[0] == '-' || shift < 0 || n > (UINT64_MAX >> shift)) {
-    return Status::InvalidArgument("--memory " + text +
-                                   ": write it as Slurm's --mem: MiB, or a number with K, M, G "
-                                   "or T (e.g. 64G)");
-  }
-  return static_cast<uint64_t>(n) << shift;
-}
-
 int RunConfig(const ConfigFlags& f) {
   Result<lua::NodeConfig> config = lua::LoadNodeConfig(f.config);
   if (!config.ok()) return Fail(config.status());
@@ -120,8 +97,8 @@ int RunConfig(const ConfigFlags& f) {
   job.qos = f.qos;
   job.nodes = f.nodes;
   if (!f.memory.empty()) {
-    Result<uint64_t> mem = ParseSlurmMemory(f.memory);
-    if (!mem.ok()) return Fail(mem.status());
+    Result<uint64_t> mem = ParseSize(f.memory);
+    if (!mem.ok()) return Fail(mem.status().WithContext("--memory"));
     job.memory = *mem;
   }
   lua::NodeState node;
@@ -186,13 +163,13 @@ void RegisterConfig(CLI::App* app, int* exit_code) {
   job->add_option("--partition", f->partition, "The job's partition");
   job->add_option("--qos", f->qos, "The job's QOS");
   job->add_option("--nodes", f->nodes, "Nodes in the allocation")->capture_default_str();
-  job->add_option("--ram", f->ram, "RAM the job asks for (0: as much as allowed)")
+  job->add_option("--ram", f->ram, "RAM the job asks for, as --nopfs-ram (0: as much as allowed)")
       ->capture_default_str();
-  job->add_option("--ssd", f->ssd, "SSD the job asks for (0: as much as allowed)")
+  job->add_option("--ssd", f->ssd, "SSD the job asks for, as --nopfs-ssd (0: as much as allowed)")
       ->capture_default_str();
   job->add_option("--memory", f->memory,
-                  "The job's memory on the node, as Slurm's --mem (MiB, or with K, M, G, T; "
-                  "default: none, as a job without --mem)");
+                  "The job's memory on the node, as Slurm's --mem (default: none, as a job "
+                  "without --mem)");
   job->add_option("--node", f->node, "The node's name")->capture_default_str();
   job->add_option("--ram-reserved", f->ram_reserved, "RAM other jobs hold on the node")
       ->capture_default_str();

@@ -155,7 +155,7 @@ void RegisterPlan(CLI::App* app, int* exit_code) {
   sub->add_option("--node", flags->node, "The node whose plan to print")->capture_default_str();
   sub->add_option("--synthetic", flags->synthetic,
                   "F:SIZE, a synthetic dataset of F samples with sizes drawn around SIZE "
-                  "(e.g. 1281167:110KB)");
+                  "(e.g. 1281167:110K)");
   sub->add_option("--sizes", flags->sizes_file,
                   "A file with one sample size in bytes per line (sample id = line order)");
   sub->add_option("--config", flags->config,

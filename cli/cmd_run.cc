@@ -159,7 +159,7 @@ void RegisterRun(CLI::App* app, int* exit_code) {
                 "Keep the SSD tier's samples on this machine for the next run on the dataset "
                 "(nopfs cache ls shows them)");
   sub->add_option("--keep-max-bytes", f->keep_max_bytes,
-                  "With --keep: keep at most this much (a size: 40GB, 512MiB, or bytes; 0: no "
+                  "With --keep: keep at most this much (a size as Slurm's --mem: 40G, 512M; 0: no "
                   "limit)")
       ->transform(CLI::Validator(
           [](std::string& value) -> std::string {

@@ -29,16 +29,18 @@ namespace {
 // prefetch threads and 300 GiB of SSD with 2; r_0(8) = 111 GB/s, r_1(4) = 85 GB/s, r_2(2) =
 // 4 GB/s; the PFS curve t(1..8) the paper's simulation used; beta = 200 MB/s; c = 64 MB/s per
 // rank; a per-GPU batch of 120. Writes are not given in the paper: taken equal to the reads.
+// The paper's bandwidths are decimal (GB = 10^9 bytes): written here as numbers of MiB/s.
 constexpr std::string_view kLassenConfig = R"(
-staging = { capacity = "20GiB", threads = 8, write = { {8, "111GB/s"} } }
+local GB, MB = 1e9 / 2^20, 1e6 / 2^20
+staging = { capacity = "20G", threads = 8, write = { {8, 111 * GB} } }
 classes = {
-  ram { capacity = "100GiB", threads = 16, read = { {4, "85GB/s"} }, write = { {4, "85GB/s"} } },
-  ssd { path = "/l/ssd", capacity = "1200GiB", threads = 8, read = { {2, "4GB/s"} },
-        write = { {2, "4GB/s"} } },
+  ram { capacity = "100G", threads = 16, read = { {4, 85 * GB} }, write = { {4, 85 * GB} } },
+  ssd { path = "/l/ssd", capacity = "1200G", threads = 8, read = { {2, 4 * GB} },
+        write = { {2, 4 * GB} } },
 }
-pfs = { {1, "330MB/s"}, {2, "730MB/s"}, {4, "1540MB/s"}, {8, "2870MB/s"} }
-network = "24GB/s"
-preprocess = "200MB/s"
+pfs = { {1, 330 * MB}, {2, 730 * MB}, {4, 1540 * MB}, {8, 2870 * MB} }
+network = 24 * GB
+preprocess = 200 * MB
 )";
 
 struct Preset {
@@ -194,13 +196,13 @@ Result<std::vector<policy::Bytes>> MakeSizes(const std::string& spec, uint64_t s
   }
   return Status::InvalidArgument("--sizes \"" + spec +
                                  "\" is not a size spec: write imagenet (log-normal around the "
-                                 "preset's mean or 110 KB), fixed:SIZE, lognormal:MEAN or "
+                                 "preset's mean or 107 KiB), fixed:SIZE, lognormal:MEAN or "
                                  "file:PATH (one size in bytes per line)");
 }
 
-// --compute-rate: samples/s per rank, or a bandwidth per rank ("64MB/s").
+// --compute-rate: samples/s per rank (a bare number), or a bandwidth per rank ("64M/s").
 Result<double> ComputeBytes(const std::string& text, double mean_size) {
-  if (text.find('B') != std::string::npos) {
+  if (text.find('/') != std::string::npos) {
     Result<double> bw = ParseBandwidth(text);
     if (!bw.ok()) return bw.status().WithContext("--compute-rate");
     if (!(*bw > 0)) return Status::InvalidArgument("--compute-rate must be > 0");
@@ -216,7 +218,7 @@ Result<double> ComputeBytes(const std::string& text, double mean_size) {
   if (used != text.size() || !(rate > 0) || !std::isfinite(rate)) {
     return Status::InvalidArgument("--compute-rate \"" + text +
                                    "\" is not a rate: write samples/s per rank (e.g. 1000) or "
-                                   "bytes/s per rank (e.g. 64MB/s)");
+                                   "a bandwidth per rank (e.g. 64M/s)");
   }
   return rate * mean_size;
 }
@@ -519,7 +521,7 @@ void RegisterSimulate(CLI::App* app, int* exit_code) {
       ->capture_default_str();
   sub->add_flag("--drop-last", f.drop_last, "Drop each epoch's trailing partial batch");
   sub->add_option("--compute-rate", f.compute_rate,
-                  "c per rank: samples/s (e.g. 1000) or bytes/s (e.g. 64MB/s)")
+                  "c per rank: samples/s (e.g. 1000) or a bandwidth (e.g. 64M/s)")
       ->capture_default_str();
   sub->add_option(
       "--policies", f.policies,

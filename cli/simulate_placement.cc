@@ -297,7 +297,7 @@ int RunPlacement(const PlacementFlags& f, const PlacementJob& job) {
   if (*ssd == 0) {
     return Fail(Status::InvalidArgument(
         "--placement needs every node's SSD, where kept copies live: the node config has no SSD "
-        "class; write --ssd SIZE (e.g. --ssd 1.2TB) or give a --config or --preset with one"));
+        "class; write --ssd SIZE (e.g. --ssd 1.2T) or give a --config or --preset with one"));
   }
   o.ssd_bytes = *ssd;
   Result<policy::Bytes> job_ssd = SizeOr("--job-ssd", f.job_ssd, 0);

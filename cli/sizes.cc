@@ -32,7 +32,7 @@ Result<SyntheticSpec> ParseSyntheticSpec(std::string_view text) {
   const size_t colon = text.find(':');
   const Status bad = Status::InvalidArgument(
       "--synthetic '" + std::string(text) +
-      "' is not F:SIZE: write the sample count and the mean size, e.g. 1281167:110KB");
+      "' is not F:SIZE: write the sample count and the mean size, e.g. 1281167:110K");
   if (colon == std::string_view::npos || colon == 0) return bad;
   SyntheticSpec spec;
   const std::string_view count = text.substr(0, colon);
@@ -57,7 +57,7 @@ Result<std::vector<policy::Bytes>> ReadSizesFile(const std::string& path) {
     ++lineno;
     const size_t first = line.find_first_not_of(" \t\r");
     if (first == std::string::npos || line[first] == '#') continue;
-    Result<uint64_t> s = ParseSize(line);
+    Result<uint64_t> s = ParseSize(line, /*bare_unit=*/1);  // a listing's byte counts
     if (!s.ok()) {
       return Status::InvalidArgument(path + ":" + std::to_string(lineno) + ": " +
                                      s.status().message());

@@ -4,6 +4,8 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 namespace nopfs {
 namespace {
@@ -48,37 +50,24 @@ bool SplitNumber(std::string_view text, double* number, std::string* unit) {
   return true;
 }
 
-bool UnitMultiplier(const std::string& unit, double* mult) {
-  struct U {
-    const char* name;
-    double mult;
-  };
-  static constexpr U kUnits[] = {
-      {"", 1},
-      {"b", 1},
-      {"k", 1e3},
-      {"kb", 1e3},
-      {"m", 1e6},
-      {"mb", 1e6},
-      {"g", 1e9},
-      {"gb", 1e9},
-      {"t", 1e12},
-      {"tb", 1e12},
-      {"p", 1e15},
-      {"pb", 1e15},
-      {"kib", 1024.0},
-      {"mib", 1048576.0},
-      {"gib", 1073741824.0},
-      {"tib", 1099511627776.0},
-      {"pib", 1125899906842624.0},
-  };
-  for (const U& u : kUnits) {
-    if (unit == u.name) {
-      *mult = u.mult;
-      return true;
-    }
+// The multiplier of `unit` (lower case, without the number), in units of `bare_unit` for "".
+bool UnitMultiplier(const std::string& unit, double bare_unit, double* mult) {
+  if (unit.empty()) {
+    *mult = bare_unit;
+    return true;
   }
-  return false;
+  if (unit == "b") {
+    *mult = 1;
+    return true;
+  }
+  static constexpr char kPrefixes[] = "kmgtp";
+  const char* p = unit.size() <= 3 ? std::strchr(kPrefixes, unit[0]) : nullptr;
+  if (p == nullptr || *p == '\0') return false;
+  // "g", "gb" (Slurm's --mem=16GB) and "gib" all mean 2^30.
+  const std::string_view rest = std::string_view(unit).substr(1);
+  if (!rest.empty() && rest != "b" && rest != "ib") return false;
+  *mult = std::ldexp(1.0, 10 * static_cast<int>(p - kPrefixes + 1));
+  return true;
 }
 
 // 'text', built by appending: "'" + std::string(text) inlines std::string::insert, in which
@@ -94,14 +83,19 @@ std::string Quoted(std::string_view text) {
 
 }  // namespace
 
-Result<uint64_t> ParseSize(std::string_view text) {
+Result<uint64_t> ParseSize(std::string_view text, uint64_t bare_unit) {
   double number = 0;
   std::string unit;
   double mult = 1;
-  if (!SplitNumber(text, &number, &unit) || !UnitMultiplier(unit, &mult)) {
-    return Status::InvalidArgument(Quoted(text) +
-                                   " is not a size: write a number of bytes with an optional "
-                                   "unit, e.g. 4096, 110KB, 512MiB or 8GiB");
+  if (!SplitNumber(text, &number, &unit) ||
+      !UnitMultiplier(unit, static_cast<double>(bare_unit), &mult)) {
+    return Status::InvalidArgument(
+        Quoted(text) +
+        (bare_unit == kMiB
+             ? " is not a size: write a number of MiB or a number with a unit, as for Slurm's "
+               "--mem: 512 (MiB), 512M, 16G, 2T (K, M, G, T are powers of 1024)"
+             : " is not a size: write a number of bytes or a number with a unit: 4096, 110K, "
+               "512M, 16G (K, M, G, T are powers of 1024)"));
   }
   const double bytes = std::round(number * mult);
   if (!std::isfinite(bytes) || bytes < 0 || bytes > 18446744073709549568.0) {
@@ -111,49 +105,62 @@ Result<uint64_t> ParseSize(std::string_view text) {
   return static_cast<uint64_t>(bytes);
 }
 
-Result<double> ParseBandwidth(std::string_view text, double bare_unit) {
+Result<double> ParseBandwidth(std::string_view text) {
   std::string_view t = Trim(text);
   std::string lower = Lower(t);
-  bool per_second = false;
-  if (lower.size() >= 2 && lower.compare(lower.size() - 2, 2, "/s") == 0) {
-    per_second = true;
-    t.remove_suffix(2);
-  }
+  if (lower.size() >= 2 && lower.compare(lower.size() - 2, 2, "/s") == 0) t.remove_suffix(2);
   double number = 0;
   std::string unit;
   double mult = 1;
-  if (!SplitNumber(t, &number, &unit) || !UnitMultiplier(unit, &mult)) {
+  if (!SplitNumber(t, &number, &unit) || !UnitMultiplier(unit, static_cast<double>(kMiB), &mult)) {
     return Status::InvalidArgument(Quoted(text) +
                                    " is not a bandwidth: write a rate with a unit, e.g. "
-                                   "800MB/s, 1.2GB/s or 10GiB/s");
+                                   "800M/s or 2G/s (powers of 1024), or a number of MiB/s");
   }
-  if (unit.empty() && !per_second) mult = bare_unit;
   const double rate = number * mult;
   if (!std::isfinite(rate) || rate <= 0) {
     return Status::InvalidArgument(Quoted(text) +
-                                   " is not a positive bandwidth: write e.g. 800MB/s");
+                                   " is not a positive bandwidth: write e.g. 800M/s");
   }
   return rate;
 }
 
 std::string FormatBytes(double bytes) {
-  static constexpr const char* kUnits[] = {"B", "KB", "MB", "GB", "TB", "PB", "EB"};
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   int u = 0;
-  while (std::fabs(bytes) >= 1000.0 && u < 6) {
-    bytes /= 1000.0;
+  while (std::fabs(bytes) >= 1024.0 && u < 6) {
+    bytes /= 1024.0;
     ++u;
   }
   char buf[32];
   if (u == 0) {
     std::snprintf(buf, sizeof(buf), "%.0f B", bytes);
   } else {
+    // Rounding may carry to 1024 ("1023.7 KiB" -> "1024 KiB"): print the next unit instead.
+    if (std::fabs(bytes) >= 1023.5 && u < 6) {
+      bytes /= 1024.0;
+      ++u;
+    }
     std::snprintf(buf, sizeof(buf),
-                  bytes >= 100  ? "%.0f %s"
-                  : bytes >= 10 ? "%.1f %s"
-                                : "%.2f %s",
+                  std::fabs(bytes) >= 99.95   ? "%.0f %s"
+                  : std::fabs(bytes) >= 9.995 ? "%.1f %s"
+                                              : "%.2f %s",
                   bytes, kUnits[u]);
   }
   return buf;
+}
+
+std::string SizeArg(uint64_t bytes) {
+  if (bytes == 0) return "0";
+  static constexpr char kUnits[] = "KMGTP";
+  int u = -1;
+  while (u < 4 && bytes % 1024 == 0) {
+    bytes /= 1024;
+    ++u;
+  }
+  std::string out = std::to_string(bytes);
+  out.push_back(u < 0 ? 'B' : kUnits[u]);
+  return out;
 }
 
 }  // namespace nopfs

@@ -29,8 +29,8 @@ class NodeKeptTest : public testing::Test {
     kept_ = root_ + "/ssd/nopfs-" + std::to_string(kMe) + "/kept";
     fs::create_directories(kept_);
     Result<lua::NodeConfig> c =
-        lua::LoadNodeConfigFromString("classes = { ram { capacity = \"1GB\" }, ssd { path = \"" +
-                                          root_ + "/ssd\", capacity = \"100MB\" } }\n",
+        lua::LoadNodeConfigFromString("classes = { ram { capacity = \"1G\" }, ssd { path = \"" +
+                                          root_ + "/ssd\", capacity = \"100M\" } }\n",
                                       "node.conf.lua", uint64_t{8} << 30);
     ASSERT_TRUE(c.ok()) << c.status().message();
     config_ = std::make_unique<lua::NodeConfig>(*c);
@@ -108,7 +108,7 @@ TEST_F(NodeKeptTest, AJobThatNeedsTheSpaceEvictsOthersButAdoptsItsOwn) {
   Kept(kB, "/pfs/other", 10 * kMiB, now - 200);  // evicted first
   Kept(kC, "/pfs/third", 10 * kMiB, now - 100);  // evicted next, if still needed
   lua::NodeState ns = Node(50 * kMiB);
-  NodeKept kept(KeepJob{kMe, "/pfs/mine", true, Policy("return { quota = '1GB' }")}, *config_,
+  NodeKept kept(KeepJob{kMe, "/pfs/mine", true, Policy("return { quota = '1G' }")}, *config_,
                 Paths(), {}, &ns);
   EXPECT_GE(ns.ssd_kept, 30 * kMiB);
   EXPECT_EQ(Left(), (std::set<std::string>{kA, kB, kC})) << "nothing over quota or expired";
@@ -136,14 +136,14 @@ TEST_F(NodeKeptTest, QuotaBoundsTheKeepAndTheOptionOrTheAbsentHookKeepNothing) {
   adm.admitted = true;
   adm.ssd = 40 * kMiB;
   {
-    NodeKept kept(KeepJob{kMe, "/pfs/d", true, Policy("return { quota = '5MB' }")}, *config_,
+    NodeKept kept(KeepJob{kMe, "/pfs/d", true, Policy("return { quota = '5M' }")}, *config_,
                   Paths(), {}, &ns);
     const KeepPlan plan = kept.Admitted(ns, adm);
     EXPECT_TRUE(plan.keep);
-    EXPECT_EQ(plan.max_bytes, 5'000'000u);
+    EXPECT_EQ(plan.max_bytes, 5u << 20);  // '5M', as --mem
   }
   {
-    NodeKept kept(KeepJob{kMe, "/pfs/d", false, Policy("return { quota = '5MB' }")}, *config_,
+    NodeKept kept(KeepJob{kMe, "/pfs/d", false, Policy("return { quota = '5M' }")}, *config_,
                   Paths(), {}, &ns);
     const KeepPlan plan = kept.Admitted(ns, adm);
     EXPECT_FALSE(plan.keep);
@@ -153,7 +153,7 @@ TEST_F(NodeKeptTest, QuotaBoundsTheKeepAndTheOptionOrTheAbsentHookKeepNothing) {
   {
     lua::Admission no_ssd = adm;
     no_ssd.ssd = 0;
-    NodeKept kept(KeepJob{kMe, "/pfs/d", true, Policy("return { quota = '5MB' }")}, *config_,
+    NodeKept kept(KeepJob{kMe, "/pfs/d", true, Policy("return { quota = '5M' }")}, *config_,
                   Paths(), {}, &ns);
     EXPECT_FALSE(kept.Admitted(ns, no_ssd).keep);
   }
@@ -188,7 +188,7 @@ TEST_F(NodeKeptTest, AfterTheJobTheQuotaAndTheLifetimeApply) {
   Kept(kB, "/pfs/b", 2 * kMiB, now - 60);     // over a 3 MB quota with kC
   Kept(kC, "/pfs/c", 2 * kMiB, now);          // just kept
   fs::create_directories(kept_ + "/.tmp.1");  // a keep of another job, in its first minute
-  const std::string notes = AfterJob(Policy("return { quota = '3MB', lifetime = '1h' }"), *config_,
+  const std::string notes = AfterJob(Policy("return { quota = '3M', lifetime = '1h' }"), *config_,
                                      "n1", Paths(), kMe, "/pfs/c", {});
   EXPECT_EQ(Left(), (std::set<std::string>{kC, ".tmp.1"}));
   EXPECT_NE(notes.find(kA + " (/pfs/a, "), std::string::npos) << notes;
@@ -198,7 +198,7 @@ TEST_F(NodeKeptTest, AfterTheJobTheQuotaAndTheLifetimeApply) {
   EXPECT_NE(notes.find("kept "), std::string::npos) << notes;
   fs::remove_all(kept_);
   EXPECT_EQ(
-      AfterJob(Policy("return { quota = '3MB' }"), *config_, "n1", Paths(), kMe, "/pfs/c", {}), "");
+      AfterJob(Policy("return { quota = '3M' }"), *config_, "n1", Paths(), kMe, "/pfs/c", {}), "");
 }
 
 TEST_F(NodeKeptTest, TheEpilogRecordsTheUseOfTheJobsDatasetNotOfOthers) {
@@ -206,7 +206,7 @@ TEST_F(NodeKeptTest, TheEpilogRecordsTheUseOfTheJobsDatasetNotOfOthers) {
   Kept(kA, "/pfs/a", kMiB, now - 7200);  // root last saw it used two hours ago
   Kept(kB, "/pfs/b", kMiB, now - 7200);
   // The job ran on /pfs/a (it adopted kA): kA's last use is now, kB's stays and expires.
-  const std::string notes = AfterJob(Policy("return { quota = '1GB', lifetime = '1h' }"), *config_,
+  const std::string notes = AfterJob(Policy("return { quota = '1G', lifetime = '1h' }"), *config_,
                                      "n1", Paths(), kMe, "/pfs/a", {});
   EXPECT_EQ(Left(), std::set<std::string>{kA}) << notes;
   const std::optional<RootTimes> t = Recorded(kA);
@@ -226,7 +226,7 @@ TEST_F(NodeKeptTest, ThePrologCountsWhatAUserLeftAndRemovesStrays) {
   Result<int> lock = LockKeptEntry(UserDir() + "/held");
   ASSERT_TRUE(lock.ok()) << lock.status().message();
   lua::NodeState ns = Node(20 * kMiB);
-  NodeKept kept(KeepJob{kMe, "/pfs/a", true, Policy("return { quota = '1GB' }")}, *config_, Paths(),
+  NodeKept kept(KeepJob{kMe, "/pfs/a", true, Policy("return { quota = '1G' }")}, *config_, Paths(),
                 {LiveJob{kMe, 12, 0}}, &ns);
   EXPECT_FALSE(fs::exists(UserDir() + "/junk"));
   EXPECT_TRUE(fs::exists(UserDir() + "/12.0/data.0"));

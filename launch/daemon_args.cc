@@ -54,9 +54,9 @@ void AddDaemonFlags(CLI::App* app, DaemonArgs* args) {
                   "The job's id (names the shared memory and SSD directory)")
       ->capture_default_str();
   app->add_option("--ram", args->ram,
-                  "RAM granted to the job on this node (default: the config's)");
+                  "RAM granted to the job on this node, as Slurm's --mem (default: the config's)");
   app->add_option("--ssd", args->ssd,
-                  "SSD granted to the job on this node (default: the config's)");
+                  "SSD granted to the job on this node, as --ram (default: the config's)");
   app->add_option("--plan-threads", args->plan_threads, "Planner threads (0: all cores)");
   app->add_option("--peers", args->peers,
                   "Every node's HOST:PORT for peer reads, in node order (docs/fabric.md)");

@@ -16,11 +16,11 @@
 namespace nopfs::lua {
 namespace {
 
-// size("20GB") -> 20000000000, for policies that compare sizes.
+// size("20G") -> 20480 (MiB, as every size the policy sees), for policies that compare sizes.
 int SizeFn(lua_State* L) {
   Result<uint64_t> v = internal::ReadSize(L, 1, "size()");
   if (!v.ok()) return luaL_error(L, "%s", v.status().message().c_str());
-  lua_pushinteger(L, static_cast<lua_Integer>(*v));
+  internal::PushSize(L, *v);
   return 1;
 }
 
@@ -46,6 +46,11 @@ void SetInt(lua_State* L, const char* key, uint64_t v) {
   lua_pushinteger(L, static_cast<lua_Integer>(std::min<uint64_t>(v, INT64_MAX)));
   lua_setfield(L, -2, key);
 }
+// A size, in MiB (lua_read.h PushSize).
+void SetSize(lua_State* L, const char* key, uint64_t bytes) {
+  internal::PushSize(L, bytes);
+  lua_setfield(L, -2, key);
+}
 void SetStr(lua_State* L, const char* key, const std::string& v) {
   lua_pushlstring(L, v.data(), v.size());
   lua_setfield(L, -2, key);
@@ -69,13 +74,13 @@ void Clamp(policy::Bytes* v, policy::Bytes cap, const char* what, const char* by
 void PushNode(lua_State* L, const NodeState& node) {
   lua_newtable(L);
   SetStr(L, "name", node.name);
-  SetInt(L, "ram_total", node.ram_total);
-  SetInt(L, "ssd_total", node.ssd_total);
-  SetInt(L, "ram_reserved", node.ram_reserved);
-  SetInt(L, "ssd_reserved", node.ssd_reserved);
-  SetInt(L, "ram_free", Free(node.ram_total, node.ram_reserved));
-  SetInt(L, "ssd_free", Free(node.ssd_total, node.ssd_reserved));
-  SetInt(L, "ssd_kept", node.ssd_kept);
+  SetSize(L, "ram_total", node.ram_total);
+  SetSize(L, "ssd_total", node.ssd_total);
+  SetSize(L, "ram_reserved", node.ram_reserved);
+  SetSize(L, "ssd_reserved", node.ssd_reserved);
+  SetSize(L, "ram_free", Free(node.ram_total, node.ram_reserved));
+  SetSize(L, "ssd_free", Free(node.ssd_total, node.ssd_reserved));
+  SetSize(L, "ssd_kept", node.ssd_kept);
   SetInt(L, "jobs", node.jobs);
   MakeReadOnly(L);
 }
@@ -138,9 +143,9 @@ Result<Admission> AdmitWithPolicyText(std::string_view policy_text, std::string_
       SetStr(L, "qos", job.qos);
       SetStr(L, "dataset", job.dataset);
       SetInt(L, "nodes", job.nodes);
-      SetInt(L, "ram", job.ram);
-      SetInt(L, "ssd", job.ssd);
-      SetInt(L, "memory", job.memory);
+      SetSize(L, "ram", job.ram);
+      SetSize(L, "ssd", job.ssd);
+      SetSize(L, "memory", job.memory);
       MakeReadOnly(L);
       PushNode(L, node);
       NOPFS_RETURN_IF_ERROR(state.Call(2, 2, std::string(name) + ": admit()"));
@@ -168,6 +173,8 @@ Result<Admission> AdmitWithPolicyText(std::string_view policy_text, std::string_
     }
   }
 
+  if (job.no_ram) Clamp(&a.ram, 0, "RAM", "the request (--nopfs-ram=0)", &a.reason);
+  if (job.no_ssd) Clamp(&a.ssd, 0, "SSD", "the request (--nopfs-ssd=0)", &a.reason);
   if (job.ram != 0) Clamp(&a.ram, job.ram, "RAM", "the request", &a.reason);
   if (job.ssd != 0) Clamp(&a.ssd, job.ssd, "SSD", "the request", &a.reason);
   if (job.memory != 0) Clamp(&a.ram, job.memory, "RAM", "the job's memory allocation", &a.reason);

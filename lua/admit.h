@@ -4,15 +4,16 @@
 //
 //   function admit(job, node)
 //     if job.partition == "debug" then return nil, "no cache on the debug partition" end
-//     return { ram = math.min(node.ram_free, size("32GB")), ssd = node.ssd_free // 2 }
+//     return { ram = math.min(node.ram_free, size("32G")), ssd = node.ssd_free // 2 }
 //   end
 //
 // `job` and `node` are read-only tables (fields of JobRequest and NodeState, plus node.ram_free
-// and node.ssd_free; sizes in bytes, job.ram = 0 when the user asked for no particular size,
-// job.memory = the job's memory allocation on the node, 0 when unknown);
-// size("32GB") converts a size to bytes.
-// The hook returns a table {ram = SIZE, ssd = SIZE} (sizes as numbers or strings like "20GB";
-// a missing field means "what was asked for"), or nil/false and a reason to refuse. A policy
+// and node.ssd_free; job.ram = 0 when the user asked for no particular size, job.memory = the
+// job's memory allocation on the node, 0 when unknown). Every size a policy sees or returns is
+// in MiB, as Slurm's --mem and the job_desc of Slurm's job_submit.lua: a Lua number, an integer
+// when whole (job.memory is 4096 for --mem=4G); size("32G") converts a size to MiB (32768).
+// The hook returns a table {ram = SIZE, ssd = SIZE} (sizes as numbers of MiB or strings like
+// "20G"; a missing field means "what was asked for"), or nil/false and a reason to refuse. A policy
 // file that defines no `admit` function is an error (failing closed, like any policy error);
 // with no policy file at all the job gets what it asked for (RAM: half its memory allocation
 // when that is known and nothing was asked). Either way the grant is then clamped to what was
@@ -50,6 +51,10 @@ struct JobRequest {
   uint32_t nodes = 1;     // nodes in the allocation
   policy::Bytes ram = 0;  // RAM tier bytes asked for on this node (0: as much as allowed)
   policy::Bytes ssd = 0;  // SSD tier bytes asked for (0: as much as allowed)
+  // --nopfs-ram=0 / --nopfs-ssd=0: no tier of that kind, whatever the policy grants (the policy
+  // sees job.ram = 0 / job.ssd = 0).
+  bool no_ram = false;
+  bool no_ssd = false;
   // The job's own memory allocation on this node (Slurm's --mem, or --mem-per-cpu times its CPUs
   // here); 0 when unknown or unlimited. When set, the RAM tier comes out of it: a job that asked
   // for no particular RAM gets half of it by default, and no grant ever exceeds it, so the
@@ -93,7 +98,7 @@ Result<Admission> AdmitWithPolicyText(std::string_view policy_text, std::string_
 //
 //   function keep(user, node)
 //     if user.name == "guest" then return nil end            -- keeps nothing
-//     return { quota = "200GB", lifetime = "7d" }
+//     return { quota = "200G", lifetime = "7d" }
 //   end
 //
 // `user` has uid, gid and name; `node` is as for admit (gc asks with no reservations). `quota`

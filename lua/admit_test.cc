@@ -10,7 +10,7 @@
 namespace nopfs::lua {
 namespace {
 
-constexpr policy::Bytes kGB = 1'000'000'000;
+constexpr policy::Bytes kGB = policy::Bytes{1} << 30;  // "GB" is 2^30, as in Slurm's --mem
 
 NodeConfig Config(const std::string& limits = "") {
   Result<NodeConfig> c = LoadNodeConfigFromString(
@@ -110,9 +110,9 @@ TEST(AdmitTest, GrantIsClampedToRequestLimitsAndFreeSpace) {
   EXPECT_TRUE(a->admitted);
   EXPECT_EQ(a->ram, 20 * kGB);   // the request
   EXPECT_EQ(a->ssd, 100 * kGB);  // limit 200 GB, but only 100 GB free
-  EXPECT_NE(a->reason.find("RAM limited to 20.0 GB by the request"), std::string::npos)
+  EXPECT_NE(a->reason.find("RAM limited to 20.0 GiB by the request"), std::string::npos)
       << a->reason;
-  EXPECT_NE(a->reason.find("SSD limited to 100 GB by what is free on the node"), std::string::npos)
+  EXPECT_NE(a->reason.find("SSD limited to 100 GiB by what is free on the node"), std::string::npos)
       << a->reason;
 }
 
@@ -219,6 +219,46 @@ Result<KeepGrant> AskKeep(const std::string& policy, const KeepUser& user = Alic
   return KeepWithPolicyText(policy, "/etc/nopfs/policy.lua", Config(), user, node);
 }
 
+TEST(AdmitTest, SizesAreMiBAsSlurmsMem) {
+  // What the policy sees and returns is MiB, whole sizes as integers; size() converts to MiB.
+  JobRequest j = Job();
+  j.memory = 4 * kGB;                 // --mem=4G
+  j.ram = policy::Bytes{1300} << 10;  // --nopfs-ram=1300K: not a whole MiB
+  Result<Admission> a = AskPolicy(R"(
+    function admit(job, node)
+      assert(math.type(job.memory) == "integer" and job.memory == 4096, job.memory)
+      assert(job.ram == 1300 / 1024, job.ram)
+      assert(size("32G") == 32768 and size("1.5G") == 1536 and size(512) == 512)
+      assert(size("512K") == 0.5)
+      assert(node.ram_free == 100 * 1024 and node.ssd_total == size("1000G"))
+      return { ram = 1, ssd = 2048 }
+    end
+  )",
+                                  j, Node());
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  EXPECT_EQ(a->ram, policy::Bytes{1} << 20);
+  EXPECT_EQ(a->ssd, 2 * kGB);
+  // A number of bytes, as policies wrote sizes before, is refused with what to write instead.
+  a = AskPolicy("function admit() return { ram = 17179869184 } end", Job(), Node());
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("17179869184 reads as 16.0 PiB: a number is MiB, as "
+                                      "Slurm's --mem; for 17179869184 bytes write \"16.0 GiB\""),
+            std::string::npos)
+      << a.status().message();
+}
+
+TEST(AdmitTest, NoTierWhenTheJobAskedForNone) {
+  JobRequest j = Job();
+  j.no_ram = true;  // --nopfs-ram=0
+  Result<Admission> a = AskPolicy("function admit() return { ram = '10G' } end", j, Node());
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  EXPECT_TRUE(a->admitted);
+  EXPECT_EQ(a->ram, 0u);
+  EXPECT_GT(a->ssd, 0u);
+  EXPECT_NE(a->reason.find("RAM limited to 0 B by the request (--nopfs-ram=0)"), std::string::npos)
+      << a->reason;
+}
+
 TEST(KeepTest, NoHookOrNoPolicyKeepsNothing) {
   for (const std::string& policy :
        {std::string(""), std::string("function admit(job, node) return {} end")}) {
@@ -261,7 +301,7 @@ TEST(KeepTest, HookSeesTheUserAndTheNodeAndGrantsQuotaAndLifetime) {
       "return { quota = 1 } end",
       KeepUser{1001, 100, "bob"});
   ASSERT_TRUE(g.ok());
-  EXPECT_EQ(g->quota, 1u);
+  EXPECT_EQ(g->quota, policy::Bytes{1} << 20);  // a number is MiB
 }
 
 TEST(KeepTest, BadAnswersFailWithWhatToWrite) {
@@ -299,7 +339,7 @@ TEST(KeepTest, GrantsAreAskedOncePerUserAndAFailureLeavesThatUsersDataAlone) {
                            "end\n";
   }
   KeepGrants grants(path, Config(), Node());
-  EXPECT_EQ(grants.For(4242).quota, 4242u);
+  EXPECT_EQ(grants.For(4242).quota, policy::Bytes{4242} << 20);  // MiB
   EXPECT_EQ(grants.For(4242).lifetime, 60);
   EXPECT_FALSE(grants.Failed(4242));
   EXPECT_TRUE(grants.errors().empty());

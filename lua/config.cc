@@ -235,7 +235,7 @@ class Reader {
     const std::string where = name_ + ": staging";
     if (!lua_istable(L_, -1)) {
       return Status::InvalidArgument(where +
-                                     ": expected a table like { capacity = \"1GB\", "
+                                     ": expected a table like { capacity = \"1G\", "
                                      "threads = 4 }");
     }
     NOPFS_RETURN_IF_ERROR(CheckKeys(L_, -1, {"capacity", "threads", "write"}, where));
@@ -270,7 +270,7 @@ class Reader {
     if (!lua_istable(L_, -1)) {
       return Status::InvalidArgument(name_ +
                                      ": classes: expected a list like { ram { capacity "
-                                     "= \"20GB\" } }");
+                                     "= \"20G\" } }");
     }
     const lua_Integer n = luaL_len(L_, -1);
     lua_pushnil(L_);
@@ -359,7 +359,7 @@ class Reader {
 
     if (lua_getfield(L_, -1, "capacity") == LUA_TNIL) {
       lua_pop(L_, 1);
-      return Status::InvalidArgument(where + ": no capacity; write capacity = \"20GB\"");
+      return Status::InvalidArgument(where + ": no capacity; write capacity = \"20G\"");
     }
     Result<uint64_t> cap =
         ReadSize(L_, -1, where + ": capacity", c->kind == ClassKind::kRam ? host_memory_ : 0);

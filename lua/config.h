@@ -1,12 +1,14 @@
 // NodeConfig: what the admin says about a node, read from a Lua file (docs/config.md).
 //
 // The file is a sandboxed Lua script (lua/state.h) that sets globals:
-//   classes  = { ram { capacity = "20GB", threads = 4 }, ssd { path = "/scratch", ... } }
-//   staging  = { capacity = "1GB", threads = 4, write = ... }
-//   pfs      = { {1, "250MB/s"}, {16, "2GB/s"} }      -- readers -> aggregate bytes/s
-//   network  = "10GB/s"
-//   limits   = { jobs_per_node = 8, ram_per_job = "64GB", ssd_per_job = "1TB",
+//   classes  = { ram { capacity = "20G", threads = 4 }, ssd { path = "/scratch", ... } }
+//   staging  = { capacity = "1G", threads = 4, write = ... }
+//   pfs      = { {1, "250M/s"}, {16, "2G/s"} }        -- readers -> aggregate bandwidth
+//   network  = "10G/s"
+//   limits   = { jobs_per_node = 8, ram_per_job = "64G", ssd_per_job = "1T",
 //                streams_per_rank = 32 }
+// Sizes and bandwidths are written as Slurm's --mem (common/units.h): a number, in a string or
+// not, is MiB (MiB/s); K, M, G, T are powers of 1024 ("GB" is the same as "G").
 //   log_level, catalog_cache, preprocess, metrics_dir
 //   planner  = "frequency"                             -- or "staging", "fill-once"
 //   verify   = "on_fill"                               -- or "always": RAM hits re-hashed

@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "common/units.h"
+
 namespace nopfs::lua {
 namespace {
 
@@ -32,12 +34,12 @@ TEST(NodeConfigTest, FullConfig) {
     verify = "always"
     pfs = { {1, "250MB/s"}, {16, "2GB/s"} }
     network = "10GB/s"
-    preprocess = 4e9
+    preprocess = 4096
     staging = { capacity = "2GiB", threads = 3, write = "6GB/s" }
     classes = {
       ram { capacity = "25%", threads = 2, read = { {1, "8GB/s"}, {4, "20GB/s"} } },
       ssd { name = "nvme", path = "/local/scratch", capacity = "800GB", threads = 8,
-            write = 1e9 },
+            write = 1000 },
     }
     limits = { jobs_per_node = 4, ram_per_job = "50%", ssd_per_job = "1TB",
                streams_per_rank = 16 }
@@ -49,32 +51,33 @@ TEST(NodeConfigTest, FullConfig) {
   EXPECT_EQ(c->metrics_dir(), "/var/lib/prometheus/node-exporter");
   EXPECT_EQ(c->planner(), policy::Planner::kFillOnce);
   EXPECT_EQ(c->ram_verify(), RamVerify::kAlways);
-  EXPECT_DOUBLE_EQ(m.pfs.At(1), 250e6);
-  EXPECT_DOUBLE_EQ(m.pfs.At(16), 2e9);
-  EXPECT_DOUBLE_EQ(m.pfs.At(100), 2e9);  // clamped
-  EXPECT_DOUBLE_EQ(m.network_bandwidth, 10e9);
-  EXPECT_DOUBLE_EQ(m.preprocess_rate, 4e9);
+  // Units as Slurm's --mem, per second: MB is MiB, GB GiB, a number MiB/s.
+  EXPECT_DOUBLE_EQ(m.pfs.At(1), 250.0 * kMiB);
+  EXPECT_DOUBLE_EQ(m.pfs.At(16), 2.0 * kGiB);
+  EXPECT_DOUBLE_EQ(m.pfs.At(100), 2.0 * kGiB);  // clamped
+  EXPECT_DOUBLE_EQ(m.network_bandwidth, 10.0 * kGiB);
+  EXPECT_DOUBLE_EQ(m.preprocess_rate, 4.0 * kGiB);
   EXPECT_EQ(m.staging.capacity, policy::Bytes{2} << 30);
   EXPECT_EQ(m.staging.threads, 3u);
-  EXPECT_DOUBLE_EQ(m.staging.write.At(7), 6e9);
+  EXPECT_DOUBLE_EQ(m.staging.write.At(7), 6.0 * kGiB);
   ASSERT_EQ(m.classes.size(), 2u);
   EXPECT_EQ(m.classes[0].name, "ram");
   EXPECT_EQ(m.classes[0].kind, policy::ClassKind::kRam);
   EXPECT_EQ(m.classes[0].capacity, kHost / 4);
   EXPECT_EQ(m.classes[0].threads, 2u);
-  EXPECT_DOUBLE_EQ(m.classes[0].read.At(2.5), 14e9);  // interpolated
+  EXPECT_DOUBLE_EQ(m.classes[0].read.At(2.5), 14.0 * kGiB);  // interpolated
   EXPECT_EQ(m.classes[1].name, "nvme");
   EXPECT_EQ(m.classes[1].kind, policy::ClassKind::kSsd);
   EXPECT_EQ(m.classes[1].path, "/local/scratch");
-  EXPECT_EQ(m.classes[1].capacity, 800'000'000'000u);
-  EXPECT_DOUBLE_EQ(m.classes[1].write.At(3), 1e9);
+  EXPECT_EQ(m.classes[1].capacity, 800 * kGiB);
+  EXPECT_DOUBLE_EQ(m.classes[1].write.At(3), 1000.0 * kMiB);
   EXPECT_FALSE(m.classes[1].read.empty());  // the default table
   EXPECT_EQ(c->limits().jobs_per_node, 4u);
   EXPECT_EQ(c->limits().streams_per_rank, 16u);
   EXPECT_EQ(c->limits().ram_per_job, kHost / 2);
-  EXPECT_EQ(c->limits().ssd_per_job, 1'000'000'000'000u);
+  EXPECT_EQ(c->limits().ssd_per_job, kGiB << 10);
   EXPECT_EQ(c->CapacityOf(policy::ClassKind::kRam), kHost / 4);
-  EXPECT_EQ(c->CapacityOf(policy::ClassKind::kSsd), 800'000'000'000u);
+  EXPECT_EQ(c->CapacityOf(policy::ClassKind::kSsd), 800 * kGiB);
   EXPECT_TRUE(m.Validate().ok());
 }
 
@@ -111,13 +114,24 @@ TEST(NodeConfigTest, EmptyFileMeansNoTiersAndDefaultModel) {
 
 TEST(NodeConfigTest, ScriptsMayComputeValues) {
   Result<NodeConfig> c = Load(R"(
-    local GB = 1000 * 1000 * 1000
+    local G = 1024  -- a number is MiB
     local scratch = os.getenv("NOPFS_TEST_UNSET_VARIABLE") or "/tmp/scratch"
-    classes = { ssd { path = scratch, capacity = 3 * GB } }
+    classes = { ssd { path = scratch, capacity = 3 * G } }
   )");
   ASSERT_TRUE(c.ok()) << c.status().message();
-  EXPECT_EQ(c->model().classes[0].capacity, 3'000'000'000u);
+  EXPECT_EQ(c->model().classes[0].capacity, 3 * kGiB);
   EXPECT_EQ(c->model().classes[0].path, "/tmp/scratch");
+}
+
+TEST(NodeConfigTest, NumbersAreMiBAndBytesAreRefusedWithAHint) {
+  Result<NodeConfig> c = Load(R"(classes = { ram { capacity = 512 } } network = 100)");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->model().classes[0].capacity, 512 * kMiB);
+  EXPECT_DOUBLE_EQ(c->model().network_bandwidth, 100.0 * kMiB);
+  ExpectError(R"(classes = { ssd { path = "/s", capacity = 800000000000 } })",
+              "capacity: 800000000000 reads as 745 PiB: a number is MiB, as Slurm's --mem; for "
+              "800000000000 bytes write \"745 GiB\"");
+  ExpectError(R"(network = 1e9)", "network: 1000000000 reads as 954 TiB/s: a number is MiB/s");
 }
 
 TEST(NodeConfigTest, DefaultsAreAnEighthOfMemoryInRam) {
@@ -202,8 +216,8 @@ TEST(NodeConfigTest, ShippedConfigsLoad) {
   Result<NodeConfig> demo = LoadNodeConfig(dir + "demo.conf.lua", kHost);
   ASSERT_TRUE(demo.ok());
   ASSERT_EQ(demo->model().classes.size(), 2u);
-  EXPECT_EQ(demo->model().classes[0].capacity, 20'000'000'000u);
-  EXPECT_EQ(demo->model().classes[1].capacity, 60'000'000'000u);
+  EXPECT_EQ(demo->model().classes[0].capacity, 20 * kGiB);
+  EXPECT_EQ(demo->model().classes[1].capacity, 60 * kGiB);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <vector>
 
@@ -13,22 +14,67 @@ std::string_view TypeName(lua_State* L, int idx) {
   return luaL_typename(L, idx);
 }
 
-Result<uint64_t> ReadSize(lua_State* L, int idx, const std::string& where, uint64_t percent_of) {
+namespace {
+
+// A Lua number as the admin wrote it: "3000000000", "1e9".
+std::string NumberText(lua_State* L, int idx) {
+  char buf[64];
   if (lua_isinteger(L, idx)) {
-    const lua_Integer v = lua_tointeger(L, idx);
-    if (v < 0) return Status::InvalidArgument(where + ": a size cannot be negative");
-    return static_cast<uint64_t>(v);
+    std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(lua_tointeger(L, idx)));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.17g", lua_tonumber(L, idx));
   }
+  return buf;
+}
+
+// A number of MiB (a size; per = "") or MiB/s (a bandwidth; per = "/s") from Lua, in bytes. A
+// size of 1 PiB or more, or a bandwidth of 1 TiB/s or more, is a count of bytes, as these were
+// written before sizes followed --mem: refused, saying what it reads as and what to write for
+// that many bytes.
+Result<double> ReadMiB(lua_State* L, int idx, const std::string& where, const std::string& per) {
+  const double v = lua_tonumber(L, idx);
+  if (!(v >= 0) || !std::isfinite(v)) {
+    return Status::InvalidArgument(where + ": " + NumberText(L, idx) +
+                                   " is not a size; a number is MiB" + per +
+                                   ": write e.g. 16384 or \"16G" + per + "\" for 16 GiB" + per);
+  }
+  if (v >= static_cast<double>(per.empty() ? kGiB : kMiB)) {
+    return Status::InvalidArgument(where + ": " + NumberText(L, idx) + " reads as " +
+                                   FormatBytes(v * static_cast<double>(kMiB)) + per +
+                                   ": a number is MiB" + per + ", as Slurm's --mem; for " +
+                                   NumberText(L, idx) + " bytes" + per + " write \"" +
+                                   FormatBytes(v) + per + "\"");
+  }
+  return v * static_cast<double>(kMiB);
+}
+
+}  // namespace
+
+void PushSize(lua_State* L, uint64_t bytes) {
+  if (bytes % kMiB == 0) {
+    lua_pushinteger(L, static_cast<lua_Integer>(bytes / kMiB));
+  } else {
+    lua_pushnumber(L, static_cast<lua_Number>(bytes) / static_cast<lua_Number>(kMiB));
+  }
+}
+
+Result<uint64_t> ReadSize(lua_State* L, int idx, const std::string& where, uint64_t percent_of) {
+  // A number is MiB, as a bare number in a string and Slurm's --mem (and job.memory, node.ram_free
+  // and the other sizes a policy is given): 16384 is 16 GiB.
   if (lua_type(L, idx) == LUA_TNUMBER) {
-    const double v = lua_tonumber(L, idx);
-    if (!(v >= 0) || v >= 1.8e19) {
-      return Status::InvalidArgument(where + ": " + std::to_string(v) +
-                                     " is not a size; write bytes or a string like \"20GB\"");
+    if (lua_isinteger(L, idx)) {
+      const lua_Integer v = lua_tointeger(L, idx);
+      if (v < 0) return Status::InvalidArgument(where + ": a size cannot be negative");
+      if (v < static_cast<lua_Integer>(kGiB)) return static_cast<uint64_t>(v) * kMiB;
     }
-    return static_cast<uint64_t>(std::llround(v));
+    Result<double> v = ReadMiB(L, idx, where, "");
+    if (!v.ok()) return v.status();
+    return static_cast<uint64_t>(std::llround(*v));
   }
   if (lua_type(L, idx) != LUA_TSTRING) {
-    return Status::InvalidArgument(where + ": expected a size like \"20GB\", got a " +
+    return Status::InvalidArgument(where +
+                                   ": expected a size like \"20G\" or a number of MiB, "
+                                   "got a " +
                                    std::string(TypeName(L, idx)));
   }
   std::string_view text = lua_tostring(L, idx);
@@ -36,7 +82,7 @@ Result<uint64_t> ReadSize(lua_State* L, int idx, const std::string& where, uint6
     if (percent_of == 0) {
       return Status::InvalidArgument(where + ": \"" + std::string(text) +
                                      "\": a percentage is only allowed for RAM capacities; "
-                                     "write a size like \"20GB\"");
+                                     "write a size like \"20G\"");
     }
     const std::string num(text.substr(0, text.size() - 1));
     char* end = nullptr;
@@ -53,15 +99,9 @@ Result<uint64_t> ReadSize(lua_State* L, int idx, const std::string& where, uint6
 }
 
 Result<double> ReadBandwidth(lua_State* L, int idx, const std::string& where) {
-  if (lua_type(L, idx) == LUA_TNUMBER) {
-    const double v = lua_tonumber(L, idx);
-    if (!(v >= 0) || !std::isfinite(v)) {
-      return Status::InvalidArgument(where + ": a bandwidth must be a finite number >= 0");
-    }
-    return v;
-  }
+  if (lua_type(L, idx) == LUA_TNUMBER) return ReadMiB(L, idx, where, "/s");
   if (lua_type(L, idx) != LUA_TSTRING) {
-    return Status::InvalidArgument(where + ": expected a bandwidth like \"1.5GB/s\", got a " +
+    return Status::InvalidArgument(where + ": expected a bandwidth like \"1.5G/s\", got a " +
                                    std::string(TypeName(L, idx)));
   }
   Result<double> bw = ParseBandwidth(lua_tostring(L, idx));
@@ -80,8 +120,8 @@ Result<policy::BandwidthTable> ReadTable(lua_State* L, int idx, const std::strin
   const lua_Integer n = luaL_len(L, idx);
   if (n == 0) {
     return Status::InvalidArgument(where +
-                                   ": an empty table; write one bandwidth (\"2GB/s\") or "
-                                   "points like { {1, \"1GB/s\"}, {8, \"4GB/s\"} }");
+                                   ": an empty table; write one bandwidth (\"2G/s\") or "
+                                   "points like { {1, \"1G/s\"}, {8, \"4G/s\"} }");
   }
   for (lua_Integer i = 1; i <= n; ++i) {
     const std::string at = where + "[" + std::to_string(i) + "]";
@@ -90,7 +130,7 @@ Result<policy::BandwidthTable> ReadTable(lua_State* L, int idx, const std::strin
       lua_pop(L, 1);
       return Status::InvalidArgument(at +
                                      ": expected a pair {threads, bandwidth} like {4, "
-                                     "\"2GB/s\"}");
+                                     "\"2G/s\"}");
     }
     lua_geti(L, -1, 1);
     if (lua_type(L, -1) != LUA_TNUMBER) {

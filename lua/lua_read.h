@@ -16,10 +16,13 @@ namespace nopfs::lua::internal {
 
 std::string_view TypeName(lua_State* L, int idx);
 
-// The value at idx as a size: a non-negative integer (bytes) or a string ("20GB", "512 MiB").
+// The value at idx as a size: a number of MiB (16384, 0.5: as a bare number in a string and
+// Slurm's --mem) or a string in the units of common/units.h ("20G", "512M", "110K").
 // With percent_of != 0, "12.5%" means that share of percent_of.
 Result<uint64_t> ReadSize(lua_State* L, int idx, const std::string& where, uint64_t percent_of = 0);
-// A bandwidth: a number (bytes/s) or a string ("1.5GB/s").
+// A size as Lua sees it: a number of MiB, an integer when whole (what ReadSize reads back).
+void PushSize(lua_State* L, uint64_t bytes);
+// A bandwidth: a number (MiB/s) or a string ("1.5G/s", units of common/units.h).
 Result<double> ReadBandwidth(lua_State* L, int idx, const std::string& where);
 // A bandwidth table: one bandwidth (flat), or a list of {x, bandwidth} pairs.
 Result<policy::BandwidthTable> ReadTable(lua_State* L, int idx, const std::string& where);

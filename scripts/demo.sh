@@ -21,10 +21,10 @@ echo "== 1. the planner: node 0 of a 16-node ImageNet-1k job (1,281,167 samples,
 echo "-- the first 4 samples of rank 0 (nopfs stream -v: epoch step index sample)"
 "$nopfs" stream "${job[@]}" --samples 1281167 --rank 0 -v --count 4
 echo "-- with a 20 GB RAM tier and a 60 GB SSD tier per node (contrib/config/demo.conf.lua)"
-"$nopfs" plan "${job[@]}" --synthetic 1281167:110KB --node 0 --config contrib/config/demo.conf.lua \
+"$nopfs" plan "${job[@]}" --synthetic 1281167:110K --node 0 --config contrib/config/demo.conf.lua \
   --compute-rate 600 | grep -E "^(class|ram|ssd|pfs) |^sources|^model"
 echo "-- the same node without a cache (contrib/config/nocache.conf.lua)"
-"$nopfs" plan "${job[@]}" --synthetic 1281167:110KB --node 0 \
+"$nopfs" plan "${job[@]}" --synthetic 1281167:110K --node 0 \
   --config contrib/config/nocache.conf.lua --compute-rate 600 | grep -E "^sources|^model"
 
 echo
@@ -91,8 +91,8 @@ cat >"$out/job.sh" <<JOB
 #SBATCH --nopfs-ranks-per-node=2
 # Each node's cache holds about two thirds of what the node reads: the rest comes from the other
 # nodes' tiers (peers over libfabric) or, when no peer has it ready, from the files.
-#SBATCH --nopfs-ram=50MB
-#SBATCH --nopfs-ssd=1MB
+#SBATCH --nopfs-ram=50M
+#SBATCH --nopfs-ssd=1M
 #SBATCH --output=$out/job-%j.out
 export PATH=$repo/build/bin:\$PATH
 export PYTHONPATH=$repo/build/python

@@ -9,8 +9,8 @@
 namespace nopfs::lua {
 namespace {
 
-constexpr policy::Bytes kMB = 1'000'000;
 constexpr policy::Bytes kMiB = 1 << 20;
+constexpr policy::Bytes kGiB = kMiB << 10;
 
 std::string Contrib(const char* name) {
   return std::string(NOPFS_SOURCE_DIR) + "/contrib/slurm/" + name;
@@ -27,13 +27,13 @@ NodeState Node(const NodeConfig& c) {
 TEST(ContribSlurmTest, ExampleConfigLoads) {
   Result<NodeConfig> c = LoadNodeConfig(Contrib("nopfs.conf.lua"), policy::Bytes{256} << 30);
   ASSERT_TRUE(c.ok()) << c.status().message();
-  EXPECT_EQ(c->CapacityOf(policy::ClassKind::kSsd), 1500'000 * kMB);
+  EXPECT_EQ(c->CapacityOf(policy::ClassKind::kSsd), 1500 * kGiB);  // "1500G", as --mem
   EXPECT_EQ(c->limits().jobs_per_node, 4u);
 }
 
 TEST(ContribSlurmTest, PolicySizesRamFromTheJobsMemory) {
   Result<NodeConfig> c = LoadNodeConfigFromString(
-      "classes = { ram { capacity = \"100GB\" }, ssd { path = \"/s\", capacity = \"1TB\" } }",
+      "classes = { ram { capacity = \"100G\" }, ssd { path = \"/s\", capacity = \"1T\" } }",
       "test.conf.lua", policy::Bytes{256} << 30);
   ASSERT_TRUE(c.ok());
   JobRequest j;
@@ -44,19 +44,19 @@ TEST(ContribSlurmTest, PolicySizesRamFromTheJobsMemory) {
   Result<Admission> a = Admit(Contrib("policy.lua"), *c, j, Node(*c));
   ASSERT_TRUE(a.ok()) << a.status().message();
   EXPECT_TRUE(a->admitted);
-  EXPECT_EQ(a->ram, j.memory / 4);   // a quarter of the job's memory, not of the host's
-  EXPECT_EQ(a->ssd, 500'000 * kMB);  // half of the free SSD
+  EXPECT_EQ(a->ram, j.memory / 4);  // a quarter of the job's memory, not of the host's
+  EXPECT_EQ(a->ssd, 512 * kGiB);    // half of the free SSD
 
   j.partition = "debug";  // partition cap
   a = Admit(Contrib("policy.lua"), *c, j, Node(*c));
   ASSERT_TRUE(a.ok());
-  EXPECT_EQ(a->ram, 256 * kMB);
+  EXPECT_EQ(a->ram, 256 * kMiB);
 
   j.partition = "gpu";
   j.user = "nopfs-bob";  // per-user cap
   a = Admit(Contrib("policy.lua"), *c, j, Node(*c));
   ASSERT_TRUE(a.ok());
-  EXPECT_EQ(a->ram, 128 * kMB);
+  EXPECT_EQ(a->ram, 128 * kMiB);
 
   j.partition = "interactive";
   a = Admit(Contrib("policy.lua"), *c, j, Node(*c));

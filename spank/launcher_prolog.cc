@@ -135,8 +135,8 @@ launch::DaemonArgs DaemonArgsFor(const Job& job, uint32_t ranks_per_node, const 
   dargs.job.scheme = job.opts.scheme;
   dargs.node = job.node_index;
   dargs.job_id = std::to_string(job.job_id);
-  dargs.ram = std::to_string(adm.ram);
-  dargs.ssd = std::to_string(adm.ssd);
+  dargs.ram = SizeArg(adm.ram);
+  dargs.ssd = SizeArg(adm.ssd);
   dargs.config = job.args.config;
   dargs.keep = keep.keep;
   dargs.keep_max_bytes = keep.max_bytes;
@@ -289,6 +289,8 @@ int Prolog(const Job& job, const char* self) {
   req.nodes = job.nodes;
   req.ram = job.opts.ram;
   req.ssd = job.opts.ssd;
+  req.no_ram = job.opts.ram == 0 && OptionGiven(job.opts, "nopfs-ram");
+  req.no_ssd = job.opts.ssd == 0 && OptionGiven(job.opts, "nopfs-ssd");
   req.memory = sj.memory;
 
   LedgerEntry entry;

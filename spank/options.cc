@@ -21,6 +21,7 @@ namespace {
 constexpr size_t kMaxPath = 4000;  // below PATH_MAX, with room for what nopfsd appends
 constexpr size_t kMaxPortRanges = 16;
 constexpr size_t kMaxValue = 64;
+constexpr uint64_t kMinTierBytes = kMiB;
 
 enum Opt : uint32_t {
   kDataset,
@@ -106,8 +107,10 @@ const std::vector<OptionInfo>& UserOptions() {
       {"nopfs-drop-last", nullptr, "nopfs: drop each epoch's last incomplete batch"},
       {"nopfs-ranks-per-node", "N",
        "nopfs: training processes per node (default: the job's tasks per node)"},
-      {"nopfs-ram", "SIZE", "nopfs: RAM cache per node, e.g. 16GB (default: site policy)"},
-      {"nopfs-ssd", "SIZE", "nopfs: SSD cache per node, e.g. 400GB (default: site policy)"},
+      {"nopfs-ram", "SIZE",
+       "nopfs: RAM cache per node in --mem's units, e.g. 16G; 0: none (default: site policy)"},
+      {"nopfs-ssd", "SIZE",
+       "nopfs: SSD cache per node in --mem's units, e.g. 400G; 0: none (default: site policy)"},
       {"nopfs-keep", "yes|no",
        "nopfs: keep the SSD cache on the nodes for your next job on the dataset (default yes, "
        "as the site policy allows)"},
@@ -188,14 +191,25 @@ Status ApplyOption(JobOptions* opts, std::string_view name, std::string_view val
     }
     case kRam:
     case kSsd: {
+      const char* tier = opt == kRam ? "RAM" : "SSD";
       Result<uint64_t> v = ParseSize(value);
       if (!v.ok()) {
         return Status::InvalidArgument(shown + ": " + v.status().message());
       }
-      if (*v == 0) {
-        return Status::InvalidArgument(shown +
-                                       ": a cache of 0 bytes; leave the option out to let the "
-                                       "site policy choose, or write e.g. 16GB");
+      // 0 asks for no tier of this kind; anything else below 1M (--mem's smallest unit) holds
+      // no dataset worth caching and is a slip of the unit: say what it reads as.
+      if (*v != 0 && *v < kMinTierBytes) {
+        std::string number(value);
+        while (!number.empty() && !(number.back() >= '0' && number.back() <= '9'))
+          number.pop_back();
+        if (number.empty()) number = "16";
+        return Status::InvalidArgument(shown + ": is " + FormatBytes(static_cast<double>(*v)) +
+                                       ", too small for a cache (the least is 1M); sizes follow "
+                                       "--mem (a bare number is MiB; K, M, G, T are "
+                                       "powers of 1024): write --" +
+                                       std::string(name) + "=" + number + "G for " + number +
+                                       " GiB, or --" + std::string(name) + "=0 for no " + tier +
+                                       " cache");
       }
       return opt == kRam ? Store(opts, kRam, shown, &opts->ram, *v)
                          : Store(opts, kSsd, shown, &opts->ssd, *v);
@@ -230,6 +244,12 @@ Status ValidateJob(const JobOptions& opts) {
                                        "--nopfs=/pfs/datasets/imagenet");
       }
     }
+  }
+  if (OptionGiven(opts, "nopfs-ram") && OptionGiven(opts, "nopfs-ssd") && opts.ram == 0 &&
+      opts.ssd == 0) {
+    return Status::InvalidArgument(
+        "--nopfs-ram=0 with --nopfs-ssd=0 leaves no cache; leave out --nopfs to run without "
+        "nopfs, or give one of them a size such as 16G");
   }
   // What can be told before the job has nodes: under uniform, a global batch smaller than the
   // ranks leaves the last ranks of every step empty, and the job has at least the ranks of one
@@ -307,8 +327,8 @@ std::vector<std::string> ToArgs(const JobOptions& opts) {
   if (OptionGiven(opts, "nopfs-ranks-per-node")) {
     out.push_back("--nopfs-ranks-per-node=" + std::to_string(opts.ranks_per_node));
   }
-  if (opts.ram != 0) out.push_back("--nopfs-ram=" + std::to_string(opts.ram));
-  if (opts.ssd != 0) out.push_back("--nopfs-ssd=" + std::to_string(opts.ssd));
+  if (OptionGiven(opts, "nopfs-ram")) out.push_back("--nopfs-ram=" + SizeArg(opts.ram));
+  if (OptionGiven(opts, "nopfs-ssd")) out.push_back("--nopfs-ssd=" + SizeArg(opts.ssd));
   if (OptionGiven(opts, "nopfs-keep"))
     out.push_back(opts.keep ? "--nopfs-keep=yes" : "--nopfs-keep=no");
   if (OptionGiven(opts, "nopfs-share-running")) {

@@ -11,8 +11,11 @@
 //   --nopfs-drop-last          drop the last incomplete batch of each epoch
 //   --nopfs-ranks-per-node=N   training processes per node, 1 .. 4096 (default: the job's tasks
 //                              per node, RanksPerNode)
-//   --nopfs-ram=SIZE           RAM tier asked for on each node, e.g. 16GB (default: policy's)
-//   --nopfs-ssd=SIZE           SSD tier asked for on each node (default: policy's)
+//   --nopfs-ram=SIZE           RAM tier asked for on each node in the units of --mem (a bare
+//                              number is MiB, K/M/G/T powers of 1024, common/units.h), e.g.
+//                              16G; 0: no RAM tier; 1 .. 1M-1 bytes are refused (a slip of
+//                              the unit) (default: policy's)
+//   --nopfs-ssd=SIZE           SSD tier asked for on each node, likewise (default: policy's)
 //   --nopfs-keep=yes|no        keep the SSD tier's samples on the node for the user's next job
 //                              on the dataset (default yes: as much as the policy's keep allows)
 //   --nopfs-share-running=yes|no  read through the user's other running jobs on the node and
@@ -56,9 +59,9 @@ struct JobOptions {
   std::string scheme = "strided";
   bool drop_last = false;
   uint32_t ranks_per_node = 1;
-  uint64_t ram = 0;  // bytes asked for per node; 0: what the policy grants
-  uint64_t ssd = 0;
-  bool keep = true;           // --nopfs-keep: false when the job asked to keep nothing
+  uint64_t ram = 0;  // bytes asked for per node; 0: what the policy grants, or, when the option
+  uint64_t ssd = 0;  // was given (--nopfs-ram=0), no tier of this kind
+  bool keep = true;  // --nopfs-keep: false when the job asked to keep nothing
   bool share_running = true;  // --nopfs-share-running: false when the job reads alone
   // Which options were given (bit i = UserOptions()[i]), so that a repeated option with a
   // different value is refused while the same value twice (Slurm calls back twice) is accepted.

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,7 +27,7 @@ TEST(OptionsTest, ValidOptionsAreParsed) {
                         {"nopfs-scheme", "strided"},
                         {"nopfs-drop-last", ""},
                         {"nopfs-ranks-per-node", "4"},
-                        {"nopfs-ram", "16GB"},
+                        {"nopfs-ram", "16G"},
                         {"nopfs-ssd", "1.5TiB"},
                         {"nopfs-keep", "no"}});
   EXPECT_FALSE(o.keep);
@@ -37,7 +38,7 @@ TEST(OptionsTest, ValidOptionsAreParsed) {
   EXPECT_EQ(o.scheme, "strided");
   EXPECT_TRUE(o.drop_last);
   EXPECT_EQ(o.ranks_per_node, 4u);
-  EXPECT_EQ(o.ram, 16'000'000'000u);
+  EXPECT_EQ(o.ram, uint64_t{16} << 30);  // GB as in --mem=16GB: 2^30
   EXPECT_EQ(o.ssd, uint64_t{3} << 39);
   EXPECT_TRUE(ValidateJob(o).ok());
 }
@@ -55,6 +56,25 @@ TEST(OptionsTest, DefaultsWhenOnlyTheDatasetIsGiven) {
   EXPECT_TRUE(ValidateJob(o).ok());
 }
 
+TEST(OptionsTest, SizesFollowSlurmMem) {
+  // A bare number is MiB, as --mem=300; K, M, G, T are powers of 1024 (GB too, as Slurm reads it).
+  EXPECT_EQ(Apply({{"nopfs", "/d"}, {"nopfs-ram", "300"}}).ram, uint64_t{300} << 20);
+  EXPECT_EQ(Apply({{"nopfs", "/d"}, {"nopfs-ram", "1300K"}}).ram, uint64_t{1300} << 10);
+  EXPECT_EQ(Apply({{"nopfs", "/d"}, {"nopfs-ssd", "2t"}}).ssd, uint64_t{2} << 40);
+  EXPECT_EQ(Apply({{"nopfs", "/d"}, {"nopfs-ram", "1M"}}).ram, uint64_t{1} << 20);  // the floor
+  // 0 is no tier of that kind, and is passed on as given (not as "the policy's choice").
+  JobOptions none = Apply({{"nopfs", "/d"}, {"nopfs-ram", "0"}});
+  EXPECT_EQ(none.ram, 0u);
+  EXPECT_TRUE(OptionGiven(none, "nopfs-ram"));
+  EXPECT_TRUE(ValidateJob(none).ok());
+  const std::vector<std::string> args = ToArgs(none);
+  EXPECT_NE(std::find(args.begin(), args.end(), "--nopfs-ram=0"), args.end());
+  JobOptions neither = Apply({{"nopfs", "/d"}, {"nopfs-ram", "0"}, {"nopfs-ssd", "0"}});
+  Status s = ValidateJob(neither);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("leaves no cache"), std::string::npos) << s.message();
+}
+
 TEST(OptionsTest, SameValueTwiceIsAcceptedAConflictingOneIsNot) {
   JobOptions o;
   ASSERT_TRUE(ApplyOption(&o, "nopfs-seed", "7").ok());
@@ -66,8 +86,10 @@ TEST(OptionsTest, SameValueTwiceIsAcceptedAConflictingOneIsNot) {
 }
 
 TEST(OptionsTest, ArgsRoundTrip) {
-  JobOptions o = Apply(
-      {{"nopfs", "/data/x y"}, {"nopfs-seed", "3"}, {"nopfs-drop-last", ""}, {"nopfs-ram", "1GB"}});
+  JobOptions o = Apply({{"nopfs", "/data/x y"},
+                        {"nopfs-seed", "3"},
+                        {"nopfs-drop-last", ""},
+                        {"nopfs-ram", "1300K"}});
   JobOptions back;
   for (const std::string& a : ToArgs(o)) {
     const size_t eq = a.find('=');
@@ -80,7 +102,7 @@ TEST(OptionsTest, ArgsRoundTrip) {
   EXPECT_EQ(back.dataset, o.dataset);
   EXPECT_EQ(back.seed, 3u);
   EXPECT_TRUE(back.drop_last);
-  EXPECT_EQ(back.ram, 1'000'000'000u);
+  EXPECT_EQ(back.ram, uint64_t{1300} << 10);  // passed on exactly, as 1300K
   EXPECT_TRUE(ToArgs(JobOptions{}).empty());
   // --nopfs-ranks-per-node goes to nopfs-job only when the user gave it (else the job's layout
   // decides), and comes back as given.
@@ -225,7 +247,10 @@ TEST(OptionsTest, InvalidValuesAreRefusedWithAHint) {
       {"nopfs-ranks-per-node", "4097", "out of range"},
       {"nopfs-ranks-per-node", "4,", "whole number"},
       {"nopfs-ram", "lots", "size"},
-      {"nopfs-ram", "0", "leave the option out"},
+      {"nopfs-ram", "16K", "--nopfs-ram=16K: is 16.0 KiB, too small for a cache"},
+      {"nopfs-ram", "16K", "write --nopfs-ram=16G for 16 GiB, or --nopfs-ram=0 for no RAM"},
+      {"nopfs-ssd", "400B", "is 400 B, too small for a cache"},
+      {"nopfs-ram", "0.5", "is 512 KiB"},
       {"nopfs-ram", "-5GB", "size"},
       {"nopfs-ram", "1e400", "range"},
       {"nopfs-ram", std::string(100, '9'), "at most"},

@@ -142,7 +142,7 @@ class Bench:
         os.makedirs(scratch, exist_ok=True)
         shutil.chown(scratch, "nobody", "nogroup")
         path = os.path.join(self.work, f"node-{planner}-{nodes}.lua")
-        network = 'network = "1GB/s"\n' if nodes > 1 else ""
+        network = 'network = "1G/s"\n' if nodes > 1 else ""
         with open(path, "w") as fh:
             fh.write(f'-- e2e benchmark node: RAM tier {ram} B, SSD tier {ssd} B, the emulated PFS.\n'
                      f'planner = "{planner}"\n'
@@ -150,8 +150,8 @@ class Bench:
                      f'pfs = {{ {self.args.pfs_table} }}\n{network}'
                      f'staging = {{ capacity = "64MiB", threads = 4 }}\n'
                      f'classes = {{\n'
-                     f'  ram {{ capacity = {ram}, threads = 2 }},\n'
-                     f'  ssd {{ path = "{scratch}", capacity = {ssd}, threads = 2 }},\n'
+                     f'  ram {{ capacity = "{ram}B", threads = 2 }},\n'
+                     f'  ssd {{ path = "{scratch}", capacity = "{ssd}B", threads = 2 }},\n'
                      f'}}\n')
         os.chmod(path, 0o644)
         return path
@@ -228,7 +228,8 @@ def main():
             line = line.split("#")[0].strip()
             if line.startswith("bandwidth"):
                 curve = line.split("=", 1)[1].strip()
-    args.pfs_table = ", ".join(f'{{{r}, "{m}MB/s"}}' for r, m in
+    # pfsemu's curve is in 10^6 bytes/s; the node config's "M" is 2^20 (as --mem): write bytes.
+    args.pfs_table = ", ".join(f'{{{r}, "{int(float(m) * 10**6)}B/s"}}' for r, m in
                                (p.split(":") for p in curve.split(",")))
 
     work = tempfile.mkdtemp(prefix="nopfs-e2e-", dir="/var/tmp")

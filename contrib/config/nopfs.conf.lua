@@ -1,8 +1,9 @@
 -- nopfs node configuration: the documented example (docs/config.md has every field).
 --
 -- This file is Lua 5.4, run in a sandbox (no io, no os.execute, bounded memory and time). It
--- sets globals; sizes are bytes or strings like "20GB" / "512MiB"; bandwidths are bytes/s or
--- strings like "1.5GB/s". A bandwidth "table" is one bandwidth, or a list of {threads, bandwidth}
+-- sets globals; sizes are written as Slurm's --mem: a number is MiB, a string takes the units
+-- K, M, G, T (powers of 1024; "GB" is the same as "G"), e.g. "20G" or "512M"; bandwidths are
+-- MiB/s or strings like "1.5G/s". A bandwidth "table" is one bandwidth, or a list of {threads, bandwidth}
 -- points measured on this node, interpolated linearly between points and flat outside them.
 -- Check a config with:  nopfs config /etc/nopfs/nopfs.conf.lua
 
@@ -20,32 +21,32 @@ catalog_cache = "/var/cache/nopfs"
 
 -- The parallel file system: aggregate read bandwidth against the number of concurrent readers
 -- across the whole job (measure it, e.g. with fio, at 1, 4, 16 and 64 readers).
-pfs = { {1, "250MB/s"}, {4, "900MB/s"}, {16, "2GB/s"}, {64, "2.4GB/s"} }
+pfs = { {1, "250M/s"}, {4, "900M/s"}, {16, "2G/s"}, {64, "2.4G/s"} }
 
 -- Node-to-node bandwidth one peer read can expect (0 or absent: never read from peers).
-network = "10GB/s"
+network = "10G/s"
 
 -- The staging buffer: per-rank rings in shared memory that hold each rank's next samples.
-staging = { capacity = "2GB", threads = 4 }
+staging = { capacity = "2G", threads = 4 }
 
 -- Cache tiers, fastest first. A job gets at most the capacity the admission policy grants it
 -- (contrib/config/policy.lua), never more than written here.
 classes = {
   ram {
-    capacity = "25%",                          -- of this node's memory, or a size like "64GB"
+    capacity = "25%",                          -- of this node's memory, or a size like "64G"
     threads = 4,                               -- prefetch threads filling this tier
-    read = { {1, "8GB/s"}, {4, "20GB/s"} },
-    write = { {1, "5GB/s"}, {4, "12GB/s"} },
+    read = { {1, "8G/s"}, {4, "20G/s"} },
+    write = { {1, "5G/s"}, {4, "12G/s"} },
   },
   ssd {
     path = "/local/scratch",                   -- root's, 0755; each job gets a 0700 directory below
-    capacity = "800GB",
+    capacity = "800G",
     threads = 8,
-    read = { {1, "1.2GB/s"}, {8, "3GB/s"} },
-    write = { {1, "900MB/s"}, {8, "2GB/s"} },
+    read = { {1, "1.2G/s"}, {8, "3G/s"} },
+    write = { {1, "900M/s"}, {8, "2G/s"} },
   },
 }
 
 -- Caps on every job, whatever the policy says (0 or absent: none).
-limits = { jobs_per_node = 8, ram_per_job = "50%", ssd_per_job = "800GB",
+limits = { jobs_per_node = 8, ram_per_job = "50%", ssd_per_job = "800G",
            streams_per_rank = 32 }               -- open streams per rank: one per DataLoader worker

@@ -3,7 +3,8 @@
 -- nopfs asks admit(job, node) on every node of an allocation when a job submitted with
 -- --nopfs starts. `job` (id, uid, gid, user, account, partition, qos, dataset, nodes, ram, ssd)
 -- and `node` (name, ram_total, ssd_total, ram_reserved, ssd_reserved, ram_free, ssd_free, jobs)
--- are read-only; sizes are bytes, job.ram/job.ssd are 0 when the user asked for no size.
+-- are read-only; sizes are numbers of MiB, as Slurm's --mem (size("8G") is 8192); job.ram/job.ssd
+-- are 0 when the user asked for no size.
 -- Return { ram = SIZE, ssd = SIZE } to admit, or nil, "reason" to refuse. Whatever is returned
 -- is then clamped to the request, the config's limits and what is free on the node.
 
@@ -20,7 +21,7 @@ function admit(job, node)
     grant = { ram = node.ram_free, ssd = node.ssd_free }
   end
   -- Small requests are always served in full.
-  if job.ram ~= 0 and job.ram <= size("8GB") then grant.ram = job.ram end
+  if job.ram ~= 0 and job.ram <= size("8G") then grant.ram = job.ram end
   return grant
 end
 

@@ -5,9 +5,9 @@
 log_level = "info"
 
 -- The parallel file system as measured from this node: readers -> aggregate bytes/s.
-pfs = { {1, "250MB/s"}, {4, "900MB/s"}, {16, "2GB/s"} }
-network = "10GB/s"
-staging = { capacity = "2GB", threads = 4 }
+pfs = { {1, "250M/s"}, {4, "900M/s"}, {16, "2G/s"} }
+network = "10G/s"
+staging = { capacity = "2G", threads = 4 }
 
 classes = {
   -- The most any job may take of this node's memory for its RAM tier. What a job gets is
@@ -15,11 +15,11 @@ classes = {
   ram { capacity = "25%", threads = 4 },
   -- Only on nodes with a local SSD (Features=nvme in slurm.conf). Each job gets
   -- <path>/nopfs-<uid>/<jobid>.<node>/, removed by the epilog.
-  ssd { path = "/local/nvme", capacity = "1500GB", threads = 8 },
+  ssd { path = "/local/nvme", capacity = "1500G", threads = 8 },
 }
 
 -- Hard caps whatever the policy says.
-limits = { jobs_per_node = 4, ram_per_job = "128GB", ssd_per_job = "1TB" }
+limits = { jobs_per_node = 4, ram_per_job = "128G", ssd_per_job = "1T" }
 
 -- Each job's nopfsd log, kept by the epilog for the admin and the job's user, for 14 days.
 job_logs = { dir = "/var/log/nopfs", days = 14 }

@@ -5,6 +5,8 @@
 --       ram, ssd (what the user asked for per node with --nopfs-ram/--nopfs-ssd; 0: nothing),
 --       memory (the job's own memory allocation on this node, from --mem or --mem-per-cpu;
 --               0 when the job has no memory limit)
+-- Every size is a number of MiB, as Slurm's --mem (job.memory is 4096 for --mem=4G), and
+-- size("512M") converts a string to MiB (512); a returned number is MiB too.
 -- node: name, ram_total, ssd_total, ram_reserved, ssd_reserved, ram_free, ssd_free, jobs
 -- Return { ram = SIZE, ssd = SIZE } to admit, or nil, "reason" to refuse (the user sees it).
 -- Whatever is returned is then clamped to the request, the job's memory allocation, the
@@ -13,13 +15,13 @@
 -- Partitions without a cache, and per-partition caps per node.
 local no_cache = { interactive = true }
 local partition_cap = {
-  debug = { ram = size("256MB"), ssd = size("512MB") },
-  batch = { ram = size("512MB"), ssd = size("1GB") },
+  debug = { ram = size("256M"), ssd = size("512M") },
+  batch = { ram = size("512M"), ssd = size("1G") },
 }
 
 -- Users who may not use the cache, and per-user caps per node.
 local banned = { ["nopfs-mallory"] = true }
-local user_cap = { ["nopfs-bob"] = { ram = size("128MB"), ssd = size("256MB") } }
+local user_cap = { ["nopfs-bob"] = { ram = size("128M"), ssd = size("256M") } }
 
 local function min(a, b) if a < b then return a end return b end
 

@@ -45,8 +45,8 @@ class BatchTest : public ::testing::Test {
       std::ofstream(dir_ + name, std::ios::binary) << Bytes(i);
     }
     ASSERT_EQ(::mkdir((dir_ + "/run").c_str(), 0700), 0);
-    std::ofstream(dir_ + "/node.lua") << "staging = { capacity = \"4MB\", threads = 2 }\n"
-                                         "classes = { ram { capacity = \"4MB\", threads = 1 } }\n";
+    std::ofstream(dir_ + "/node.lua") << "staging = { capacity = \"4M\", threads = 2 }\n"
+                                         "classes = { ram { capacity = \"4M\", threads = 1 } }\n";
     service::DaemonOptions o;
     o.run_dir = dir_ + "/run";
     o.dataset = dir_ + "/data";

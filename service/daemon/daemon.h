@@ -149,7 +149,11 @@ class Daemon final : public Handler {
   Status StartServer();       // ring_bytes_, server_, the sibling registry entry
   void StartReporter();       // metrics_, reporter_
   Status WritePlanLine();     // the run directory's plan line for the job's output
-  void StoreCatalogLater();   // store_thread_
+  // Notes, for the log and the job's output, each class whose capacity on this node is smaller
+  // than the dataset's largest sample: which sample, its size, and what to ask for instead. The
+  // class holds what fits (nothing: the job runs without it); the job goes on either way.
+  void NoteTooSmallTiers();
+  void StoreCatalogLater();  // store_thread_
 
   DaemonOptions options_;
   lua::NodeConfig config_;
@@ -158,6 +162,8 @@ class Daemon final : public Handler {
   std::unique_ptr<Catalog> catalog_;
   policy::NodePlan plan_;
   uint64_t predicted_stall_ns_ = report::kUnknown;  // set by Init (a consumer taking no time)
+  // Lines for the job's output after the plan line (NoteTooSmallTiers), each ending in '\n'.
+  std::string plan_notes_;
   std::vector<std::unique_ptr<RamTier>> ram_tiers_;
   std::vector<std::unique_ptr<SsdTier>> ssd_tiers_;
   std::vector<TierRef> tier_refs_;  // [class]

@@ -267,6 +267,7 @@ void Daemon::PlanNode(Startup* s) {
   spdlog::info("plan ({}): {} accesses of {} distinct samples in {:.2f} s",
                policy::PlannerName(config_.planner()), plan_.accesses, plan_.distinct,
                Seconds(std::chrono::steady_clock::now() - t1));
+  NoteTooSmallTiers();
   // The plan line's prediction (docs/service.md, "Status"): the stall of a consumer that takes no
   // time, that is the node's reading time, with every rank's staging threads reading the PFS.
   try {
@@ -278,6 +279,31 @@ void Daemon::PlanNode(Startup* s) {
     predicted_stall_ns_ = static_cast<uint64_t>(pred.stall_seconds * 1e9);
   } catch (const std::exception& e) {
     spdlog::warn("no stall prediction for the status: {}", e.what());
+  }
+}
+
+void Daemon::NoteTooSmallTiers() {
+  const std::span<const policy::Bytes> sizes = catalog_->sizes();
+  if (sizes.empty()) return;
+  const auto largest = std::max_element(sizes.begin(), sizes.end());
+  const auto id = static_cast<policy::SampleId>(largest - sizes.begin());
+  for (size_t j = 0; j < model_.classes.size(); ++j) {
+    const policy::StorageClass& c = model_.classes[j];
+    if (c.capacity == 0 || c.capacity >= *largest) continue;
+    // What to ask for: room for the largest sample, in whole MiB, at least --nopfs-ram's 1M.
+    const policy::Bytes want = std::max<policy::Bytes>((*largest + kMiB - 1) / kMiB * kMiB, kMiB);
+    const size_t held = plan_.tiers[j].prefetch_order.size();
+    const std::string option = c.kind == policy::ClassKind::kRam ? "--nopfs-ram" : "--nopfs-ssd";
+    std::string note =
+        "nopfs: plan: tier " + c.name + ": " + FormatBytes(static_cast<double>(c.capacity)) +
+        " cannot hold the dataset's largest sample, " + std::string(catalog_->relative_path(id)) +
+        " (" + FormatBytes(static_cast<double>(*largest)) + "); " +
+        (held == 0 ? "the job runs without this tier on node " + std::to_string(options_.node)
+                   : "it holds " + std::to_string(held) + " smaller samples on node " +
+                         std::to_string(options_.node)) +
+        "; write " + option + "=" + SizeArg(want) + " or more";
+    spdlog::warn("{}", note);
+    plan_notes_ += note + "\n";
   }
 }
 
@@ -497,8 +523,8 @@ Status Daemon::WritePlanLine() {
   // The plan line for the job's output (the SPANK plugin prints it in the batch script's task).
   // A run directory that cannot take it cannot take the ready file either: a start failure.
   if (options_.run_dir.empty()) return Status::Ok();
-  return WriteFileAtomically(options_.run_dir, kPlanName, report::RenderPlanLine(Report()),
-                             options_.local_io);
+  return WriteFileAtomically(options_.run_dir, kPlanName,
+                             report::RenderPlanLine(Report()) + plan_notes_, options_.local_io);
 }
 
 void Daemon::StoreCatalogLater() {

@@ -38,8 +38,8 @@ class DaemonTest : public ::testing::Test {
       std::ofstream(dir_ + name) << Bytes(i);
     }
     ASSERT_EQ(::mkdir((dir_ + "/run").c_str(), 0700), 0);
-    std::ofstream(dir_ + "/node.lua") << "staging = { capacity = \"4MB\", threads = 1 }\n"
-                                         "classes = { ram { capacity = \"1MB\", threads = 1 } }\n"
+    std::ofstream(dir_ + "/node.lua") << "staging = { capacity = \"4M\", threads = 1 }\n"
+                                         "classes = { ram { capacity = \"1M\", threads = 1 } }\n"
                                          "limits = { streams_per_rank = 3 }\n";
   }
   void TearDown() override {

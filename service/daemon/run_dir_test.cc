@@ -366,8 +366,8 @@ class DaemonFaultTest : public RunDirFaultTest {
     }
     ASSERT_EQ(::mkdir((dir_ + "/run").c_str(), 0700), 0);
     ASSERT_EQ(::mkdir((dir_ + "/metrics").c_str(), 0755), 0);
-    std::ofstream(dir_ + "/node.lua") << "staging = { capacity = \"4MB\", threads = 1 }\n"
-                                         "classes = { ram { capacity = \"1MB\", threads = 1 } }\n"
+    std::ofstream(dir_ + "/node.lua") << "staging = { capacity = \"4M\", threads = 1 }\n"
+                                         "classes = { ram { capacity = \"1M\", threads = 1 } }\n"
                                          "metrics_dir = \""
                                       << dir_ << "/metrics\"\n";
   }

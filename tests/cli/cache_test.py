@@ -75,12 +75,12 @@ class CacheTest(unittest.TestCase):
             os.chown(os.path.join(self.scratch, f"nopfs-{USER_UID}"), USER_UID, 65534)
         self.conf = os.path.join(self.work, "node.conf.lua")
         with open(self.conf, "w") as f:
-            f.write('staging = { capacity = "16MB", threads = 2 }\n'
-                    f'classes = {{ ram {{ capacity = "1KB" }}, ssd {{ path = "{self.scratch}", '
-                    'capacity = "1GB", threads = 2 } }\n')
+            f.write('staging = { capacity = "16M", threads = 2 }\n'
+                    f'classes = {{ ram {{ capacity = "1K" }}, ssd {{ path = "{self.scratch}", '
+                    'capacity = "1G", threads = 2 } }\n')
         os.chmod(self.conf, 0o644)
         self.policy = os.path.join(self.work, "policy.lua")
-        self.write_policy("return { quota = '1GB', lifetime = '1d' }")
+        self.write_policy("return { quota = '1G', lifetime = '1d' }")
 
     def write_policy(self, keep_body):
         with open(self.policy, "w") as f:
@@ -179,7 +179,8 @@ class CacheTest(unittest.TestCase):
         p = nopfs("run", "--dataset", self.datasets[0], "--ranks", 1, "--keep",
                   "--keep-max-bytes", "10XB", "--", "true", check=False)
         self.assertNotEqual(p.returncode, 0)
-        self.assertIn("'10XB' is not a size: write a number of bytes with an optional unit",
+        self.assertIn("'10XB' is not a size: write a number of MiB or a number with a unit, as "
+                      "for Slurm's --mem",
                       p.stderr)
         # A size with a unit is taken (and bounds what is kept: data, index and MANIFEST).
         self.keep_run(self.datasets[0], ("--keep-max-bytes", "64KiB"))
@@ -210,12 +211,12 @@ class CacheTest(unittest.TestCase):
         self.assertEqual(sorted(os.listdir(self.kept_dir())), sorted(keys.values()))
         # A quota that holds one: the least recently used (ds1) goes.
         one = max(e["bytes"] for e in self.ls())
-        self.write_policy(f"return {{ quota = {one + 4096} }}")
+        self.write_policy(f"return {{ quota = '{one + 4096}B' }}")  # a bare number is MiB
         p = nopfs(*gc, root=True)
         self.assertRegex(p.stdout, rf"removed .*/kept/{keys[self.datasets[0]]} .*over quota\)")
         self.assertEqual(os.listdir(self.kept_dir()), [keys[self.datasets[1]]])
         # A lifetime of 1 s: the rest expires.
-        self.write_policy("return { quota = '1GB', lifetime = 1 }")
+        self.write_policy("return { quota = '1G', lifetime = 1 }")
         time.sleep(2.1)
         p = nopfs(*gc, root=True)
         self.assertRegex(p.stdout, rf"removed .*/kept/{keys[self.datasets[1]]} .*expired\)")

@@ -128,9 +128,9 @@ class BadArgumentsTest(unittest.TestCase):
         self.expect_error(job + ["--synthetic", "100"], r"F:SIZE.*e\.g\.")
         self.expect_error(job + ["--synthetic", "1000:12 parsecs"], r"F:SIZE")
         self.expect_error(job, r"--synthetic F:SIZE or --sizes FILE")
-        self.expect_error(job + ["--synthetic", "1000:100KB", "--node", 2], r"--node 2.*2 nodes")
-        self.expect_error(job + ["--synthetic", "1000:100KB", "--samples", 999], r"--samples")
-        self.expect_error(job + ["--synthetic", "1000:100KB", "--config", "/nonexistent.lua"],
+        self.expect_error(job + ["--synthetic", "1000:100K", "--node", 2], r"--node 2.*2 nodes")
+        self.expect_error(job + ["--synthetic", "1000:100K", "--samples", 999], r"--samples")
+        self.expect_error(job + ["--synthetic", "1000:100K", "--config", "/nonexistent.lua"],
                           r"nonexistent")
 
 
@@ -145,9 +145,9 @@ class PlanTest(unittest.TestCase):
         policy = os.path.join(ROOT, "contrib", "slurm", "policy.lua")
         # The shipped policy grants a quarter of the job's memory: --mem=1000 is 1000 MiB.
         p = run("config", conf, "--policy", policy, "--partition", "batch", "--memory", "1000")
-        self.assertIn("admit: ram 262 MB,", p.stdout)
+        self.assertIn("admit: ram 250 MiB,", p.stdout)
         p = run("config", conf, "--policy", policy, "--partition", "batch", "--memory", "2G")
-        self.assertIn("admit: ram 512 MB,", p.stdout)  # the partition's cap
+        self.assertIn("admit: ram 512 MiB,", p.stdout)  # the partition's cap
         # An SSD path that is not on this machine: said, not refused.
         with tempfile.TemporaryDirectory() as tmp:
             missing = os.path.join(tmp, "no-such-ssd")
@@ -162,17 +162,17 @@ class PlanTest(unittest.TestCase):
             self.assertNotIn("warning", run("config", os.path.join(tmp, "n.conf.lua")).stderr)
         p = run("config", conf, "--policy", policy, "--memory", "12x", check=False)
         self.assertEqual(p.returncode, 2)
-        self.assertIn("write it as Slurm's --mem", p.stderr)
+        self.assertIn("as for Slurm's --mem", p.stderr)
 
     def test_plan_is_deterministic_across_threads(self):
-        a = self.plan("--synthetic", "20000:100KB", "--threads", 1)
-        b = self.plan("--synthetic", "20000:100KB", "--threads", 2)
+        a = self.plan("--synthetic", "20000:100K", "--threads", 1)
+        b = self.plan("--synthetic", "20000:100K", "--threads", 2)
         strip = lambda s: [l for l in s.splitlines() if not l.startswith("planned in")]
         self.assertEqual(strip(a), strip(b))
 
     def test_plan_reports_classes_and_sources(self):
         conf = os.path.join(ROOT, "contrib", "config", "demo.conf.lua")
-        out = self.plan("--synthetic", "20000:100KB", "--config", conf, "--compute-rate", 500)
+        out = self.plan("--synthetic", "20000:100K", "--config", conf, "--compute-rate", 500)
         self.assertRegex(out, r"node reads: 100000 accesses")  # 10 epochs x 20000 / 2 nodes
         self.assertRegex(out, r"(?m)^ram\s+\d+")
         m = re.search(r"sources: local ([\d.]+)%, peer ([\d.]+)%, pfs ([\d.]+)%", out)
@@ -185,8 +185,8 @@ class PlanTest(unittest.TestCase):
             fh.write("# sizes\n" + "\n".join(str(1000 + k) for k in range(500)) + "\n")
         try:
             out = self.plan("--sizes", path)
-            # 1000 + 1001 + ... + 1499 = 624,750 bytes.
-            self.assertRegex(out, r"dataset: 500 samples, 625 KB")
+            # A bare number in a sizes file is bytes: 1000 + 1001 + ... + 1499 = 624,750 bytes.
+            self.assertRegex(out, r"dataset: 500 samples, 610 KiB")
             with open(path, "a") as fh:
                 fh.write("twelve\n")
             p = run("plan", *self.JOB, "--sizes", path, check=False)
@@ -219,8 +219,9 @@ class SimulateTest(unittest.TestCase):
         # One rank, three 1000-byte samples, batch 1; PFS 500 B/s (2 s a sample), staging write
         # 1 s a sample, compute 1 s a sample (docs/simulate.md works the example).
         conf = self.tmpfile("slow.conf.lua",
-                            'pfs = 500\nstaging = { capacity = "1MB", threads = 1, write = 1000 }\n')
-        out = run("simulate", "--config", conf, "--samples", 3, "--sizes", "fixed:1000",
+                            'pfs = "500B/s"\n'
+                            'staging = { capacity = "1M", threads = 1, write = "1000B/s" }\n')
+        out = run("simulate", "--config", conf, "--samples", 3, "--sizes", "fixed:1000B",
                   "--epochs", 1, "--batch", 1, "--compute-rate", "1000B/s",
                   "--loader-workers", 1, "--format", "kv").stdout
         rows = {r["policy"]: r for r in parse_kv(out)}
@@ -403,8 +404,8 @@ class SimulateTest(unittest.TestCase):
         # n1 of three idle nodes holds the user's copy (100 GB, the whole dataset, within the
         # default quota of a tenth of the SSD): prefer and require land there at once and read
         # nothing from the PFS in the first epoch.
-        args = ["simulate", "--samples", 1000, "--sizes", "fixed:100MB", "--placement",
-                "--ssd", "1TB", "--cluster-nodes", 3, "--warm-nodes", 1, "--sweep-jobs", 1,
+        args = ["simulate", "--samples", 1000, "--sizes", "fixed:100000000B", "--placement",
+                "--ssd", "1T", "--cluster-nodes", 3, "--warm-nodes", 1, "--sweep-jobs", 1,
                 "--background-load", 0, "--requeue", 0,
                 "--runs", 1, "--format", "kv"]
         rows = {r["placement"]: r for r in parse_kv(run(*args).stdout)}
@@ -417,7 +418,7 @@ class SimulateTest(unittest.TestCase):
     def test_placement_errors_say_what_to_write(self):
         base = ["simulate", "--samples", 100, "--placement"]
         self.expect_error(base, r"no SSD class; write --ssd SIZE")
-        ssd = [*base, "--ssd", "1TB"]
+        ssd = [*base, "--ssd", "1T"]
         self.expect_error([*ssd, "--cluster-nodes", "64,x"],
                           r"--cluster-nodes \"64,x\" is not a list of whole numbers: write e\.g\.")
         self.expect_error([*ssd, "--placements", "soft"], r"off, prefer or require")
@@ -426,7 +427,7 @@ class SimulateTest(unittest.TestCase):
         self.expect_error([*ssd, "--job-hours", 0], r"--job-hours 0 is not a duration")
         self.expect_error([*ssd, "--cluster-nodes", 64, "--nodes", 100],
                           r"--nodes 100 does not fit a cluster of 64 nodes: write 1\.\.64")
-        self.expect_error([*ssd, "--job-ssd", "2TB"], r"--job-ssd is larger than --ssd")
+        self.expect_error([*ssd, "--job-ssd", "2T"], r"--job-ssd is larger than --ssd")
         self.expect_error([*ssd, "--keep-lifetime", "7w"], r"--keep-lifetime")
         self.expect_error([*ssd, "--cluster-nodes", 4, "--warm-nodes", 4],
                           r"warm node 4 is not a node of the cluster: write 0\.\.3")
@@ -470,8 +471,8 @@ class PlannerRunTest(unittest.TestCase):
         conf = os.path.join(work, "node.conf.lua")
         with open(conf, "w") as fh:
             fh.write(f'planner = "{planner}"\n'
-                     'staging = { capacity = "16MB", threads = 2 }\n'
-                     'classes = { ram { capacity = "8MB", threads = 2 } }\n')
+                     'staging = { capacity = "16M", threads = 2 }\n'
+                     'classes = { ram { capacity = "8M", threads = 2 } }\n')
         os.chmod(conf, 0o644)
         out = os.path.join(work, "out")
         run_dir = os.path.join(work, "run")

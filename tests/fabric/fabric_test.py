@@ -108,13 +108,13 @@ class FabricTest(unittest.TestCase):
             shutil.chown(path, "nobody", "nogroup")
         return path
 
-    def config(self, ram, staging="16MB"):
+    def config(self, ram, staging="16M"):
         # A slow PFS in the model and a fast network: the reader prefers a peer's copy.
         path = os.path.join(self.work, "node.conf.lua")
         with open(path, "w") as fh:
             fh.write(f'staging = {{ capacity = "{staging}", threads = 2 }}\n'
                      f'classes = {{ ram {{ capacity = "{ram}", threads = 2 }} }}\n'
-                     f'pfs = "20MB/s"\nnetwork = "1GB/s"\n')
+                     f'pfs = "20M/s"\nnetwork = "1G/s"\n')
         os.chmod(path, 0o644)
         return path
 
@@ -205,7 +205,7 @@ class FabricTest(unittest.TestCase):
         secret = self.private_file("secret", os.urandom(32))
         # Each node's RAM tier holds 60 % of the dataset: together they hold all of it, and a
         # node reads what it lacks from the other.
-        self.start(2, self.config(str(int(self.total * 0.6))), [secret, secret])
+        self.start(2, self.config(f"{int(self.total * 0.6)}B"), [secret, secret])
         for n in range(2):
             while not self.prefetch_done(self.status(n)):
                 time.sleep(0.05)
@@ -292,7 +292,7 @@ class FabricTest(unittest.TestCase):
         # once per sample (without the pushes: about 1.4 datasets here).
         mnt = self.mount_slow_pfs(2)
         secret = self.private_file("secret", os.urandom(32))
-        self.start(2, self.config(str(int(self.total * 0.6))), [secret, secret],
+        self.start(2, self.config(f"{int(self.total * 0.6)}B"), [secret, secret],
                    timeout_ms=5000, datasets=[self.data.root, mnt])
         for rank in (0, 1):
             self.read_rank(0, rank)
@@ -322,13 +322,13 @@ class FabricTest(unittest.TestCase):
         self.data, saved = data, self.data
         self.addCleanup(setattr, self, "data", saved)
         secret = self.private_file("secret", os.urandom(32))
-        self.start(2, self.config(str(int(total * 0.6))), [secret, secret])
+        self.start(2, self.config(f"{int(total * 0.6)}B"), [secret, secret])
         self.stop_all()
 
     def test_wrong_secret_is_refused_and_ranks_still_get_every_byte(self):
         good = self.private_file("good", os.urandom(32))
         bad = self.private_file("bad", os.urandom(32))
-        self.start(2, self.config(str(int(self.total * 0.6))), [good, bad])
+        self.start(2, self.config(f"{int(self.total * 0.6)}B"), [good, bad])
         for rank in range(4):
             self.read_rank(rank // 2, rank)
         statuses = [self.status(n) for n in range(2)]
@@ -341,7 +341,7 @@ class FabricTest(unittest.TestCase):
 
     def test_dead_peer_falls_back_to_the_pfs(self):
         secret = self.private_file("secret", os.urandom(32))
-        self.start(2, self.config(str(int(self.total * 0.6))), [secret, secret], timeout_ms=1000)
+        self.start(2, self.config(f"{int(self.total * 0.6)}B"), [secret, secret], timeout_ms=1000)
         while not self.prefetch_done(self.status(0)):
             time.sleep(0.05)
         d1, _ = self.daemons[1]
@@ -366,7 +366,7 @@ class FabricTest(unittest.TestCase):
         secret = self.private_file("secret", os.urandom(32))
         self.data, saved = data, self.data
         self.addCleanup(setattr, self, "data", saved)
-        self.start(2, self.config(str(int(total * 0.6)), staging="8MB"), [secret, secret],
+        self.start(2, self.config(f"{int(total * 0.6)}B", staging="8M"), [secret, secret],
                    timeout_ms=1000)
         for n in range(2):
             while not self.prefetch_done(self.status(n)):
@@ -443,7 +443,7 @@ class FabricTest(unittest.TestCase):
         secret = self.private_file("secret", os.urandom(32))
         job = ["--seed", "5", "--epochs", "3", "--batch", "16", "--ranks", "3",
                "--ranks-per-node", "1"]
-        self.start(3, self.config(str(int(self.total * 0.5))), [secret] * 3, hosts=hosts,
+        self.start(3, self.config(f"{int(self.total * 0.5)}B"), [secret] * 3, hosts=hosts,
                    netns=names, job=job)
         for n in range(3):
             while not self.prefetch_done(self.status(n)):
@@ -474,7 +474,7 @@ class FabricTest(unittest.TestCase):
         """`nopfs run --nodes 2` (the `nopfs` binary given, default the build's) on `dataset`
         (default the test's) whose ranks run `nopfs cat --verify`; checks every rank's last line
         and that each node served some of its ranks' reads from its peer."""
-        conf = self.config(str(int(self.total * 0.6)))
+        conf = self.config(f"{int(self.total * 0.6)}B")
         parent = os.path.join(self.work, "runs")
         os.mkdir(parent, 0o755)
         if st.AS_ROOT:
@@ -571,7 +571,7 @@ class FabricTest(unittest.TestCase):
             self.assertNotIn("marked dead", log)
 
     def test_nopfs_run_netns_errors_say_what_to_write(self):
-        conf = self.config("4MB")
+        conf = self.config("4M")
         base = [os.path.join(BIN, "nopfs"), "run", "--dataset", self.data.root, *JOB, "--nodes",
                 "2", "--config", conf]
         for extra, want in (
@@ -591,7 +591,7 @@ class FabricTest(unittest.TestCase):
         if not st.AS_ROOT:
             self.skipTest("needs root to start nopfsd with a capability")
         secret = self.private_file("secret", os.urandom(32))
-        conf = self.config(str(int(self.total * 0.6)))
+        conf = self.config(f"{int(self.total * 0.6)}B")
         ports = []
         for port in range(600, 988):  # free privileged ports (the default peer_ports)
             with socket.socket() as s:
@@ -667,7 +667,7 @@ class FabricTest(unittest.TestCase):
 
     def test_malformed_secret_file_is_a_clear_error(self):
         short = self.private_file("short", b"x" * 7)
-        conf = self.config("4MB")
+        conf = self.config("4M")
         run = os.path.join(self.work, "run")
         os.mkdir(run, 0o700)
         if st.AS_ROOT:

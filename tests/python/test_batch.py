@@ -344,7 +344,7 @@ def test_a_kept_stream_whose_service_restarted_gives_way_to_a_new_one(tmp_path, 
         (root / f"c{k % 2}" / f"s{k:03d}.bin").write_bytes(rnd.randbytes(64 << 10))
     paths = sorted(str(p) for p in root.glob("c*/*.bin"))
     conf = tmp_path / "small-ring.lua"
-    conf.write_text('staging = { capacity = "1MB", threads = 1 }\nclasses = { }\n')
+    conf.write_text('staging = { capacity = "1M", threads = 1 }\nclasses = { }\n')
     job = {"seed": 4, "epochs": 3, "ranks": 1, "batch": 20, "scheme": "strided"}
     run = tmp_path / "run"
     svc = Service(str(root), str(run), len(paths), job=job, extra=("--config", str(conf)))

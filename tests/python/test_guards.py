@@ -554,7 +554,7 @@ def test_a_killed_service_falls_back_to_the_files_it_listed(tmp_path, monkeypatc
             fh.write(rnd.randbytes(256 << 10))
     paths.sort()
     conf = tmp_path / "small-ring.lua"
-    conf.write_text('staging = { capacity = "1MB", threads = 1 }\nclasses = { }\n')
+    conf.write_text('staging = { capacity = "1M", threads = 1 }\nclasses = { }\n')
     run = tmp_path / "run"
     svc = Service(root, str(run), len(paths),
                   job={"seed": 3, "epochs": 1, "ranks": 1, "batch": 4, "scheme": "uniform"},
@@ -602,8 +602,8 @@ def test_a_job_that_staged_but_served_nothing_says_so(images, tmp_path):
               "import time; time.sleep(1)\n")  # nopfsd stages meanwhile
     p = run_two_ranks(root, tmp_path, sys.executable, "-c", script, root)
     assert p.returncode == 0, p.stderr
-    assert re.search(r"nopfs run: the job staged [\d.]+ \w?B from the PFS but its ranks read no "
-                     r"sample through nopfs: the training script reads the files itself\. To "
-                     r"read through nopfs, change three lines .*\n  from nopfs.torch import "
-                     r"DataLoader\n  from nopfs.torch import DistributedSampler\n  from "
+    assert re.search(r"nopfs run: the job staged [\d.]+ (?:[KMGTP]i)?B from the PFS but its ranks "
+                     r"read no sample through nopfs: the training script reads the files "
+                     r"itself\. To read through nopfs, change three lines .*\n  from nopfs.torch "
+                     r"import DataLoader\n  from nopfs.torch import DistributedSampler\n  from "
                      r"nopfs.torch import ImageFolder\n", p.stderr), p.stderr

@@ -516,7 +516,7 @@ def doomed(tmp_path, monkeypatch):
         p.write_bytes(rnd.randbytes(256 << 10))
         paths.append(str(p))
     conf = tmp_path / "small-ring.lua"
-    conf.write_text('staging = { capacity = "1MB", threads = 1 }\nclasses = { }\n')
+    conf.write_text('staging = { capacity = "1M", threads = 1 }\nclasses = { }\n')
     job = {"seed": 3, "epochs": 1, "ranks": 1, "batch": 4, "scheme": "uniform"}
     run = tmp_path / "run"
     svc = Service(str(root), str(run), len(paths), job=job, extra=("--config", str(conf)))

@@ -74,7 +74,7 @@ class KeepTest(unittest.TestCase):
         os.mkdir(self.scratch)
         os.chmod(self.scratch, 0o777)
         self.conf = os.path.join(self.work, "ssd.conf.lua")
-        st.write_config(self.conf, ssd="1GB", ssd_path=self.scratch)
+        st.write_config(self.conf, ssd="1G", ssd_path=self.scratch)
         self.keep_bin = self.launcher("keep", ["--keep"])
         self.runs = 0
         time.sleep(1)  # the dataset's ctimes are then before any run's start
@@ -313,10 +313,10 @@ class KeepTest(unittest.TestCase):
         os.chmod(scratch2, 0o777)
         conf = os.path.join(self.work, "two-ssd.conf.lua")
         with open(conf, "w") as fh:
-            fh.write('staging = { capacity = "64MB", threads = 2 }\n'
+            fh.write('staging = { capacity = "64M", threads = 2 }\n'
                      f'classes = {{ ssd {{ name = "nvme0", path = "{self.scratch}", '
-                     'capacity = "512KB", threads = 2 }, '
-                     f'ssd {{ name = "nvme1", path = "{scratch2}", capacity = "1GB", '
+                     'capacity = "512K", threads = 2 }, '
+                     f'ssd {{ name = "nvme1", path = "{scratch2}", capacity = "1G", '
                      'threads = 2 } }\n')
         os.chmod(conf, 0o644)
         tiers = ("nvme0", "nvme1")

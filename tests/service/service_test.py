@@ -149,7 +149,7 @@ def launcher(work, name, extra):
     return d
 
 
-def write_config(path, ram=None, ssd=None, ssd_path=None, staging="64MB", prefetch_threads=2,
+def write_config(path, ram=None, ssd=None, ssd_path=None, staging="64M", prefetch_threads=2,
                  staging_threads=2):
     classes = []
     if ram:
@@ -228,12 +228,12 @@ class ServiceTest(unittest.TestCase):
             self.assertEqual(left, [], f"left in the run directory: {left}")
 
     def summary(self, proc):
-        served = dict(re.findall(r"^(\w+)\s+\d+\s+([\d.]+ \w?B)$", proc.stdout, re.M))
+        served = dict(re.findall(r"^(\w+)\s+\d+\s+([\d.]+ (?:[KMGTP]i)?B)$", proc.stdout, re.M))
         return proc.stdout, served
 
     def test_four_ranks_ram_tier_smaller_than_dataset(self):
         conf = os.path.join(self.work, "ram.conf.lua")
-        write_config(conf, ram=str(self.total_bytes // 3))
+        write_config(conf, ram=f"{self.total_bytes // 3}B")
         p, outs = self.run_cat(4, conf)
         for r in range(4):
             self.check_rank_output(r, 4, outs[r][0])
@@ -244,7 +244,7 @@ class ServiceTest(unittest.TestCase):
 
     def test_ssd_and_ram_tiers(self):
         conf = os.path.join(self.work, "ssd.conf.lua")
-        write_config(conf, ram=str(self.total_bytes // 5), ssd="1GB", ssd_path=self.scratch)
+        write_config(conf, ram=f"{self.total_bytes // 5}B", ssd="1G", ssd_path=self.scratch)
         p, outs = self.run_cat(2, conf)
         for r in range(2):
             self.check_rank_output(r, 2, outs[r][0])
@@ -258,14 +258,15 @@ class ServiceTest(unittest.TestCase):
         # PFS serves about one dataset. (Here the files are in the page cache and the prefetchers
         # usually win the race; sample_reader_test covers staging reads that come first.)
         conf = os.path.join(self.work, "race.conf.lua")
-        write_config(conf, ram=str(self.total_bytes // 2), ssd="1GB", ssd_path=self.scratch,
+        write_config(conf, ram=f"{self.total_bytes // 2}B", ssd="1G", ssd_path=self.scratch,
                      prefetch_threads=1, staging_threads=4)
         p, outs = self.run_cat(2, conf)
         for r in range(2):
             self.check_rank_output(r, 2, outs[r][0])
-        m = re.search(r"(?m)^pfs read in all \(prefetch included\): ([\d.]+) (\w?B)$", p.stdout)
+        m = re.search(r"(?m)^pfs read in all \(prefetch included\): ([\d.]+) ((?:[KMGTP]i)?B)$",
+                      p.stdout)
         self.assertIsNotNone(m, p.stdout)
-        scale = {"B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9}[m.group(2)]
+        scale = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[m.group(2)]
         pfs = float(m.group(1)) * scale
         self.assertLessEqual(pfs, 1.05 * self.total_bytes, p.stdout)
         self.assertGreaterEqual(pfs, 0.95 * self.total_bytes, p.stdout)
@@ -276,7 +277,7 @@ class ServiceTest(unittest.TestCase):
         a rate and an ETA; `--watch` appends progress lines when its output is a file, draws bars
         in place on a terminal, and ends by itself when nopfsd goes away."""
         conf = os.path.join(self.work, "watch.conf.lua")
-        write_config(conf, ram=str(self.total_bytes // 2))
+        write_config(conf, ram=f"{self.total_bytes // 2}B")
         out = os.path.join(self.work, "w")
         nopfs_bin = os.path.join(BIN, "nopfs")
         script = (
@@ -295,16 +296,17 @@ class ServiceTest(unittest.TestCase):
         self.assertEqual(ram["ready_bytes"], ram["planned_bytes"], status)
         self.assertGreater(ram["planned_bytes"], 0, status)
         # The plan line, on nopfs run's standard error, from the same report.
-        plan = re.search(r"(?m)^nopfs: plan: node 0 of 1, dataset [\d.]+ \w?B; tiers: ram "
-                         r"([\d.]+ \w?B) of [\d.]+ \w?B \((\d+) samples\); .* to stage; "
+        size = r"[\d.]+ (?:[KMGTP]i)?B"  # as nopfs prints sizes: 512 B, 1.50 GiB
+        plan = re.search(rf"(?m)^nopfs: plan: node 0 of 1, dataset {size}; tiers: ram "
+                         rf"({size}) of {size} \((\d+) samples\); .* to stage; "
                          r"predicted stall [\d.]+ \w+ \(a client that takes no time per sample\)$",
                          p.stderr)
         self.assertIsNotNone(plan, p.stderr)
         self.assertEqual(int(plan.group(2)), ram["planned_samples"], p.stderr)
         # The prose shows the same progress line as the watch.
         self.assertRegex(read(out + ".text"),
-                         r"(?m)^staging ram: [\d.]+ \w?B of [\d.]+ \w?B staged \(100%\), "
-                         r"[\d.]+ \w?B/s, done$")
+                         rf"(?m)^staging ram: {size} of {size} staged \(100%\), "
+                         rf"{size}/s, done$")
         # The watch ran until nopfsd stopped, then said so (it may still be finishing).
         deadline = time.monotonic() + 20
         while "nopfsd has gone away" not in read(out + ".watch") and time.monotonic() < deadline:
@@ -337,7 +339,7 @@ class ServiceTest(unittest.TestCase):
         if AS_ROOT:
             os.chown(metrics, pwd.getpwnam("nobody").pw_uid, -1)
         conf = os.path.join(self.work, "metrics.conf.lua")
-        write_config(conf, ram=str(self.total_bytes // 2))
+        write_config(conf, ram=f"{self.total_bytes // 2}B")
         with open(conf, "a") as fh:
             fh.write(f'metrics_dir = "{metrics}"\n')
         prom = os.path.join(metrics, "nopfs_local.prom")
@@ -416,7 +418,7 @@ class ServiceTest(unittest.TestCase):
         # place (the client maps the tier read-only; zero copy), and its bytes are still the
         # file's (--verify).
         conf = os.path.join(self.work, "zc.conf.lua")
-        write_config(conf, ram=str(2 * self.total_bytes))
+        write_config(conf, ram=f"{2 * self.total_bytes}B")
         out = os.path.join(self.work, "zc")
         nopfs_bin = os.path.join(BIN, "nopfs")
         script = (
@@ -457,7 +459,7 @@ class ServiceTest(unittest.TestCase):
             fh.write("# path label offset length\n" + "\n".join(lines) + "\n")
         make_world_readable(d)
         conf = os.path.join(self.work, "ram.conf.lua")
-        write_config(conf, ram="2MB")
+        write_config(conf, ram="2M")
         p, outs = self.run_cat(2, conf, dataset=manifest)
         for r in range(2):
             o = outs[r][0]
@@ -465,13 +467,13 @@ class ServiceTest(unittest.TestCase):
 
     def test_slow_client_gets_everything_in_order(self):
         conf = os.path.join(self.work, "ram.conf.lua")
-        write_config(conf, ram="1MB", staging="1MB")
+        write_config(conf, ram="1M", staging="1M")
         p, outs = self.run_cat(1, conf, cat_args=("--verify", "--print", "--pause-us", "300"))
         self.check_rank_output(0, 1, outs[0][0])
 
     def test_resume_at_epoch_and_step(self):
         conf = os.path.join(self.work, "ram.conf.lua")
-        write_config(conf, ram="4MB")
+        write_config(conf, ram="4M")
         p, outs = self.run_cat(2, conf, cat_args=("--verify", "--print", "--start-epoch", "1",
                                                   "--start-step", "3"))
         for r in range(2):
@@ -519,7 +521,7 @@ class ServiceTest(unittest.TestCase):
 
     def test_corrupted_ssd_copy_is_refetched(self):
         conf = os.path.join(self.work, "ssd.conf.lua")
-        write_config(conf, ssd="1GB", ssd_path=self.scratch)
+        write_config(conf, ssd="1G", ssd_path=self.scratch)
         out = os.path.join(self.work, "out")
         nopfs_bin = os.path.join(BIN, "nopfs")
         # Wait for the SSD tier to be filled, flip bytes in its data file, then read everything.
@@ -546,7 +548,7 @@ class ServiceTest(unittest.TestCase):
         reopens it read-write can neither write() it nor map it writable, while another reader
         verifies every byte it is served."""
         conf = os.path.join(self.work, "ram.conf.lua")
-        write_config(conf, ram="1GB")
+        write_config(conf, ram="1G")
         out = os.path.join(self.work, "out")
         run = os.path.join(self.work, "run")
         scribbler = os.path.join(self.work, "scribble.py")
@@ -570,7 +572,7 @@ class ServiceTest(unittest.TestCase):
         """nopfsd killed with SIGKILL under a reading client: the client ends at once with an error
         that says the service is gone, instead of waiting minutes on the ring."""
         conf = os.path.join(self.work, "ram.conf.lua")
-        write_config(conf, ram="1MB", staging="1MB")
+        write_config(conf, ram="1M", staging="1M")
         out = os.path.join(self.work, "out")
         run = os.path.join(self.work, "run")
         nopfs_bin = os.path.join(BIN, "nopfs")
@@ -624,9 +626,33 @@ class ServiceTest(unittest.TestCase):
         log = read(os.path.join(run, "nopfsd.log"))
         self.assertIn(f"({victim}): the file changed on the PFS during the job", log)
 
+    def test_a_tier_smaller_than_the_largest_sample_is_named_and_the_job_goes_on(self):
+        sizes = {os.path.relpath(f, self.data.root): os.path.getsize(f) for f in self.data.files}
+        largest = max(sizes.values())
+        conf = os.path.join(self.work, "small.conf.lua")
+        write_config(conf, ram=f"{largest // 2}B")
+        run = os.path.join(self.work, "smallrun")
+        out = os.path.join(self.work, "out")
+        nopfs("run", "--dataset", self.data.root, "--ranks", 1, *self.JOB, "--config", conf,
+              "--run-dir", run, "--keep-run-dir", "--", "sh", "-c",
+              f"cp {os.path.join(run, 'plan')} {out}.plan; "
+              f"{os.path.join(BIN, 'nopfs')} cat --verify > {out}")
+        self.assertRegex(read(out), r"0 mismatches")
+        # The plan file (what the SPANK plugin prints in the job's output) names the sample, its
+        # size in the units nopfs prints, and what to ask for; the tier holds what fits.
+        plan = read(out + ".plan")
+        m = re.search(r"(?m)^nopfs: plan: tier ram: ([\d.]+ \w+) cannot hold the dataset's "
+                      r"largest sample, (\S+) \(([\d.]+ KiB)\); it holds (\d+) smaller samples on "
+                      r"node 0; write --nopfs-ram=1M or more$", plan)
+        self.assertIsNotNone(m, plan)
+        self.assertEqual(sizes[m.group(2)], largest, m.group(2))
+        self.assertAlmostEqual(float(m.group(3).split()[0]), largest / 1024, delta=0.06)
+        self.assertGreater(int(m.group(4)), 0)
+        self.assertIn(m.group(0), read(os.path.join(run, "nopfsd.log")))
+
     def test_client_killed_mid_epoch(self):
         conf = os.path.join(self.work, "ram.conf.lua")
-        write_config(conf, ram="2MB", staging="1MB")
+        write_config(conf, ram="2M", staging="1M")
         out = os.path.join(self.work, "out")
         nopfs_bin = os.path.join(BIN, "nopfs")
         # A first reader is killed while it holds samples; a second one then reads the whole
@@ -640,7 +666,7 @@ class ServiceTest(unittest.TestCase):
 
     def test_sigterm_mid_prefetch_leaves_nothing(self):
         conf = os.path.join(self.work, "ssd.conf.lua")
-        write_config(conf, ram="1MB", ssd="1GB", ssd_path=self.scratch)
+        write_config(conf, ram="1M", ssd="1G", ssd_path=self.scratch)
         run = os.path.join(self.work, "run2")
         os.mkdir(run, 0o700)
         if AS_ROOT:
@@ -670,7 +696,7 @@ class ServiceTest(unittest.TestCase):
     def test_a_ready_file_that_cannot_be_written_is_a_start_failure_naming_it(self):
         # A directory where nopfsd writes the ready file's text before renaming it into place.
         conf = os.path.join(self.work, "ssd.conf.lua")
-        write_config(conf, ram="1MB", ssd="1GB", ssd_path=self.scratch)
+        write_config(conf, ram="1M", ssd="1G", ssd_path=self.scratch)
         run = os.path.join(self.work, "run3")
         os.mkdir(run, 0o700)
         os.mkdir(os.path.join(run, ".ready.tmp"), 0o700)

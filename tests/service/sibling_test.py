@@ -65,7 +65,7 @@ class SiblingTest(unittest.TestCase):
         os.mkdir(self.scratch)
         os.chmod(self.scratch, 0o777)
         self.conf = os.path.join(self.work, "ssd.conf.lua")
-        st.write_config(self.conf, ssd="1GB", ssd_path=self.scratch)
+        st.write_config(self.conf, ssd="1G", ssd_path=self.scratch)
         # As on a node: a directory only root writes, where root makes each job's file for its
         # user before nopfsd starts (spawn_job); nopfsd makes no file of its own there.
         self.metrics = os.path.join(self.work, "metrics")

@@ -118,7 +118,7 @@ class JobCgroupTest(ClusterCase):
     @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd")
     def test_the_ram_tier_is_charged_to_the_job_from_its_first_byte(self):
         uid = uid_of("nopfs-alice")
-        job = submit("nopfs-alice", f"-w n1 --mem=1000 --nopfs-ram=250MB --nopfs={BIG}",
+        job = submit("nopfs-alice", f"-w n1 --mem=1000 --nopfs-ram=250M --nopfs={BIG}",
                      HOLD.format(jobs=JOBS))
         wait_state(job, {"RUNNING"})
         pid = nopfsd_of(job)
@@ -169,9 +169,9 @@ class JobCgroupTest(ClusterCase):
                     "    b[i] = 1\n"
                     "print('allocated', flush=True)\n")
         os.chmod(hog, 0o644)
-        bystander = submit("nopfs-bob", "-w n1 --mem=200 --nopfs-ram=1KB "
+        bystander = submit("nopfs-bob", "-w n1 --mem=200 --nopfs-ram=0 "
                            f"--nopfs={BIG}", READ)
-        job = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs-ram=70MB --nopfs={BIG}",
+        job = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs-ram=70M --nopfs={BIG}",
                      f"srun python3 {hog}\nrc=$?\n"
                      f"sed 's/^/job failcnt: /' {cg}/memory.failcnt\n"
                      f"sed 's/^/max usage: /' {cg}/memory.max_usage_in_bytes\n"
@@ -197,14 +197,14 @@ class JobCgroupTest(ClusterCase):
     def test_the_same_job_twice_reads_the_pfs_once(self):
         with open(POLICY, "w") as f:
             f.write("function admit(job, node) return {} end\n"
-                    "function keep(user, node) return { quota = 1000000000 } end\n")
+                    "function keep(user, node) return { quota = '1G' } end\n")
         area = os.path.join(SSD, f"nopfs-{uid_of('nopfs-alice')}", "kept")
         shutil.rmtree(area, ignore_errors=True)
         figures = []
         for node in ("n1", "n2"):
             log_before = len(self.slurmd_log(node))
-            job = submit("nopfs-alice", f"-w {node} --mem=300 --nopfs-ram=1KB "
-                         f"--nopfs-ssd=300MB --nopfs={BIG} --nopfs-seed=3", READ)
+            job = submit("nopfs-alice", f"-w {node} --mem=300 --nopfs-ram=0 "
+                         f"--nopfs-ssd=300M --nopfs={BIG} --nopfs-seed=3", READ)
             self.assertEqual(wait_done(job, 180), "COMPLETED", output(job))
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and (job in ledger(node) or daemons()):

@@ -32,6 +32,13 @@ class ClusterTest(ClusterCase):
             (f"--nopfs={DATASET} --nopfs-epochs=0", "write a number from 1"),
             (f"--nopfs={DATASET} --nopfs-scheme=random", "--nopfs-scheme=uniform"),
             (f"--nopfs={DATASET} --nopfs-ram=lots", "is not a size"),
+            # Sizes follow --mem: 16K is 16 KiB, too small for any cache, and said so.
+            (f"--nopfs={DATASET} --nopfs-ram=16K", "--nopfs-ram=16K: is 16.0 KiB, too small for a "
+             "cache (the least is 1M); sizes follow --mem (a bare number is MiB; K, M, G, T are "
+             "powers of 1024): write --nopfs-ram=16G for 16 GiB, or --nopfs-ram=0 for no RAM "
+             "cache"),
+            (f"--nopfs={DATASET} --nopfs-ssd=512B", "is 512 B, too small for a cache"),
+            (f"--nopfs={DATASET} --nopfs-ram=0 --nopfs-ssd=0", "leaves no cache"),
             (f"--nopfs={DATASET} --nopfs-ranks-per-node=99999", "out of range"),
             (f"--nopfs={DATASET} --nopfs-scheme=uniform --nopfs-batch=2 "
              "--nopfs-ranks-per-node=4", "write --nopfs-scheme=strided"),
@@ -44,9 +51,10 @@ class ClusterTest(ClusterCase):
             self.assertNotEqual(r.returncode, 0, options)
             self.assertIn("nopfs: option:", r.stderr, options)
             self.assertIn(says, r.stderr, options)
-        # and a good one is accepted (then cancelled)
-        job = submit("nopfs-alice", f"--nopfs={DATASET} --nopfs-seed=1 --hold", "true\n")
-        subprocess.run(["scancel", str(job)], env=env(), check=True)
+        # and good ones are accepted (then cancelled): a bare number is MiB, as --mem=16
+        for options in ("--nopfs-seed=1", "--nopfs-ram=16", "--nopfs-ram=0 --nopfs-ssd=1GB"):
+            job = submit("nopfs-alice", f"--nopfs={DATASET} {options} --hold", "true\n")
+            subprocess.run(["scancel", str(job)], env=env(), check=True)
 
     def test_ranks_per_node_come_from_the_jobs_tasks(self):
         # Jobs that give nopfs only the dataset (and the DistributedSampler scheme, valid for
@@ -347,13 +355,16 @@ class ClusterTest(ClusterCase):
             os.makedirs(d, exist_ok=True)
             os.chown(d, alice.pw_uid, alice.pw_gid)
         os.chown(os.path.dirname(leftover_ssd), alice.pw_uid, alice.pw_gid)
-        job = submit("nopfs-alice", f"-w n1 --mem=500 --nopfs={DATASET} --nopfs-ram=200MB",
+        job = submit("nopfs-alice", f"-w n1 --mem=500 --nopfs={DATASET} --nopfs-ram=200M",
                      HOLD.format(jobs=JOBS))
         wait_state(job, {"RUNNING"})
         wait_file(f"{RUN}/n1/{job}/ready", 30)
         entries = ledger("n1")
         self.assertEqual(sorted(entries), [job])  # both stale entries reclaimed
-        self.assertEqual(int(entries[job]["ram"]), 200_000_000)
+        self.assertEqual(int(entries[job]["ram"]), 200 << 20)  # 200M, as --mem: MiB
+        # slurmd's line prints sizes in the units of --mem: --mem=500 is 500 MiB.
+        self.assertRegex(slurmd_log("n1"), rf"nopfs: prolog: n1: serving {re.escape(DATASET)} "
+                         r"\(partition \w+, job memory 500 MiB\) with RAM 200 MiB, SSD ")
         self.assertFalse(os.path.exists(leftover_run))
         self.assertFalse(os.path.exists(leftover_ssd))
         release(job)
@@ -361,10 +372,10 @@ class ClusterTest(ClusterCase):
         self.assertNothingLeft([job, 900001, 900002])
 
     def test_reservations_never_exceed_capacity(self):
-        # Three jobs at once on n2 asking for 200 + 200 + 128 MB (bob's cap in the policy) of
-        # RAM; the node offers 512 MB.
+        # Three jobs at once on n2 asking for 200 + 200 + 128 MiB (bob's cap in the policy) of
+        # RAM; the node offers 512 MiB.
         jobs = [submit(user, f"-w n2 --oversubscribe --mem=500 --nopfs={DATASET} "
-                             "--nopfs-ram=200MB", HOLD.format(jobs=JOBS))
+                             "--nopfs-ram=200M", HOLD.format(jobs=JOBS))
                 for user in ("nopfs-alice", "nopfs-bob", "nopfs-alice")]
         for j in jobs:
             wait_state(j, {"RUNNING"})
@@ -373,14 +384,14 @@ class ClusterTest(ClusterCase):
         entries = ledger("n2")
         self.assertEqual(sorted(entries), sorted(jobs))
         total = sum(int(e["ram"]) for e in entries.values())
-        # Demand (528 MB) exceeds the capacity: the last job got exactly what was left.
+        # Demand (528 MiB) exceeds the capacity: the last job got exactly what was left.
         self.assertEqual(total, RAM_CAPACITY)
         grants = sorted(int(e["ram"]) for e in entries.values())
-        self.assertEqual(grants[-1], 200_000_000)
+        self.assertEqual(grants[-1], 200 << 20)
         self.assertGreater(grants[0], 0)
         for pid, (_, argv) in daemons().items():
             j = int(argv[argv.index("--job-id") + 1])
-            self.assertEqual(int(argv[argv.index("--ram") + 1]), int(entries[j]["ram"]))
+            self.assertEqual(size_bytes(argv[argv.index("--ram") + 1]), int(entries[j]["ram"]))
         for j in jobs:
             release(j)
         for j in jobs:

@@ -27,7 +27,7 @@ RUN = os.path.join(DIR, "run")
 SSD = os.path.join(DIR, "ssd")
 METRICS = os.path.join(DIR, "metrics")  # the node config's metrics_dir (shared by the nodes)
 MiB = 1 << 20
-RAM_CAPACITY = 512 * 1000 * 1000  # the local cluster's config: classes.ram capacity
+RAM_CAPACITY = 512 << 20  # the local cluster's config: classes.ram capacity "512M"
 # Developer hook: a stand-in daemon before nopfsd is built. The byte check needs the real one.
 NOPFSD = os.environ.get("NOPFS_TEST_NOPFSD", os.path.join(BUILD, "bin/nopfsd"))
 REAL_NOPFSD = NOPFSD == os.path.join(BUILD, "bin/nopfsd")
@@ -146,6 +146,17 @@ def daemons():
         if "--run-dir" in argv and argv[argv.index("--run-dir") + 1].startswith(RUN + "/"):
             out[int(d[6:])] = (pwd.getpwuid(uid).pw_name, argv)
     return out
+
+
+def size_bytes(text):
+    """Bytes of a size as nopfs-job passes it to nopfsd (--ram=200M, 1300K, 1000B, 0)."""
+    units = {"B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
+    return 0 if text == "0" else int(text[:-1]) * units[text[-1]]
+
+
+def slurmd_log(node):
+    with open(os.path.join(DIR, "log", f"slurmd-{node}.log"), errors="replace") as f:
+        return f.read()
 
 
 def ledger(node):

@@ -110,7 +110,7 @@ class FaultsTest(ClusterCase):
         """A job on `nodes` (one task each) finds only itself in each ledger and SSD directory,
         reads its whole stream with 0 mismatches and leaves nothing."""
         job = reader_job(f"-N{len(nodes)} -w {','.join(nodes)} --ntasks-per-node=1 --mem=300 "
-                         f"--nopfs={DATASET} --nopfs-ssd=50MB")
+                         f"--nopfs={DATASET} --nopfs-ssd=50M")
         wait_state(job, {"RUNNING"})
         for node in nodes:
             wait_file(f"{RUN}/{node}/{job}/ready", 30)
@@ -212,7 +212,7 @@ class FaultsTest(ClusterCase):
     def ssd_job(self):
         """A job of one rank on n1 whose plan puts every sample on the SSD tier (1 KB of RAM,
         100 MB of SSD); returns its final state and output."""
-        job = reader_job(f"-w n1 --mem=300 --nopfs={DATASET} --nopfs-ram=1KB --nopfs-ssd=100MB "
+        job = reader_job(f"-w n1 --mem=300 --nopfs={DATASET} --nopfs-ram=0 --nopfs-ssd=100M "
                          "--nopfs-epochs=3 --nopfs-seed=0")
         state = wait_done(job, 120)
         out = output(job)
@@ -247,8 +247,8 @@ class FaultsTest(ClusterCase):
             subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0755", "tmpfs", SSD],
                            check=True)
             mounted = True
-            job = reader_job(f"-w n1 --mem=300 --nopfs={DATASET} --nopfs-ram=1KB "
-                             "--nopfs-ssd=10MB --nopfs-epochs=40 --nopfs-seed=0", gate_after=100,
+            job = reader_job(f"-w n1 --mem=300 --nopfs={DATASET} --nopfs-ram=0 "
+                             "--nopfs-ssd=10M --nopfs-epochs=40 --nopfs-seed=0", gate_after=100,
                              then=f"echo \"status: $({BUILD}/bin/nopfs status --json)\"\n")
             wait_gate(job, (0,))
             r = subprocess.run(["dd", "if=/dev/zero", f"of={SSD}/filler", "bs=1M"],
@@ -287,7 +287,7 @@ class FaultsTest(ClusterCase):
         epochs = 40
         job = reader_job(f"-w n3 -n2 --mem=600 --nopfs={ds} --nopfs-ranks-per-node=2 "
                          f"--nopfs-epochs={epochs} --nopfs-seed=0 --nopfs-scheme=strided "
-                         "--nopfs-batch=8 --nopfs-ram=1300KB --nopfs-ssd=1KB", gate_after=30,
+                         "--nopfs-batch=8 --nopfs-ram=1300K --nopfs-ssd=0", gate_after=30,
                          extra=f"--original {orig}",
                          then=f"echo \"status: $({BUILD}/bin/nopfs status --json)\"\n")
         wait_gate(job, (0, 1))

@@ -44,7 +44,8 @@ def write_policy(quota=None, lifetime=None):
     text = "function admit(job, node) return {} end\n"
     if quota is not None:
         life = "" if lifetime is None else f", lifetime = {lifetime}"
-        text += f"function keep(user, node) return {{ quota = {quota}{life} }} end\n"
+        # A number in Lua is MiB (as --mem): the quota, in bytes, goes as a size in bytes.
+        text += f"function keep(user, node) return {{ quota = '{quota}B'{life} }} end\n"
     with open(POLICY, "w") as f:
         f.write(text)
 
@@ -122,12 +123,13 @@ for key in sorted(os.listdir(kept)):
 
 
 def removed_mb(log, uid, name, why):
-    """The size in MB a removal line of root's gave `name` of uid `uid` removed for `why`, or
-    None when there is none."""
-    m = re.search(rf"uid {uid} {re.escape(name)} \((?:[^()]*, )?([\d.]+) (KB|MB|GB), {why}\)", log)
+    """The size in MB (10^6 bytes) a removal line of root's gave `name` of uid `uid` removed for
+    `why`, or None when there is none. Sizes are printed in binary units (KiB, MiB, GiB)."""
+    m = re.search(rf"uid {uid} {re.escape(name)} \((?:[^()]*, )?([\d.]+) (B|KiB|MiB|GiB), {why}\)",
+                  log)
     if not m:
         return None
-    return float(m.group(1)) * {"KB": 1e-3, "MB": 1, "GB": 1e3}[m.group(2)]
+    return float(m.group(1)) * {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[m.group(2)] / 1e6
 
 
 class KeepTest(ClusterCase):
@@ -144,10 +146,10 @@ class KeepTest(ClusterCase):
             shutil.rmtree(kept_dir(user), ignore_errors=True)
         write_policy()
 
-    def run_job(self, user, node, dataset=DATASET, extra="", ssd="100MB"):
+    def run_job(self, user, node, dataset=DATASET, extra="", ssd="100M"):
         """Runs a one-node job reading `dataset` to the end; returns (job, output, status), after
         the epilog has finished on the node (nopfsd has kept what it keeps)."""
-        job = submit(user, f"-w {node} --mem=300 --nopfs-ram=1KB --nopfs-ssd={ssd} "
+        job = submit(user, f"-w {node} --mem=300 --nopfs-ram=0 --nopfs-ssd={ssd} "
                      f"--nopfs={dataset} --nopfs-seed=3 {extra}", READ)
         state = wait_done(job, 180)
         out = output(job)
@@ -171,9 +173,9 @@ class KeepTest(ClusterCase):
         with open(os.path.join(DIR, "log", f"slurmd-{node}.log"), errors="replace") as f:
             return f.read()
 
-    def held_daemon_argv(self, options, ssd="100MB"):
+    def held_daemon_argv(self, options, ssd="100M"):
         """The argv of the nopfsd of a held job of alice's on n2."""
-        job = submit("nopfs-alice", f"-w n2 --mem=300 --nopfs-ram=1KB --nopfs-ssd={ssd} "
+        job = submit("nopfs-alice", f"-w n2 --mem=300 --nopfs-ram=0 --nopfs-ssd={ssd} "
                      f"--nopfs={DATASET} {options}",
                      HOLD.format(jobs=JOBS))
         wait_state(job, {"RUNNING"}, 90)
@@ -194,10 +196,11 @@ class KeepTest(ClusterCase):
         job, argv = self.held_daemon_argv("")
         self.assertIn("--keep", argv)
         self.assertEqual(argv[argv.index("--keep-max-bytes") + 1], "6000000")
-        self.assertRegex(self.slurmd_log("n2"), rf"nopfs: prolog: n2: serving .*keeps up to 6")
-        # The grant bounds it too: an SSD tier of 4 MB keeps at most 4 MB.
-        _, argv = self.held_daemon_argv("", ssd="4MB")
-        self.assertEqual(argv[argv.index("--keep-max-bytes") + 1], "4000000")
+        self.assertRegex(self.slurmd_log("n2"),
+                         r"nopfs: prolog: n2: serving .*keeps up to 5\.72 MiB")  # 6,000,000 B
+        # The grant bounds it too: an SSD tier of 4M keeps at most 4 MiB.
+        _, argv = self.held_daemon_argv("", ssd="4M")
+        self.assertEqual(argv[argv.index("--keep-max-bytes") + 1], str(4 << 20))
         # The user asks to keep nothing.
         _, argv = self.held_daemon_argv("--nopfs-keep=no")
         self.assertNotIn("--keep", argv)
@@ -302,7 +305,7 @@ class KeepTest(ClusterCase):
         A's nopfsd: docs/tiers.md, "Sibling jobs"); A reads only once B is done, and stays until
         released. Returns A's and B's statuses, after checking every byte of both."""
         go = os.path.join(JOBS, "go-$SLURM_JOB_ID")
-        a = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs-ram=1KB --nopfs-ssd=100MB "
+        a = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs-ram=0 --nopfs-ssd=100M "
                    f"--nopfs={DATASET} --nopfs-seed=3",
                    f"while [ ! -e {go} ]; do sleep 0.2; done\n" + READ + HOLD.format(jobs=JOBS))
         try:
@@ -322,7 +325,7 @@ class KeepTest(ClusterCase):
             while not tiers_staged(job_status("nopfs-alice", "n1", a)):
                 self.assertLess(time.monotonic(), deadline, "job A's tiers were never staged")
                 time.sleep(0.2)
-            b = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs-ram=1KB --nopfs-ssd=100MB "
+            b = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs-ram=0 --nopfs-ssd=100M "
                        f"--nopfs={DATASET} --nopfs-seed=4 {extra_b}", READ)
             self.assertEqual(wait_done(b, 180), "COMPLETED", self.output_so_far(b))
             out_b = output(b)
@@ -388,7 +391,7 @@ class KeepTest(ClusterCase):
         self.assertNotEqual(one, two)
         self.assertRegex(self.slurmd_log("n1"), r"kept datasets removed: .*over quota")
         # A job of another user that needs the node's whole SSD evicts alice's kept dataset.
-        self.run_job("nopfs-bob", "n1", extra="--nopfs-keep=no", ssd="1GB")
+        self.run_job("nopfs-bob", "n1", extra="--nopfs-keep=no", ssd="1G")
         self.assertEqual([n for n, c in kept("nopfs-alice").items() if c], [])
         self.assertRegex(self.slurmd_log("n1"), r"kept datasets removed: .*space")
 
@@ -444,10 +447,10 @@ class KeepTest(ClusterCase):
         self.bob_leaves(nested_in=b_key)
         # A job of alice's that needs all of the SSD but what her kept dataset and 10 MB leave:
         # one of the two kept datasets must go, and root's record says bob's is the older.
-        ssd_mb = (1_000_000_000 - a_bytes - 10_000_000) // 1_000_000
+        ssd_mb = ((1 << 30) - a_bytes - 10_000_000) // 1_000_000  # the SSD class: "1G"
         log_before = len(self.slurmd_log("n1"))
         jobs.append(self.run_job("nopfs-alice", "n1", dataset=DATASET2,
-                                 extra="--nopfs-keep=no", ssd=f"{ssd_mb}MB")[0])
+                                 extra="--nopfs-keep=no", ssd=f"{ssd_mb * 10**6}B")[0])
         log = self.slurmd_log("n1")[log_before:]
         self.assertGreaterEqual(removed_mb(log, bob, f"nopfs-{bob}/junk", "stray") or 0, 29, log)
         self.assertGreaterEqual(removed_mb(log, bob, f"nopfs-{bob}/77.0.renamed", "stray") or 0,
@@ -543,7 +546,7 @@ class KeepTest(ClusterCase):
         write_policy(quota=50_000_000)
         user = "nopfs-alice"
         for delay in (0.0, 0.005, 0.02, 0.05, 0.2):
-            job = submit(user, f"-w n1 --mem=300 --nopfs-ram=1KB --nopfs-ssd=100MB "
+            job = submit(user, f"-w n1 --mem=300 --nopfs-ram=0 --nopfs-ssd=100M "
                          f"--nopfs={DATASET} --nopfs-seed=3",
                          READ + HOLD.format(jobs=JOBS))
             deadline = time.monotonic() + 120
@@ -577,7 +580,7 @@ class KeepTest(ClusterCase):
         job again reads at most 5 % of the dataset from the PFS, every byte right."""
         write_policy(quota=50_000_000)
         user = "nopfs-alice"
-        job = submit(user, f"-w n1 --mem=300 --nopfs-ram=1KB --nopfs-ssd=100MB "
+        job = submit(user, f"-w n1 --mem=300 --nopfs-ram=0 --nopfs-ssd=100M "
                      f"--nopfs={DATASET} --nopfs-seed=3", READ + HOLD.format(jobs=JOBS))
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and "status: " not in self.output_so_far(job):

@@ -18,7 +18,7 @@ from clusterlib import ClusterCase
 from faults_test import go, reader_job, results, stream_length, wait_gate
 
 MB = 1000 * 1000
-STAGING = 64 * MB  # the local cluster's staging.capacity: every ring of a node together
+STAGING = 64 << 20  # the local cluster's staging.capacity: every ring of a node together
 CAT = (f"{BUILD}/bin/nopfs cat --verify 2>&1 | tail -n 1 | "
        "sed \"s/^/$SLURMD_NODENAME $NOPFS_RANK: verify: /\"")
 

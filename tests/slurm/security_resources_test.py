@@ -100,8 +100,8 @@ class SecurityResourcesTest(ClusterCase):
                       f"echo \"status: $({BUILD}/bin/nopfs status --json)\"; "
                       f"{BUILD}/bin/nopfs cat --verify 2>&1 | tail -n 1 | sed \"s/^/verify: /\"; "
                       f"stat -c \"dir: %n %u %a %F\" {ssd_dir} {cache_dir}'\n")
-            job = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs={DATASET} --nopfs-ram=1KB "
-                         "--nopfs-ssd=100MB", script)
+            job = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs={DATASET} --nopfs-ram=0 "
+                         "--nopfs-ssd=100M", script)
             self.assertEqual(wait_done(job, 120), "COMPLETED")
             out = output(job)
             if REAL_NOPFSD:
@@ -161,7 +161,7 @@ class SecurityResourcesTest(ClusterCase):
                   f"{BUILD}/bin/nopfs cat --verify 2>&1 | tail -n 1 | sed \"s/^/verify: /\"'\n")
         logs = len(read_log("n1"))
         jobs = [submit("nopfs-alice", f"-w n1 --oversubscribe --mem=300 --hold "
-                       f"--nopfs={DATASET} --nopfs-ram=1KB --nopfs-ssd=50MB", script)
+                       f"--nopfs={DATASET} --nopfs-ram=0 --nopfs-ssd=50M", script)
                 for _ in range(2)]
         subprocess.run(["scontrol", "release", ",".join(map(str, jobs))], env=env(), check=True)
         for job in jobs:

@@ -83,8 +83,8 @@ class TenantsTest(ClusterCase):
     def alice_reading(self, extra_options=""):
         """nopfs-alice's job on n1, its one rank held half-way through 100 epochs (1 MB of RAM,
         the rest of the plan on the SSD tier); returns the job id."""
-        job = reader_job(f"-w n1 --oversubscribe --mem=300 --nopfs={DATASET} --nopfs-ram=1MB "
-                         f"--nopfs-ssd=50MB --nopfs-epochs=100 {extra_options}", gate_after=50)
+        job = reader_job(f"-w n1 --oversubscribe --mem=300 --nopfs={DATASET} --nopfs-ram=1M "
+                         f"--nopfs-ssd=50M --nopfs-epochs=100 {extra_options}", gate_after=50)
         wait_gate(job, (0,))
         return job
 
