@@ -528,6 +528,66 @@ def test_a_custom_decode_gets_read_only_views_of_the_files_bytes(service, images
     assert [(ok, data) for (ok, data), _ in got] == [(True, file_bytes(paths[i])) for i in order]
 
 
+def _memory_kept(data):
+    """A decode that reports whether its process's malloc keeps what it frees, and its pid."""
+    from nopfs.torch import _memory
+
+    return _memory._kept_in == [os.getpid()], os.getpid(), bytes(data)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_process_making_batches_keeps_the_memory_it_frees(service, images, rank_env,
+                                                                workers):
+    """The process that makes the batches (the training process without workers, each worker
+    with them) has its malloc keep the memory a batch frees, and the items are the files'."""
+    root, paths = images
+    loader, got, order = _first_pass_items(service, root, rank_env, workers,
+                                           decode=_memory_kept)
+    assert [data for (_, _, data), _ in got] == [file_bytes(paths[i]) for i in order]
+    assert all(kept for (kept, _, _), _ in got)
+    pids = {pid for (_, pid, _), _ in got}
+    if workers == 0:
+        assert pids == {os.getpid()}
+    else:
+        assert len(pids) == workers and os.getpid() not in pids
+
+
+_FAULTS = """
+import resource, sys
+from nopfs.torch import _memory
+kept = _memory.keep_freed_memory()
+
+def batch():  # 64 items of 64 KiB (4 MiB) made and freed, as a batch of a loader
+    items = [bytearray(65536) for _ in range(64)]
+    del items
+
+batch()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    batch()
+print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def test_kept_memory_is_not_faulted_in_again_for_every_batch_unless_the_user_tunes_malloc():
+    """With keep_freed_memory(), 20 more batches of 4 MiB fault in fewer pages than one batch
+    has (glibc's defaults give the memory back and fault all of it in again every batch); a
+    process whose environment sets malloc's parameters keeps them."""
+    import subprocess
+    import sys
+
+    def run(**env):
+        out = subprocess.run([sys.executable, "-c", _FAULTS], capture_output=True, text=True,
+                             env={**os.environ, **env}, check=True).stdout.split()
+        return out[0] == "True", int(out[1])
+
+    kept, faults = run()
+    assert kept and faults < 64 * 16, faults
+    for env in ({"MALLOC_TRIM_THRESHOLD_": "131072"}, {"MALLOC_MMAP_THRESHOLD_": "131072"},
+                {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=131072"}):
+        assert run(**env)[0] is False, env
+
+
 def test_pin_memory(big, monkeypatch):
     """DataLoader(pin_memory=True) as torch's: pinned with CUDA, a no-op without it; the
     extension-level read_batch(pin_memory=True) pins, or says clearly that it needs CUDA."""

@@ -13,7 +13,7 @@ import torch.utils.data as tud
 from .. import _client
 from ._batches import _batch_mode, _batch_tensor
 from ._datasets import item_of
-from ._memory import _Blocks
+from ._memory import _Blocks, keep_freed_memory
 from ._readahead import _ahead, _Pace
 from ._sampler import DistributedSampler
 from ._streams import _close_quietly, _Kept, _open_stream
@@ -107,6 +107,10 @@ class StreamDataset(tud.IterableDataset):
         """Yields this worker's batches of the pass, each collated (collate_fn)."""
         info = tud.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        # Each batch's memory is freed at once: malloc keeps it rather than give it back to the
+        # system and fault it in again for the next batch (set once per process: the training
+        # process's first pass, each worker's).
+        keep_freed_memory()
         epoch, step = int(self.pass_state[0]), int(self.pass_state[1])
         if self.fallback:
             yield from self._batches_of(self._iter_files(epoch, step, worker, workers))
