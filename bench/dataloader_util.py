@@ -95,7 +95,7 @@ class Rate:
         return 1e3 * self.cpu / self.items
 
 
-def measure_interleaved(loaders, passes, nopfsd_pid=None):
+def measure_interleaved(loaders, passes, nopfsd_pid=None, count=None):
     """Measures several loaders over the same epochs with their passes interleaved, so that the
     machine's drift (other load, the host's) falls on all of them alike: one warm-up pass each
     (epoch 0), then `passes` rounds in which every loader makes one pass of epoch 1 + round, in
@@ -104,7 +104,8 @@ def measure_interleaved(loaders, passes, nopfsd_pid=None):
     of that loader's passes (e.g. to set its environment); returns a Rate per name, whose
     `passes` lists each round's items per second. CPU counts this process, its joined workers
     and nopfsd (`nopfsd_pid`), whatever loader runs: nopfsd's work for one loader is charged to
-    that loader's pass."""
+    that loader's pass. `count(batch)` is a batch's items (default: the length of its first
+    element, a batch being (x, labels))."""
     def start(name, epoch):
         loader, set_epoch, *before = loaders[name]
         for f in before:
@@ -122,8 +123,8 @@ def measure_interleaved(loaders, passes, nopfsd_pid=None):
             loader = start(name, 1 + r)
             n = 0
             c0, t0 = cpu_seconds(nopfsd_pid), time.perf_counter()
-            for x, _ in loader:
-                n += x.shape[0]
+            for batch in loader:
+                n += batch[0].shape[0] if count is None else count(batch)
             t = time.perf_counter() - t0
             rate = rates[name]
             rate.items += n

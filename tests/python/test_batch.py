@@ -4,6 +4,7 @@ the buffer's."""
 
 import os
 import random
+import threading
 import warnings
 
 import numpy as np
@@ -526,6 +527,141 @@ def test_a_custom_decode_gets_read_only_views_of_the_files_bytes(service, images
                                            decode=_view_and_bytes)
     assert loader.nopfs_stream.mode == "views"
     assert [(ok, data) for (ok, data), _ in got] == [(True, file_bytes(paths[i])) for i in order]
+
+
+def _memory_kept(data):
+    """A decode that reports whether its process's malloc keeps what it frees, and its pid."""
+    from nopfs.torch import _memory
+
+    return _memory._kept_in == [os.getpid()], os.getpid(), bytes(data)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_process_making_batches_keeps_the_memory_it_frees(service, images, rank_env,
+                                                                workers):
+    """The process that makes the batches (the training process without workers, each worker
+    with them) has its malloc keep the memory a batch frees, and the items are the files'."""
+    root, paths = images
+    loader, got, order = _first_pass_items(service, root, rank_env, workers,
+                                           decode=_memory_kept)
+    assert [data for (_, _, data), _ in got] == [file_bytes(paths[i]) for i in order]
+    assert all(kept for (kept, _, _), _ in got)
+    pids = {pid for (_, pid, _), _ in got}
+    if workers == 0:
+        assert pids == {os.getpid()}
+    else:
+        assert len(pids) == workers and os.getpid() not in pids
+
+
+_FAULTS = """
+import resource, sys
+from nopfs.torch import _memory
+kept = _memory.keep_freed_memory()
+
+def batch():  # 64 items of 64 KiB (4 MiB) made and freed, as a batch of a loader
+    items = [bytearray(65536) for _ in range(64)]
+    del items
+
+batch()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    batch()
+print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def test_kept_memory_is_not_faulted_in_again_for_every_batch_unless_the_user_tunes_malloc():
+    """With keep_freed_memory(), 20 more batches of 4 MiB fault in fewer pages than one batch
+    has (glibc's defaults give the memory back and fault all of it in again every batch); a
+    process whose environment sets malloc's parameters keeps them."""
+    import subprocess
+    import sys
+
+    def run(**env):
+        out = subprocess.run([sys.executable, "-c", _FAULTS], capture_output=True, text=True,
+                             env={**os.environ, **env}, check=True).stdout.split()
+        return out[0] == "True", int(out[1])
+
+    kept, faults = run()
+    assert kept and faults < 64 * 16, faults
+    for env in ({"MALLOC_TRIM_THRESHOLD_": "131072"}, {"MALLOC_MMAP_THRESHOLD_": "131072"},
+                {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=131072"}):
+        assert run(**env)[0] is False, env
+
+
+class _IndexedPixels(ImageFolder):
+    """A subclass's own __getitem__: its pixels, label and index, and the thread it ran in."""
+
+    def __getitem__(self, index):
+        data, label = self.read(index)
+        return _pixels(pil_decode(data)), label, index, threading.current_thread().name
+
+
+# The decode threads of decode_threads=3 (a lone sample, such as the pass's last, is made in the
+# loader's own thread).
+DECODERS = {f"nopfs-decode_{k}" for k in range(3)}
+
+
+def _thread_and_bytes(data):
+    """A decode that reports the thread it ran in and the (read-only view's) bytes."""
+    return threading.current_thread().name, isinstance(data, memoryview), bytes(data)
+
+
+@pytest.mark.parametrize("make", ["views", "copies", "getitem"])
+def test_decode_threads_make_the_same_items_in_the_same_order(service, images, rank_env, make):
+    """decode_threads=3: the items of each batch are made by threads of the training process
+    (a batch of 4 in 3 parts), and the passes are item for item what the loader's own thread
+    makes, in the stream's order: a custom decode given views, pil_decode given bytes, and a
+    subclass's own __getitem__."""
+    root, paths = images
+    rank_env(0)
+    order = service.stream(0)[:45]
+
+    def one_pass(threads):
+        if make == "views":
+            dataset = ImageFolder(root, decode=_thread_and_bytes)
+        elif make == "copies":
+            dataset = ImageFolder(root, transform=_pixels)
+        else:
+            dataset = _IndexedPixels(root)
+        sampler = DistributedSampler(dataset)
+        loader = DataLoader(dataset, batch_size=4, sampler=sampler, collate_fn=list,
+                            decode_threads=threads)
+        assert loader.nopfs_stream.mode == make
+        sampler.set_epoch(0)
+        return [item for batch in loader for item in batch]
+
+    serial, threaded = one_pass(0), one_pass(3)
+    assert len(serial) == len(threaded) == len(order) == 45
+    if make == "views":
+        assert {name for (name, _, _), _ in serial} == {threading.current_thread().name}
+        assert {name for (name, _, _), _ in threaded} >= DECODERS
+        assert [(view, data) for (_, view, data), _ in threaded] == \
+            [(True, file_bytes(paths[i])) for i in order]
+        assert [label for _, label in threaded] == [label_of(paths[i]) for i in order]
+    elif make == "copies":
+        for a, b in zip(serial, threaded):
+            same(a, b)
+        same(threaded[0], (_pixels(pil_decode(file_bytes(paths[order[0]]))),
+                           label_of(paths[order[0]])))
+    else:
+        assert [x[2] for x in threaded] == order
+        assert {x[3] for x in threaded} >= DECODERS
+        for a, b in zip(serial, threaded):
+            same(list(a[:3]), list(b[:3]))
+
+
+def test_decode_threads_are_refused_with_workers_and_when_not_a_count(service, images,
+                                                                      rank_env):
+    root, _ = images
+    rank_env(0)
+    dataset = ImageFolder(root)
+    sampler = DistributedSampler(dataset)
+    with pytest.raises(ValueError, match="pass one of them: num_workers=0 to decode in threads"):
+        DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=2, decode_threads=2)
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match=r"write a number of threads >= 0"):
+            DataLoader(dataset, batch_size=4, sampler=sampler, decode_threads=bad)
 
 
 def test_pin_memory(big, monkeypatch):

@@ -52,7 +52,9 @@ class DataLoader(tud.DataLoader):
     Takes DataLoader's arguments. `sampler` must be a nopfs DistributedSampler (one is made if
     none is given); `shuffle` is not accepted; a batch_size or drop_last that contradicts the job
     raises ValueError. fallback: None -> NOPFS_FALLBACK; socket: None -> NOPFS_SOCKET; timeout:
-    seconds to wait for one sample (None: no limit). state_dict()/load_state_dict() are the
+    seconds to wait for one sample (None: no limit); decode_threads: threads of this process
+    that make each batch's items (decode, transform) in parts, without workers (for decodes that
+    release the GIL: PIL, torchvision.io, numpy; 0 or 1: none). state_dict()/load_state_dict() are the
     sampler's: the position of the next batch the training loop has not received.
     """
 
@@ -60,7 +62,8 @@ class DataLoader(tud.DataLoader):
                  shuffle: Optional[bool] = None, sampler: Optional[DistributedSampler] = None,
                  num_workers: int = 0, drop_last: Optional[bool] = None,
                  fallback: Optional[bool] = None, socket: Optional[str] = None,
-                 timeout_per_sample: Optional[float] = None, **kwargs: Any) -> None:
+                 timeout_per_sample: Optional[float] = None, decode_threads: int = 0,
+                 **kwargs: Any) -> None:
         if shuffle:
             raise ValueError("nopfs: DataLoader(shuffle=True): pass a nopfs DistributedSampler "
                              "(the service plans the shuffle)")
@@ -79,6 +82,17 @@ class DataLoader(tud.DataLoader):
                             "DistributedSampler, whose order is the service's")
         if batch_size is None:
             raise ValueError("nopfs: DataLoader(batch_size=None) is not supported")
+        if isinstance(decode_threads, bool) or not isinstance(decode_threads, int) \
+                or decode_threads < 0:
+            raise ValueError(f"nopfs: DataLoader(decode_threads={decode_threads!r}): write a "
+                             "number of threads >= 0 (0: the items are made in the loader's "
+                             "own thread)")
+        if decode_threads > 0 and num_workers > 0:
+            raise ValueError(
+                f"nopfs: DataLoader(decode_threads={decode_threads}, num_workers={num_workers}):"
+                " decode threads make the items in the training process, workers make them in "
+                f"worker processes; pass one of them: num_workers=0 to decode in threads, or "
+                "decode_threads=0 to decode in the workers")
         if fallback is None:
             fallback = fallback_requested()
         use_service = socket is not None or service_available()
@@ -160,7 +174,8 @@ class DataLoader(tud.DataLoader):
                                fallback_on_loss=bool(fallback), collate_fn=collate_fn,
                                pin_memory=bool(kwargs.get("pin_memory", False))
                                and num_workers == 0, prefetch=prefetch,
-                               read_once=not kwargs.get("persistent_workers", False))
+                               read_once=not kwargs.get("persistent_workers", False),
+                               decode_threads=decode_threads)
         # The stream makes the job's batches, whole (one ring call per batch, collated in the
         # worker as torch would): torch batches nothing more, and its drop_last would drop a
         # rank's short batch. batch_size reads as the job's, for len() and for the user.

@@ -6,6 +6,8 @@ import multiprocessing
 import os
 import warnings
 import weakref
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch.utils.data as tud
@@ -13,13 +15,23 @@ import torch.utils.data as tud
 from .. import _client
 from ._batches import _batch_mode, _batch_tensor
 from ._datasets import item_of
-from ._memory import _Blocks
+from ._memory import _Blocks, keep_freed_memory
 from ._readahead import _ahead, _Pace
 from ._sampler import DistributedSampler
 from ._streams import _close_quietly, _Kept, _open_stream
 
 if TYPE_CHECKING:
     import torch
+
+
+def _items_of_bytes(dataset: Any, samples: List[Tuple[Any, int]]) -> List[Any]:
+    """dataset.make_item(data, label) of each (data, label)."""
+    return [dataset.make_item(data, label) for data, label in samples]
+
+
+def _items_of_ids(dataset: Any, samples: List[Tuple[int, Any, int]]) -> List[Any]:
+    """dataset[id] of each (id, data, label), a subclass's own __getitem__ (item_of)."""
+    return [item_of(dataset, i, data, label) for i, data, label in samples]
 
 
 class StreamDataset(tud.IterableDataset):
@@ -38,7 +50,7 @@ class StreamDataset(tud.IterableDataset):
                  timeout: Optional[float] = None, fallback_on_loss: bool = False,
                  collate_fn: Optional[Callable[[List[Any]], Any]] = None,
                  pin_memory: bool = False, prefetch: int = 2,
-                 read_once: bool = False) -> None:
+                 read_once: bool = False, decode_threads: int = 0) -> None:
         self.dataset = dataset
         self.sampler = sampler
         self.batch_size = int(batch_size)
@@ -63,6 +75,9 @@ class StreamDataset(tud.IterableDataset):
         # once: its copies out of the RAM tier read the tier's file rather than fault in its
         # fresh mapping page by page (client.open(read_once=True)).
         self.read_once = bool(read_once)
+        # Threads of the training process that make each batch's items (decode, transform, a
+        # subclass's __getitem__) in parts, for decodes that release the GIL; 0 or 1: none.
+        self.decode_threads = int(decode_threads)
         self.fallback = fallback
         # The service went away mid-pass (nopfs.UnavailableError): go on from the files, in the
         # same order, from where the stream stopped; False: raise.
@@ -76,6 +91,7 @@ class StreamDataset(tud.IterableDataset):
     def _per_process_state(self) -> None:
         """This process's own state: made here and anew where the dataset is unpickled."""
         self.kept = _Kept()  # the stream the last pass left for the next one
+        self._pool: Optional[Tuple[int, ThreadPoolExecutor]] = None  # (pid, decode threads)
         weakref.finalize(self, self.kept.close)
         # The main process's batch memory, reused (tensor mode, unless pinned: torch's pinned
         # allocator reuses its own); a worker's batches are made in shared memory, which crosses
@@ -89,6 +105,7 @@ class StreamDataset(tud.IterableDataset):
         state = self.__dict__.copy()
         del state["kept"]  # a worker keeps nothing (and a stream does not cross processes)
         del state["blocks"]
+        del state["_pool"]
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
@@ -107,6 +124,10 @@ class StreamDataset(tud.IterableDataset):
         """Yields this worker's batches of the pass, each collated (collate_fn)."""
         info = tud.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        # Each batch's memory is freed at once: malloc keeps it rather than give it back to the
+        # system and fault it in again for the next batch (set once per process: the training
+        # process's first pass, each worker's).
+        keep_freed_memory()
         epoch, step = int(self.pass_state[0]), int(self.pass_state[1])
         if self.fallback:
             yield from self._batches_of(self._iter_files(epoch, step, worker, workers))
@@ -216,27 +237,46 @@ class StreamDataset(tud.IterableDataset):
                 copies = batch.tobytes()
                 ids = batch.ids.tolist()
                 batch.release()
-                items.extend(item_of(self.dataset, i, data, label)
-                             for i, data, label in zip(ids, copies, labels))
+                items.extend(self._items(_items_of_ids, self.dataset,
+                                         list(zip(ids, copies, labels))))
                 continue
             if self.mode == "copies" or read_once:
                 copies = batch.tobytes()
                 batch.release()
                 if self.mode != "copies":  # what a decode given views gets: a read-only view
                     copies = [memoryview(c) for c in copies]
-                items.extend(self.dataset.make_item(data, label)
-                             for data, label in zip(copies, labels))
+                items.extend(self._items(_items_of_bytes, self.dataset,
+                                         list(zip(copies, labels))))
                 continue
             views = batch.views()
             try:
-                for view, label in zip(views, labels):
-                    items.append(self.dataset.make_item(view, label))
+                items.extend(self._items(_items_of_bytes, self.dataset, list(zip(views, labels))))
             finally:
                 for view in views:
                     view.release()
                 del views
                 batch.release()
         return (self._collate(items) if items else None), len(items)
+
+    def _items(self, make: Callable[[Any, List[Any]], List[Any]], dataset: Any,
+               samples: List[Any]) -> List[Any]:
+        """make(dataset, samples): the items of a batch's samples, in order; with decode threads
+        (the training process only), made by them in as many parts (of sizes differing by at most
+        one), all finished before this returns (the samples may be views the caller releases
+        next). A lone sample is made in this thread."""
+        threads = self.decode_threads
+        if threads <= 1 or len(samples) < 2 or tud.get_worker_info() is not None:
+            return make(dataset, samples)
+        if self._pool is None or self._pool[0] != os.getpid():
+            self._pool = (os.getpid(), ThreadPoolExecutor(threads,
+                                                          thread_name_prefix="nopfs-decode"))
+            weakref.finalize(self, self._pool[1].shutdown, wait=False)
+        n, pool = len(samples), self._pool[1]
+        cuts = [k * n // threads for k in range(threads + 1)]
+        parts = [pool.submit(make, dataset, samples[a:b])
+                 for a, b in zip(cuts, cuts[1:]) if b > a]
+        futures.wait(parts)
+        return [item for part in parts for item in part.result()]
 
     def _tensor_batch(self, stream: Any, want: int) -> Tuple[Any, int]:
         """(collated batch, samples) of up to `want` samples for uint8_tensor items and the
