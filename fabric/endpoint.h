@@ -117,14 +117,20 @@ class Endpoint {
 
   // Posts `data` tagged `tag` to `peer` and returns without waiting for its completion (the
   // endpoint keeps the copy until libfabric completes it; a failed completion is counted in
-  // failed_posts()). TimedOut if the send queue stays full for `timeout`. Large messages complete
-  // only once the receiver has matched them, so a thread that also receives must use Post, never
-  // Send, or two such threads can wait on each other.
+  // failed_posts()). TimedOut if the send queue stays full for `timeout`. Messages above the
+  // provider's eager limit complete only once the receiver has matched them, so a thread that
+  // also receives must use Post, never Send, or two such threads can wait on each other. Post
+  // does not poll the completion queue (Progress, Recv and TakeReads do), so that a caller
+  // posting several messages pays for one poll, not one each.
   Status Post(PeerAddr peer, uint64_t tag, std::span<const std::byte> data,
               std::chrono::milliseconds timeout);
   // The same without the copy: the endpoint takes the bytes.
   Status Post(PeerAddr peer, uint64_t tag, std::vector<std::byte>&& data,
               std::chrono::milliseconds timeout);
+  // One message of `head` followed by `tail` (a gathered send: the two are not copied into
+  // one buffer); the endpoint takes both.
+  Status Post(PeerAddr peer, uint64_t tag, std::vector<std::byte>&& head,
+              std::vector<std::byte>&& tail, std::chrono::milliseconds timeout);
 
   // Receives one message from any peer whose tag matches `tag` in the bits not set in `ignore`,
   // of at most `max_len` bytes; TimedOut after `timeout`, or as soon as `interrupt` (if given,
@@ -157,7 +163,9 @@ class Endpoint {
 
   // Drives the completion queue once (reaps finished and abandoned operations).
   void Progress();
-  // Ends a Recv's idle wait early (its `interrupt` is then checked); safe from any thread.
+  // Ends the idle wait of a Recv that has an `interrupt` early (the interrupt is then checked);
+  // safe from any thread. Set what the interrupt checks before calling: Wake signals only a Recv
+  // that sleeps, and one that is about to checks the interrupt once more first.
   void Wake();
   // Whether idle waits sleep on the completion queue's file descriptor (else in 100 us naps).
   bool waits_on_fd() const;

@@ -14,7 +14,7 @@ namespace nopfs::fabric {
 using namespace peer_link_detail;  // the link's constants
 
 void PeerLink::State::Queue(uint32_t node, const PeerMessage& m) REQUIRES(mu) {
-  outbox.emplace_back(node, Encode(m));
+  outbox.push_back({node, Encode(m), {}});
 }
 
 void PeerLink::State::KillLocked(uint32_t peer, const std::string& why) REQUIRES(mu) {
@@ -288,7 +288,7 @@ void PeerLink::State::ScheduleLocked() REQUIRES(mu) {
 
 void PeerLink::State::Run() {
   for (;;) {
-    std::deque<std::pair<uint32_t, std::vector<std::byte>>> sends;
+    std::deque<Outgoing> sends;
     bool starting = false;
     {
       MutexLock lock(&mu);
@@ -304,7 +304,7 @@ void PeerLink::State::Run() {
     for (uint32_t p = 0; starting && p < heard.size(); ++p) {
       hello_waiting |= p != opts.node && !heard[p] && shake->state(p) == PeerState::kHelloSent;
     }
-    for (auto& [node, bytes] : sends) {
+    for (auto& [node, bytes, tail] : sends) {
       if (!shake->Seal(node, bytes)) continue;  // its session is gone
       // In the start-up phase a Hello to a node that is not listening yet stays in the
       // provider's queue while it connects: until the node has been heard from, it is tried
@@ -312,8 +312,10 @@ void PeerLink::State::Run() {
       // progress thread for a timeout. A Hello that cannot be sent never kills the node: the
       // handshake's deadline decides.
       const bool hello = *TypeOf(bytes) == PeerType::kHello;
-      Status st = ep->Post(addr[node], TagOf(opts.node), std::move(bytes),
-                           hello && starting && !heard[node] ? kHelloPost : opts.timeout);
+      const auto patience = hello && starting && !heard[node] ? kHelloPost : opts.timeout;
+      Status st = tail.empty() ? ep->Post(addr[node], TagOf(opts.node), std::move(bytes), patience)
+                               : ep->Post(addr[node], TagOf(opts.node), std::move(bytes),
+                                          std::move(tail), patience);
       if (!st.ok() && hello) continue;
       if (!st.ok()) {
         MutexLock lock(&mu);

@@ -88,7 +88,14 @@ struct PeerLink::State {
   // WaitForPeers' deadline: handshakes started before it last until it.
   std::chrono::steady_clock::time_point startup_until GUARDED_BY(mu){};
   std::map<uint64_t, Pending*> pending GUARDED_BY(mu);
-  std::deque<std::pair<uint32_t, std::vector<std::byte>>> outbox GUARDED_BY(mu);  // (node, message)
+  // A message to send: its encoded bytes and, for a reply whose data was not copied into it, the
+  // data (sent after them in the same message: Endpoint::Post with a tail).
+  struct Outgoing {
+    uint32_t node = 0;
+    std::vector<std::byte> bytes;
+    std::vector<std::byte> tail;
+  };
+  std::deque<Outgoing> outbox GUARDED_BY(mu);
   uint64_t next_id GUARDED_BY(mu) = 1;
   // Exchange buffers, class-done notices and pushes waiting for their peer's handshake.
   std::deque<std::pair<uint32_t, PeerMessage>> exchange_out GUARDED_BY(mu);
