@@ -61,6 +61,41 @@ TEST(PeerProtocolTest, RoundTripsEveryType) {
   }
 }
 
+// A reply sent as its head and its data apart is, byte for byte, the reply Encode makes, and seals
+// the same way; EncodeReplyHead refuses what Encode refuses.
+TEST(PeerProtocolTest, AReplysHeadAndDataApartAreTheEncodedReply) {
+  for (const uint64_t n : {uint64_t{0}, uint64_t{1}, uint64_t{128} << 10}) {
+    ReadReply r{7, 9, n == 0 ? ReadStatus::kNotAvailable : ReadStatus::kOk, 0, {}};
+    std::vector<std::byte> data(n);
+    for (uint64_t i = 0; i < n; ++i)
+      data[i] = static_cast<std::byte>(i * 7);
+    if (n > 0) r.xxh3 = 0x1234 + n;
+    ReadReply whole = r;
+    whole.data = data;
+    std::vector<std::byte> head = EncodeReplyHead(r, n);
+    std::vector<std::byte> joined = head;
+    joined.insert(joined.end(), data.begin(), data.end());
+    EXPECT_EQ(joined, Encode(whole)) << n;
+    Mac k{};
+    k.fill(5);
+    SessionKey a(k), b(k);
+    std::vector<std::byte> sealed_whole = Encode(whole);
+    Seal(head, 3, a);
+    Seal(sealed_whole, 3, b);
+    joined = head;
+    joined.insert(joined.end(), data.begin(), data.end());
+    EXPECT_EQ(joined, sealed_whole) << n;
+    auto back = Decode(joined);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+  }
+  ReadReply refused{1, 2, ReadStatus::kNotAvailable, 0, {}};
+  EXPECT_THROW(EncodeReplyHead(refused, 10), std::invalid_argument);  // data with a non-ok status
+  ReadReply ok{1, 2, ReadStatus::kOk, 0, {}};
+  EXPECT_THROW(EncodeReplyHead(ok, kMaxSampleBytes + 1), std::invalid_argument);
+  ok.data.resize(1);
+  EXPECT_THROW(EncodeReplyHead(ok, 1), std::invalid_argument);  // the data goes apart
+}
+
 TEST(PeerProtocolTest, HeaderLayoutIsLittleEndian) {
   auto b = Encode(ReadRequest{1, 2, kAcceptsRemoteRead});
   ASSERT_EQ(b.size(), kPeerHeaderBytes + 24 + kAuthBlockBytes);
