@@ -141,6 +141,14 @@ class Endpoint {
                        std::chrono::milliseconds timeout,
                        const std::function<bool()>& interrupt = nullptr);
 
+  // The same, handing the message to `take` while its bytes are still in the endpoint's receive
+  // buffer (valid during the call only) instead of copying them out: Ok once `take` has run.
+  // `take` must not call this endpoint's Recv.
+  using MessageView = std::function<void(uint64_t tag, std::span<const std::byte> data)>;
+  Status RecvView(uint64_t tag, uint64_t ignore, uint64_t max_len,
+                  std::chrono::milliseconds timeout, const std::function<bool()>& interrupt,
+                  const MessageView& take);
+
   // Whether the endpoint was opened with RMA reads (EndpointOptions::remote_read and a provider
   // that accepts keys chosen by the caller).
   bool supports_remote_read() const;

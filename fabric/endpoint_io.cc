@@ -77,6 +77,18 @@ Status Endpoint::Send(PeerAddr peer, uint64_t tag, std::span<const std::byte> da
 Result<Message> Endpoint::Recv(uint64_t tag, uint64_t ignore, uint64_t max_len,
                                std::chrono::milliseconds timeout,
                                const std::function<bool()>& interrupt) {
+  Message m;
+  NOPFS_RETURN_IF_ERROR(RecvView(tag, ignore, max_len, timeout, interrupt,
+                                 [&m](uint64_t t, std::span<const std::byte> data) {
+                                   m.tag = t;
+                                   m.data.assign(data.begin(), data.end());
+                                 }));
+  return m;
+}
+
+Status Endpoint::RecvView(uint64_t tag, uint64_t ignore, uint64_t max_len,
+                          std::chrono::milliseconds timeout, const std::function<bool()>& interrupt,
+                          const MessageView& take) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   Op* op = nullptr;
   if (impl_->standing != nullptr) {
@@ -86,7 +98,8 @@ Result<Message> Endpoint::Recv(uint64_t tag, uint64_t ignore, uint64_t max_len,
       op = st;  // the same messages: wait on it again
     } else if (std::optional<Message> m = impl_->CancelRecv(st, impl_->standing_max);
                m && (m->tag & ~ignore) == (tag & ~ignore) && m->data.size() <= max_len) {
-      return *std::move(m);
+      take(m->tag, m->data);
+      return Status::Ok();
     }  // else what the old receive got, if anything, was for another caller: dropped
   }
   if (op == nullptr) {
@@ -138,11 +151,14 @@ Result<Message> Endpoint::Recv(uint64_t tag, uint64_t ignore, uint64_t max_len,
     }
     return Status::IoError("fabric: receive failed: " + text);
   }
-  Message m;
-  m.tag = op->tag;
-  m.data.assign(op->buffer.get(), op->buffer.get() + std::min(op->len, max_len));
-  impl_->Recycle(op);
-  return m;
+  // Recycled after `take`, even if it throws.
+  struct RecycleAfter {
+    Impl* impl;
+    Op* op;
+    ~RecycleAfter() { impl->Recycle(op); }
+  } recycle{impl_.get(), op};
+  take(op->tag, {op->buffer.get(), std::min(op->len, max_len)});
+  return Status::Ok();
 }
 
 Result<ExposedRegion> Endpoint::ExposeForRemoteRead(std::span<const std::byte> region,

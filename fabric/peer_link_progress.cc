@@ -324,49 +324,44 @@ void PeerLink::State::Run() {
       }
     }
     DriveRemote();
-    auto msg = ep->Recv(0, ~uint64_t{0}, kMaxPeerMessageBytes,
-                        hello_waiting ? kHelloRetryUnheard : kPollSlice,
-                        [this] { return wake.load(std::memory_order_relaxed) || ep->has_reads(); });
+    // The message is handled in the endpoint's receive buffer, not copied out of it first.
+    const Status got = ep->RecvView(
+        0, ~uint64_t{0}, kMaxPeerMessageBytes, hello_waiting ? kHelloRetryUnheard : kPollSlice,
+        [this] { return wake.load(std::memory_order_relaxed) || ep->has_reads(); },
+        [this](uint64_t tag, std::span<const std::byte> data) { OnMessage(tag, data); });
     DriveRemote();
-    if (!msg.ok()) {
-      if (msg.status().code() == StatusCode::kCorruption) Malformed(~0u, msg.status().ToString());
-      continue;
-    }
-    uint64_t sender = msg->tag >> 32;
-    if (sender >= opts.peers.size() || sender == opts.node || (msg->tag & 0xffffffffu) != 0) {
-      Malformed(static_cast<uint32_t>(sender), "tag names no other node of the job");
-      continue;
-    }
-    auto node = static_cast<uint32_t>(sender);
-    if (!heard[node]) {
-      // A claim only, but enough to wait for the provider's queue, and a sign that the node
-      // listens now: a Hello sent before it did was lost, so the next goes at once.
-      heard[node] = true;
-      MutexLock lock(&mu);
-      if (std::chrono::steady_clock::now() < startup_until) {
-        const auto now = std::chrono::steady_clock::now();
-        if (std::optional<Hello> h = shake->Resend(node, now, std::chrono::milliseconds(0))) {
-          Queue(node, *h);
-        }
-      }
-    }
-    auto decoded = Decode(msg->data);
-    if (!decoded.ok()) {
-      Malformed(node, decoded.status().ToString());
-      continue;
-    }
-    const PeerType type = *TypeOf(msg->data);
-    uint64_t seq = 0;
-    if (IsSealed(type)) {
-      Result<uint64_t> admitted = shake->Admit(node, type, msg->data);
-      if (!admitted.ok()) {
-        Refused(node, admitted.status().message());
-        continue;
-      }
-      seq = *admitted;
-    }
-    Dispatch(node, seq, *decoded);
+    if (got.code() == StatusCode::kCorruption) Malformed(~0u, got.ToString());
   }
+}
+
+void PeerLink::State::OnMessage(uint64_t tag, std::span<const std::byte> data) {
+  uint64_t sender = tag >> 32;
+  if (sender >= opts.peers.size() || sender == opts.node || (tag & 0xffffffffu) != 0) {
+    return Malformed(static_cast<uint32_t>(sender), "tag names no other node of the job");
+  }
+  auto node = static_cast<uint32_t>(sender);
+  if (!heard[node]) {
+    // A claim only, but enough to wait for the provider's queue, and a sign that the node
+    // listens now: a Hello sent before it did was lost, so the next goes at once.
+    heard[node] = true;
+    MutexLock lock(&mu);
+    if (std::chrono::steady_clock::now() < startup_until) {
+      const auto now = std::chrono::steady_clock::now();
+      if (std::optional<Hello> h = shake->Resend(node, now, std::chrono::milliseconds(0))) {
+        Queue(node, *h);
+      }
+    }
+  }
+  auto decoded = Decode(data);
+  if (!decoded.ok()) return Malformed(node, decoded.status().ToString());
+  const PeerType type = *TypeOf(data);
+  uint64_t seq = 0;
+  if (IsSealed(type)) {
+    Result<uint64_t> admitted = shake->Admit(node, type, data);
+    if (!admitted.ok()) return Refused(node, admitted.status().message());
+    seq = *admitted;
+  }
+  Dispatch(node, seq, *decoded);
 }
 
 }  // namespace nopfs::fabric

@@ -167,6 +167,10 @@ struct PeerLink::State {
   // handshake or to the request and reply handlers.
   void Dispatch(uint32_t node, uint64_t seq, PeerMessage& m);
 
+  // Progress thread: checks a message that arrived tagged `tag` (its sender, its decoding, its
+  // session) and dispatches it; `data` is the endpoint's receive buffer, valid during the call.
+  void OnMessage(uint64_t tag, std::span<const std::byte> data);
+
   // Progress thread: a node that this one gave up on because it did not answer the handshake
   // (it started later) has sent a Hello: it is up now, so this node tries again (at most once per
   // ten timeouts, PeerHandshake::Revive).
