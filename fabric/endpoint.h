@@ -51,12 +51,19 @@ struct EndpointOptions {
 //   FI_OFI_RXM_MSG_RX_SIZE=1024: ofi_rxm over tcp pre-posts this many receive buffers of 16 KiB
 //   when the endpoint opens (4,096 by default: 68 MB zeroed, 0.26 s of CPU per daemon); its
 //   buffer pool grows by 1,024 at a time, so 1,024 costs one chunk.
+//   FI_OFI_RXM_EAGER_LIMIT=1048576: messages up to 1 MiB go eagerly, in one send, straight into
+//   the receive the peer link keeps posted (tcp places them there), instead of by rendezvous
+//   above 16 KiB (a request to send, an RMA read of the sender's buffer by the receiver and a
+//   notice back: two more messages and the waits between them for every reply of a 128 KiB
+//   sample). ofi_rxm refuses a connection between endpoints whose eager limits differ, so
+//   every node of a job must run with the same value.
 struct LibfabricDefault {
   const char* name;
   const char* value;
 };
 inline constexpr LibfabricDefault kLibfabricDefaults[] = {
     {"FI_OFI_RXM_MSG_RX_SIZE", "1024"},
+    {"FI_OFI_RXM_EAGER_LIMIT", "1048576"},
 };
 // Sets each of kLibfabricDefaults that the environment does not set; returns the names it set.
 std::vector<std::string> SetLibfabricDefaults();

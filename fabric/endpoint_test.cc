@@ -60,7 +60,7 @@ TEST(EndpointTest, TaggedMessagesArriveIntactAndMatchTags) {
   auto to_b = (*a)->AddPeer("127.0.0.1", (*b)->port());
   ASSERT_TRUE(to_b.ok()) << to_b.status().ToString();
 
-  auto big = Pattern(uint64_t{1} << 20, 7);
+  auto big = Pattern(uint64_t{2} << 20, 7);  // above the eager limit (1 MiB, nopfs's default)
   auto small = Pattern(100, 3);
   // The small message goes first and waits unexpected at b; the large one completes only once b
   // has posted a matching receive (rendezvous), so b asks for tag 42 first: tag matching, not

@@ -21,8 +21,9 @@ namespace {
 using std::chrono::milliseconds;
 
 std::vector<std::byte> SampleBytes(uint32_t node, uint64_t sample) {
-  // Every fifth sample is large enough for the provider's rendezvous path (both nodes send such
-  // replies to each other at the same time).
+  // Every fifth sample is a large message (128 KiB: eager under nopfs's 1 MiB eager limit, a
+  // rendezvous under ofi_rxm's own 16 KiB; both nodes send such replies to each other at the
+  // same time).
   std::vector<std::byte> v(sample % 5 == 0 ? (128 << 10) + sample : 1000 + sample % 4096);
   for (size_t i = 0; i < v.size(); ++i)
     v[i] = static_cast<std::byte>((sample * 31 + i + node) & 0xff);
@@ -409,7 +410,9 @@ TEST(PeerLinkTest, PushesReachTheOtherNodeAndDeadNodesCostNothing) {
   ASSERT_TRUE(n0.ok()) << n0.status().ToString();
   auto n1 = PeerLink::Start(Options(1, peers, 14), Holder(1));  // node 2 never starts
   ASSERT_TRUE(n1.ok()) << n1.status().ToString();
-  const std::vector<std::byte> big = SampleBytes(0, 5);  // 128 KiB: the rendezvous path
+  // Above the eager limit: the rendezvous path.
+  std::vector<std::byte> big = SampleBytes(0, 5);
+  big.resize(uint64_t{2} << 20, std::byte{5});
   const std::vector<std::byte> small = SampleBytes(0, 6);
   (*n1)->Push(0, 5, 55, big);
   (*n1)->Push(0, 6, 66, small);
