@@ -3,6 +3,8 @@
 //
 //   peer_bench [--seconds S] [--rounds R] [--inflight N] [--no-iperf] [--only rma|replies]
 //
+// (--only measures that path alone, without the socket reads.)
+//
 // Two paths, each with its own pair of links: "rma", as nopfsd serves RAM-tier samples (node 0
 // answers with the sample's place in memory it exposed, node 1 fetches it with an RMA read and
 // checks its xxh3), and "replies", as it serves SSD-tier samples or peers without RMA (the bytes
@@ -10,9 +12,12 @@
 // flight (N threads) for S seconds, each read into a buffer of the reader's (as into a tier slot)
 // and checked byte for byte. Baseline: `iperf3 -c 127.0.0.1 -t S` (one TCP stream) against an
 // iperf3 server started here, or, without iperf3, a TCP stream of this program's own (a thread
-// writing 128 KiB at a time to a thread reading it). Each round measures the baseline and both
-// paths back to back (in a rotating order), so that a ratio compares figures taken under the same
-// load; the summary gives every round's ratios and their medians. Each measure also reports the
+// writing 128 KiB at a time to a thread reading it). "tcp-reads" does the paths' reads over a
+// plain TCP socket (a 16-byte request, a 128 KiB reply, N outstanding on one connection): what
+// the request and reply themselves cost on this wire, without libfabric or nopfs's protocol.
+// Each round measures the baseline, the socket reads and both paths back to back (in a rotating
+// order), so that a ratio compares figures taken under the same load; the summary gives every
+// round's ratios and their medians. Each measure also reports the
 // CPU time the whole transfer took (both ends: this process's threads, or iperf3's two
 // processes) per 128 KiB moved, which a busy machine changes less than the throughput. Latency:
 // one thread, sequential 4 KiB reads, median and p99.
@@ -203,6 +208,73 @@ Rate SocketStream(int seconds) {
   return out;
 }
 
+// The same reads over a plain TCP socket, without libfabric or nopfs's protocol: what a read
+// protocol's request and reply cost on this wire. One connection; the reader keeps `inflight`
+// 16-byte requests (a sample id) outstanding and reads each 128 KiB reply into its buffer and
+// checks it as the paths do; the server writes each reply from the pattern (in place, as a RAM
+// tier serves). TCP_NODELAY on both ends, as libfabric's tcp provider sets it.
+Rate SocketReads(int seconds, int inflight) {
+  Rate out;
+  const int lsock = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (lsock < 0 || ::bind(lsock, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::listen(lsock, 1) != 0 || ::getsockname(lsock, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (lsock >= 0) ::close(lsock);
+    return out;
+  }
+  const int one = 1;
+  const uint64_t big = uint64_t{128 << 10} << 40;
+  std::thread server([&] {
+    const int c = ::accept4(lsock, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) return;
+    ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    uint64_t req[2];
+    while (::recv(c, req, sizeof req, MSG_WAITALL) == static_cast<ssize_t>(sizeof req)) {
+      const std::span<const std::byte> e = Expected(req[0]);
+      if (::send(c, e.data(), e.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(e.size())) break;
+    }
+    ::close(c);
+  });
+  const int w = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  uint64_t reads = 0;
+  const double cpu0 = CpuSeconds(RUSAGE_SELF);
+  const auto t0 = Clock::now();
+  if (w >= 0 && ::connect(w, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    ::setsockopt(w, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    std::vector<std::byte> dst(128 << 10);
+    uint64_t sent = 0, got = 0;
+    const auto request = [&] {
+      const uint64_t req[2] = {big | sent++, 0};
+      return ::send(w, req, sizeof req, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof req);
+    };
+    bool ok = true;
+    for (int i = 0; i < inflight && ok; ++i)
+      ok = request();
+    const auto until = t0 + std::chrono::seconds(seconds);
+    while (ok) {
+      if (::recv(w, dst.data(), dst.size(), MSG_WAITALL) != static_cast<ssize_t>(dst.size())) break;
+      if (Matches(dst, big | got)) ++reads;
+      ++got;
+      if (Clock::now() < until) {
+        ok = request();
+      } else if (got == sent) {
+        break;
+      }
+    }
+  }
+  if (w >= 0) ::close(w);
+  server.join();
+  ::close(lsock);
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (reads == 0) return out;
+  out.bytes_per_s = static_cast<double>(reads) * kChunk / secs;
+  out.cpu_us_per_chunk = (CpuSeconds(RUSAGE_SELF) - cpu0) / static_cast<double>(reads) * 1e6;
+  return out;
+}
+
 // One path: a pair of links (node 0 serves, node 1 reads), kept for every round.
 class Path {
  public:
@@ -361,6 +433,8 @@ int main(int argc, char** argv) {
     baseline = Run("command -v iperf3").empty() ? "tcp" : "iperf3";
     entries.push_back({baseline, nullptr, {}, {}, {}});
   }
+  // The same reads over a plain socket (not with --only, which looks at one path alone).
+  if (only.empty()) entries.push_back({"tcp-reads", nullptr, {}, {}, {}});
   uint64_t errors = 0;
   for (const bool rma : {true, false}) {
     const std::string name = rma ? "rma" : "replies";
@@ -381,7 +455,9 @@ int main(int argc, char** argv) {
     for (size_t k = 0; k < entries.size(); ++k) {
       Entry& e = entries[(k + static_cast<size_t>(r)) % entries.size()];
       Rate rate;
-      if (e.path == nullptr) {
+      if (e.name == "tcp-reads") {
+        rate = SocketReads(seconds, inflight);
+      } else if (e.path == nullptr) {
         rate = baseline == "iperf3" ? Iperf(seconds).value_or(Rate{}) : SocketStream(seconds);
         base = rate.bytes_per_s;
       } else {
@@ -391,12 +467,13 @@ int main(int argc, char** argv) {
       e.cpus.push_back(rate.cpu_us_per_chunk);
     }
     for (Entry& e : entries) {
-      if (base > 0 && e.path != nullptr) e.ratios.push_back(e.rates.back() / base);
+      const bool ratio = base > 0 && e.name != baseline;
+      if (ratio) e.ratios.push_back(e.rates.back() / base);
       char buf[160];
       std::snprintf(buf, sizeof buf, "%s%s %.1f MB/s (%.1f us CPU per 128 KiB)",
                     line.empty() ? "" : "; ", e.name.c_str(), e.rates.back() / 1e6, e.cpus.back());
       line += buf;
-      if (base > 0 && e.path != nullptr) {
+      if (ratio) {
         std::snprintf(buf, sizeof buf, ", %s/%s = %.3f", e.name.c_str(), baseline.c_str(),
                       e.ratios.back());
         line += buf;

@@ -164,7 +164,8 @@ void PeerLink::State::HandleRequest(uint32_t node, PeerMessage& m) {
   }
 }
 
-void PeerLink::State::HandleReply(uint32_t node, uint64_t seq, PeerMessage& m) {
+void PeerLink::State::HandleReply(uint32_t node, uint64_t seq, PeerMessage& m,
+                                  std::span<const std::byte> reply_data) {
   MutexLock lock(&mu);
   if (auto* v = std::get_if<RemoteReply>(&m)) {
     auto it = pending.find(v->request_id);
@@ -185,10 +186,19 @@ void PeerLink::State::HandleReply(uint32_t node, uint64_t seq, PeerMessage& m) {
     }
     Pending* w = it->second;
     pending.erase(it);
+    if (p->status == ReadStatus::kOk && w->dst.data() != nullptr &&
+        w->dst.size() == reply_data.size()) {
+      // Out of `pending`, w is this thread's until done is set (its reader waits for that, and
+      // Stop and KillLocked see only what is in `pending`): the copy needs no lock.
+      lock.Unlock();
+      if (!reply_data.empty()) std::memcpy(w->dst.data(), reply_data.data(), reply_data.size());
+      lock.Lock();
+      w->in_dst = true;
+    }
     w->done = true;
     w->cv.Signal();  // wakes it once the mutex is released, after the fields below are set
     if (p->status == ReadStatus::kOk) {
-      w->data = std::move(p->data);
+      if (!w->in_dst) w->data.assign(reply_data.begin(), reply_data.end());
       w->data_xxh3 = p->xxh3;
     } else if (p->status == ReadStatus::kNotAvailable) {
       w->status = Status::NotFound("sample " + std::to_string(p->sample) +
@@ -200,7 +210,8 @@ void PeerLink::State::HandleReply(uint32_t node, uint64_t seq, PeerMessage& m) {
   }
 }
 
-void PeerLink::State::Dispatch(uint32_t node, uint64_t seq, PeerMessage& m) {
+void PeerLink::State::Dispatch(uint32_t node, uint64_t seq, PeerMessage& m,
+                               std::span<const std::byte> reply_data) {
   if (auto* h = std::get_if<Hello>(&m)) {
     HandshakeStep step = shake->OnHello(node, *h);
     const bool valid = step.verdict == HandshakeStep::Verdict::kOk;
@@ -213,7 +224,7 @@ void PeerLink::State::Dispatch(uint32_t node, uint64_t seq, PeerMessage& m) {
   } else if (auto* r = std::get_if<AuthResult>(&m)) {
     Apply(node, shake->OnAuthResult(node, *r));
   } else if (std::holds_alternative<ReadReply>(m) || std::holds_alternative<RemoteReply>(m)) {
-    HandleReply(node, seq, m);
+    HandleReply(node, seq, m, reply_data);
   } else {
     HandleRequest(node, m);
   }
@@ -352,7 +363,8 @@ void PeerLink::State::OnMessage(uint64_t tag, std::span<const std::byte> data) {
       }
     }
   }
-  auto decoded = Decode(data);
+  std::span<const std::byte> reply_data;  // a ReadReply's data, left in the receive buffer
+  auto decoded = Decode(data, &reply_data);
   if (!decoded.ok()) return Malformed(node, decoded.status().ToString());
   const PeerType type = *TypeOf(data);
   uint64_t seq = 0;
@@ -361,7 +373,7 @@ void PeerLink::State::OnMessage(uint64_t tag, std::span<const std::byte> data) {
     if (!admitted.ok()) return Refused(node, admitted.status().message());
     seq = *admitted;
   }
-  Dispatch(node, seq, *decoded);
+  Dispatch(node, seq, *decoded, reply_data);
 }
 
 }  // namespace nopfs::fabric

@@ -52,6 +52,10 @@ struct PeerLink::Pending {
   Status status;
   std::vector<std::byte> data;
   uint64_t data_xxh3 = 0;  // what the sealed reply says data hashes to
+  // ReadInto's destination: a reply of its size is copied there by the progress thread, out of
+  // the receive buffer (in_dst), instead of into `data`. The reader cannot leave before done.
+  std::span<std::byte> dst;
+  bool in_dst = false;
   // The RMA path: the bytes as the read delivered them and the xxh3 they must have.
   ReadBuffer remote;
   uint64_t remote_len = 0;
@@ -161,11 +165,13 @@ struct PeerLink::State {
   void HandleRequest(uint32_t node, PeerMessage& m);
 
   // Replies to this node as a client; a sealed one has passed Admit with sequence number `seq`.
-  void HandleReply(uint32_t node, uint64_t seq, PeerMessage& m);
+  // A ReadReply's data is `reply_data`, a view of the receive buffer (Decode leaves it there).
+  void HandleReply(uint32_t node, uint64_t seq, PeerMessage& m,
+                   std::span<const std::byte> reply_data);
 
   // Progress thread: hands a message from `node` (sealed ones admitted with seq `seq`) to the
   // handshake or to the request and reply handlers.
-  void Dispatch(uint32_t node, uint64_t seq, PeerMessage& m);
+  void Dispatch(uint32_t node, uint64_t seq, PeerMessage& m, std::span<const std::byte> reply_data);
 
   // Progress thread: checks a message that arrived tagged `tag` (its sender, its decoding, its
   // session) and dispatches it; `data` is the endpoint's receive buffer, valid during the call.

@@ -189,6 +189,10 @@ std::vector<std::byte> EncodeReplyHead(const ReadReply& head, uint64_t data_len)
 }
 
 Result<PeerMessage> Decode(std::span<const std::byte> buf) {
+  return Decode(buf, nullptr);
+}
+
+Result<PeerMessage> Decode(std::span<const std::byte> buf, std::span<const std::byte>* reply_data) {
   if (buf.size() < kPeerHeaderBytes) return Bad("shorter than the 16-byte header");
   Reader r(buf);
   uint32_t magic = 0;
@@ -289,7 +293,11 @@ Result<PeerMessage> Decode(std::span<const std::byte> buf) {
       auto rest = r.Rest();
       if (p.status != ReadStatus::kOk && !rest.empty()) return Bad("data with a non-ok status");
       if (rest.empty() && p.xxh3 != 0) return Bad("a checksum without data");
-      p.data.assign(rest.begin(), rest.end());
+      if (reply_data != nullptr) {
+        *reply_data = rest;
+      } else {
+        p.data.assign(rest.begin(), rest.end());
+      }
       return PeerMessage(std::move(p));
     }
     case PeerType::kClassDone: {

@@ -185,6 +185,9 @@ std::vector<std::byte> EncodeReplyHead(const ReadReply& head, uint64_t data_len)
 
 // Decodes exactly one message occupying all of `buf`.
 Result<PeerMessage> Decode(std::span<const std::byte> buf);
+// The same, except that a kReadReply's data is not copied into it: it is left in `buf`, and
+// *reply_data is set to it (a view, valid as long as `buf`), with the same checks.
+Result<PeerMessage> Decode(std::span<const std::byte> buf, std::span<const std::byte>* reply_data);
 
 // Whether messages of `type` carry an authentication block (all but Hello, Challenge and Auth).
 bool IsSealed(PeerType type);
