@@ -166,6 +166,43 @@ TEST(PeerLinkTest, TwoNodesServeEachOtherExactBytes) {
   EXPECT_EQ(c0.auth_refused + c1.auth_refused + c0.malformed + c1.malformed, 0u);
 }
 
+// Replies (no RMA) read into the caller's buffer: the bytes of small and large samples (the large
+// ones copied there straight from the receive buffer) with their xxh3, from several threads; a
+// destination of the wrong size is refused and left as it was.
+TEST(PeerLinkTest, RepliesReadIntoTheCallersBufferExactly) {
+  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()}};
+  PeerLinkOptions o0 = Options(0, peers, 21), o1 = Options(1, peers, 21);
+  o0.remote_read = o1.remote_read = false;
+  auto n0 = PeerLink::Start(o0, Holder(0));
+  ASSERT_TRUE(n0.ok()) << n0.status().ToString();
+  auto n1 = PeerLink::Start(o1, Holder(1));
+  ASSERT_TRUE(n1.ok()) << n1.status().ToString();
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 4; ++t) {
+    readers.emplace_back([&, t] {
+      for (uint64_t k = 2 * static_cast<uint64_t>(t); k < 80; k += 8) {  // node 0 holds even ones
+        const std::vector<std::byte> want = SampleBytes(0, k);
+        std::vector<std::byte> dst(want.size(), std::byte{0});
+        auto h = (*n1)->ReadInto(0, k, dst);
+        ASSERT_TRUE(h.ok()) << h.status().ToString();
+        EXPECT_EQ(*h, XXH3_64bits(want.data(), want.size()));
+        EXPECT_EQ(dst, want) << k;
+      }
+    });
+  }
+  for (auto& t : readers)
+    t.join();
+  for (const uint64_t k : {uint64_t{0}, uint64_t{2}}) {  // a large sample and a small one
+    std::vector<std::byte> wrong(SampleBytes(0, k).size() - 1, std::byte{0x5a});
+    EXPECT_EQ((*n1)->ReadInto(0, k, wrong).status().code(), StatusCode::kCorruption);
+    EXPECT_TRUE(
+        std::all_of(wrong.begin(), wrong.end(), [](std::byte b) { return b == std::byte{0x5a}; }));
+  }
+  EXPECT_EQ((*n1)->counters().fetched_reads, 40u);
+  EXPECT_EQ((*n1)->counters().fetched_remote, 0u);
+}
+
 TEST(PeerLinkTest, WrongSecretIsRefusedAndServesNothing) {
   std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
                                  {"127.0.0.1", FreeLoopbackPort()}};

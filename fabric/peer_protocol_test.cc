@@ -58,6 +58,21 @@ TEST(PeerProtocolTest, RoundTripsEveryType) {
     auto back = Decode(bytes);
     ASSERT_TRUE(back.ok()) << back.status().ToString();
     EXPECT_EQ(*back, m);
+    // Decoded with a view, a reply's data stays in the buffer; everything else is the same.
+    std::span<const std::byte> view;
+    auto viewed = Decode(bytes, &view);
+    ASSERT_TRUE(viewed.ok()) << viewed.status().ToString();
+    if (const auto* p = std::get_if<ReadReply>(&m)) {
+      ReadReply r = std::get<ReadReply>(*viewed);
+      EXPECT_TRUE(r.data.empty());
+      EXPECT_TRUE(std::equal(view.begin(), view.end(), p->data.begin(), p->data.end()));
+      EXPECT_EQ(view.data(), bytes.data() + bytes.size() - p->data.size());
+      r.data.assign(view.begin(), view.end());
+      EXPECT_EQ(PeerMessage(r), m);
+    } else {
+      EXPECT_EQ(*viewed, m);
+      EXPECT_TRUE(view.empty());
+    }
   }
 }
 
@@ -114,6 +129,8 @@ TEST(PeerProtocolTest, RejectsEveryMalformation) {
   auto bad = [&](size_t at, uint8_t v) {
     auto b = good;
     b[at] = static_cast<std::byte>(v);
+    std::span<const std::byte> view;
+    EXPECT_EQ(Decode(b, &view).status().code(), Decode(b).status().code());
     return Decode(b).status().code();
   };
   EXPECT_EQ(bad(0, 0), StatusCode::kCorruption);   // magic
@@ -205,6 +222,8 @@ TEST(PeerProtocolTest, FuzzedDecodeNeverCrashesAndOnlyAcceptsCanonicalBuffers) {
       }
     }
     auto m = Decode(b);
+    std::span<const std::byte> view;
+    EXPECT_EQ(Decode(b, &view).status().code(), m.status().code());  // the same checks
     if (m.ok()) {
       ++accepted;
       // Canonical but for the authentication block, which Decode leaves to Unseal.
