@@ -157,6 +157,9 @@ void Endpoint::Progress() {
 }
 
 void Endpoint::Wake() {
+  // The caller has set what the sleeper's interrupt checks before calling; the sleeper sets
+  // `sleeping` before its last check of it, so one of the two sees the other (both seq_cst).
+  if (!impl_->sleeping.load()) return;
   const uint64_t one = 1;
   ssize_t ignored = ::write(impl_->wake_fd, &one, sizeof one);
   (void)ignored;

@@ -51,12 +51,19 @@ struct EndpointOptions {
 //   FI_OFI_RXM_MSG_RX_SIZE=1024: ofi_rxm over tcp pre-posts this many receive buffers of 16 KiB
 //   when the endpoint opens (4,096 by default: 68 MB zeroed, 0.26 s of CPU per daemon); its
 //   buffer pool grows by 1,024 at a time, so 1,024 costs one chunk.
+//   FI_OFI_RXM_EAGER_LIMIT=1048576: messages up to 1 MiB go eagerly, in one send, straight into
+//   the receive the peer link keeps posted (tcp places them there), instead of by rendezvous
+//   above 16 KiB (a request to send, an RMA read of the sender's buffer by the receiver and a
+//   notice back: two more messages and the waits between them for every reply of a 128 KiB
+//   sample). ofi_rxm refuses a connection between endpoints whose eager limits differ, so
+//   every node of a job must run with the same value.
 struct LibfabricDefault {
   const char* name;
   const char* value;
 };
 inline constexpr LibfabricDefault kLibfabricDefaults[] = {
     {"FI_OFI_RXM_MSG_RX_SIZE", "1024"},
+    {"FI_OFI_RXM_EAGER_LIMIT", "1048576"},
 };
 // Sets each of kLibfabricDefaults that the environment does not set; returns the names it set.
 std::vector<std::string> SetLibfabricDefaults();
@@ -117,14 +124,20 @@ class Endpoint {
 
   // Posts `data` tagged `tag` to `peer` and returns without waiting for its completion (the
   // endpoint keeps the copy until libfabric completes it; a failed completion is counted in
-  // failed_posts()). TimedOut if the send queue stays full for `timeout`. Large messages complete
-  // only once the receiver has matched them, so a thread that also receives must use Post, never
-  // Send, or two such threads can wait on each other.
+  // failed_posts()). TimedOut if the send queue stays full for `timeout`. Messages above the
+  // provider's eager limit complete only once the receiver has matched them, so a thread that
+  // also receives must use Post, never Send, or two such threads can wait on each other. Post
+  // does not poll the completion queue (Progress, Recv and TakeReads do), so that a caller
+  // posting several messages pays for one poll, not one each.
   Status Post(PeerAddr peer, uint64_t tag, std::span<const std::byte> data,
               std::chrono::milliseconds timeout);
   // The same without the copy: the endpoint takes the bytes.
   Status Post(PeerAddr peer, uint64_t tag, std::vector<std::byte>&& data,
               std::chrono::milliseconds timeout);
+  // One message of `head` followed by `tail` (a gathered send: the two are not copied into
+  // one buffer); the endpoint takes both.
+  Status Post(PeerAddr peer, uint64_t tag, std::vector<std::byte>&& head,
+              std::vector<std::byte>&& tail, std::chrono::milliseconds timeout);
 
   // Receives one message from any peer whose tag matches `tag` in the bits not set in `ignore`,
   // of at most `max_len` bytes; TimedOut after `timeout`, or as soon as `interrupt` (if given,
@@ -134,6 +147,14 @@ class Endpoint {
   Result<Message> Recv(uint64_t tag, uint64_t ignore, uint64_t max_len,
                        std::chrono::milliseconds timeout,
                        const std::function<bool()>& interrupt = nullptr);
+
+  // The same, handing the message to `take` while its bytes are still in the endpoint's receive
+  // buffer (valid during the call only) instead of copying them out: Ok once `take` has run.
+  // `take` must not call this endpoint's Recv.
+  using MessageView = std::function<void(uint64_t tag, std::span<const std::byte> data)>;
+  Status RecvView(uint64_t tag, uint64_t ignore, uint64_t max_len,
+                  std::chrono::milliseconds timeout, const std::function<bool()>& interrupt,
+                  const MessageView& take);
 
   // Whether the endpoint was opened with RMA reads (EndpointOptions::remote_read and a provider
   // that accepts keys chosen by the caller).
@@ -157,7 +178,9 @@ class Endpoint {
 
   // Drives the completion queue once (reaps finished and abandoned operations).
   void Progress();
-  // Ends a Recv's idle wait early (its `interrupt` is then checked); safe from any thread.
+  // Ends the idle wait of a Recv that has an `interrupt` early (the interrupt is then checked);
+  // safe from any thread. Set what the interrupt checks before calling: Wake signals only a Recv
+  // that sleeps, and one that is about to checks the interrupt once more first.
   void Wake();
   // Whether idle waits sleep on the completion queue's file descriptor (else in 100 us naps).
   bool waits_on_fd() const;

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstdlib>
@@ -146,6 +147,7 @@ struct Op {
   std::unique_ptr<std::byte[]> buffer;  // owned until libfabric completes the operation
   ReadBuffer read_buffer;               // an RMA read's destination, likewise
   std::vector<std::byte> message;       // a send's bytes, moved in by the caller (not copied)
+  std::vector<std::byte> tail;          // a gathered send's second part, likewise
   uint64_t capacity = 0;
   bool done = false;
   bool abandoned = false;  // the caller gave up; free on completion
@@ -181,6 +183,10 @@ struct Endpoint::Impl {
   // provider has none, then idle waits sleep briefly) and an eventfd that Wake() signals.
   int cq_fd = -1;
   int wake_fd = -1;
+  // Whether a Recv sleeps in poll() on the descriptors above (or is about to): Wake() writes the
+  // eventfd only then, since a busy link is woken thousands of times a second by threads that
+  // queue work it would see anyway, and each write and read is a system call.
+  std::atomic<bool> sleeping{false};
   // When the queue last gave a completion: for a short while after one, an idle wait spins
   // (the next message of a busy exchange is likely microseconds away, and a sleep in poll()
   // costs tens of them to wake from); after that it sleeps.
@@ -253,12 +259,17 @@ struct Endpoint::Impl {
         op->tag = entries[i].tag;
         Finish(op);
       }
+      // A short read emptied the queue. Another read would only say so: each fi_cq_read drives
+      // the provider, which costs tcp an epoll_wait, a third of a busy link's system calls.
+      if (n < 16) return;
     }
   }
 
-  // Blocks until the completion queue may have something, Wake() is called, or `timeout` passes.
-  // Callers poll the queue afterwards.
-  void Idle(std::chrono::microseconds timeout) {
+  // Blocks until the completion queue may have something, Wake() is called (only with
+  // `interrupt`, which is checked once more after `sleeping` is set, so that a Wake between the
+  // caller's check and the sleep is not lost), or `timeout` passes. Callers poll the queue
+  // afterwards.
+  void Idle(std::chrono::microseconds timeout, const std::function<bool()>* interrupt = nullptr) {
     if (std::chrono::steady_clock::now() - last_completion < kSpin) {
       std::this_thread::yield();
       return;
@@ -267,23 +278,33 @@ struct Endpoint::Impl {
       std::this_thread::sleep_for(std::min(timeout, std::chrono::microseconds(100)));
       return;
     }
+    if (interrupt != nullptr && *interrupt) {
+      sleeping.store(true);
+      if ((*interrupt)()) {
+        sleeping.store(false);
+        return;
+      }
+    }
     fid* f = &cq->fid;
     // FI_SUCCESS: nothing pending, the fd may be waited on; otherwise there is work already.
-    if (fi_trywait(fabric.get(), &f, 1) != FI_SUCCESS) return;
-    pollfd fds[2] = {{cq_fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
-    const int ms = static_cast<int>(
-        std::max<int64_t>(1, std::chrono::ceil<std::chrono::milliseconds>(timeout).count()));
-    if (::poll(fds, 2, ms) > 0 && (fds[1].revents & POLLIN) != 0) {
-      uint64_t n = 0;
-      ssize_t ignored = ::read(wake_fd, &n, sizeof n);
-      (void)ignored;
+    if (fi_trywait(fabric.get(), &f, 1) == FI_SUCCESS) {
+      pollfd fds[2] = {{cq_fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+      const int ms = static_cast<int>(
+          std::max<int64_t>(1, std::chrono::ceil<std::chrono::milliseconds>(timeout).count()));
+      if (::poll(fds, 2, ms) > 0 && (fds[1].revents & POLLIN) != 0) {
+        uint64_t n = 0;
+        ssize_t ignored = ::read(wake_fd, &n, sizeof n);
+        (void)ignored;
+      }
     }
+    sleeping.store(false);
   }
 
   // Posts a send of `data` (kept by the operation until it completes); retries while the queue
   // is full until `deadline`.
   Result<Op*> PostSend(PeerAddr peer, uint64_t tag, std::vector<std::byte> data,
-                       std::chrono::steady_clock::time_point deadline);
+                       std::chrono::steady_clock::time_point deadline,
+                       std::vector<std::byte> tail = {});
 
   Op* NewOp() {
     ops.push_back(std::make_unique<Op>());

@@ -5,12 +5,21 @@
 namespace nopfs::fabric {
 
 Result<Op*> Endpoint::Impl::PostSend(PeerAddr peer, uint64_t tag, std::vector<std::byte> data,
-                                     std::chrono::steady_clock::time_point deadline) {
+                                     std::chrono::steady_clock::time_point deadline,
+                                     std::vector<std::byte> tail) {
   Impl* impl = this;
   Op* op = impl->NewOp();
   op->capacity = data.size();
   op->message = std::move(data);
+  op->tail = std::move(tail);
   if (op->message.empty()) op->message.resize(1);  // a valid buffer for an empty message
+  if (!op->tail.empty()) {
+    NOPFS_RETURN_IF_ERROR(impl->PostRetrying(op, deadline, "fabric: fi_tsendv", "send", [&] {
+      iovec iov[2] = {{op->message.data(), op->capacity}, {op->tail.data(), op->tail.size()}};
+      return fi_tsendv(impl->ep.get(), iov, nullptr, 2, peer, tag, &op->ctx);
+    }));
+    return op;
+  }
   NOPFS_RETURN_IF_ERROR(impl->PostRetrying(op, deadline, "fabric: fi_tsend", "send", [&] {
     return fi_tsend(impl->ep.get(), op->message.data(), op->capacity, nullptr, peer, tag, &op->ctx);
   }));
@@ -27,8 +36,18 @@ Status Endpoint::Post(PeerAddr peer, uint64_t tag, std::vector<std::byte>&& data
   auto posted =
       impl_->PostSend(peer, tag, std::move(data), std::chrono::steady_clock::now() + timeout);
   if (!posted.ok()) return posted.status();
+  // Freed by Poll when it completes. Not polled here: the provider has started the send (tcp
+  // writes to the socket at once), and a caller that posts several messages polls once after.
+  (*posted)->abandoned = true;
+  return Status::Ok();
+}
+
+Status Endpoint::Post(PeerAddr peer, uint64_t tag, std::vector<std::byte>&& head,
+                      std::vector<std::byte>&& tail, std::chrono::milliseconds timeout) {
+  auto posted = impl_->PostSend(peer, tag, std::move(head),
+                                std::chrono::steady_clock::now() + timeout, std::move(tail));
+  if (!posted.ok()) return posted.status();
   (*posted)->abandoned = true;  // freed by Poll when it completes
-  impl_->Poll();
   return Status::Ok();
 }
 
@@ -58,6 +77,18 @@ Status Endpoint::Send(PeerAddr peer, uint64_t tag, std::span<const std::byte> da
 Result<Message> Endpoint::Recv(uint64_t tag, uint64_t ignore, uint64_t max_len,
                                std::chrono::milliseconds timeout,
                                const std::function<bool()>& interrupt) {
+  Message m;
+  NOPFS_RETURN_IF_ERROR(RecvView(tag, ignore, max_len, timeout, interrupt,
+                                 [&m](uint64_t t, std::span<const std::byte> data) {
+                                   m.tag = t;
+                                   m.data.assign(data.begin(), data.end());
+                                 }));
+  return m;
+}
+
+Status Endpoint::RecvView(uint64_t tag, uint64_t ignore, uint64_t max_len,
+                          std::chrono::milliseconds timeout, const std::function<bool()>& interrupt,
+                          const MessageView& take) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   Op* op = nullptr;
   if (impl_->standing != nullptr) {
@@ -67,7 +98,8 @@ Result<Message> Endpoint::Recv(uint64_t tag, uint64_t ignore, uint64_t max_len,
       op = st;  // the same messages: wait on it again
     } else if (std::optional<Message> m = impl_->CancelRecv(st, impl_->standing_max);
                m && (m->tag & ~ignore) == (tag & ~ignore) && m->data.size() <= max_len) {
-      return *std::move(m);
+      take(m->tag, m->data);
+      return Status::Ok();
     }  // else what the old receive got, if anything, was for another caller: dropped
   }
   if (op == nullptr) {
@@ -93,8 +125,9 @@ Result<Message> Endpoint::Recv(uint64_t tag, uint64_t ignore, uint64_t max_len,
       const auto left = deadline - std::chrono::steady_clock::now();
       if (left > std::chrono::steady_clock::duration::zero()) {
         impl_->Idle(std::min<std::chrono::microseconds>(
-            std::chrono::duration_cast<std::chrono::microseconds>(left),
-            std::chrono::milliseconds(50)));
+                        std::chrono::duration_cast<std::chrono::microseconds>(left),
+                        std::chrono::milliseconds(50)),
+                    &interrupt);
         continue;
       }
     }
@@ -118,11 +151,14 @@ Result<Message> Endpoint::Recv(uint64_t tag, uint64_t ignore, uint64_t max_len,
     }
     return Status::IoError("fabric: receive failed: " + text);
   }
-  Message m;
-  m.tag = op->tag;
-  m.data.assign(op->buffer.get(), op->buffer.get() + std::min(op->len, max_len));
-  impl_->Recycle(op);
-  return m;
+  // Recycled after `take`, even if it throws.
+  struct RecycleAfter {
+    Impl* impl;
+    Op* op;
+    ~RecycleAfter() { impl->Recycle(op); }
+  } recycle{impl_.get(), op};
+  take(op->tag, {op->buffer.get(), std::min(op->len, max_len)});
+  return Status::Ok();
 }
 
 Result<ExposedRegion> Endpoint::ExposeForRemoteRead(std::span<const std::byte> region,
@@ -173,8 +209,7 @@ Status Endpoint::PostRead(PeerAddr peer, uint64_t addr, uint64_t key, uint64_t l
     return fi_read(impl_->ep.get(), op->read_buffer.get(), length, nullptr, peer, addr, key,
                    &op->ctx);
   }));
-  impl_->Poll();
-  return Status::Ok();
+  return Status::Ok();  // collected by TakeReads, which polls
 }
 
 }  // namespace nopfs::fabric

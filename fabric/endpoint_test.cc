@@ -60,7 +60,7 @@ TEST(EndpointTest, TaggedMessagesArriveIntactAndMatchTags) {
   auto to_b = (*a)->AddPeer("127.0.0.1", (*b)->port());
   ASSERT_TRUE(to_b.ok()) << to_b.status().ToString();
 
-  auto big = Pattern(uint64_t{1} << 20, 7);
+  auto big = Pattern(uint64_t{2} << 20, 7);  // above the eager limit (1 MiB, nopfs's default)
   auto small = Pattern(100, 3);
   // The small message goes first and waits unexpected at b; the large one completes only once b
   // has posted a matching receive (rendezvous), so b asks for tag 42 first: tag matching, not
@@ -110,6 +110,34 @@ TEST(EndpointTest, PostDoesNotWaitForTheReceiver) {
   EXPECT_EQ(m2->data, big);
   EXPECT_EQ((*a)->pending_ops(), 0u);
   EXPECT_EQ((*a)->failed_posts(), 0u);
+}
+
+// A message posted in two parts (a head and a tail, as the peer link sends a reply's data) arrives
+// as one, at sizes below and above the provider's eager limit.
+TEST(EndpointTest, APostInTwoPartsArrivesAsOneMessage) {
+  auto a = Endpoint::Open({});
+  ASSERT_TRUE(a.ok());
+  auto b = Endpoint::Open({});
+  ASSERT_TRUE(b.ok());
+  auto to_b = (*a)->AddPeer("127.0.0.1", (*b)->port());
+  ASSERT_TRUE(to_b.ok());
+  for (const uint64_t tail_size :
+       {uint64_t{1}, uint64_t{4} << 10, uint64_t{128} << 10, uint64_t{3} << 20}) {
+    auto head = Pattern(56, 3);
+    auto tail = Pattern(tail_size, 4);
+    std::vector<std::byte> whole = head;
+    whole.insert(whole.end(), tail.begin(), tail.end());
+    Result<Message> got = Status::Internal("not received");
+    std::thread receiver([&] { got = (*b)->Recv(5, 0, whole.size(), milliseconds(5000)); });
+    ASSERT_TRUE((*a)->Post(*to_b, 5, std::move(head), std::move(tail), milliseconds(4000)).ok());
+    auto until = std::chrono::steady_clock::now() + milliseconds(5000);
+    while ((*a)->pending_ops() > 0 && std::chrono::steady_clock::now() < until)
+      (*a)->Progress();
+    receiver.join();
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(got->data, whole) << tail_size;
+    EXPECT_EQ((*a)->failed_posts(), 0u);
+  }
 }
 
 TEST(EndpointTest, RecvTimesOutAndTheNextOneGetsWhatCameAfter) {

@@ -202,15 +202,16 @@ Result<std::vector<std::byte>> PeerLink::Read(uint32_t peer, uint64_t sample) {
 
 Result<uint64_t> PeerLink::ReadInto(uint32_t peer, uint64_t sample, std::span<std::byte> dst) {
   Pending w;
+  w.dst = dst;
   NOPFS_RETURN_IF_ERROR(Await(peer, sample, w));
   const std::byte* src = w.is_remote ? w.remote.get() : w.data.data();
-  const uint64_t len = w.is_remote ? w.remote_len : w.data.size();
+  const uint64_t len = w.in_dst ? dst.size() : w.is_remote ? w.remote_len : w.data.size();
   if (len != dst.size()) {
     return Status::Corruption("peer node " + std::to_string(peer) + " sent " + std::to_string(len) +
                               " bytes of sample " + std::to_string(sample) + ", which has " +
                               std::to_string(dst.size()));
   }
-  if (len > 0) std::memcpy(dst.data(), src, len);
+  if (len > 0 && !w.in_dst) std::memcpy(dst.data(), src, len);
   const uint64_t h = XXH3_64bits(dst.data(), dst.size());
   if (w.is_remote && h != w.remote_xxh3) {
     MutexLock lock(&s_->mu);

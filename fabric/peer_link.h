@@ -53,8 +53,8 @@ struct PeerLinkOptions {
   // replies only).
   bool remote_read = true;
   // In-place samples smaller than this go in the reply even to a reader that does RMA: one round
-  // trip instead of two (the RMA read is a second one). 16 KiB is ofi_rxm's eager limit, above
-  // which a tagged reply takes a rendezvous round trip of its own anyway.
+  // trip instead of two (the RMA read is a second one), and below 16 KiB the copy into the reply
+  // costs less than the wait.
   uint64_t remote_read_min = 16 << 10;
   // Receives the samples other nodes push (Push): runs on the serving threads (several at once),
   // or the progress thread when serve_threads is 0; must be thread-safe. Unset: pushes are

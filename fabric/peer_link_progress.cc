@@ -14,7 +14,7 @@ namespace nopfs::fabric {
 using namespace peer_link_detail;  // the link's constants
 
 void PeerLink::State::Queue(uint32_t node, const PeerMessage& m) REQUIRES(mu) {
-  outbox.emplace_back(node, Encode(m));
+  outbox.push_back({node, Encode(m), {}});
 }
 
 void PeerLink::State::KillLocked(uint32_t peer, const std::string& why) REQUIRES(mu) {
@@ -164,7 +164,8 @@ void PeerLink::State::HandleRequest(uint32_t node, PeerMessage& m) {
   }
 }
 
-void PeerLink::State::HandleReply(uint32_t node, uint64_t seq, PeerMessage& m) {
+void PeerLink::State::HandleReply(uint32_t node, uint64_t seq, PeerMessage& m,
+                                  std::span<const std::byte> reply_data) {
   MutexLock lock(&mu);
   if (auto* v = std::get_if<RemoteReply>(&m)) {
     auto it = pending.find(v->request_id);
@@ -185,10 +186,19 @@ void PeerLink::State::HandleReply(uint32_t node, uint64_t seq, PeerMessage& m) {
     }
     Pending* w = it->second;
     pending.erase(it);
+    if (p->status == ReadStatus::kOk && w->dst.data() != nullptr &&
+        w->dst.size() == reply_data.size()) {
+      // Out of `pending`, w is this thread's until done is set (its reader waits for that, and
+      // Stop and KillLocked see only what is in `pending`): the copy needs no lock.
+      lock.Unlock();
+      if (!reply_data.empty()) std::memcpy(w->dst.data(), reply_data.data(), reply_data.size());
+      lock.Lock();
+      w->in_dst = true;
+    }
     w->done = true;
     w->cv.Signal();  // wakes it once the mutex is released, after the fields below are set
     if (p->status == ReadStatus::kOk) {
-      w->data = std::move(p->data);
+      if (!w->in_dst) w->data.assign(reply_data.begin(), reply_data.end());
       w->data_xxh3 = p->xxh3;
     } else if (p->status == ReadStatus::kNotAvailable) {
       w->status = Status::NotFound("sample " + std::to_string(p->sample) +
@@ -200,7 +210,8 @@ void PeerLink::State::HandleReply(uint32_t node, uint64_t seq, PeerMessage& m) {
   }
 }
 
-void PeerLink::State::Dispatch(uint32_t node, uint64_t seq, PeerMessage& m) {
+void PeerLink::State::Dispatch(uint32_t node, uint64_t seq, PeerMessage& m,
+                               std::span<const std::byte> reply_data) {
   if (auto* h = std::get_if<Hello>(&m)) {
     HandshakeStep step = shake->OnHello(node, *h);
     const bool valid = step.verdict == HandshakeStep::Verdict::kOk;
@@ -213,7 +224,7 @@ void PeerLink::State::Dispatch(uint32_t node, uint64_t seq, PeerMessage& m) {
   } else if (auto* r = std::get_if<AuthResult>(&m)) {
     Apply(node, shake->OnAuthResult(node, *r));
   } else if (std::holds_alternative<ReadReply>(m) || std::holds_alternative<RemoteReply>(m)) {
-    HandleReply(node, seq, m);
+    HandleReply(node, seq, m, reply_data);
   } else {
     HandleRequest(node, m);
   }
@@ -288,7 +299,7 @@ void PeerLink::State::ScheduleLocked() REQUIRES(mu) {
 
 void PeerLink::State::Run() {
   for (;;) {
-    std::deque<std::pair<uint32_t, std::vector<std::byte>>> sends;
+    std::deque<Outgoing> sends;
     bool starting = false;
     {
       MutexLock lock(&mu);
@@ -304,7 +315,7 @@ void PeerLink::State::Run() {
     for (uint32_t p = 0; starting && p < heard.size(); ++p) {
       hello_waiting |= p != opts.node && !heard[p] && shake->state(p) == PeerState::kHelloSent;
     }
-    for (auto& [node, bytes] : sends) {
+    for (auto& [node, bytes, tail] : sends) {
       if (!shake->Seal(node, bytes)) continue;  // its session is gone
       // In the start-up phase a Hello to a node that is not listening yet stays in the
       // provider's queue while it connects: until the node has been heard from, it is tried
@@ -312,8 +323,10 @@ void PeerLink::State::Run() {
       // progress thread for a timeout. A Hello that cannot be sent never kills the node: the
       // handshake's deadline decides.
       const bool hello = *TypeOf(bytes) == PeerType::kHello;
-      Status st = ep->Post(addr[node], TagOf(opts.node), std::move(bytes),
-                           hello && starting && !heard[node] ? kHelloPost : opts.timeout);
+      const auto patience = hello && starting && !heard[node] ? kHelloPost : opts.timeout;
+      Status st = tail.empty() ? ep->Post(addr[node], TagOf(opts.node), std::move(bytes), patience)
+                               : ep->Post(addr[node], TagOf(opts.node), std::move(bytes),
+                                          std::move(tail), patience);
       if (!st.ok() && hello) continue;
       if (!st.ok()) {
         MutexLock lock(&mu);
@@ -322,49 +335,45 @@ void PeerLink::State::Run() {
       }
     }
     DriveRemote();
-    auto msg = ep->Recv(0, ~uint64_t{0}, kMaxPeerMessageBytes,
-                        hello_waiting ? kHelloRetryUnheard : kPollSlice,
-                        [this] { return wake.load(std::memory_order_relaxed) || ep->has_reads(); });
+    // The message is handled in the endpoint's receive buffer, not copied out of it first.
+    const Status got = ep->RecvView(
+        0, ~uint64_t{0}, kMaxPeerMessageBytes, hello_waiting ? kHelloRetryUnheard : kPollSlice,
+        [this] { return wake.load(std::memory_order_relaxed) || ep->has_reads(); },
+        [this](uint64_t tag, std::span<const std::byte> data) { OnMessage(tag, data); });
     DriveRemote();
-    if (!msg.ok()) {
-      if (msg.status().code() == StatusCode::kCorruption) Malformed(~0u, msg.status().ToString());
-      continue;
-    }
-    uint64_t sender = msg->tag >> 32;
-    if (sender >= opts.peers.size() || sender == opts.node || (msg->tag & 0xffffffffu) != 0) {
-      Malformed(static_cast<uint32_t>(sender), "tag names no other node of the job");
-      continue;
-    }
-    auto node = static_cast<uint32_t>(sender);
-    if (!heard[node]) {
-      // A claim only, but enough to wait for the provider's queue, and a sign that the node
-      // listens now: a Hello sent before it did was lost, so the next goes at once.
-      heard[node] = true;
-      MutexLock lock(&mu);
-      if (std::chrono::steady_clock::now() < startup_until) {
-        const auto now = std::chrono::steady_clock::now();
-        if (std::optional<Hello> h = shake->Resend(node, now, std::chrono::milliseconds(0))) {
-          Queue(node, *h);
-        }
-      }
-    }
-    auto decoded = Decode(msg->data);
-    if (!decoded.ok()) {
-      Malformed(node, decoded.status().ToString());
-      continue;
-    }
-    const PeerType type = *TypeOf(msg->data);
-    uint64_t seq = 0;
-    if (IsSealed(type)) {
-      Result<uint64_t> admitted = shake->Admit(node, type, msg->data);
-      if (!admitted.ok()) {
-        Refused(node, admitted.status().message());
-        continue;
-      }
-      seq = *admitted;
-    }
-    Dispatch(node, seq, *decoded);
+    if (got.code() == StatusCode::kCorruption) Malformed(~0u, got.ToString());
   }
+}
+
+void PeerLink::State::OnMessage(uint64_t tag, std::span<const std::byte> data) {
+  uint64_t sender = tag >> 32;
+  if (sender >= opts.peers.size() || sender == opts.node || (tag & 0xffffffffu) != 0) {
+    return Malformed(static_cast<uint32_t>(sender), "tag names no other node of the job");
+  }
+  auto node = static_cast<uint32_t>(sender);
+  if (!heard[node]) {
+    // A claim only, but enough to wait for the provider's queue, and a sign that the node
+    // listens now: a Hello sent before it did was lost, so the next goes at once.
+    heard[node] = true;
+    MutexLock lock(&mu);
+    if (std::chrono::steady_clock::now() < startup_until) {
+      const auto now = std::chrono::steady_clock::now();
+      if (std::optional<Hello> h = shake->Resend(node, now, std::chrono::milliseconds(0))) {
+        Queue(node, *h);
+      }
+    }
+  }
+  std::span<const std::byte> reply_data;  // a ReadReply's data, left in the receive buffer
+  auto decoded = Decode(data, &reply_data);
+  if (!decoded.ok()) return Malformed(node, decoded.status().ToString());
+  const PeerType type = *TypeOf(data);
+  uint64_t seq = 0;
+  if (IsSealed(type)) {
+    Result<uint64_t> admitted = shake->Admit(node, type, data);
+    if (!admitted.ok()) return Refused(node, admitted.status().message());
+    seq = *admitted;
+  }
+  Dispatch(node, seq, *decoded, reply_data);
 }
 
 }  // namespace nopfs::fabric

@@ -69,7 +69,16 @@ void PeerLink::State::Answer(const ServeJob& job) {
     reply.data = std::move(r.data);
     if (!reply.data.empty()) reply.xxh3 = XXH3_64bits(reply.data.data(), reply.data.size());
   }
-  std::vector<std::byte> bytes = remote ? Encode(*remote) : Encode(reply);
+  // The reply's data is sent as a second part of the message, not copied behind its head.
+  std::vector<std::byte> tail;
+  std::vector<std::byte> bytes;
+  if (remote) {
+    bytes = Encode(*remote);
+  } else {
+    tail = std::move(reply.data);
+    reply.data.clear();
+    bytes = EncodeReplyHead(reply, tail.size());
+  }
   {
     MutexLock lock(&mu);
     if (remote) {
@@ -78,11 +87,11 @@ void PeerLink::State::Answer(const ServeJob& job) {
       counters.served_bytes += remote->length;
     } else if (reply.status == ReadStatus::kOk) {
       ++counters.served_reads;
-      counters.served_bytes += reply.data.size();
+      counters.served_bytes += tail.size();
     } else {
       ++counters.served_not_available;
     }
-    outbox.emplace_back(job.node, std::move(bytes));
+    outbox.push_back({job.node, std::move(bytes), std::move(tail)});
   }
   wake.store(true);
   ep->Wake();
@@ -131,6 +140,9 @@ void PeerLink::State::DriveRemote() {
       }
     }
   }
+  // The reads that completed while the endpoint was polled (by Recv, mostly): TakeReads would
+  // poll once more, which costs a system call, for nothing when none has.
+  if (!ep->has_reads()) return;
   std::vector<ReadCompletion> done = ep->TakeReads();
   if (done.empty()) return;
   MutexLock lock(&mu);

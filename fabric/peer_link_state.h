@@ -52,6 +52,10 @@ struct PeerLink::Pending {
   Status status;
   std::vector<std::byte> data;
   uint64_t data_xxh3 = 0;  // what the sealed reply says data hashes to
+  // ReadInto's destination: a reply of its size is copied there by the progress thread, out of
+  // the receive buffer (in_dst), instead of into `data`. The reader cannot leave before done.
+  std::span<std::byte> dst;
+  bool in_dst = false;
   // The RMA path: the bytes as the read delivered them and the xxh3 they must have.
   ReadBuffer remote;
   uint64_t remote_len = 0;
@@ -88,7 +92,14 @@ struct PeerLink::State {
   // WaitForPeers' deadline: handshakes started before it last until it.
   std::chrono::steady_clock::time_point startup_until GUARDED_BY(mu){};
   std::map<uint64_t, Pending*> pending GUARDED_BY(mu);
-  std::deque<std::pair<uint32_t, std::vector<std::byte>>> outbox GUARDED_BY(mu);  // (node, message)
+  // A message to send: its encoded bytes and, for a reply whose data was not copied into it, the
+  // data (sent after them in the same message: Endpoint::Post with a tail).
+  struct Outgoing {
+    uint32_t node = 0;
+    std::vector<std::byte> bytes;
+    std::vector<std::byte> tail;
+  };
+  std::deque<Outgoing> outbox GUARDED_BY(mu);
   uint64_t next_id GUARDED_BY(mu) = 1;
   // Exchange buffers, class-done notices and pushes waiting for their peer's handshake.
   std::deque<std::pair<uint32_t, PeerMessage>> exchange_out GUARDED_BY(mu);
@@ -154,11 +165,17 @@ struct PeerLink::State {
   void HandleRequest(uint32_t node, PeerMessage& m);
 
   // Replies to this node as a client; a sealed one has passed Admit with sequence number `seq`.
-  void HandleReply(uint32_t node, uint64_t seq, PeerMessage& m);
+  // A ReadReply's data is `reply_data`, a view of the receive buffer (Decode leaves it there).
+  void HandleReply(uint32_t node, uint64_t seq, PeerMessage& m,
+                   std::span<const std::byte> reply_data);
 
   // Progress thread: hands a message from `node` (sealed ones admitted with seq `seq`) to the
   // handshake or to the request and reply handlers.
-  void Dispatch(uint32_t node, uint64_t seq, PeerMessage& m);
+  void Dispatch(uint32_t node, uint64_t seq, PeerMessage& m, std::span<const std::byte> reply_data);
+
+  // Progress thread: checks a message that arrived tagged `tag` (its sender, its decoding, its
+  // session) and dispatches it; `data` is the endpoint's receive buffer, valid during the call.
+  void OnMessage(uint64_t tag, std::span<const std::byte> data);
 
   // Progress thread: a node that this one gave up on because it did not answer the handshake
   // (it started later) has sent a Hello: it is up now, so this node tries again (at most once per

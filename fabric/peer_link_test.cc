@@ -21,8 +21,9 @@ namespace {
 using std::chrono::milliseconds;
 
 std::vector<std::byte> SampleBytes(uint32_t node, uint64_t sample) {
-  // Every fifth sample is large enough for the provider's rendezvous path (both nodes send such
-  // replies to each other at the same time).
+  // Every fifth sample is a large message (128 KiB: eager under nopfs's 1 MiB eager limit, a
+  // rendezvous under ofi_rxm's own 16 KiB; both nodes send such replies to each other at the
+  // same time).
   std::vector<std::byte> v(sample % 5 == 0 ? (128 << 10) + sample : 1000 + sample % 4096);
   for (size_t i = 0; i < v.size(); ++i)
     v[i] = static_cast<std::byte>((sample * 31 + i + node) & 0xff);
@@ -163,6 +164,43 @@ TEST(PeerLinkTest, TwoNodesServeEachOtherExactBytes) {
   EXPECT_EQ(c1.served_not_available, 1u);
   EXPECT_EQ(c0.fetch_not_available, 1u);
   EXPECT_EQ(c0.auth_refused + c1.auth_refused + c0.malformed + c1.malformed, 0u);
+}
+
+// Replies (no RMA) read into the caller's buffer: the bytes of small and large samples (the large
+// ones copied there straight from the receive buffer) with their xxh3, from several threads; a
+// destination of the wrong size is refused and left as it was.
+TEST(PeerLinkTest, RepliesReadIntoTheCallersBufferExactly) {
+  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()}};
+  PeerLinkOptions o0 = Options(0, peers, 21), o1 = Options(1, peers, 21);
+  o0.remote_read = o1.remote_read = false;
+  auto n0 = PeerLink::Start(o0, Holder(0));
+  ASSERT_TRUE(n0.ok()) << n0.status().ToString();
+  auto n1 = PeerLink::Start(o1, Holder(1));
+  ASSERT_TRUE(n1.ok()) << n1.status().ToString();
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 4; ++t) {
+    readers.emplace_back([&, t] {
+      for (uint64_t k = 2 * static_cast<uint64_t>(t); k < 80; k += 8) {  // node 0 holds even ones
+        const std::vector<std::byte> want = SampleBytes(0, k);
+        std::vector<std::byte> dst(want.size(), std::byte{0});
+        auto h = (*n1)->ReadInto(0, k, dst);
+        ASSERT_TRUE(h.ok()) << h.status().ToString();
+        EXPECT_EQ(*h, XXH3_64bits(want.data(), want.size()));
+        EXPECT_EQ(dst, want) << k;
+      }
+    });
+  }
+  for (auto& t : readers)
+    t.join();
+  for (const uint64_t k : {uint64_t{0}, uint64_t{2}}) {  // a large sample and a small one
+    std::vector<std::byte> wrong(SampleBytes(0, k).size() - 1, std::byte{0x5a});
+    EXPECT_EQ((*n1)->ReadInto(0, k, wrong).status().code(), StatusCode::kCorruption);
+    EXPECT_TRUE(
+        std::all_of(wrong.begin(), wrong.end(), [](std::byte b) { return b == std::byte{0x5a}; }));
+  }
+  EXPECT_EQ((*n1)->counters().fetched_reads, 40u);
+  EXPECT_EQ((*n1)->counters().fetched_remote, 0u);
 }
 
 TEST(PeerLinkTest, WrongSecretIsRefusedAndServesNothing) {
@@ -409,7 +447,9 @@ TEST(PeerLinkTest, PushesReachTheOtherNodeAndDeadNodesCostNothing) {
   ASSERT_TRUE(n0.ok()) << n0.status().ToString();
   auto n1 = PeerLink::Start(Options(1, peers, 14), Holder(1));  // node 2 never starts
   ASSERT_TRUE(n1.ok()) << n1.status().ToString();
-  const std::vector<std::byte> big = SampleBytes(0, 5);  // 128 KiB: the rendezvous path
+  // Above the eager limit: the rendezvous path.
+  std::vector<std::byte> big = SampleBytes(0, 5);
+  big.resize(uint64_t{2} << 20, std::byte{5});
   const std::vector<std::byte> small = SampleBytes(0, 6);
   (*n1)->Push(0, 5, 55, big);
   (*n1)->Push(0, 6, 66, small);

@@ -62,8 +62,41 @@ uint64_t RemoteKeyMask(SessionKey& key, uint64_t seq) {
   return v;
 }
 
+namespace {
+
+// A ReadReply's fixed fields and (empty) authentication block, for `data_len` bytes of data.
+void ReplyFields(Writer& body, const ReadReply& p, uint64_t data_len) {
+  if (data_len > kMaxSampleBytes) throw std::invalid_argument("peer reply data too large");
+  if (p.status != ReadStatus::kOk && data_len != 0) {
+    throw std::invalid_argument("peer reply carries data with a non-ok status");
+  }
+  if (data_len == 0 && p.xxh3 != 0) throw std::invalid_argument("a checksum without data");
+  body.U64(p.request_id);
+  body.U64(p.sample);
+  body.U32(static_cast<uint32_t>(p.status));
+  body.U32(0);
+  body.U64(p.xxh3);
+  body.U64(0);  // the authentication block, filled by Seal
+  body.U64(0);
+  body.U64(0);
+}
+
+}  // namespace
+
 std::vector<std::byte> Encode(const PeerMessage& m) {
-  Writer body;
+  // The header first, its body length patched at the end: the body (a sample's bytes, up to
+  // 64 MiB) is written once, into the message itself.
+  Writer out;
+  out.Reserve(kPeerHeaderBytes + 80);
+  out.U32(kPeerMagic);
+  out.U8(kPeerVersion);
+  const size_t type_at = out.size();
+  out.U8(0);  // the type, below
+  out.U16(0);
+  const size_t body_len_at = out.size();
+  out.U32(0);  // the body length, below
+  out.U32(0);
+  Writer& body = out;
   PeerType type{};
   if (const auto* h = std::get_if<Hello>(&m)) {
     type = PeerType::kHello;
@@ -104,6 +137,7 @@ std::vector<std::byte> Encode(const PeerMessage& m) {
   } else if (const auto* u = std::get_if<PushSample>(&m)) {
     if (u->data.size() > kMaxSampleBytes) throw std::invalid_argument("pushed sample too large");
     type = PeerType::kPush;
+    body.Reserve(40 + u->data.size());
     body.U64(u->sample);
     body.U64(u->xxh3);
     body.U64(0);  // the authentication block, filled by Seal
@@ -113,6 +147,7 @@ std::vector<std::byte> Encode(const PeerMessage& m) {
   } else if (const auto* x = std::get_if<ExchangeData>(&m)) {
     if (x->data.size() > kMaxSampleBytes) throw std::invalid_argument("exchange data too large");
     type = PeerType::kExchange;
+    body.Reserve(40 + x->data.size());
     body.U64(x->round);
     body.U64(x->xxh3);
     body.U64(0);  // the authentication block, filled by Seal
@@ -121,20 +156,9 @@ std::vector<std::byte> Encode(const PeerMessage& m) {
     body.Bytes(x->data);
   } else {
     const auto& p = std::get<ReadReply>(m);
-    if (p.data.size() > kMaxSampleBytes) throw std::invalid_argument("peer reply data too large");
-    if (p.status != ReadStatus::kOk && !p.data.empty()) {
-      throw std::invalid_argument("peer reply carries data with a non-ok status");
-    }
-    if (p.data.empty() && p.xxh3 != 0) throw std::invalid_argument("a checksum without data");
     type = PeerType::kReadReply;
-    body.U64(p.request_id);
-    body.U64(p.sample);
-    body.U32(static_cast<uint32_t>(p.status));
-    body.U32(0);
-    body.U64(p.xxh3);
-    body.U64(0);  // the authentication block, filled by Seal
-    body.U64(0);
-    body.U64(0);
+    body.Reserve(56 + p.data.size());
+    ReplyFields(body, p, p.data.size());
     body.Bytes(p.data);
   }
   if (type == PeerType::kAuthResult || type == PeerType::kReadRequest ||
@@ -142,18 +166,33 @@ std::vector<std::byte> Encode(const PeerMessage& m) {
     for (int i = 0; i < 3; ++i)
       body.U64(0);  // the authentication block, filled by Seal
   }
+  std::vector<std::byte>& bytes = out.bytes();
+  bytes[type_at] = static_cast<std::byte>(type);
+  out.PatchU32(body_len_at, static_cast<uint32_t>(bytes.size() - kPeerHeaderBytes));
+  return out.Take();
+}
+
+std::vector<std::byte> EncodeReplyHead(const ReadReply& head, uint64_t data_len) {
+  if (!head.data.empty()) throw std::invalid_argument("EncodeReplyHead: the data goes apart");
   Writer out;
+  out.Reserve(kPeerHeaderBytes + 56);
   out.U32(kPeerMagic);
   out.U8(kPeerVersion);
-  out.U8(static_cast<uint8_t>(type));
+  out.U8(static_cast<uint8_t>(PeerType::kReadReply));
   out.U16(0);
-  out.U32(static_cast<uint32_t>(body.size()));
+  const size_t body_len_at = out.size();
   out.U32(0);
-  out.Bytes(body.bytes());
+  out.U32(0);
+  ReplyFields(out, head, data_len);
+  out.PatchU32(body_len_at, static_cast<uint32_t>(out.size() - kPeerHeaderBytes + data_len));
   return out.Take();
 }
 
 Result<PeerMessage> Decode(std::span<const std::byte> buf) {
+  return Decode(buf, nullptr);
+}
+
+Result<PeerMessage> Decode(std::span<const std::byte> buf, std::span<const std::byte>* reply_data) {
   if (buf.size() < kPeerHeaderBytes) return Bad("shorter than the 16-byte header");
   Reader r(buf);
   uint32_t magic = 0;
@@ -254,7 +293,11 @@ Result<PeerMessage> Decode(std::span<const std::byte> buf) {
       auto rest = r.Rest();
       if (p.status != ReadStatus::kOk && !rest.empty()) return Bad("data with a non-ok status");
       if (rest.empty() && p.xxh3 != 0) return Bad("a checksum without data");
-      p.data.assign(rest.begin(), rest.end());
+      if (reply_data != nullptr) {
+        *reply_data = rest;
+      } else {
+        p.data.assign(rest.begin(), rest.end());
+      }
       return PeerMessage(std::move(p));
     }
     case PeerType::kClassDone: {

@@ -177,8 +177,17 @@ using PeerMessage = std::variant<Hello, Challenge, Auth, AuthResult, ReadRequest
 // flags (a caller bug, not a peer's).
 std::vector<std::byte> Encode(const PeerMessage& m);
 
+// The first bytes of Encode(reply) for a reply whose data (`data_len` bytes, not in `head`, whose
+// data must be empty) is sent after them as a part of its own: Encode(r) is EncodeReplyHead(r
+// without its data, n) followed by the n bytes. Seal works on it as on the whole message (the
+// MAC ends at the authentication block). Throws as Encode does.
+std::vector<std::byte> EncodeReplyHead(const ReadReply& head, uint64_t data_len);
+
 // Decodes exactly one message occupying all of `buf`.
 Result<PeerMessage> Decode(std::span<const std::byte> buf);
+// The same, except that a kReadReply's data is not copied into it: it is left in `buf`, and
+// *reply_data is set to it (a view, valid as long as `buf`), with the same checks.
+Result<PeerMessage> Decode(std::span<const std::byte> buf, std::span<const std::byte>* reply_data);
 
 // Whether messages of `type` carry an authentication block (all but Hello, Challenge and Auth).
 bool IsSealed(PeerType type);

@@ -58,7 +58,57 @@ TEST(PeerProtocolTest, RoundTripsEveryType) {
     auto back = Decode(bytes);
     ASSERT_TRUE(back.ok()) << back.status().ToString();
     EXPECT_EQ(*back, m);
+    // Decoded with a view, a reply's data stays in the buffer; everything else is the same.
+    std::span<const std::byte> view;
+    auto viewed = Decode(bytes, &view);
+    ASSERT_TRUE(viewed.ok()) << viewed.status().ToString();
+    if (const auto* p = std::get_if<ReadReply>(&m)) {
+      ReadReply r = std::get<ReadReply>(*viewed);
+      EXPECT_TRUE(r.data.empty());
+      EXPECT_TRUE(std::equal(view.begin(), view.end(), p->data.begin(), p->data.end()));
+      EXPECT_EQ(view.data(), bytes.data() + bytes.size() - p->data.size());
+      r.data.assign(view.begin(), view.end());
+      EXPECT_EQ(PeerMessage(r), m);
+    } else {
+      EXPECT_EQ(*viewed, m);
+      EXPECT_TRUE(view.empty());
+    }
   }
+}
+
+// A reply sent as its head and its data apart is, byte for byte, the reply Encode makes, and seals
+// the same way; EncodeReplyHead refuses what Encode refuses.
+TEST(PeerProtocolTest, AReplysHeadAndDataApartAreTheEncodedReply) {
+  for (const uint64_t n : {uint64_t{0}, uint64_t{1}, uint64_t{128} << 10}) {
+    ReadReply r{7, 9, n == 0 ? ReadStatus::kNotAvailable : ReadStatus::kOk, 0, {}};
+    std::vector<std::byte> data(n);
+    for (uint64_t i = 0; i < n; ++i)
+      data[i] = static_cast<std::byte>(i * 7);
+    if (n > 0) r.xxh3 = 0x1234 + n;
+    ReadReply whole = r;
+    whole.data = data;
+    std::vector<std::byte> head = EncodeReplyHead(r, n);
+    std::vector<std::byte> joined = head;
+    joined.insert(joined.end(), data.begin(), data.end());
+    EXPECT_EQ(joined, Encode(whole)) << n;
+    Mac k{};
+    k.fill(5);
+    SessionKey a(k), b(k);
+    std::vector<std::byte> sealed_whole = Encode(whole);
+    Seal(head, 3, a);
+    Seal(sealed_whole, 3, b);
+    joined = head;
+    joined.insert(joined.end(), data.begin(), data.end());
+    EXPECT_EQ(joined, sealed_whole) << n;
+    auto back = Decode(joined);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+  }
+  ReadReply refused{1, 2, ReadStatus::kNotAvailable, 0, {}};
+  EXPECT_THROW(EncodeReplyHead(refused, 10), std::invalid_argument);  // data with a non-ok status
+  ReadReply ok{1, 2, ReadStatus::kOk, 0, {}};
+  EXPECT_THROW(EncodeReplyHead(ok, kMaxSampleBytes + 1), std::invalid_argument);
+  ok.data.resize(1);
+  EXPECT_THROW(EncodeReplyHead(ok, 1), std::invalid_argument);  // the data goes apart
 }
 
 TEST(PeerProtocolTest, HeaderLayoutIsLittleEndian) {
@@ -79,6 +129,8 @@ TEST(PeerProtocolTest, RejectsEveryMalformation) {
   auto bad = [&](size_t at, uint8_t v) {
     auto b = good;
     b[at] = static_cast<std::byte>(v);
+    std::span<const std::byte> view;
+    EXPECT_EQ(Decode(b, &view).status().code(), Decode(b).status().code());
     return Decode(b).status().code();
   };
   EXPECT_EQ(bad(0, 0), StatusCode::kCorruption);   // magic
@@ -170,6 +222,8 @@ TEST(PeerProtocolTest, FuzzedDecodeNeverCrashesAndOnlyAcceptsCanonicalBuffers) {
       }
     }
     auto m = Decode(b);
+    std::span<const std::byte> view;
+    EXPECT_EQ(Decode(b, &view).status().code(), m.status().code());  // the same checks
     if (m.ok()) {
       ++accepted;
       // Canonical but for the authentication block, which Decode leaves to Unseal.
