@@ -8,6 +8,7 @@
 //   limits   = { jobs_per_node = 8, ram_per_job = "64GB", ssd_per_job = "1TB",
 //                streams_per_rank = 32 }
 //   log_level, catalog_cache, preprocess, metrics_dir
+//   shared   = { { path = "/pfs/imagenet", ssd = "200G" } }  -- one copy per node for all users
 //   planner  = "frequency"                             -- or "staging", "fill-once"
 //   verify   = "on_fill"                               -- or "always": RAM hits re-hashed
 // Unknown globals that look like misspellings of these and unknown fields are errors, so a typo
@@ -20,6 +21,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 #include "lua/state.h"
@@ -41,6 +43,13 @@ struct Limits {
 
 // When a RAM tier's bytes are checked against the xxh3 recorded at fill (docs/tiers.md). Fills,
 // SSD reads and peer reads are always checked.
+// A dataset the node keeps one copy of for every user allowed to read it (docs/admin.md, "Shared
+// datasets"): its directory and the bytes of SSD its copy may take on the node.
+struct SharedDecl {
+  std::string path;
+  uint64_t ssd = 0;
+};
+
 enum class RamVerify {
   kOnFill,  // at fill only; a hit is served as it lies in the sealed memfd
   kAlways,  // also at every hit (in place, or the copy-out)
@@ -70,6 +79,11 @@ class NodeConfig {
   // When RAM tier hits are verified (`verify`).
   RamVerify ram_verify() const { return ram_verify_; }
 
+  // The shared datasets (`shared`), and where their copies are: <first SSD class's
+  // path>/.nopfs-shared.
+  const std::vector<SharedDecl>& shared() const { return shared_; }
+  std::string shared_store_dir() const;
+
   // Sum of the capacities of the classes of `kind` (what a node can offer a job).
   policy::Bytes CapacityOf(policy::ClassKind kind) const;
 
@@ -88,6 +102,7 @@ class NodeConfig {
   uint32_t job_log_days_ = 14;
   policy::Planner planner_ = policy::Planner::kFrequency;
   RamVerify ram_verify_ = RamVerify::kOnFill;
+  std::vector<SharedDecl> shared_;
 };
 
 // This host's physical memory in bytes (sysconf), for RAM capacities written as "25%".

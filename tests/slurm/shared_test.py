@@ -1,0 +1,265 @@
+#!/usr/bin/python3
+"""Shared datasets on the local cluster (docs/admin.md "Shared datasets", docs/security.md
+"Shared datasets"): the node config declares two datasets shared (NOPFS_CLUSTER_SHARED); the
+node's share service (root) keeps one copy of each and hands it, read-only, to every job whose user
+proves, file by file, that they may read the file on the PFS.
+
+- alice's job reads the dataset once (through the service, which reads the PFS itself); bob's job
+  on the same node then reads at most 5 % of it from the PFS, with 0 mismatches;
+- carol, who cannot read part of it, gets exactly what she gets from an unshared copy with the
+  same permissions, and the same errors; with no access at all her job fails as on the unshared
+  copy; she can list, open or map nothing of the copy;
+- a file made unreadable to bob between two of his jobs is not served to his second job;
+- a file changed on the PFS between jobs is read again, its stale bytes never served;
+
+Run as root, one cluster test at a time: flock /tmp/nopfs-cluster.lock ctest -L slurm -R shared
+"""
+import glob
+import grp
+import json
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+import time
+import unittest
+
+import clusterlib
+from clusterlib import (BUILD, DIR, JOBS, SSD, ClusterCase, as_user, daemons, env, ledger,
+                        output, submit, wait_done)
+
+NOPFS = os.path.join(BUILD, "bin/nopfs")
+SHARED = os.path.join(DIR, "data/shared")     # declared shared; alice and bob read all of it
+SECRET = os.path.join(DIR, "data/secret")     # declared shared; carol may not enter it
+UNSHARED = os.path.join(DIR, "data/unshared")  # SHARED's copy, not declared: the baseline
+UNSECRET = os.path.join(DIR, "data/unsecret")  # SECRET's copy, not declared
+READERS = "nopfs-readers"                      # alice and bob, not carol
+STORE = os.path.join(SSD, ".nopfs-shared")
+# Each task reads its whole stream, verifying every sample against its file; prints the last line,
+# the errors (one per line) and the node's status.
+READ = (f"srun bash -c '{NOPFS} cat --verify > $TMPDIR/cat.$SLURM_JOB_ID 2> $TMPDIR/err.$SLURM_JOB_ID; "
+        "tail -n 1 $TMPDIR/cat.$SLURM_JOB_ID | sed \"s/^/verify: /\"; "
+        "grep -v \"^nopfs cat: rank\" $TMPDIR/err.$SLURM_JOB_ID | sed \"s/^/error: /\"; "
+        f"echo \"status: $({NOPFS} status --json)\"'\n")
+
+
+def make_dataset(path, seed):
+    """3 classes x 40 files of 1..64 KiB, readable by all."""
+    import random
+    rnd = random.Random(seed)
+    for c in range(3):
+        os.makedirs(os.path.join(path, f"class{c}"), exist_ok=True)
+        for i in range(40):
+            with open(os.path.join(path, f"class{c}", f"{i:04d}.bin"), "wb") as f:
+                f.write(rnd.randbytes(1024 * (1 + (i * 7 + c) % 64)))
+    subprocess.run(["chmod", "-R", "a+rX", path], check=True)
+
+
+def dataset_bytes(path):
+    return sum(os.path.getsize(p) for p in glob.glob(os.path.join(path, "*/*.bin")))
+
+
+def store_of(node, dataset):
+    """The share service's copy of `dataset` on `node`: {copy name: size}, read as root."""
+    out = {}
+    for d in glob.glob(os.path.join(STORE, node, "*")):
+        for p in glob.glob(os.path.join(d, "[0-9a-f]" * 16)):
+            out[p] = os.path.getsize(p)
+    return out
+
+
+def service_pids():
+    pids = []
+    for d in glob.glob("/proc/[0-9]*"):
+        try:
+            with open(d + "/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"share-serve" in argv and any(a.startswith(f"--dir={DIR}/run/".encode()) for a in argv):
+            pids.append(int(d[6:]))
+    return pids
+
+
+class SharedCase(ClusterCase):
+    @classmethod
+    def setUpClass(cls):
+        os.environ["NOPFS_CLUSTER_SHARED"] = f"{SHARED}:{SECRET}"
+        try:
+            super().setUpClass()
+        finally:
+            del os.environ["NOPFS_CLUSTER_SHARED"]
+        subprocess.run(["groupadd", "-f", READERS], check=True)
+        for u in ("nopfs-alice", "nopfs-bob"):
+            subprocess.run(["usermod", "-aG", READERS, u], check=True)
+        for path, seed in ((SHARED, 1), (SECRET, 2)):
+            make_dataset(path, seed)
+        # The secret dataset: alice's and bob's group only.
+        os.chown(SECRET, 0, grp.getgrnam(READERS).gr_gid)
+        os.chmod(SECRET, 0o750)
+        for src, dst in ((SHARED, UNSHARED), (SECRET, UNSECRET)):
+            shutil.copytree(src, dst, symlinks=True)
+            shutil.copystat(src, dst)
+            os.chown(dst, 0, os.stat(src).st_gid)
+
+    def tearDown(self):
+        super().tearDown()
+        subprocess.run(["scancel", "-u", "nopfs-carol"], env=env())
+
+    def run_job(self, user, dataset, node="n1", expect="COMPLETED"):
+        """A one-node job reading `dataset` to its end: (job, output, status or None, verify
+        line, error lines), once the epilog has finished."""
+        job = submit(user, f"-w {node} --mem=300 --nopfs-ram=1KB --nopfs-ssd=100MB "
+                     f"--nopfs={dataset} --nopfs-seed=3", READ)
+        state = wait_done(job, 180)
+        out = output(job)
+        if expect is not None:
+            self.assertEqual(state, expect, out)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (job in ledger(node) or daemons()):
+            time.sleep(0.2)
+        m = re.search(r"(?m)^status: (\{.*\})$", out)
+        status = json.loads(m.group(1)) if m else None
+        v = re.search(r"(?m)^verify: (.*)$", out)
+        errors = re.findall(r"(?m)^error: (.*)$", out)
+        return job, out, status, v.group(1) if v else None, errors
+
+    @staticmethod
+    def shared_bytes(status):
+        return sum(s["bytes"] for s in status["sources"] if s["name"] == "shared")
+
+    def slurmd_log(self, node):
+        with open(os.path.join(DIR, "log", f"slurmd-{node}.log"), errors="replace") as f:
+            return f.read()
+
+
+class SharedTest(SharedCase):
+    def test_1_alice_fills_the_copy_once_and_bob_reads_it_from_there(self):
+        total = dataset_bytes(SHARED)
+        job, out, st, verify, errors = self.run_job("nopfs-alice", SHARED)
+        self.assertRegex(verify or "", r"^120 samples, \d+ bytes, 0 mismatches$", out)
+        self.assertEqual(errors, [], out)
+        self.assertRegex(self.slurmd_log("n1"), rf"serving {re.escape(SHARED)} .*shared copy of")
+        # The PFS was read once, by the service: its copy holds the whole dataset, and alice's
+        # nopfsd read (almost) nothing itself.
+        copies = store_of("n1", SHARED)
+        self.assertEqual(sum(copies.values()), total, copies)
+        self.assertEqual(len(copies), 120)
+        self.assertLessEqual(st["pfs_bytes"], 0.05 * total, st)
+        self.assertGreaterEqual(self.shared_bytes(st), 0.95 * total, st)
+        # bob on the same node: at most 5 % from the PFS, 0 mismatches, no new copy made.
+        job, out, st, verify, errors = self.run_job("nopfs-bob", SHARED)
+        self.assertRegex(verify or "", r"^120 samples, \d+ bytes, 0 mismatches$", out)
+        self.assertLessEqual(st["pfs_bytes"], 0.05 * total, st)
+        self.assertGreaterEqual(self.shared_bytes(st), 0.95 * total, st)
+        self.assertEqual(store_of("n1", SHARED), copies)
+        # The copies are root's, 0400, in root's 0700 directories.
+        for p in copies:
+            s = os.stat(p)
+            self.assertEqual((s.st_uid, s.st_mode & 0o7777), (0, 0o400), p)
+        for d in (STORE, os.path.join(STORE, "n1"), os.path.dirname(next(iter(copies)))):
+            s = os.stat(d)
+            self.assertEqual((s.st_uid, s.st_mode & 0o777), (0, 0o700), d)
+        self.assertTrue(service_pids(), "no share service running")
+
+    def test_2_carol_gets_exactly_what_the_pfs_gives_her(self):
+        # Ten files of class1 in alice's and bob's group only, in both trees.
+        gid = grp.getgrnam(READERS).gr_gid
+        for tree in (SHARED, UNSHARED):
+            for i in range(10):
+                p = os.path.join(tree, "class1", f"{i:04d}.bin")
+                os.chown(p, 0, gid)
+                os.chmod(p, 0o640)
+        self.run_job("nopfs-alice", SHARED)  # the copy holds every file
+        _, out_u, st_u, verify_u, errors_u = self.run_job("nopfs-carol", UNSHARED, expect=None)
+        _, out_s, st_s, verify_s, errors_s = self.run_job("nopfs-carol", SHARED, expect=None)
+        self.assertEqual(verify_s, verify_u, (out_u, out_s))
+        self.assertEqual(len(errors_s), len(errors_u), (out_u, out_s))
+        self.assertEqual(len(errors_s), 10, out_s)
+        self.assertEqual([e.replace(UNSHARED, SHARED) for e in errors_u], errors_s)
+        for e in errors_s:
+            self.assertIn("Permission denied", e)
+        self.assertEqual(self.shared_bytes(st_s),
+                         dataset_bytes(SHARED) - sum(os.path.getsize(os.path.join(
+                             SHARED, "class1", f"{i:04d}.bin")) for i in range(10)), st_s)
+        for tree in (SHARED, UNSHARED):
+            subprocess.run(["chmod", "-R", "a+rX", tree], check=True)
+            subprocess.run(["chgrp", "-R", "root", tree], check=True)
+
+    def test_3_carol_without_access_fails_as_without_nopfs_and_reaches_nothing(self):
+        self.run_job("nopfs-alice", SECRET)
+        self.assertEqual(len(store_of("n1", SECRET)) > 0, True)
+        job_u, out_u, _, _, _ = self.run_job("nopfs-carol", UNSECRET, expect=None)
+        job_s, out_s, _, _, _ = self.run_job("nopfs-carol", SECRET, expect=None)
+        self.assertEqual(clusterlib.job_state(job_s), clusterlib.job_state(job_u))
+        self.assertIn("Permission denied", out_u)
+        self.assertEqual(out_s.replace(SECRET, UNSECRET).count("Permission denied"),
+                         out_u.count("Permission denied"), (out_u, out_s))
+        # Nothing of the copy: not the store, a copy by its name, the service's descriptors.
+        targets = [STORE, os.path.join(STORE, "n1")] + list(store_of("n1", SECRET))[:5]
+        targets += glob.glob(os.path.join(STORE, "n1", "*"))
+        for pid in service_pids():
+            targets += [f"/proc/{pid}/fd", f"/proc/{pid}/mem", f"/proc/{pid}/map_files"]
+            targets += [f"/proc/{pid}/fd/{n}" for n in range(3, 40)]
+        probe = ("import os, sys, mmap\n"
+                 "ok = []\n"
+                 "for t in sys.argv[1:]:\n"
+                 "    try:\n"
+                 "        if os.path.isdir(t):\n"
+                 "            os.listdir(t)\n"
+                 "        else:\n"
+                 "            fd = os.open(t, os.O_RDONLY)\n"
+                 "            mmap.mmap(fd, 1, prot=mmap.PROT_READ)\n"
+                 "        ok.append(t)\n"
+                 "    except (OSError, ValueError) as e:\n"
+                 "        pass\n"
+                 "print('reached:', ok)\n")
+        path = os.path.join(JOBS, "probe.py")
+        with open(path, "w") as f:
+            f.write(probe)
+        r = as_user("nopfs-carol", f"python3 {path} " + " ".join(targets))
+        self.assertIn("reached: []", r.stdout, r.stdout + r.stderr)
+
+    def test_4_a_file_made_unreadable_to_bob_is_not_served_to_his_next_job(self):
+        p = os.path.join(SHARED, "class0", "0005.bin")
+        _, out, st, verify, errors = self.run_job("nopfs-bob", SHARED)
+        self.assertRegex(verify or "", r"^120 samples, \d+ bytes, 0 mismatches$", out)
+        alice = pwd.getpwnam("nopfs-alice")
+        os.chown(p, alice.pw_uid, alice.pw_gid)
+        os.chmod(p, 0o600)
+        try:
+            _, out, st, verify, errors = self.run_job("nopfs-bob", SHARED, expect=None)
+            self.assertRegex(verify or "", r"^119 samples, \d+ bytes, 0 mismatches$", out)
+            self.assertEqual(len(errors), 1, out)
+            self.assertIn("0005.bin", errors[0])
+            self.assertIn("Permission denied", errors[0])
+            self.assertEqual(self.shared_bytes(st), dataset_bytes(SHARED) - os.path.getsize(p), st)
+            # alice still reads it, from the copy.
+            _, out, st, verify, errors = self.run_job("nopfs-alice", SHARED)
+            self.assertRegex(verify or "", r"^120 samples, \d+ bytes, 0 mismatches$", out)
+        finally:
+            os.chown(p, 0, 0)
+            os.chmod(p, 0o644)
+
+    def test_5_a_file_changed_on_the_pfs_is_read_again_never_stale(self):
+        self.run_job("nopfs-alice", SHARED)
+        before = store_of("n1", SHARED)
+        p = os.path.join(SHARED, "class2", "0007.bin")
+        size = os.path.getsize(p)
+        with open(p, "r+b") as f:  # rewritten in place, same size
+            f.write(os.urandom(size))
+        _, out, st, verify, errors = self.run_job("nopfs-bob", SHARED)
+        self.assertRegex(verify or "", r"^120 samples, \d+ bytes, 0 mismatches$", out)
+        self.assertEqual(errors, [], out)
+        after = store_of("n1", SHARED)
+        self.assertEqual(len(after), len(before))
+        self.assertEqual(len(set(after) - set(before)), 1, "one new copy for the changed file")
+        new = (set(after) - set(before)).pop()
+        with open(new, "rb") as a, open(p, "rb") as b:
+            self.assertEqual(a.read(), b.read())
+
+
+if __name__ == "__main__":
+    unittest.main()
