@@ -165,23 +165,32 @@ TEST(ShareStore, AFileChangedOnThePfsIsFilledAgainAndNeverServedStale) {
   EXPECT_EQ(ReadFd(a.fd.get()), std::string(1000, 'z'));
   EXPECT_EQ(s->stats().replaced, 1u);
   EXPECT_EQ(s->stats().files, 1u);
-  // A proof of the old state is of no file now: never served, never filled.
+  // A proof of the old state is of no file now: never served, never filled, and it removes
+  // nothing.
   EXPECT_EQ(s->Serve("a/1.jpg", old, true).outcome, Outcome::kNotStored);
-  EXPECT_EQ(s->stats().files, 0u);
+  EXPECT_EQ(s->stats().files, 1u);
+  Store::Answer again = s->Serve("a/1.jpg", now, true);
+  ASSERT_EQ(again.outcome, Outcome::kReady);
+  EXPECT_EQ(ReadFd(again.fd.get()), std::string(1000, 'z'));
+  EXPECT_EQ(s->stats().filled, 2u);
 }
 
 TEST(ShareStore, APathThatDoesNotLeadToTheProofsFileIsDenied) {
   Fixture f;
   std::unique_ptr<Store> s = f.Open();
-  // The proof of one file with the name of another.
+  // The proof of one file with the name of another: denied, and the other's copy stays.
+  ASSERT_EQ(s->Serve("a/2.jpg", Proof(f.root + "/a/2.jpg"), false).outcome, Outcome::kReady);
   EXPECT_EQ(s->Serve("a/2.jpg", Proof(f.root + "/a/1.jpg"), true).outcome, Outcome::kDenied);
+  EXPECT_EQ(s->stats().files, 1u);
+  EXPECT_EQ(s->Serve("a/2.jpg", Proof(f.root + "/a/2.jpg"), false).outcome, Outcome::kReady);
+  EXPECT_EQ(s->stats().filled, 1u);
   // A file outside the dataset, reached through a link inside it, or named directly.
   Write(f.tmp.path() + "/secret", "secret");
   ASSERT_EQ(::symlink((f.tmp.path() + "/secret").c_str(), (f.root + "/a/link").c_str()), 0);
   EXPECT_EQ(s->Serve("a/link", Proof(f.tmp.path() + "/secret"), true).outcome, Outcome::kDenied);
   ASSERT_EQ(::symlink((f.root + "/b").c_str(), (f.root + "/c").c_str()), 0);
   EXPECT_EQ(s->Serve("c/3.jpg", Proof(f.root + "/b/3.jpg"), true).outcome, Outcome::kDenied);
-  EXPECT_EQ(s->stats().filled, 0u);
+  EXPECT_EQ(s->stats().filled, 1u);
 }
 
 TEST(ShareStore, TheQuotaEvictsTheLeastRecentlyUsedCopy) {

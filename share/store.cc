@@ -331,10 +331,8 @@ Store::Answer Store::Serve(const std::string& rel, const FileId& proof, bool wan
           a.outcome = Outcome::kBusy;
           return a;
         }
-        if (it != entries_.end()) {
-          DropLocked(it);  // the file changed on the PFS: its copy goes, a new one is made
-          ++stats_.replaced;
-        }
+        // An entry of another identity stays until the fill shows that the proof is the file
+        // at that path now (the file changed on the PFS): a forged proof removes nothing.
         if (proof.size > o_.quota) {
           a.outcome = Outcome::kNotStored;
           return a;
@@ -353,6 +351,10 @@ Store::Answer Store::Serve(const std::string& rel, const FileId& proof, bool wan
         return a;
       }
       e = *filled;
+      if (auto old = entries_.find(rel); old != entries_.end()) {
+        DropLocked(old);  // the file changed on the PFS: its old copy goes
+        ++stats_.replaced;
+      }
       EvictLocked(e.id.size);
       e.last_used = ++clock_;
       entries_[rel] = e;

@@ -12,7 +12,8 @@
 //
 // A copy is served only for a proof whose identity equals the manifest's (FileId): a file changed
 // on the PFS (any write, chmod or rename changes its ctime) is never served stale; it is filled
-// again as a new copy, under a new name, and the old one removed. A copy is never edited in place.
+// again as a new copy, under a new name, and the old one removed once the new one is made (a proof
+// that is not the file at that path removes nothing). A copy is never edited in place.
 // Copies are evicted least recently used first when a fill would pass the quota. Each copy's
 // bytes are hashed again the first time this process serves it, so a copy damaged on disk (or
 // left half-written by a crash) is filled again rather than served.

@@ -11,6 +11,9 @@ proves, file by file, that they may read the file on the PFS.
   copy; she can list, open or map nothing of the copy;
 - a file made unreadable to bob between two of his jobs is not served to his second job;
 - a file changed on the PFS between jobs is read again, its stale bytes never served;
+- whatever a user does to change the copy fails, with 0 wrong bytes after (tests/slurm/
+  shared_probe.py): writing its files (through a descriptor the protocol gave, by name, through
+  /proc), forged messages to the service, and links raced under the dataset while it fills.
 
 Run as root, one cluster test at a time: flock /tmp/nopfs-cluster.lock ctest -L slurm -R shared
 """
@@ -27,7 +30,7 @@ import time
 import unittest
 
 import clusterlib
-from clusterlib import (BUILD, DIR, JOBS, SSD, ClusterCase, as_user, daemons, env, ledger,
+from clusterlib import (BUILD, DIR, JOBS, RUN, SRC, SSD, ClusterCase, as_user, daemons, env, ledger,
                         output, submit, wait_done)
 
 NOPFS = os.path.join(BUILD, "bin/nopfs")
@@ -37,6 +40,8 @@ UNSHARED = os.path.join(DIR, "data/unshared")  # SHARED's copy, not declared: th
 UNSECRET = os.path.join(DIR, "data/unsecret")  # SECRET's copy, not declared
 READERS = "nopfs-readers"                      # alice and bob, not carol
 STORE = os.path.join(SSD, ".nopfs-shared")
+SOCKET = os.path.join(RUN, "n1", "share", "socket")
+PROBE = os.path.join(SRC, "tests/slurm/shared_probe.py")
 # Each task reads its whole stream, verifying every sample against its file; prints the last line,
 # the errors (one per line) and the node's status.
 READ = (f"srun bash -c '{NOPFS} cat --verify > $TMPDIR/cat.$SLURM_JOB_ID 2> $TMPDIR/err.$SLURM_JOB_ID; "
@@ -259,6 +264,75 @@ class SharedTest(SharedCase):
         new = (set(after) - set(before)).pop()
         with open(new, "rb") as a, open(p, "rb") as b:
             self.assertEqual(a.read(), b.read())
+
+    def probe(self, user, *args):
+        r = as_user(user, f"python3 {PROBE} " + " ".join(args), timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    def test_6_attack_writing_the_copy_fails(self):
+        self.run_job("nopfs-alice", SHARED)
+        before = {}
+        for p in store_of("n1", SHARED):
+            with open(p, "rb") as f:
+                before[p] = f.read()
+        got = self.probe("nopfs-bob", "write", SOCKET, SHARED, "class0/0001.bin")
+        self.assertTrue(got["copy"].startswith(STORE), got)
+        self.assertEqual(got["worked"], [], got)
+        for target in (STORE, os.path.join(STORE, "n1"), os.path.join(STORE, "planted")):
+            r = as_user("nopfs-bob", f"touch {target}/x || mkdir {target}/y; ln -s / {target}/z")
+            self.assertNotEqual(r.returncode, 0)
+        for p, data in before.items():
+            with open(p, "rb") as f:
+                self.assertEqual(f.read(), data, p)
+        _, out, st, verify, errors = self.run_job("nopfs-alice", SHARED)
+        self.assertRegex(verify or "", r"^120 samples, \d+ bytes, 0 mismatches$", out)
+
+    def test_7_attack_forged_messages_get_nothing(self):
+        self.run_job("nopfs-alice", SHARED)
+        before = store_of("n1", SHARED)
+        secret = os.path.join(SHARED, "class1", "0001.bin")
+        os.chmod(secret, 0o600)  # root's alone now
+        own = os.path.join(JOBS, "carol-own.bin")
+        try:
+            as_user("nopfs-carol", f"head -c {os.path.getsize(secret)} /dev/urandom > {own}",
+                    check=True)
+            got = self.probe("nopfs-carol", "forge", SOCKET, SHARED, "class1/0001.bin", own)
+            for what, answer in got.items():
+                if what == "ping after":
+                    self.assertEqual(answer, [0, [], 0], got)
+                    continue
+                if isinstance(answer, str):
+                    continue  # the service closed the connection
+                status, outcomes, fds = answer
+                self.assertEqual(fds, 0, (what, got))
+                self.assertNotIn("ready", outcomes, (what, got))
+                self.assertIn(status, (0, 1, 2), (what, got))
+            self.assertEqual(store_of("n1", SHARED), before)
+        finally:
+            os.chmod(secret, 0o644)
+        _, out, st, verify, errors = self.run_job("nopfs-alice", SHARED)
+        self.assertRegex(verify or "", r"^120 samples, \d+ bytes, 0 mismatches$", out)
+        self.assertTrue(service_pids())
+
+    def test_8_attack_links_raced_under_the_dataset_serve_nothing_else(self):
+        self.run_job("nopfs-alice", SHARED)
+        scratch = os.path.join(SHARED, "scratch")
+        os.makedirs(scratch, exist_ok=True)
+        os.chmod(scratch, 0o1777)  # a directory users may write inside the dataset
+        try:
+            got = self.probe("nopfs-bob", "race", SOCKET, SHARED, "scratch/x", "/etc/shadow", "6")
+            self.assertGreater(got["asked"], 10, got)
+            self.assertGreater(got["swaps"], 10, got)
+            # Only bob's own bytes ever came back (what he could read anyway), never the target's.
+            self.assertEqual(set(got["copies"]) - {got["mine"]}, set(), got)
+            for p in store_of("n1", SHARED):
+                with open(p, "rb") as f, open("/etc/shadow", "rb") as t:
+                    self.assertNotEqual(f.read(), t.read())
+        finally:
+            shutil.rmtree(scratch)
+        _, out, st, verify, errors = self.run_job("nopfs-alice", SHARED)
+        self.assertRegex(verify or "", r"^120 samples, \d+ bytes, 0 mismatches$", out)
 
 
 if __name__ == "__main__":
