@@ -11,6 +11,7 @@ proves, file by file, that they may read the file on the PFS.
   copy; she can list, open or map nothing of the copy;
 - a file made unreadable to bob between two of his jobs is not served to his second job;
 - a file changed on the PFS between jobs is read again, its stale bytes never served;
+- `nopfs share warm` fills a copy ahead of the jobs, which then read nothing from the PFS;
 - whatever a user does to change the copy fails, with 0 wrong bytes after (tests/slurm/
   shared_probe.py): writing its files (through a descriptor the protocol gave, by name, through
   /proc), forged messages to the service, and links raced under the dataset while it fills.
@@ -38,6 +39,7 @@ SHARED = os.path.join(DIR, "data/shared")     # declared shared; alice and bob r
 SECRET = os.path.join(DIR, "data/secret")     # declared shared; carol may not enter it
 UNSHARED = os.path.join(DIR, "data/unshared")  # SHARED's copy, not declared: the baseline
 UNSECRET = os.path.join(DIR, "data/unsecret")  # SECRET's copy, not declared
+WARM = os.path.join(DIR, "data/warm")          # declared shared; filled by `nopfs share warm`
 READERS = "nopfs-readers"                      # alice and bob, not carol
 STORE = os.path.join(SSD, ".nopfs-shared")
 SOCKET = os.path.join(RUN, "n1", "share", "socket")
@@ -91,7 +93,7 @@ def service_pids():
 class SharedCase(ClusterCase):
     @classmethod
     def setUpClass(cls):
-        os.environ["NOPFS_CLUSTER_SHARED"] = f"{SHARED}:{SECRET}"
+        os.environ["NOPFS_CLUSTER_SHARED"] = f"{SHARED}:{SECRET}:{WARM}"
         try:
             super().setUpClass()
         finally:
@@ -99,7 +101,7 @@ class SharedCase(ClusterCase):
         subprocess.run(["groupadd", "-f", READERS], check=True)
         for u in ("nopfs-alice", "nopfs-bob"):
             subprocess.run(["usermod", "-aG", READERS, u], check=True)
-        for path, seed in ((SHARED, 1), (SECRET, 2)):
+        for path, seed in ((SHARED, 1), (SECRET, 2), (WARM, 3)):
             make_dataset(path, seed)
         # The secret dataset: alice's and bob's group only.
         os.chown(SECRET, 0, grp.getgrnam(READERS).gr_gid)
@@ -333,6 +335,22 @@ class SharedTest(SharedCase):
             shutil.rmtree(scratch)
         _, out, st, verify, errors = self.run_job("nopfs-alice", SHARED)
         self.assertRegex(verify or "", r"^120 samples, \d+ bytes, 0 mismatches$", out)
+
+    def test_9_share_warm_fills_the_copy_before_any_job(self):
+        self.run_job("nopfs-alice", SHARED)  # the service runs
+        before = store_of("n1", SHARED)
+        r = subprocess.run([NOPFS, "share", "warm", WARM, "--rundir", RUN, "--node", "n1"],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("120 files in the copy", r.stdout)
+        added = set(store_of("n1", SHARED)) - set(before)
+        self.assertEqual(len(added), 120)
+        self.assertEqual(sum(os.path.getsize(p) for p in added), dataset_bytes(WARM))
+        _, out, st, verify, errors = self.run_job("nopfs-bob", WARM)
+        self.assertRegex(verify or "", r"^120 samples, \d+ bytes, 0 mismatches$", out)
+        self.assertEqual(st["pfs_bytes"], 0, st)
+        self.assertEqual(self.shared_bytes(st), dataset_bytes(WARM), st)
+        self.assertEqual(set(store_of("n1", SHARED)) - set(before), added)
 
 
 if __name__ == "__main__":
