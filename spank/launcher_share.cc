@@ -13,6 +13,7 @@
 // no_new_privs; its copies are root's files in root's 0700 directory. It exits after
 // kShareIdleExit without a connection; the next prolog that needs it starts it again.
 #include <linux/capability.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 
@@ -124,6 +125,13 @@ int ShareServe(int argc, char** argv) {
     Say("nopfs-job share-serve: the node config declares no shared dataset");
     return 1;
   }
+  // SIGTERM, SIGINT and SIGHUP end the service cleanly (its manifests written): blocked here,
+  // before any thread, and taken by one thread with sigwait.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP})
+    sigaddset(&stop_signals, sig);
+  ::pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   Result<std::unique_ptr<share::Server>> server = share::Server::Start(o);
   if (!server.ok()) {
     Say("nopfs-job share-serve: " + server.status().message());
@@ -139,9 +147,19 @@ int ShareServe(int argc, char** argv) {
              FormatBytes(static_cast<double>(d.quota)) + ")";
   Say("nopfs-job share-serve: pid " + std::to_string(::getpid()) + " serving " + names + " from " +
       o.store_dir + " on " + o.socket_path);
-  (*server)->Run();
-  Say("nopfs-job share-serve: idle, exiting");
-  return 0;
+  share::Server* s = server->get();
+  std::thread([s, stop_signals] {
+    int sig = 0;
+    if (::sigwait(&stop_signals, &sig) == 0) {
+      Say("nopfs-job share-serve: signal " + std::to_string(sig) + ", stopping");
+      s->Stop();
+    }
+  }).detach();
+  s->Run();
+  server->reset();  // the manifests are written
+  Say("nopfs-job share-serve: exiting");
+  std::fflush(stdout);
+  ::_exit(0);  // the signal thread may still wait
 }
 
 const lua::SharedDecl* SharedDeclFor(const lua::NodeConfig& config, const std::string& dataset) {

@@ -46,9 +46,11 @@ SOCKET = os.path.join(RUN, "n1", "share", "socket")
 PROBE = os.path.join(SRC, "tests/slurm/shared_probe.py")
 # Each task reads its whole stream, verifying every sample against its file; prints the last line,
 # the errors (one per line) and the node's status.
-READ = (f"srun bash -c '{NOPFS} cat --verify > $TMPDIR/cat.$SLURM_JOB_ID 2> $TMPDIR/err.$SLURM_JOB_ID; "
-        "tail -n 1 $TMPDIR/cat.$SLURM_JOB_ID | sed \"s/^/verify: /\"; "
-        "grep -v \"^nopfs cat: rank\" $TMPDIR/err.$SLURM_JOB_ID | sed \"s/^/error: /\"; "
+# (Into files of a private directory of the job's: a file of another user's job in /tmp must never
+# be read instead.)
+READ = (f"srun bash -c 't=$(mktemp -d) && {NOPFS} cat --verify > $t/cat 2> $t/err; "
+        "tail -n 1 $t/cat | sed \"s/^/verify: /\"; "
+        "grep -v \"^nopfs cat: rank\" $t/err | sed \"s/^/error: /\"; rm -rf $t; "
         f"echo \"status: $({NOPFS} status --json)\"'\n")
 
 
@@ -169,7 +171,15 @@ class SharedTest(SharedCase):
         for d in (STORE, os.path.join(STORE, "n1"), os.path.dirname(next(iter(copies)))):
             s = os.stat(d)
             self.assertEqual((s.st_uid, s.st_mode & 0o777), (0, 0o700), d)
-        self.assertTrue(service_pids(), "no share service running")
+        # The service: root, with CAP_DAC_READ_SEARCH alone, no_new_privs.
+        pids = service_pids()
+        self.assertEqual(len(pids), 1, pids)
+        with open(f"/proc/{pids[0]}/status") as f:
+            status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+        self.assertEqual(status["Uid"].split()[1], "0")
+        for cap in ("CapEff", "CapPrm", "CapBnd"):
+            self.assertEqual(int(status[cap], 16), 1 << 2, (cap, status[cap]))
+        self.assertEqual(status["NoNewPrivs"].strip(), "1")
 
     def test_2_carol_gets_exactly_what_the_pfs_gives_her(self):
         # Ten files of class1 in alice's and bob's group only, in both trees.
@@ -351,6 +361,22 @@ class SharedTest(SharedCase):
         self.assertEqual(st["pfs_bytes"], 0, st)
         self.assertEqual(self.shared_bytes(st), dataset_bytes(WARM), st)
         self.assertEqual(set(store_of("n1", SHARED)) - set(before), added)
+
+    def test_9b_the_copy_outlives_the_service(self):
+        self.run_job("nopfs-alice", SHARED)
+        before = store_of("n1", SHARED)
+        for pid in service_pids():
+            os.kill(pid, 15)
+        deadline = time.monotonic() + 20
+        while service_pids() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.assertEqual(service_pids(), [])
+        # The next job's prolog starts it again; it takes the copy over as it was.
+        _, out, st, verify, errors = self.run_job("nopfs-bob", SHARED)
+        self.assertRegex(verify or "", r"^120 samples, \d+ bytes, 0 mismatches$", out)
+        self.assertLessEqual(st["pfs_bytes"], 0.05 * dataset_bytes(SHARED), st)
+        self.assertEqual(store_of("n1", SHARED), before)
+        self.assertEqual(len(service_pids()), 1)
 
 
 if __name__ == "__main__":
