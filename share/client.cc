@@ -41,8 +41,15 @@ Result<UniqueFd> ShareClient::Take() {
                static_cast<suseconds_t>(timeout_.count() % 1000 * 1000)};
     (void)::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     (void)::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    ucred cred{};
+    socklen_t len = sizeof(cred);
     if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
       s = Status::Unavailable("share: connecting to " + socket_path_ + ": " + std::strerror(errno));
+    } else if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+               (cred.uid != 0 && cred.uid != ::geteuid())) {
+      // Only root's service (or one's own, in a test) is believed.
+      s = Status::PermissionDenied("share: " + socket_path_ + " is served by uid " +
+                                   std::to_string(cred.uid) + ", not root");
     }
   }
   if (!s.ok()) {

@@ -2,7 +2,8 @@
 // `nopfs share warm`. For each file it opens <dataset>/<rel> itself (O_RDONLY | O_NOFOLLOW, as the
 // catalog's scan does): a file it cannot open is never asked about and answered kDenied with the
 // open's errno, so that the caller reads the PFS and fails exactly as it would without a copy.
-// The descriptor it could open is the proof it sends.
+// The descriptor it could open is the proof it sends. It talks only to a service of root's (or of
+// its own uid), as SO_PEERCRED says.
 //
 // Thread safety: every method from any number of threads (a small pool of connections).
 #pragma once
