@@ -314,6 +314,9 @@ int Prolog(const Job& job, const char* self) {
       dargs.shared_dataset = decl->path;
       dargs.ssd = "0";
       shared_note = "shared copy of " + decl->path;
+      // Its SSD reservation goes back to the node.
+      entry.ssd = 0;
+      if (Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s); l.ok()) (void)l->Put(entry);
     } else {
       shared_note = "no shared copy (" + socket.status().message() + "): the job reads the PFS";
     }

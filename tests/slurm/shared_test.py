@@ -31,8 +31,8 @@ import time
 import unittest
 
 import clusterlib
-from clusterlib import (BUILD, DIR, JOBS, RUN, SRC, SSD, ClusterCase, as_user, daemons, env, ledger,
-                        output, submit, wait_done)
+from clusterlib import (BUILD, DIR, HOLD, JOBS, RUN, SRC, SSD, ClusterCase, as_user, daemons, env,
+                        ledger, output, release, submit, wait_done, wait_state)
 
 NOPFS = os.path.join(BUILD, "bin/nopfs")
 SHARED = os.path.join(DIR, "data/shared")     # declared shared; alice and bob read all of it
@@ -180,6 +180,25 @@ class SharedTest(SharedCase):
         for cap in ("CapEff", "CapPrm", "CapBnd"):
             self.assertEqual(int(status[cap], 16), 1 << 2, (cap, status[cap]))
         self.assertEqual(status["NoNewPrivs"].strip(), "1")
+
+    def test_1b_a_job_on_a_shared_dataset_reserves_no_ssd(self):
+        job = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs-ram=1KB --nopfs-ssd=100MB "
+                     f"--nopfs={SHARED}", HOLD.format(jobs=JOBS))
+        try:
+            wait_state(job, {"RUNNING"}, 90)
+            argv = None
+            deadline = time.monotonic() + 30
+            while argv is None and time.monotonic() < deadline:
+                argv = next((a for _, (_, a) in daemons().items() if f"{RUN}/n1/{job}" in a), None)
+                time.sleep(0.2)
+            self.assertIsNotNone(argv)
+            self.assertEqual(argv[argv.index("--shared-socket") + 1], SOCKET)
+            self.assertEqual(argv[argv.index("--shared-dataset") + 1], SHARED)
+            self.assertEqual(argv[argv.index("--ssd") + 1], "0")
+            self.assertEqual(ledger("n1")[job]["ssd"], "0")
+        finally:
+            release(job)
+            wait_done(job, 120)
 
     def test_2_carol_gets_exactly_what_the_pfs_gives_her(self):
         # Ten files of class1 in alice's and bob's group only, in both trees.
