@@ -9,6 +9,7 @@
 #include "cli/cmd_gc.h"
 #include "cli/cmd_plan.h"
 #include "cli/cmd_run.h"
+#include "cli/cmd_share.h"
 #include "cli/cmd_simulate.h"
 #include "cli/cmd_stream.h"
 #include "cli/status_text.h"
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
   nopfs::cli::RegisterSimulate(&app, &exit_code);
   nopfs::cli::RegisterCache(&app, &exit_code);
   nopfs::cli::RegisterGc(&app, &exit_code);
+  nopfs::cli::RegisterShare(&app, &exit_code);
   nopfs::cli::RegisterAdmin(&app, &exit_code);
   try {
     app.parse(argc, argv);

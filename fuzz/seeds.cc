@@ -11,6 +11,7 @@
 #include "service/catalog/catalog_codec.h"
 #include "service/catalog/catalog_share.h"
 #include "service/peers/directory_wire.h"
+#include "share/wire.h"
 
 namespace fs = std::filesystem;
 namespace fabric = nopfs::fabric;
@@ -201,6 +202,33 @@ void SpankOptions() {
 
 }  // namespace
 
+// The share protocol: the selector byte is decoder | descriptors << 1 (| 0x80: a reply to an open).
+void Share() {
+  namespace sh = nopfs::share;
+  auto with = [](uint8_t sel, const std::vector<std::byte>& m) {
+    std::string s(1, static_cast<char>(sel));
+    s.append(reinterpret_cast<const char*>(m.data()), m.size());
+    return s;
+  };
+  Write("share", "ping", with(0, sh::EncodeRequest({sh::Op::kPing, "/pfs/imagenet", {}})));
+  Write("share", "open",
+        with(2 << 1, sh::EncodeRequest({sh::Op::kOpen,
+                                        "/pfs/imagenet",
+                                        {"n01440764/n01440764_10026.JPEG", "train/b/2.jpg"}})));
+  Write("share", "warm",
+        with(1 << 1, sh::EncodeRequest({sh::Op::kWarm, "/pfs/coco", {"val2017/000001.jpg"}})));
+  Write("share", "reply_open",
+        with(0x80 | 1 | (1 << 1), sh::EncodeReply({sh::ReplyStatus::kOk,
+                                                   {{sh::Outcome::kReady, 110000, 0x1234},
+                                                    {sh::Outcome::kDenied, 0, 0}}})));
+  Write("share", "reply_warm",
+        with(1, sh::EncodeReply({sh::ReplyStatus::kOk,
+                                 {{sh::Outcome::kReady, 5, 7},
+                                  {sh::Outcome::kNotStored, 0, 0},
+                                  {sh::Outcome::kBusy, 0, 0}}})));
+  Write("share", "reply_bad", with(1, sh::EncodeReply({sh::ReplyStatus::kBadRequest, {}})));
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: nopfs_fuzz_seeds CORPUS_DIR (e.g. fuzz/corpus)\n");
@@ -214,5 +242,6 @@ int main(int argc, char** argv) {
   CatalogShare();
   Manifest();
   SpankOptions();
+  Share();
   return 0;
 }

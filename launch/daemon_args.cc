@@ -38,6 +38,8 @@ std::vector<std::string> DaemonArgs::ToArgv() const {
   if (keep) a.emplace_back("--keep");
   if (keep_max_bytes != 0) add("--keep-max-bytes", std::to_string(keep_max_bytes));
   if (!share_running) add("--share-running", "no");
+  if (!shared_socket.empty()) add("--shared-socket", shared_socket);
+  if (!shared_dataset.empty()) add("--shared-dataset", shared_dataset);
   if (summary) a.emplace_back("--summary");
   if (ready_fd >= 0) add("--ready-fd", std::to_string(ready_fd));
   if (allow_root) a.emplace_back("--allow-root");
@@ -83,6 +85,13 @@ void AddDaemonFlags(CLI::App* app, DaemonArgs* args) {
                   "this node and dataset, so that the PFS is read once (docs/tiers.md, \"Sibling "
                   "jobs\"); no: each job reads on its own")
       ->capture_default_str();
+  app->add_option("--shared-socket", args->shared_socket,
+                  "Read the dataset from the node's shared copy through the share service at "
+                  "this socket, each file proved by opening it (docs/tiers.md, \"Shared "
+                  "datasets\"); the Slurm prolog passes it for a dataset the node config shares");
+  app->add_option("--shared-dataset", args->shared_dataset,
+                  "The shared dataset's directory as the node config declares it (with "
+                  "--shared-socket)");
   app->add_flag("--summary", args->summary,
                 "Rewrite the job's status report to <run dir>/summary every few seconds and at "
                 "exit, and leave it there (the Slurm epilog's record of the job)");

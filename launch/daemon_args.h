@@ -43,6 +43,10 @@ struct DaemonArgs {
   // Serve, and read from, the user's other jobs on this node and dataset (docs/tiers.md,
   // "Sibling jobs"); off with --share-running=no.
   bool share_running = true;
+  // The node's shared copy (docs/tiers.md, "Shared datasets"): the share service's socket and
+  // the declared dataset it keeps, which must be the job's dataset directory; empty: none.
+  std::string shared_socket;
+  std::string shared_dataset;
   // Leave the job's summary (run_files.h kSummaryName) in the run directory for the epilog.
   bool summary = false;
   int ready_fd = -1;  // an inherited pipe on which to say ready or failed (run_files.h)

@@ -42,9 +42,9 @@ BandwidthTable DefaultPfs() {
 constexpr uint32_t kDefaultThreads = 4;
 constexpr policy::Bytes kDefaultStagingBytes = policy::Bytes{1} << 30;
 
-constexpr std::array kSettings = {"classes",    "staging",   "pfs",         "network",
-                                  "limits",     "log_level", "verify",      "catalog_cache",
-                                  "preprocess", "planner",   "metrics_dir", "job_logs"};
+constexpr std::array kSettings = {
+    "classes",       "staging",    "pfs",     "network",     "limits",   "log_level", "verify",
+    "catalog_cache", "preprocess", "planner", "metrics_dir", "job_logs", "shared"};
 
 // ram{...} and ssd{...}: mark the table with its kind and the line it was written on, so that
 // errors found later can point at it.
@@ -195,6 +195,23 @@ class Reader {
     return model->Validate().WithContext(name_);
   }
 
+  // `shared` (after Read: the copies live on the first SSD class).
+  Status ReadSharedSetting(const policy::SystemModel& model, std::vector<SharedDecl>* out) {
+    if (!Global("shared")) return Status::Ok();
+    Status s = ReadShared(out);
+    lua_pop(L_, 1);
+    NOPFS_RETURN_IF_ERROR(s);
+    bool ssd = false;
+    for (const StorageClass& c : model.classes)
+      ssd = ssd || (c.kind == ClassKind::kSsd && !c.path.empty());
+    if (!out->empty() && !ssd) {
+      return Status::InvalidArgument(name_ +
+                                     ": shared: the copies are kept on the node's SSD; add an "
+                                     "ssd{ path = ... } class to classes");
+    }
+    return Status::Ok();
+  }
+
  private:
   // Pushes global `name` and returns true when it is set; pushes nothing otherwise.
   bool Global(const char* name) {
@@ -219,7 +236,7 @@ class Reader {
       }
       std::string_view near = internal::Closest(
           key, {"classes", "staging", "pfs", "network", "limits", "log_level", "verify",
-                "catalog_cache", "preprocess", "planner", "metrics_dir", "job_logs"});
+                "catalog_cache", "preprocess", "planner", "metrics_dir", "job_logs", "shared"});
       if (!near.empty() && key.size() > 3) {
         std::string msg = name_ + ": unknown setting '" + std::string(key) + "' (did you mean '" +
                           std::string(near) + "'?)";
@@ -392,6 +409,65 @@ class Reader {
   }
 
   // job_logs = { dir = "/var/log/nopfs", days = 14 }
+  Status ReadShared(std::vector<SharedDecl>* out) {
+    const std::string where = name_ + ": shared";
+    const char* like = ": expected a list like { { path = \"/pfs/imagenet\", ssd = \"200G\" } }";
+    if (!lua_istable(L_, -1)) return Status::InvalidArgument(where + like);
+    const lua_Integer n = static_cast<lua_Integer>(lua_rawlen(L_, -1));
+    for (lua_Integer i = 1; i <= n; ++i) {
+      const std::string at = where + "[" + std::to_string(i) + "]";
+      lua_rawgeti(L_, -1, i);
+      if (!lua_istable(L_, -1)) {
+        lua_pop(L_, 1);
+        return Status::InvalidArgument(at + like);
+      }
+      Status s = CheckKeys(L_, -1, {"path", "ssd"}, at);
+      SharedDecl d;
+      if (s.ok()) {
+        if (lua_getfield(L_, -1, "path") != LUA_TNIL) {
+          Result<std::string> p = ReadString(L_, -1, at + ": path");
+          if (p.ok())
+            d.path = *p;
+          else
+            s = p.status();
+        }
+        lua_pop(L_, 1);
+      }
+      if (s.ok()) {
+        if (lua_getfield(L_, -1, "ssd") != LUA_TNIL) {
+          Result<uint64_t> v = ReadSize(L_, -1, at + ": ssd");
+          if (v.ok())
+            d.ssd = *v;
+          else
+            s = v.status();
+        }
+        lua_pop(L_, 1);
+      }
+      lua_pop(L_, 1);  // the element
+      NOPFS_RETURN_IF_ERROR(s);
+      while (d.path.size() > 1 && d.path.back() == '/')
+        d.path.pop_back();
+      if (d.path.empty() || d.path.front() != '/' || d.path.find("/./") != std::string::npos ||
+          d.path.find("/../") != std::string::npos) {
+        return Status::InvalidArgument(at + ": path: \"" + d.path +
+                                       "\" must be the dataset's absolute directory, e.g. "
+                                       "\"/pfs/imagenet\"");
+      }
+      if (d.ssd == 0) {
+        return Status::InvalidArgument(at +
+                                       ": give ssd = \"200G\": the SSD its copy may take "
+                                       "on the node");
+      }
+      for (const SharedDecl& e : *out) {
+        if (e.path == d.path) {
+          return Status::InvalidArgument(at + ": " + d.path + " is declared twice");
+        }
+      }
+      out->push_back(std::move(d));
+    }
+    return Status::Ok();
+  }
+
   Status ReadJobLogs(std::string* dir, uint32_t* days) {
     const std::string where = name_ + ": job_logs";
     if (!lua_istable(L_, -1)) {
@@ -479,6 +555,12 @@ std::set<std::string> GlobalNames(lua_State* L) {
 
 }  // namespace
 
+std::string NodeConfig::shared_store_dir() const {
+  for (const StorageClass& c : model_.classes)
+    if (c.kind == ClassKind::kSsd && !c.path.empty()) return c.path + "/.nopfs-shared";
+  return "";
+}
+
 policy::Bytes NodeConfig::CapacityOf(policy::ClassKind kind) const {
   policy::Bytes sum = 0;
   for (const StorageClass& c : model_.classes)
@@ -509,6 +591,7 @@ Result<NodeConfig> LoadNodeConfigFromString(std::string_view text, std::string_v
   NOPFS_RETURN_IF_ERROR(reader.Read(
       &config.model_, &config.limits_, &config.log_level_, &config.catalog_cache_, &config.planner_,
       &config.ram_verify_, &config.metrics_dir_, &config.job_log_dir_, &config.job_log_days_));
+  NOPFS_RETURN_IF_ERROR(reader.ReadSharedSetting(config.model_, &config.shared_));
   return config;
 }
 

@@ -10,6 +10,7 @@
 // Sizes and bandwidths are written as Slurm's --mem (common/units.h): a number, in a string or
 // not, is MiB (MiB/s); K, M, G, T are powers of 1024 ("GB" is the same as "G").
 //   log_level, catalog_cache, preprocess, metrics_dir
+//   shared   = { { path = "/pfs/imagenet", ssd = "200G" } }  -- one copy per node for all users
 //   planner  = "frequency"                             -- or "staging", "fill-once"
 //   verify   = "on_fill"                               -- or "always": RAM hits re-hashed
 // Unknown globals that look like misspellings of these and unknown fields are errors, so a typo
@@ -22,6 +23,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 #include "lua/state.h"
@@ -43,6 +45,13 @@ struct Limits {
 
 // When a RAM tier's bytes are checked against the xxh3 recorded at fill (docs/tiers.md). Fills,
 // SSD reads and peer reads are always checked.
+// A dataset the node keeps one copy of for every user allowed to read it (docs/admin.md, "Shared
+// datasets"): its directory and the bytes of SSD its copy may take on the node.
+struct SharedDecl {
+  std::string path;
+  uint64_t ssd = 0;
+};
+
 enum class RamVerify {
   kOnFill,  // at fill only; a hit is served as it lies in the sealed memfd
   kAlways,  // also at every hit (in place, or the copy-out)
@@ -72,6 +81,11 @@ class NodeConfig {
   // When RAM tier hits are verified (`verify`).
   RamVerify ram_verify() const { return ram_verify_; }
 
+  // The shared datasets (`shared`), and where their copies are: <first SSD class's
+  // path>/.nopfs-shared.
+  const std::vector<SharedDecl>& shared() const { return shared_; }
+  std::string shared_store_dir() const;
+
   // Sum of the capacities of the classes of `kind` (what a node can offer a job).
   policy::Bytes CapacityOf(policy::ClassKind kind) const;
 
@@ -90,6 +104,7 @@ class NodeConfig {
   uint32_t job_log_days_ = 14;
   policy::Planner planner_ = policy::Planner::kFrequency;
   RamVerify ram_verify_ = RamVerify::kOnFill;
+  std::vector<SharedDecl> shared_;
 };
 
 // This host's physical memory in bytes (sysconf), for RAM capacities written as "25%".

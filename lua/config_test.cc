@@ -200,6 +200,31 @@ TEST(NodeConfigTest, RunawayConfigIsStopped) {
   EXPECT_EQ(c.status().code(), StatusCode::kResourceExhausted);
 }
 
+TEST(NodeConfigTest, SharedDatasetsAreDeclaredWithTheirSsd) {
+  Result<NodeConfig> c = Load(R"(
+    classes = { ssd { path = "/scratch", capacity = "1TB" } }
+    shared = { { path = "/pfs/imagenet/", ssd = "200GB" }, { path = "/pfs/coco", ssd = "20GB" } }
+  )");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  ASSERT_EQ(c->shared().size(), 2u);
+  EXPECT_EQ(c->shared()[0].path, "/pfs/imagenet");
+  EXPECT_EQ(c->shared()[0].ssd, 200'000'000'000u);
+  EXPECT_EQ(c->shared_store_dir(), "/scratch/.nopfs-shared");
+  ExpectError(R"(classes = { ssd { path = "/s", capacity = "1TB" } }
+                 shared = { { path = "pfs/x", ssd = "1GB" } })",
+              "absolute directory");
+  ExpectError(R"(classes = { ssd { path = "/s", capacity = "1TB" } }
+                 shared = { { path = "/pfs/x" } })",
+              "give ssd =");
+  ExpectError(R"(classes = { ssd { path = "/s", capacity = "1TB" } }
+                 shared = { { path = "/pfs/x", ssd = "1GB", sdd = 1 } })",
+              "sdd");
+  ExpectError(R"(shared = { { path = "/pfs/x", ssd = "1GB" } })", "add an ssd{");
+  ExpectError(R"(classes = { ssd { path = "/s", capacity = "1TB" } }
+                 shared = { { path = "/x", ssd = "1GB" }, { path = "/x/", ssd = "2GB" } })",
+              "declared twice");
+}
+
 TEST(NodeConfigTest, MissingFile) {
   Result<NodeConfig> c = LoadNodeConfig("/nonexistent/nopfs.conf.lua", kHost);
   ASSERT_FALSE(c.ok());

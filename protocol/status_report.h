@@ -153,7 +153,7 @@ struct StatusReport {
   uint64_t predicted_stall_ns = kUnknown;
   std::vector<Tier> tiers;  // fastest first
   std::vector<Stream> streams;
-  std::vector<Source> sources;       // the classes in tier order, then "peer", then "pfs"
+  std::vector<Source> sources;       // the tiers, "peer", "shared", "sibling", "pfs"
   uint64_t pfs_bytes = 0;            // every byte read from the PFS, prefetch included
   uint64_t corrupt = 0;              // tier reads that failed their checksum and were refetched
   uint64_t changed = 0;              // PFS reads that found a sample's file rewritten

@@ -218,6 +218,16 @@ std::string KeepJobLog(const Job& job, const std::string& log_dir, uint32_t days
 // root's rights never reach a path the user chose.
 Status AppendAsUser(const std::string& path, uid_t uid, gid_t gid, const std::string& text);
 
+// Shared datasets (launcher_share.cc): the node's share service, `nopfs-job share-serve`
+// (share/server.h), run as root with CAP_DAC_READ_SEARCH alone; <node_dir>/share is its
+// directory (lock, socket, log).
+int ShareServe(int argc, char** argv);
+std::string ShareDir(const std::string& node_dir);
+// The node config's declaration of the job's dataset (compared lexically), or null.
+const lua::SharedDecl* SharedDeclFor(const lua::NodeConfig& config, const std::string& dataset);
+// The service's socket, once it answers (started, detached, when it did not).
+Result<std::string> EnsureShareService(const Job& job, const char* self);
+
 int Prolog(const Job& job, const char* self);
 
 int Epilog(const Job& job);

@@ -305,7 +305,24 @@ int Prolog(const Job& job, const char* self) {
   }
 
   std::string peers_note;
-  const launch::DaemonArgs dargs = DaemonArgsFor(job, *ranks_per_node, adm, keep, &peers_note);
+  launch::DaemonArgs dargs = DaemonArgsFor(job, *ranks_per_node, adm, keep, &peers_note);
+  // A dataset the node shares is read through the node's one copy (docs/tiers.md, "Shared
+  // datasets"): the job keeps its RAM tier, and needs no SSD tier of its own.
+  std::string shared_note;
+  if (const lua::SharedDecl* decl = SharedDeclFor(*config, job.opts.dataset)) {
+    Result<std::string> socket = EnsureShareService(job, self);
+    if (socket.ok()) {
+      dargs.shared_socket = *socket;
+      dargs.shared_dataset = decl->path;
+      dargs.ssd = "0";
+      shared_note = "shared copy of " + decl->path;
+      // Its SSD reservation goes back to the node.
+      entry.ssd = 0;
+      if (Result<Ledger> l = Ledger::Lock(job.ledger_dir, 30s); l.ok()) (void)l->Put(entry);
+    } else {
+      shared_note = "no shared copy (" + socket.status().message() + "): the job reads the PFS";
+    }
+  }
   const std::vector<std::string> ssd_paths = SsdPaths(*config);
   // Releases the reservation of a job that gets no cache after all.
   auto release = [&] {
@@ -357,14 +374,15 @@ int Prolog(const Job& job, const char* self) {
     (void)AdoptLater(cgroup_options, job.job_id, job.uid, child,
                      ProcessStartTime(child).value_or(0), std::chrono::seconds(job.args.timeout));
   std::printf(
-      "%sserving %s (partition %s, job memory %s) with RAM %s, SSD %s%s%s%s%s%s%s%s%s; nopfs %s\n",
+      "%sserving %s (partition %s, job memory %s) with RAM %s, SSD %s%s%s%s%s%s%s%s%s%s%s; nopfs "
+      "%s\n",
       where.c_str(), job.opts.dataset.c_str(), req.partition.empty() ? "?" : req.partition.c_str(),
       req.memory == 0 ? "unlimited" : FormatBytes(static_cast<double>(req.memory)).c_str(),
       FormatBytes(static_cast<double>(adm.ram)).c_str(),
       FormatBytes(static_cast<double>(adm.ssd)).c_str(), adm.reason.empty() ? "" : "; ",
       adm.reason.c_str(), peers_note.empty() ? "" : "; ", peers_note.c_str(),
-      keep.note.empty() ? "" : "; ", keep.note.c_str(), cgroup_note.empty() ? "" : "; ",
-      cgroup_note.c_str(), kVersion);
+      keep.note.empty() ? "" : "; ", keep.note.c_str(), shared_note.empty() ? "" : "; ",
+      shared_note.c_str(), cgroup_note.empty() ? "" : "; ", cgroup_note.c_str(), kVersion);
   return 0;
 }
 

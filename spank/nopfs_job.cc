@@ -12,6 +12,11 @@
 // and run directory, releases the reservation, then looks again. Idempotent. Exit 0: nothing is
 // left; 1: something is (named in the message).
 // One line on stdout says what happened; the plugin logs it and shows it to the user.
+//
+//   nopfs-job share-serve --config=PATH --dir=DIR --node=NAME
+//
+// share-serve: the node's share service for the datasets the node config declares shared
+// (launcher_share.cc), started by a prolog that needs it.
 #include <charconv>
 #include <cstdio>
 #include <string>
@@ -102,6 +107,7 @@ int main(int argc, char** argv) {
     std::printf("nopfs-job (nopfs) %s\n", nopfs::kVersion);
     return 0;
   }
+  if (argc >= 2 && std::string_view(argv[1]) == "share-serve") return ShareServe(argc, argv);
   nopfs::Result<Job> job = ParseCommandLine(argc, argv);
   if (!job.ok()) {
     std::printf("nopfs: %s: %s\n", argc > 1 ? argv[1] : "nopfs-job",

@@ -46,6 +46,7 @@
 #include "service/tiers/prefetcher.h"
 #include "service/tiers/ram_tier.h"
 #include "service/tiers/ssd_tier.h"
+#include "share/client.h"
 
 namespace nopfs::service {
 
@@ -78,6 +79,10 @@ struct DaemonOptions {
   // Sibling jobs (service/reader/sibling.h): register in the user's registry, serve READ_SAMPLE,
   // and read from the oldest running sibling on the same dataset before the PFS.
   bool share_running = true;
+  // The node's shared copy (share/client.h): the share service's socket and the dataset as the
+  // node config declares it; empty: not used. Used only when the job's dataset is that directory.
+  std::string shared_socket;
+  std::string shared_dataset;
   // Leave the job's summary in the run directory (launch::kSummaryName; the epilog reads it).
   bool summary = false;
   // Called once the peer endpoint is bound, or could not be, or at once without peers: before the
@@ -229,6 +234,11 @@ class Daemon final : public Handler {
   std::atomic<uint64_t> sibling_served_bytes_{0};
   std::atomic<bool> serving_{false};  // READ_SAMPLE is served from Init's end to Stop's start
   void FindSibling();
+  // The node's shared copy (null: the dataset is not shared here, or is not the declared
+  // directory): the source the reader asks after the kept copy.
+  std::shared_ptr<share::ShareClient> shared_;
+  std::atomic<bool> shared_warned_{false};
+  SharedFetchFn MakeSharedFetch();
   void RegisterSibling();
 
   // Bytes staged into each class so far (prefetched, kept from staging reads, pushed by peers).

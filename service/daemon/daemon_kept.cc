@@ -1,6 +1,7 @@
 // The kept copy and sibling jobs: the kept copy adopted at start and the SSD tier kept at exit
 // (service/reader/kept.h), the running sibling this job reads through, this job's entry in the
-// user's registry, and the samples it reads for siblings (service/reader/sibling.h).
+// user's registry, and the samples it reads for siblings (service/reader/sibling.h); the node's
+// shared copy of a dataset the node config declares shared (share/client.h).
 #include <unistd.h>
 
 #include <filesystem>
@@ -21,6 +22,8 @@ using daemon_internal::Seconds;
 
 // How long a sibling read may take (the sibling may read the PFS for it) before the PFS is read.
 constexpr std::chrono::milliseconds kSiblingTimeout(10000);
+// How long the share service may take to answer (it may fill the file from the PFS first).
+constexpr std::chrono::milliseconds kSharedTimeout(60000);
 // What the kept key covers beside the dataset's path: the catalog's scan (no options today).
 constexpr char kKeptScanOptions[] = "catalog/1";
 // At exit, the dataset files of the kept samples are stat-ed for at most this long (the epilog
@@ -31,6 +34,59 @@ constexpr unsigned kKeepStatThreads = 32;
 // At start, the kept samples' files are stat-ed ahead of the reads by this many threads.
 
 }  // namespace
+
+SharedFetchFn Daemon::MakeSharedFetch() {
+  if (options_.shared_socket.empty() || options_.shared_dataset.empty()) return {};
+  std::error_code ec1, ec2;
+  const std::filesystem::path declared = std::filesystem::canonical(options_.shared_dataset, ec1);
+  const std::filesystem::path root = std::filesystem::canonical(catalog_->root(), ec2);
+  if (ec1 || ec2 || declared != root) {
+    spdlog::warn(
+        "shared: the node's shared copy is not used: the job's dataset {} is not the "
+        "shared directory {}",
+        catalog_->root(), options_.shared_dataset);
+    return {};
+  }
+  auto client = std::make_shared<share::ShareClient>(options_.shared_socket,
+                                                     options_.shared_dataset, kSharedTimeout);
+  if (Status p = client->Ping(); !p.ok()) {
+    spdlog::warn("shared: the node's shared copy is not used: {}", p.message());
+    return {};
+  }
+  shared_ = client;
+  spdlog::info("shared: reading {} through the node's shared copy ({})", options_.shared_dataset,
+               options_.shared_socket);
+  Catalog* cat = catalog_.get();
+  return [this, client, cat](policy::SampleId id, std::span<std::byte> dst) -> Result<uint64_t> {
+    const std::string rel(cat->relative_path(id));
+    Result<std::vector<share::ShareClient::Copy>> got =
+        client->Ask(share::Op::kOpen, std::span(&rel, 1));
+    if (!got.ok()) {
+      if (!shared_warned_.exchange(true)) {
+        spdlog::warn(
+            "shared: the share service did not answer, reading the PFS instead (later failures "
+            "are not logged): {}",
+            got.status().message());
+      }
+      return Status::NotFound("the shared copy is not available");
+    }
+    share::ShareClient::Copy& c = (*got)[0];
+    if (c.outcome != share::Outcome::kReady) return Status::NotFound("not in the shared copy");
+    const uint64_t off = cat->offset(id);
+    if (off > c.size || dst.size() > c.size - off) {
+      return Status::NotFound("the shared copy is shorter than the catalog says");
+    }
+    size_t done = 0;
+    while (done < dst.size()) {
+      const ssize_t n =
+          ::pread(c.fd.get(), dst.data() + done, dst.size() - done, static_cast<off_t>(off + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return Status::NotFound("reading the shared copy failed");
+      done += static_cast<size_t>(n);
+    }
+    return XXH3_64bits(dst.data(), dst.size());
+  };
+}
 
 void Daemon::AdoptKept() {
   std::error_code ec;

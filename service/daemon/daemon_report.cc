@@ -185,6 +185,10 @@ report::StatusReport Daemon::Report() {
   }
   r.sources.push_back({"peer", reader_->peer_counters().reads.load(),
                        reader_->peer_counters().bytes.load(), false, 0});
+  if (shared_) {
+    r.sources.push_back({"shared", reader_->shared_counters().reads.load(),
+                         reader_->shared_counters().bytes.load(), false, 0});
+  }
   if (siblings_ && siblings_->ever()) {
     r.sources.push_back({"sibling", reader_->sibling_counters().reads.load(),
                          reader_->sibling_counters().bytes.load(), false, 0});

@@ -115,6 +115,8 @@ int main(int argc, char** argv) {
   options.keep = f.keep;
   options.keep_max_bytes = f.keep_max_bytes;
   options.share_running = f.share_running;
+  options.shared_socket = f.shared_socket;
+  options.shared_dataset = f.shared_dataset;
   options.summary = f.summary;
   // The Slurm launcher starts nopfsd with CAP_NET_BIND_SERVICE alone (ambient), so that it can
   // bind its peer port in the privileged range no user can take; it is given up for good as soon

@@ -127,6 +127,25 @@ Result<uint64_t> SampleReader::FetchKept(policy::SampleId sample, std::span<std:
   return h;
 }
 
+Result<uint64_t> SampleReader::FetchShared(policy::SampleId sample, std::span<std::byte> dst) {
+  if (!sources_.shared) return Status::NotFound("no shared copy");
+  const uint64_t t0 = NowNanos();
+  Result<uint64_t> h = sources_.shared(sample, dst);
+  if (!h.ok()) return h;
+  const std::optional<uint64_t> known = catalog_.checksum(sample);
+  if (known && *known != *h) {
+    spdlog::warn(
+        "sample {} ({}): the shared copy's bytes differ from the checksum recorded here; "
+        "reading the PFS",
+        sample, catalog_.path(sample));
+    return Status::Corruption("sample " + std::to_string(sample) +
+                              ": the shared copy differs from the checksum recorded here");
+  }
+  if (!known) (void)catalog_.RecordChecksum(sample, *h);
+  Count(shared_, dst.size(), NowNanos() - t0);
+  return h;
+}
+
 Result<uint64_t> SampleReader::FetchSibling(policy::SampleId sample, std::span<std::byte> dst) {
   if (!sources_.sibling) return Status::NotFound("no sibling");
   const uint64_t t0 = NowNanos();
@@ -155,6 +174,7 @@ Result<uint64_t> SampleReader::FetchSibling(policy::SampleId sample, std::span<s
 Result<uint64_t> SampleReader::FetchForFill(policy::SampleId sample, std::span<std::byte> dst,
                                             bool may_defer) {
   if (Result<uint64_t> h = FetchKept(sample, dst); h.ok()) return h;
+  if (Result<uint64_t> h = FetchShared(sample, dst); h.ok()) return h;
   if (sources_.peers != nullptr) {
     const uint64_t t0 = NowNanos();
     Result<uint64_t> h = sources_.peers->FetchCopy(sample, dst);
@@ -325,8 +345,8 @@ Result<SourceId> SampleReader::Read(policy::SampleId sample, std::span<std::byte
   }
   // Every other source: fetch-and-cache claims the planned slot before reading, so that a
   // prefetcher reaching the same sample meanwhile skips it instead of reading the PFS a second
-  // time, and what is read is kept there. The peer (when the model chose it), the kept copy, a
-  // sibling, then the PFS.
+  // time, and what is read is kept there. The peer (when the model chose it), the kept copy, the
+  // shared copy, a sibling, then the PFS.
   const std::optional<Claim> claim =
       planned ? ClaimForCache(static_cast<size_t>(klass), sample) : std::nullopt;
   SourceId from{SourceId::kPeer};
@@ -335,6 +355,10 @@ Result<SourceId> SampleReader::Read(policy::SampleId sample, std::span<std::byte
   if (!h.ok()) {
     from = SourceId{SourceId::kKept};
     h = FetchKept(sample, dst);
+  }
+  if (!h.ok()) {
+    from = SourceId{SourceId::kShared};
+    h = FetchShared(sample, dst);
   }
   if (!h.ok() && ask_sibling) {
     from = SourceId{SourceId::kSibling};

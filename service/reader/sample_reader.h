@@ -40,6 +40,7 @@ namespace nopfs::service {
 
 // Where a read was served from: a class index (0..classes-1), a peer, or the PFS.
 struct SourceId {
+  static constexpr int kShared = -5;   // the node's shared copy (share/client.h)
   static constexpr int kSibling = -4;  // another job's nopfsd on this node (sibling.h)
   static constexpr int kKept = -3;     // the kept copy an earlier job left (service/reader/kept.h)
   static constexpr int kPeer = -2;
@@ -98,6 +99,10 @@ class SampleReader {
   // Samples and bytes taken from the kept copy (prefetches and staging reads).
   const SourceCounters& kept_counters() const { return kept_; }
 
+  // Samples and bytes taken from the node's shared copy (prefetches and staging reads); its
+  // bytes must match the catalog's checksum when one is known, else the PFS is read.
+  const SourceCounters& shared_counters() const { return shared_; }
+
   // A sibling's bytes must match the catalog's checksum when one is known; any failure (the
   // sibling gone, a timeout, a mismatch) reads the PFS for that sample, and is logged once.
   // Samples and bytes taken from the sibling (prefetches and staging reads), and its failures.
@@ -148,6 +153,8 @@ class SampleReader {
   Result<uint64_t> FetchPeer(policy::SampleId sample, std::span<std::byte> dst);
   // The kept copy's bytes (counted), or an error: NotFound without a kept copy.
   Result<uint64_t> FetchKept(policy::SampleId sample, std::span<std::byte> dst);
+  // The shared copy's bytes (counted), or an error: NotFound when it does not serve the sample.
+  Result<uint64_t> FetchShared(policy::SampleId sample, std::span<std::byte> dst);
   // The sibling's bytes (counted), or an error: NotFound without a sibling to ask.
   Result<uint64_t> FetchSibling(policy::SampleId sample, std::span<std::byte> dst);
   // Fetch-and-cache: claims `sample`'s slot in class j's tier (TryBeginFill) if it is empty;
@@ -166,6 +173,7 @@ class SampleReader {
   int region_class_ = -1;
   const ReaderSources sources_;
   SourceCounters kept_;
+  SourceCounters shared_;
   SourceCounters sibling_;
   std::atomic<uint64_t> sibling_failed_{0};
   std::vector<std::unique_ptr<SourceCounters>> pushed_kept_;

@@ -2,9 +2,10 @@
 // it is made (ReaderSources; each may be absent). For a sample it does not hold ready, the reader
 // asks them in this order (docs/algorithm.md §4 and §7): the job's other nodes, when the
 // performance model prefers them to the PFS; the kept copy an earlier job left
-// (service/reader/kept.h); the oldest running sibling job of the user on the same dataset
+// (service/reader/kept.h); the node's shared copy of a dataset the node config declares shared
+// (share/client.h); the oldest running sibling job of the user on the same dataset
 // (service/reader/sibling.h); then the PFS. The prefetchers' fills ask the kept copy, then the
-// sample's filler among the peers, then the sibling, then the PFS.
+// shared copy, then the sample's filler among the peers, then the sibling, then the PFS.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +43,12 @@ class PeerSource {
 // NotFound when it does not have the sample, another error when it rejected it.
 using KeptFetchFn = std::function<Result<uint64_t>(policy::SampleId, std::span<std::byte> dst)>;
 
+// The node's shared copy (share/client.h, asked as the job's user with a proof per file): fills
+// dst with the sample's bytes and returns their xxh3; NotFound when the copy does not serve it
+// (the user cannot open the file, it is not stored, or the service is not there): the reader then
+// reads the PFS, and fails as the PFS does.
+using SharedFetchFn = std::function<Result<uint64_t>(policy::SampleId, std::span<std::byte> dst)>;
+
 // A sibling's fetch (SiblingReader::Fetch): fills dst with bytes checked against the xxh3 the
 // sibling sent and returns it; any error: the reader reads the PFS instead; nullopt: no sibling
 // to ask now (the PFS is read, nothing is counted).
@@ -51,6 +58,7 @@ using SiblingFetchFn =
 struct ReaderSources {
   PeerSource* peers = nullptr;  // the job's peers (must outlive the reader); null: no peers
   KeptFetchFn kept;             // empty: no kept copy
+  SharedFetchFn shared;         // empty: the dataset is not shared on this node
   SiblingFetchFn sibling;       // empty: no sibling
 };
 

@@ -1,0 +1,64 @@
+// The asking side of the share protocol (share/wire.h): a job's nopfsd, as the job's user, and
+// `nopfs share warm`. For each file it opens <dataset>/<rel> itself (O_RDONLY | O_NOFOLLOW, as the
+// catalog's scan does): a file it cannot open is never asked about and answered kDenied with the
+// open's errno, so that the caller reads the PFS and fails exactly as it would without a copy.
+// The descriptor it could open is the proof it sends. It talks only to a service of root's (or of
+// its own uid), as SO_PEERCRED says.
+//
+// Thread safety: every method from any number of threads (a small pool of connections).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/mutex.h"
+#include "common/status.h"
+#include "common/unique_fd.h"
+#include "share/wire.h"
+
+namespace nopfs::share {
+
+class ShareClient {
+ public:
+  // `dataset`: the declared root, as the node config writes it.
+  ShareClient(std::string socket_path, std::string dataset, std::chrono::milliseconds timeout);
+  ShareClient(const ShareClient&) = delete;
+  ShareClient& operator=(const ShareClient&) = delete;
+
+  struct Copy {
+    Outcome outcome = Outcome::kDenied;
+    UniqueFd fd;  // kOpen and kReady: the copy, read-only
+    uint64_t size = 0;
+    uint64_t xxh3 = 0;
+    int open_errno = 0;  // the proof could not be opened (never asked)
+  };
+  // One Copy per file (op kOpen or kWarm), in order; batches of at most kMaxBatch files are
+  // sent as one request each. An error: the service could not be asked or refused the request
+  // (kNotShared: FailedPrecondition; kUnavailable: Unavailable).
+  Result<std::vector<Copy>> Ask(Op op, std::span<const std::string> rels);
+  // Whether the service answers.
+  Status Ping();
+
+  const std::string& dataset() const { return dataset_; }
+
+  static constexpr size_t kMaxConnections = 8;
+
+ private:
+  Result<UniqueFd> Take();
+  void Give(UniqueFd fd, bool usable);
+  Status AskBatch(int fd, Op op, std::span<const std::string> rels, std::span<Copy> out);
+
+  const std::string socket_path_;
+  const std::string dataset_;
+  const std::chrono::milliseconds timeout_;
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<UniqueFd> idle_ GUARDED_BY(mu_);
+  size_t open_ GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace nopfs::share
