@@ -13,6 +13,8 @@
 #                                                /etc/slurm/plugstack.conf.d/nopfs.conf (Debian's
 #                                                plugstack.conf includes plugstack.conf.d/*.conf)
 #   /usr/lib/systemd/system/nopfs-gc.{service,timer}  `nopfs gc` hourly, disabled until enabled
+#   /usr/lib/systemd/system/nopfs-placement.{service,timer}  the node's placement marks every 30 s,
+#                                                likewise
 #   /usr/lib/systemd/system/nopfs-node-exporter.service  the metrics for Prometheus, likewise
 #   /usr/share/man/man1/nopfs.1, man8/nopfsd.8, man8/nopfs-spank.8
 #   /usr/share/doc/nopfs/                        README, docs/, the example job scripts
@@ -63,7 +65,14 @@ if(TARGET spank_nopfs)
                 ${PROJECT_SOURCE_DIR}/contrib/slurm/examples/train.sbatch
                 ${PROJECT_SOURCE_DIR}/contrib/slurm/examples/verify.sbatch
                 ${PROJECT_SOURCE_DIR}/contrib/slurm/examples/epoch_task.py
+                ${PROJECT_SOURCE_DIR}/contrib/slurm/job_submit.lua
           DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples)
+  # The node's placement marks every 30 s (docs/admin.md, "Placement"), disabled until enabled.
+  configure_file(${PROJECT_SOURCE_DIR}/contrib/systemd/nopfs-placement.service.in
+                 ${PROJECT_BINARY_DIR}/contrib/nopfs-placement.service @ONLY)
+  install(FILES ${PROJECT_BINARY_DIR}/contrib/nopfs-placement.service
+                ${PROJECT_SOURCE_DIR}/contrib/systemd/nopfs-placement.timer
+          DESTINATION ${CMAKE_INSTALL_PREFIX}/lib/systemd/system)
 endif()
 # `nopfs gc` every hour, as a systemd timer that stays disabled until the admin enables it.
 configure_file(${PROJECT_SOURCE_DIR}/contrib/systemd/nopfs-gc.service.in

@@ -14,15 +14,16 @@
 // One line on stdout says what happened; the plugin logs it and shows it to the user.
 //
 //   nopfs-job placement [--node=NAME] [--plugstack=FILE | key=value plugin arguments ...]
-//             [--syslog] [--force] [--for-job]
+//             [--syslog] [--force] [--for-job] [--list]
 //
 // placement: the node's marks in Slurm against its kept copies (spank/placement.h; docs/admin.md,
 // "Placement"): run in the background by the prolog and the epilog, and by a timer. --node
 // defaults to the short host name; --plugstack reads the plugin's arguments from the nopfs line
 // of that file; --syslog logs the line to syslog instead of stdout; --force asks slurmctld
 // whatever the rate limits say; --for-job (the prolog's and epilog's runs) leaves the line on a
-// failure to the timer's runs. Exit 0, also when slurmctld refuses (the line says so); 2 on bad
-// arguments.
+// failure to the timer's runs; --list prints every kept copy on the node (user, dataset, bytes,
+// last use as its MANIFEST says, mark) and changes nothing. Exit 0, also when slurmctld refuses
+// (the line says so); 2 on bad arguments.
 #include <syslog.h>
 
 #include <algorithm>
@@ -31,6 +32,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/printable.h"
 #include "common/small_file.h"
 #include "common/version.h"
 #include "spank/launcher.h"
@@ -153,7 +155,7 @@ Result<std::vector<std::string>> PlugstackArgs(const std::string& path) {
 // nopfs-job placement: one reconcile of the node's marks (spank/placement.h).
 int Placement(int argc, char** argv) {
   std::string node, plugstack;
-  bool use_syslog = false, force = false, for_job = false;
+  bool use_syslog = false, force = false, for_job = false, list = false;
   std::vector<std::string> plugin_args;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
@@ -167,12 +169,14 @@ int Placement(int argc, char** argv) {
       force = true;
     } else if (a == "--for-job") {
       for_job = true;
+    } else if (a == "--list") {
+      list = true;
     } else if (a.rfind("--", 0) != 0) {
       plugin_args.push_back(a);
     } else {
       std::printf(
           "nopfs: placement: unknown argument %s; write --node=NAME, --plugstack=FILE, "
-          "--syslog, --force, --for-job or key=value\n",
+          "--syslog, --force, --for-job, --list or key=value\n",
           a.c_str());
       return 2;
     }
@@ -234,6 +238,26 @@ int Placement(int argc, char** argv) {
   run.report_failures = !for_job;
   run.load = LoadNodeFeatures;
   run.update = UpdateNodeFeatures;
+  if (list) {
+    // The admin's view: which user's copies of which dataset the node holds, and their marks.
+    Result<std::string> key = ReadPlacementKey(run.key_path);
+    if (!key.ok()) {
+      say("placement: " + node + ": " + key.status().message());
+      return 2;
+    }
+    const NodeMarks marks = MarksOfNode(*key, run.ssd_paths);
+    const int64_t now = static_cast<int64_t>(::time(nullptr));
+    for (const NodeMarks::Copy& c : marks.copies_held) {
+      const passwd* pw = ::getpwuid(c.uid);
+      std::printf("%s uid %u (%s) %s %s, last used %s ago, %s\n", node.c_str(), c.uid,
+                  pw != nullptr ? pw->pw_name : "?", Printable(c.dataset, 300).c_str(),
+                  FormatBytes(static_cast<double>(c.bytes)).c_str(),
+                  kept::FormatAge(now - c.last_used).c_str(), c.mark.c_str());
+    }
+    for (const std::string& e : marks.errors)
+      std::printf("%s kept area: %s\n", node.c_str(), Printable(e, 300).c_str());
+    return marks.errors.empty() ? 0 : 1;
+  }
   if (Status s = EnsureRootDir(run.node_dir, 0755); !s.ok()) {
     say("placement: " + node + ": " + s.message());
     return 2;

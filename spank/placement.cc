@@ -190,7 +190,9 @@ NodeMarks MarksOfNode(std::string_view key, const std::vector<std::string>& ssd_
       continue;
     }
     ++out.copies;
-    out.marks.insert(PlacementMark(key, e.uid, e.data.dataset));
+    const std::string mark = PlacementMark(key, e.uid, e.data.dataset);
+    out.marks.insert(mark);
+    out.copies_held.push_back({e.uid, e.data.dataset, e.data.bytes, e.data.last_used, mark});
   }
   return out;
 }

@@ -72,6 +72,14 @@ NodeFeatures WithMarks(const NodeFeatures& current, const std::set<std::string>&
 
 // The marks a node carries: those of the complete kept datasets of every user under `ssd_paths`.
 struct NodeMarks {
+  struct Copy {
+    uint32_t uid = 0;
+    std::string dataset;  // as its MANIFEST says (the user's text)
+    uint64_t bytes = 0;
+    int64_t last_used = 0;  // unix seconds, as its MANIFEST says
+    std::string mark;
+  };
+  std::vector<Copy> copies_held;  // every complete kept dataset, for the admin's listing
   std::set<std::string> marks;
   size_t copies = 0;  // complete kept datasets (two SSD paths' copies of one dataset: one mark)
   std::vector<std::string> errors;

@@ -136,7 +136,14 @@ class PlacementTest(ClusterCase):
         return mark
 
     def test_next_jobs_run_where_the_copy_is_and_read_little_from_the_pfs(self):
-        self.keep_on("nopfs-alice", ["n2"])
+        mark = self.keep_on("nopfs-alice", ["n2"])
+        # The admin's view of the node: whose copy of what, how big, and its mark.
+        r = subprocess.run([os.path.join(BUILD, "bin/nopfs-job"), "placement", "--list",
+                            "--node=n2", f"--plugstack={DIR}/etc/plugstack.conf"], env=env(),
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertRegex(r.stdout, rf"n2 uid \d+ \(nopfs-alice\) {re.escape(DATASET)} "
+                         rf"[\d.]+ [KM]B, last used \w+ ago, {mark}")
         for i in range(5):
             job, nodes, out = self.run_job("nopfs-alice", "")
             self.assertEqual(nodes, ["n2"], f"job {i + 1}:\n{out}")
@@ -257,9 +264,10 @@ class PlacementTest(ClusterCase):
                 break
             time.sleep(1)
         # A restarted slurmctld has the features of slurm.conf: until the mark is back, jobs run
-        # as they would without placement.
+        # as they would without placement (bob's: a job of alice's that kept nothing would take
+        # her copy with it when it ran on n2, as adopting a kept copy does).
         self.assertNotIn(mark, features("n2"))
-        self.run_job("nopfs-alice", "--nopfs-keep=no")
+        self.run_job("nopfs-bob", "--nopfs-keep=no")
         # The mark comes back with the next reconcile that may ask slurmctld again, and jobs go
         # to n2 again.
         self.wait_marks(lambda: marked(mark) == {"n2"}, f"{mark} back on n2", timeout=60)
