@@ -138,7 +138,7 @@ nopfs_man_page(nopfs-spank 8 DEPENDS ${_docs}/user.md ${_docs}/admin.md ARGS
   --summary "the nopfs SPANK plugin: sbatch options, plugstack.conf arguments, what a job gets"
   --synopsis "`optional` *PLUGINDIR*`/spank_nopfs.so` [*KEY*`=`*VALUE* ...]  (plugstack.conf)"
   --synopsis "`sbatch --nopfs=`*DATASET* [`--nopfs-`*OPTION*`=`*VALUE* ...] *SCRIPT*"
-  --md "${_docs}/user.md:The options,What your tasks see,Ranks,When your job gets no cache,Kept datasets"
-  --md "${_docs}/admin.md:plugstack.conf,Peers,The node config and the policy,Reservations,Kept datasets,What happens to a job,Logs,Troubleshooting"
+  --md "${_docs}/user.md:The options,What your tasks see,Ranks,When your job gets no cache,Kept datasets,Where your next job runs"
+  --md "${_docs}/admin.md:plugstack.conf,Peers,The node config and the policy,Reservations,Kept datasets,Placement,What happens to a job,Logs,Troubleshooting"
   --see-also "**nopfs**(1), **nopfsd**(8), **spank**(8), **slurm.conf**(5)")
 add_custom_target(nopfs_man ALL DEPENDS ${_nopfs_man_gz})
