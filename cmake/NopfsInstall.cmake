@@ -13,6 +13,8 @@
 #                                                /etc/slurm/plugstack.conf.d/nopfs.conf (Debian's
 #                                                plugstack.conf includes plugstack.conf.d/*.conf)
 #   /usr/lib/systemd/system/nopfs-gc.{service,timer}  `nopfs gc` hourly, disabled until enabled
+#   /usr/lib/systemd/system/nopfs-placement.{service,timer}  the node's placement marks every 30 s,
+#                                                likewise
 #   /usr/lib/systemd/system/nopfs-node-exporter.service  the metrics for Prometheus, likewise
 #   /usr/share/man/man1/nopfs.1, man8/nopfsd.8, man8/nopfs-spank.8
 #   /usr/share/doc/nopfs/                        README, docs/, the example job scripts
@@ -63,7 +65,14 @@ if(TARGET spank_nopfs)
                 ${PROJECT_SOURCE_DIR}/contrib/slurm/examples/train.sbatch
                 ${PROJECT_SOURCE_DIR}/contrib/slurm/examples/verify.sbatch
                 ${PROJECT_SOURCE_DIR}/contrib/slurm/examples/epoch_task.py
+                ${PROJECT_SOURCE_DIR}/contrib/slurm/job_submit.lua
           DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples)
+  # The node's placement marks every 30 s (docs/admin.md, "Placement"), disabled until enabled.
+  configure_file(${PROJECT_SOURCE_DIR}/contrib/systemd/nopfs-placement.service.in
+                 ${PROJECT_BINARY_DIR}/contrib/nopfs-placement.service @ONLY)
+  install(FILES ${PROJECT_BINARY_DIR}/contrib/nopfs-placement.service
+                ${PROJECT_SOURCE_DIR}/contrib/systemd/nopfs-placement.timer
+          DESTINATION ${CMAKE_INSTALL_PREFIX}/lib/systemd/system)
 endif()
 # `nopfs gc` every hour, as a systemd timer that stays disabled until the admin enables it.
 configure_file(${PROJECT_SOURCE_DIR}/contrib/systemd/nopfs-gc.service.in
@@ -129,7 +138,7 @@ nopfs_man_page(nopfs-spank 8 DEPENDS ${_docs}/user.md ${_docs}/admin.md ARGS
   --summary "the nopfs SPANK plugin: sbatch options, plugstack.conf arguments, what a job gets"
   --synopsis "`optional` *PLUGINDIR*`/spank_nopfs.so` [*KEY*`=`*VALUE* ...]  (plugstack.conf)"
   --synopsis "`sbatch --nopfs=`*DATASET* [`--nopfs-`*OPTION*`=`*VALUE* ...] *SCRIPT*"
-  --md "${_docs}/user.md:The options,What your tasks see,Ranks,When your job gets no cache,Kept datasets"
-  --md "${_docs}/admin.md:plugstack.conf,Peers,The node config and the policy,Reservations,Kept datasets,What happens to a job,Logs,Troubleshooting"
+  --md "${_docs}/user.md:The options,What your tasks see,Ranks,When your job gets no cache,Kept datasets,Where your next job runs"
+  --md "${_docs}/admin.md:plugstack.conf,Peers,The node config and the policy,Reservations,Kept datasets,Placement,What happens to a job,Logs,Troubleshooting"
   --see-also "**nopfs**(1), **nopfsd**(8), **spank**(8), **slurm.conf**(5)")
 add_custom_target(nopfs_man ALL DEPENDS ${_nopfs_man_gz})

@@ -47,6 +47,9 @@ inline constexpr const char* kSummaryName = "summary";
 // The most a summary may take (the epilog reads no more).
 inline constexpr uint64_t kMaxSummaryBytes = 1 << 20;
 inline constexpr const char* kPeersName = "peers";
+// The prolog's line on placement (whether the job came to its user's kept copy), printed once in
+// the batch script's output.
+inline constexpr const char* kPlacementName = "placement";
 
 // What nopfsd says when it is ready: "pid=P\nsamples=F\n", and for a job with peers
 // "peer_port=N\npeers_joined=0|1\npeers=TEXT\n" besides.

@@ -87,6 +87,10 @@ struct SlurmJob {
   uint64_t memory = 0;  // bytes on this node; 0: unknown/unlimited
   TaskLayout layout;    // nodes 0: unknown
   std::string std_out;  // a batch job's output file, its name patterns expanded ("": none)
+  // The job's --prefer and --constraint as slurmctld reports them: once the job runs, `features`
+  // is what Slurm placed it by (its prefer when that could be met, else its constraint) and
+  // `prefer` is empty. req_nodes: its --nodelist.
+  std::string prefer, features, req_nodes;
 };
 
 SlurmJob QuerySlurm(uint64_t job_id, const std::string& node);
@@ -227,6 +231,11 @@ std::string ShareDir(const std::string& node_dir);
 const lua::SharedDecl* SharedDeclFor(const lua::NodeConfig& config, const std::string& dataset);
 // The service's socket, once it answers (started, detached, when it did not).
 Result<std::string> EnsureShareService(const Job& job, const char* self);
+// What placement did for the job on this node (docs/admin.md, "Placement"), for the prolog's line
+// and the job's output: whether the job asked for its user's warm nodes (--prefer or
+// --constraint holding its mark) and whether this node holds the user's kept copy of the
+// dataset. "" when the node has no placement key or the job's mark is in neither.
+std::string PlacementNote(const Job& job, const SlurmJob& sj, const lua::NodeConfig& config);
 
 int Prolog(const Job& job, const char* self);
 

@@ -2,8 +2,12 @@
 // nopfsd started as the user and waited for until ready, and the status files task_init reads.
 #include <linux/capability.h>
 
+#include <cctype>
+
+#include "common/printable.h"
 #include "spank/kept_live.h"
 #include "spank/launcher.h"
+#include "spank/placement.h"
 
 namespace nopfs::spank::launcher {
 
@@ -238,6 +242,35 @@ Result<pid_t> StartNopfsd(const Job& job, const std::string& nopfsd, launch::Dae
   return child;
 }
 
+std::string PlacementNote(const Job& job, const SlurmJob& sj, const lua::NodeConfig& config) {
+  if (job.args.placement_key.empty()) return "";
+  Result<std::string> key = ReadPlacementKey(job.args.placement_key);
+  if (!key.ok()) return "placement: " + key.status().message();
+  const std::string mark = PlacementMark(*key, job.uid, job.opts.dataset);
+  auto holds = [&](const std::string& list) {
+    for (size_t pos = list.find(mark); pos != std::string::npos; pos = list.find(mark, pos + 1)) {
+      const size_t end = pos + mark.size();
+      if (end == list.size() || !std::isxdigit(static_cast<unsigned char>(list[end]))) return true;
+    }
+    return false;
+  };
+  // A running job's features are its prefer when Slurm could meet it; a prefer it could not meet
+  // is not reported. job_submit.lua asks unless the job is off or names its nodes.
+  const bool placed = holds(sj.features) || holds(sj.prefer);
+  const bool asked = job.opts.placement != "off" && sj.req_nodes.empty();
+  if (!placed && !asked) return "";
+  const char* how = job.opts.placement == "require" ? "required" : "preferred";
+  const kept::KeptNode mine = kept::KeptNode::Scan(SsdPaths(config), job.uid);
+  bool warm = false;
+  for (const kept::KeptEntry& e : mine.entries()) {
+    warm = warm || (e.Complete() && MarkPath(e.data.dataset) == MarkPath(job.opts.dataset));
+  }
+  return std::string("placement: ") + how + " the nodes holding your kept copy of " +
+         Printable(job.opts.dataset, 200) + "; " +
+         (warm ? "this node holds one"
+               : "this node holds none (no node holding one was free, or none holds one yet)");
+}
+
 int Prolog(const Job& job, const char* self) {
   const std::string where = "nopfs: prolog: " + job.node + ": ";
   auto fail = [&](const std::string& why, int code) {
@@ -302,6 +335,12 @@ int Prolog(const Job& job, const char* self) {
     const std::string msg = where + "refused: " + adm.reason;
     WriteStatus(job, launch::kRefusedName, msg);
     return fail("refused: " + adm.reason, 3);
+  }
+
+  // Whether the job came to its kept copy (before nopfsd starts, which may adopt it).
+  const std::string placement_note = PlacementNote(job, sj, *config);
+  if (!placement_note.empty()) {
+    WriteStatus(job, launch::kPlacementName, "nopfs: " + job.node + ": " + placement_note);
   }
 
   std::string peers_note;
@@ -374,7 +413,8 @@ int Prolog(const Job& job, const char* self) {
     (void)AdoptLater(cgroup_options, job.job_id, job.uid, child,
                      ProcessStartTime(child).value_or(0), std::chrono::seconds(job.args.timeout));
   std::printf(
-      "%sserving %s (partition %s, job memory %s) with RAM %s, SSD %s%s%s%s%s%s%s%s%s%s%s; nopfs "
+      "%sserving %s (partition %s, job memory %s) with RAM %s, SSD %s%s%s%s%s%s%s%s%s%s%s%s%s; "
+      "nopfs "
       "%s\n",
       where.c_str(), job.opts.dataset.c_str(), req.partition.empty() ? "?" : req.partition.c_str(),
       req.memory == 0 ? "unlimited" : FormatBytes(static_cast<double>(req.memory)).c_str(),
@@ -382,7 +422,8 @@ int Prolog(const Job& job, const char* self) {
       FormatBytes(static_cast<double>(adm.ssd)).c_str(), adm.reason.empty() ? "" : "; ",
       adm.reason.c_str(), peers_note.empty() ? "" : "; ", peers_note.c_str(),
       keep.note.empty() ? "" : "; ", keep.note.c_str(), shared_note.empty() ? "" : "; ",
-      shared_note.c_str(), cgroup_note.empty() ? "" : "; ", cgroup_note.c_str(), kVersion);
+      shared_note.c_str(), placement_note.empty() ? "" : "; ", placement_note.c_str(),
+      cgroup_note.empty() ? "" : "; ", cgroup_note.c_str(), kVersion);
   return 0;
 }
 

@@ -31,6 +31,9 @@ SlurmJob QuerySlurm(uint64_t job_id, const std::string& node) {
     if (j.account != nullptr) out.account = j.account;
     if (j.partition != nullptr) out.partition = j.partition;
     if (j.qos != nullptr) out.qos = j.qos;
+    if (j.prefer != nullptr) out.prefer = j.prefer;
+    if (j.features != nullptr) out.features = j.features;
+    if (j.req_nodes != nullptr) out.req_nodes = j.req_nodes;
     uint64_t mb = j.pn_min_memory;
     if ((mb & MEM_PER_CPU) != 0) {
       mb &= ~MEM_PER_CPU;

@@ -17,13 +17,30 @@
 //
 // share-serve: the node's share service for the datasets the node config declares shared
 // (launcher_share.cc), started by a prolog that needs it.
+//   nopfs-job placement [--node=NAME] [--plugstack=FILE | key=value plugin arguments ...]
+//             [--syslog] [--force] [--for-job] [--list]
+//
+// placement: the node's marks in Slurm against its kept copies (spank/placement.h; docs/admin.md,
+// "Placement"): run in the background by the prolog and the epilog, and by a timer. --node
+// defaults to the short host name; --plugstack reads the plugin's arguments from the nopfs line
+// of that file; --syslog logs the line to syslog instead of stdout; --force asks slurmctld
+// whatever the rate limits say; --for-job (the prolog's and epilog's runs) leaves the line on a
+// failure to the timer's runs; --list prints every kept copy on the node (user, dataset, bytes,
+// last use as its MANIFEST says, mark) and changes nothing. Exit 0, also when slurmctld refuses
+// (the line says so); 2 on bad arguments.
+#include <syslog.h>
+
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <string>
 #include <string_view>
 
+#include "common/printable.h"
+#include "common/small_file.h"
 #include "common/version.h"
 #include "spank/launcher.h"
+#include "spank/placement.h"
 
 namespace nopfs::spank::launcher {
 namespace {
@@ -35,6 +52,15 @@ Result<uint64_t> Number(std::string_view key, std::string_view v) {
     return Status::InvalidArgument(std::string(key) + "=" + std::string(v) + ": not a number");
   }
   return n;
+}
+
+// config=FILE with %n in it names one config per node (several slurmd on one host).
+std::string NodeConfigPath(std::string config, const std::string& node) {
+  for (size_t pos = config.find("%n"); pos != std::string::npos; pos = config.find("%n", pos)) {
+    config.replace(pos, 2, node);
+    pos += node.size();
+  }
+  return config;
 }
 
 Result<Job> ParseCommandLine(int argc, char** argv) {
@@ -74,6 +100,7 @@ Result<Job> ParseCommandLine(int argc, char** argv) {
   if (!pa.ok()) return pa.status();
   job.args = *pa;
   NOPFS_RETURN_IF_ERROR(CheckComponent("node name", job.node));
+  job.args.config = NodeConfigPath(job.args.config, job.node);
   if (job.job_id == 0) return Status::InvalidArgument("--job-id is missing");
   if (job.uid == 0) return Status::InvalidArgument("refusing a job of uid 0 (root)");
   if (job.user.empty()) {
@@ -97,6 +124,165 @@ Result<Job> ParseCommandLine(int argc, char** argv) {
   return job;
 }
 
+// The plugin's arguments on the nopfs line of a plugstack.conf (the words after spank_nopfs.so).
+Result<std::vector<std::string>> PlugstackArgs(const std::string& path) {
+  Result<std::string> text =
+      ReadSmallFile(path, SmallFileRules{.max_bytes = 1 << 20, .owner = std::nullopt});
+  if (!text.ok()) return text.status();
+  size_t pos = 0;
+  while (pos < text->size()) {
+    size_t nl = text->find('\n', pos);
+    if (nl == std::string::npos) nl = text->size();
+    std::vector<std::string> words;
+    const std::string line = text->substr(pos, nl - pos);
+    pos = nl + 1;
+    size_t w = 0;
+    while (w < line.size()) {
+      const size_t start = line.find_first_not_of(" \t", w);
+      if (start == std::string::npos) break;
+      const size_t end = std::min(line.find_first_of(" \t", start), line.size());
+      words.push_back(line.substr(start, end - start));
+      w = end;
+    }
+    if (words.size() < 2 || words[0].front() == '#') continue;
+    constexpr std::string_view kPlugin = "spank_nopfs.so";
+    const std::string& plugin = words[1];
+    if (plugin.size() < kPlugin.size() ||
+        plugin.compare(plugin.size() - kPlugin.size(), kPlugin.size(), kPlugin) != 0) {
+      continue;
+    }
+    return std::vector<std::string>(words.begin() + 2, words.end());
+  }
+  return Status::NotFound(path + ": no line names spank_nopfs.so");
+}
+
+// nopfs-job placement: one reconcile of the node's marks (spank/placement.h).
+int Placement(int argc, char** argv) {
+  std::string node, plugstack;
+  bool use_syslog = false, force = false, for_job = false, list = false;
+  std::vector<std::string> plugin_args;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--node=", 0) == 0) {
+      node = a.substr(7);
+    } else if (a.rfind("--plugstack=", 0) == 0) {
+      plugstack = a.substr(12);
+    } else if (a == "--syslog") {
+      use_syslog = true;
+    } else if (a == "--force") {
+      force = true;
+    } else if (a == "--for-job") {
+      for_job = true;
+    } else if (a == "--list") {
+      list = true;
+    } else if (a.rfind("--", 0) != 0) {
+      plugin_args.push_back(a);
+    } else {
+      std::printf(
+          "nopfs: placement: unknown argument %s; write --node=NAME, --plugstack=FILE, "
+          "--syslog, --force, --for-job, --list or key=value\n",
+          a.c_str());
+      return 2;
+    }
+  }
+  if (node.empty()) {
+    char host[256] = {};
+    if (::gethostname(host, sizeof(host) - 1) == 0) node = host;
+    node = node.substr(0, node.find('.'));
+  }
+  auto say = [&](const std::string& line) {
+    if (line.empty()) return;
+    if (use_syslog) {
+      ::openlog("nopfs-job", LOG_PID, LOG_DAEMON);
+      ::syslog(LOG_NOTICE, "%s", line.c_str());
+    } else {
+      std::printf("nopfs: %s\n", line.c_str());
+    }
+  };
+  if (!plugstack.empty()) {
+    Result<std::vector<std::string>> words = PlugstackArgs(plugstack);
+    if (!words.ok()) {
+      say("placement: " + words.status().message());
+      return 2;
+    }
+    plugin_args.insert(plugin_args.begin(), words->begin(), words->end());
+  }
+  Job job;
+  Result<PluginArgs> pa = ParsePluginArgs(plugin_args);
+  Status node_ok = CheckComponent("node name", node);
+  if (!pa.ok() || !node_ok.ok()) {
+    say("placement: " + (pa.ok() ? node_ok : pa.status()).message());
+    return 2;
+  }
+  job.node = node;
+  job.args = *pa;
+  job.args.config = NodeConfigPath(job.args.config, job.node);
+  if (job.args.placement_key.empty()) {
+    say("placement: " + node + ": no placement_key= among the plugin's arguments; nothing to do");
+    return 0;
+  }
+  // libslurm exits the process when it finds no configuration.
+  const char* conf = std::getenv("SLURM_CONF");
+  if ((conf == nullptr || ::access(conf, R_OK) != 0) &&
+      ::access("/etc/slurm/slurm.conf", R_OK) != 0) {
+    say("placement: " + node + ": no slurm.conf (SLURM_CONF, /etc/slurm/slurm.conf)");
+    return 2;
+  }
+  Result<lua::NodeConfig> config = LoadConfig(job);
+  if (!config.ok()) {
+    say("placement: " + node + ": config: " + config.status().message());
+    return 2;
+  }
+  PlacementRun run;
+  run.node = node;
+  run.node_dir = job.args.rundir + "/" + node;
+  run.key_path = job.args.placement_key;
+  run.ssd_paths = SsdPaths(*config);
+  run.force = force;
+  run.report_failures = !for_job;
+  run.load = LoadNodeFeatures;
+  run.update = UpdateNodeFeatures;
+  if (list) {
+    // The admin's view: which user's copies of which dataset the node holds, and their marks.
+    Result<std::string> key = ReadPlacementKey(run.key_path);
+    if (!key.ok()) {
+      say("placement: " + node + ": " + key.status().message());
+      return 2;
+    }
+    const NodeMarks marks = MarksOfNode(*key, run.ssd_paths);
+    const int64_t now = static_cast<int64_t>(::time(nullptr));
+    for (const NodeMarks::Copy& c : marks.copies_held) {
+      const passwd* pw = ::getpwuid(c.uid);
+      std::printf("%s uid %u (%s) %s %s, last used %s ago, %s\n", node.c_str(), c.uid,
+                  pw != nullptr ? pw->pw_name : "?", Printable(c.dataset, 300).c_str(),
+                  FormatBytes(static_cast<double>(c.bytes)).c_str(),
+                  kept::FormatAge(now - c.last_used).c_str(), c.mark.c_str());
+    }
+    for (const std::string& e : marks.errors)
+      std::printf("%s kept area: %s\n", node.c_str(), Printable(e, 300).c_str());
+    return marks.errors.empty() ? 0 : 1;
+  }
+  if (Status s = EnsureRootDir(run.node_dir, 0755); !s.ok()) {
+    say("placement: " + node + ": " + s.message());
+    return 2;
+  }
+  say(ReconcilePlacement(run));
+  return 0;
+}
+
+// After a prolog or an epilog: the node's marks, in the background.
+void PlacementLater(const Job& job) {
+  if (job.args.placement_key.empty()) return;
+  std::vector<std::string> argv = {"/proc/self/exe", "placement", "--node=" + job.node, "--syslog"};
+  for (std::string& a : ToArgs(job.args))
+    argv.push_back(std::move(a));
+  // /proc/self/exe is this program as it runs; execv needs a path the child can open.
+  char self[4096] = {};
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n > 0) argv[0] = std::string(self, static_cast<size_t>(n));
+  RunDetached(argv);
+}
+
 }  // namespace
 }  // namespace nopfs::spank::launcher
 
@@ -108,6 +294,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc >= 2 && std::string_view(argv[1]) == "share-serve") return ShareServe(argc, argv);
+  if (argc >= 2 && std::string_view(argv[1]) == "placement") return Placement(argc, argv);
   nopfs::Result<Job> job = ParseCommandLine(argc, argv);
   if (!job.ok()) {
     std::printf("nopfs: %s: %s\n", argc > 1 ? argv[1] : "nopfs-job",
@@ -116,5 +303,8 @@ int main(int argc, char** argv) {
   }
   const int rc = job->mode == "prolog" ? Prolog(*job, argv[0]) : Epilog(*job);
   std::fflush(stdout);
+  // A copy made or removed, by nopfsd or by the prolog's and epilog's rules, changes the node's
+  // marks: Slurm learns it in the background (never delaying the job).
+  PlacementLater(*job);
   return rc;
 }

@@ -35,6 +35,7 @@ enum Opt : uint32_t {
   kSsd,
   kKeep,
   kShareRunning,
+  kPlacement,
 };
 
 std::string Quote(std::string_view name, std::string_view value, bool flag) {
@@ -117,6 +118,9 @@ const std::vector<OptionInfo>& UserOptions() {
       {"nopfs-share-running", "yes|no",
        "nopfs: read through your other running jobs on the same node and dataset, so that the "
        "PFS is read once (default yes)"},
+      {"nopfs-placement", "prefer|require|off",
+       "nopfs: run on the nodes that hold your kept copy of the dataset: prefer them (default), "
+       "require them, or off"},
   };
   return kOptions;
 }
@@ -229,6 +233,15 @@ Status ApplyOption(JobOptions* opts, std::string_view name, std::string_view val
             "dataset) or --nopfs-share-running=no (read alone)");
       }
       return Store(opts, kShareRunning, shown, &opts->share_running, value == "yes");
+    case kPlacement:
+      if (value != "prefer" && value != "require" && value != "off") {
+        return Status::InvalidArgument(
+            shown +
+            ": write --nopfs-placement=prefer (run on the nodes that hold your kept copy when "
+            "they are free), --nopfs-placement=require (wait for them) or "
+            "--nopfs-placement=off");
+      }
+      return Store(opts, kPlacement, shown, &opts->placement, std::string(value));
     case kDropLast:
       break;
   }
@@ -334,6 +347,7 @@ std::vector<std::string> ToArgs(const JobOptions& opts) {
   if (OptionGiven(opts, "nopfs-share-running")) {
     out.push_back(opts.share_running ? "--nopfs-share-running=yes" : "--nopfs-share-running=no");
   }
+  if (OptionGiven(opts, "nopfs-placement")) out.push_back("--nopfs-placement=" + opts.placement);
   return out;
 }
 
@@ -387,7 +401,8 @@ Result<PluginArgs> ParsePluginArgs(const std::vector<std::string>& args) {
       return Status::InvalidArgument(
           "plugstack.conf: '" + arg +
           "': write key=value (config, policy, rundir, on_refusal, "
-          "launcher, nopfsd, timeout, grace, peer_key, peer_ports, peer_host)");
+          "launcher, nopfsd, timeout, grace, peer_key, peer_ports, peer_host, "
+          "placement_key)");
     }
     const std::string key = arg.substr(0, eq);
     const std::string value = arg.substr(eq + 1);
@@ -426,6 +441,8 @@ Result<PluginArgs> ParsePluginArgs(const std::vector<std::string>& args) {
       (key == "timeout" ? out.timeout : out.grace) = static_cast<uint32_t>(v);
     } else if (key == "peer_key") {
       NOPFS_RETURN_IF_ERROR(path(&out.peer_key, true));
+    } else if (key == "placement_key") {
+      NOPFS_RETURN_IF_ERROR(path(&out.placement_key, true));
     } else if (key == "peer_ports") {
       SPANK_ASSIGN_OR_RETURN(out.peer_ports, ParsePortRanges(shown, value));
     } else if (key == "peer_port") {
@@ -449,7 +466,7 @@ Result<PluginArgs> ParsePluginArgs(const std::vector<std::string>& args) {
       return Status::InvalidArgument(shown +
                                      ": unknown key; the keys are config, policy, rundir, "
                                      "on_refusal, launcher, nopfsd, timeout, grace, peer_key, "
-                                     "peer_ports, peer_host");
+                                     "peer_ports, peer_host, placement_key");
     }
   }
   return out;
@@ -469,6 +486,7 @@ std::vector<std::string> ToArgs(const PluginArgs& args) {
   if (!args.peer_key.empty()) out.push_back("peer_key=" + args.peer_key);
   out.push_back("peer_ports=" + FormatPortRanges(args.peer_ports));
   if (!args.peer_host.empty()) out.push_back("peer_host=" + args.peer_host);
+  if (!args.placement_key.empty()) out.push_back("placement_key=" + args.placement_key);
   return out;
 }
 

@@ -20,12 +20,16 @@
 //                              on the dataset (default yes: as much as the policy's keep allows)
 //   --nopfs-share-running=yes|no  read through the user's other running jobs on the node and
 //                              dataset, and serve them (default yes; docs/tiers.md "Sibling jobs")
+//   --nopfs-placement=prefer|require|off  run on the nodes that hold the user's kept copy of the
+//                              dataset (docs/admin.md, "Placement"): read by contrib/slurm's
+//                              job_submit.lua at submission; checked here (default prefer)
 // Every value is treated as hostile: bounded length, no control characters, numbers in range,
 // sizes through ParseSize. Each error message says what to write instead.
 //
 // Plugin arguments (plugstack.conf, written by the admin): strict key=value, unknown keys are
 // errors: config=FILE policy=FILE rundir=DIR on_refusal=fail|run launcher=PATH nopfsd=PATH
-// timeout=SECONDS grace=SECONDS peer_key=FILE peer_ports=LOW-HIGH[,LOW-HIGH...] peer_host=ADDR.
+// timeout=SECONDS grace=SECONDS peer_key=FILE peer_ports=LOW-HIGH[,LOW-HIGH...] peer_host=ADDR
+// placement_key=FILE (the site key of the nodes' placement marks, spank/placement.h).
 // With peer_key, the nopfsd of a multi-node job serve each other (docs/fabric.md): each listens
 // on PeerPort(), knows the others by PeerEndpoints(), and authenticates them with a per-job
 // secret derived from the site key (docs/admin.md), from which its ports are derived too.
@@ -62,7 +66,8 @@ struct JobOptions {
   uint64_t ram = 0;  // bytes asked for per node; 0: what the policy grants, or, when the option
   uint64_t ssd = 0;  // was given (--nopfs-ram=0), no tier of this kind
   bool keep = true;  // --nopfs-keep: false when the job asked to keep nothing
-  bool share_running = true;  // --nopfs-share-running: false when the job reads alone
+  bool share_running = true;         // --nopfs-share-running: false when the job reads alone
+  std::string placement = "prefer";  // --nopfs-placement: prefer, require or off
   // Which options were given (bit i = UserOptions()[i]), so that a repeated option with a
   // different value is refused while the same value twice (Slurm calls back twice) is accepted.
   uint32_t given = 0;
@@ -121,8 +126,10 @@ struct PluginArgs {
   uint32_t grace = 10;     // seconds between SIGTERM and SIGKILL in the epilog
   std::string peer_key;    // site key (root-owned, 0600); empty: nodes do not serve each other
   std::vector<PortRange> peer_ports{kDefaultPeerPorts};  // ascending, disjoint, not empty
-  std::string peer_host;  // every node's peer address (a one-host test cluster); empty: the
-                          // node names of the job's node list
+  std::string peer_host;      // every node's peer address (a one-host test cluster); empty: the
+                              // node names of the job's node list
+  std::string placement_key;  // site key of the placement marks (root-owned, 0600); empty: the
+                              // node advertises no kept copies to Slurm
 };
 
 // Parses plugstack.conf's arguments for this plugin.

@@ -143,6 +143,17 @@ TEST(OptionsTest, ArgsRoundTrip) {
   EXPECT_TRUE(o.share_running);
   for (const std::string& a : ToArgs(o))
     EXPECT_EQ(a.find("--nopfs-share-running"), std::string::npos) << a;
+  // --nopfs-placement: prefer by default, each value comes back as given.
+  EXPECT_EQ(o.placement, "prefer");
+  for (const char* v : {"prefer", "require", "off"}) {
+    JobOptions k = Apply({{"nopfs", "/d"}, {"nopfs-placement", v}});
+    JobOptions kb;
+    for (const std::string& a : ToArgs(k)) {
+      const size_t eq = a.find('=');
+      ASSERT_TRUE(ApplyOption(&kb, a.substr(2, eq - 2), a.substr(eq + 1)).ok()) << a;
+    }
+    EXPECT_EQ(kb.placement, v);
+  }
 }
 
 TEST(LayoutTest, RanksPerNodeComeFromTheJobsTasks) {
@@ -262,6 +273,8 @@ TEST(OptionsTest, InvalidValuesAreRefusedWithAHint) {
       {"nopfs-keep", "yes\n", "control"},
       {"nopfs-keep", std::string(100, 'y'), "at most"},
       {"nopfs-share-running", "off", "--nopfs-share-running=no"},
+      {"nopfs-placement", "soft", "--nopfs-placement=prefer"},
+      {"nopfs-placement", "", "--nopfs-placement=require"},
       {"nopfs-cache", "1", "not a nopfs option"},
       {"", "x", "not a nopfs option"},
   };

@@ -361,6 +361,8 @@ int TaskInit(spank_t sp) {
     spank_setenv(sp, name.c_str(), value.c_str(), 1);
   // The plan line nopfsd wrote (tiers, sizes, predicted stall), once, in the batch script's output.
   if (why.empty() && local == 0 && !is_step) std::fprintf(stderr, "%s", read("plan").c_str());
+  // Whether placement brought the job to its user's kept copy (the prolog's `placement` file).
+  if (local == 0 && !is_step) std::fprintf(stderr, "%s", read(launch::kPlacementName).c_str());
   // Why this node's peer link did not start, or not every other node answered (the prolog's
   // `peers` file): from the node's first task of each step, since the job runs on, reading from
   // the PFS what its peers would have served.

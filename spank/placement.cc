@@ -1,0 +1,329 @@
+#include "spank/placement.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <ctime>
+#include <map>
+
+extern "C" {
+#include <slurm/slurm.h>
+#include <slurm/slurm_errno.h>
+}
+
+#include "common/printable.h"
+#include "common/small_file.h"
+#include "common/unique_fd.h"
+#include "kept/space.h"
+
+namespace nopfs::spank {
+namespace {
+
+std::vector<std::string> SplitFeatures(const std::string& list) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    size_t comma = list.find(',', pos);
+    if (comma == std::string::npos) comma = list.size();
+    if (comma > pos) out.push_back(list.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  return out;
+}
+
+std::string JoinFeatures(const std::vector<std::string>& features) {
+  std::string out;
+  for (const std::string& f : features)
+    out += (out.empty() ? "" : ",") + f;
+  return out;
+}
+
+// The state file: what the last reconcile found (docs/admin.md, "Placement").
+struct PlacementState {
+  int64_t attempt = 0;   // when slurmctld was last asked
+  int64_t verified = 0;  // when slurmctld last had `marks`
+  int64_t failed = 0;    // when the last attempt failed; 0: it did not
+  std::string marks;     // sorted, comma-separated
+  std::string error;     // the failure last logged; "": none since the last success
+};
+
+PlacementState ReadState(const std::string& node_dir) {
+  PlacementState s;
+  Result<std::string> text = ReadSmallFile(node_dir + "/" + kPlacementStateName,
+                                           SmallFileRules{.max_bytes = 1 << 20, .owner = 0});
+  if (!text.ok()) return s;
+  size_t pos = 0;
+  while (pos < text->size()) {
+    size_t nl = text->find('\n', pos);
+    if (nl == std::string::npos) nl = text->size();
+    const std::string line = text->substr(pos, nl - pos);
+    pos = nl + 1;
+    const size_t sp = line.find(' ');
+    const std::string key = line.substr(0, sp);
+    const std::string value = sp == std::string::npos ? "" : line.substr(sp + 1);
+    if (key == "attempt") s.attempt = std::atoll(value.c_str());
+    if (key == "verified") s.verified = std::atoll(value.c_str());
+    if (key == "failed") s.failed = std::atoll(value.c_str());
+    if (key == "marks") s.marks = value;
+    if (key == "error") s.error = value;
+  }
+  return s;
+}
+
+void WriteState(const std::string& node_dir, const PlacementState& s) {
+  const std::string path = node_dir + "/" + kPlacementStateName;
+  const std::string tmp = path + ".tmp";
+  const std::string text = "attempt " + std::to_string(s.attempt) + "\nverified " +
+                           std::to_string(s.verified) + "\nfailed " + std::to_string(s.failed) +
+                           "\nmarks " + s.marks + "\nerror " + s.error + "\n";
+  ::unlink(tmp.c_str());
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd.valid()) return;
+  if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
+    ::unlink(tmp.c_str());
+    return;
+  }
+  fd.Reset();
+  (void)::rename(tmp.c_str(), path.c_str());
+}
+
+std::string SlurmError(const std::string& what) {
+  const int e = slurm_get_errno();
+  return what + ": " + slurm_strerror(e);
+}
+
+}  // namespace
+
+std::string MarkPath(std::string_view dataset) {
+  std::string out;
+  size_t pos = 0;
+  while (pos <= dataset.size()) {
+    size_t slash = dataset.find('/', pos);
+    if (slash == std::string_view::npos) slash = dataset.size();
+    const std::string_view part = dataset.substr(pos, slash - pos);
+    if (!part.empty() && part != ".") {
+      out += '/';
+      out += part;
+    }
+    pos = slash + 1;
+  }
+  return out.empty() ? "/" : out;
+}
+
+Result<std::string> ReadPlacementKey(const std::string& path) {
+  const std::string make = " (make one with: (umask 077; head -c 32 /dev/urandom > " + path +
+                           "), the same file on every node and on slurmctld's host)";
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) return Status::FromErrno(errno, "placement_key " + path + make);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != 0 ||
+      (st.st_mode & 077) != 0) {
+    return Status::InvalidArgument("placement_key " + path +
+                                   ": must be a regular file owned by root with mode 0600" + make);
+  }
+  std::string key(4096, '\0');
+  const ssize_t n = ::read(fd.get(), key.data(), key.size());
+  if (n < 16 || n >= 4096) {
+    return Status::InvalidArgument("placement_key " + path + ": must hold 16 to 4095 bytes" + make);
+  }
+  key.resize(static_cast<size_t>(n));
+  return key;
+}
+
+std::string PlacementMark(std::string_view key, uint32_t uid, std::string_view dataset) {
+  const std::string msg = "nopfs placement v1:" + std::to_string(uid) + ":" + MarkPath(dataset);
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+           reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out, &len) == nullptr ||
+      len < kMarkHexDigits / 2) {
+    return "";
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string mark(kMarkPrefix);
+  for (size_t i = 0; i < kMarkHexDigits / 2; ++i) {
+    mark += kHex[out[i] >> 4];
+    mark += kHex[out[i] & 15];
+  }
+  return mark;
+}
+
+bool IsPlacementMark(std::string_view feature) {
+  if (feature.size() != kMarkPrefix.size() + kMarkHexDigits ||
+      feature.substr(0, kMarkPrefix.size()) != kMarkPrefix) {
+    return false;
+  }
+  return std::all_of(feature.begin() + static_cast<ptrdiff_t>(kMarkPrefix.size()), feature.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+NodeFeatures WithMarks(const NodeFeatures& current, const std::set<std::string>& marks) {
+  auto replace = [&](const std::string& list) {
+    std::vector<std::string> out;
+    for (std::string& f : SplitFeatures(list)) {
+      if (!IsPlacementMark(f) && f != "(null)") out.push_back(std::move(f));
+    }
+    out.insert(out.end(), marks.begin(), marks.end());
+    return JoinFeatures(out);
+  };
+  return NodeFeatures{replace(current.available), replace(current.active)};
+}
+
+NodeMarks MarksOfNode(std::string_view key, const std::vector<std::string>& ssd_paths) {
+  NodeMarks out;
+  // The user's view of every user (kept/ only, no root record to lock): whatever a complete
+  // MANIFEST names. A user who writes another dataset there marks the node for that user alone.
+  const kept::KeptNode node = kept::KeptNode::Scan(ssd_paths);
+  out.errors = node.errors();
+  for (const kept::KeptEntry& e : node.entries()) {
+    if (!e.Complete() || e.stray || e.Pending() || e.data.dataset.empty() ||
+        e.data.dataset.front() != '/') {
+      continue;
+    }
+    ++out.copies;
+    const std::string mark = PlacementMark(key, e.uid, e.data.dataset);
+    out.marks.insert(mark);
+    out.copies_held.push_back({e.uid, e.data.dataset, e.data.bytes, e.data.last_used, mark});
+  }
+  return out;
+}
+
+std::string ReconcilePlacement(const PlacementRun& run) {
+  const std::string where = "placement: " + run.node + ": ";
+  const int64_t now = run.now != 0 ? run.now : static_cast<int64_t>(::time(nullptr));
+  UniqueFd lock(::open((run.node_dir + "/" + kPlacementLockName).c_str(),
+                       O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!lock.valid()) return where + Status::FromErrno(errno, "lock in " + run.node_dir).message();
+  if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) return "";  // another reconcile runs
+  PlacementState state = ReadState(run.node_dir);
+  const PlacementState before = state;
+  // A line when the failure is new (not one per attempt); the state remembers it.
+  auto failed = [&](const std::string& why) {
+    state.failed = now;
+    // A run for a job leaves the line to the timer's run, so that it is in one place.
+    if (run.report_failures) state.error = Printable(why, 400);
+    WriteState(run.node_dir, state);
+    if (!run.report_failures || state.error == before.error) return std::string();
+    return where + "the node's marks are not in Slurm: " + state.error +
+           "; its jobs run as without placement (tried again within " +
+           std::to_string(kPlacementRetrySeconds) + " s)";
+  };
+  Result<std::string> key = ReadPlacementKey(run.key_path);
+  if (!key.ok()) {
+    state.attempt = now;
+    return failed(key.status().message());
+  }
+  const NodeMarks marks = MarksOfNode(*key, run.ssd_paths);
+  const std::string wanted = JoinFeatures({marks.marks.begin(), marks.marks.end()});
+  if (!run.force && before.failed == 0 && wanted == before.marks &&
+      now - before.verified < kPlacementVerifySeconds && now >= before.verified) {
+    return "";  // slurmctld had these marks a moment ago
+  }
+  if (!run.force && before.failed != 0 && now - before.failed < kPlacementRetrySeconds &&
+      now >= before.failed) {
+    return "";  // slurmctld failed a moment ago: leave it alone for a while
+  }
+  state.attempt = now;
+  Result<NodeFeatures> current = run.load(run.node);
+  if (!current.ok()) return failed(current.status().message());
+  const NodeFeatures next = WithMarks(*current, marks.marks);
+  size_t added = 0, removed = 0;
+  if (!(next == *current)) {
+    std::set<std::string> had;
+    for (const std::string& f : SplitFeatures(current->active))
+      if (IsPlacementMark(f)) had.insert(f);
+    for (const std::string& m : marks.marks)
+      added += had.count(m) == 0 ? 1 : 0;
+    for (const std::string& m : had)
+      removed += marks.marks.count(m) == 0 ? 1 : 0;
+    if (Status s = run.update(run.node, next); !s.ok()) return failed(s.message());
+  }
+  state.verified = now;
+  state.failed = 0;
+  state.marks = wanted;
+  state.error.clear();
+  WriteState(run.node_dir, state);
+  std::string line;
+  if (added + removed > 0 || !before.error.empty()) {
+    line = where + "marks " + std::to_string(marks.marks.size()) + " kept " +
+           (marks.marks.size() == 1 ? "copy" : "copies") + " (" + std::to_string(added) +
+           " added, " + std::to_string(removed) + " removed)";
+    if (!before.error.empty()) line += "; Slurm takes the node's marks again";
+  }
+  for (const std::string& e : marks.errors)
+    line += (line.empty() ? where : "; ") + "kept area: " + Printable(e, 300);
+  return line;
+}
+
+Result<NodeFeatures> LoadNodeFeatures(const std::string& node) {
+  node_info_msg_t* msg = nullptr;
+  std::string name = node;
+  if (slurm_load_node_single(&msg, name.data(), SHOW_ALL) != SLURM_SUCCESS) {
+    return Status::Unavailable(SlurmError("asking slurmctld for node " + node));
+  }
+  NodeFeatures f;
+  bool found = false;
+  for (uint32_t i = 0; msg != nullptr && i < msg->record_count; ++i) {
+    const node_info_t& n = msg->node_array[i];
+    if (n.name == nullptr || node != n.name) continue;
+    found = true;
+    f.available = n.features != nullptr ? n.features : "";
+    f.active = n.features_act != nullptr ? n.features_act : "";
+  }
+  slurm_free_node_info_msg(msg);
+  if (!found) return Status::NotFound("slurmctld has no node " + node);
+  return f;
+}
+
+Status UpdateNodeFeatures(const std::string& node, const NodeFeatures& features) {
+  update_node_msg_t msg;
+  slurm_init_update_node_msg(&msg);
+  std::string name = node, available = features.available, active = features.active;
+  msg.node_names = name.data();
+  msg.features = available.data();
+  msg.features_act = active.data();
+  if (slurm_update_node(&msg) != SLURM_SUCCESS) {
+    return Status::Unavailable(SlurmError("updating node " + node + "'s features"));
+  }
+  return Status::Ok();
+}
+
+void RunDetached(const std::vector<std::string>& argv) {
+  if (argv.empty()) return;
+  std::vector<char*> args;
+  for (const std::string& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t child = ::fork();
+  if (child < 0) return;
+  if (child > 0) {
+    int status = 0;
+    while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+    }
+    return;
+  }
+  // The middle process exits at once; its child, reparented to init, runs the reconcile.
+  ::setsid();
+  if (::fork() != 0) _exit(0);
+  const int null_fd = ::open("/dev/null", O_RDWR);
+  if (null_fd >= 0) {
+    ::dup2(null_fd, 0);
+    ::dup2(null_fd, 1);
+    ::dup2(null_fd, 2);
+  }
+  ::close_range(3, ~0U, 0);
+  ::signal(SIGHUP, SIG_IGN);
+  ::execv(args[0], args.data());
+  _exit(127);
+}
+
+}  // namespace nopfs::spank

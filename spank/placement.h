@@ -1,0 +1,118 @@
+// Data-aware placement (docs/admin.md, "Placement"): while a node holds a user's kept copy of a
+// dataset (kept/area.h), root marks the node in Slurm with a node feature, the copy's *mark*.
+// A mark's name tells no one else whose copy it is or of which dataset: it is "nopfs_" and 16 hex
+// digits of HMAC-SHA256, under the site's placement key, of the user's uid and the dataset's path.
+// contrib/slurm/job_submit.lua, run by slurmctld (which holds the key too), computes the same
+// name for a job submitted with --nopfs=DATASET and adds it to the job's --prefer (to its
+// --constraint with --nopfs-placement=require), so that Slurm starts the job on the nodes that
+// hold its copy when they are free.
+//
+// The node side is one reconcile, `nopfs-job placement`: the marks the node should carry (one per
+// complete kept dataset of any user on its SSD paths) against the features slurmctld has for the
+// node; only nopfs's marks are added or removed, the admin's features stay. The prolog and the
+// epilog start it in the background (PlacementLater) and never wait for it; a timer runs it too,
+// so that a copy removed without a job (`nopfs cache rm`, `nopfs gc`) loses its mark within the
+// timer's period, and a mark slurmctld forgot (a restart or `scontrol reconfigure` resets the
+// features to slurm.conf's) comes back. The reconcile is rate-limited by its state file in
+// <rundir>/<node>/ (PlacementState): it skips slurmctld while the marks are unchanged and were
+// verified within kPlacementVerifySeconds, and for kPlacementRetrySeconds after slurmctld was
+// slow or refused; it logs one line when the marks change, one when slurmctld starts failing
+// (not one per attempt, and from the timer's runs only) and one when it takes them again.
+//
+// Thread safety: functions over values; ReconcilePlacement takes a file lock, so that two
+// reconciles of one node never interleave (the second returns at once).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace nopfs::spank {
+
+inline constexpr std::string_view kMarkPrefix = "nopfs_";
+inline constexpr size_t kMarkHexDigits = 16;
+inline constexpr int64_t kPlacementVerifySeconds = 60;
+inline constexpr int64_t kPlacementRetrySeconds = 30;
+// The state file and its lock in <rundir>/<node>/ (root's).
+inline constexpr char kPlacementStateName[] = ".placement";
+inline constexpr char kPlacementLockName[] = ".placement.lock";
+
+// The dataset path as a mark names it: "/" and its components without empty and "." ones, joined
+// by "/" ("/pfs//ds/./" is "/pfs/ds"). A path through a link is another path: a job names the
+// dataset as its kept copy's MANIFEST does (the canonical root, docs/user.md).
+std::string MarkPath(std::string_view dataset);
+
+// The placement key: a regular file of 16 to 4095 bytes, owned by root, readable by root alone,
+// never reached through a link. The error says how to make one.
+Result<std::string> ReadPlacementKey(const std::string& path);
+
+// The mark of `uid`'s copies of `dataset`: "nopfs_" + the first 16 hex digits of
+// HMAC-SHA256(key, "nopfs placement v1:<uid>:" + MarkPath(dataset)).
+std::string PlacementMark(std::string_view key, uint32_t uid, std::string_view dataset);
+
+// Whether a feature name has a mark's form.
+bool IsPlacementMark(std::string_view feature);
+
+// A node's features as slurmctld has them: comma-separated (AvailableFeatures, ActiveFeatures).
+struct NodeFeatures {
+  std::string available, active;
+  bool operator==(const NodeFeatures&) const = default;
+};
+
+// `current` with its marks replaced by `marks`: the other features keep their order, the marks
+// follow them sorted, in both lists.
+NodeFeatures WithMarks(const NodeFeatures& current, const std::set<std::string>& marks);
+
+// The marks a node carries: those of the complete kept datasets of every user under `ssd_paths`.
+struct NodeMarks {
+  struct Copy {
+    uint32_t uid = 0;
+    std::string dataset;  // as its MANIFEST says (the user's text)
+    uint64_t bytes = 0;
+    int64_t last_used = 0;  // unix seconds, as its MANIFEST says
+    std::string mark;
+  };
+  std::vector<Copy> copies_held;  // every complete kept dataset, for the admin's listing
+  std::set<std::string> marks;
+  size_t copies = 0;  // complete kept datasets (two SSD paths' copies of one dataset: one mark)
+  std::vector<std::string> errors;
+};
+NodeMarks MarksOfNode(std::string_view key, const std::vector<std::string>& ssd_paths);
+
+// One reconcile of a node's marks.
+struct PlacementRun {
+  std::string node;
+  std::string node_dir;  // <rundir>/<node>, root's: the state file and its lock
+  std::string key_path;
+  std::vector<std::string> ssd_paths;
+  int64_t now = 0;     // unix seconds; 0: time(nullptr)
+  bool force = false;  // ask slurmctld whatever the state file says
+  // Whether a failure gets its line here (the timer's runs), or only its time in the state file
+  // (the runs the prolog and epilog start, whose lines would go to another log).
+  bool report_failures = true;
+  // slurmctld's side (LoadNodeFeatures, UpdateNodeFeatures; tests give their own).
+  std::function<Result<NodeFeatures>(const std::string& node)> load;
+  std::function<Status(const std::string& node, const NodeFeatures& features)> update;
+};
+// Returns the line to log ("" when nothing worth one happened), of the form
+// "placement: n2: marks 2 kept copies (1 added, 0 removed)".
+std::string ReconcilePlacement(const PlacementRun& run);
+
+// slurmctld's features of `node` (slurm_load_node_single), and their update (slurm_update_node,
+// which takes it from root alone).
+Result<NodeFeatures> LoadNodeFeatures(const std::string& node);
+Status UpdateNodeFeatures(const std::string& node, const NodeFeatures& features);
+
+// Runs `argv` (nopfs-job placement ...) in a detached grandchild: its own session, /dev/null for
+// its standard descriptors, no other descriptor; returns once the middle process has exited
+// (at once), never waiting for the reconcile.
+void RunDetached(const std::vector<std::string>& argv);
+
+}  // namespace nopfs::spank

@@ -1,0 +1,196 @@
+// Placement marks: their names, the node's features with them, the reconcile's rate limits, and
+// contrib/slurm/job_submit.lua computing the same names as root on the node.
+#include "spank/placement.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <lua.hpp>
+#include <string>
+
+namespace nopfs::spank {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(PlacementTest, MarkPathIsLexical) {
+  EXPECT_EQ(MarkPath("/pfs/ds"), "/pfs/ds");
+  EXPECT_EQ(MarkPath("/pfs//ds/./"), "/pfs/ds");
+  EXPECT_EQ(MarkPath("/"), "/");
+  EXPECT_EQ(MarkPath("/a/b/"), "/a/b");
+}
+
+TEST(PlacementTest, MarkDependsOnKeyUserAndDataset) {
+  const std::string key = "0123456789abcdef0123456789abcdef";
+  const std::string m = PlacementMark(key, 1001, "/pfs/ds");
+  EXPECT_TRUE(IsPlacementMark(m)) << m;
+  EXPECT_EQ(m, PlacementMark(key, 1001, "/pfs//ds/"));
+  EXPECT_NE(m, PlacementMark(key, 1002, "/pfs/ds"));
+  EXPECT_NE(m, PlacementMark(key, 1001, "/pfs/ds2"));
+  EXPECT_NE(m, PlacementMark(key + "x", 1001, "/pfs/ds"));
+  // The first 8 bytes of HMAC-SHA256(key, "nopfs placement v1:1001:/pfs/ds"), as
+  // `openssl dgst -sha256 -hmac KEY` prints them.
+  EXPECT_EQ(m, "nopfs_21d59b9187e66a77");
+  EXPECT_FALSE(IsPlacementMark("nopfs_0123"));
+  EXPECT_FALSE(IsPlacementMark("nvme"));
+  EXPECT_FALSE(IsPlacementMark("nopfs_0123456789ABCDEF"));
+}
+
+TEST(PlacementTest, WithMarksKeepsTheAdminsFeatures) {
+  const NodeFeatures cur{"nvme,nopfs_0000000000000001,gpu", "nvme,nopfs_0000000000000001"};
+  const NodeFeatures next = WithMarks(cur, {"nopfs_00000000000000ff", "nopfs_0000000000000002"});
+  EXPECT_EQ(next.available, "nvme,gpu,nopfs_0000000000000002,nopfs_00000000000000ff");
+  EXPECT_EQ(next.active, "nvme,nopfs_0000000000000002,nopfs_00000000000000ff");
+  EXPECT_EQ(WithMarks(NodeFeatures{"(null)", "(null)"}, {}), (NodeFeatures{"", ""}));
+  EXPECT_EQ(WithMarks(NodeFeatures{"nopfs_0000000000000001", "nopfs_0000000000000001"}, {}),
+            (NodeFeatures{"", ""}));
+}
+
+// The script slurmctld runs computes the node's names (Lua 5.4 here; Slurm 22.05 runs it in 5.1,
+// which the cluster test covers).
+TEST(PlacementTest, JobSubmitLuaComputesTheSameMarks) {
+  lua_State* L = luaL_newstate();
+  luaL_openlibs(L);
+  const std::string script = std::string(NOPFS_SOURCE_DIR) + "/contrib/slurm/job_submit.lua";
+  ASSERT_EQ(luaL_dofile(L, script.c_str()), LUA_OK) << lua_tostring(L, -1);
+  const std::string keys[] = {std::string(32, 'k'), std::string(100, '\x01'), "0123456789abcdef"};
+  for (const std::string& key : keys) {
+    for (const char* ds : {"/pfs/ds", "/a//b/./c/", "/"}) {
+      lua_getglobal(L, "nopfs_placement_mark");
+      lua_pushlstring(L, key.data(), key.size());
+      lua_pushinteger(L, 1001);
+      lua_pushstring(L, ds);
+      ASSERT_EQ(lua_pcall(L, 3, 1, 0), LUA_OK) << lua_tostring(L, -1);
+      EXPECT_EQ(std::string(lua_tostring(L, -1)), PlacementMark(key, 1001, ds)) << ds;
+      lua_pop(L, 1);
+    }
+  }
+  lua_close(L);
+}
+
+// The job_submit hook: prefer by default, require as a constraint, the user's own prefer kept,
+// a node list left alone.
+TEST(PlacementTest, JobSubmitLuaSetsPreferOrConstraint) {
+  const fs::path dir = fs::temp_directory_path() / ("placement_lua_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string key(32, 'z');
+  std::ofstream(dir / "key") << key;
+  lua_State* L = luaL_newstate();
+  luaL_openlibs(L);
+  lua_pushstring(L, (dir / "key").c_str());
+  lua_setglobal(L, "nopfs_placement_key_file");
+  const std::string script = std::string(NOPFS_SOURCE_DIR) + "/contrib/slurm/job_submit.lua";
+  ASSERT_EQ(luaL_dofile(L, script.c_str()), LUA_OK) << lua_tostring(L, -1);
+  const std::string mark = PlacementMark(key, 1001, "/pfs/ds");
+  auto run = [&](const std::string& fields) {
+    const std::string code =
+        "local j = { user_id = 1001, spank_job_env = { "
+        "'_SLURM_SPANK_OPTION_nopfs_nopfs=/pfs/ds' } }\n" +
+        fields + "\nlocal what = nopfs_job_submit(j)\n" +
+        "return tostring(what) .. ' ' .. tostring(j.prefer) .. ' ' .. "
+        "tostring(j.features)";
+    EXPECT_EQ(luaL_dostring(L, code.c_str()), LUA_OK) << lua_tostring(L, -1);
+    std::string out = lua_tostring(L, -1);
+    lua_pop(L, 1);
+    return out;
+  };
+  EXPECT_EQ(run(""), "prefer " + mark + " nil");
+  EXPECT_EQ(run("j.prefer = 'fast'"), "prefer (fast)&" + mark + " nil");
+  EXPECT_EQ(run("j.features = 'nvme'"), "prefer " + mark + " nvme");
+  EXPECT_EQ(run("table.insert(j.spank_job_env, '_SLURM_SPANK_OPTION_nopfs_nopfs_placement="
+                "require')"),
+            "require nil " + mark);
+  EXPECT_EQ(run("table.insert(j.spank_job_env, '_SLURM_SPANK_OPTION_nopfs_nopfs_placement=off')"),
+            "off nil nil");
+  EXPECT_EQ(run("j.req_nodes = 'n2'"), "nodelist given nil nil");
+  EXPECT_EQ(run("j.spank_job_env = {}"), "nil nil nil");
+  lua_close(L);
+  fs::remove_all(dir);
+}
+
+// The reconcile against a fake slurmctld: the marks of the kept area, only nopfs's features
+// changed, one line per change and per new failure, the rate limits.
+TEST(PlacementTest, ReconcileAddsRemovesAndRateLimits) {
+  if (geteuid() != 0) GTEST_SKIP() << "the placement key must be root's";
+  const fs::path dir = fs::temp_directory_path() / ("placement_rec_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "node");
+  fs::create_directories(dir / "ssd");
+  const std::string key_path = (dir / "key").string();
+  {
+    std::ofstream(key_path) << std::string(32, 'q');
+    ::chmod(key_path.c_str(), 0600);
+  }
+  NodeFeatures slurm{"nvme", "nvme"};
+  int loads = 0, updates = 0;
+  Status refuse = Status::Ok();
+  PlacementRun run;
+  run.node = "n2";
+  run.node_dir = (dir / "node").string();
+  run.key_path = key_path;
+  run.ssd_paths = {(dir / "ssd").string()};
+  run.now = 1000;
+  run.load = [&](const std::string&) -> Result<NodeFeatures> {
+    ++loads;
+    if (!refuse.ok()) return refuse;
+    return slurm;
+  };
+  run.update = [&](const std::string&, const NodeFeatures& f) {
+    ++updates;
+    slurm = f;
+    return Status::Ok();
+  };
+  // No kept copies: slurmctld is asked once, nothing changes, no line.
+  EXPECT_EQ(ReconcilePlacement(run), "");
+  EXPECT_EQ(loads, 1);
+  EXPECT_EQ(updates, 0);
+  // Within a minute and with the same marks: slurmctld is not asked.
+  run.now = 1030;
+  EXPECT_EQ(ReconcilePlacement(run), "");
+  EXPECT_EQ(loads, 1);
+  // slurmctld forgot the marks (a restart): a minute later they are put back.
+  run.now = 1061;
+  slurm = NodeFeatures{"nvme,nopfs_00000000000000aa", "nvme,nopfs_00000000000000aa"};
+  EXPECT_EQ(ReconcilePlacement(run), "placement: n2: marks 0 kept copies (0 added, 1 removed)");
+  EXPECT_EQ(slurm, (NodeFeatures{"nvme", "nvme"}));
+  // slurmctld refuses: one line, then silence while it keeps refusing, retried after 30 s.
+  refuse = Status::Unavailable("Access/permission denied");
+  run.force = true;
+  const std::string line = ReconcilePlacement(run);
+  EXPECT_NE(line.find("the node's marks are not in Slurm: Access/permission denied"),
+            std::string::npos)
+      << line;
+  run.force = false;
+  const int before = loads;
+  run.now = 1070;
+  EXPECT_EQ(ReconcilePlacement(run), "");
+  EXPECT_EQ(loads, before);
+  run.now = 1100;
+  EXPECT_EQ(ReconcilePlacement(run), "");
+  EXPECT_EQ(loads, before + 1);
+  // A run for a job (the prolog's, the epilog's) records a failure without a line; the timer's
+  // next run, after the retry period, says it.
+  refuse = Status::Unavailable("Unable to contact slurm controller");
+  run.report_failures = false;
+  run.force = true;
+  EXPECT_EQ(ReconcilePlacement(run), "");
+  run.report_failures = true;
+  run.force = false;
+  run.now = 1110;
+  EXPECT_EQ(ReconcilePlacement(run), "");
+  run.now = 1131;
+  EXPECT_NE(ReconcilePlacement(run).find("Unable to contact slurm controller"), std::string::npos);
+  refuse = Status::Ok();
+  run.now = 1162;
+  EXPECT_EQ(ReconcilePlacement(run),
+            "placement: n2: marks 0 kept copies (0 added, 0 removed); Slurm takes the node's "
+            "marks again");
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace nopfs::spank
