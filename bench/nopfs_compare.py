@@ -18,7 +18,9 @@ waits for its batch. Setups:
   nopfs-copy     `nopfs run`, nopfs.torch.DataLoader(ImageFolder(decode=bytes)): each sample
                  copied out of nopfsd's ring or RAM tier into a bytes object, one call per batch;
   nopfs-tensor   the same with decode=nopfs.torch.uint8_tensor: the batch copied into one tensor;
-  nopfs-zerocopy the client API, stream.next_batch(B).views(): no copy at all (the lower bound).
+  nopfs-zerocopy the client API, stream.next_batch(B).views(): no copy at all (the lower bound);
+                 a stream per epoch (client.open(rank, epoch=e, epochs=1)), opened in the
+                 epoch's first step, whose stall includes it.
 Both sides hold the whole dataset in RAM (nopfsd's RAM tier; NoPFS's memory storage class), stage
 64 MiB ahead, and are told the same PFS bandwidth curve. Printed per setup: the median and p99
 stall per batch over all ranks and the steps of epochs 2+ (and of epoch 1), and the throughput of
@@ -115,18 +117,29 @@ def rank_nopfs(args):
         rank = job.rank
         batches = math.ceil(job.epoch_length() / args.batch)
         for epoch in range(args.epochs):
-            with client.open(rank, epoch=epoch, epochs=1) as stream:
-                def next_batch():
-                    b = stream.next_batch(args.batch)
+            # One stream per epoch, opened when the epoch's first batch is asked for (its stall
+            # includes the open) and closed after its last.
+            streams = []
+
+            def next_batch():
+                if not streams:
+                    streams.append(client.open(rank, epoch=epoch, epochs=1))
+                # A ring batch may be short (the rest not there within 100 ms): the step's batch
+                # is made of as many as it takes, as the DataLoader's are.
+                n = 0
+                while n < args.batch:
+                    b = streams[0].next_batch(args.batch - n)
                     if b is None:
-                        return 0
+                        break
                     with b:
                         views = b.views()
-                        n = len(views)
+                        n += len(views)
                         for v in views:
                             v.release()
-                        return n
-                out.append(rank_loop(next_batch, batches, args.batch, args.rate))
+                return n
+            out.append(rank_loop(next_batch, batches, args.batch, args.rate))
+            for s in streams:
+                s.close()
         return rank, out
     from nopfs.torch import DataLoader, DistributedSampler, ImageFolder, uint8_tensor
     decode = bytes if args.setup == "nopfs-copy" else uint8_tensor
