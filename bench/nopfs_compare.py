@@ -168,9 +168,16 @@ def rank_nopfs(args):
 
 def rank_main(args):
     rank, epochs = rank_hdmlp(args) if args.setup == "hdmlp" else rank_nopfs(args)
-    with open(f"{args.out}.{rank}.json", "w") as fh:
+    with open(f"{args.out}.{rank}.json.tmp", "w") as fh:
         json.dump({"rank": rank, "epochs": epochs}, fh)
+    os.rename(f"{args.out}.{rank}.json.tmp", f"{args.out}.{rank}.json")
     if args.setup == "hdmlp":
+        # mpirun ends the other ranks as soon as one leaves without MPI_Finalize: wait until every
+        # rank has written its figures (a barrier through the files), then leave.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all(
+                os.path.exists(f"{args.out}.{r}.json") for r in range(args.ranks)):
+            time.sleep(0.05)
         sys.stdout.flush()
         os._exit(0)
 
