@@ -74,7 +74,15 @@ Result<std::unique_ptr<RingWriter>> RingWriter::Create(uint64_t capacity, uint32
 }
 
 RingWriter::~RingWriter() {
-  if (base_ != nullptr) ::munmap(base_, map_bytes_);
+  if (base_ == nullptr) return;
+  // Unmapped a chunk at a time: unmapping holds the process's memory map locked while it drops
+  // the pages, and a ring whose arena was written has thousands, so in one call it would stall
+  // every other thread of nopfsd that maps memory meanwhile (a stream being opened starts its
+  // threads, whose stacks are mapped) for milliseconds. Each piece is page-aligned (base_ is,
+  // and so is the chunk).
+  for (uint64_t done = 0; done < map_bytes_; done += kCommitChunk) {
+    (void)::munmap(base_ + done, std::min(kCommitChunk, map_bytes_ - done));
+  }
 }
 
 uint64_t RingWriter::ReclaimLocked() {

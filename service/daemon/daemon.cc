@@ -61,6 +61,16 @@ void Daemon::Stop() {
   live_entry_.clear();
   serving_.store(false);
   if (server_) server_->Stop();
+  {
+    MutexLock lock(&ring_mu_);
+    ring_stop_ = true;
+  }
+  ring_cv_.SignalAll();
+  if (ring_thread_.joinable()) ring_thread_.join();  // every closed stream's writer stopped
+  {
+    MutexLock lock(&ring_mu_);
+    spare_ring_.reset();
+  }
   if (sibling_served_.load() > 0) {
     spdlog::info("sibling: served {} samples ({}) to other jobs of this user",
                  sibling_served_.load(),

@@ -484,6 +484,7 @@ Status Daemon::StartServer() {
   so.max_connections = size_t{local_ranks} * config_.limits().streams_per_rank + kSpareConnections;
   // Sibling jobs' nopfsd (each opens at most SiblingSource::kMaxConnections).
   if (options_.share_running) so.max_connections += kSiblingConnections;
+  ring_thread_ = std::thread([this] { RingThread(); });  // makes the first ring at once
   server_ = std::make_unique<LocalServer>(so, this);
   NOPFS_RETURN_IF_ERROR(server_->Start());
   RegisterSibling();

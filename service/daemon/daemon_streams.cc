@@ -44,11 +44,6 @@ Result<StreamGrant> Daemon::OpenStream(const OpenStreamRequest& req, ConnectionI
   const policy::StreamPoint start{req.epoch, req.step};
   NOPFS_RETURN_IF_ERROR(policy::ValidateStreamPoint(job_, start));
   NOPFS_RETURN_IF_ERROR(ValidateShare(req.share));
-  const double mean = static_cast<double>(std::accumulate(catalog_->sizes().begin(),
-                                                          catalog_->sizes().end(), uint64_t{0})) /
-                      static_cast<double>(std::max<uint64_t>(1, catalog_->size()));
-  const uint32_t slots = static_cast<uint32_t>(std::clamp<double>(
-      2.0 * static_cast<double>(ring_bytes_) / std::max(1.0, mean), kMinRingSlots, kMaxRingSlots));
   uint64_t id = 0;
   const uint32_t most = config_.limits().streams_per_rank;
   if (req.owner_pid == 0) {
@@ -114,8 +109,7 @@ Result<StreamGrant> Daemon::OpenStream(const OpenStreamRequest& req, ConnectionI
     id = next_stream_++;
     claims_[id] = claim;
   }
-  Result<std::unique_ptr<ring::RingWriter>> ring = ring::RingWriter::Create(
-      ring_bytes_, slots, "nopfs-" + options_.job_id + "-rank" + std::to_string(req.rank));
+  Result<std::unique_ptr<ring::RingWriter>> ring = TakeRing(req.rank);
   if (!ring.ok()) {
     MutexLock lock(&mu_);
     --open_per_rank_[req.rank];
@@ -168,13 +162,79 @@ std::function<void()> Daemon::CloseStream(uint64_t stream_id) {
   }
   closed_cv_.SignalAll();
   // Stopping the writer and unmapping the ring (milliseconds for a large ring) wait until the
-  // client has its answer.
-  return [stream_id, s = std::move(s)]() mutable {
-    s->Cancel();
-    spdlog::info("stream {} (rank {}) closed: {} staged, {} errors", stream_id, s->rank(),
-                 s->staged(), s->errors());
-    s.reset();
-  };
+  // client has its answer, and run on the ring thread: the connection's next request does not
+  // wait for them.
+  return [this, s = std::move(s)]() mutable { Retire(std::move(s)); };
+}
+
+uint32_t Daemon::RingSlots() const {
+  const double mean = static_cast<double>(std::accumulate(catalog_->sizes().begin(),
+                                                          catalog_->sizes().end(), uint64_t{0})) /
+                      static_cast<double>(std::max<uint64_t>(1, catalog_->size()));
+  return static_cast<uint32_t>(std::clamp<double>(
+      2.0 * static_cast<double>(ring_bytes_) / std::max(1.0, mean), kMinRingSlots, kMaxRingSlots));
+}
+
+Result<std::unique_ptr<ring::RingWriter>> Daemon::TakeRing(uint32_t rank) {
+  {
+    MutexLock lock(&ring_mu_);
+    if (spare_ring_ != nullptr) {
+      std::unique_ptr<ring::RingWriter> r = std::move(spare_ring_);
+      ring_cv_.SignalAll();  // the next one
+      return r;
+    }
+  }
+  return ring::RingWriter::Create(ring_bytes_, RingSlots(),
+                                  "nopfs-" + options_.job_id + "-rank" + std::to_string(rank));
+}
+
+void Daemon::Retire(std::shared_ptr<StagingStream> s) {
+  {
+    MutexLock lock(&ring_mu_);
+    if (!ring_stop_ && ring_thread_.joinable()) {
+      closing_.push_back(std::move(s));
+      ring_cv_.SignalAll();
+      return;
+    }
+  }
+  s->Cancel();  // no ring thread (stopping): the caller waits
+  spdlog::info("stream {} (rank {}) closed: {} staged, {} errors", s->id(), s->rank(), s->staged(),
+               s->errors());
+}
+
+void Daemon::RingThread() {
+  const uint32_t slots = RingSlots();
+  MutexLock lock(&ring_mu_);
+  for (;;) {
+    while (closing_.empty() && spare_ring_ != nullptr && !ring_stop_)
+      ring_cv_.Wait(&ring_mu_);
+    if (!closing_.empty()) {
+      std::shared_ptr<StagingStream> s = std::move(closing_.front());
+      closing_.pop_front();
+      lock.Unlock();
+      s->Cancel();
+      spdlog::info("stream {} (rank {}) closed: {} staged, {} errors", s->id(), s->rank(),
+                   s->staged(), s->errors());
+      s.reset();
+      lock.Lock();
+    } else if (ring_stop_) {
+      return;  // every closed stream is freed
+    } else {
+      lock.Unlock();
+      Result<std::unique_ptr<ring::RingWriter>> r =
+          ring::RingWriter::Create(ring_bytes_, slots, "nopfs-" + options_.job_id + "-ring");
+      lock.Lock();
+      if (!r.ok()) {
+        // An open meanwhile makes its own ring (and says why it cannot); try again in a while.
+        spdlog::warn("could not make a ring ahead: {}", r.status().message());
+        const auto retry = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+        while (closing_.empty() && !ring_stop_ && ring_cv_.WaitUntil(&ring_mu_, retry)) {
+        }
+        continue;
+      }
+      spare_ring_ = std::move(*r);
+    }
+  }
 }
 
 Result<wire::DescribeOk> Daemon::Describe(uint32_t sample_id) {

@@ -178,5 +178,54 @@ TEST_F(DaemonTest, AnotherOwnersOpenOfARankIsRefusedAndTheFirstReadsOn) {
   EXPECT_TRUE(restarted.ok()) << restarted.status().ToString();
 }
 
+// A stream per epoch on one connection, closed mid-epoch or at its end, the next opened at once
+// (its ring is the one made ahead, the last one's is freed on nopfsd's ring thread): every epoch
+// delivers the rank's samples, each once, byte for byte, in copy mode (the ring's arena written
+// and freed) and zero copy alike; the daemon stops with closes still queued.
+TEST_F(DaemonTest, AStreamPerEpochOnOneConnectionDeliversEveryEpoch) {
+  constexpr uint32_t kEpochs = 6;
+  StartDaemon(kEpochs);
+  auto c = client::Client::Connect(dir_ + "/run/nopfsd.sock");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  for (uint32_t epoch = 0; epoch < kEpochs; ++epoch) {
+    client::OpenOptions o;
+    o.epoch = epoch;
+    o.epochs = 1;
+    o.zero_copy = epoch % 2 == 1;
+    auto s = (*c)->Open(0, o);
+    ASSERT_TRUE(s.ok()) << "epoch " << epoch << ": " << s.status().ToString();
+    if (epoch == 2) {  // left early: closed with samples staged and unread
+      EXPECT_EQ(ReadChecked(s->get(), 10), 10u);
+      ASSERT_TRUE((*s)->Close().ok());
+      continue;
+    }
+    std::vector<int> seen(kSamples, 0);
+    uint64_t got = 0;
+    for (;;) {
+      auto r = (*s)->Next(10s);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      if (!r->has_value()) break;
+      const client::Sample& x = **r;
+      ASSERT_LT(x.sample_id, kSamples);
+      ++seen[x.sample_id];
+      EXPECT_EQ(x.epoch, epoch);
+      EXPECT_EQ(std::string(reinterpret_cast<const char*>(x.data), x.size), Bytes(x.sample_id))
+          << "epoch " << epoch << " sample " << x.sample_id;
+      ASSERT_TRUE((*s)->Release(x).ok());
+      ++got;
+    }
+    EXPECT_EQ(got, kSamples / 2) << "epoch " << epoch;  // rank 0 of 2
+    for (uint32_t i = 0; i < kSamples; ++i)
+      EXPECT_LE(seen[i], 1) << "epoch " << epoch << " sample " << i;
+    ASSERT_TRUE((*s)->Close().ok());
+  }
+  // Closed and not yet freed, perhaps: Stop frees them before the tiers go.
+  auto last = (*c)->Open(1);
+  ASSERT_TRUE(last.ok()) << last.status().ToString();
+  EXPECT_EQ(ReadChecked(last->get(), 20), 20u);
+  ASSERT_TRUE((*last)->Close().ok());
+  daemon_->Stop();
+}
+
 }  // namespace
 }  // namespace nopfs::service
