@@ -40,7 +40,7 @@ def main():
     mnt = os.path.join(cl.DIR, "data/pfs")
     shared, unshared = os.path.join(mnt, "shared"), os.path.join(mnt, "unshared")
     os.environ["NOPFS_CLUSTER_SHARED"] = shared
-    os.environ["NOPFS_CLUSTER_SHARED_SSD"] = "1GB"
+    os.environ["NOPFS_CLUSTER_SHARED_SSD"] = "1G"
     r = cl.cluster("up", "1")
     if r.returncode != 0:
         raise SystemExit("local-cluster up failed:\n" + r.stderr)
@@ -107,7 +107,7 @@ def four_jobs(cl, mnt, path):
     before = pfs_bytes_read(mnt)
     script = (f"srun bash -c '{cl.BUILD}/bin/nopfs cat 2>&1 >/dev/null | grep \"read in\"; "
               f"echo \"status: $({cl.BUILD}/bin/nopfs status --json)\"'\n")
-    jobs = [cl.submit(u, f"-w n1 --oversubscribe --mem=300 --nopfs-ram=1KB --nopfs-ssd=200MB "
+    jobs = [cl.submit(u, f"-w n1 --oversubscribe --mem=300 --nopfs-ram=0 --nopfs-ssd=200M "
                       f"--nopfs={path} --nopfs-seed={3 + i}", script)
             for i, u in enumerate(USERS)]
     slowest, from_shared = 0.0, 0

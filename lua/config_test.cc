@@ -202,13 +202,13 @@ TEST(NodeConfigTest, RunawayConfigIsStopped) {
 
 TEST(NodeConfigTest, SharedDatasetsAreDeclaredWithTheirSsd) {
   Result<NodeConfig> c = Load(R"(
-    classes = { ssd { path = "/scratch", capacity = "1TB" } }
-    shared = { { path = "/pfs/imagenet/", ssd = "200GB" }, { path = "/pfs/coco", ssd = "20GB" } }
+    classes = { ssd { path = "/scratch", capacity = "1T" } }
+    shared = { { path = "/pfs/imagenet/", ssd = "200G" }, { path = "/pfs/coco", ssd = "20G" } }
   )");
   ASSERT_TRUE(c.ok()) << c.status().message();
   ASSERT_EQ(c->shared().size(), 2u);
   EXPECT_EQ(c->shared()[0].path, "/pfs/imagenet");
-  EXPECT_EQ(c->shared()[0].ssd, 200'000'000'000u);
+  EXPECT_EQ(c->shared()[0].ssd, uint64_t{200} << 30);
   EXPECT_EQ(c->shared_store_dir(), "/scratch/.nopfs-shared");
   ExpectError(R"(classes = { ssd { path = "/s", capacity = "1TB" } }
                  shared = { { path = "pfs/x", ssd = "1GB" } })",

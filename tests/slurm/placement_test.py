@@ -73,10 +73,10 @@ def marked(mark):
 
 def pfs_bytes(out, node):
     """What the job's line for `node` says it read from the PFS, in bytes."""
-    m = re.search(rf"nopfs: {node}: served .*; read ([\d.]+) (B|KB|MB|GB) from the PFS", out)
+    m = re.search(rf"nopfs: {node}: served .*; read ([\d.]+) (B|KiB|MiB|GiB) from the PFS", out)
     if not m:
         return None
-    return float(m.group(1)) * {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9}[m.group(2)]
+    return float(m.group(1)) * {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[m.group(2)]
 
 
 def job_nodes(job):
@@ -117,7 +117,7 @@ class PlacementTest(ClusterCase):
 
     def run_job(self, user, options, timeout=180):
         """Runs a job reading DATASET to the end; returns (job, its nodes, its output)."""
-        job = submit(user, f"--mem=300 --nopfs-ram=1KB --nopfs-ssd=100MB --nopfs={DATASET} "
+        job = submit(user, f"--mem=300 --nopfs-ram=0 --nopfs-ssd=100M --nopfs={DATASET} "
                      f"--nopfs-seed=3 {options}", READ)
         state = wait_done(job, timeout)
         nodes = job_nodes(job)
@@ -163,7 +163,7 @@ class PlacementTest(ClusterCase):
         self.assertNotIn("n2", nodes, out)
         self.assertIn("this node holds none", out)
         # Hard: the job waits for n2, and runs there once it is free.
-        job = submit("nopfs-alice", f"--mem=300 --nopfs-ram=1KB --nopfs-ssd=100MB "
+        job = submit("nopfs-alice", f"--mem=300 --nopfs-ram=0 --nopfs-ssd=100M "
                      f"--nopfs={DATASET} --nopfs-placement=require", READ)
         time.sleep(15)
         r = subprocess.run(["squeue", "-h", "-j", str(job), "-o", "%T %r"], env=env(),

@@ -120,7 +120,7 @@ class SharedCase(ClusterCase):
     def run_job(self, user, dataset, node="n1", expect="COMPLETED"):
         """A one-node job reading `dataset` to its end: (job, output, status or None, verify
         line, error lines), once the epilog has finished."""
-        job = submit(user, f"-w {node} --mem=300 --nopfs-ram=1KB --nopfs-ssd=100MB "
+        job = submit(user, f"-w {node} --mem=300 --nopfs-ram=0 --nopfs-ssd=100M "
                      f"--nopfs={dataset} --nopfs-seed=3", READ)
         state = wait_done(job, 180)
         out = output(job)
@@ -182,7 +182,7 @@ class SharedTest(SharedCase):
         self.assertEqual(status["NoNewPrivs"].strip(), "1")
 
     def test_1b_a_job_on_a_shared_dataset_reserves_no_ssd(self):
-        job = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs-ram=1KB --nopfs-ssd=100MB "
+        job = submit("nopfs-alice", f"-w n1 --mem=300 --nopfs-ram=0 --nopfs-ssd=100M "
                      f"--nopfs={SHARED}", HOLD.format(jobs=JOBS))
         try:
             wait_state(job, {"RUNNING"}, 90)
