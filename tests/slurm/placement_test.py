@@ -143,7 +143,7 @@ class PlacementTest(ClusterCase):
                            capture_output=True, text=True)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertRegex(r.stdout, rf"n2 uid \d+ \(nopfs-alice\) {re.escape(DATASET)} "
-                         rf"[\d.]+ [KM]B, last used \w+ ago, {mark}")
+                         rf"[\d.]+ [KM]iB, last used \w+ ago, {mark}")
         for i in range(5):
             job, nodes, out = self.run_job("nopfs-alice", "")
             self.assertEqual(nodes, ["n2"], f"job {i + 1}:\n{out}")
