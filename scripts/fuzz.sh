@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing of every decoder of foreign bytes (docs/fuzzing.md).
 # Usage: scripts/fuzz.sh [TARGET] [--runs N] [--jobs N] [--seeds | --build-only]
-#   TARGET   one of: wire peer directory manifest catalog catalog_share spank_options (default: all,
-#            in turn)
+#   TARGET   one of: wire peer directory manifest catalog catalog_share spank_options share (default:
+#            all, in turn)
 #   --runs N executions per target (default 10000000)
 #   --jobs N parallel build jobs (default 2)
 #   --seeds  rewrite the seed corpora fuzz/corpus/<target>/ with nopfs_fuzz_seeds (keeping the
@@ -17,7 +17,7 @@
 # them, as a slow decoder of hostile input is a denial of service.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-targets=(wire peer directory manifest catalog catalog_share spank_options)
+targets=(wire peer directory manifest catalog catalog_share spank_options share)
 runs=10000000
 jobs=2
 seeds=0
