@@ -197,8 +197,8 @@ TEST_F(NodeKeptTest, AfterTheJobTheQuotaAndTheLifetimeApply) {
   EXPECT_NE(notes.find("over quota)"), std::string::npos) << notes;
   EXPECT_NE(notes.find("kept "), std::string::npos) << notes;
   fs::remove_all(kept_);
-  EXPECT_EQ(
-      AfterJob(Policy("return { quota = '3M' }"), *config_, "n1", Paths(), kMe, "/pfs/c", {}), "");
+  EXPECT_EQ(AfterJob(Policy("return { quota = '3M' }"), *config_, "n1", Paths(), kMe, "/pfs/c", {}),
+            "");
 }
 
 TEST_F(NodeKeptTest, TheEpilogRecordsTheUseOfTheJobsDatasetNotOfOthers) {
