@@ -67,7 +67,8 @@ def keep_freed_memory() -> bool:
     The process keeps the heap it grew to instead (no more than the most it used at once, up to
     TRIM_THRESHOLD free at its top). Left as it is if the environment sets malloc's parameters
     (MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_THRESHOLD_, MALLOC_TOP_PAD_, glibc.malloc tunables in
-    GLIBC_TUNABLES), and where the C library is not glibc."""
+    GLIBC_TUNABLES), where the C library is not glibc, and where malloc is not glibc's (a
+    sanitizer's allocator, whose mallopt() refuses)."""
     import ctypes
 
     pid = os.getpid()
