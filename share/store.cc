@@ -442,6 +442,57 @@ Status Store::Save() {
   return Status::Ok();
 }
 
+Result<StoredCopy> ReadStoredCopy(const std::string& dir) {
+  UniqueFd d(::open(dir.c_str(), O_DIRECTORY | O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!d.valid()) return Status::FromErrno(errno, "share: the store " + dir);
+  struct stat st {};
+  if (::fstat(d.get(), &st) != 0 || st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {
+    return Status::InvalidArgument("share: the store " + dir +
+                                   " must be this user's and writable by no one else");
+  }
+  UniqueFd m(::openat(d.get(), kManifest, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!m.valid() && errno == ENOENT) return StoredCopy{};
+  if (!m.valid() || ::fstat(m.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
+      st.st_uid != ::geteuid()) {
+    return Status::InvalidArgument("share: " + dir + "/" + kManifest +
+                                   " is not a regular file of this user");
+  }
+  std::string text;
+  std::vector<std::byte> buf(kChunk);
+  for (;;) {
+    const ssize_t n = ::read(m.get(), buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::FromErrno(errno, "share: reading " + dir + "/" + kManifest);
+    if (n == 0) break;
+    text.append(reinterpret_cast<const char*>(buf.data()), static_cast<size_t>(n));
+  }
+  const Status bad = Status::InvalidArgument("share: " + dir + "/" + kManifest + " does not check");
+  if (text.size() < 8) return bad;
+  const uint64_t sum =
+      coding::LoadLe64(std::as_bytes(std::span(text.data(), text.size())), text.size() - 8);
+  if (XXH3_64bits(text.data(), text.size() - 8) != sum) return bad;
+  Reader rd(std::string_view(text).substr(0, text.size() - 8));
+  uint32_t magic = 0;
+  uint16_t version = 0;
+  uint64_t dev = 0, ino = 0, next = 0, count = 0;
+  if (!rd.U32(&magic) || !rd.U16(&version) || magic != kManifestMagic ||
+      version != kManifestVersion || !rd.U64(&dev) || !rd.U64(&ino) || !rd.U64(&next) ||
+      !rd.U64(&count)) {
+    return bad;
+  }
+  StoredCopy out;
+  for (uint64_t i = 0; i < count; ++i) {
+    std::string rel;
+    uint64_t v[8] = {};
+    if (!rd.Str(&rel)) return bad;
+    for (uint64_t& x : v)
+      if (!rd.U64(&x)) return bad;
+    ++out.files;
+    out.bytes += v[2];  // dev, ino, size, mtime, ctime, xxh3, name, last_used
+  }
+  return out;
+}
+
 Store::Stats Store::stats() const {
   MutexLock l(&mu_);
   Stats s = stats_;

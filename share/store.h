@@ -54,6 +54,17 @@ struct StoreOptions {
   uint64_t quota = 0;  // bytes of copies, at most
 };
 
+// What the manifest of the store directory `dir` names, read without opening the store (which
+// would change it): for placement's reconcile (root, spank/placement.h) beside a running service.
+// `dir` and its manifest must be this euid's, reached without a link, and `dir` writable by no one
+// else; a directory without a manifest holds nothing. A manifest that does not check (a torn
+// write, another format) is an error: its copies are not counted.
+struct StoredCopy {
+  uint64_t files = 0;
+  uint64_t bytes = 0;
+};
+Result<StoredCopy> ReadStoredCopy(const std::string& dir);
+
 class Store {
  public:
   // Opens (making it when missing) the store directory, which must be a directory of this
