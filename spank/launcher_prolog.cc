@@ -119,6 +119,9 @@ Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
     e.keep = keep->keep;
     e.keep_max_bytes = keep->max_bytes;
     e.keep_dataset = job.opts.dataset;
+    // A job with tiers that may serve a sibling marks the node for its user's next job on the
+    // dataset while it runs (spank/placement.h).
+    if (job.opts.share_running && adm.ram + adm.ssd > 0) e.sibling_dataset = job.opts.dataset;
     if (Status s = ledger->Put(e); !s.ok()) return s;
   }
 

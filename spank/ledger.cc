@@ -41,6 +41,9 @@ std::string FormatEntry(const LedgerEntry& e) {
       out += "keep_dataset=" + e.keep_dataset + "\n";
     }
   }
+  if (!e.sibling_dataset.empty() && e.sibling_dataset.find('\n') == std::string::npos) {
+    out += "sibling_dataset=" + e.sibling_dataset + "\n";
+  }
   return out;
 }
 
@@ -68,6 +71,11 @@ Result<LedgerEntry> ParseEntry(const std::string& text) {
     if (key == "keep_dataset") {
       if (value.empty()) return Status::Corruption("ledger entry line '" + line + "'");
       e.keep_dataset = std::string(value);
+      continue;
+    }
+    if (key == "sibling_dataset") {
+      if (value.empty()) return Status::Corruption("ledger entry line '" + line + "'");
+      e.sibling_dataset = std::string(value);
       continue;
     }
     if (key == "ssd_path") {

@@ -52,6 +52,10 @@ struct LedgerEntry {
   bool keep = false;
   uint64_t keep_max_bytes = 0;
   std::string keep_dataset;
+  // The dataset whose tiers the job's nopfsd serves to its user's other jobs on it while it runs
+  // (--nopfs-share-running, on by default), for placement's marks (spank/placement.h):
+  // "sibling_dataset=PATH" (a path holding a newline is never recorded); empty: none.
+  std::string sibling_dataset;
 };
 
 std::string FormatEntry(const LedgerEntry& e);

@@ -144,6 +144,23 @@ TEST_F(LedgerTest, EntryKeepsTheKeepGrant) {
   EXPECT_FALSE(ParseEntry(FormatEntry(e) + "keep_dataset=\n").ok());
 }
 
+// ... and the dataset its tiers serve to its user's other jobs, for placement's marks.
+TEST_F(LedgerTest, EntryKeepsTheSiblingDataset) {
+  LedgerEntry e = Entry(14, 100);
+  Result<LedgerEntry> back = ParseEntry(FormatEntry(e));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_TRUE(back->sibling_dataset.empty());
+  e.sibling_dataset = "/pfs/imagenet/train";
+  back = ParseEntry(FormatEntry(e));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->sibling_dataset, "/pfs/imagenet/train");
+  e.sibling_dataset = "bad\npath";  // never recorded
+  back = ParseEntry(FormatEntry(e));
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(back->sibling_dataset.empty());
+  EXPECT_FALSE(ParseEntry(FormatEntry(e) + "sibling_dataset=\n").ok());
+}
+
 TEST_F(LedgerTest, LockExcludesOtherProcessesAndTimesOut) {
   Result<Ledger> l = Ledger::Lock(dir_, 1s);
   ASSERT_TRUE(l.ok());
