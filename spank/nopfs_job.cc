@@ -39,6 +39,7 @@
 #include "common/printable.h"
 #include "common/small_file.h"
 #include "common/version.h"
+#include "share/server.h"
 #include "spank/launcher.h"
 #include "spank/placement.h"
 
@@ -238,6 +239,11 @@ int Placement(int argc, char** argv) {
   run.node_dir = job.args.rundir + "/" + node;
   run.key_path = job.args.placement_key;
   run.ssd_paths = SsdPaths(*config);
+  for (const lua::SharedDecl& d : config->shared()) {
+    run.shared.push_back(
+        {d.path, share::StoreDirOf(config->shared_store_dir() + "/" + node, d.path), d.ssd});
+  }
+  run.ledger_dir = run.node_dir + "/.ledger";
   run.force = force;
   run.report_failures = !for_job;
   run.load = LoadNodeFeatures;
@@ -249,7 +255,13 @@ int Placement(int argc, char** argv) {
       say("placement: " + node + ": " + key.status().message());
       return 2;
     }
-    const NodeMarks marks = MarksOfNode(*key, run.ssd_paths);
+    Result<std::vector<RunningJob>> running = RunningJobs(run.ledger_dir);
+    if (!running.ok()) {
+      std::printf("%s ledger: %s\n", node.c_str(),
+                  Printable(running.status().message(), 300).c_str());
+    }
+    const NodeMarks marks = MarksOfNode(*key, run.ssd_paths, run.shared,
+                                        running.ok() ? *running : std::vector<RunningJob>{});
     const int64_t now = static_cast<int64_t>(::time(nullptr));
     for (const NodeMarks::Copy& c : marks.copies_held) {
       const passwd* pw = ::getpwuid(c.uid);
@@ -258,9 +270,24 @@ int Placement(int argc, char** argv) {
                   FormatBytes(static_cast<double>(c.bytes)).c_str(),
                   kept::FormatAge(now - c.last_used).c_str(), c.mark.c_str());
     }
+    for (const NodeMarks::Shared& c : marks.shared_held) {
+      std::printf(
+          "%s shared %s %s of %s (%llu files), %s\n", node.c_str(),
+          Printable(c.dataset, 300).c_str(), FormatBytes(static_cast<double>(c.bytes)).c_str(),
+          FormatBytes(static_cast<double>(c.quota)).c_str(),
+          static_cast<unsigned long long>(c.files),
+          c.warm ? c.mark.c_str()
+                 : ("no mark (below " + std::to_string(kSharedWarmPercent) + "% of ssd)").c_str());
+    }
+    for (const NodeMarks::Running& r : marks.running_held) {
+      const passwd* pw = ::getpwuid(r.uid);
+      std::printf("%s uid %u (%s) %s, running job %llu, %s\n", node.c_str(), r.uid,
+                  pw != nullptr ? pw->pw_name : "?", Printable(r.dataset, 300).c_str(),
+                  static_cast<unsigned long long>(r.job_id), r.mark.c_str());
+    }
     for (const std::string& e : marks.errors)
-      std::printf("%s kept area: %s\n", node.c_str(), Printable(e, 300).c_str());
-    return marks.errors.empty() ? 0 : 1;
+      std::printf("%s %s\n", node.c_str(), Printable(e, 300).c_str());
+    return marks.errors.empty() && running.ok() ? 0 : 1;
   }
   if (Status s = EnsureRootDir(run.node_dir, 0755); !s.ok()) {
     say("placement: " + node + ": " + s.message());

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <map>
@@ -24,6 +25,8 @@ extern "C" {
 #include "common/small_file.h"
 #include "common/unique_fd.h"
 #include "kept/space.h"
+#include "share/store.h"
+#include "spank/ledger.h"
 
 namespace nopfs::spank {
 namespace {
@@ -139,8 +142,9 @@ Result<std::string> ReadPlacementKey(const std::string& path) {
   return key;
 }
 
-std::string PlacementMark(std::string_view key, uint32_t uid, std::string_view dataset) {
-  const std::string msg = "nopfs placement v1:" + std::to_string(uid) + ":" + MarkPath(dataset);
+namespace {
+
+std::string MarkOf(std::string_view key, const std::string& msg) {
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
@@ -155,6 +159,37 @@ std::string PlacementMark(std::string_view key, uint32_t uid, std::string_view d
     mark += kHex[out[i] & 15];
   }
   return mark;
+}
+
+}  // namespace
+
+std::string PlacementMark(std::string_view key, uint32_t uid, std::string_view dataset) {
+  return MarkOf(key, "nopfs placement v1:" + std::to_string(uid) + ":" + MarkPath(dataset));
+}
+
+std::string SharedMark(std::string_view key, std::string_view dataset) {
+  return MarkOf(key, "nopfs placement v1:shared:" + MarkPath(dataset));
+}
+
+Result<std::vector<RunningJob>> RunningJobs(const std::string& ledger_dir) {
+  std::vector<RunningJob> out;
+  struct stat st {};
+  if (ledger_dir.empty() || ::lstat(ledger_dir.c_str(), &st) != 0) return out;
+  Result<Ledger> l = Ledger::Lock(ledger_dir, std::chrono::seconds(5));
+  if (!l.ok()) return l.status();
+  Result<std::vector<LedgerEntry>> entries = l->Entries();
+  if (!entries.ok()) return entries.status();
+  const std::string boot = BootId();
+  for (const LedgerEntry& e : *entries) {
+    // An entry of a job whose epilog did not finish (an earlier boot, its process gone) is
+    // stale: the next prolog removes it; it marks nothing.
+    if (e.sibling_dataset.empty() || e.boot_id != boot ||
+        !IsProcessAlive(static_cast<pid_t>(e.pid), e.start_time)) {
+      continue;
+    }
+    out.push_back({e.job_id, e.uid, e.sibling_dataset});
+  }
+  return out;
 }
 
 bool IsPlacementMark(std::string_view feature) {
@@ -178,12 +213,15 @@ NodeFeatures WithMarks(const NodeFeatures& current, const std::set<std::string>&
   return NodeFeatures{replace(current.available), replace(current.active)};
 }
 
-NodeMarks MarksOfNode(std::string_view key, const std::vector<std::string>& ssd_paths) {
+NodeMarks MarksOfNode(std::string_view key, const std::vector<std::string>& ssd_paths,
+                      const std::vector<SharedDataset>& shared,
+                      const std::vector<RunningJob>& running) {
   NodeMarks out;
   // The user's view of every user (kept/ only, no root record to lock): whatever a complete
   // MANIFEST names. A user who writes another dataset there marks the node for that user alone.
   const kept::KeptNode node = kept::KeptNode::Scan(ssd_paths);
-  out.errors = node.errors();
+  for (const std::string& e : node.errors())
+    out.errors.push_back("kept area: " + e);
   for (const kept::KeptEntry& e : node.entries()) {
     if (!e.Complete() || e.stray || e.Pending() || e.data.dataset.empty() ||
         e.data.dataset.front() != '/') {
@@ -192,7 +230,36 @@ NodeMarks MarksOfNode(std::string_view key, const std::vector<std::string>& ssd_
     ++out.copies;
     const std::string mark = PlacementMark(key, e.uid, e.data.dataset);
     out.marks.insert(mark);
+    out.kept_marks.insert(mark);
     out.copies_held.push_back({e.uid, e.data.dataset, e.data.bytes, e.data.last_used, mark});
+  }
+  // The share service's copies (root's, as this process is): what each manifest names.
+  for (const SharedDataset& d : shared) {
+    NodeMarks::Shared held{d.dataset, 0, 0, d.quota, false, SharedMark(key, d.dataset)};
+    Result<share::StoredCopy> copy = share::ReadStoredCopy(d.store_dir);
+    if (!copy.ok()) {
+      if (copy.status().code() != StatusCode::kNotFound) {
+        out.errors.push_back("shared copy of " + d.dataset + ": " + copy.status().message());
+      }
+      continue;
+    }
+    held.files = copy->files;
+    held.bytes = copy->bytes;
+    // bytes >= quota * percent / 100, without overflow.
+    held.warm = d.quota > 0 && held.bytes >= d.quota / 100 * kSharedWarmPercent +
+                                                 d.quota % 100 * kSharedWarmPercent / 100;
+    if (held.warm) {
+      out.marks.insert(held.mark);
+      out.shared_marks.insert(held.mark);
+    }
+    out.shared_held.push_back(std::move(held));
+  }
+  for (const RunningJob& j : running) {
+    if (j.dataset.empty() || j.dataset.front() != '/') continue;
+    const std::string mark = PlacementMark(key, j.uid, j.dataset);
+    out.marks.insert(mark);
+    out.running_marks.insert(mark);
+    out.running_held.push_back({j.job_id, j.uid, j.dataset, mark});
   }
   return out;
 }
@@ -222,7 +289,14 @@ std::string ReconcilePlacement(const PlacementRun& run) {
     state.attempt = now;
     return failed(key.status().message());
   }
-  const NodeMarks marks = MarksOfNode(*key, run.ssd_paths);
+  // A ledger that cannot be read leaves the marks as they are: dropping its jobs' marks now
+  // would only put them back at the next run.
+  Result<std::vector<RunningJob>> running = RunningJobs(run.ledger_dir);
+  if (!running.ok()) {
+    return where + "the node's ledger: " + Printable(running.status().message(), 300) +
+           "; marks left as they are";
+  }
+  const NodeMarks marks = MarksOfNode(*key, run.ssd_paths, run.shared, *running);
   const std::string wanted = JoinFeatures({marks.marks.begin(), marks.marks.end()});
   if (!run.force && before.failed == 0 && wanted == before.marks &&
       now - before.verified < kPlacementVerifySeconds && now >= before.verified) {
@@ -254,13 +328,19 @@ std::string ReconcilePlacement(const PlacementRun& run) {
   WriteState(run.node_dir, state);
   std::string line;
   if (added + removed > 0 || !before.error.empty()) {
-    line = where + "marks " + std::to_string(marks.marks.size()) + " kept " +
-           (marks.marks.size() == 1 ? "copy" : "copies") + " (" + std::to_string(added) +
-           " added, " + std::to_string(removed) + " removed)";
+    auto count = [](size_t n, const char* one, const char* many) {
+      return std::to_string(n) + " " + (n == 1 ? one : many);
+    };
+    line = where + "marks " + count(marks.kept_marks.size(), "kept copy", "kept copies");
+    if (!marks.shared_marks.empty())
+      line += ", " + count(marks.shared_marks.size(), "shared copy", "shared copies");
+    if (!marks.running_marks.empty())
+      line += ", " + count(marks.running_marks.size(), "running job", "running jobs");
+    line += " (" + std::to_string(added) + " added, " + std::to_string(removed) + " removed)";
     if (!before.error.empty()) line += "; Slurm takes the node's marks again";
   }
   for (const std::string& e : marks.errors)
-    line += (line.empty() ? where : "; ") + "kept area: " + Printable(e, 300);
+    line += (line.empty() ? where : "; ") + Printable(e, 300);
   return line;
 }
 

@@ -57,6 +57,35 @@ Result<std::string> ReadPlacementKey(const std::string& path);
 // HMAC-SHA256(key, "nopfs placement v1:<uid>:" + MarkPath(dataset)).
 std::string PlacementMark(std::string_view key, uint32_t uid, std::string_view dataset);
 
+// The mark of a shared dataset's copy (docs/admin.md, "Shared datasets"), the same for every
+// user: "nopfs_" + the first 16 hex digits of HMAC-SHA256(key, "nopfs placement v1:shared:" +
+// MarkPath(dataset)). A user's mark names a uid (decimal digits) where this one names "shared",
+// so no user's mark is a shared one.
+std::string SharedMark(std::string_view key, std::string_view dataset);
+
+// A node's shared copy of a dataset carries the shared mark while it holds at least this share
+// (percent) of the dataset's `ssd` quota (docs/algorithm.md, §9).
+inline constexpr uint64_t kSharedWarmPercent = 50;
+
+// A shared dataset the node config declares, and where the node's share service keeps its copy
+// (share/server.h StoreDirOf).
+struct SharedDataset {
+  std::string dataset;
+  std::string store_dir;
+  uint64_t quota = 0;  // its `ssd`
+};
+
+// A job running on the node whose tiers serve its user's other jobs on its dataset (the ledger's
+// sibling_dataset): the node carries that user's mark for the dataset while it runs.
+struct RunningJob {
+  uint64_t job_id = 0;
+  uint32_t uid = 0;
+  std::string dataset;
+};
+// The living jobs of the ledger in `ledger_dir` (this boot, their process alive) that have a
+// sibling dataset; none when there is no ledger. Takes the ledger's lock for the read.
+Result<std::vector<RunningJob>> RunningJobs(const std::string& ledger_dir);
+
 // Whether a feature name has a mark's form.
 bool IsPlacementMark(std::string_view feature);
 
@@ -70,7 +99,9 @@ struct NodeFeatures {
 // follow them sorted, in both lists.
 NodeFeatures WithMarks(const NodeFeatures& current, const std::set<std::string>& marks);
 
-// The marks a node carries: those of the complete kept datasets of every user under `ssd_paths`.
+// The marks a node carries: those of the complete kept datasets of every user under `ssd_paths`,
+// of the shared copies that hold at least kSharedWarmPercent of their quota, and of the running
+// jobs whose tiers serve their user's other jobs.
 struct NodeMarks {
   struct Copy {
     uint32_t uid = 0;
@@ -80,11 +111,28 @@ struct NodeMarks {
     std::string mark;
   };
   std::vector<Copy> copies_held;  // every complete kept dataset, for the admin's listing
+  struct Shared {
+    std::string dataset;
+    uint64_t files = 0, bytes = 0, quota = 0;
+    bool warm = false;  // bytes >= kSharedWarmPercent of quota: the node carries `mark`
+    std::string mark;
+  };
+  std::vector<Shared> shared_held;  // every declared shared dataset's copy here
+  struct Running {
+    uint64_t job_id = 0;
+    uint32_t uid = 0;
+    std::string dataset;
+    std::string mark;
+  };
+  std::vector<Running> running_held;
   std::set<std::string> marks;
   size_t copies = 0;  // complete kept datasets (two SSD paths' copies of one dataset: one mark)
+  std::set<std::string> kept_marks, shared_marks, running_marks;  // the marks by what made them
   std::vector<std::string> errors;
 };
-NodeMarks MarksOfNode(std::string_view key, const std::vector<std::string>& ssd_paths);
+NodeMarks MarksOfNode(std::string_view key, const std::vector<std::string>& ssd_paths,
+                      const std::vector<SharedDataset>& shared = {},
+                      const std::vector<RunningJob>& running = {});
 
 // One reconcile of a node's marks.
 struct PlacementRun {
@@ -92,8 +140,10 @@ struct PlacementRun {
   std::string node_dir;  // <rundir>/<node>, root's: the state file and its lock
   std::string key_path;
   std::vector<std::string> ssd_paths;
-  int64_t now = 0;     // unix seconds; 0: time(nullptr)
-  bool force = false;  // ask slurmctld whatever the state file says
+  std::vector<SharedDataset> shared;  // the node config's shared datasets
+  std::string ledger_dir;             // the node's ledger (its running jobs); "": none
+  int64_t now = 0;                    // unix seconds; 0: time(nullptr)
+  bool force = false;                 // ask slurmctld whatever the state file says
   // Whether a failure gets its line here (the timer's runs), or only its time in the state file
   // (the runs the prolog and epilog start, whose lines would go to another log).
   bool report_failures = true;
@@ -102,7 +152,8 @@ struct PlacementRun {
   std::function<Status(const std::string& node, const NodeFeatures& features)> update;
 };
 // Returns the line to log ("" when nothing worth one happened), of the form
-// "placement: n2: marks 2 kept copies (1 added, 0 removed)".
+// "placement: n2: marks 2 kept copies (1 added, 0 removed)", with ", 1 shared copy" and
+// ", 1 running job" after "copies" when the node carries such marks.
 std::string ReconcilePlacement(const PlacementRun& run);
 
 // slurmctld's features of `node` (slurm_load_node_single), and their update (slurm_update_node,

@@ -12,6 +12,9 @@
 #include <lua.hpp>
 #include <string>
 
+#include "share/store.h"
+#include "spank/ledger.h"
+
 namespace nopfs::spank {
 namespace {
 
@@ -40,6 +43,21 @@ TEST(PlacementTest, MarkDependsOnKeyUserAndDataset) {
   EXPECT_FALSE(IsPlacementMark("nopfs_0123456789ABCDEF"));
 }
 
+// A shared copy's mark is every user's, and no user's own mark.
+TEST(PlacementTest, SharedMarkIsEveryUsersAndNoOnesOwn) {
+  const std::string key = "0123456789abcdef0123456789abcdef";
+  const std::string s = SharedMark(key, "/pfs/ds");
+  EXPECT_TRUE(IsPlacementMark(s)) << s;
+  EXPECT_EQ(s, SharedMark(key, "/pfs//ds/./"));
+  EXPECT_NE(s, SharedMark(key, "/pfs/ds2"));
+  EXPECT_NE(s, SharedMark(key + "x", "/pfs/ds"));
+  for (uint32_t uid : {0u, 1001u, 4294967295u})
+    EXPECT_NE(s, PlacementMark(key, uid, "/pfs/ds"));
+  // The first 8 bytes of HMAC-SHA256(key, "nopfs placement v1:shared:/pfs/ds"), as
+  // `openssl dgst -sha256 -hmac KEY` prints them.
+  EXPECT_EQ(s, "nopfs_70660241596c7d34");
+}
+
 TEST(PlacementTest, WithMarksKeepsTheAdminsFeatures) {
   const NodeFeatures cur{"nvme,nopfs_0000000000000001,gpu", "nvme,nopfs_0000000000000001"};
   const NodeFeatures next = WithMarks(cur, {"nopfs_00000000000000ff", "nopfs_0000000000000002"});
@@ -66,6 +84,12 @@ TEST(PlacementTest, JobSubmitLuaComputesTheSameMarks) {
       lua_pushstring(L, ds);
       ASSERT_EQ(lua_pcall(L, 3, 1, 0), LUA_OK) << lua_tostring(L, -1);
       EXPECT_EQ(std::string(lua_tostring(L, -1)), PlacementMark(key, 1001, ds)) << ds;
+      lua_pop(L, 1);
+      lua_getglobal(L, "nopfs_shared_mark");
+      lua_pushlstring(L, key.data(), key.size());
+      lua_pushstring(L, ds);
+      ASSERT_EQ(lua_pcall(L, 2, 1, 0), LUA_OK) << lua_tostring(L, -1);
+      EXPECT_EQ(std::string(lua_tostring(L, -1)), SharedMark(key, ds)) << ds;
       lua_pop(L, 1);
     }
   }
@@ -108,6 +132,16 @@ TEST(PlacementTest, JobSubmitLuaSetsPreferOrConstraint) {
             "off nil nil");
   EXPECT_EQ(run("j.req_nodes = 'n2'"), "nodelist given nil nil");
   EXPECT_EQ(run("j.spank_job_env = {}"), "nil nil nil");
+  // A shared dataset: the user's mark or the shared one, on each node of the job.
+  const std::string either = mark + "|" + SharedMark(key, "/pfs/ds");
+  ASSERT_EQ(luaL_dostring(L, "nopfs_shared_datasets = { '/other', '/pfs//ds/' }"), LUA_OK);
+  EXPECT_EQ(run(""), "prefer " + either + " nil");
+  EXPECT_EQ(run("j.prefer = 'fast'"), "prefer (fast)&(" + either + ") nil");
+  EXPECT_EQ(run("table.insert(j.spank_job_env, '_SLURM_SPANK_OPTION_nopfs_nopfs_placement="
+                "require'); j.features = 'nvme'"),
+            "require nil (nvme)&(" + either + ")");
+  ASSERT_EQ(luaL_dostring(L, "nopfs_shared_datasets = { '/pfs/ds/sub', 'pfs/ds', 7 }"), LUA_OK);
+  EXPECT_EQ(run(""), "prefer " + mark + " nil");
   lua_close(L);
   fs::remove_all(dir);
 }
@@ -189,6 +223,151 @@ TEST(PlacementTest, ReconcileAddsRemovesAndRateLimits) {
   EXPECT_EQ(ReconcilePlacement(run),
             "placement: n2: marks 0 kept copies (0 added, 0 removed); Slurm takes the node's "
             "marks again");
+  fs::remove_all(dir);
+}
+
+// A shared copy marks the node, for every user, once it holds half of its quota; a running job
+// whose tiers serve a sibling marks the node with its user's mark while its process lives.
+TEST(PlacementTest, SharedCopiesAndRunningJobsMarkTheNode) {
+  if (geteuid() != 0) GTEST_SKIP() << "the share store and the ledger are root's";
+  const fs::path dir = fs::temp_directory_path() / ("placement_more_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "pfs/ds");
+  fs::create_directories(dir / "ssd");
+  for (int i = 0; i < 4; ++i)
+    std::ofstream(dir / "pfs/ds" / ("f" + std::to_string(i))) << std::string(1000, 'a' + i);
+  const std::string key(32, 'k');
+  const std::string root = (dir / "pfs/ds").string(), store = (dir / "store").string();
+  const std::vector<SharedDataset> shared = {{root, store, 4000}};
+  // No copy yet (the store was never made): no mark, no error.
+  NodeMarks m = MarksOfNode(key, {(dir / "ssd").string()}, shared);
+  EXPECT_TRUE(m.marks.empty());
+  EXPECT_TRUE(m.errors.empty());
+  {
+    Result<std::unique_ptr<share::Store>> s =
+        share::Store::Open(share::StoreOptions{root, store, 4000});
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    auto serve = [&](const std::string& rel) {
+      struct stat st {};
+      ASSERT_EQ(::stat((dir / "pfs/ds" / rel).c_str(), &st), 0);
+      EXPECT_EQ((*s)->Serve(rel, share::IdOf(st), false).outcome, share::Outcome::kReady);
+      ASSERT_TRUE((*s)->Save().ok());
+    };
+    serve("f0");
+    m = MarksOfNode(key, {(dir / "ssd").string()}, shared);
+    ASSERT_EQ(m.shared_held.size(), 1u);
+    EXPECT_EQ(m.shared_held[0].bytes, 1000u);
+    EXPECT_EQ(m.shared_held[0].files, 1u);
+    EXPECT_FALSE(m.shared_held[0].warm);  // a quarter of the quota
+    EXPECT_TRUE(m.marks.empty());
+    serve("f1");
+    m = MarksOfNode(key, {(dir / "ssd").string()}, shared);
+    ASSERT_EQ(m.shared_held.size(), 1u);
+    EXPECT_TRUE(m.shared_held[0].warm);  // half
+    EXPECT_EQ(m.marks, std::set<std::string>{SharedMark(key, root)});
+    EXPECT_EQ(m.shared_marks.size(), 1u);
+  }
+  // A manifest that does not check counts nothing and says so.
+  {
+    std::fstream f(store + "/MANIFEST", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(20);
+    f.put('\x7f');
+  }
+  m = MarksOfNode(key, {(dir / "ssd").string()}, shared);
+  EXPECT_TRUE(m.marks.empty());
+  ASSERT_EQ(m.errors.size(), 1u);
+  EXPECT_NE(m.errors[0].find("does not check"), std::string::npos) << m.errors[0];
+
+  // Running jobs: the ledger's entries with a sibling dataset whose process lives in this boot.
+  const std::string ledger_dir = (dir / "ledger").string();
+  Result<std::vector<RunningJob>> none = RunningJobs(ledger_dir);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+  EXPECT_FALSE(fs::exists(ledger_dir));  // not made by a reader
+  {
+    Result<Ledger> l = Ledger::Lock(ledger_dir, std::chrono::seconds(5));
+    ASSERT_TRUE(l.ok()) << l.status().message();
+    LedgerEntry live;
+    live.job_id = 7;
+    live.uid = 1001;
+    live.boot_id = BootId();
+    live.pid = ::getpid();
+    live.start_time = ProcessStartTime(::getpid()).value_or(0);
+    live.sibling_dataset = "/pfs/ds";
+    ASSERT_TRUE(l->Put(live).ok());
+    LedgerEntry alone = live;  // --nopfs-share-running=no, or no tiers
+    alone.job_id = 8;
+    alone.uid = 1002;
+    alone.sibling_dataset.clear();
+    ASSERT_TRUE(l->Put(alone).ok());
+    LedgerEntry dead = live;  // its epilog did not finish
+    dead.job_id = 9;
+    dead.uid = 1003;
+    dead.start_time += 1;
+    ASSERT_TRUE(l->Put(dead).ok());
+    LedgerEntry old = live;  // an earlier boot
+    old.job_id = 10;
+    old.uid = 1004;
+    old.boot_id = "another-boot";
+    ASSERT_TRUE(l->Put(old).ok());
+  }
+  Result<std::vector<RunningJob>> running = RunningJobs(ledger_dir);
+  ASSERT_TRUE(running.ok()) << running.status().message();
+  ASSERT_EQ(running->size(), 1u);
+  EXPECT_EQ((*running)[0].job_id, 7u);
+  EXPECT_EQ((*running)[0].uid, 1001u);
+  m = MarksOfNode(key, {(dir / "ssd").string()}, {}, *running);
+  EXPECT_EQ(m.marks, std::set<std::string>{PlacementMark(key, 1001, "/pfs/ds")});
+  EXPECT_EQ(m.running_marks.size(), 1u);
+  ASSERT_EQ(m.running_held.size(), 1u);
+  EXPECT_EQ(m.running_held[0].job_id, 7u);
+
+  // The reconcile carries both, says what it marks, and drops the running job's mark with it.
+  fs::create_directories(dir / "node");
+  {
+    std::ofstream(dir / "key") << key;
+    ::chmod((dir / "key").c_str(), 0600);
+  }
+  fs::remove_all(store);
+  {
+    Result<std::unique_ptr<share::Store>> s =
+        share::Store::Open(share::StoreOptions{root, store, 4000});
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    for (const char* rel : {"f0", "f1", "f2"}) {
+      struct stat st {};
+      ASSERT_EQ(::stat((dir / "pfs/ds" / rel).c_str(), &st), 0);
+      EXPECT_EQ((*s)->Serve(rel, share::IdOf(st), false).outcome, share::Outcome::kReady);
+    }
+    ASSERT_TRUE((*s)->Save().ok());
+  }
+  NodeFeatures slurm{"nvme", "nvme"};
+  PlacementRun run;
+  run.node = "n2";
+  run.node_dir = (dir / "node").string();
+  run.key_path = (dir / "key").string();
+  run.ssd_paths = {(dir / "ssd").string()};
+  run.shared = shared;
+  run.ledger_dir = ledger_dir;
+  run.now = 1000;
+  run.load = [&](const std::string&) -> Result<NodeFeatures> { return slurm; };
+  run.update = [&](const std::string&, const NodeFeatures& f) {
+    slurm = f;
+    return Status::Ok();
+  };
+  EXPECT_EQ(ReconcilePlacement(run),
+            "placement: n2: marks 0 kept copies, 1 shared copy, 1 running job (2 added, 0 "
+            "removed)");
+  const std::set<std::string> both = {SharedMark(key, root), PlacementMark(key, 1001, "/pfs/ds")};
+  EXPECT_EQ(slurm, WithMarks(NodeFeatures{"nvme", "nvme"}, both));
+  {
+    Result<Ledger> l = Ledger::Lock(ledger_dir, std::chrono::seconds(5));
+    ASSERT_TRUE(l.ok());
+    ASSERT_TRUE(l->Remove(7).ok());  // the job's epilog
+  }
+  run.now = 1001;
+  EXPECT_EQ(ReconcilePlacement(run),
+            "placement: n2: marks 0 kept copies, 1 shared copy (0 added, 1 removed)");
+  EXPECT_EQ(slurm, WithMarks(NodeFeatures{"nvme", "nvme"}, {SharedMark(key, root)}));
   fs::remove_all(dir);
 }
 

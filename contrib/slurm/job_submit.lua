@@ -6,7 +6,11 @@
 -- job's --prefer (Slurm 22.05's soft constraint: the job runs elsewhere when no node carrying it
 -- is free). With --nopfs-placement=require it adds it to the job's --constraint instead (the job
 -- waits for such a node), with --nopfs-placement=off nothing. A job that names its nodes
--- (--nodelist) is left alone.
+-- (--nodelist) is left alone. A job on a dataset the nodes share (docs/admin.md, "Shared
+-- datasets"; listed in nopfs_shared_datasets below) prefers the nodes that carry its user's mark
+-- or the dataset's shared mark, the same for every user, which a node carries while its shared
+-- copy holds at least half of the dataset's quota: "mark|shared" (each node of the job carries
+-- one or the other).
 --
 -- Install (docs/admin.md): copy to slurm.conf's directory as job_submit.lua (or call
 -- nopfs_job_submit(job_desc) from the site's own script), set JobSubmitPlugins=lua and
@@ -17,6 +21,9 @@
 -- 32-bit words held in Lua numbers, nibble by nibble through two 16x16 tables.
 
 nopfs_placement_key_file = nopfs_placement_key_file or "/etc/nopfs/placement.key"
+-- The datasets the nodes' configs declare shared (their `shared` paths, as jobs name them with
+-- --nopfs=), e.g. { "/pfs/datasets/imagenet", "/pfs/datasets/coco" }.
+nopfs_shared_datasets = nopfs_shared_datasets or {}
 
 local TWO32 = 4294967296
 
@@ -144,6 +151,26 @@ function nopfs_mark_path(dataset)
   return "/" .. table.concat(parts, "/")
 end
 
+-- The mark of a shared dataset's copy, every user's (spank/placement.h SharedMark).
+function nopfs_shared_mark(key, dataset)
+  local digest = nopfs_hmac_sha256(key, "nopfs placement v1:shared:" .. nopfs_mark_path(dataset))
+  local hex = {}
+  for i = 1, 8 do hex[i] = string.format("%02x", digest:byte(i)) end
+  return "nopfs_" .. table.concat(hex)
+end
+
+-- Whether the job's dataset is one the nodes share (as MarkPath names both).
+local function is_shared(dataset)
+  if type(nopfs_shared_datasets) ~= "table" then return false end
+  local path = nopfs_mark_path(dataset)
+  for _, d in pairs(nopfs_shared_datasets) do
+    if type(d) == "string" and d:sub(1, 1) == "/" and nopfs_mark_path(d) == path then
+      return true
+    end
+  end
+  return false
+end
+
 -- The mark of `uid`'s copies of `dataset` (spank/placement.h PlacementMark).
 function nopfs_placement_mark(key, uid, dataset)
   local digest = nopfs_hmac_sha256(key, "nopfs placement v1:" .. string.format("%d", uid) .. ":" ..
@@ -200,9 +227,15 @@ function nopfs_job_submit(job_desc)
     mark = nopfs_placement_mark(key, uid, dataset)
     marks[id] = mark
   end
+  if is_shared(dataset) then
+    local sid = "shared:" .. dataset
+    if not marks[sid] then marks[sid] = nopfs_shared_mark(key, dataset) end
+    mark = mark .. "|" .. marks[sid]
+  end
   local field = mode == "require" and "features" or "prefer"
   local own = job_desc[field]
   if own and own ~= "" then
+    if mark:find("|", 1, true) then mark = "(" .. mark .. ")" end
     job_desc[field] = "(" .. own .. ")&" .. mark
   else
     job_desc[field] = mark
