@@ -270,7 +270,12 @@ std::string ReconcilePlacement(const PlacementRun& run) {
   UniqueFd lock(::open((run.node_dir + "/" + kPlacementLockName).c_str(),
                        O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!lock.valid()) return where + Status::FromErrno(errno, "lock in " + run.node_dir).message();
-  if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) return "";  // another reconcile runs
+  // Another reconcile runs: wait for it (a while at most), so that the change this run was
+  // started for (a job's start or end) is not missed by a run that looked before it.
+  for (int waited_ms = 0; ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0; waited_ms += 100) {
+    if (waited_ms >= kPlacementLockWaitSeconds * 1000) return "";
+    ::usleep(100'000);
+  }
   PlacementState state = ReadState(run.node_dir);
   const PlacementState before = state;
   // A line when the failure is new (not one per attempt); the state remembers it.

@@ -5,11 +5,16 @@
 // contrib/slurm/job_submit.lua, run by slurmctld (which holds the key too), computes the same
 // name for a job submitted with --nopfs=DATASET and adds it to the job's --prefer (to its
 // --constraint with --nopfs-placement=require), so that Slurm starts the job on the nodes that
-// hold its copy when they are free.
+// hold its copy when they are free. Two more things make a node warm: a running job whose tiers
+// serve its user's other jobs on the dataset (the sibling link) gives the node that user's mark
+// while it runs, and the share service's copy of a shared dataset (share/store.h), once it holds
+// half of the dataset's quota, gives the node the dataset's shared mark, the same for every user,
+// which job_submit.lua adds as an alternative to the user's own ("mark|shared").
 //
 // The node side is one reconcile, `nopfs-job placement`: the marks the node should carry (one per
-// complete kept dataset of any user on its SSD paths) against the features slurmctld has for the
-// node; only nopfs's marks are added or removed, the admin's features stay. The prolog and the
+// complete kept dataset of any user on its SSD paths, per running job with a sibling dataset in
+// the ledger, per warm shared copy) against the features slurmctld has for the node; only
+// nopfs's marks are added or removed, the admin's features stay. The prolog and the
 // epilog start it in the background (PlacementLater) and never wait for it; a timer runs it too,
 // so that a copy removed without a job (`nopfs cache rm`, `nopfs gc`) loses its mark within the
 // timer's period, and a mark slurmctld forgot (a restart or `scontrol reconfigure` resets the
@@ -20,7 +25,8 @@
 // (not one per attempt, and from the timer's runs only) and one when it takes them again.
 //
 // Thread safety: functions over values; ReconcilePlacement takes a file lock, so that two
-// reconciles of one node never interleave (the second returns at once).
+// reconciles of one node never interleave (the second waits for the first, up to
+// kPlacementLockWaitSeconds, then returns without a change).
 #pragma once
 
 #include <sys/types.h>
@@ -40,6 +46,7 @@ inline constexpr std::string_view kMarkPrefix = "nopfs_";
 inline constexpr size_t kMarkHexDigits = 16;
 inline constexpr int64_t kPlacementVerifySeconds = 60;
 inline constexpr int64_t kPlacementRetrySeconds = 30;
+inline constexpr int64_t kPlacementLockWaitSeconds = 30;  // for the run before this one
 // The state file and its lock in <rundir>/<node>/ (root's).
 inline constexpr char kPlacementStateName[] = ".placement";
 inline constexpr char kPlacementLockName[] = ".placement.lock";
