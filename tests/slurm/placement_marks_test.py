@@ -151,15 +151,20 @@ class PlacementMarksTest(ClusterCase):
         self.assertEqual(marked(mark), set())
         hold = submit("nopfs-alice", f"-w n2 --mem=300 --nopfs-ram=0 --nopfs-ssd=100M "
                       f"--nopfs={DATASET} --nopfs-keep=no", HOLD.format(jobs=JOBS))
+        # n1 as busy as n2 (one of its two CPUs), so that Slurm, which packs jobs onto the
+        # fullest node that fits, has no reason of its own to pick n2.
+        other = submit("nopfs-bob", "-w n1 --mem=300", HOLD.format(jobs=JOBS))
         wait_state(hold, {"RUNNING"}, 60)
+        wait_state(other, {"RUNNING"}, 60)
         self.wait_marks(lambda: marked(mark) == {"n2"}, f"{mark} on n2 while the job runs")
-        # n2 has room (one of its two CPUs is free): Slurm would put a job without nopfs on an
-        # idle node; alice's next job on the dataset goes to n2, beside her running job.
-        self.assertNotEqual(self.plain_job_node("nopfs-alice"), ["n2"])
+        # Slurm puts a job without nopfs on n1; alice's next job on the dataset goes to n2,
+        # beside her running job.
+        self.assertEqual(self.plain_job_node("nopfs-alice"), ["n1"])
         nodes, out = self.run_job("nopfs-alice", DATASET, "")
         self.assertEqual(nodes, ["n2"], out)
         # bob's job is not drawn.
-        self.assertNotEqual(self.run_job("nopfs-bob", DATASET, "")[0], ["n2"])
+        self.assertEqual(self.run_job("nopfs-bob", DATASET, "")[0], ["n1"])
+        release(other)
         release(hold)
         self.assertEqual(wait_done(hold, 60), "COMPLETED", output(hold))
         took = self.wait_marks(lambda: not marked(mark), f"{mark} gone after the job")

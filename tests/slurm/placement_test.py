@@ -154,7 +154,7 @@ class PlacementTest(ClusterCase):
                           f"{DATASET}; this node holds one", out)
 
     def test_a_busy_node_is_only_preferred_and_require_waits_for_it(self):
-        self.keep_on("nopfs-alice", ["n2"])
+        mark = self.keep_on("nopfs-alice", ["n2"])
         hold = submit("nopfs-bob", "-w n2 --exclusive", HOLD.format(jobs=JOBS))
         wait_state(hold, {"RUNNING"}, 60)
         # Soft: the job starts at once elsewhere, as it would have without nopfs (keeping nothing
@@ -162,6 +162,8 @@ class PlacementTest(ClusterCase):
         job, nodes, out = self.run_job("nopfs-alice", "--nopfs-keep=no", timeout=90)
         self.assertNotIn("n2", nodes, out)
         self.assertIn("this node holds none", out)
+        # Its node carried alice's mark while it ran (a sibling's tiers), until it ended.
+        self.wait_marks(lambda: marked(mark) == {"n2"}, f"{mark} on n2 alone again")
         # Hard: the job waits for n2, and runs there once it is free.
         job = submit("nopfs-alice", f"--mem=300 --nopfs-ram=0 --nopfs-ssd=100M "
                      f"--nopfs={DATASET} --nopfs-placement=require", READ)
