@@ -458,6 +458,7 @@ Result<StoredCopy> ReadStoredCopy(const std::string& dir) {
                                    " is not a regular file of this user");
   }
   std::string text;
+  text.reserve(static_cast<size_t>(st.st_size));
   std::vector<std::byte> buf(kChunk);
   for (;;) {
     const ssize_t n = ::read(m.get(), buf.data(), buf.size());
@@ -482,14 +483,17 @@ Result<StoredCopy> ReadStoredCopy(const std::string& dir) {
   }
   StoredCopy out;
   for (uint64_t i = 0; i < count; ++i) {
-    std::string rel;
-    uint64_t v[8] = {};
-    if (!rd.Str(&rel)) return bad;
-    for (uint64_t& x : v)
-      if (!rd.U64(&x)) return bad;
+    // rel (a le32 length and its bytes), then dev, ino, size, mtime, ctime, xxh3, name, last_used
+    uint32_t rel_len = 0;
+    uint64_t dev_ino[2], size = 0;
+    if (!rd.U32(&rel_len) || !rd.Skip(rel_len) || !rd.U64(&dev_ino[0]) || !rd.U64(&dev_ino[1]) ||
+        !rd.U64(&size) || !rd.Skip(5 * 8)) {
+      return bad;
+    }
     ++out.files;
-    out.bytes += v[2];  // dev, ino, size, mtime, ctime, xxh3, name, last_used
+    out.bytes += size;
   }
+  if (rd.remaining() != 0) return bad;
   return out;
 }
 

@@ -57,6 +57,7 @@ struct PlacementState {
   int64_t failed = 0;    // when the last attempt failed; 0: it did not
   std::string marks;     // sorted, comma-separated
   std::string error;     // the failure last logged; "": none since the last success
+  ManifestCache shared;  // "shared <ino> <size> <mtime_ns> <files> <bytes> <store dir>" lines
 };
 
 PlacementState ReadState(const std::string& node_dir) {
@@ -78,6 +79,22 @@ PlacementState ReadState(const std::string& node_dir) {
     if (key == "failed") s.failed = std::atoll(value.c_str());
     if (key == "marks") s.marks = value;
     if (key == "error") s.error = value;
+    if (key == "shared") {
+      ManifestSeen m;
+      unsigned long long v[5] = {};
+      long long mtime = 0;
+      int used = 0;
+      if (std::sscanf(value.c_str(), "%llu %llu %lld %llu %llu %n", &v[0], &v[1], &mtime, &v[3],
+                      &v[4], &used) == 5 &&
+          used > 0 && static_cast<size_t>(used) < value.size()) {
+        m.ino = v[0];
+        m.size = v[1];
+        m.mtime_ns = mtime;
+        m.files = v[3];
+        m.bytes = v[4];
+        s.shared[value.substr(static_cast<size_t>(used))] = m;
+      }
+    }
   }
   return s;
 }
@@ -85,9 +102,15 @@ PlacementState ReadState(const std::string& node_dir) {
 void WriteState(const std::string& node_dir, const PlacementState& s) {
   const std::string path = node_dir + "/" + kPlacementStateName;
   const std::string tmp = path + ".tmp";
-  const std::string text = "attempt " + std::to_string(s.attempt) + "\nverified " +
-                           std::to_string(s.verified) + "\nfailed " + std::to_string(s.failed) +
-                           "\nmarks " + s.marks + "\nerror " + s.error + "\n";
+  std::string text = "attempt " + std::to_string(s.attempt) + "\nverified " +
+                     std::to_string(s.verified) + "\nfailed " + std::to_string(s.failed) +
+                     "\nmarks " + s.marks + "\nerror " + s.error + "\n";
+  for (const auto& [dir, m] : s.shared) {
+    if (dir.find('\n') != std::string::npos) continue;
+    text += "shared " + std::to_string(m.ino) + " " + std::to_string(m.size) + " " +
+            std::to_string(m.mtime_ns) + " " + std::to_string(m.files) + " " +
+            std::to_string(m.bytes) + " " + dir + "\n";
+  }
   ::unlink(tmp.c_str());
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!fd.valid()) return;
@@ -215,7 +238,7 @@ NodeFeatures WithMarks(const NodeFeatures& current, const std::set<std::string>&
 
 NodeMarks MarksOfNode(std::string_view key, const std::vector<std::string>& ssd_paths,
                       const std::vector<SharedDataset>& shared,
-                      const std::vector<RunningJob>& running) {
+                      const std::vector<RunningJob>& running, ManifestCache* cache) {
   NodeMarks out;
   // The user's view of every user (kept/ only, no root record to lock): whatever a complete
   // MANIFEST names. A user who writes another dataset there marks the node for that user alone.
@@ -233,18 +256,38 @@ NodeMarks MarksOfNode(std::string_view key, const std::vector<std::string>& ssd_
     out.kept_marks.insert(mark);
     out.copies_held.push_back({e.uid, e.data.dataset, e.data.bytes, e.data.last_used, mark});
   }
-  // The share service's copies (root's, as this process is): what each manifest names.
+  // The share service's copies (root's, as this process is): what each manifest names, read
+  // again only when the manifest was replaced (its identity before the read: a manifest replaced
+  // during the read is read again at the next run).
+  ManifestCache used;
   for (const SharedDataset& d : shared) {
     NodeMarks::Shared held{d.dataset, 0, 0, d.quota, false, SharedMark(key, d.dataset)};
-    Result<share::StoredCopy> copy = share::ReadStoredCopy(d.store_dir);
-    if (!copy.ok()) {
-      if (copy.status().code() != StatusCode::kNotFound) {
-        out.errors.push_back("shared copy of " + d.dataset + ": " + copy.status().message());
-      }
-      continue;
+    struct stat st {};
+    ManifestSeen seen;
+    const bool have = ::lstat((d.store_dir + "/MANIFEST").c_str(), &st) == 0;
+    if (have) {
+      seen.ino = static_cast<uint64_t>(st.st_ino);
+      seen.size = static_cast<uint64_t>(st.st_size);
+      seen.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
     }
-    held.files = copy->files;
-    held.bytes = copy->bytes;
+    const auto it = cache != nullptr ? cache->find(d.store_dir) : ManifestCache::iterator();
+    if (have && cache != nullptr && it != cache->end() && it->second.ino == seen.ino &&
+        it->second.size == seen.size && it->second.mtime_ns == seen.mtime_ns) {
+      seen = it->second;
+    } else {
+      Result<share::StoredCopy> copy = share::ReadStoredCopy(d.store_dir);
+      if (!copy.ok()) {
+        if (copy.status().code() != StatusCode::kNotFound) {
+          out.errors.push_back("shared copy of " + d.dataset + ": " + copy.status().message());
+        }
+        continue;
+      }
+      seen.files = copy->files;
+      seen.bytes = copy->bytes;
+    }
+    if (have) used[d.store_dir] = seen;
+    held.files = seen.files;
+    held.bytes = seen.bytes;
     // bytes >= quota * percent / 100, without overflow.
     held.warm = d.quota > 0 && held.bytes >= d.quota / 100 * kSharedWarmPercent +
                                                  d.quota % 100 * kSharedWarmPercent / 100;
@@ -261,6 +304,7 @@ NodeMarks MarksOfNode(std::string_view key, const std::vector<std::string>& ssd_
     out.running_marks.insert(mark);
     out.running_held.push_back({j.job_id, j.uid, j.dataset, mark});
   }
+  if (cache != nullptr) *cache = std::move(used);
   return out;
 }
 
@@ -301,14 +345,16 @@ std::string ReconcilePlacement(const PlacementRun& run) {
     return where + "the node's ledger: " + Printable(running.status().message(), 300) +
            "; marks left as they are";
   }
-  const NodeMarks marks = MarksOfNode(*key, run.ssd_paths, run.shared, *running);
+  const NodeMarks marks = MarksOfNode(*key, run.ssd_paths, run.shared, *running, &state.shared);
   const std::string wanted = JoinFeatures({marks.marks.begin(), marks.marks.end()});
   if (!run.force && before.failed == 0 && wanted == before.marks &&
       now - before.verified < kPlacementVerifySeconds && now >= before.verified) {
+    if (!(state.shared == before.shared)) WriteState(run.node_dir, state);
     return "";  // slurmctld had these marks a moment ago
   }
   if (!run.force && before.failed != 0 && now - before.failed < kPlacementRetrySeconds &&
       now >= before.failed) {
+    if (!(state.shared == before.shared)) WriteState(run.node_dir, state);
     return "";  // slurmctld failed a moment ago: leave it alone for a while
   }
   state.attempt = now;

@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <string_view>
@@ -137,9 +138,22 @@ struct NodeMarks {
   std::set<std::string> kept_marks, shared_marks, running_marks;  // the marks by what made them
   std::vector<std::string> errors;
 };
+// What a shared copy's manifest said when it was last read, by the manifest's identity: a
+// reconcile reads a manifest again only when it was replaced (the share service rewrites it
+// while the copy changes, at most every 2 s), since one names every file of the copy (about 100
+// bytes each). Keyed by store directory; kept in the state file between runs.
+struct ManifestSeen {
+  uint64_t ino = 0, size = 0;
+  int64_t mtime_ns = 0;
+  uint64_t files = 0, bytes = 0;
+  bool operator==(const ManifestSeen&) const = default;
+};
+using ManifestCache = std::map<std::string, ManifestSeen>;
+
+// `cache` (optional): what earlier runs read; on return, what this one used, for `shared` alone.
 NodeMarks MarksOfNode(std::string_view key, const std::vector<std::string>& ssd_paths,
                       const std::vector<SharedDataset>& shared = {},
-                      const std::vector<RunningJob>& running = {});
+                      const std::vector<RunningJob>& running = {}, ManifestCache* cache = nullptr);
 
 // One reconcile of a node's marks.
 struct PlacementRun {

@@ -266,6 +266,21 @@ TEST(PlacementTest, SharedCopiesAndRunningJobsMarkTheNode) {
     EXPECT_TRUE(m.shared_held[0].warm);  // half
     EXPECT_EQ(m.marks, std::set<std::string>{SharedMark(key, root)});
     EXPECT_EQ(m.shared_marks.size(), 1u);
+    // With a cache, a manifest is read again only when it was replaced.
+    ManifestCache cache;
+    m = MarksOfNode(key, {}, shared, {}, &cache);
+    ASSERT_EQ(cache.count(store), 1u);
+    EXPECT_EQ(cache[store].bytes, 2000u);
+    EXPECT_EQ(cache[store].files, 2u);
+    cache[store].bytes = 10;  // what an earlier read said of this very manifest
+    m = MarksOfNode(key, {}, shared, {}, &cache);
+    EXPECT_TRUE(m.marks.empty());
+    serve("f2");  // a new manifest
+    m = MarksOfNode(key, {}, shared, {}, &cache);
+    EXPECT_EQ(cache[store].bytes, 3000u);
+    EXPECT_EQ(m.marks, std::set<std::string>{SharedMark(key, root)});
+    EXPECT_TRUE(MarksOfNode(key, {}, {}, {}, &cache).marks.empty());
+    EXPECT_TRUE(cache.empty());  // only the datasets still declared
   }
   // A manifest that does not check counts nothing and says so.
   {
@@ -359,6 +374,11 @@ TEST(PlacementTest, SharedCopiesAndRunningJobsMarkTheNode) {
             "removed)");
   const std::set<std::string> both = {SharedMark(key, root), PlacementMark(key, 1001, "/pfs/ds")};
   EXPECT_EQ(slurm, WithMarks(NodeFeatures{"nvme", "nvme"}, both));
+  {
+    std::ifstream f(dir / "node" / ".placement");
+    const std::string state((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_NE(state.find(" 3 3000 " + store + "\n"), std::string::npos) << state;
+  }
   {
     Result<Ledger> l = Ledger::Lock(ledger_dir, std::chrono::seconds(5));
     ASSERT_TRUE(l.ok());
