@@ -99,7 +99,9 @@ class PlacementMarksTest(ClusterCase):
         job = submit(user, f"--mem=300 --nopfs-ram=0 --nopfs-ssd=100M --nopfs={dataset} "
                      f"--nopfs-keep=no --nopfs-seed=3 {options}", READ)
         state = wait_done(job, timeout)
-        out = output(job)
+        out = output(job) if os.path.exists(os.path.join(JOBS, f"job-{job}.out")) else (
+            "no output; " + subprocess.run(["scontrol", "show", "job", str(job)], env=env(),
+                                           capture_output=True, text=True).stdout)
         self.assertEqual(state, "COMPLETED", out)
         self.assertRegex(out, r"verify: 120 samples, \d+ bytes, 0 mismatches")
         return job_nodes(job), out
