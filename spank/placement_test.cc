@@ -10,7 +10,12 @@
 #include <filesystem>
 #include <fstream>
 #include <lua.hpp>
+#include <map>
+#include <set>
 #include <string>
+
+#include "kept/area.h"
+#include "kept/record.h"
 
 namespace nopfs::spank {
 namespace {
@@ -189,6 +194,76 @@ TEST(PlacementTest, ReconcileAddsRemovesAndRateLimits) {
   EXPECT_EQ(ReconcilePlacement(run),
             "placement: n2: marks 0 kept copies (0 added, 0 removed); Slurm takes the node's "
             "marks again");
+  fs::remove_all(dir);
+}
+
+// A copy past its user's lifetime, by root's record of its last use as gc reads it, has no mark
+// (the admin's listing still shows it, as expired); a copy root has no record of, or a user
+// without a lifetime, keeps its mark. The reconcile takes an expired copy's mark away at once.
+TEST(PlacementTest, AnExpiredCopyIsNotMarked) {
+  if (geteuid() != 0) GTEST_SKIP() << "root's record and the placement key must be root's";
+  const fs::path dir = fs::temp_directory_path() / ("placement_exp_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "node");
+  const std::string ssd = (dir / "ssd").string();
+  const std::string kept = ssd + "/nopfs-0/kept";
+  const std::string kA = "000000000000000a", kB = "000000000000000b";
+  for (const std::string& k : {kA, kB}) {
+    fs::create_directories(kept + "/" + k);
+    std::ofstream(kept + "/" + k + "/data.0") << "xxxx";
+    kept::KeptManifest m;
+    m.key = k;
+    m.dataset = "/pfs/" + k;
+    m.created = 900;
+    m.last_used = 5000;  // the MANIFEST's time, the user's to write, is not the one that counts
+    m.samples = 1;
+    ASSERT_TRUE(
+        kept::WriteFileDurably(kept + "/" + k, "MANIFEST", kept::EncodeKeptManifest(m)).ok());
+  }
+  fs::create_directories(ssd + "/" + kept::kRootRecordDir);
+  ::chmod((ssd + "/" + kept::kRootRecordDir).c_str(), 0700);
+  std::map<kept::RootRecord::Key, kept::RootTimes> times;
+  times[{0, kA}] = kept::RootTimes{900, 1000};  // kB: root has not seen it yet
+  std::ofstream(ssd + "/" + kept::kRootRecordDir + "/kept") << kept::FormatRootRecord(times);
+  const std::string key(32, 'k');
+  const std::string markA = PlacementMark(key, 0, "/pfs/" + kA);
+  const std::string markB = PlacementMark(key, 0, "/pfs/" + kB);
+  auto life = [](int64_t seconds) { return [seconds](uint32_t) { return seconds; }; };
+  // Within the lifetime, and without one: both marked.
+  EXPECT_EQ(MarksOfNode(key, {ssd}, life(100), 1100).marks, (std::set<std::string>{markA, markB}));
+  EXPECT_EQ(MarksOfNode(key, {ssd}, life(0), 99999).marks, (std::set<std::string>{markA, markB}));
+  EXPECT_EQ(MarksOfNode(key, {ssd}, nullptr, 99999).marks, (std::set<std::string>{markA, markB}));
+  // Past it: kB alone, whose last use root has no record of.
+  const NodeMarks late = MarksOfNode(key, {ssd}, life(100), 1101);
+  EXPECT_EQ(late.marks, (std::set<std::string>{markB}));
+  EXPECT_EQ(late.copies, 1u);
+  ASSERT_EQ(late.copies_held.size(), 2u);
+  for (const NodeMarks::Copy& c : late.copies_held)
+    EXPECT_EQ(c.expired, c.mark == markA) << c.dataset;
+
+  // The reconcile, verified a moment ago, takes the mark away when the copy expires.
+  const std::string key_path = (dir / "key").string();
+  {
+    std::ofstream(key_path) << key;
+    ::chmod(key_path.c_str(), 0600);
+  }
+  NodeFeatures slurm{"nvme", "nvme"};
+  PlacementRun run;
+  run.node = "n2";
+  run.node_dir = (dir / "node").string();
+  run.key_path = key_path;
+  run.ssd_paths = {ssd};
+  run.lifetime = life(100);
+  run.load = [&](const std::string&) -> Result<NodeFeatures> { return slurm; };
+  run.update = [&](const std::string&, const NodeFeatures& f) {
+    slurm = f;
+    return Status::Ok();
+  };
+  run.now = 1090;
+  EXPECT_EQ(ReconcilePlacement(run), "placement: n2: marks 2 kept copies (2 added, 0 removed)");
+  run.now = 1101;
+  EXPECT_EQ(ReconcilePlacement(run), "placement: n2: marks 1 kept copy (0 added, 1 removed)");
+  EXPECT_EQ(slurm.active, "nvme," + markB);
   fs::remove_all(dir);
 }
 
