@@ -39,6 +39,9 @@ namespace nopfs::spank {
 
 inline constexpr std::string_view kMarkPrefix = "nopfs_";
 inline constexpr size_t kMarkHexDigits = 16;
+// job_submit.lua's note in a job's AdminComment when it added the job's mark ("=prefer" or
+// "=require" follows): the prolog's evidence that the job asked, when Slurm could not meet it.
+inline constexpr std::string_view kPlacementAsked = "nopfs_placement=";
 inline constexpr int64_t kPlacementVerifySeconds = 60;
 inline constexpr int64_t kPlacementRetrySeconds = 30;
 // The state file and its lock in <rundir>/<node>/ (root's).

@@ -113,6 +113,61 @@ TEST(PlacementTest, JobSubmitLuaSetsPreferOrConstraint) {
             "off nil nil");
   EXPECT_EQ(run("j.req_nodes = 'n2'"), "nodelist given nil nil");
   EXPECT_EQ(run("j.spank_job_env = {}"), "nil nil nil");
+  // The note in the AdminComment that the prolog reads: after the admin's own, only when the
+  // script asked.
+  auto note = [&](const std::string& fields) {
+    const std::string code =
+        "local j = { user_id = 1001, spank_job_env = { "
+        "'_SLURM_SPANK_OPTION_nopfs_nopfs=/pfs/ds' } }\n" +
+        fields + "\nnopfs_job_submit(j)\nreturn tostring(j.admin_comment)";
+    EXPECT_EQ(luaL_dostring(L, code.c_str()), LUA_OK) << lua_tostring(L, -1);
+    std::string out = lua_tostring(L, -1);
+    lua_pop(L, 1);
+    return out;
+  };
+  EXPECT_EQ(note(""), "nopfs_placement=prefer");
+  EXPECT_EQ(note("j.admin_comment = 'audit'"), "audit,nopfs_placement=prefer");
+  EXPECT_EQ(note("table.insert(j.spank_job_env, '_SLURM_SPANK_OPTION_nopfs_nopfs_placement="
+                 "require')"),
+            "nopfs_placement=require");
+  EXPECT_EQ(note("j.req_nodes = 'n2'"), "nil");
+  EXPECT_EQ(note("table.insert(j.spank_job_env, '_SLURM_SPANK_OPTION_nopfs_nopfs_placement=off')"),
+            "nil");
+  EXPECT_NE(std::string("nopfs_placement=prefer").find(kPlacementAsked), std::string::npos);
+
+  // `nopfs where`'s test job: the user's own mark, to that user, and the test job prefers it;
+  // any other job gets no message.
+  auto where = [&](const std::string& fields) {
+    const std::string code =
+        "local said = {}\nslurm = { user_msg = function(m) said[#said + 1] = m end }\n"
+        "local j = { user_id = 1001 }\n" +
+        fields +
+        "\nlocal what = nopfs_where(j)\n"
+        "return tostring(what) .. ' ' .. tostring(j.prefer) .. ' ' .. table.concat(said, '|')";
+    EXPECT_EQ(luaL_dostring(L, code.c_str()), LUA_OK) << lua_tostring(L, -1);
+    std::string out = lua_tostring(L, -1);
+    lua_pop(L, 1);
+    return out;
+  };
+  EXPECT_EQ(where("j.comment = 'nopfs where:/pfs//ds/'"),
+            "where " + mark + " nopfs where: mark " + mark);
+  EXPECT_EQ(where("j.comment = 'nopfs where:/pfs/ds'; j.user_id = 1002"),
+            "where " + PlacementMark(key, 1002, "/pfs/ds") + " nopfs where: mark " +
+                PlacementMark(key, 1002, "/pfs/ds"));
+  EXPECT_EQ(where("j.comment = 'nopfs where:/pfs/ds'; j.prefer = 'fast'"),
+            "where (fast)&" + mark + " nopfs where: mark " + mark);
+  EXPECT_EQ(where("j.comment = 'nopfs where:ds'"),
+            "where nil nopfs where: error: the dataset is not an absolute path");
+  EXPECT_EQ(where("j.comment = 'training run'"), "nil nil ");
+  EXPECT_EQ(where(""), "nil nil ");
+  lua_pushstring(L, (dir / "absent").c_str());
+  lua_setglobal(L, "nopfs_placement_key_file");
+  // The key is read again a minute later at most: a minute on, it is gone.
+  EXPECT_EQ(luaL_dostring(L, "local t = os.time() + 61; os.time = function() return t end"),
+            LUA_OK);
+  EXPECT_EQ(where("j.comment = 'nopfs where:/pfs/ds'"),
+            "where nil nopfs where: error: slurmctld's host has no placement key at " +
+                (dir / "absent").string());
   lua_close(L);
   fs::remove_all(dir);
 }
