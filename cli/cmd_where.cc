@@ -179,11 +179,6 @@ int RunWhere(const WhereFlags& f) {
         "\"Placement\")");
   }
   const std::string mark = m[1].str();
-  std::string start_line;
-  if (std::regex_search(test->text, m, kStart)) {
-    start_line = "a 1-node job on it submitted now would start on " + Printable(m[2].str(), 200) +
-                 " at " + Printable(m[1].str(), 40);
-  }
 
   Result<Ran> nodes = RunCommand({"sinfo", "--noheader", "--Node", "--format=%N %T %b"});
   if (!nodes.ok()) return Fail(nodes.status().message());
@@ -222,7 +217,14 @@ int RunWhere(const WhereFlags& f) {
     std::printf("  %s (%s): %s\n", Printable(node, 100).c_str(), Printable(state, 40).c_str(),
                 what.c_str());
   }
-  if (!start_line.empty()) std::printf("%s\n", start_line.c_str());
+  // When a job on one of them could start: a test job that requires the mark (Slurm's test
+  // jobs do not weigh a --prefer).
+  Result<Ran> start = RunCommand({"sbatch", "--test-only", "--job-name=nopfs-where", "--nodes=1",
+                                  "--ntasks=1", "--constraint=" + mark, "--wrap=true"});
+  if (start.ok() && std::regex_search(start->text, m, kStart)) {
+    std::printf("a 1-node job on it could start on %s at %s\n", Printable(m[2].str(), 200).c_str(),
+                Printable(m[1].str(), 40).c_str());
+  }
   return 0;
 }
 

@@ -135,8 +135,8 @@ TEST(PlacementTest, JobSubmitLuaSetsPreferOrConstraint) {
             "nil");
   EXPECT_NE(std::string("nopfs_placement=prefer").find(kPlacementAsked), std::string::npos);
 
-  // `nopfs where`'s test job: the user's own mark, to that user, and the test job prefers it;
-  // any other job gets no message.
+  // `nopfs where`'s test job: the user's own mark, to that user; the job is left as it is. Any
+  // other job gets no message.
   auto where = [&](const std::string& fields) {
     const std::string code =
         "local said = {}\nslurm = { user_msg = function(m) said[#said + 1] = m end }\n"
@@ -149,13 +149,11 @@ TEST(PlacementTest, JobSubmitLuaSetsPreferOrConstraint) {
     lua_pop(L, 1);
     return out;
   };
-  EXPECT_EQ(where("j.comment = 'nopfs where:/pfs//ds/'"),
-            "where " + mark + " nopfs where: mark " + mark);
+  EXPECT_EQ(where("j.comment = 'nopfs where:/pfs//ds/'"), "where nil nopfs where: mark " + mark);
   EXPECT_EQ(where("j.comment = 'nopfs where:/pfs/ds'; j.user_id = 1002"),
-            "where " + PlacementMark(key, 1002, "/pfs/ds") + " nopfs where: mark " +
-                PlacementMark(key, 1002, "/pfs/ds"));
+            "where nil nopfs where: mark " + PlacementMark(key, 1002, "/pfs/ds"));
   EXPECT_EQ(where("j.comment = 'nopfs where:/pfs/ds'; j.prefer = 'fast'"),
-            "where (fast)&" + mark + " nopfs where: mark " + mark);
+            "where fast nopfs where: mark " + mark);
   EXPECT_EQ(where("j.comment = 'nopfs where:ds'"),
             "where nil nopfs where: error: the dataset is not an absolute path");
   EXPECT_EQ(where("j.comment = 'training run'"), "nil nil ");

@@ -227,8 +227,7 @@ end
 -- `nopfs where DATASET` (docs/user.md) asks for the user's mark with a test job (sbatch
 -- --test-only, which slurmctld runs through this script as any submission, and which it takes
 -- only for the user who sends it) whose comment is "nopfs where:DATASET". The answer goes to that
--- user alone (slurm.user_msg): "nopfs where: mark <mark>", or "nopfs where: error: <why>". The
--- test job prefers the mark, so that Slurm's answer says where a job on the dataset would start.
+-- user alone (slurm.user_msg): "nopfs where: mark <mark>", or "nopfs where: error: <why>".
 local WHERE = "nopfs where:"
 function nopfs_where(job_desc)
   local comment = job_desc.comment
@@ -244,10 +243,7 @@ function nopfs_where(job_desc)
                    nopfs_placement_key_file)
     return "where"
   end
-  local mark = nopfs_placement_mark(key, job_desc.user_id, dataset)
-  local own = job_desc.prefer
-  job_desc.prefer = (own and own ~= "") and ("(" .. own .. ")&" .. mark) or mark
-  slurm.user_msg("nopfs where: mark " .. mark)
+  slurm.user_msg("nopfs where: mark " .. nopfs_placement_mark(key, job_desc.user_id, dataset))
   return "where"
 end
 
