@@ -8,16 +8,17 @@
 // hold its copy when they are free.
 //
 // The node side is one reconcile, `nopfs-job placement`: the marks the node should carry (one per
-// complete kept dataset of any user on its SSD paths) against the features slurmctld has for the
-// node; only nopfs's marks are added or removed, the admin's features stay. The prolog and the
-// epilog start it in the background (PlacementLater) and never wait for it; a timer runs it too,
-// so that a copy removed without a job (`nopfs cache rm`, `nopfs gc`) loses its mark within the
-// timer's period, and a mark slurmctld forgot (a restart or `scontrol reconfigure` resets the
-// features to slurm.conf's) comes back. The reconcile is rate-limited by its state file in
-// <rundir>/<node>/ (PlacementState): it skips slurmctld while the marks are unchanged and were
-// verified within kPlacementVerifySeconds, and for kPlacementRetrySeconds after slurmctld was
-// slow or refused; it logs one line when the marks change, one when slurmctld starts failing
-// (not one per attempt, and from the timer's runs only) and one when it takes them again.
+// complete kept dataset of any user on its SSD paths, within its keep lifetime) against the
+// features slurmctld has for the node; only nopfs's marks are added or removed, the admin's
+// features stay. The prolog and the epilog start it in the background (PlacementLater) and never
+// wait for it; a timer runs it too, so that a copy removed without a job (`nopfs cache rm`, `nopfs
+// gc`) loses its mark within the timer's period, and a mark slurmctld forgot (a restart or
+// `scontrol reconfigure` resets the features to slurm.conf's) comes back. The reconcile is
+// rate-limited by its state file in <rundir>/<node>/ (PlacementState): it skips slurmctld while the
+// marks are unchanged and were verified within kPlacementVerifySeconds, and for
+// kPlacementRetrySeconds after slurmctld was slow or refused; it logs one line when the marks
+// change, one when slurmctld starts failing (not one per attempt, and from the timer's runs only)
+// and one when it takes them again.
 //
 // Thread safety: functions over values; ReconcilePlacement takes a file lock, so that two
 // reconciles of one node never interleave (the second returns at once).
@@ -38,6 +39,9 @@ namespace nopfs::spank {
 
 inline constexpr std::string_view kMarkPrefix = "nopfs_";
 inline constexpr size_t kMarkHexDigits = 16;
+// job_submit.lua's note in a job's AdminComment when it added the job's mark ("=prefer" or
+// "=require" follows): the prolog's evidence that the job asked, when Slurm could not meet it.
+inline constexpr std::string_view kPlacementAsked = "nopfs_placement=";
 inline constexpr int64_t kPlacementVerifySeconds = 60;
 inline constexpr int64_t kPlacementRetrySeconds = 30;
 // The state file and its lock in <rundir>/<node>/ (root's).
@@ -70,7 +74,11 @@ struct NodeFeatures {
 // follow them sorted, in both lists.
 NodeFeatures WithMarks(const NodeFeatures& current, const std::set<std::string>& marks);
 
-// The marks a node carries: those of the complete kept datasets of every user under `ssd_paths`.
+// The marks a node carries: those of the complete kept datasets of every user under `ssd_paths`
+// that have not expired. A copy expires as `nopfs gc` has it (kept/space.h): `lifetime(uid)`
+// seconds (0: never) after its last use in root's record (kept/record.h, read without its lock:
+// it is replaced whole); a copy root has no record of has not expired. Without `lifetime`
+// nothing expires. `now`: unix seconds, 0: time(nullptr).
 struct NodeMarks {
   struct Copy {
     uint32_t uid = 0;
@@ -78,13 +86,16 @@ struct NodeMarks {
     uint64_t bytes = 0;
     int64_t last_used = 0;  // unix seconds, as its MANIFEST says
     std::string mark;
+    bool expired = false;  // past its lifetime: held (until gc removes it), not marked
   };
   std::vector<Copy> copies_held;  // every complete kept dataset, for the admin's listing
   std::set<std::string> marks;
   size_t copies = 0;  // complete kept datasets (two SSD paths' copies of one dataset: one mark)
   std::vector<std::string> errors;
 };
-NodeMarks MarksOfNode(std::string_view key, const std::vector<std::string>& ssd_paths);
+NodeMarks MarksOfNode(std::string_view key, const std::vector<std::string>& ssd_paths,
+                      const std::function<int64_t(uint32_t uid)>& lifetime = nullptr,
+                      int64_t now = 0);
 
 // One reconcile of a node's marks.
 struct PlacementRun {
@@ -97,6 +108,8 @@ struct PlacementRun {
   // Whether a failure gets its line here (the timer's runs), or only its time in the state file
   // (the runs the prolog and epilog start, whose lines would go to another log).
   bool report_failures = true;
+  // Each user's keep lifetime in seconds, 0: none (the policy's keep hook); null: none expire.
+  std::function<int64_t(uint32_t uid)> lifetime;
   // slurmctld's side (LoadNodeFeatures, UpdateNodeFeatures; tests give their own).
   std::function<Result<NodeFeatures>(const std::string& node)> load;
   std::function<Status(const std::string& node, const NodeFeatures& features)> update;

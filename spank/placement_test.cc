@@ -10,7 +10,12 @@
 #include <filesystem>
 #include <fstream>
 #include <lua.hpp>
+#include <map>
+#include <set>
 #include <string>
+
+#include "kept/area.h"
+#include "kept/record.h"
 
 namespace nopfs::spank {
 namespace {
@@ -108,6 +113,59 @@ TEST(PlacementTest, JobSubmitLuaSetsPreferOrConstraint) {
             "off nil nil");
   EXPECT_EQ(run("j.req_nodes = 'n2'"), "nodelist given nil nil");
   EXPECT_EQ(run("j.spank_job_env = {}"), "nil nil nil");
+  // The note in the AdminComment that the prolog reads: after the admin's own, only when the
+  // script asked.
+  auto note = [&](const std::string& fields) {
+    const std::string code =
+        "local j = { user_id = 1001, spank_job_env = { "
+        "'_SLURM_SPANK_OPTION_nopfs_nopfs=/pfs/ds' } }\n" +
+        fields + "\nnopfs_job_submit(j)\nreturn tostring(j.admin_comment)";
+    EXPECT_EQ(luaL_dostring(L, code.c_str()), LUA_OK) << lua_tostring(L, -1);
+    std::string out = lua_tostring(L, -1);
+    lua_pop(L, 1);
+    return out;
+  };
+  EXPECT_EQ(note(""), "nopfs_placement=prefer");
+  EXPECT_EQ(note("j.admin_comment = 'audit'"), "audit,nopfs_placement=prefer");
+  EXPECT_EQ(note("table.insert(j.spank_job_env, '_SLURM_SPANK_OPTION_nopfs_nopfs_placement="
+                 "require')"),
+            "nopfs_placement=require");
+  EXPECT_EQ(note("j.req_nodes = 'n2'"), "nil");
+  EXPECT_EQ(note("table.insert(j.spank_job_env, '_SLURM_SPANK_OPTION_nopfs_nopfs_placement=off')"),
+            "nil");
+  EXPECT_NE(std::string("nopfs_placement=prefer").find(kPlacementAsked), std::string::npos);
+
+  // `nopfs where`'s test job: the user's own mark, to that user; the job is left as it is. Any
+  // other job gets no message.
+  auto where = [&](const std::string& fields) {
+    const std::string code =
+        "local said = {}\nslurm = { user_msg = function(m) said[#said + 1] = m end }\n"
+        "local j = { user_id = 1001 }\n" +
+        fields +
+        "\nlocal what = nopfs_where(j)\n"
+        "return tostring(what) .. ' ' .. tostring(j.prefer) .. ' ' .. table.concat(said, '|')";
+    EXPECT_EQ(luaL_dostring(L, code.c_str()), LUA_OK) << lua_tostring(L, -1);
+    std::string out = lua_tostring(L, -1);
+    lua_pop(L, 1);
+    return out;
+  };
+  EXPECT_EQ(where("j.comment = 'nopfs where:/pfs//ds/'"), "where nil nopfs where: mark " + mark);
+  EXPECT_EQ(where("j.comment = 'nopfs where:/pfs/ds'; j.user_id = 1002"),
+            "where nil nopfs where: mark " + PlacementMark(key, 1002, "/pfs/ds"));
+  EXPECT_EQ(where("j.comment = 'nopfs where:/pfs/ds'; j.prefer = 'fast'"),
+            "where fast nopfs where: mark " + mark);
+  EXPECT_EQ(where("j.comment = 'nopfs where:ds'"),
+            "where nil nopfs where: error: the dataset is not an absolute path");
+  EXPECT_EQ(where("j.comment = 'training run'"), "nil nil ");
+  EXPECT_EQ(where(""), "nil nil ");
+  lua_pushstring(L, (dir / "absent").c_str());
+  lua_setglobal(L, "nopfs_placement_key_file");
+  // The key is read again a minute later at most: a minute on, it is gone.
+  EXPECT_EQ(luaL_dostring(L, "local t = os.time() + 61; os.time = function() return t end"),
+            LUA_OK);
+  EXPECT_EQ(where("j.comment = 'nopfs where:/pfs/ds'"),
+            "where nil nopfs where: error: slurmctld's host has no placement key at " +
+                (dir / "absent").string());
   lua_close(L);
   fs::remove_all(dir);
 }
@@ -189,6 +247,76 @@ TEST(PlacementTest, ReconcileAddsRemovesAndRateLimits) {
   EXPECT_EQ(ReconcilePlacement(run),
             "placement: n2: marks 0 kept copies (0 added, 0 removed); Slurm takes the node's "
             "marks again");
+  fs::remove_all(dir);
+}
+
+// A copy past its user's lifetime, by root's record of its last use as gc reads it, has no mark
+// (the admin's listing still shows it, as expired); a copy root has no record of, or a user
+// without a lifetime, keeps its mark. The reconcile takes an expired copy's mark away at once.
+TEST(PlacementTest, AnExpiredCopyIsNotMarked) {
+  if (geteuid() != 0) GTEST_SKIP() << "root's record and the placement key must be root's";
+  const fs::path dir = fs::temp_directory_path() / ("placement_exp_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "node");
+  const std::string ssd = (dir / "ssd").string();
+  const std::string kept = ssd + "/nopfs-0/kept";
+  const std::string kA = "000000000000000a", kB = "000000000000000b";
+  for (const std::string& k : {kA, kB}) {
+    fs::create_directories(kept + "/" + k);
+    std::ofstream(kept + "/" + k + "/data.0") << "xxxx";
+    kept::KeptManifest m;
+    m.key = k;
+    m.dataset = "/pfs/" + k;
+    m.created = 900;
+    m.last_used = 5000;  // the MANIFEST's time, the user's to write, is not the one that counts
+    m.samples = 1;
+    ASSERT_TRUE(
+        kept::WriteFileDurably(kept + "/" + k, "MANIFEST", kept::EncodeKeptManifest(m)).ok());
+  }
+  fs::create_directories(ssd + "/" + kept::kRootRecordDir);
+  ::chmod((ssd + "/" + kept::kRootRecordDir).c_str(), 0700);
+  std::map<kept::RootRecord::Key, kept::RootTimes> times;
+  times[{0, kA}] = kept::RootTimes{900, 1000};  // kB: root has not seen it yet
+  std::ofstream(ssd + "/" + kept::kRootRecordDir + "/kept") << kept::FormatRootRecord(times);
+  const std::string key(32, 'k');
+  const std::string markA = PlacementMark(key, 0, "/pfs/" + kA);
+  const std::string markB = PlacementMark(key, 0, "/pfs/" + kB);
+  auto life = [](int64_t seconds) { return [seconds](uint32_t) { return seconds; }; };
+  // Within the lifetime, and without one: both marked.
+  EXPECT_EQ(MarksOfNode(key, {ssd}, life(100), 1100).marks, (std::set<std::string>{markA, markB}));
+  EXPECT_EQ(MarksOfNode(key, {ssd}, life(0), 99999).marks, (std::set<std::string>{markA, markB}));
+  EXPECT_EQ(MarksOfNode(key, {ssd}, nullptr, 99999).marks, (std::set<std::string>{markA, markB}));
+  // Past it: kB alone, whose last use root has no record of.
+  const NodeMarks late = MarksOfNode(key, {ssd}, life(100), 1101);
+  EXPECT_EQ(late.marks, (std::set<std::string>{markB}));
+  EXPECT_EQ(late.copies, 1u);
+  ASSERT_EQ(late.copies_held.size(), 2u);
+  for (const NodeMarks::Copy& c : late.copies_held)
+    EXPECT_EQ(c.expired, c.mark == markA) << c.dataset;
+
+  // The reconcile, verified a moment ago, takes the mark away when the copy expires.
+  const std::string key_path = (dir / "key").string();
+  {
+    std::ofstream(key_path) << key;
+    ::chmod(key_path.c_str(), 0600);
+  }
+  NodeFeatures slurm{"nvme", "nvme"};
+  PlacementRun run;
+  run.node = "n2";
+  run.node_dir = (dir / "node").string();
+  run.key_path = key_path;
+  run.ssd_paths = {ssd};
+  run.lifetime = life(100);
+  run.load = [&](const std::string&) -> Result<NodeFeatures> { return slurm; };
+  run.update = [&](const std::string&, const NodeFeatures& f) {
+    slurm = f;
+    return Status::Ok();
+  };
+  run.now = 1090;
+  EXPECT_EQ(ReconcilePlacement(run), "placement: n2: marks 2 kept copies (2 added, 0 removed)");
+  run.now = 1101;
+  EXPECT_EQ(ReconcilePlacement(run), "placement: n2: marks 1 kept copy (0 added, 1 removed)");
+  EXPECT_EQ(slurm.active, "nvme," + markB);
   fs::remove_all(dir);
 }
 
