@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -67,31 +68,75 @@ std::string Arg(const std::vector<std::string>& line, const std::string& key) {
   return "";
 }
 
-// slurm.conf's PrologFlags, by Slurm's rules: keys are case-insensitive, '#' starts a comment,
-// the last assignment wins. Unknown ("?") when the file cannot be read.
-std::string PrologFlags(const std::string& slurm_conf) {
-  std::ifstream in(slurm_conf);
-  if (!in) return "?";
-  std::string flags;
-  for (std::string line; std::getline(in, line);) {
+std::string Lower(std::string s) {
+  for (char& c : s)
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// Slurm reads includes this deep at most here; deeper is taken for a loop.
+constexpr int kMaxIncludeDepth = 16;
+
+struct ConfRead {
+  std::string prolog_flags;
+  std::string cluster_name;  // for %c in an Include
+  std::string error;         // the first file that could not be read, and why
+};
+
+// Reads one slurm.conf file into `r` by Slurm's rules: keys are case-insensitive, '#' starts a
+// comment, the last assignment wins, and a line `Include FILE` reads FILE in its place (a
+// relative name from slurm.conf's directory, %c the ClusterName so far).
+void ReadConf(const std::string& path, const std::string& dir, int depth, ConfRead* r) {
+  if (depth > kMaxIncludeDepth) {
+    r->error = path + ": included more than " + std::to_string(kMaxIncludeDepth) +
+               " deep (an Include loop?)";
+    return;
+  }
+  std::ifstream in(path);
+  if (!in) {
+    r->error = path + ": cannot be read";
+    return;
+  }
+  for (std::string line; std::getline(in, line) && r->error.empty();) {
     line = line.substr(0, line.find('#'));
     std::istringstream words(line);
-    for (std::string w; words >> w;) {
-      std::string key = w.substr(0, w.find('='));
-      for (char& c : key)
-        c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      if (key == "prologflags" && w.find('=') != std::string::npos)
-        flags = w.substr(w.find('=') + 1);
+    std::string first;
+    if (!(words >> first)) continue;
+    if (Lower(first) == "include" && first.find('=') == std::string::npos) {
+      std::string name;
+      std::getline(words >> std::ws, name);
+      while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back())))
+        name.pop_back();
+      for (size_t at = name.find("%c"); at != std::string::npos; at = name.find("%c", at))
+        name.replace(at, 2, r->cluster_name);
+      if (name.empty()) continue;
+      ReadConf(name[0] == '/' ? name : dir + "/" + name, dir, depth + 1, r);
+      continue;
+    }
+    for (std::string w = first;;) {
+      const size_t eq = w.find('=');
+      if (eq != std::string::npos) {
+        const std::string key = Lower(w.substr(0, eq));
+        if (key == "prologflags") r->prolog_flags = w.substr(eq + 1);
+        if (key == "clustername") r->cluster_name = w.substr(eq + 1);
+      }
+      if (!(words >> w)) break;
     }
   }
-  return flags;
+}
+
+// slurm.conf's PrologFlags with its includes read; an error names the file that cannot be read.
+Result<std::string> PrologFlags(const std::string& slurm_conf) {
+  const size_t slash = slurm_conf.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slurm_conf.substr(0, slash);
+  ConfRead r;
+  ReadConf(slurm_conf, slash == 0 ? "/" : dir, 0, &r);
+  if (!r.error.empty()) return Status::NotFound(r.error);
+  return r.prolog_flags;
 }
 
 bool HasFlag(const std::string& flags, const std::string& flag) {
-  std::string lower = "," + flags + ",";
-  for (char& c : lower)
-    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return lower.find("," + flag + ",") != std::string::npos;
+  return Lower("," + flags + ",").find("," + flag + ",") != std::string::npos;
 }
 
 // What the plugin's line needs; each problem with what to do about it.
@@ -120,10 +165,10 @@ std::vector<std::string> Check(const AdminFlags& f, const std::vector<std::strin
                                ? (std::getenv("SLURM_CONF") != nullptr ? std::getenv("SLURM_CONF")
                                                                        : "/etc/slurm/slurm.conf")
                                : f.slurm_conf;
-  const std::string flags = PrologFlags(conf);
-  if (flags == "?") {
-    missing.push_back(conf + ": cannot be read (give slurm.conf with --slurm-conf FILE)");
-  } else if (!HasFlag(flags, "alloc") && !HasFlag(flags, "contain")) {
+  const Result<std::string> flags = PrologFlags(conf);
+  if (!flags.ok()) {
+    missing.push_back(flags.status().message() + " (give slurm.conf with --slurm-conf FILE)");
+  } else if (!HasFlag(*flags, "alloc") && !HasFlag(*flags, "contain")) {
     missing.push_back("PrologFlags=Alloc in " + conf +
                       " (merge /usr/share/doc/nopfs/examples/slurm.conf.fragment; without it "
                       "the prolog runs only on the nodes a step touches)");

@@ -12,6 +12,7 @@
 #include "cli/cmd_share.h"
 #include "cli/cmd_simulate.h"
 #include "cli/cmd_stream.h"
+#include "cli/cmd_where.h"
 #include "cli/status_text.h"
 #include "common/version.h"
 
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
   nopfs::cli::RegisterGc(&app, &exit_code);
   nopfs::cli::RegisterShare(&app, &exit_code);
   nopfs::cli::RegisterAdmin(&app, &exit_code);
+  nopfs::cli::RegisterWhere(&app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -123,6 +123,7 @@ nopfs_man_page(nopfs 1 DEPENDS nopfs ${_docs}/user.md ARGS
   --help-cmd "+nopfs cache ls=$<TARGET_FILE:nopfs> cache ls --help"
   --help-cmd "+nopfs cache rm=$<TARGET_FILE:nopfs> cache rm --help"
   --help-cmd "+nopfs gc=$<TARGET_FILE:nopfs> gc --help"
+  --help-cmd "+nopfs where=$<TARGET_FILE:nopfs> where --help"
   --help-cmd "+nopfs admin enable=$<TARGET_FILE:nopfs> admin enable --help"
   --help-cmd "+nopfs admin disable=$<TARGET_FILE:nopfs> admin disable --help"
   --help-cmd "+nopfs admin status=$<TARGET_FILE:nopfs> admin status --help"

@@ -91,6 +91,9 @@ struct SlurmJob {
   // is what Slurm placed it by (its prefer when that could be met, else its constraint) and
   // `prefer` is empty. req_nodes: its --nodelist.
   std::string prefer, features, req_nodes;
+  // Its AdminComment, which only root, SlurmUser and slurmctld's job_submit script set:
+  // job_submit.lua notes there that it asked for the job's warm nodes (kPlacementAsked).
+  std::string admin_comment;
 };
 
 SlurmJob QuerySlurm(uint64_t job_id, const std::string& node);
@@ -233,8 +236,10 @@ const lua::SharedDecl* SharedDeclFor(const lua::NodeConfig& config, const std::s
 Result<std::string> EnsureShareService(const Job& job, const char* self);
 // What placement did for the job on this node (docs/admin.md, "Placement"), for the prolog's line
 // and the job's output: whether the job asked for its user's warm nodes (--prefer or
-// --constraint holding its mark) and whether this node holds the user's kept copy of the
-// dataset. "" when the node has no placement key or the job's mark is in neither.
+// --constraint holding its mark, or job_submit.lua's note in its AdminComment) and whether this
+// node holds the user's kept copy of the dataset; a job that would have asked (not off, no
+// --nodelist) and did not is told that slurmctld's side is not set up. "" when the node has no
+// placement key, or the job neither asked nor would have.
 std::string PlacementNote(const Job& job, const SlurmJob& sj, const lua::NodeConfig& config);
 
 int Prolog(const Job& job, const char* self);

@@ -258,18 +258,26 @@ std::string PlacementNote(const Job& job, const SlurmJob& sj, const lua::NodeCon
     return false;
   };
   // A running job's features are its prefer when Slurm could meet it; a prefer it could not meet
-  // is not reported. job_submit.lua asks unless the job is off or names its nodes.
+  // is not reported, but job_submit.lua's note in the AdminComment (which the job's user cannot
+  // write) says that it asked. It asks unless the job is off or names its nodes.
   const bool placed = holds(sj.features) || holds(sj.prefer);
-  const bool asked = job.opts.placement != "off" && sj.req_nodes.empty();
-  if (!placed && !asked) return "";
-  const char* how = job.opts.placement == "require" ? "required" : "preferred";
+  const bool noted = sj.admin_comment.find(kPlacementAsked) != std::string::npos;
+  const bool would_ask = job.opts.placement != "off" && sj.req_nodes.empty();
+  if (!placed && !noted && !would_ask) return "";
   const kept::KeptNode mine = kept::KeptNode::Scan(SsdPaths(config), job.uid);
   bool warm = false;
   for (const kept::KeptEntry& e : mine.entries()) {
     warm = warm || (e.Complete() && MarkPath(e.data.dataset) == MarkPath(job.opts.dataset));
   }
-  return std::string("placement: ") + how + " the nodes holding your kept copy of " +
-         Printable(job.opts.dataset, 200) + "; " +
+  const std::string dataset = Printable(job.opts.dataset, 200);
+  if (!placed && !noted) {
+    return "placement: the job did not ask for the nodes holding your kept copy of " + dataset +
+           ": placement is not set up on slurmctld's side (docs/admin.md, \"Placement\"); " +
+           (warm ? "this node holds one" : "this node holds none");
+  }
+  const char* how = job.opts.placement == "require" ? "required" : "preferred";
+  return std::string("placement: ") + how + " the nodes holding your kept copy of " + dataset +
+         "; " +
          (warm ? "this node holds one"
                : "this node holds none (no node holding one was free, or none holds one yet)");
 }

@@ -34,6 +34,7 @@ SlurmJob QuerySlurm(uint64_t job_id, const std::string& node) {
     if (j.prefer != nullptr) out.prefer = j.prefer;
     if (j.features != nullptr) out.features = j.features;
     if (j.req_nodes != nullptr) out.req_nodes = j.req_nodes;
+    if (j.admin_comment != nullptr) out.admin_comment = j.admin_comment;
     uint64_t mb = j.pn_min_memory;
     if ((mb & MEM_PER_CPU) != 0) {
       mb &= ~MEM_PER_CPU;

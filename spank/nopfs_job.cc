@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -248,6 +249,17 @@ int Placement(int argc, char** argv) {
   run.report_failures = !for_job;
   run.load = LoadNodeFeatures;
   run.update = UpdateNodeFeatures;
+  // A copy past its user's keep lifetime is not advertised, whether or not gc has removed it yet.
+  // The lifetime is the policy's, as gc applies it; a user whose keep hook fails keeps the marks.
+  lua::NodeState ns;
+  ns.name = node;
+  ns.ram_total = config->CapacityOf(policy::ClassKind::kRam);
+  ns.ssd_total = config->CapacityOf(policy::ClassKind::kSsd);
+  auto grants = std::make_shared<lua::KeepGrants>(job.args.policy, *config, ns);
+  run.lifetime = [grants](uint32_t uid) -> int64_t {
+    const lua::KeepGrant g = grants->For(uid);
+    return grants->Failed(uid) ? 0 : g.lifetime;
+  };
   if (list) {
     // The admin's view: which user's copies of which dataset the node holds, and their marks.
     Result<std::string> key = ReadPlacementKey(run.key_path);
@@ -260,15 +272,16 @@ int Placement(int argc, char** argv) {
       std::printf("%s ledger: %s\n", node.c_str(),
                   Printable(running.status().message(), 300).c_str());
     }
-    const NodeMarks marks = MarksOfNode(*key, run.ssd_paths, run.shared,
-                                        running.ok() ? *running : std::vector<RunningJob>{});
     const int64_t now = static_cast<int64_t>(::time(nullptr));
+    const NodeMarks marks = MarksOfNode(*key, run.ssd_paths, run.lifetime, now, run.shared,
+                                        running.ok() ? *running : std::vector<RunningJob>{});
     for (const NodeMarks::Copy& c : marks.copies_held) {
       const passwd* pw = ::getpwuid(c.uid);
-      std::printf("%s uid %u (%s) %s %s, last used %s ago, %s\n", node.c_str(), c.uid,
+      std::printf("%s uid %u (%s) %s %s, last used %s ago, %s%s\n", node.c_str(), c.uid,
                   pw != nullptr ? pw->pw_name : "?", Printable(c.dataset, 300).c_str(),
                   FormatBytes(static_cast<double>(c.bytes)).c_str(),
-                  kept::FormatAge(now - c.last_used).c_str(), c.mark.c_str());
+                  kept::FormatAge(now - c.last_used).c_str(), c.mark.c_str(),
+                  c.expired ? " (expired: not marked; gc removes it)" : "");
     }
     for (const NodeMarks::Shared& c : marks.shared_held) {
       std::printf(

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <ctime>
 #include <map>
+#include <optional>
 
 extern "C" {
 #include <slurm/slurm.h>
@@ -24,6 +25,7 @@ extern "C" {
 #include "common/printable.h"
 #include "common/small_file.h"
 #include "common/unique_fd.h"
+#include "kept/record.h"
 #include "kept/space.h"
 #include "share/store.h"
 #include "spank/ledger.h"
@@ -120,6 +122,33 @@ void WriteState(const std::string& node_dir, const PlacementState& s) {
   }
   fd.Reset();
   (void)::rename(tmp.c_str(), path.c_str());
+}
+
+// Root's records of the SSD paths (kept/record.h), each read once when first needed: whole, as
+// its writer replaces it, in a directory of root's that no link leads to. One that cannot be
+// read is empty: its copies have no last use here and do not expire (as gc takes them as used
+// now).
+using RootRecords = std::map<std::string, std::map<kept::RootRecord::Key, kept::RootTimes>>;
+
+std::optional<int64_t> RootLastUse(RootRecords* records, const std::vector<std::string>& ssd_paths,
+                                   const std::string& copy_dir, uint32_t uid,
+                                   const std::string& key) {
+  for (const std::string& path : ssd_paths) {
+    if (copy_dir.rfind(path + "/nopfs-" + std::to_string(uid) + "/", 0) != 0) continue;
+    auto [it, fresh] = records->try_emplace(path);
+    if (fresh) {
+      const std::string dir = path + "/" + kept::kRootRecordDir;
+      struct stat st {};
+      if (::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == 0) {
+        Result<std::string> text = ReadSmallFile(
+            dir + "/kept", SmallFileRules{.max_bytes = kept::kMaxRootRecordBytes, .owner = 0});
+        if (text.ok()) it->second = kept::ParseRootRecord(*text);
+      }
+    }
+    const auto found = it->second.find({uid, key});
+    if (found != it->second.end()) return found->second.last_used;
+  }
+  return std::nullopt;
 }
 
 std::string SlurmError(const std::string& what) {
@@ -237,29 +266,42 @@ NodeFeatures WithMarks(const NodeFeatures& current, const std::set<std::string>&
 }
 
 NodeMarks MarksOfNode(std::string_view key, const std::vector<std::string>& ssd_paths,
+                      const std::function<int64_t(uint32_t uid)>& lifetime, int64_t now,
                       const std::vector<SharedDataset>& shared,
                       const std::vector<RunningJob>& running, ManifestCache* cache) {
   NodeMarks out;
+  if (now == 0) now = static_cast<int64_t>(::time(nullptr));
   // The user's view of every user (kept/ only, no root record to lock): whatever a complete
   // MANIFEST names. A user who writes another dataset there marks the node for that user alone.
   const kept::KeptNode node = kept::KeptNode::Scan(ssd_paths);
   for (const std::string& e : node.errors())
     out.errors.push_back("kept area: " + e);
+  RootRecords records;
   for (const kept::KeptEntry& e : node.entries()) {
     if (!e.Complete() || e.stray || e.Pending() || e.data.dataset.empty() ||
         e.data.dataset.front() != '/') {
       continue;
     }
-    ++out.copies;
     const std::string mark = PlacementMark(key, e.uid, e.data.dataset);
-    out.marks.insert(mark);
-    out.kept_marks.insert(mark);
-    out.copies_held.push_back({e.uid, e.data.dataset, e.data.bytes, e.data.last_used, mark});
+    bool expired = false;
+    if (lifetime) {
+      const int64_t life = lifetime(e.uid);
+      const std::optional<int64_t> used =
+          life > 0 ? RootLastUse(&records, ssd_paths, e.data.dir, e.uid, e.data.key) : std::nullopt;
+      expired = used.has_value() && *used + life < now;
+    }
+    if (!expired) {
+      ++out.copies;
+      out.marks.insert(mark);
+      out.kept_marks.insert(mark);
+    }
+    out.copies_held.push_back(
+        {e.uid, e.data.dataset, e.data.bytes, e.data.last_used, mark, expired});
   }
   // The share service's copies (root's, as this process is): what each manifest names, read
   // again only when the manifest was replaced (its identity before the read: a manifest replaced
   // during the read is read again at the next run).
-  ManifestCache used;
+  ManifestCache now_seen;
   for (const SharedDataset& d : shared) {
     NodeMarks::Shared held{d.dataset, 0, 0, d.quota, false, SharedMark(key, d.dataset)};
     struct stat st {};
@@ -285,7 +327,7 @@ NodeMarks MarksOfNode(std::string_view key, const std::vector<std::string>& ssd_
       seen.files = copy->files;
       seen.bytes = copy->bytes;
     }
-    if (have) used[d.store_dir] = seen;
+    if (have) now_seen[d.store_dir] = seen;
     held.files = seen.files;
     held.bytes = seen.bytes;
     // bytes >= quota * percent / 100, without overflow.
@@ -304,7 +346,7 @@ NodeMarks MarksOfNode(std::string_view key, const std::vector<std::string>& ssd_
     out.running_marks.insert(mark);
     out.running_held.push_back({j.job_id, j.uid, j.dataset, mark});
   }
-  if (cache != nullptr) *cache = std::move(used);
+  if (cache != nullptr) *cache = std::move(now_seen);
   return out;
 }
 
@@ -345,7 +387,8 @@ std::string ReconcilePlacement(const PlacementRun& run) {
     return where + "the node's ledger: " + Printable(running.status().message(), 300) +
            "; marks left as they are";
   }
-  const NodeMarks marks = MarksOfNode(*key, run.ssd_paths, run.shared, *running, &state.shared);
+  const NodeMarks marks =
+      MarksOfNode(*key, run.ssd_paths, run.lifetime, now, run.shared, *running, &state.shared);
   const std::string wanted = JoinFeatures({marks.marks.begin(), marks.marks.end()});
   if (!run.force && before.failed == 0 && wanted == before.marks &&
       now - before.verified < kPlacementVerifySeconds && now >= before.verified) {

@@ -12,16 +12,16 @@
 // which job_submit.lua adds as an alternative to the user's own ("mark|shared").
 //
 // The node side is one reconcile, `nopfs-job placement`: the marks the node should carry (one per
-// complete kept dataset of any user on its SSD paths, per running job with a sibling dataset in
-// the ledger, per warm shared copy) against the features slurmctld has for the node; only
-// nopfs's marks are added or removed, the admin's features stay. The prolog and the
-// epilog start it in the background (PlacementLater) and never wait for it; a timer runs it too,
-// so that a copy removed without a job (`nopfs cache rm`, `nopfs gc`) loses its mark within the
-// timer's period, and a mark slurmctld forgot (a restart or `scontrol reconfigure` resets the
-// features to slurm.conf's) comes back. The reconcile is rate-limited by its state file in
-// <rundir>/<node>/ (PlacementState): it skips slurmctld while the marks are unchanged and were
-// verified within kPlacementVerifySeconds, and for kPlacementRetrySeconds after slurmctld was
-// slow or refused; it logs one line when the marks change, one when slurmctld starts failing
+// complete kept dataset of any user on its SSD paths within its keep lifetime, per running job
+// with a sibling dataset in the ledger, per warm shared copy) against the features slurmctld has
+// for the node; only nopfs's marks are added or removed, the admin's features stay. The prolog
+// and the epilog start it in the background (PlacementLater) and never wait for it; a timer runs
+// it too, so that a copy removed without a job (`nopfs cache rm`, `nopfs gc`) loses its mark
+// within the timer's period, and a mark slurmctld forgot (a restart or `scontrol reconfigure`
+// resets the features to slurm.conf's) comes back. The reconcile is rate-limited by its state
+// file in <rundir>/<node>/ (PlacementState): it skips slurmctld while the marks are unchanged and
+// were verified within kPlacementVerifySeconds, and for kPlacementRetrySeconds after slurmctld
+// was slow or refused; it logs one line when the marks change, one when slurmctld starts failing
 // (not one per attempt, and from the timer's runs only) and one when it takes them again.
 //
 // Thread safety: functions over values; ReconcilePlacement takes a file lock, so that two
@@ -45,6 +45,9 @@ namespace nopfs::spank {
 
 inline constexpr std::string_view kMarkPrefix = "nopfs_";
 inline constexpr size_t kMarkHexDigits = 16;
+// job_submit.lua's note in a job's AdminComment when it added the job's mark ("=prefer" or
+// "=require" follows): the prolog's evidence that the job asked, when Slurm could not meet it.
+inline constexpr std::string_view kPlacementAsked = "nopfs_placement=";
 inline constexpr int64_t kPlacementVerifySeconds = 60;
 inline constexpr int64_t kPlacementRetrySeconds = 30;
 inline constexpr int64_t kPlacementLockWaitSeconds = 30;  // for the run before this one
@@ -107,9 +110,13 @@ struct NodeFeatures {
 // follow them sorted, in both lists.
 NodeFeatures WithMarks(const NodeFeatures& current, const std::set<std::string>& marks);
 
-// The marks a node carries: those of the complete kept datasets of every user under `ssd_paths`,
-// of the shared copies that hold at least kSharedWarmPercent of their quota, and of the running
-// jobs whose tiers serve their user's other jobs.
+// The marks a node carries: those of the complete kept datasets of every user under `ssd_paths`
+// that have not expired, of the shared copies that hold at least kSharedWarmPercent of their
+// quota, and of the running jobs whose tiers serve their user's other jobs. A copy expires as
+// `nopfs gc` has it (kept/space.h): `lifetime(uid)` seconds (0: never) after its last use in
+// root's record (kept/record.h, read without its lock: it is replaced whole); a copy root has no
+// record of has not expired. Without `lifetime` nothing expires. `now`: unix seconds, 0:
+// time(nullptr).
 struct NodeMarks {
   struct Copy {
     uint32_t uid = 0;
@@ -117,6 +124,7 @@ struct NodeMarks {
     uint64_t bytes = 0;
     int64_t last_used = 0;  // unix seconds, as its MANIFEST says
     std::string mark;
+    bool expired = false;  // past its lifetime: held (until gc removes it), not marked
   };
   std::vector<Copy> copies_held;  // every complete kept dataset, for the admin's listing
   struct Shared {
@@ -152,7 +160,8 @@ using ManifestCache = std::map<std::string, ManifestSeen>;
 
 // `cache` (optional): what earlier runs read; on return, what this one used, for `shared` alone.
 NodeMarks MarksOfNode(std::string_view key, const std::vector<std::string>& ssd_paths,
-                      const std::vector<SharedDataset>& shared = {},
+                      const std::function<int64_t(uint32_t uid)>& lifetime = nullptr,
+                      int64_t now = 0, const std::vector<SharedDataset>& shared = {},
                       const std::vector<RunningJob>& running = {}, ManifestCache* cache = nullptr);
 
 // One reconcile of a node's marks.
@@ -168,6 +177,8 @@ struct PlacementRun {
   // Whether a failure gets its line here (the timer's runs), or only its time in the state file
   // (the runs the prolog and epilog start, whose lines would go to another log).
   bool report_failures = true;
+  // Each user's keep lifetime in seconds, 0: none (the policy's keep hook); null: none expire.
+  std::function<int64_t(uint32_t uid)> lifetime;
   // slurmctld's side (LoadNodeFeatures, UpdateNodeFeatures; tests give their own).
   std::function<Result<NodeFeatures>(const std::string& node)> load;
   std::function<Status(const std::string& node, const NodeFeatures& features)> update;

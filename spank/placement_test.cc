@@ -10,8 +10,12 @@
 #include <filesystem>
 #include <fstream>
 #include <lua.hpp>
+#include <map>
+#include <set>
 #include <string>
 
+#include "kept/area.h"
+#include "kept/record.h"
 #include "share/store.h"
 #include "spank/ledger.h"
 
@@ -142,6 +146,60 @@ TEST(PlacementTest, JobSubmitLuaSetsPreferOrConstraint) {
             "require nil (nvme)&(" + either + ")");
   ASSERT_EQ(luaL_dostring(L, "nopfs_shared_datasets = { '/pfs/ds/sub', 'pfs/ds', 7 }"), LUA_OK);
   EXPECT_EQ(run(""), "prefer " + mark + " nil");
+  ASSERT_EQ(luaL_dostring(L, "nopfs_shared_datasets = nil"), LUA_OK);
+  // The note in the AdminComment that the prolog reads: after the admin's own, only when the
+  // script asked.
+  auto note = [&](const std::string& fields) {
+    const std::string code =
+        "local j = { user_id = 1001, spank_job_env = { "
+        "'_SLURM_SPANK_OPTION_nopfs_nopfs=/pfs/ds' } }\n" +
+        fields + "\nnopfs_job_submit(j)\nreturn tostring(j.admin_comment)";
+    EXPECT_EQ(luaL_dostring(L, code.c_str()), LUA_OK) << lua_tostring(L, -1);
+    std::string out = lua_tostring(L, -1);
+    lua_pop(L, 1);
+    return out;
+  };
+  EXPECT_EQ(note(""), "nopfs_placement=prefer");
+  EXPECT_EQ(note("j.admin_comment = 'audit'"), "audit,nopfs_placement=prefer");
+  EXPECT_EQ(note("table.insert(j.spank_job_env, '_SLURM_SPANK_OPTION_nopfs_nopfs_placement="
+                 "require')"),
+            "nopfs_placement=require");
+  EXPECT_EQ(note("j.req_nodes = 'n2'"), "nil");
+  EXPECT_EQ(note("table.insert(j.spank_job_env, '_SLURM_SPANK_OPTION_nopfs_nopfs_placement=off')"),
+            "nil");
+  EXPECT_NE(std::string("nopfs_placement=prefer").find(kPlacementAsked), std::string::npos);
+
+  // `nopfs where`'s test job: the user's own mark, to that user; the job is left as it is. Any
+  // other job gets no message.
+  auto where = [&](const std::string& fields) {
+    const std::string code =
+        "local said = {}\nslurm = { user_msg = function(m) said[#said + 1] = m end }\n"
+        "local j = { user_id = 1001 }\n" +
+        fields +
+        "\nlocal what = nopfs_where(j)\n"
+        "return tostring(what) .. ' ' .. tostring(j.prefer) .. ' ' .. table.concat(said, '|')";
+    EXPECT_EQ(luaL_dostring(L, code.c_str()), LUA_OK) << lua_tostring(L, -1);
+    std::string out = lua_tostring(L, -1);
+    lua_pop(L, 1);
+    return out;
+  };
+  EXPECT_EQ(where("j.comment = 'nopfs where:/pfs//ds/'"), "where nil nopfs where: mark " + mark);
+  EXPECT_EQ(where("j.comment = 'nopfs where:/pfs/ds'; j.user_id = 1002"),
+            "where nil nopfs where: mark " + PlacementMark(key, 1002, "/pfs/ds"));
+  EXPECT_EQ(where("j.comment = 'nopfs where:/pfs/ds'; j.prefer = 'fast'"),
+            "where fast nopfs where: mark " + mark);
+  EXPECT_EQ(where("j.comment = 'nopfs where:ds'"),
+            "where nil nopfs where: error: the dataset is not an absolute path");
+  EXPECT_EQ(where("j.comment = 'training run'"), "nil nil ");
+  EXPECT_EQ(where(""), "nil nil ");
+  lua_pushstring(L, (dir / "absent").c_str());
+  lua_setglobal(L, "nopfs_placement_key_file");
+  // The key is read again a minute later at most: a minute on, it is gone.
+  EXPECT_EQ(luaL_dostring(L, "local t = os.time() + 61; os.time = function() return t end"),
+            LUA_OK);
+  EXPECT_EQ(where("j.comment = 'nopfs where:/pfs/ds'"),
+            "where nil nopfs where: error: slurmctld's host has no placement key at " +
+                (dir / "absent").string());
   lua_close(L);
   fs::remove_all(dir);
 }
@@ -226,6 +284,76 @@ TEST(PlacementTest, ReconcileAddsRemovesAndRateLimits) {
   fs::remove_all(dir);
 }
 
+// A copy past its user's lifetime, by root's record of its last use as gc reads it, has no mark
+// (the admin's listing still shows it, as expired); a copy root has no record of, or a user
+// without a lifetime, keeps its mark. The reconcile takes an expired copy's mark away at once.
+TEST(PlacementTest, AnExpiredCopyIsNotMarked) {
+  if (geteuid() != 0) GTEST_SKIP() << "root's record and the placement key must be root's";
+  const fs::path dir = fs::temp_directory_path() / ("placement_exp_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "node");
+  const std::string ssd = (dir / "ssd").string();
+  const std::string kept = ssd + "/nopfs-0/kept";
+  const std::string kA = "000000000000000a", kB = "000000000000000b";
+  for (const std::string& k : {kA, kB}) {
+    fs::create_directories(kept + "/" + k);
+    std::ofstream(kept + "/" + k + "/data.0") << "xxxx";
+    kept::KeptManifest m;
+    m.key = k;
+    m.dataset = "/pfs/" + k;
+    m.created = 900;
+    m.last_used = 5000;  // the MANIFEST's time, the user's to write, is not the one that counts
+    m.samples = 1;
+    ASSERT_TRUE(
+        kept::WriteFileDurably(kept + "/" + k, "MANIFEST", kept::EncodeKeptManifest(m)).ok());
+  }
+  fs::create_directories(ssd + "/" + kept::kRootRecordDir);
+  ::chmod((ssd + "/" + kept::kRootRecordDir).c_str(), 0700);
+  std::map<kept::RootRecord::Key, kept::RootTimes> times;
+  times[{0, kA}] = kept::RootTimes{900, 1000};  // kB: root has not seen it yet
+  std::ofstream(ssd + "/" + kept::kRootRecordDir + "/kept") << kept::FormatRootRecord(times);
+  const std::string key(32, 'k');
+  const std::string markA = PlacementMark(key, 0, "/pfs/" + kA);
+  const std::string markB = PlacementMark(key, 0, "/pfs/" + kB);
+  auto life = [](int64_t seconds) { return [seconds](uint32_t) { return seconds; }; };
+  // Within the lifetime, and without one: both marked.
+  EXPECT_EQ(MarksOfNode(key, {ssd}, life(100), 1100).marks, (std::set<std::string>{markA, markB}));
+  EXPECT_EQ(MarksOfNode(key, {ssd}, life(0), 99999).marks, (std::set<std::string>{markA, markB}));
+  EXPECT_EQ(MarksOfNode(key, {ssd}, nullptr, 99999).marks, (std::set<std::string>{markA, markB}));
+  // Past it: kB alone, whose last use root has no record of.
+  const NodeMarks late = MarksOfNode(key, {ssd}, life(100), 1101);
+  EXPECT_EQ(late.marks, (std::set<std::string>{markB}));
+  EXPECT_EQ(late.copies, 1u);
+  ASSERT_EQ(late.copies_held.size(), 2u);
+  for (const NodeMarks::Copy& c : late.copies_held)
+    EXPECT_EQ(c.expired, c.mark == markA) << c.dataset;
+
+  // The reconcile, verified a moment ago, takes the mark away when the copy expires.
+  const std::string key_path = (dir / "key").string();
+  {
+    std::ofstream(key_path) << key;
+    ::chmod(key_path.c_str(), 0600);
+  }
+  NodeFeatures slurm{"nvme", "nvme"};
+  PlacementRun run;
+  run.node = "n2";
+  run.node_dir = (dir / "node").string();
+  run.key_path = key_path;
+  run.ssd_paths = {ssd};
+  run.lifetime = life(100);
+  run.load = [&](const std::string&) -> Result<NodeFeatures> { return slurm; };
+  run.update = [&](const std::string&, const NodeFeatures& f) {
+    slurm = f;
+    return Status::Ok();
+  };
+  run.now = 1090;
+  EXPECT_EQ(ReconcilePlacement(run), "placement: n2: marks 2 kept copies (2 added, 0 removed)");
+  run.now = 1101;
+  EXPECT_EQ(ReconcilePlacement(run), "placement: n2: marks 1 kept copy (0 added, 1 removed)");
+  EXPECT_EQ(slurm.active, "nvme," + markB);
+  fs::remove_all(dir);
+}
+
 // A shared copy marks the node, for every user, once it holds half of its quota; a running job
 // whose tiers serve a sibling marks the node with its user's mark while its process lives.
 TEST(PlacementTest, SharedCopiesAndRunningJobsMarkTheNode) {
@@ -240,7 +368,7 @@ TEST(PlacementTest, SharedCopiesAndRunningJobsMarkTheNode) {
   const std::string root = (dir / "pfs/ds").string(), store = (dir / "store").string();
   const std::vector<SharedDataset> shared = {{root, store, 4000}};
   // No copy yet (the store was never made): no mark, no error.
-  NodeMarks m = MarksOfNode(key, {(dir / "ssd").string()}, shared);
+  NodeMarks m = MarksOfNode(key, {(dir / "ssd").string()}, nullptr, 0, shared);
   EXPECT_TRUE(m.marks.empty());
   EXPECT_TRUE(m.errors.empty());
   {
@@ -254,32 +382,32 @@ TEST(PlacementTest, SharedCopiesAndRunningJobsMarkTheNode) {
       ASSERT_TRUE((*s)->Save().ok());
     };
     serve("f0");
-    m = MarksOfNode(key, {(dir / "ssd").string()}, shared);
+    m = MarksOfNode(key, {(dir / "ssd").string()}, nullptr, 0, shared);
     ASSERT_EQ(m.shared_held.size(), 1u);
     EXPECT_EQ(m.shared_held[0].bytes, 1000u);
     EXPECT_EQ(m.shared_held[0].files, 1u);
     EXPECT_FALSE(m.shared_held[0].warm);  // a quarter of the quota
     EXPECT_TRUE(m.marks.empty());
     serve("f1");
-    m = MarksOfNode(key, {(dir / "ssd").string()}, shared);
+    m = MarksOfNode(key, {(dir / "ssd").string()}, nullptr, 0, shared);
     ASSERT_EQ(m.shared_held.size(), 1u);
     EXPECT_TRUE(m.shared_held[0].warm);  // half
     EXPECT_EQ(m.marks, std::set<std::string>{SharedMark(key, root)});
     EXPECT_EQ(m.shared_marks.size(), 1u);
     // With a cache, a manifest is read again only when it was replaced.
     ManifestCache cache;
-    m = MarksOfNode(key, {}, shared, {}, &cache);
+    m = MarksOfNode(key, {}, nullptr, 0, shared, {}, &cache);
     ASSERT_EQ(cache.count(store), 1u);
     EXPECT_EQ(cache[store].bytes, 2000u);
     EXPECT_EQ(cache[store].files, 2u);
     cache[store].bytes = 10;  // what an earlier read said of this very manifest
-    m = MarksOfNode(key, {}, shared, {}, &cache);
+    m = MarksOfNode(key, {}, nullptr, 0, shared, {}, &cache);
     EXPECT_TRUE(m.marks.empty());
     serve("f2");  // a new manifest
-    m = MarksOfNode(key, {}, shared, {}, &cache);
+    m = MarksOfNode(key, {}, nullptr, 0, shared, {}, &cache);
     EXPECT_EQ(cache[store].bytes, 3000u);
     EXPECT_EQ(m.marks, std::set<std::string>{SharedMark(key, root)});
-    EXPECT_TRUE(MarksOfNode(key, {}, {}, {}, &cache).marks.empty());
+    EXPECT_TRUE(MarksOfNode(key, {}, nullptr, 0, {}, {}, &cache).marks.empty());
     EXPECT_TRUE(cache.empty());  // only the datasets still declared
   }
   // A manifest that does not check counts nothing and says so.
@@ -288,7 +416,7 @@ TEST(PlacementTest, SharedCopiesAndRunningJobsMarkTheNode) {
     f.seekp(20);
     f.put('\x7f');
   }
-  m = MarksOfNode(key, {(dir / "ssd").string()}, shared);
+  m = MarksOfNode(key, {(dir / "ssd").string()}, nullptr, 0, shared);
   EXPECT_TRUE(m.marks.empty());
   ASSERT_EQ(m.errors.size(), 1u);
   EXPECT_NE(m.errors[0].find("does not check"), std::string::npos) << m.errors[0];
@@ -331,7 +459,7 @@ TEST(PlacementTest, SharedCopiesAndRunningJobsMarkTheNode) {
   ASSERT_EQ(running->size(), 1u);
   EXPECT_EQ((*running)[0].job_id, 7u);
   EXPECT_EQ((*running)[0].uid, 1001u);
-  m = MarksOfNode(key, {(dir / "ssd").string()}, {}, *running);
+  m = MarksOfNode(key, {(dir / "ssd").string()}, nullptr, 0, {}, *running);
   EXPECT_EQ(m.marks, std::set<std::string>{PlacementMark(key, 1001, "/pfs/ds")});
   EXPECT_EQ(m.running_marks.size(), 1u);
   ASSERT_EQ(m.running_held.size(), 1u);

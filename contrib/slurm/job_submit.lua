@@ -13,7 +13,7 @@
 -- one or the other).
 --
 -- Install (docs/admin.md): copy to slurm.conf's directory as job_submit.lua (or call
--- nopfs_job_submit(job_desc) from the site's own script), set JobSubmitPlugins=lua and
+-- nopfs_where(job_desc) and nopfs_job_submit(job_desc) from the site's own script), set JobSubmitPlugins=lua and
 -- SchedulerParameters=ignore_prefer_validation in slurm.conf, and give slurmctld's host the
 -- nodes' placement key (readable by SlurmUser) at the path below.
 --
@@ -209,6 +209,19 @@ local function spank_option(job_desc, name)
   return nil
 end
 
+-- Notes in the job's AdminComment that the job asked for its warm nodes: once the job runs,
+-- Slurm reports its --prefer only when it could meet it, and the prolog tells a job that asked
+-- from one that did not (placement not set up here). Users cannot set an AdminComment.
+function nopfs_note_asked(job_desc, mode)
+  local note = "nopfs_placement=" .. mode
+  local own = job_desc.admin_comment
+  if own and own ~= "" then
+    job_desc.admin_comment = own .. "," .. note
+  else
+    job_desc.admin_comment = note
+  end
+end
+
 -- Adds the mark of the job's user and dataset to the job's --prefer (or --constraint). Returns
 -- what it did, for slurmctld's log: nil when the job is not a nopfs job.
 function nopfs_job_submit(job_desc)
@@ -240,13 +253,39 @@ function nopfs_job_submit(job_desc)
   else
     job_desc[field] = mark
   end
+  nopfs_note_asked(job_desc, mode)
   return mode
 end
 
+-- `nopfs where DATASET` (docs/user.md) asks for the user's mark with a test job (sbatch
+-- --test-only, which slurmctld runs through this script as any submission, and which it takes
+-- only for the user who sends it) whose comment is "nopfs where:DATASET". The answer goes to that
+-- user alone (slurm.user_msg): "nopfs where: mark <mark>", or "nopfs where: error: <why>".
+local WHERE = "nopfs where:"
+function nopfs_where(job_desc)
+  local comment = job_desc.comment
+  if type(comment) ~= "string" or comment:sub(1, #WHERE) ~= WHERE then return nil end
+  local dataset = comment:sub(#WHERE + 1)
+  if dataset:sub(1, 1) ~= "/" then
+    slurm.user_msg("nopfs where: error: the dataset is not an absolute path")
+    return "where"
+  end
+  local key = placement_key()
+  if not key then
+    slurm.user_msg("nopfs where: error: slurmctld's host has no placement key at " ..
+                   nopfs_placement_key_file)
+    return "where"
+  end
+  slurm.user_msg("nopfs where: mark " .. nopfs_placement_mark(key, job_desc.user_id, dataset))
+  return "where"
+end
+
 function slurm_job_submit(job_desc, part_list, submit_uid)
-  local ok, err = pcall(nopfs_job_submit, job_desc)
   -- Placement never refuses a job: an error here leaves the job as it was submitted.
-  if not ok then slurm.log_error("nopfs: placement: %s", tostring(err)) end
+  for _, hook in ipairs({ nopfs_where, nopfs_job_submit }) do
+    local ok, err = pcall(hook, job_desc)
+    if not ok then slurm.log_error("nopfs: placement: %s", tostring(err)) end
+  end
   return slurm.SUCCESS
 end
 

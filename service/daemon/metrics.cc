@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -229,8 +230,8 @@ Status MetricsWriter::RemoveIfMade() {
   return Status::Ok();
 }
 
-Status MetricsWriter::Write(const report::StatusReport& r) {
-  const std::string text = RenderMetrics(r, labels_);
+Status MetricsWriter::Open(int* fd_out, struct stat* st, bool* busy) {
+  *busy = false;
   // The file is rewritten in place: nopfsd may not create or rename anything in a metrics
   // directory that only root writes (root made this file for the job). O_NOFOLLOW: a link is
   // never written through.
@@ -249,34 +250,56 @@ Status MetricsWriter::Write(const report::StatusReport& r) {
     fd = io_->Open(path_, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK, 0644);
     if (fd >= 0) created_ = true;
   }
-  if (fd < 0) return Status::FromErrno(errno, "metrics: opening " + path_);
-  struct stat st {};
-  auto fail = [&](int err, const std::string& what) {
+  if (fd < 0) {
+    // EWOULDBLOCK: another writer holds the lease right now (the caller waits and tries again).
+    *busy = errno == EWOULDBLOCK;
+    return Status::FromErrno(errno, "metrics: opening " + path_);
+  }
+  if (io_->Fstat(fd, st) != 0) {
+    const int err = errno;
     io_->Close(fd);
-    return Status::FromErrno(err, "metrics: " + what + " " + path_);
-  };
-  if (io_->Fstat(fd, &st) != 0) return fail(errno, "checking");
-  if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) {
+    return Status::FromErrno(err, "metrics: checking " + path_);
+  }
+  if (!S_ISREG(st->st_mode) || st->st_uid != ::geteuid()) {
     io_->Close(fd);
     return Status::PermissionDenied("metrics: " + path_ +
                                     " is not a regular file of this user; not writing it");
   }
+  *fd_out = fd;
+  return Status::Ok();
+}
+
+Status MetricsWriter::Write(const report::StatusReport& r) {
+  const std::string text = RenderMetrics(r, labels_);
   // A write lease: granted only while no other process has the file open, and from then on an
   // open(2) by anyone else (node_exporter) waits until it is released, so no reader ever sees
-  // the file between its old and its new text. A reader that has it open now is waited for.
+  // the file between its old and its new text. A reader that has it open now is waited for, with
+  // the file closed meanwhile: two writers of one file (nodes sharing a metrics directory) that
+  // both held it open while waiting would each keep the other from its lease, and neither write.
+  int fd = -1;
+  struct stat st {};
   bool leased = false;
   int lease_err = 0;
   for (int attempt = 0; attempt < kLeaseAttempts; ++attempt) {
+    if (attempt > 0) {
+      // 1 to 2 waits, at random: apart in time from another writer that retries too.
+      thread_local std::minstd_rand jitter(std::random_device{}());
+      ::usleep(kLeaseWaitUs + static_cast<unsigned>(jitter() % kLeaseWaitUs));
+    }
+    bool busy = false;
+    const Status opened = Open(&fd, &st, &busy);
+    if (busy) continue;
+    if (!opened.ok()) return opened;
     if (::fcntl(fd, F_SETLEASE, F_WRLCK) == 0) {
       leased = true;
       break;
     }
     lease_err = errno;
     if (lease_err != EAGAIN && lease_err != EBUSY) break;  // leases unsupported here: see below
-    ::usleep(kLeaseWaitUs);
-  }
-  if (!leased && (lease_err == EAGAIN || lease_err == EBUSY)) {
     io_->Close(fd);
+    fd = -1;
+  }
+  if (fd < 0) {
     return Status::Unavailable("metrics: " + path_ +
                                " stays open in another process; not rewritten this time");
   }
@@ -287,6 +310,10 @@ Status MetricsWriter::Write(const report::StatusReport& r) {
     spdlog::warn("metrics: no write lease on {} ({}): a scrape during a rewrite may see it mixed",
                  path_, std::strerror(lease_err));
   }
+  auto fail = [&](int err, const std::string& what) {
+    io_->Close(fd);
+    return Status::FromErrno(err, "metrics: " + what + " " + path_);
+  };
   auto release = [&] {
     if (leased) ::fcntl(fd, F_SETLEASE, F_UNLCK);
   };

@@ -13,6 +13,8 @@
 // Thread safety: RenderMetrics is reentrant; a MetricsWriter is used from one thread at a time.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <string>
 
 #include "common/status.h"
@@ -47,9 +49,10 @@ class MetricsWriter {
   // space is reserved first (a full disk leaves the previous text whole), then the text written
   // under the lease; a write that fails midway leaves the file empty, never half a text. A reader
   // that keeps the file open for over kLeaseAttempts * kLeaseWaitUs leaves it as it was
-  // (Unavailable). Where no lease is granted (NFS), the file is rewritten without one and a
-  // warning logged once. An error names the path and what failed, the same words for the same
-  // fault.
+  // (Unavailable); another writer of the same file (nodes sharing one metrics directory) is
+  // taken turns with, never locked out. Where no lease is granted (NFS), the file is rewritten
+  // without one and a warning logged once. An error names the path and what failed, the same words
+  // for the same fault.
   Status Write(const report::StatusReport& r);
   const std::string& path() const { return path_; }
   // Removes the file if this writer made it (`nopfs run`'s, which has no epilog); the file root
@@ -60,6 +63,10 @@ class MetricsWriter {
   static constexpr unsigned kLeaseWaitUs = 2000;
 
  private:
+  // Opens the file (made if absent where Write says) and checks it is a regular file of this
+  // user's; `busy`: the open failed only because another writer holds the lease.
+  Status Open(int* fd, struct stat* st, bool* busy);
+
   std::string dir_;
   MetricsLabels labels_;
   std::string path_;

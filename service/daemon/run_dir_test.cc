@@ -8,10 +8,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -344,6 +346,39 @@ TEST_F(RunDirFaultTest, AReaderOpensTheOldTextOrTheNewOneNeverAMix) {
   ::close(held);
   ASSERT_TRUE(w.Write(SomeReport(6)).ok());
   EXPECT_EQ(Slurp(path), RenderMetrics(SomeReport(6), {"79", "alice", "n1"}));
+}
+
+// Two writers of one file (two nodes' nopfsd under one metrics directory, as on a test cluster
+// that runs its nodes on one host) take turns: neither locks the other out of its lease, so each
+// rewrite lands and the file always holds one whole text.
+TEST_F(RunDirFaultTest, TwoWritersOfOneFileTakeTurns) {
+  const std::string path = dir_ + "/nopfs_81.prom";
+  { std::ofstream(path) << ""; }
+  MetricsWriter n1(dir_, {"81", "alice", "n1"});
+  MetricsWriter n3(dir_, {"81", "alice", "n3"});
+  constexpr int kWrites = 200;
+  std::atomic<int> failed{0};
+  std::string failure;
+  std::mutex failure_mu;
+  auto write_all = [&](MetricsWriter* w) {
+    for (int i = 0; i < kWrites; ++i) {
+      const Status s = w->Write(SomeReport(static_cast<uint64_t>(i)));
+      if (!s.ok()) {
+        failed.fetch_add(1);
+        std::lock_guard<std::mutex> lock(failure_mu);
+        failure = s.ToString();
+      }
+    }
+  };
+  std::thread a(write_all, &n1);
+  std::thread b(write_all, &n3);
+  a.join();
+  b.join();
+  EXPECT_EQ(failed.load(), 0) << failure;
+  const std::string last = Slurp(path);
+  EXPECT_TRUE(last == RenderMetrics(SomeReport(kWrites - 1), {"81", "alice", "n1"}) ||
+              last == RenderMetrics(SomeReport(kWrites - 1), {"81", "alice", "n3"}))
+      << last;
 }
 
 // --- the daemon ---

@@ -506,6 +506,53 @@ class PlannerRunTest(unittest.TestCase):
             self.assertGreater(self.run_planner(planner), 0, planner)
 
 
+class AdminTest(unittest.TestCase):
+    """`nopfs admin status` reads slurm.conf as Slurm does, its Include lines too."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="nopfs-admin-")
+        self.addCleanup(shutil.rmtree, self.dir)
+        self.line = os.path.join(self.dir, "nopfs.conf")
+        with open(self.line, "w") as f:
+            f.write("optional /nonexistent/spank_nopfs.so\n")
+
+    def write(self, name, text):
+        with open(os.path.join(self.dir, name), "w") as f:
+            f.write(text)
+
+    def missing(self):
+        r = run("admin", "status", "--line", self.line, "--plugstack-dir", self.dir,
+                "--slurm-conf", os.path.join(self.dir, "slurm.conf"))
+        return [line for line in r.stdout.splitlines() if line.startswith("missing: ")]
+
+    def flags_missing(self):
+        return [m for m in self.missing() if "PrologFlags=Alloc" in m]
+
+    def test_prolog_flags_come_from_included_files(self):
+        # Relative to slurm.conf's directory, in either case of the keyword.
+        self.write("slurm.conf", "ClusterName=lab\ninclude flags.conf  \n")
+        self.write("flags.conf", "# site flags\nPrologFlags=Contain,Alloc\n")
+        self.assertEqual(self.flags_missing(), [])
+        # %c is the cluster's name.
+        self.write("slurm.conf", "ClusterName=lab\nInclude %c_flags.conf\n")
+        self.write("lab_flags.conf", "prologflags=alloc\n")
+        self.assertEqual(self.flags_missing(), [])
+        # An absolute name, nested: the last assignment wins, wherever it is.
+        self.write("slurm.conf", f"PrologFlags=Alloc\nInclude {self.dir}/late.conf\n")
+        self.write("late.conf", "Include later.conf\n")
+        self.write("later.conf", "PrologFlags=Serial\n")
+        self.assertEqual(len(self.flags_missing()), 1, self.missing())
+        self.write("slurm.conf", "Include late.conf\nPrologFlags=Alloc\n")
+        self.assertEqual(self.flags_missing(), [])
+
+    def test_an_include_that_cannot_be_read_is_named(self):
+        self.write("slurm.conf", "PrologFlags=Alloc\nInclude absent.conf\n")
+        self.assertIn(f"missing: {self.dir}/absent.conf: cannot be read (give slurm.conf with "
+                      "--slurm-conf FILE)", self.missing())
+        self.write("slurm.conf", "PrologFlags=Alloc\nInclude slurm.conf\n")
+        self.assertTrue(any("deep (an Include loop?)" in m for m in self.missing()),
+                        self.missing())
+
 if __name__ == "__main__":
     NOPFS = os.path.abspath(sys.argv.pop(1))
     unittest.main(verbosity=1)

@@ -209,16 +209,75 @@ class PlacementTest(ClusterCase):
         self.assertIn("removed", r.stdout)
         took = self.wait_marks(lambda: not marked(mark), f"{mark} gone after cache rm")
         self.assertLess(took, 60)
-        # A copy whose lifetime ends, removed by nopfs gc.
-        write_policy(lifetime=1)
+        # A copy whose lifetime ends loses its mark within a minute of its expiry, before any gc
+        # removes it (its last use is its job's epilog, before the mark appeared).
+        lifetime = 20
+        write_policy(lifetime=lifetime)
         mark = self.keep_on("nopfs-alice", ["n2"])
-        time.sleep(2)
+        took = self.wait_marks(lambda: not marked(mark), f"{mark} gone after expiry",
+                               timeout=lifetime + 60)
+        alice = pwd.getpwnam("nopfs-alice").pw_uid
+        self.assertTrue(glob.glob(os.path.join(DIR, "ssd", "n2", f"nopfs-{alice}", "kept", "*")),
+                        "the expired copy is still there: the mark went by its expiry, not gc")
+        r = subprocess.run([os.path.join(BUILD, "bin/nopfs-job"), "placement", "--list",
+                            "--node=n2", f"--plugstack={DIR}/etc/plugstack.conf"], env=env(),
+                           capture_output=True, text=True)
+        self.assertIn(f"{mark} (expired: not marked; gc removes it)", r.stdout)
+        # ... and nopfs gc removes it.
         r = subprocess.run([NOPFS, "gc", "--config", config("n2"), "--policy", POLICY, "--node",
                             "n2"], capture_output=True, text=True, env=env())
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("expired", r.stdout)
-        took = self.wait_marks(lambda: not marked(mark), f"{mark} gone after gc")
-        self.assertLess(took, 60)
+
+    def test_where_names_the_nodes_of_the_users_own_copy(self):
+        mark = self.keep_on("nopfs-alice", ["n2"])
+        # On n2 (its node name given, as one host runs the three nodes here): size and last use.
+        r = as_user("nopfs-alice", f"{NOPFS} where {DATASET} --config {config('n2')} --node n2")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertRegex(r.stdout, rf"^your kept copy of {re.escape(DATASET)} \(mark {mark}\) "
+                         r"is on 1 node:\n  n2 \([a-z]+\): [\d.]+ [KM]iB, last used \w+ ago\n"
+                         r"a 1-node job on it could start on n2 at \S+\n$")
+        # Elsewhere: the node, and where to ask for the rest; the path as written after --nopfs=.
+        r = as_user("nopfs-alice", f"{NOPFS} where {DATASET}/./ --config {config('n1')} --node n1")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("  n2 (idle): size and last use: `nopfs cache ls` on n2\n", r.stdout)
+        # bob learns his own mark, which no node carries, and nothing of alice's.
+        r = as_user("nopfs-bob", f"{NOPFS} where {DATASET}")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn(f"no node holds your kept copy of {DATASET} (mark "
+                      f"{mark_of('nopfs-bob', DATASET)})", r.stdout)
+        self.assertNotIn(mark, r.stdout + r.stderr)
+        r = as_user("nopfs-bob", f"{NOPFS} where data/ds")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("write its absolute path", r.stderr)
+
+    def test_without_job_submit_lua_jobs_and_where_say_placement_is_not_set_up(self):
+        """slurmctld without nopfs's job_submit.lua (a no-op script in its place; slurmctld
+        loads a changed script at the next submission) while the nodes have the key."""
+        script = os.path.join(DIR, "etc/job_submit.lua")
+        with open(script) as f:
+            ours = f.read()
+        try:
+            with open(script, "w") as f:
+                f.write("function slurm_job_submit(j, p, u) return slurm.SUCCESS end\n"
+                        "function slurm_job_modify(j, r, p, u) return slurm.SUCCESS end\n")
+            t = int(time.time()) + 2
+            os.utime(script, (t, t))
+            time.sleep(2)
+            _, _, out = self.run_job("nopfs-alice", "--nopfs-keep=no")
+            self.assertIn("placement: the job did not ask for the nodes holding your kept copy of "
+                          f"{DATASET}: placement is not set up on slurmctld's side "
+                          "(docs/admin.md, \"Placement\"); this node holds none", out)
+            self.assertNotIn("preferred", out)
+            r = as_user("nopfs-alice", f"{NOPFS} where {DATASET}")
+            self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+            self.assertIn("placement is not set up on this cluster", r.stderr)
+        finally:
+            with open(script, "w") as f:
+                f.write(ours)
+            t = int(time.time()) + 4
+            os.utime(script, (t, t))
+        time.sleep(4)
 
     def test_a_two_node_job_lands_on_the_two_nodes_of_its_copy(self):
         self.keep_on("nopfs-alice", ["n2", "n3"])
@@ -249,6 +308,12 @@ class PlacementTest(ClusterCase):
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline and not failures()[1]:
                 time.sleep(1)
+            # `nopfs where` says that it cannot ask Slurm.
+            r = as_user("nopfs-alice", f"{NOPFS} where {DATASET}", timeout=120)
+            self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+            self.assertIn("cannot ask Slurm where your copy is: sbatch --test-only says: ",
+                          r.stderr)
+            self.assertIn("Unable to contact slurm controller", r.stderr)
             time.sleep(70)
         finally:
             if os.path.exists(os.path.join(DIR, "run-slurm", "slurmctld.pid")):
