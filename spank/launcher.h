@@ -227,8 +227,6 @@ Status AppendAsUser(const std::string& path, uid_t uid, gid_t gid, const std::st
 // directory (lock, socket, log).
 int ShareServe(int argc, char** argv);
 std::string ShareDir(const std::string& node_dir);
-// The node config's declaration of the job's dataset (compared lexically), or null.
-const lua::SharedDecl* SharedDeclFor(const lua::NodeConfig& config, const std::string& dataset);
 // The service's socket, once it answers (started, detached, when it did not).
 Result<std::string> EnsureShareService(const Job& job, const char* self);
 // What placement did for the job on this node (docs/admin.md, "Placement"), for the prolog's line

@@ -8,6 +8,7 @@
 #include "spank/kept_live.h"
 #include "spank/launcher.h"
 #include "spank/placement.h"
+#include "spank/shared_decl.h"
 
 namespace nopfs::spank::launcher {
 

@@ -162,17 +162,6 @@ int ShareServe(int argc, char** argv) {
   ::_exit(0);  // the signal thread may still wait
 }
 
-const lua::SharedDecl* SharedDeclFor(const lua::NodeConfig& config, const std::string& dataset) {
-  // Compared as written (lexically, without touching the user's path as root); nopfsd compares
-  // the canonical paths again as the user.
-  std::string d = std::filesystem::path(dataset).lexically_normal().string();
-  while (d.size() > 1 && d.back() == '/')
-    d.pop_back();
-  for (const lua::SharedDecl& s : config.shared())
-    if (s.path == d) return &s;
-  return nullptr;
-}
-
 Result<std::string> EnsureShareService(const Job& job, const char* self) {
   const std::string dir = ShareDir(job.node_dir);
   NOPFS_RETURN_IF_ERROR(EnsureRootDir(dir, 0755));
