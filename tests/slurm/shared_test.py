@@ -32,7 +32,8 @@ import unittest
 
 import clusterlib
 from clusterlib import (BUILD, DIR, HOLD, JOBS, RUN, SRC, SSD, ClusterCase, as_user, daemons, env,
-                        ledger, output, release, submit, wait_done, wait_state)
+                        ledger, make_dataset, output, release, submit, wait_done, wait_state)
+from clusterlib import share_service_pids as service_pids
 
 NOPFS = os.path.join(BUILD, "bin/nopfs")
 SHARED = os.path.join(DIR, "data/shared")     # declared shared; alice and bob read all of it
@@ -54,18 +55,6 @@ READ = (f"srun bash -c 't=$(mktemp -d) && {NOPFS} cat --verify > $t/cat 2> $t/er
         f"echo \"status: $({NOPFS} status --json)\"'\n")
 
 
-def make_dataset(path, seed):
-    """3 classes x 40 files of 1..64 KiB, readable by all."""
-    import random
-    rnd = random.Random(seed)
-    for c in range(3):
-        os.makedirs(os.path.join(path, f"class{c}"), exist_ok=True)
-        for i in range(40):
-            with open(os.path.join(path, f"class{c}", f"{i:04d}.bin"), "wb") as f:
-                f.write(rnd.randbytes(1024 * (1 + (i * 7 + c) % 64)))
-    subprocess.run(["chmod", "-R", "a+rX", path], check=True)
-
-
 def dataset_bytes(path):
     return sum(os.path.getsize(p) for p in glob.glob(os.path.join(path, "*/*.bin")))
 
@@ -77,19 +66,6 @@ def store_of(node, dataset):
         for p in glob.glob(os.path.join(d, "[0-9a-f]" * 16)):
             out[p] = os.path.getsize(p)
     return out
-
-
-def service_pids():
-    pids = []
-    for d in glob.glob("/proc/[0-9]*"):
-        try:
-            with open(d + "/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"share-serve" in argv and any(a.startswith(f"--dir={DIR}/run/".encode()) for a in argv):
-            pids.append(int(d[6:]))
-    return pids
 
 
 class SharedCase(ClusterCase):
@@ -112,10 +88,6 @@ class SharedCase(ClusterCase):
             shutil.copytree(src, dst, symlinks=True)
             shutil.copystat(src, dst)
             os.chown(dst, 0, os.stat(src).st_gid)
-
-    def tearDown(self):
-        super().tearDown()
-        subprocess.run(["scancel", "-u", "nopfs-carol"], env=env())
 
     def run_job(self, user, dataset, node="n1", expect="COMPLETED"):
         """A one-node job reading `dataset` to its end: (job, output, status or None, verify
