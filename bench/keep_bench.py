@@ -22,8 +22,12 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../tests/slurm"))
+from clusterlib import make_files, pfs_bytes_read, start_pfsemu  # noqa: E402
 
 DEMOTE = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"]
 
@@ -46,23 +50,10 @@ def main():
     work = tempfile.mkdtemp(prefix="nopfs-keep-bench-")
     os.chmod(work, 0o777)
     backing, mnt = os.path.join(work, "backing"), os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    for k in range(a.files):
-        d = os.path.join(backing, f"class{k % 10}")
-        os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, f"img{k:06d}.bin"), "wb") as fh:
-            fh.write(os.urandom(a.size))
-    subprocess.run(["chmod", "-R", "a+rX", backing], check=True)
+    make_files(backing, a.files, a.size)
     time.sleep(1)  # the files' ctimes before the jobs' start
-    emu = subprocess.Popen([os.path.join(bindir, "nopfs_pfsemu"), "--bandwidth",
-                            str(a.bandwidth), "--getattr-latency-us", str(a.getattr_latency_us),
-                            backing, mnt], stderr=subprocess.DEVNULL)
+    emu = start_pfsemu(bindir, backing, mnt, a.bandwidth, a.getattr_latency_us)
     try:
-        deadline = time.monotonic() + 20
-        while not os.path.ismount(mnt):
-            if time.monotonic() > deadline:
-                raise SystemExit("pfsemu did not mount")
-            time.sleep(0.1)
         scratch = os.path.join(work, "scratch")
         os.mkdir(scratch)
         os.chmod(scratch, 0o777)
@@ -100,11 +91,6 @@ def main():
         emu.terminate()
         emu.wait()
         shutil.rmtree(work, ignore_errors=True)
-
-
-def pfs_bytes_read(mnt):
-    with open(os.path.join(mnt, ".pfsemu_stats")) as fh:
-        return int(dict(line.split(" ", 1) for line in fh.read().splitlines())["bytes_read"])
 
 
 def array(a, bindir, work, mnt, conf):

@@ -5,15 +5,17 @@ shared (docs/admin.md, "Shared datasets": one copy per node, filled by the node'
 and, as the baseline, an identical dataset that is not. Per run: the bytes the four jobs together
 read from the PFS (pfsemu's count, so the share service's reads are in it), in datasets, and the
 slowest job's read time (`nopfs cat`'s). Runs alternate baseline and shared; before each shared
-run the share service is stopped and its copy removed, so every shared run starts cold. Prints
-figures; never passes or fails.
+run the share service is stopped and its copy removed, so every shared run starts cold; a second
+shared run follows on the copy the first left (warm). With --compare-nopfsd PATH the shared runs
+are made with that nopfsd too (another build's), interleaved with this build's. Prints figures;
+never passes or fails.
 
   sudo bench/shared_bench.py BUILD_DIR [--files N] [--size BYTES] [--bandwidth MBPS] [--runs R]
+                             [--compare-nopfsd PATH]
 
 Runs as root; uses the cluster tests' directory (take /tmp/nopfs-cluster.lock first).
 """
 import argparse
-import glob
 import os
 import re
 import shutil
@@ -32,6 +34,7 @@ def main():
     ap.add_argument("--size", type=int, default=64 * 1024)
     ap.add_argument("--bandwidth", type=int, default=50, help="pfsemu's flat MB/s")
     ap.add_argument("--runs", type=int, default=2, help="runs of each (alternating)")
+    ap.add_argument("--compare-nopfsd", help="another build's nopfsd, for the shared runs too")
     a = ap.parse_args()
     os.environ["NOPFS_BINARY_DIR"] = os.path.abspath(a.build)
     sys.path.insert(0, os.path.join(HERE, "../tests/slurm"))
@@ -40,7 +43,7 @@ def main():
     mnt = os.path.join(cl.DIR, "data/pfs")
     shared, unshared = os.path.join(mnt, "shared"), os.path.join(mnt, "unshared")
     os.environ["NOPFS_CLUSTER_SHARED"] = shared
-    os.environ["NOPFS_CLUSTER_SHARED_SSD"] = "1G"
+    os.environ["NOPFS_CLUSTER_SHARED_SSD"] = "512M"
     r = cl.cluster("up", "1")
     if r.returncode != 0:
         raise SystemExit("local-cluster up failed:\n" + r.stderr)
@@ -49,34 +52,30 @@ def main():
             subprocess.run(["useradd", "-m", "-s", "/bin/bash", u], check=True)
     backing = os.path.join(cl.DIR, "data/backing")
     for tree in ("shared", "unshared"):
-        for k in range(a.files):
-            d = os.path.join(backing, tree, f"class{k % 10}")
-            os.makedirs(d, exist_ok=True)
-            with open(os.path.join(d, f"img{k:06d}.bin"), "wb") as fh:
-                fh.write(os.urandom(a.size))
-    subprocess.run(["chmod", "-R", "a+rX", backing], check=True)
-    os.makedirs(mnt, exist_ok=True)
+        cl.make_files(os.path.join(backing, tree), a.files, a.size)
     time.sleep(1)
-    emu = subprocess.Popen([os.path.join(a.build, "bin/nopfs_pfsemu"), "--bandwidth",
-                            str(a.bandwidth), backing, mnt], stderr=subprocess.DEVNULL)
+    emu = cl.start_pfsemu(os.path.join(a.build, "bin"), backing, mnt, a.bandwidth)
     try:
-        deadline = time.monotonic() + 20
-        while not os.path.ismount(mnt):
-            if time.monotonic() > deadline:
-                raise SystemExit("pfsemu did not mount")
-            time.sleep(0.1)
         dataset = a.files * a.size
         load = os.getloadavg()[0]
         print(f"4 users' jobs at once on one node; {a.files} files of {a.size} B "
               f"({dataset / 1e6:.0f} MB) on pfsemu at {a.bandwidth} MB/s; load {load:.1f}")
-        print("dataset   run  pfs_MB  datasets  slowest_read_s  from_shared_MB")
+        mine = cl.NOPFSD
+        daemons = [("this", mine)] + ([("other", a.compare_nopfsd)] if a.compare_nopfsd else [])
+        print("dataset  copy  nopfsd  run  pfs_MB  datasets  slowest_read_s  from_shared_MB")
         for run in range(a.runs):
-            for name, path in (("unshared", unshared), ("shared", shared)):
-                if name == "shared":
+            cases = [("unshared", "-", "this", mine)]
+            for label, nopfsd in daemons if run % 2 == 0 else daemons[::-1]:
+                cases += [("shared", "cold", label, nopfsd), ("shared", "warm", label, nopfsd)]
+            for name, copy, label, nopfsd in cases:
+                cl.NOPFSD = nopfsd
+                cl.cluster("plugstack")
+                if copy == "cold":
                     reset_share(cl)
-                pfs, slowest, from_shared = four_jobs(cl, mnt, path)
-                print(f"{name:9} {run + 1:3}  {pfs / 1e6:6.0f}  {pfs / dataset:8.2f}  "
-                      f"{slowest:14.2f}  {from_shared / 1e6:14.0f}")
+                pfs, slowest, from_shared = four_jobs(
+                    cl, mnt, shared if name == "shared" else unshared)
+                print(f"{name:8} {copy:5} {label:6} {run + 1:4}  {pfs / 1e6:6.0f}  "
+                      f"{pfs / dataset:8.2f}  {slowest:14.2f}  {from_shared / 1e6:14.0f}")
         print(f"load at the end {os.getloadavg()[0]:.1f}")
     finally:
         emu.terminate()
@@ -84,27 +83,16 @@ def main():
         cl.cluster("down")
 
 
-def pfs_bytes_read(mnt):
-    with open(os.path.join(mnt, ".pfsemu_stats")) as fh:
-        return int(dict(line.split(" ", 1) for line in fh.read().splitlines())["bytes_read"])
-
-
 def reset_share(cl):
     """Stops the node's share service and removes its copies: the next job starts cold."""
-    for d in glob.glob("/proc/[0-9]*"):
-        try:
-            with open(d + "/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"share-serve" in argv and any(x.startswith(f"--dir={cl.RUN}/".encode()) for x in argv):
-            subprocess.run(["kill", "-KILL", d[6:]])
+    for pid in cl.share_service_pids():
+        subprocess.run(["kill", "-KILL", str(pid)])
     time.sleep(0.5)
     shutil.rmtree(os.path.join(cl.SSD, ".nopfs-shared"), ignore_errors=True)
 
 
 def four_jobs(cl, mnt, path):
-    before = pfs_bytes_read(mnt)
+    before = cl.pfs_bytes_read(mnt)
     script = (f"srun bash -c '{cl.BUILD}/bin/nopfs cat 2>&1 >/dev/null | grep \"read in\"; "
               f"echo \"status: $({cl.BUILD}/bin/nopfs status --json)\"'\n")
     jobs = [cl.submit(u, f"-w n1 --oversubscribe --mem=300 --nopfs-ram=0 --nopfs-ssd=200M "
@@ -126,7 +114,7 @@ def four_jobs(cl, mnt, path):
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and cl.daemons():
         time.sleep(0.2)
-    return pfs_bytes_read(mnt) - before, slowest, from_shared
+    return cl.pfs_bytes_read(mnt) - before, slowest, from_shared
 
 
 if __name__ == "__main__":

@@ -104,7 +104,7 @@ int RunConfig(const ConfigFlags& f) {
   lua::NodeState node;
   node.name = f.node;
   node.ram_total = config->CapacityOf(policy::ClassKind::kRam);
-  node.ssd_total = config->CapacityOf(policy::ClassKind::kSsd);
+  node.ssd_total = config->SsdForJobs();
   node.jobs = f.jobs;
   struct Size {
     const char* flag;

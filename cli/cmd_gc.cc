@@ -61,7 +61,7 @@ int RunGc(GcFlags f) {
   lua::NodeState ns;
   ns.name = f.node;
   ns.ram_total = config->CapacityOf(policy::ClassKind::kRam);
-  ns.ssd_total = config->CapacityOf(policy::ClassKind::kSsd);
+  ns.ssd_total = config->SsdForJobs();
   ns.ssd_kept = kept.Bytes() - kept.HeldBytes();
   ns.ssd_reserved = kept.HeldBytes();
   lua::KeepGrants grants(f.policy, *config, ns);

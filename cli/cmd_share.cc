@@ -76,11 +76,13 @@ int RunWarm(ShareFlags f) {
   }
   share::ShareClient client(f.socket, f.dataset, std::chrono::minutes(5));
   if (Status s = client.Ping(); !s.ok()) {
-    return Fail(s.message() +
-                "; the node's share service runs while jobs use a shared dataset (a job's prolog "
-                "starts it), or start it as root: nopfs-job share-serve --config=NODE_CONFIG "
-                "--dir=" +
-                f.rundir + "/" + f.node + "/share --node=" + f.node);
+    return Fail(
+        s.message() +
+        "; the node's share service runs while jobs use a shared dataset (a job's prolog "
+        "starts it), or start it as root: systemctl start nopfs-share (the package's unit), "
+        "or nopfs-job share-serve --config=NODE_CONFIG "
+        "--dir=" +
+        f.rundir + "/" + f.node + "/share --node=" + f.node);
   }
   std::vector<std::string> files;
   uint64_t unreadable_dirs = 0;

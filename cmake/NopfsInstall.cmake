@@ -16,6 +16,7 @@
 #   /usr/lib/systemd/system/nopfs-placement.{service,timer}  the node's placement marks every 30 s,
 #                                                likewise
 #   /usr/lib/systemd/system/nopfs-node-exporter.service  the metrics for Prometheus, likewise
+#   /usr/lib/systemd/system/nopfs-share.service  the node's share service from boot, likewise
 #   /usr/share/man/man1/nopfs.1, man8/nopfsd.8, man8/nopfs-spank.8
 #   /usr/share/doc/nopfs/                        README, docs/, the example job scripts
 #
@@ -72,6 +73,11 @@ if(TARGET spank_nopfs)
                  ${PROJECT_BINARY_DIR}/contrib/nopfs-placement.service @ONLY)
   install(FILES ${PROJECT_BINARY_DIR}/contrib/nopfs-placement.service
                 ${PROJECT_SOURCE_DIR}/contrib/systemd/nopfs-placement.timer
+          DESTINATION ${CMAKE_INSTALL_PREFIX}/lib/systemd/system)
+  # The node's share service from boot (docs/admin.md, "Shared datasets"), disabled until enabled.
+  configure_file(${PROJECT_SOURCE_DIR}/contrib/systemd/nopfs-share.service.in
+                 ${PROJECT_BINARY_DIR}/contrib/nopfs-share.service @ONLY)
+  install(FILES ${PROJECT_BINARY_DIR}/contrib/nopfs-share.service
           DESTINATION ${CMAKE_INSTALL_PREFIX}/lib/systemd/system)
 endif()
 # `nopfs gc` every hour, as a systemd timer that stays disabled until the admin enables it.

@@ -115,7 +115,7 @@ std::string AfterJob(const std::string& policy, const lua::NodeConfig& config,
   lua::NodeState ns;
   ns.name = node;
   ns.ram_total = config.CapacityOf(policy::ClassKind::kRam);
-  ns.ssd_total = config.CapacityOf(policy::ClassKind::kSsd);
+  ns.ssd_total = config.SsdForJobs();
   KeptNode kept = KeptNode::Scan(ssd_paths, RootScan(uid, live));
   const std::string canonical = Canonical(dataset);
   kept.MarkUsed(uid, [&](const KeptEntry& k) { return Holds(k, dataset, canonical); });

@@ -66,7 +66,7 @@ struct JobRequest {
 struct NodeState {
   std::string name;
   policy::Bytes ram_total = 0;     // the config's RAM classes
-  policy::Bytes ssd_total = 0;     // the config's SSD classes
+  policy::Bytes ssd_total = 0;     // the config's SSD classes less the shared copies' quotas
   policy::Bytes ram_reserved = 0;  // held by other nopfs jobs now
   // Other jobs' reservations, and (from the prolog) what users left on the SSD that a live
   // process holds, which nothing can evict (kept/space.h HeldBytes).

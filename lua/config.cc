@@ -9,6 +9,7 @@
 
 #include <lua.hpp>
 
+#include "common/units.h"
 #include "lua/lua_read.h"
 
 namespace nopfs::lua {
@@ -201,13 +202,29 @@ class Reader {
     Status s = ReadShared(out);
     lua_pop(L_, 1);
     NOPFS_RETURN_IF_ERROR(s);
-    bool ssd = false;
-    for (const StorageClass& c : model.classes)
-      ssd = ssd || (c.kind == ClassKind::kSsd && !c.path.empty());
-    if (!out->empty() && !ssd) {
+    const StorageClass* ssd = nullptr;
+    for (const StorageClass& c : model.classes) {
+      if (c.kind == ClassKind::kSsd && !c.path.empty()) {
+        ssd = &c;
+        break;
+      }
+    }
+    if (!out->empty() && ssd == nullptr) {
       return Status::InvalidArgument(name_ +
                                      ": shared: the copies are kept on the node's SSD; add an "
                                      "ssd{ path = ... } class to classes");
+    }
+    // The copies' quotas come out of what the node offers jobs (SsdForJobs): together they fit
+    // in the SSD class that holds them.
+    policy::Bytes quotas = 0;
+    for (const SharedDecl& d : *out)
+      quotas += d.ssd;
+    if (ssd != nullptr && quotas > ssd->capacity) {
+      return Status::InvalidArgument(
+          name_ + ": shared: the copies' ssd quotas (" + FormatBytes(static_cast<double>(quotas)) +
+          " in all) exceed the capacity of the SSD class " + ssd->name + " that holds them (" +
+          FormatBytes(static_cast<double>(ssd->capacity)) +
+          "); lower the quotas or raise the class's capacity");
     }
     return Status::Ok();
   }
@@ -566,6 +583,14 @@ policy::Bytes NodeConfig::CapacityOf(policy::ClassKind kind) const {
   for (const StorageClass& c : model_.classes)
     if (c.kind == kind) sum += c.capacity;
   return sum;
+}
+
+policy::Bytes NodeConfig::SsdForJobs() const {
+  policy::Bytes shared = 0;
+  for (const SharedDecl& d : shared_)
+    shared += d.ssd;
+  const policy::Bytes ssd = CapacityOf(ClassKind::kSsd);
+  return ssd > shared ? ssd - shared : 0;
 }
 
 policy::Bytes HostMemoryBytes() {

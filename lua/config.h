@@ -86,8 +86,11 @@ class NodeConfig {
   const std::vector<SharedDecl>& shared() const { return shared_; }
   std::string shared_store_dir() const;
 
-  // Sum of the capacities of the classes of `kind` (what a node can offer a job).
+  // Sum of the capacities of the classes of `kind`.
   policy::Bytes CapacityOf(policy::ClassKind kind) const;
+  // The SSD a node offers jobs (the policy's node.ssd_total): the SSD classes' capacities less
+  // every shared dataset's `ssd`, the quota its copy may take on the first SSD class.
+  policy::Bytes SsdForJobs() const;
 
  private:
   friend Result<NodeConfig> LoadNodeConfigFromString(std::string_view, std::string_view,

@@ -225,6 +225,25 @@ TEST(NodeConfigTest, SharedDatasetsAreDeclaredWithTheirSsd) {
               "declared twice");
 }
 
+TEST(NodeConfigTest, TheSharedQuotasComeOutOfTheSsdOfferedToJobs) {
+  Result<NodeConfig> c = Load(R"(
+    classes = { ssd { path = "/scratch", capacity = "1T" }, ssd { name = "nvme2", path = "/n2",
+                capacity = "100G" } }
+    shared = { { path = "/pfs/imagenet", ssd = "200G" }, { path = "/pfs/coco", ssd = "24G" } }
+  )");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->CapacityOf(policy::ClassKind::kSsd), uint64_t{1124} << 30);
+  EXPECT_EQ(c->SsdForJobs(), uint64_t{900} << 30);
+  Result<NodeConfig> none = Load(R"(classes = { ssd { path = "/scratch", capacity = "1T" } })");
+  ASSERT_TRUE(none.ok()) << none.status().message();
+  EXPECT_EQ(none->SsdForJobs(), uint64_t{1} << 40);
+  // Quotas that do not fit in the class holding the copies (the first SSD class) are refused.
+  ExpectError(R"(classes = { ssd { path = "/s", capacity = "100G" }, ssd { name = "b", path = "/b",
+                 capacity = "1T" } }
+                 shared = { { path = "/x", ssd = "60G" }, { path = "/y", ssd = "50G" } })",
+              "exceed the capacity of the SSD class ssd");
+}
+
 TEST(NodeConfigTest, MissingFile) {
   Result<NodeConfig> c = LoadNodeConfig("/nonexistent/nopfs.conf.lua", kHost);
   ASSERT_FALSE(c.ok());

@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "share/ahead.h"
 #include "share/client.h"
 #include "share/server.h"
 #include "share/store.h"
@@ -420,6 +421,124 @@ TEST(ShareServer, AUserGetsOnlyWhatTheyCanReadAndNothingOfTheStore) {
     return 0;
   });
   EXPECT_EQ(rc, 0);
+}
+
+// A dataset of n files of distinct bytes, for the reads asked ahead.
+std::vector<std::string> ManyFiles(const Fixture& f, size_t n) {
+  std::vector<std::string> rels;
+  for (size_t i = 0; i < n; ++i) {
+    rels.push_back("many/" + std::to_string(i) + ".bin");
+    Write(f.root + "/" + rels.back(), std::string(100 + i, static_cast<char>('A' + i % 26)));
+  }
+  return rels;
+}
+
+bool WaitHeld(const AheadReader& r, size_t n) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (r.held() != n) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+TEST(ShareAhead, ReadsInTheOrderFindTheirDescriptorsAskedAheadWithinTheBound) {
+  Fixture f;
+  Running r(OptionsFor(f));
+  const std::vector<std::string> rels = ManyFiles(f, 40);
+  ShareClient c(f.tmp.path() + "/share.sock", f.root, std::chrono::seconds(5));
+  AheadReader ahead(c, std::vector<std::string_view>(rels.begin(), rels.end()),
+                    std::vector<uint32_t>(rels.size(), 1), {.max_held = 16, .max_batch = 8});
+  ahead.Start();
+  // The asking stops at the bound while no read comes.
+  ASSERT_TRUE(WaitHeld(ahead, 16));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(ahead.held(), 16u);
+  for (size_t i = 0; i < rels.size(); ++i) {
+    std::string got(100 + i, '\0');
+    ASSERT_TRUE(ahead.Read(i, 0, std::as_writable_bytes(std::span(got))).ok()) << i;
+    EXPECT_EQ(got, std::string(100 + i, static_cast<char>('A' + i % 26))) << i;
+    EXPECT_LE(ahead.held(), 16u);
+  }
+  // The first 16 were asked before any read; every read was served from a descriptor asked
+  // ahead or asked alone, and no descriptor outlives its file's last read.
+  EXPECT_GE(ahead.read_ahead(), 16u);
+  EXPECT_EQ(ahead.read_ahead() + ahead.asked_alone(), rels.size());
+  EXPECT_EQ(ahead.held(), 0u);
+  ahead.Stop();
+  Result<Store*> s = r.server->StoreOf(f.root);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ((*s)->stats().filled, rels.size());
+}
+
+TEST(ShareAhead, AFileTheUserCannotOpenIsNotFoundAndAFileOfManyReadsIsHeldUntilItsLast) {
+  Fixture f;
+  Running r(OptionsFor(f));
+  const std::vector<std::string> rels = {"a/1.jpg", "gone.jpg", "b/3.jpg"};
+  Write(f.root + "/gone.jpg", "x");
+  ShareClient c(f.tmp.path() + "/share.sock", f.root, std::chrono::seconds(5));
+  // a/1.jpg holds two samples: [0, 500) and [500, 1000).
+  AheadReader ahead(c, std::vector<std::string_view>(rels.begin(), rels.end()), {2, 1, 1}, {});
+  fs::remove(f.root + "/gone.jpg");
+  ahead.Start();
+  ASSERT_TRUE(WaitHeld(ahead, 2));
+  std::string half(500, '\0');
+  ASSERT_TRUE(ahead.Read(0, 0, std::as_writable_bytes(std::span(half))).ok());
+  EXPECT_EQ(ahead.held(), 2u);
+  ASSERT_TRUE(ahead.Read(0, 500, std::as_writable_bytes(std::span(half))).ok());
+  EXPECT_EQ(half, std::string(500, 'a'));
+  EXPECT_EQ(ahead.held(), 1u);
+  std::string one(1, '\0');
+  EXPECT_EQ(ahead.Read(1, 0, std::as_writable_bytes(std::span(one))).code(), StatusCode::kNotFound);
+  // Past the copy's end: NotFound, never short bytes.
+  std::string more(3001, '\0');
+  EXPECT_EQ(ahead.Read(2, 0, std::as_writable_bytes(std::span(more))).code(),
+            StatusCode::kNotFound);
+  EXPECT_EQ(ahead.read_ahead(), 3u);
+  EXPECT_EQ(ahead.asked_alone(), 0u);
+}
+
+TEST(ShareAhead, DescriptorsTheReadsPassedByAreClosedForTheFilesAheadOfThem) {
+  Fixture f;
+  Running r(OptionsFor(f));
+  const std::vector<std::string> rels = ManyFiles(f, 20);
+  ShareClient c(f.tmp.path() + "/share.sock", f.root, std::chrono::seconds(5));
+  AheadReader ahead(c, std::vector<std::string_view>(rels.begin(), rels.end()),
+                    std::vector<uint32_t>(rels.size(), 1), {.max_held = 4, .max_batch = 4});
+  ahead.Start();
+  ASSERT_TRUE(WaitHeld(ahead, 4));  // files 0-3
+  // The reads jump to file 10 (files 0-9 came from elsewhere): it is asked alone, and the
+  // descriptors of 0-3 make room for the files ahead of it.
+  std::string got(110, '\0');
+  ASSERT_TRUE(ahead.Read(10, 0, std::as_writable_bytes(std::span(got))).ok());
+  EXPECT_EQ(ahead.asked_alone(), 1u);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (ahead.asked_ahead() < 8 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(WaitHeld(ahead, 4));
+  std::string next(111, '\0');
+  ASSERT_TRUE(ahead.Read(11, 0, std::as_writable_bytes(std::span(next))).ok());
+  EXPECT_EQ(next, std::string(111, static_cast<char>('A' + 11)));
+  EXPECT_EQ(ahead.asked_alone(), 1u);
+  EXPECT_EQ(ahead.read_ahead(), 1u);
+  // A file left behind is still read, asked alone.
+  std::string first(100, '\0');
+  ASSERT_TRUE(ahead.Read(0, 0, std::as_writable_bytes(std::span(first))).ok());
+  EXPECT_EQ(first, std::string(100, 'A'));
+  EXPECT_EQ(ahead.asked_alone(), 2u);
+}
+
+TEST(ShareAhead, WithoutTheServiceEveryReadFailsAndNothingIsHeld) {
+  Fixture f;
+  const std::vector<std::string> rels = {"a/1.jpg", "a/2.jpg"};
+  ShareClient c(f.tmp.path() + "/none.sock", f.root, std::chrono::seconds(1));
+  AheadReader ahead(c, std::vector<std::string_view>(rels.begin(), rels.end()), {1, 1}, {});
+  ahead.Start();
+  std::string got(1000, '\0');
+  const Status s = ahead.Read(0, 0, std::as_writable_bytes(std::span(got)));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.message();
+  ahead.Stop();
+  EXPECT_EQ(ahead.held(), 0u);
 }
 
 }  // namespace

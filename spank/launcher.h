@@ -229,9 +229,11 @@ Status AppendAsUser(const std::string& path, uid_t uid, gid_t gid, const std::st
 // (share/server.h), run as root with CAP_DAC_READ_SEARCH alone; <node_dir>/share is its
 // directory (lock, socket, log).
 int ShareServe(int argc, char** argv);
+// The plugin's arguments on the nopfs line of a plugstack.conf (nopfs_job.cc).
+Result<std::vector<std::string>> PlugstackArgs(const std::string& path);
+// The plugin's config= with its %n replaced by the node's name (nopfs_job.cc).
+std::string NodeConfigPath(std::string config, const std::string& node);
 std::string ShareDir(const std::string& node_dir);
-// The node config's declaration of the job's dataset (compared lexically), or null.
-const lua::SharedDecl* SharedDeclFor(const lua::NodeConfig& config, const std::string& dataset);
 // The service's socket, once it answers (started, detached, when it did not).
 Result<std::string> EnsureShareService(const Job& job, const char* self);
 // What placement did for the job on this node (docs/admin.md, "Placement"), for the prolog's line

@@ -8,6 +8,7 @@
 #include "spank/kept_live.h"
 #include "spank/launcher.h"
 #include "spank/placement.h"
+#include "spank/shared_decl.h"
 
 namespace nopfs::spank::launcher {
 
@@ -69,7 +70,7 @@ Result<lua::Admission> Reserve(const Job& job, const lua::NodeConfig& config,
   lua::NodeState ns;
   ns.name = job.node;
   ns.ram_total = config.CapacityOf(policy::ClassKind::kRam);
-  ns.ssd_total = config.CapacityOf(policy::ClassKind::kSsd);
+  ns.ssd_total = config.SsdForJobs();
   const std::string boot = BootId();
   std::vector<kept::LiveJob> live_jobs;
   for (const LedgerEntry& e : *entries) {

@@ -3,7 +3,8 @@
 // config declares shared: it makes sure the service runs (starting it, detached, when it does not
 // answer) and tells nopfsd where it is.
 //
-//   nopfs-job share-serve --config=PATH --dir=DIR --node=NAME
+//   nopfs-job share-serve [--plugstack=FILE | --config=PATH --dir=DIR] [--node=NAME]
+//             [--idle-exit=SECONDS]
 //
 // The copies are kept in <first SSD class's path>/.nopfs-shared/<node>/ (root's, 0700; the node's
 // name in the path because nodes on one machine, as in the local test cluster, share a path).
@@ -11,12 +12,15 @@
 // socket (0666: a proof per file, not the socket's mode, decides what an asker gets) and its log.
 // The service runs as root with one capability, CAP_DAC_READ_SEARCH (reading the PFS), and
 // no_new_privs; its copies are root's files in root's 0700 directory. It exits after
-// kShareIdleExit without a connection; the next prolog that needs it starts it again.
+// kShareIdleExit without a connection (--idle-exit), and the next prolog that needs it starts it
+// again; nopfs-share.service runs it with --plugstack (the plugin's config= and rundir=) and
+// --idle-exit=0. --node defaults to the short host name.
 #include <linux/capability.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 
+#include <charconv>
 #include <filesystem>
 
 #include "common/lock_file.h"
@@ -69,7 +73,11 @@ std::string ShareDir(const std::string& node_dir) {
 }
 
 int ShareServe(int argc, char** argv) {
-  std::string config_path, dir, node;
+  constexpr char kUsage[] =
+      "; usage: nopfs-job share-serve [--plugstack=FILE | --config=PATH --dir=DIR] [--node=NAME] "
+      "[--idle-exit=SECONDS]";
+  std::string config_path, dir, node, plugstack;
+  auto idle_exit = std::chrono::duration_cast<std::chrono::milliseconds>(kShareIdleExit);
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--config=", 0) == 0) {
@@ -78,14 +86,47 @@ int ShareServe(int argc, char** argv) {
       dir = a.substr(6);
     } else if (a.rfind("--node=", 0) == 0) {
       node = a.substr(7);
+    } else if (a.rfind("--plugstack=", 0) == 0) {
+      plugstack = a.substr(12);
+    } else if (a.rfind("--idle-exit=", 0) == 0) {
+      const std::string v = a.substr(12);
+      uint64_t s = 0;
+      const auto r = std::from_chars(v.data(), v.data() + v.size(), s);
+      if (v.empty() || r.ec != std::errc() || r.ptr != v.data() + v.size() || s > 1'000'000'000) {
+        Say("nopfs-job share-serve: --idle-exit=" + Printable(v) +
+            ": write the seconds without a connection before it exits (0: never)");
+        return 1;
+      }
+      idle_exit = std::chrono::seconds(s);
     } else {
-      Say("nopfs-job share-serve: unknown argument " + Printable(a) +
-          "; usage: nopfs-job share-serve --config=PATH --dir=DIR --node=NAME");
+      Say("nopfs-job share-serve: unknown argument " + Printable(a) + kUsage);
       return 1;
     }
   }
+  if (node.empty()) {
+    // As `nopfs-job placement` and `nopfs share warm`: the short host name.
+    char host[256] = {};
+    if (::gethostname(host, sizeof(host) - 1) == 0) node = host;
+    node = node.substr(0, node.find('.'));
+  }
+  if (!plugstack.empty()) {
+    // The plugin's own config= and rundir=, so that the service is the one its prologs find.
+    if (!config_path.empty() || !dir.empty()) {
+      Say("nopfs-job share-serve: give --plugstack=FILE or --config and --dir, not both");
+      return 1;
+    }
+    Result<std::vector<std::string>> words = PlugstackArgs(plugstack);
+    Result<PluginArgs> pa = words.ok() ? ParsePluginArgs(*words) : words.status();
+    if (!pa.ok()) {
+      Say("nopfs-job share-serve: " + pa.status().message());
+      return 1;
+    }
+    config_path = NodeConfigPath(pa->config, node);
+    dir = ShareDir(pa->rundir + "/" + node);
+  }
   if (dir.empty() || dir.front() != '/' || !CheckComponent("node name", node).ok()) {
-    Say("nopfs-job share-serve: give --dir=<rundir>/<node>/share and --node=<node>");
+    Say("nopfs-job share-serve: give --dir=<rundir>/<node>/share and --node=<node>" +
+        std::string(kUsage));
     return 1;
   }
   if (::geteuid() != 0) {
@@ -119,7 +160,7 @@ int ShareServe(int argc, char** argv) {
   o.store_dir = config->shared_store_dir() + "/" + node;
   for (const lua::SharedDecl& d : config->shared())
     o.datasets.push_back({d.path, d.ssd});
-  o.idle_exit = kShareIdleExit;
+  o.idle_exit = idle_exit;
   o.log = Say;
   if (o.datasets.empty()) {
     Say("nopfs-job share-serve: the node config declares no shared dataset");
@@ -160,17 +201,6 @@ int ShareServe(int argc, char** argv) {
   Say("nopfs-job share-serve: exiting");
   std::fflush(stdout);
   ::_exit(0);  // the signal thread may still wait
-}
-
-const lua::SharedDecl* SharedDeclFor(const lua::NodeConfig& config, const std::string& dataset) {
-  // Compared as written (lexically, without touching the user's path as root); nopfsd compares
-  // the canonical paths again as the user.
-  std::string d = std::filesystem::path(dataset).lexically_normal().string();
-  while (d.size() > 1 && d.back() == '/')
-    d.pop_back();
-  for (const lua::SharedDecl& s : config.shared())
-    if (s.path == d) return &s;
-  return nullptr;
 }
 
 Result<std::string> EnsureShareService(const Job& job, const char* self) {

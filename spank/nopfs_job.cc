@@ -13,10 +13,11 @@
 // left; 1: something is (named in the message).
 // One line on stdout says what happened; the plugin logs it and shows it to the user.
 //
-//   nopfs-job share-serve --config=PATH --dir=DIR --node=NAME
+//   nopfs-job share-serve [--plugstack=FILE | --config=PATH --dir=DIR] [--node=NAME]
+//             [--idle-exit=SECONDS]
 //
 // share-serve: the node's share service for the datasets the node config declares shared
-// (launcher_share.cc), started by a prolog that needs it.
+// (launcher_share.cc), started by a prolog that needs it, or by nopfs-share.service.
 //   nopfs-job placement [--node=NAME] [--plugstack=FILE | key=value plugin arguments ...]
 //             [--syslog] [--force] [--for-job] [--list]
 //
@@ -56,6 +57,8 @@ Result<uint64_t> Number(std::string_view key, std::string_view v) {
   return n;
 }
 
+}  // namespace
+
 // config=FILE with %n in it names one config per node (several slurmd on one host).
 std::string NodeConfigPath(std::string config, const std::string& node) {
   for (size_t pos = config.find("%n"); pos != std::string::npos; pos = config.find("%n", pos)) {
@@ -64,6 +67,8 @@ std::string NodeConfigPath(std::string config, const std::string& node) {
   }
   return config;
 }
+
+namespace {
 
 Result<Job> ParseCommandLine(int argc, char** argv) {
   if (argc < 2) return Status::InvalidArgument("usage: nopfs-job prolog|epilog --job-id=J ...");
@@ -126,6 +131,8 @@ Result<Job> ParseCommandLine(int argc, char** argv) {
   return job;
 }
 
+}  // namespace
+
 // The plugin's arguments on the nopfs line of a plugstack.conf (the words after spank_nopfs.so).
 Result<std::vector<std::string>> PlugstackArgs(const std::string& path) {
   Result<std::string> text =
@@ -157,6 +164,8 @@ Result<std::vector<std::string>> PlugstackArgs(const std::string& path) {
   }
   return Status::NotFound(path + ": no line names spank_nopfs.so");
 }
+
+namespace {
 
 // nopfs-job placement: one reconcile of the node's marks (spank/placement.h).
 int Placement(int argc, char** argv) {

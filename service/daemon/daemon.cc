@@ -100,6 +100,13 @@ void Daemon::Stop() {
     if (p) p->Stop();
   peers_.reset();
   prefetchers_.clear();
+  if (shared_ahead_) {
+    shared_ahead_->Stop();
+    spdlog::info(
+        "shared: {} files asked for ahead of the reads, {} reads found their descriptor ready, "
+        "{} files asked for alone",
+        shared_ahead_->asked_ahead(), shared_ahead_->read_ahead(), shared_ahead_->asked_alone());
+  }
   for (KeptClass& k : kept_) {
     if (k.copy) k.copy->StopChecks();  // they may mark slots of a tier ready
     if (k.committer) k.committer->Stop();

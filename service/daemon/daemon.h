@@ -31,6 +31,7 @@
 #include "common/phases.h"
 #include "common/status.h"
 #include "lua/config.h"
+#include "policy/frequency.h"
 #include "policy/job.h"
 #include "policy/plan.h"
 #include "protocol/ring.h"
@@ -46,6 +47,7 @@
 #include "service/tiers/prefetcher.h"
 #include "service/tiers/ram_tier.h"
 #include "service/tiers/ssd_tier.h"
+#include "share/ahead.h"
 #include "share/client.h"
 
 namespace nopfs::service {
@@ -256,8 +258,10 @@ class Daemon final : public Handler {
   // The node's shared copy (null: the dataset is not shared here, or is not the declared
   // directory): the source the reader asks after the kept copy.
   std::shared_ptr<share::ShareClient> shared_;
+  // Its files asked for ahead of the reads, in the order of this node's first reads.
+  std::shared_ptr<share::AheadReader> shared_ahead_;
   std::atomic<bool> shared_warned_{false};
-  SharedFetchFn MakeSharedFetch();
+  SharedFetchFn MakeSharedFetch(const policy::NodeAccessCounts& counts);
   void RegisterSibling();
 
   // Bytes staged into each class so far (prefetched, kept from staging reads, pushed by peers).

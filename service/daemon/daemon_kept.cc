@@ -2,9 +2,12 @@
 // (service/reader/kept.h), the running sibling this job reads through, this job's entry in the
 // user's registry, and the samples it reads for siblings (service/reader/sibling.h); the node's
 // shared copy of a dataset the node config declares shared (share/client.h).
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <unordered_map>
 
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
@@ -32,10 +35,27 @@ constexpr auto kKeepStatBudget = std::chrono::seconds(4);
 // Stats wait on the PFS's metadata servers, not on a core: many in flight.
 constexpr unsigned kKeepStatThreads = 32;
 // At start, the kept samples' files are stat-ed ahead of the reads by this many threads.
+// The share service's files asked for ahead of the reads: files per request, at most, and
+// requests in flight (share/ahead.h).
+constexpr size_t kSharedBatch = 32;
+constexpr unsigned kSharedAskThreads = 4;
+// A sample whose file is not among those this node reads (asked for alone).
+constexpr uint32_t kNoSharedFile = UINT32_MAX;
+
+// Descriptors of the shared copy held ahead of the reads: a quarter of the open files the
+// process may have (RLIMIT_NOFILE's soft limit), between 16 and 1024; the batch being asked costs
+// as many proofs again while it is asked.
+size_t SharedDescriptorsHeld() {
+  rlimit rl{};
+  const uint64_t soft = ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+                            ? static_cast<uint64_t>(rl.rlim_cur)
+                            : 4096;
+  return static_cast<size_t>(std::clamp<uint64_t>(soft / 4, 16, 1024));
+}
 
 }  // namespace
 
-SharedFetchFn Daemon::MakeSharedFetch() {
+SharedFetchFn Daemon::MakeSharedFetch(const policy::NodeAccessCounts& counts) {
   if (options_.shared_socket.empty() || options_.shared_dataset.empty()) return {};
   std::error_code ec1, ec2;
   const std::filesystem::path declared = std::filesystem::canonical(options_.shared_dataset, ec1);
@@ -54,35 +74,61 @@ SharedFetchFn Daemon::MakeSharedFetch() {
     return {};
   }
   shared_ = client;
-  spdlog::info("shared: reading {} through the node's shared copy ({})", options_.shared_dataset,
-               options_.shared_socket);
-  Catalog* cat = catalog_.get();
-  return [this, client, cat](policy::SampleId id, std::span<std::byte> dst) -> Result<uint64_t> {
-    const std::string rel(cat->relative_path(id));
-    Result<std::vector<share::ShareClient::Copy>> got =
-        client->Ask(share::Op::kOpen, std::span(&rel, 1));
-    if (!got.ok()) {
-      if (!shared_warned_.exchange(true)) {
+  // The files this node reads, in the order of their first reads (the prefetchers' and the
+  // staging streams' order), asked for ahead of the reads in batches.
+  const Catalog* cat = catalog_.get();
+  std::vector<policy::SampleId> order;
+  for (policy::SampleId k = 0; k < counts.first_access.size(); ++k) {
+    if (counts.first_access[k] != policy::kNeverAccessed) order.push_back(k);
+  }
+  std::sort(order.begin(), order.end(), [&counts](policy::SampleId a, policy::SampleId b) {
+    return counts.first_access[a] < counts.first_access[b];
+  });
+  auto file_of = std::make_shared<std::vector<uint32_t>>(cat->size(), kNoSharedFile);
+  std::vector<std::string_view> files;
+  std::vector<uint32_t> uses;
+  {
+    std::unordered_map<std::string_view, uint32_t> index;
+    index.reserve(order.size());
+    for (policy::SampleId k : order) {
+      const auto [it, added] =
+          index.try_emplace(cat->relative_path(k), static_cast<uint32_t>(files.size()));
+      if (added) {
+        files.push_back(it->first);
+        uses.push_back(0);
+      }
+      ++uses[it->second];
+      (*file_of)[k] = it->second;
+    }
+  }
+  share::AheadReader::Options ao;
+  ao.max_held = SharedDescriptorsHeld();
+  // Small batches on several connections: on a cold copy the service fills a request's files one
+  // after another and a read waits for its whole batch, so large batches made the first reads
+  // wait; 32 files already spare 97 % of the round trips of a warm copy.
+  ao.max_batch = std::min<size_t>(kSharedBatch, ao.max_held / 4);
+  ao.threads = kSharedAskThreads;
+  auto ahead = std::make_shared<share::AheadReader>(*client, std::move(files), std::move(uses), ao);
+  ahead->Start();
+  shared_ahead_ = ahead;
+  spdlog::info(
+      "shared: reading {} through the node's shared copy ({}), {} files asked for ahead of the "
+      "reads, at most {} descriptors held",
+      options_.shared_dataset, options_.shared_socket, file_of->size(), ao.max_held);
+  return [this, client, ahead, file_of, cat](policy::SampleId id,
+                                             std::span<std::byte> dst) -> Result<uint64_t> {
+    const uint32_t f = (*file_of)[id];
+    const Status s = f != kNoSharedFile ? ahead->Read(f, cat->offset(id), dst)
+                                        : ahead->ReadAlone(std::string(cat->relative_path(id)),
+                                                           cat->offset(id), dst);
+    if (!s.ok()) {
+      if (s.code() != StatusCode::kNotFound && !shared_warned_.exchange(true)) {
         spdlog::warn(
             "shared: the share service did not answer, reading the PFS instead (later failures "
             "are not logged): {}",
-            got.status().message());
+            s.message());
       }
       return Status::NotFound("the shared copy is not available");
-    }
-    share::ShareClient::Copy& c = (*got)[0];
-    if (c.outcome != share::Outcome::kReady) return Status::NotFound("not in the shared copy");
-    const uint64_t off = cat->offset(id);
-    if (off > c.size || dst.size() > c.size - off) {
-      return Status::NotFound("the shared copy is shorter than the catalog says");
-    }
-    size_t done = 0;
-    while (done < dst.size()) {
-      const ssize_t n =
-          ::pread(c.fd.get(), dst.data() + done, dst.size() - done, static_cast<off_t>(off + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return Status::NotFound("reading the shared copy failed");
-      done += static_cast<size_t>(n);
     }
     return XXH3_64bits(dst.data(), dst.size());
   };

@@ -381,7 +381,7 @@ void Daemon::CreateReader(Startup* s) {
       return Status::NotFound("sample " + std::to_string(id) + " is not kept");
     };
   }
-  sources.shared = MakeSharedFetch();
+  sources.shared = MakeSharedFetch(s->counts);
   if (siblings_) {
     SiblingReader* sib = siblings_.get();
     sources.sibling = [sib](policy::SampleId id, std::span<std::byte> dst) {

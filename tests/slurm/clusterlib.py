@@ -1,5 +1,7 @@
-"""Shared pieces of the cluster tests (tests/slurm/*_test.py): the local cluster's paths, running
-commands as the test users, submitting and waiting for jobs, and ClusterCase, the base class that
+"""Shared pieces of the cluster tests (tests/slurm/*_test.py) and the benches that use the local
+cluster or the emulated PFS (bench/shared_bench.py, bench/keep_bench.py): the local cluster's
+paths, running commands as the test users, submitting and waiting for jobs, making datasets, the
+emulated PFS (docs/pfsemu.md), the node's share service, and ClusterCase, the base class that
 brings a real 3-node Slurm cluster (slurmctld, three slurmd, MUNGE) up once per test class and
 down at the end, with a dataset every test can read.
 
@@ -29,6 +31,8 @@ METRICS = os.path.join(DIR, "metrics")  # the node config's metrics_dir (shared 
 MiB = 1 << 20
 RAM_CAPACITY = 512 << 20  # the local cluster's config: classes.ram capacity "512M"
 # Developer hook: a stand-in daemon before nopfsd is built. The byte check needs the real one.
+# The test users local-cluster makes (carol: the one without read access to some datasets).
+USERS = ["nopfs-alice", "nopfs-bob", "nopfs-carol"]
 NOPFSD = os.environ.get("NOPFS_TEST_NOPFSD", os.path.join(BUILD, "bin/nopfsd"))
 REAL_NOPFSD = NOPFSD == os.path.join(BUILD, "bin/nopfsd")
 
@@ -192,6 +196,68 @@ def submit_two_node_job(user, verify):
                   "--nopfs-scheme=strided", script)
 
 
+def make_dataset(path, seed):
+    """An ImageFolder dataset: 3 classes x 40 files of 1..64 KiB of bytes from `seed`, readable
+    by all."""
+    import random
+    rnd = random.Random(seed)
+    for c in range(3):
+        os.makedirs(os.path.join(path, f"class{c}"), exist_ok=True)
+        for i in range(40):
+            with open(os.path.join(path, f"class{c}", f"{i:04d}.bin"), "wb") as f:
+                f.write(rnd.randbytes(1024 * (1 + (i * 7 + c) % 64)))
+    subprocess.run(["chmod", "-R", "a+rX", path], check=True)
+
+
+def make_files(path, files, size):
+    """An ImageFolder dataset for the benches: `files` files of `size` random bytes in 10
+    classes (class<k % 10>/img<k>.bin), readable by all."""
+    for k in range(files):
+        d = os.path.join(path, f"class{k % 10}")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, f"img{k:06d}.bin"), "wb") as fh:
+            fh.write(os.urandom(size))
+    subprocess.run(["chmod", "-R", "a+rX", path], check=True)
+
+
+def start_pfsemu(bindir, backing, mnt, bandwidth, getattr_latency_us=None):
+    """Mounts the emulated PFS (docs/pfsemu.md) of `backing` on `mnt` at `bandwidth` MB/s and
+    returns its process once the mount is there (terminate() and wait() unmount it)."""
+    argv = [os.path.join(bindir, "nopfs_pfsemu"), "--bandwidth", str(bandwidth)]
+    if getattr_latency_us is not None:
+        argv += ["--getattr-latency-us", str(getattr_latency_us)]
+    os.makedirs(mnt, exist_ok=True)
+    emu = subprocess.Popen(argv + [backing, mnt], stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while not os.path.ismount(mnt):
+        if time.monotonic() > deadline or emu.poll() is not None:
+            emu.terminate()
+            emu.wait()
+            raise SystemExit("pfsemu did not mount " + mnt)
+        time.sleep(0.1)
+    return emu
+
+
+def pfs_bytes_read(mnt):
+    """The bytes read from the emulated PFS mounted on `mnt` since it was mounted."""
+    with open(os.path.join(mnt, ".pfsemu_stats")) as fh:
+        return int(dict(line.split(" ", 1) for line in fh.read().splitlines())["bytes_read"])
+
+
+def share_service_pids():
+    """The local cluster's share services (nopfs-job share-serve of a node under RUN)."""
+    pids = []
+    for d in glob.glob("/proc/[0-9]*"):
+        try:
+            with open(d + "/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"share-serve" in argv and any(a.startswith(f"--dir={RUN}/".encode()) for a in argv):
+            pids.append(int(d[6:]))
+    return pids
+
+
 class ClusterCase(unittest.TestCase):
     """Brings the 3-node cluster up once per test class (with the test dataset), down at the end;
     cancels every job of the test users after each test."""
@@ -232,8 +298,8 @@ class ClusterCase(unittest.TestCase):
         # A failed test must not leave jobs that block the next one.
         for f in glob.glob(os.path.join(JOBS, "job-*.out")):
             release(int(re.search(r"job-(\d+)", f).group(1)))
-        subprocess.run(["scancel", "-u", "nopfs-alice"], env=env())
-        subprocess.run(["scancel", "-u", "nopfs-bob"], env=env())
+        for user in USERS:
+            subprocess.run(["scancel", "-u", user], env=env())
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             r = subprocess.run(["squeue", "-h", "-o", "%i"], env=env(), capture_output=True,

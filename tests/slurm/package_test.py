@@ -127,6 +127,7 @@ class PackageTest(cl.ClusterCase):
                      "/usr/lib/systemd/system/nopfs-node-exporter.service",
                      "/usr/lib/systemd/system/nopfs-placement.service",
                      "/usr/lib/systemd/system/nopfs-placement.timer",
+                     "/usr/lib/systemd/system/nopfs-share.service",
                      "/usr/share/doc/nopfs/examples/job_submit.lua",
                      "/usr/share/man/man1/nopfs.1.gz", "/usr/share/man/man8/nopfsd.8.gz",
                      "/usr/share/man/man8/nopfs-spank.8.gz",
@@ -143,6 +144,12 @@ class PackageTest(cl.ClusterCase):
         self.assertIn(self.plugin, line)
         self.assertIn("config=/etc/nopfs/nopfs.conf.lua", line)
         self.assertNotIn(cl.BUILD, line)
+        # The share service's unit runs the installed launcher with the plugin's enabled line.
+        with open("/usr/lib/systemd/system/nopfs-share.service") as f:
+            unit = f.read()
+        self.assertIn("ExecStart=/usr/libexec/nopfs/nopfs-job share-serve "
+                      "--plugstack=/etc/slurm/plugstack.conf.d/nopfs.conf --idle-exit=0\n", unit)
+        self.assertNotIn(cl.BUILD, unit)
         # The man pages render without warnings and carry the docs' and --help's text.
         for page, text in (("nopfs", "nopfs run"), ("nopfsd", "--run-dir"),
                            ("nopfs-spank", "--nopfs-ram")):

@@ -11,6 +11,9 @@ proves, file by file, that they may read the file on the PFS.
   copy; she can list, open or map nothing of the copy;
 - a file made unreadable to bob between two of his jobs is not served to his second job;
 - a file changed on the PFS between jobs is read again, its stale bytes never served;
+- a job's nopfsd asks for the files ahead of its reads: most reads find their descriptor there;
+- on a cluster of its own, a copy whose quota is a quarter of the dataset stays within it,
+  evicting the least recently used copies, and every job still reads every sample right;
 - `nopfs share warm` fills a copy ahead of the jobs, which then read nothing from the PFS;
 - whatever a user does to change the copy fails, with 0 wrong bytes after (tests/slurm/
   shared_probe.py): writing its files (through a descriptor the protocol gave, by name, through
@@ -32,7 +35,8 @@ import unittest
 
 import clusterlib
 from clusterlib import (BUILD, DIR, HOLD, JOBS, RUN, SRC, SSD, ClusterCase, as_user, daemons, env,
-                        ledger, output, release, submit, wait_done, wait_state)
+                        ledger, make_dataset, output, release, submit, wait_done, wait_state)
+from clusterlib import share_service_pids as service_pids
 
 NOPFS = os.path.join(BUILD, "bin/nopfs")
 SHARED = os.path.join(DIR, "data/shared")     # declared shared; alice and bob read all of it
@@ -40,6 +44,7 @@ SECRET = os.path.join(DIR, "data/secret")     # declared shared; carol may not e
 UNSHARED = os.path.join(DIR, "data/unshared")  # SHARED's copy, not declared: the baseline
 UNSECRET = os.path.join(DIR, "data/unsecret")  # SECRET's copy, not declared
 WARM = os.path.join(DIR, "data/warm")          # declared shared; filled by `nopfs share warm`
+QUOTA = os.path.join(DIR, "data/quota")        # declared shared with a 1 MiB quota (its own cluster)
 READERS = "nopfs-readers"                      # alice and bob, not carol
 STORE = os.path.join(SSD, ".nopfs-shared")
 SOCKET = os.path.join(RUN, "n1", "share", "socket")
@@ -54,18 +59,6 @@ READ = (f"srun bash -c 't=$(mktemp -d) && {NOPFS} cat --verify > $t/cat 2> $t/er
         f"echo \"status: $({NOPFS} status --json)\"'\n")
 
 
-def make_dataset(path, seed):
-    """3 classes x 40 files of 1..64 KiB, readable by all."""
-    import random
-    rnd = random.Random(seed)
-    for c in range(3):
-        os.makedirs(os.path.join(path, f"class{c}"), exist_ok=True)
-        for i in range(40):
-            with open(os.path.join(path, f"class{c}", f"{i:04d}.bin"), "wb") as f:
-                f.write(rnd.randbytes(1024 * (1 + (i * 7 + c) % 64)))
-    subprocess.run(["chmod", "-R", "a+rX", path], check=True)
-
-
 def dataset_bytes(path):
     return sum(os.path.getsize(p) for p in glob.glob(os.path.join(path, "*/*.bin")))
 
@@ -77,19 +70,6 @@ def store_of(node, dataset):
         for p in glob.glob(os.path.join(d, "[0-9a-f]" * 16)):
             out[p] = os.path.getsize(p)
     return out
-
-
-def service_pids():
-    pids = []
-    for d in glob.glob("/proc/[0-9]*"):
-        try:
-            with open(d + "/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"share-serve" in argv and any(a.startswith(f"--dir={DIR}/run/".encode()) for a in argv):
-            pids.append(int(d[6:]))
-    return pids
 
 
 class SharedCase(ClusterCase):
@@ -112,10 +92,6 @@ class SharedCase(ClusterCase):
             shutil.copytree(src, dst, symlinks=True)
             shutil.copystat(src, dst)
             os.chown(dst, 0, os.stat(src).st_gid)
-
-    def tearDown(self):
-        super().tearDown()
-        subprocess.run(["scancel", "-u", "nopfs-carol"], env=env())
 
     def run_job(self, user, dataset, node="n1", expect="COMPLETED"):
         """A one-node job reading `dataset` to its end: (job, output, status or None, verify
@@ -164,6 +140,16 @@ class SharedTest(SharedCase):
         self.assertLessEqual(st["pfs_bytes"], 0.05 * total, st)
         self.assertGreaterEqual(self.shared_bytes(st), 0.95 * total, st)
         self.assertEqual(store_of("n1", SHARED), copies)
+        # bob's nopfsd asked for the files ahead of its reads, in batches: most reads found their
+        # file's descriptor there (its log, kept in the local cluster's job_logs.dir).
+        with open(os.path.join(DIR, "log", "jobs", f"nopfsd-{job}-n1.log"), errors="replace") as f:
+            log = f.read()
+        m = re.search(r"shared: (\d+) files asked for ahead of the reads, (\d+) reads found their "
+                      r"descriptor ready, (\d+) files asked for alone", log)
+        self.assertIsNotNone(m, log)
+        _, ready, alone = map(int, m.groups())
+        self.assertGreaterEqual(ready + alone, 120, m.group(0))
+        self.assertGreaterEqual(ready, 90, m.group(0))
         # The copies are root's, 0400, in root's 0700 directories.
         for p in copies:
             s = os.stat(p)
@@ -396,6 +382,42 @@ class SharedTest(SharedCase):
         self.assertLessEqual(st["pfs_bytes"], 0.05 * dataset_bytes(SHARED), st)
         self.assertEqual(store_of("n1", SHARED), before)
         self.assertEqual(len(service_pids()), 1)
+
+
+class SharedQuotaTest(SharedCase):
+    """A copy bounded by its quota (docs/admin.md, "Quota and eviction"), on a cluster whose one
+    shared dataset, about 4 MB, may take 1 MiB of each node's SSD."""
+    @classmethod
+    def setUpClass(cls):
+        os.environ["NOPFS_CLUSTER_SHARED"] = QUOTA
+        os.environ["NOPFS_CLUSTER_SHARED_SSD"] = "1M"
+        try:
+            ClusterCase.setUpClass.__func__(cls)
+        finally:
+            del os.environ["NOPFS_CLUSTER_SHARED"]
+            del os.environ["NOPFS_CLUSTER_SHARED_SSD"]
+        make_dataset(QUOTA, 4)
+
+    def test_the_copy_stays_within_its_quota_evicting_the_least_recently_used(self):
+        quota, total = 1 << 20, dataset_bytes(QUOTA)
+        self.assertGreater(total, 3 * quota)
+        stored = []
+        for user in ("nopfs-alice", "nopfs-bob"):
+            job, out, st, verify, errors = self.run_job(user, QUOTA)
+            # Every sample read, byte for byte, each from the copy or the PFS.
+            self.assertRegex(verify or "", r"^120 samples, \d+ bytes, 0 mismatches$", out)
+            self.assertEqual(errors, [], out)
+            self.assertEqual(st["pfs_bytes"] + self.shared_bytes(st), total, st)
+            self.assertGreater(self.shared_bytes(st), 0, st)
+            # The copies on the SSD stay within the quota, and the copy stays full: what a
+            # fill evicts is only what makes room for it.
+            copies = store_of("n1", QUOTA)
+            self.assertLessEqual(sum(copies.values()), quota, copies)
+            self.assertGreater(sum(copies.values()), quota // 2, copies)
+            stored.append(set(copies))
+        # bob's job read the files in alice's order from the start: every copy alice's job left
+        # was used before any bob's job filled, so they went first.
+        self.assertEqual(stored[0] & stored[1], set())
 
 
 if __name__ == "__main__":
