@@ -94,6 +94,7 @@ class Rate:
 
     def __init__(self):
         self.items, self.seconds, self.cpu, self.passes = 0, 0.0, 0.0, []
+        self.cpu_passes = []  # each round's CPU ms per item
 
     @property
     def per_second(self):
@@ -113,7 +114,7 @@ def measure_interleaved(loaders, passes, nopfsd_pid=None, count=None):
     of that loader's passes (e.g. to set its environment); returns a Rate per name, whose
     `passes` lists each round's items per second. CPU counts this process, its joined workers
     and nopfsd (`nopfsd_pid`), whatever loader runs: nopfsd's work for one loader is charged to
-    that loader's pass. `count(batch)` is a batch's items (default: the length of its first
+    that loader's pass (`cpu_passes` lists each round's). `count(batch)` is a batch's items (default: the length of its first
     element, a batch being (x, labels))."""
     def start(name, epoch):
         loader, set_epoch, *before = loaders[name]
@@ -138,8 +139,10 @@ def measure_interleaved(loaders, passes, nopfsd_pid=None, count=None):
             rate = rates[name]
             rate.items += n
             rate.seconds += t
-            rate.cpu += cpu_seconds(nopfsd_pid) - c0
+            cpu = cpu_seconds(nopfsd_pid) - c0
+            rate.cpu += cpu
             rate.passes.append(n / t)
+            rate.cpu_passes.append(1e3 * cpu / n)
     return rates
 
 
