@@ -1,11 +1,13 @@
-"""What the DataLoader benchmarks (loader_bench.py, pipeline_bench.py) share: running as an
-unprivileged user, one rank's nopfsd started with `nopfs run`, and the images-per-second
-measures."""
+"""What the DataLoader benchmarks (loader_bench.py, pipeline_bench.py, thread_bench.py) share:
+running as an unprivileged user, one rank's nopfsd started with `nopfs run`, and the
+images-per-second measures; and the stall statistics of nopfs_compare.py and e2e/e2e.py."""
 
+import math
 import os
 import resource
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,19 +53,26 @@ def stop_service(service):
         service.wait(timeout=60)
 
 
-def measure(loader, set_epoch, passes):
-    """Items per second over `passes` epochs after one warm-up epoch."""
-    set_epoch(0)
-    for _ in loader:  # warm-up: workers start, caches fill
-        pass
-    n, t = 0, 0.0
-    for p in range(passes):
-        set_epoch(1 + p)
-        t0 = time.perf_counter()
-        for x, _ in loader:
-            n += x.shape[0]
-        t += time.perf_counter() - t0
-    return n / t
+def percentile(xs, q):
+    """The q-quantile of xs (the nearest rank: p99 is the value 99 % of xs are at most); nan if
+    xs is empty."""
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(math.ceil(q * len(xs))) - 1)]
+
+
+def stall_stats(ranks):
+    """The stall per batch of a run, in seconds: {"first_median", "first_p99"} over every rank's
+    steps of its first epoch, {"median", "p99"} over those of its later epochs. `ranks` lists
+    each rank's epochs, each a dict whose "stalls" are its steps' stalls. The median of no steps
+    is 0, their p99 nan."""
+    first = [s for epochs in ranks for s in epochs[0]["stalls"]]
+    later = [s for epochs in ranks for ep in epochs[1:] for s in ep["stalls"]]
+    return {"first_median": statistics.median(first) if first else 0.0,
+            "first_p99": percentile(first, 0.99),
+            "median": statistics.median(later) if later else 0.0,
+            "p99": percentile(later, 0.99)}
 
 
 def cpu_seconds(pid=None):
@@ -85,6 +94,7 @@ class Rate:
 
     def __init__(self):
         self.items, self.seconds, self.cpu, self.passes = 0, 0.0, 0.0, []
+        self.cpu_passes = []  # each round's CPU ms per item
 
     @property
     def per_second(self):
@@ -104,7 +114,7 @@ def measure_interleaved(loaders, passes, nopfsd_pid=None, count=None):
     of that loader's passes (e.g. to set its environment); returns a Rate per name, whose
     `passes` lists each round's items per second. CPU counts this process, its joined workers
     and nopfsd (`nopfsd_pid`), whatever loader runs: nopfsd's work for one loader is charged to
-    that loader's pass. `count(batch)` is a batch's items (default: the length of its first
+    that loader's pass (`cpu_passes` lists each round's). `count(batch)` is a batch's items (default: the length of its first
     element, a batch being (x, labels))."""
     def start(name, epoch):
         loader, set_epoch, *before = loaders[name]
@@ -129,8 +139,10 @@ def measure_interleaved(loaders, passes, nopfsd_pid=None, count=None):
             rate = rates[name]
             rate.items += n
             rate.seconds += t
-            rate.cpu += cpu_seconds(nopfsd_pid) - c0
+            cpu = cpu_seconds(nopfsd_pid) - c0
+            rate.cpu += cpu
             rate.passes.append(n / t)
+            rate.cpu_passes.append(1e3 * cpu / n)
     return rates
 
 

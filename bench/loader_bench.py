@@ -29,8 +29,11 @@ In each cell (a row and a mode) each loader runs in a fresh process of its own, 
 script (what a process did before, e.g. another loader's batches, changes how its malloc and so
 its forked workers behave), and the two make one warm-up pass each and then --passes rounds of
 one pass each, interleaved (the order reversed every other round, so that the machine's drift
-falls on both alike). The ratio is nopfs / torch over all rounds of the cell. As root, runs
-as `nobody` (nopfsd refuses root).
+falls on both alike). The ratio is nopfs / torch over all rounds of the cell. In each round,
+each loader's process also times its decode alone (the ceiling): the item it makes, from the
+bytes of 256 of the files held in memory (bytes for torch's, read-only views for nopfs's), in
+a loop, as many samples as a pass; "X / its alone" is how close the loader comes to it (above 1:
+workers decoding on more than one core). As root, runs as `nobody` (nopfsd refuses root).
 """
 
 import argparse
@@ -51,6 +54,8 @@ import torch.utils.data as tud
 from PIL import Image
 
 MODES = ("tensor", "bytes", "pil", "decode", "subclass")
+# The files whose bytes a loader's decode alone cycles through (in memory).
+ALONE_FILES = 256
 
 
 def decode(data):
@@ -121,8 +126,8 @@ def make_files(root, files, size):
 
 def serve_loader(build, workers, persistent, mode, which, batch):
     """One loader (`which`: torch or nopfs) of one cell, in a process of its own (started by
-    run_cell with the service's environment): for each epoch read from stdin, one pass; writes
-    "items seconds" for it."""
+    run_cell with the service's environment): for each epoch read from stdin, one pass, and for
+    "alone" its decode alone; writes "items seconds" for it."""
     sys.path.insert(0, os.path.join(build, "python"))
     import nopfs
     from nopfs.torch import (DataLoader, DistributedSampler, ImageFolder, pil_decode,
@@ -138,20 +143,38 @@ def serve_loader(build, workers, persistent, mode, which, batch):
     root = os.environ["NOPFS_DATASET"]
     extra = {"persistent_workers": True} if persistent else {}
     collate = None if mode == "tensor" else batch_length
+    _, samples = nopfs.scan_image_folder(root)
+    # The item each loader makes of a sample's bytes.
+    make = {"tensor": decode if which == "torch" else uint8_tensor, "bytes": bytes,
+            "pil": pil if which == "torch" else pil_decode, "decode": decode,
+            "subclass": decode}[mode]
     if which == "torch":
-        _, samples = nopfs.scan_image_folder(root)
-        ds = OwnFiles(samples) if mode == "subclass" else Files(samples, {
-            "tensor": decode, "bytes": bytes, "pil": pil, "decode": decode}[mode])
+        ds = OwnFiles(samples) if mode == "subclass" else Files(samples, make)
         sampler = tud.distributed.DistributedSampler(ds, num_replicas=1, rank=0)
         loader = tud.DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=workers,
                                 collate_fn=collate, **extra)
     else:
-        ds = Own(root, decode=decode) if mode == "subclass" else ImageFolder(root, decode={
-            "tensor": uint8_tensor, "bytes": bytes, "pil": pil_decode, "decode": decode}[mode])
+        ds = Own(root, decode=decode) if mode == "subclass" else ImageFolder(root, decode=make)
         sampler = DistributedSampler(ds)
         loader = DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=workers,
                             collate_fn=collate, **extra)
+    alone = None
     for line in sys.stdin:
+        if line.startswith("alone"):
+            # The ceiling: this loader's decode of the files' bytes, held in memory (torch's
+            # loader hands it bytes, nopfs's read-only views), in a loop in this process.
+            if alone is None:
+                alone = []
+                for path, _ in samples[:ALONE_FILES]:
+                    with open(path, "rb") as fh:
+                        data = fh.read()
+                    alone.append(data if which == "torch" else memoryview(data).toreadonly())
+            n = len(samples)
+            t0 = time.perf_counter()
+            for k in range(n):
+                make(alone[k % len(alone)])
+            print(n, time.perf_counter() - t0, flush=True)
+            continue
         sampler.set_epoch(int(line))
         n = 0
         t0 = time.perf_counter()
@@ -161,11 +184,13 @@ def serve_loader(build, workers, persistent, mode, which, batch):
 
 
 def run_cell(build, env, workers, persistent, mode, batch, passes):
-    """(torch, nopfs) samples per second of one cell: each loader in a fresh process of its
-    own, as a training script has it (what a process did before, e.g. another loader's batches,
-    changes how its malloc and so its forked workers behave), their passes interleaved: one
-    warm-up pass each (epoch 0), then `passes` rounds of one pass each (epoch 1 + round), the
-    order reversed every other round, so that the machine's drift falls on both alike."""
+    """(torch, nopfs, torch's decode alone, nopfs's decode alone) samples per second of one
+    cell: each loader in a fresh process of its own, as a training script has it (what a
+    process did before, e.g. another loader's batches, changes how its malloc and so its forked
+    workers behave), their passes interleaved: one warm-up pass each (epoch 0), then `passes`
+    rounds of one pass each (epoch 1 + round), the order reversed every other round, so that
+    the machine's drift falls on both alike; in each round, each process's decode alone (as
+    many samples as a pass, in its loop) follows its pass."""
     procs = {}
     for which in ("torch", "nopfs"):
         procs[which] = subprocess.Popen(
@@ -191,12 +216,16 @@ def run_cell(build, env, workers, persistent, mode, batch, passes):
         for which in order:
             one_pass(which, 0)
         total = {which: [0, 0.0] for which in order}
+        alone = {which: [0, 0.0] for which in order}
         for r in range(passes):
             for which in (order if r % 2 == 0 else order[::-1]):
                 n, t = one_pass(which, 1 + r)
                 total[which][0] += n
                 total[which][1] += t
-        return tuple(total[w][0] / total[w][1] for w in order)
+                n, t = one_pass(which, "alone")
+                alone[which][0] += n
+                alone[which][1] += t
+        return tuple(x[w][0] / x[w][1] for x in (total, alone) for w in order)
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -246,14 +275,17 @@ def main():
         print(f"loader_bench: {args.files} files of {args.size} bytes, batch {args.batch}, "
               f"{args.passes} measured rounds per cell after a warm-up, {os.cpu_count()} cores, "
               f"torch {torch.__version__}", flush=True)
-        print("| workers | mode | torch samples/s | nopfs samples/s | nopfs / torch |")
-        print("|---|---|---|---|---|", flush=True)
+        print("| workers | mode | torch samples/s | nopfs samples/s | nopfs / torch | "
+              "torch's decode alone | nopfs's decode alone | torch / its alone | "
+              "nopfs / its alone |")
+        print("|---|---|---|---|---|---|---|---|---|", flush=True)
         for workers, persistent in rows:
             name = f"{workers}p" if persistent else str(workers)
             for mode in modes:
-                t, n = run_cell(build, env, workers, persistent, mode, args.batch,
-                                args.passes)
-                print(f"| {name} | {mode} | {t:,.0f} | {n:,.0f} | {n / t:.2f} |", flush=True)
+                t, n, ta, na = run_cell(build, env, workers, persistent, mode, args.batch,
+                                        args.passes)
+                print(f"| {name} | {mode} | {t:,.0f} | {n:,.0f} | {n / t:.2f} | {ta:,.0f} | "
+                      f"{na:,.0f} | {t / ta:.2f} | {n / na:.2f} |", flush=True)
     finally:
         stop_service(service)
         shutil.rmtree(tmp, ignore_errors=True)

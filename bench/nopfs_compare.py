@@ -43,6 +43,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from dataloader_util import stall_stats  # noqa: E402
 NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"]
 PFS_CURVE = "1:120,2:170,4:240,8:300"  # nopfs_pfsemu's default t(γ), MB/s
 SETUPS = ("hdmlp", "nopfs-copy", "nopfs-tensor", "nopfs-zerocopy")
@@ -184,11 +186,6 @@ def rank_main(args):
 
 # ---------------------------------------------------------------- the driver (root)
 
-def percentile(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(math.ceil(q * len(xs))) - 1)] if xs else float("nan")
-
-
 def make_dataset(root, files, size):
     for k in range(files):
         d = os.path.join(root, f"c{k % 100:03d}")
@@ -276,13 +273,12 @@ class Driver:
 
 
 def summarize(ranks):
-    later = [s for r in ranks for ep in r[1:] for s in ep["stalls"]]
-    first = [s for r in ranks for s in r[0]["stalls"]]
+    stall = stall_stats(ranks)
     samples = sum(ep["samples"] for r in ranks for ep in r[1:])
     secs = max(sum(ep["time"] for ep in r[1:]) for r in ranks)
-    return {"median_ms": statistics.median(later) * 1e3, "p99_ms": percentile(later, 0.99) * 1e3,
-            "first_median_ms": statistics.median(first) * 1e3,
-            "first_p99_ms": percentile(first, 0.99) * 1e3,
+    return {"median_ms": stall["median"] * 1e3, "p99_ms": stall["p99"] * 1e3,
+            "first_median_ms": stall["first_median"] * 1e3,
+            "first_p99_ms": stall["first_p99"] * 1e3,
             "samples_per_s": samples / secs if secs > 0 else float("nan")}
 
 

@@ -3,7 +3,7 @@
 ImageNet training script does, read through nopfs against torchvision reading the same files, in
 one run, for several worker counts.
 
-    python3 bench/pipeline_bench.py --build build [--files 2000 --workers 2,4 --passes 4]
+    python3 bench/pipeline_bench.py --build build [--files 2000 --workers 2,4 --passes 8]
 
 A synthetic ImageFolder of --files JPEG images (500x375, quality 90, about 110 KB each: the size
 of an ImageNet-1k training image) is written to a temporary directory; `nopfs run` serves it (one
@@ -15,10 +15,12 @@ adds to a pipeline whose cost is decoding, not a PFS):
   nopfs    nopfs.torch.ImageFolder + nopfs.torch.DistributedSampler + nopfs.torch.DataLoader
            (the three-line change), decoding with PIL from the bytes nopfsd serves.
 Both apply RandomResizedCrop(224), RandomHorizontalFlip, ToTensor and Normalize, batch --batch,
-the default collate. The ratio nopfs/direct is of images per second over all rounds, `per pass`
-the range of the rounds' own ratios. CPU ms/img is the CPU time of this process, its workers and
-nopfsd (all of it, whichever loader runs) per image. As root, runs as `nobody` (nopfsd refuses
-root).
+the default collate. Each round's ratio nopfs/direct is of the images per second of its two
+passes (made back to back, under the same load); printed are their median and range, and the
+ratio of the images per second over all rounds. CPU ms/img is the CPU time of this process, its
+workers and nopfsd (all of it, whichever loader runs) per image, over all rounds; `CPU
+nopfs/direct` the median of the rounds' ratios of it: the load moves the wall time far more than
+the CPU time. As root, runs as `nobody` (nopfsd refuses root).
 """
 
 import argparse
@@ -26,6 +28,7 @@ import io
 import os
 import random
 import shutil
+import statistics
 import sys
 import tempfile
 
@@ -64,7 +67,7 @@ def main():
     ap.add_argument("--files", type=int, default=2000)
     ap.add_argument("--workers", default="2,4")
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--passes", type=int, default=4)
+    ap.add_argument("--passes", type=int, default=8, help="measured rounds per worker count")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     rerun_as_nobody(__file__, "nopfs-pipeline-bench-")
@@ -102,8 +105,10 @@ def main():
               f"{os.cpu_count()} cores, torch {torch.__version__}, torchvision "
               f"{torchvision.__version__}")
         pid = nopfsd_pid(run_dir)
-        print(f"{'workers':>7} {'direct img/s':>12} {'nopfs img/s':>12} {'nopfs/direct':>12} "
-              f"{'per pass':>11} {'direct CPU ms/img':>17} {'nopfs CPU ms/img':>16}")
+        print("| workers | direct img/s | nopfs img/s | nopfs / direct, median of rounds | "
+              "rounds | over all rounds | CPU ms per image, direct / nopfs | "
+              "CPU nopfs / direct, median |")
+        print("|---|---|---|---|---|---|---|---|", flush=True)
         for workers in [int(w) for w in args.workers.split(",")]:
             direct_ds = torchvision.datasets.ImageFolder(root, transform=transform)
             sampler = tud.distributed.DistributedSampler(direct_ds, num_replicas=1, rank=0)
@@ -116,10 +121,12 @@ def main():
                           s.set_epoch)}, args.passes, pid)
             direct, nopfs = rates["direct"], rates["nopfs"]
             per_pass = [b / a for a, b in zip(direct.passes, nopfs.passes)]
-            print(f"{workers:>7} {direct.per_second:>12.0f} {nopfs.per_second:>12.0f} "
-                  f"{nopfs.per_second / direct.per_second:>12.2f} "
-                  f"{min(per_pass):>5.2f}-{max(per_pass):<5.2f} "
-                  f"{direct.cpu_ms_per_item:>17.2f} {nopfs.cpu_ms_per_item:>16.2f}", flush=True)
+            cpu = [b / a for a, b in zip(direct.cpu_passes, nopfs.cpu_passes)]
+            print(f"| {workers} | {direct.per_second:.0f} | {nopfs.per_second:.0f} | "
+                  f"{statistics.median(per_pass):.2f} | {min(per_pass):.2f}–{max(per_pass):.2f} | "
+                  f"{nopfs.per_second / direct.per_second:.2f} | "
+                  f"{direct.cpu_ms_per_item:.2f} / {nopfs.cpu_ms_per_item:.2f} | "
+                  f"{statistics.median(cpu):.2f} |", flush=True)
     finally:
         stop_service(service)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -153,5 +153,6 @@ void BindSample(py::module_& m);  // Sample (and its buffer exporter)
 void BindBatch(py::module_& m);   // Batch (and its samples' buffer exporter)
 void BindClient(py::module_& m);  // Stream, Client, connect()
 void BindPlan(py::module_& m);    // epoch_order(), steps_per_epoch(), rank_epoch_length(), ...
+void BindJpeg(py::module_& m);    // use_libjpeg_of(), decode_jpeg_rgb()
 
 }  // namespace nopfs::python

@@ -14,7 +14,7 @@
 // connect in the child, as nopfs.torch does in each DataLoader worker.
 //
 // The module is bound part by part (python/binding.h): its errors, Sample, Batch, Client and its
-// Streams, the planner's order; each part in its bind_*.cc.
+// Streams, the planner's order, the JPEG decode of pil_decode; each part in its bind_*.cc.
 #include "python/binding.h"
 
 PYBIND11_MODULE(_client, m) {
@@ -25,4 +25,5 @@ PYBIND11_MODULE(_client, m) {
   BindBatch(m);
   BindClient(m);
   BindPlan(m);
+  BindJpeg(m);
 }

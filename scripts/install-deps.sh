@@ -15,8 +15,9 @@ PACKAGES=(
   libgtest-dev libgmock-dev libcli11-dev libxxhash-dev nlohmann-json3-dev libssl-dev
   # Slurm and MUNGE for the local cluster
   slurmctld slurmd slurm-client munge libslurm-dev
-  # the Python client
+  # the Python client (libjpeg's header: pil_decode's decode calls the libjpeg PIL loaded)
   python3 python3-dev python3-torch python3-numpy python3-pytest pybind11-dev python3-torchvision
+  libjpeg62-turbo-dev
   # the wheel (python/pyproject.toml), built offline, and the venv it is tested in
   python3-pip python3-setuptools python3-wheel python3-venv
   # tools used by tests and benchmarks (the metrics test parses with prometheus_client's parser)

@@ -27,7 +27,6 @@ import os
 import random
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(HERE))
+from dataloader_util import stall_stats  # noqa: E402
 NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"]
 
 
@@ -69,26 +70,16 @@ def pfs_bytes(mnt):
     return int(pfs_stats(mnt)["bytes_read"])
 
 
-def percentile(xs, q):
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(math.ceil(q * len(xs))) - 1)]
-
-
 def summarize(name, rank_results, pfs_read, extra_first=0.0, wall=0.0):
     epochs = len(rank_results[0]["epochs"])
     times = [max(r["epochs"][e]["time"] for r in rank_results) for e in range(epochs)]
     times[0] += extra_first
-    later = [s for r in rank_results for ep in r["epochs"][1:] for s in ep["stalls"]]
-    first = [s for r in rank_results for s in r["epochs"][0]["stalls"]]
+    stall = stall_stats([r["epochs"] for r in rank_results])
     samples = sum(ep["samples"] for r in rank_results for ep in r["epochs"])
     return {"name": name, "epoch_times": times, "pfs_bytes": pfs_read, "wall": wall,
-            "samples": samples,
-            "stall_first_median": statistics.median(first) if first else 0.0,
-            "stall_first_p99": percentile(first, 0.99),
-            "stall_median": statistics.median(later) if later else 0.0,
-            "stall_p99": percentile(later, 0.99)}
+            "samples": samples, "stall_first_median": stall["first_median"],
+            "stall_first_p99": stall["first_p99"], "stall_median": stall["median"],
+            "stall_p99": stall["p99"]}
 
 
 class Bench:

@@ -2,8 +2,10 @@
 nopfsd: the bytes are the files', the order is the stream's, whatever the batch, the ring's size or
 the buffer's."""
 
+import io
 import os
 import random
+import re
 import threading
 import warnings
 
@@ -492,24 +494,166 @@ def _first_pass_items(service, root, rank_env, workers, **dataset_args):
     return loader, [item for batch in loader for item in batch], service.stream(0)[:45]
 
 
+def _pil_reads(path):
+    """The RGB image PIL makes of a file, as torchvision's default loader."""
+    from PIL import Image
+
+    with Image.open(path) as img:
+        return img.convert("RGB")
+
+
 @pytest.mark.parametrize("workers", [0, 2])
-def test_default_decode_gets_a_copy_of_each_sample_and_decodes_the_files(service, images,
-                                                                         rank_env, workers):
-    """The default pil_decode, with a transform: each sample's bytes arrive as a bytes object
-    (one copy, made in one call per ring batch), and the batches are those of decoding the files
-    in the stream's order."""
+def test_default_decode_decodes_the_files(service, images, rank_env, workers):
+    """The default pil_decode, with a transform: each sample arrives as a view (of a copy in a
+    worker that lives one pass), and the batches are those of PIL reading the files in the
+    stream's order."""
     root, paths = images
     loader, got, order = _first_pass_items(service, root, rank_env, workers, transform=_pixels)
-    assert loader.nopfs_stream.mode == "copies"
+    assert loader.nopfs_stream.mode == "views"
     # Workers that live one pass read the tier's file (read_once); persistent ones map it.
     assert loader.nopfs_stream.read_once
     assert not DataLoader(loader.nopfs_stream.dataset, batch_size=4,
                           sampler=loader.nopfs_sampler, num_workers=2,
                           persistent_workers=True).nopfs_stream.read_once
-    want = [(_pixels(pil_decode(file_bytes(paths[i]))), label_of(paths[i])) for i in order]
+    want = [(_pixels(_pil_reads(paths[i])), label_of(paths[i])) for i in order]
     assert len(got) == len(want) == 45
     for g, w in zip(got, want):
         same(g, w)
+
+
+def _jpeg_of(kind, rnd, size):
+    """A JPEG of one kind: its bytes."""
+    from PIL import Image, ImageFilter
+
+    w, h = size
+    img = Image.frombytes("RGB", (w, h), rnd.randbytes(w * h * 3)).filter(ImageFilter.SMOOTH)
+    args = {"quality": rnd.choice((60, 90, 100))}
+    if kind == "gray":
+        img = img.convert("L")
+    elif kind == "cmyk":
+        img = img.convert("CMYK")
+    elif kind == "progressive":
+        args["progressive"] = True
+    elif kind == "444":
+        args["subsampling"] = 0
+    elif kind == "exif":
+        exif = Image.Exif()
+        exif[0x0112] = 6  # orientation: stays as it is (neither decode applies it)
+        args["exif"] = exif.tobytes()
+    out = io.BytesIO()
+    img.save(out, format="JPEG", **args)
+    return out.getvalue()
+
+
+# The JPEGs nopfs decodes itself (pil_decode), and those it leaves to PIL: CMYK, and another
+# format.
+OWN_JPEGS = ("baseline", "gray", "progressive", "444", "exif")
+
+
+@pytest.fixture(scope="module")
+def jpegs(tmp_path_factory):
+    """36 image files of every kind in 3 classes (root/c<label>/), JPEGs of OWN_JPEGS, CMYK and
+    a PNG, of sizes from 1x1 to 97x61, served to one rank in batches of 4; returns (root,
+    [path by sample id], service)."""
+    from PIL import Image
+
+    rnd = random.Random(11)
+    root = tmp_path_factory.mktemp("jpegs") / "data"
+    kinds = OWN_JPEGS + ("cmyk", "png")
+    for k in range(36):
+        (root / f"c{k % 3}").mkdir(parents=True, exist_ok=True)
+        kind, size = kinds[k % len(kinds)], (1 + 7 * k % 97, 1 + 5 * k % 61)
+        if kind == "png":
+            Image.frombytes("RGB", size, rnd.randbytes(size[0] * size[1] * 3)).save(
+                root / f"c{k % 3}" / f"i{k:03d}.png")
+        else:
+            (root / f"c{k % 3}" / f"i{k:03d}.jpg").write_bytes(_jpeg_of(kind, rnd, size))
+    paths = sorted(str(p) for p in root.glob("c*/*"))
+    svc = Service(str(root), str(tmp_path_factory.mktemp("jpegrun")), len(paths),
+                  job={"seed": 5, "epochs": 2, "ranks": 1, "batch": 4, "scheme": "strided"})
+    yield str(root), paths, svc
+    svc.stop()
+
+
+def _image(img):
+    return img.mode, img.size, img.tobytes()
+
+
+def test_pil_decode_gives_the_pixels_of_pil_reading_the_file(tmp_path):
+    """pil_decode (of bytes, and of a read-only view) is PIL's Image.open(path).convert("RGB"):
+    the same mode, size and pixels, for JPEGs of every kind nopfs decodes itself (the same
+    libjpeg as PIL's, with PIL's settings) and for those it leaves to PIL."""
+    from PIL import Image
+
+    assert nopfs._client.use_libjpeg_of(Image.core.__file__)  # what pil_decode does first
+    rnd = random.Random(3)
+    own = 0
+    for k in range(60):
+        kind = (OWN_JPEGS + ("cmyk",))[k % 6]
+        size = (1 + 13 * k % 300, 1 + 11 * k % 200)
+        path = tmp_path / f"{k}.jpg"
+        path.write_bytes(_jpeg_of(kind, rnd, size) + (rnd.randbytes(k) if k % 4 == 0 else b""))
+        data = file_bytes(path)
+        fast = nopfs._client.decode_jpeg_rgb(data)
+        assert (fast is not None) == (kind != "cmyk"), (kind, size)
+        own += fast is not None
+        want = _image(_pil_reads(path))
+        assert _image(pil_decode(data)) == want, (kind, size)
+        assert _image(pil_decode(memoryview(data).toreadonly())) == want, (kind, size)
+    assert own == 50
+
+
+def test_pil_decode_of_a_broken_or_huge_jpeg_is_what_pil_makes_of_it(tmp_path, monkeypatch):
+    """A truncated JPEG, a corrupt one, and one over PIL's decompression bomb limits: nopfs does
+    not decode them itself, and pil_decode raises, warns or decodes as PIL reading the file
+    does."""
+    from PIL import Image
+
+    assert nopfs._client.use_libjpeg_of(Image.core.__file__)
+    rnd = random.Random(4)
+    data = _jpeg_of("baseline", rnd, (64, 48))
+    for bad in (data[:len(data) // 2], data[:300] + bytes(200) + data[500:], data[:2]):
+        assert nopfs._client.decode_jpeg_rgb(bad) is None
+        try:
+            want = _image(_pil_reads(io.BytesIO(bad)))
+        except Exception as theirs:  # noqa: BLE001 (whatever PIL raises)
+            with pytest.raises(type(theirs)) as ours:
+                pil_decode(bad)
+            assert re.sub("0x[0-9a-f]+", "", str(ours.value)) == \
+                re.sub("0x[0-9a-f]+", "", str(theirs))
+        else:  # PIL decodes what libjpeg warned of (corrupt data), as it decodes it
+            assert _image(pil_decode(bad)) == want
+    assert nopfs._client.decode_jpeg_rgb(data, max_pixels=64 * 48) is not None
+    assert nopfs._client.decode_jpeg_rgb(data, max_pixels=64 * 48 - 1) is None
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 64 * 48 - 1)
+    with pytest.warns(Image.DecompressionBombWarning):
+        assert _image(pil_decode(data)) == _image(_pil_reads(io.BytesIO(data)))
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 64 * 48 // 2 - 1)
+    with pytest.raises(Image.DecompressionBombError):
+        pil_decode(data)
+    with pytest.raises(ValueError, match="contiguous buffer"):
+        nopfs._client.decode_jpeg_rgb(memoryview(data)[::2])
+
+
+@pytest.mark.parametrize("workers,threads", [(0, 0), (0, 3), (2, 0)])
+def test_loader_of_jpegs_gives_the_pixels_of_pil_reading_the_files(jpegs, monkeypatch, workers,
+                                                                  threads):
+    """ImageFolder's default pil_decode through the DataLoader (without workers, with decode
+    threads, in workers that live one pass): every item is PIL's image of its file, in the
+    stream's order."""
+    root, paths, svc = jpegs
+    for k, v in svc.env(0).items():
+        monkeypatch.setenv(k, v)
+    dataset = ImageFolder(root, transform=_pixels)
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=workers,
+                        decode_threads=threads, collate_fn=list)
+    sampler.set_epoch(0)
+    got = [item for batch in loader for item in batch]
+    order = svc.stream(0)[:36]  # epoch 0
+    assert len(got) == len(order) == 36
+    for g, i in zip(got, order):
+        same(g, (_pixels(_pil_reads(paths[i])), label_of(paths[i])))
 
 
 def _view_and_bytes(data):
@@ -619,12 +763,12 @@ def _thread_and_bytes(data):
     return threading.current_thread().name, isinstance(data, memoryview), bytes(data)
 
 
-@pytest.mark.parametrize("make", ["views", "copies", "getitem"])
+@pytest.mark.parametrize("make", ["views", "pil", "getitem"])
 def test_decode_threads_make_the_same_items_in_the_same_order(service, images, rank_env, make):
     """decode_threads=3: the items of each batch are made by threads of the training process
     (a batch of 4 in 3 parts), and the passes are item for item what the loader's own thread
-    makes, in the stream's order: a custom decode given views, pil_decode given bytes, and a
-    subclass's own __getitem__."""
+    makes, in the stream's order: a custom decode given views, pil_decode, and a subclass's own
+    __getitem__."""
     root, paths = images
     rank_env(0)
     order = service.stream(0)[:45]
@@ -632,14 +776,14 @@ def test_decode_threads_make_the_same_items_in_the_same_order(service, images, r
     def one_pass(threads):
         if make == "views":
             dataset = ImageFolder(root, decode=_thread_and_bytes)
-        elif make == "copies":
+        elif make == "pil":
             dataset = ImageFolder(root, transform=_pixels)
         else:
             dataset = _IndexedPixels(root)
         sampler = DistributedSampler(dataset)
         loader = DataLoader(dataset, batch_size=4, sampler=sampler, collate_fn=list,
                             decode_threads=threads)
-        assert loader.nopfs_stream.mode == make
+        assert loader.nopfs_stream.mode == ("getitem" if make == "getitem" else "views")
         sampler.set_epoch(0)
         return [item for batch in loader for item in batch]
 
@@ -651,10 +795,10 @@ def test_decode_threads_make_the_same_items_in_the_same_order(service, images, r
         assert [(view, data) for (_, view, data), _ in threaded] == \
             [(True, file_bytes(paths[i])) for i in order]
         assert [label for _, label in threaded] == [label_of(paths[i]) for i in order]
-    elif make == "copies":
+    elif make == "pil":
         for a, b in zip(serial, threaded):
             same(a, b)
-        same(threaded[0], (_pixels(pil_decode(file_bytes(paths[order[0]]))),
+        same(threaded[0], (_pixels(_pil_reads(paths[order[0]])),
                            label_of(paths[order[0]])))
     else:
         assert [x[2] for x in threaded] == order

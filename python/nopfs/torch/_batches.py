@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 import torch.utils.data as tud
 
-from ._datasets import _SampleDataset, getitem_overridden, pil_decode, uint8_tensor
+from ._datasets import _SampleDataset, getitem_overridden, uint8_tensor
 
 if TYPE_CHECKING:
     import torch
@@ -18,7 +18,8 @@ def _identity(batch: Any) -> Any:
 
 def _batch_mode(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]]) -> str:
     """How StreamDataset makes a batch's items: "getitem" (a subclass's own __getitem__, given
-    each sample's bytes as a bytes object), "tensor", "bytes", "copies" or "views"."""
+    each sample's bytes as a bytes object), "tensor", "bytes" or "views" (pil_decode's too: it
+    decodes a JPEG straight from the view)."""
     if getitem_overridden(dataset):
         return "getitem"
     plain = (getattr(dataset, "transform", None) is None
@@ -29,11 +30,6 @@ def _batch_mode(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]]) 
         return "tensor"
     if plain and decode is bytes:
         return "bytes"
-    if decode is pil_decode:
-        # It copies what it is given into a BytesIO, which takes a bytes object as it is: bytes
-        # made by Batch.tobytes() cost that one copy (by read() in a worker that lives one pass,
-        # client.open(read_once=True)) and free the batch's slots before decoding.
-        return "copies"
     return "views"
 
 

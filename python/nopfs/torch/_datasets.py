@@ -17,11 +17,33 @@ if TYPE_CHECKING:
 
 
 def pil_decode(data: Any) -> Any:
-    """Decodes image bytes (any buffer) to an RGB PIL image, as torchvision's default loader."""
+    """Decodes image bytes (any buffer) to an RGB PIL image, as torchvision's default loader:
+    the pixels, mode and size of PIL's Image.open(...).convert("RGB"). A JPEG of one or three
+    channels is decoded by nopfs itself, with PIL's libjpeg and PIL's settings, without the GIL
+    (nopfs._client.decode_jpeg_rgb); its image's `info` (JFIF, EXIF, ICC metadata) is then
+    empty. Everything else is decoded by PIL."""
     from PIL import Image  # imported lazily: only image datasets need PIL
 
+    if _uses_pils_libjpeg(Image):
+        got = _client.decode_jpeg_rgb(data, int(Image.MAX_IMAGE_PIXELS or 0))
+        if got is not None:
+            return Image.frombytes("RGB", got[0], got[1])
     with Image.open(io.BytesIO(data)) as img:
         return img.convert("RGB")
+
+
+_pils_libjpeg: Optional[bool] = None
+
+
+def _uses_pils_libjpeg(image: Any) -> bool:
+    """True once nopfs._client decodes JPEG with the libjpeg PIL's C module (of its module Image)
+    uses; False if it has none (a PIL built without JPEG)."""
+    global _pils_libjpeg
+    if _pils_libjpeg is None:
+        module = getattr(image.core, "__file__", None)
+        _pils_libjpeg = (hasattr(image.core, "jpeg_decoder") and module is not None
+                         and _client.use_libjpeg_of(module))
+    return _pils_libjpeg
 
 
 # The sample a loader hands to a subclass's __getitem__, per thread: (dataset, id, bytes, label).

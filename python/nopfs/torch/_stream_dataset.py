@@ -58,8 +58,7 @@ class StreamDataset(tud.IterableDataset):
         self.collate_fn = collate_fn
         # How a batch's samples become items (_batch_mode): "tensor" fills one uint8 tensor per
         # batch (default collate of uint8_tensor items), "bytes" makes the bytes in one call,
-        # "copies" hands pil_decode one bytes object per sample, "views" hands decode one view
-        # per sample.
+        # "views" hands decode (pil_decode too) one view per sample.
         self.mode = _batch_mode(dataset, collate_fn)
         self.pin_memory = bool(pin_memory)
         # Batches made ahead of the training loop by a thread, in the main process (a worker's
@@ -240,11 +239,10 @@ class StreamDataset(tud.IterableDataset):
                 items.extend(self._items(_items_of_ids, self.dataset,
                                          list(zip(ids, copies, labels))))
                 continue
-            if self.mode == "copies" or read_once:
-                copies = batch.tobytes()
+            if read_once:
+                # What a decode given views gets: a read-only view (of a copy).
+                copies = [memoryview(c) for c in batch.tobytes()]
                 batch.release()
-                if self.mode != "copies":  # what a decode given views gets: a read-only view
-                    copies = [memoryview(c) for c in copies]
                 items.extend(self._items(_items_of_bytes, self.dataset,
                                          list(zip(copies, labels))))
                 continue
