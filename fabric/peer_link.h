@@ -52,6 +52,12 @@ struct PeerLinkOptions {
   // Use RMA reads where the provider does them (every node of a job must agree; off: tagged
   // replies only).
   bool remote_read = true;
+  // Where the provider does RMA in software (tcp: the read is a request and a response over the
+  // same connection, served by the other node's progress thread), an in-place sample comes
+  // sooner in a reply sent straight from its memory (two messages instead of four), so this node
+  // asks for RMA reads there only if this is set (the tests and the benchmark set it, to exercise
+  // and measure that path). Where the provider does RMA in hardware, remote_read suffices.
+  bool rma_in_software = false;
   // In-place samples smaller than this go in the reply even to a reader that does RMA: one round
   // trip instead of two (the RMA read is a second one), and below 16 KiB the copy into the reply
   // costs less than the wait.
@@ -111,13 +117,14 @@ struct PeerLinkCounters {
   uint64_t fetched_reads = 0;  // Read/ReadInto calls that handed bytes over (checks passed)
   uint64_t fetched_bytes = 0;
   uint64_t fetch_not_available = 0;
-  uint64_t timeouts = 0;        // requests or handshakes that timed out (peer then dead)
-  uint64_t auth_refused = 0;    // handshakes refused (wrong secret) or requests before auth
-  uint64_t malformed = 0;       // messages rejected by the codec or unmatched replies
-  uint64_t served_remote = 0;   // of served_reads: answered with an RMA descriptor
-  uint64_t fetched_remote = 0;  // of fetched_reads: fetched with an RMA read
-  uint64_t remote_failed = 0;   // RMA reads that failed or delivered bytes failing their xxh3
-  uint64_t pushes_sent = 0;     // Push messages queued to a peer
+  uint64_t timeouts = 0;         // requests or handshakes that timed out (peer then dead)
+  uint64_t auth_refused = 0;     // handshakes refused (wrong secret) or requests before auth
+  uint64_t malformed = 0;        // messages rejected by the codec or unmatched replies
+  uint64_t served_remote = 0;    // of served_reads: answered with an RMA descriptor
+  uint64_t served_in_place = 0;  // of served_reads: in a reply sent straight from the memory
+  uint64_t fetched_remote = 0;   // of fetched_reads: fetched with an RMA read
+  uint64_t remote_failed = 0;    // RMA reads that failed or delivered bytes failing their xxh3
+  uint64_t pushes_sent = 0;      // Push messages queued to a peer
   uint64_t push_bytes_sent = 0;
   uint64_t pushes_dropped = 0;   // not sent: peer dead, or too many bytes waiting
   uint64_t pushes_received = 0;  // handed to on_push
@@ -150,6 +157,9 @@ class PeerLink {
   Status ExposeForRemoteRead(std::span<const std::byte> region);
   // Whether this link's endpoint does RMA reads.
   bool supports_remote_read() const;
+  // Whether this node asks its peers for RMA reads of in-place samples (supports_remote_read(),
+  // and the provider does them in hardware or rma_in_software is set).
+  bool asks_remote_read() const;
 
   // The start-up phase (docs/fabric.md, "Start-up"): handshakes with every other node and waits
   // until every one has answered or `deadline` has passed. Until then every handshake waiting
@@ -197,7 +207,7 @@ class PeerLink {
   struct Pending;
   explicit PeerLink(std::unique_ptr<State> state);
   // Queues a read of `sample` from `peer` and waits for its reply (w's status and bytes).
-  Status Await(uint32_t peer, uint64_t sample, Pending& w);
+  Status Await(uint32_t peer, uint64_t sample, const std::shared_ptr<Pending>& w);
   // Counts a read whose bytes reach the caller (of the right size; by RMA, checksum passed).
   void CountFetched(uint64_t bytes, bool remote);
   std::unique_ptr<State> s_;
