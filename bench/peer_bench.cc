@@ -301,13 +301,21 @@ class Path {
       o.remote_read = mode != Mode::kReplies;
       // RMA even where the provider does it in software (tcp), to measure it there.
       o.rma_in_software = mode == Mode::kRma;
-      // The samples are in memory, as in a RAM tier: nopfsd answers those on the progress thread.
-      o.serve_inline = [](uint64_t) { return true; };
+      // As nopfsd: samples in memory (a RAM tier) are answered on the progress thread, the others
+      // (an SSD tier's read) by the serving threads.
+      o.serve_inline = [mode](uint64_t) { return mode != Mode::kReplies; };
       return o;
     };
+    // Replies: the bytes copied and checked against their recorded xxh3, as an SSD tier's read.
     nopfs::fabric::ServeFn serve = [mode](uint64_t sample) {
-      return mode != Mode::kReplies ? ServeResult::InPlace(Expected(sample), RecordedXxh3(sample))
-                                    : ServeResult::Copied(Bytes(sample));
+      if (mode != Mode::kReplies) {
+        return ServeResult::InPlace(Expected(sample), RecordedXxh3(sample));
+      }
+      std::vector<std::byte> b = Bytes(sample);
+      if (XXH3_64bits(b.data(), b.size()) != RecordedXxh3(sample)) {
+        return ServeResult::Refused(nopfs::fabric::ReadStatus::kError);
+      }
+      return ServeResult::Verified(std::move(b), RecordedXxh3(sample));
     };
     auto n0 = PeerLink::Start(opts(0), serve);
     auto n1 = PeerLink::Start(opts(1), serve);

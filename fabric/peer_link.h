@@ -87,12 +87,21 @@ struct ServeResult {
   ReadStatus status = ReadStatus::kNotAvailable;
   std::vector<std::byte> data;
   std::span<const std::byte> in_place;
-  uint64_t xxh3 = 0;  // of in_place
+  uint64_t xxh3 = 0;      // of in_place, or of data when `verified`
+  bool verified = false;  // data hashes to xxh3 (Verified)
 
   static ServeResult Copied(std::vector<std::byte> bytes) {
     ServeResult r;
     r.status = ReadStatus::kOk;
     r.data = std::move(bytes);
+    return r;
+  }
+  // Copied bytes the server has verified to hash to `xxh3` (a tier's read checks the checksum
+  // recorded at fill): the link sends it instead of hashing them again.
+  static ServeResult Verified(std::vector<std::byte> bytes, uint64_t xxh3) {
+    ServeResult r = Copied(std::move(bytes));
+    r.xxh3 = xxh3;
+    r.verified = true;
     return r;
   }
   static ServeResult InPlace(std::span<const std::byte> bytes, uint64_t xxh3) {

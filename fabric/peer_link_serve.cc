@@ -63,7 +63,11 @@ void PeerLink::State::Answer(const ServeJob& job) {
     reply.status = ReadStatus::kError;
   } else if (r.status == ReadStatus::kOk) {
     reply.data = std::move(r.data);
-    if (!reply.data.empty()) reply.xxh3 = XXH3_64bits(reply.data.data(), reply.data.size());
+    if (r.verified) {
+      reply.xxh3 = r.xxh3;
+    } else if (!reply.data.empty()) {
+      reply.xxh3 = XXH3_64bits(reply.data.data(), reply.data.size());
+    }
   }
   // The reply's data is sent as a second part of the message, not copied behind its head.
   std::vector<std::byte> tail;

@@ -453,6 +453,39 @@ TEST(PeerLinkTest, ACorruptedInPlaceSampleIsCaughtOnBothPaths) {
   }
 }
 
+// Copied bytes that the server verified (ServeResult::Verified, as an SSD tier's read) go with
+// the xxh3 it gives, unhashed: the reader still checks it, so a wrong one reaches no caller.
+TEST(PeerLinkTest, VerifiedCopiesGoWithTheirRecordedXxh3AndTheReaderChecksIt) {
+  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()}};
+  auto serve = [](uint64_t sample) {
+    std::vector<std::byte> b = SampleBytes(0, sample);
+    const uint64_t h = XXH3_64bits(b.data(), b.size());
+    return ServeResult::Verified(std::move(b), sample == 5 ? h + 1 : h);
+  };
+  auto n0 = PeerLink::Start(Options(0, peers, 14), serve);
+  ASSERT_TRUE(n0.ok()) << n0.status().ToString();
+  auto n1 = PeerLink::Start(Options(1, peers, 14), Holder(1));
+  ASSERT_TRUE(n1.ok()) << n1.status().ToString();
+  for (const uint64_t k : {4, 5, 10}) {
+    const std::vector<std::byte> want = SampleBytes(0, k);
+    std::vector<std::byte> dst(want.size());
+    auto h = (*n1)->ReadInto(0, k, dst);
+    auto got = (*n1)->Read(0, k);
+    if (k == 5) {
+      EXPECT_EQ(h.status().code(), StatusCode::kCorruption) << h.status().ToString();
+      EXPECT_EQ(got.status().code(), StatusCode::kCorruption);
+      continue;
+    }
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(dst, want);
+    EXPECT_EQ(*got, want);
+  }
+  EXPECT_EQ((*n1)->counters().fetched_reads, 4u) << "the wrong sum fetched nothing";
+  EXPECT_FALSE((*n1)->IsDead(0));
+}
+
 // A push reaches the other node's handler intact (after the handshake it triggers), on a serving
 // thread; a push to a dead node is dropped and counted, never blocks.
 TEST(PeerLinkTest, PushesReachTheOtherNodeAndDeadNodesCostNothing) {
