@@ -159,8 +159,7 @@ Status PeerLink::Await(uint32_t peer, uint64_t sample, const std::shared_ptr<Pen
   }
   s_->wake.store(true);
   s_->ep->Wake();
-  while (w->ready.load(std::memory_order_acquire) == 0)
-    w->ready.wait(0, std::memory_order_acquire);
+  State::AwaitReady(*w);
   if (!w->status.ok()) {
     if (w->status.code() == StatusCode::kNotFound) {
       MutexLock lock(&s_->mu);
