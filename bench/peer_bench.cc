@@ -1,26 +1,29 @@
 // peer_bench: peer read throughput and latency between two PeerLinks (two nopfsd peer services in
 // one process) over the loopback fabric, against iperf3 over the same loopback in the same run.
 //
-//   peer_bench [--seconds S] [--rounds R] [--inflight N] [--no-iperf] [--only rma|replies]
+//   peer_bench [--seconds S] [--rounds R] [--inflight N] [--no-iperf]
+//              [--only rma|in-place|replies]
 //
 // (--only measures that path alone, without the socket reads.)
 //
-// Two paths, each with its own pair of links: "rma", as nopfsd serves RAM-tier samples (node 0
-// answers with the sample's place in memory it exposed, node 1 fetches it with an RMA read and
-// checks its xxh3), and "replies", as it serves SSD-tier samples or peers without RMA (the bytes
-// copied into a tagged reply). Throughput: node 1 keeps N reads of distinct 128 KiB samples in
-// flight (N threads) for S seconds, each read into a buffer of the reader's (as into a tier slot)
-// and checked byte for byte. Baseline: `iperf3 -c 127.0.0.1 -t S` (one TCP stream) against an
-// iperf3 server started here, or, without iperf3, a TCP stream of this program's own (a thread
-// writing 128 KiB at a time to a thread reading it). "tcp-reads" does the paths' reads over a
-// plain TCP socket (a 16-byte request, a 128 KiB reply, N outstanding on one connection): what
-// the request and reply themselves cost on this wire, without libfabric or nopfs's protocol.
-// Each round measures the baseline, the socket reads and both paths back to back (in a rotating
-// order), so that a ratio compares figures taken under the same load; the summary gives every
-// round's ratios and their medians. Each measure also reports the
-// CPU time the whole transfer took (both ends: this process's threads, or iperf3's two
-// processes) per 128 KiB moved, which a busy machine changes less than the throughput. Latency:
-// one thread, sequential 4 KiB reads, median and p99.
+// Three paths, each with its own pair of links: "in-place", as nopfsd serves RAM-tier samples on
+// tcp (node 0 sends a reply straight from the memory, with the recorded xxh3, which node 1
+// checks); "rma", as it serves them where the nodes ask for RMA reads (node 0 answers with the
+// sample's place in memory it exposed, node 1 fetches it with an RMA read and checks its xxh3);
+// and "replies", as it serves SSD-tier samples (a serving thread copies the bytes out and checks
+// them, as a tier read, and the reply carries them). Throughput: node 1 keeps N reads of distinct
+// 128 KiB samples in flight (N threads) for S seconds, each read into a buffer of the reader's (as
+// into a tier slot) and checked byte for byte. Baseline: `iperf3 -c 127.0.0.1 -t S` (one TCP
+// stream) against an iperf3 server started here, or, without iperf3, a TCP stream of this program's
+// own (a thread writing 128 KiB at a time to a thread reading it). "tcp-reads" does the paths'
+// reads over a plain TCP socket (a 16-byte request, a 128 KiB reply, N outstanding on one
+// connection): what the request and reply themselves cost on this wire, without libfabric or
+// nopfs's protocol. Each round measures the baseline, the socket reads and every path back to back
+// (in a rotating order), so that a ratio compares figures taken under the same load; the summary
+// gives every round's ratios and their medians. Each measure also reports the CPU time the whole
+// transfer took (both ends: this process's threads, or iperf3's two processes) per 128 KiB moved,
+// which a busy machine changes less than the throughput. Latency: one thread, sequential 4 KiB
+// reads, median and p99.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
