@@ -78,11 +78,12 @@ struct PeerLinkOptions {
 // is not ready, kError when the tier failed. Runs on the serving threads (several at once), or on
 // the progress thread when serve_threads is 0.
 //
-// The bytes come either copied (`data`, verified by the server) or in place (`in_place`: memory
-// that stays valid and unchanged while the link serves, with the xxh3 recorded when it was
-// filled). In place, the link answers with an RMA descriptor when the memory lies in a region
-// given to ExposeForRemoteRead and the reader does RMA, and otherwise copies the bytes into the
-// reply and checks them against `xxh3` first (kError on a mismatch).
+// The bytes come either copied (`data`) or in place (`in_place`: memory that stays valid and
+// unchanged until the link is destroyed, with the xxh3 recorded when it was filled). In place, the
+// link answers with an RMA descriptor when the memory lies in a region given to
+// ExposeForRemoteRead and the reader asked for RMA, and otherwise sends the reply's data straight
+// from the memory (no copy; a send may still be under way when the ServeFn has returned); either
+// way the reader checks `xxh3` before it uses a byte (kCorruption on a mismatch).
 struct ServeResult {
   ReadStatus status = ReadStatus::kNotAvailable;
   std::vector<std::byte> data;
