@@ -698,6 +698,25 @@ class FabricTest(unittest.TestCase):
         self.assertIn("--peer-secret-file", p.stderr + st.read(os.path.join(run, "failed"))
                       if os.path.exists(os.path.join(run, "failed")) else p.stderr)
 
+    def test_a_bad_nopfs_peer_rma_is_a_clear_error(self):
+        secret = self.private_file("secret", os.urandom(32))
+        run = os.path.join(self.work, "run")
+        os.mkdir(run, 0o700)
+        if st.AS_ROOT:
+            shutil.chown(run, "nobody", "nogroup")
+        base = free_port_base(2)
+        p = subprocess.run(st.demote_argv([
+            os.path.join(BIN, "nopfsd"), "--run-dir", run, "--dataset", self.data.root, *JOB,
+            "--node", "0", "--config", self.config("4M"),
+            "--peers", f"127.0.0.1:{base},127.0.0.1:{base + 1}", "--peer-secret-file", secret,
+            "--peer-startup-timeout-ms", "100"]),
+            capture_output=True, text=True, timeout=60,
+            env=dict(os.environ, NOPFS_PEER_RMA="sometimes"))
+        failed = os.path.join(run, "failed")
+        said = p.stderr + (st.read(failed) if os.path.exists(failed) else "")
+        self.assertNotEqual(p.returncode, 0, said)
+        self.assertIn("NOPFS_PEER_RMA=sometimes: write NOPFS_PEER_RMA=auto", said)
+
     def mount_pfs(self, backing, name, getattr_us=0):
         """`backing` through nopfs_pfsemu with no attribute cache (each node's lookups reach it,
         as on separate hosts), each getattr costing `getattr_us`; returns the mount point."""
