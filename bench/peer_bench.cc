@@ -1,26 +1,29 @@
 // peer_bench: peer read throughput and latency between two PeerLinks (two nopfsd peer services in
 // one process) over the loopback fabric, against iperf3 over the same loopback in the same run.
 //
-//   peer_bench [--seconds S] [--rounds R] [--inflight N] [--no-iperf] [--only rma|replies]
+//   peer_bench [--seconds S] [--rounds R] [--inflight N] [--no-iperf]
+//              [--only rma|in-place|replies]
 //
 // (--only measures that path alone, without the socket reads.)
 //
-// Two paths, each with its own pair of links: "rma", as nopfsd serves RAM-tier samples (node 0
-// answers with the sample's place in memory it exposed, node 1 fetches it with an RMA read and
-// checks its xxh3), and "replies", as it serves SSD-tier samples or peers without RMA (the bytes
-// copied into a tagged reply). Throughput: node 1 keeps N reads of distinct 128 KiB samples in
-// flight (N threads) for S seconds, each read into a buffer of the reader's (as into a tier slot)
-// and checked byte for byte. Baseline: `iperf3 -c 127.0.0.1 -t S` (one TCP stream) against an
-// iperf3 server started here, or, without iperf3, a TCP stream of this program's own (a thread
-// writing 128 KiB at a time to a thread reading it). "tcp-reads" does the paths' reads over a
-// plain TCP socket (a 16-byte request, a 128 KiB reply, N outstanding on one connection): what
-// the request and reply themselves cost on this wire, without libfabric or nopfs's protocol.
-// Each round measures the baseline, the socket reads and both paths back to back (in a rotating
-// order), so that a ratio compares figures taken under the same load; the summary gives every
-// round's ratios and their medians. Each measure also reports the
-// CPU time the whole transfer took (both ends: this process's threads, or iperf3's two
-// processes) per 128 KiB moved, which a busy machine changes less than the throughput. Latency:
-// one thread, sequential 4 KiB reads, median and p99.
+// Three paths, each with its own pair of links: "in-place", as nopfsd serves RAM-tier samples on
+// tcp (node 0 sends a reply straight from the memory, with the recorded xxh3, which node 1
+// checks); "rma", as it serves them where the nodes ask for RMA reads (node 0 answers with the
+// sample's place in memory it exposed, node 1 fetches it with an RMA read and checks its xxh3);
+// and "replies", as it serves SSD-tier samples (a serving thread copies the bytes out and checks
+// them, as a tier read, and the reply carries them). Throughput: node 1 keeps N reads of distinct
+// 128 KiB samples in flight (N threads) for S seconds, each read into a buffer of the reader's (as
+// into a tier slot) and checked byte for byte. Baseline: `iperf3 -c 127.0.0.1 -t S` (one TCP
+// stream) against an iperf3 server started here, or, without iperf3, a TCP stream of this program's
+// own (a thread writing 128 KiB at a time to a thread reading it). "tcp-reads" does the paths'
+// reads over a plain TCP socket (a 16-byte request, a 128 KiB reply, N outstanding on one
+// connection): what the request and reply themselves cost on this wire, without libfabric or
+// nopfs's protocol. Each round measures the baseline, the socket reads and every path back to back
+// (in a rotating order), so that a ratio compares figures taken under the same load; the summary
+// gives every round's ratios and their medians. Each measure also reports the CPU time the whole
+// transfer took (both ends: this process's threads, or iperf3's two processes) per 128 KiB moved,
+// which a busy machine changes less than the throughput. Latency: one thread, sequential 4 KiB
+// reads, median and p99.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -162,20 +165,28 @@ std::optional<Rate> Iperf(int seconds) {
   return Rate{doc[rate].get<double>() / 8, cpu / (doc[bytes].get<double>() / kChunk) * 1e6};
 }
 
+// A TCP socket listening on a free loopback port (its address in *a), or -1.
+int ListenOnLoopback(sockaddr_in* a) {
+  const int lsock = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  *a = sockaddr_in{};
+  a->sin_family = AF_INET;
+  a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof *a;
+  if (lsock < 0 || ::bind(lsock, reinterpret_cast<sockaddr*>(a), sizeof *a) != 0 ||
+      ::listen(lsock, 1) != 0 || ::getsockname(lsock, reinterpret_cast<sockaddr*>(a), &len) != 0) {
+    if (lsock >= 0) ::close(lsock);
+    return -1;
+  }
+  return lsock;
+}
+
 // Without iperf3: one TCP stream over loopback between two threads of this process, 128 KiB
 // writes and reads (iperf3's defaults), for `seconds`.
 Rate SocketStream(int seconds) {
   Rate out;
-  const int lsock = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (lsock < 0 || ::bind(lsock, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::listen(lsock, 1) != 0 || ::getsockname(lsock, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    if (lsock >= 0) ::close(lsock);
-    return out;
-  }
+  const int lsock = ListenOnLoopback(&a);
+  if (lsock < 0) return out;
   std::atomic<uint64_t> received{0};
   const double cpu0 = CpuSeconds(RUSAGE_SELF);
   const auto t0 = Clock::now();
@@ -215,16 +226,9 @@ Rate SocketStream(int seconds) {
 // tier serves). TCP_NODELAY on both ends, as libfabric's tcp provider sets it.
 Rate SocketReads(int seconds, int inflight) {
   Rate out;
-  const int lsock = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (lsock < 0 || ::bind(lsock, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::listen(lsock, 1) != 0 || ::getsockname(lsock, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    if (lsock >= 0) ::close(lsock);
-    return out;
-  }
+  const int lsock = ListenOnLoopback(&a);
+  if (lsock < 0) return out;
   const int one = 1;
   const uint64_t big = uint64_t{128 << 10} << 40;
   std::thread server([&] {
@@ -275,12 +279,20 @@ Rate SocketReads(int seconds, int inflight) {
   return out;
 }
 
+// How node 0 answers a read of a sample: "rma", in place (from memory node 0 exposed) by an RMA
+// read; "in-place", in place by a reply sent straight from that memory; "replies", copied into
+// the reply (an SSD-tier read).
+enum class Mode { kRma, kInPlace, kReplies };
+const char* NameOf(Mode m) {
+  return m == Mode::kRma ? "rma" : m == Mode::kInPlace ? "in-place" : "replies";
+}
+
 // One path: a pair of links (node 0 serves, node 1 reads), kept for every round.
 class Path {
  public:
-  static std::unique_ptr<Path> Start(bool rma) {
+  static std::unique_ptr<Path> Start(Mode mode) {
     auto p = std::unique_ptr<Path>(new Path());
-    p->rma_ = rma;
+    p->mode_ = mode;
     std::vector<nopfs::fabric::PeerAddress> peers{{"127.0.0.1", nopfs::fabric::FreeLoopbackPort()},
                                                   {"127.0.0.1", nopfs::fabric::FreeLoopbackPort()}};
     auto opts = [&](uint32_t node) {
@@ -289,15 +301,24 @@ class Path {
       o.peers = peers;
       o.secret.fill(0x42);
       o.timeout = std::chrono::milliseconds(5000);
-      o.remote_read = rma;
-      // The samples are in memory, as in a RAM tier: nopfsd answers those on the progress thread.
-      o.serve_inline = [](uint64_t) { return true; };
+      o.remote_read = mode != Mode::kReplies;
+      // RMA even where the provider does it in software (tcp), to measure it there.
+      o.rma_in_software = mode == Mode::kRma;
+      // As nopfsd: samples in memory (a RAM tier) are answered on the progress thread, the others
+      // (an SSD tier's read) by the serving threads.
+      o.serve_inline = [mode](uint64_t) { return mode != Mode::kReplies; };
       return o;
     };
-    // RMA: in place from the exposed pattern, as a RAM tier; replies: copied, as an SSD tier read.
-    nopfs::fabric::ServeFn serve = [rma](uint64_t sample) {
-      return rma ? ServeResult::InPlace(Expected(sample), RecordedXxh3(sample))
-                 : ServeResult::Copied(Bytes(sample));
+    // Replies: the bytes copied and checked against their recorded xxh3, as an SSD tier's read.
+    nopfs::fabric::ServeFn serve = [mode](uint64_t sample) {
+      if (mode != Mode::kReplies) {
+        return ServeResult::InPlace(Expected(sample), RecordedXxh3(sample));
+      }
+      std::vector<std::byte> b = Bytes(sample);
+      if (XXH3_64bits(b.data(), b.size()) != RecordedXxh3(sample)) {
+        return ServeResult::Refused(nopfs::fabric::ReadStatus::kError);
+      }
+      return ServeResult::Verified(std::move(b), RecordedXxh3(sample));
     };
     auto n0 = PeerLink::Start(opts(0), serve);
     auto n1 = PeerLink::Start(opts(1), serve);
@@ -308,7 +329,7 @@ class Path {
     }
     p->server_ = std::move(*n0);
     p->client_ = std::move(*n1);
-    if (rma) {
+    if (mode != Mode::kReplies) {
       const nopfs::Status st = p->server_->ExposeForRemoteRead(Pattern());
       if (!st.ok()) {
         std::fprintf(stderr, "peer_bench: no RMA: %s\n", st.ToString().c_str());
@@ -375,12 +396,14 @@ class Path {
   }
 
   uint64_t errors() const { return errors_.load(); }
+  Mode mode() const { return mode_; }
   uint64_t remote() const { return client_->counters().fetched_remote; }
+  uint64_t in_place() const { return server_->counters().served_in_place; }
   const std::string& provider() const { return client_->provider(); }
 
  private:
   Path() = default;
-  bool rma_ = false;
+  Mode mode_ = Mode::kReplies;
   std::unique_ptr<PeerLink> server_;
   std::unique_ptr<PeerLink> client_;
   std::atomic<uint64_t> next_{0};
@@ -412,12 +435,13 @@ int main(int argc, char** argv) {
     } else if (a == "--no-iperf") {
       iperf = false;
     } else if (a == "--only" && i + 1 < argc &&
-               (std::string(argv[i + 1]) == "rma" || std::string(argv[i + 1]) == "replies")) {
+               (std::string(argv[i + 1]) == "rma" || std::string(argv[i + 1]) == "in-place" ||
+                std::string(argv[i + 1]) == "replies")) {
       only = argv[++i];
     } else {
       std::fprintf(stderr,
                    "usage: peer_bench [--seconds S] [--rounds R] [--inflight N] [--no-iperf] "
-                   "[--only rma|replies]\n");
+                   "[--only rma|in-place|replies]\n");
       return 2;
     }
   }
@@ -436,10 +460,10 @@ int main(int argc, char** argv) {
   // The same reads over a plain socket (not with --only, which looks at one path alone).
   if (only.empty()) entries.push_back({"tcp-reads", nullptr, {}, {}, {}});
   uint64_t errors = 0;
-  for (const bool rma : {true, false}) {
-    const std::string name = rma ? "rma" : "replies";
+  for (const Mode mode : {Mode::kRma, Mode::kInPlace, Mode::kReplies}) {
+    const std::string name = NameOf(mode);
     if (!only.empty() && only != name) continue;
-    auto p = Path::Start(rma);
+    auto p = Path::Start(mode);
     if (p == nullptr) return 1;
     entries.push_back({name, std::move(p), {}, {}, {}});
   }
@@ -500,11 +524,16 @@ int main(int argc, char** argv) {
     errors += e.path->errors();
     std::printf("peer read 4 KiB latency (%s): median %.1f us, p99 %.1f us\n", e.name.c_str(),
                 median, p99);
-    std::printf("%s: %llu errors, %llu reads by RMA\n", e.name.c_str(),
+    std::printf("%s: %llu errors, %llu reads by RMA, %llu sent from memory\n", e.name.c_str(),
                 static_cast<unsigned long long>(e.path->errors()),
-                static_cast<unsigned long long>(e.path->remote()));
-    if (e.name == "rma" && e.path->remote() == 0) {
-      std::printf("peer_bench: the rma path made no RMA read\n");
+                static_cast<unsigned long long>(e.path->remote()),
+                static_cast<unsigned long long>(e.path->in_place()));
+    // Each path must have gone the way it is named for (the rma path's 4 KiB reads, under
+    // remote_read_min, come in replies sent from memory).
+    const Mode m = e.path->mode();
+    if ((m == Mode::kRma) != (e.path->remote() > 0) ||
+        (m != Mode::kReplies) != (e.path->in_place() > 0)) {
+      std::printf("peer_bench: the %s path did not go its way\n", e.name.c_str());
       ++errors;
     }
   }

@@ -141,6 +141,13 @@ bool Endpoint::supports_remote_read() const {
   return impl_->remote_read;
 }
 
+bool Endpoint::remote_read_in_hardware() const {
+  if (!impl_->remote_read) return false;
+  // "tcp;ofi_rxm": the core provider is the first part.
+  const std::string core = provider_.substr(0, provider_.find(';'));
+  return core != "tcp" && core != "sockets" && core != "udp" && core != "net";
+}
+
 std::vector<ReadCompletion> Endpoint::TakeReads() {
   impl_->Poll();
   std::vector<ReadCompletion> out;

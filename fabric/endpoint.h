@@ -138,6 +138,11 @@ class Endpoint {
   // one buffer); the endpoint takes both.
   Status Post(PeerAddr peer, uint64_t tag, std::vector<std::byte>&& head,
               std::vector<std::byte>&& tail, std::chrono::milliseconds timeout);
+  // The same with `tail` sent straight from the caller's memory, neither copied nor owned: it must
+  // stay valid and unchanged until the endpoint is closed (the send completes at some point
+  // before; the caller is not told when).
+  Status PostBorrowed(PeerAddr peer, uint64_t tag, std::vector<std::byte>&& head,
+                      std::span<const std::byte> tail, std::chrono::milliseconds timeout);
 
   // Receives one message from any peer whose tag matches `tag` in the bits not set in `ignore`,
   // of at most `max_len` bytes; TimedOut after `timeout`, or as soon as `interrupt` (if given,
@@ -159,6 +164,10 @@ class Endpoint {
   // Whether the endpoint was opened with RMA reads (EndpointOptions::remote_read and a provider
   // that accepts keys chosen by the caller).
   bool supports_remote_read() const;
+  // Whether the provider does RMA reads in hardware, not in software over its messages (tcp,
+  // sockets, udp: a read is a request and a response on the connection, which the target's
+  // progress serves).
+  bool remote_read_in_hardware() const;
 
   // Registers `region` for remote reads only (FI_REMOTE_READ: peers can never write it) under
   // `key`, which the caller draws at random and tells only authenticated peers (a key is the

@@ -148,6 +148,7 @@ struct Op {
   ReadBuffer read_buffer;               // an RMA read's destination, likewise
   std::vector<std::byte> message;       // a send's bytes, moved in by the caller (not copied)
   std::vector<std::byte> tail;          // a gathered send's second part, likewise
+  std::span<const std::byte> borrowed;  // or one in the caller's memory (PostBorrowed)
   uint64_t capacity = 0;
   bool done = false;
   bool abandoned = false;  // the caller gave up; free on completion
@@ -304,7 +305,7 @@ struct Endpoint::Impl {
   // is full until `deadline`.
   Result<Op*> PostSend(PeerAddr peer, uint64_t tag, std::vector<std::byte> data,
                        std::chrono::steady_clock::time_point deadline,
-                       std::vector<std::byte> tail = {});
+                       std::vector<std::byte> tail = {}, std::span<const std::byte> borrowed = {});
 
   Op* NewOp() {
     ops.push_back(std::make_unique<Op>());

@@ -6,16 +6,20 @@ namespace nopfs::fabric {
 
 Result<Op*> Endpoint::Impl::PostSend(PeerAddr peer, uint64_t tag, std::vector<std::byte> data,
                                      std::chrono::steady_clock::time_point deadline,
-                                     std::vector<std::byte> tail) {
+                                     std::vector<std::byte> tail,
+                                     std::span<const std::byte> borrowed) {
   Impl* impl = this;
   Op* op = impl->NewOp();
   op->capacity = data.size();
   op->message = std::move(data);
   op->tail = std::move(tail);
+  op->borrowed = op->tail.empty() ? borrowed : std::span<const std::byte>(op->tail);
   if (op->message.empty()) op->message.resize(1);  // a valid buffer for an empty message
-  if (!op->tail.empty()) {
+  if (!op->borrowed.empty()) {
     NOPFS_RETURN_IF_ERROR(impl->PostRetrying(op, deadline, "fabric: fi_tsendv", "send", [&] {
-      iovec iov[2] = {{op->message.data(), op->capacity}, {op->tail.data(), op->tail.size()}};
+      // fi_tsendv only reads the parts; its iovec type is not const.
+      iovec iov[2] = {{op->message.data(), op->capacity},
+                      {const_cast<std::byte*>(op->borrowed.data()), op->borrowed.size()}};
       return fi_tsendv(impl->ep.get(), iov, nullptr, 2, peer, tag, &op->ctx);
     }));
     return op;
@@ -46,6 +50,15 @@ Status Endpoint::Post(PeerAddr peer, uint64_t tag, std::vector<std::byte>&& head
                       std::vector<std::byte>&& tail, std::chrono::milliseconds timeout) {
   auto posted = impl_->PostSend(peer, tag, std::move(head),
                                 std::chrono::steady_clock::now() + timeout, std::move(tail));
+  if (!posted.ok()) return posted.status();
+  (*posted)->abandoned = true;  // freed by Poll when it completes
+  return Status::Ok();
+}
+
+Status Endpoint::PostBorrowed(PeerAddr peer, uint64_t tag, std::vector<std::byte>&& head,
+                              std::span<const std::byte> tail, std::chrono::milliseconds timeout) {
+  auto posted = impl_->PostSend(peer, tag, std::move(head),
+                                std::chrono::steady_clock::now() + timeout, {}, tail);
   if (!posted.ok()) return posted.status();
   (*posted)->abandoned = true;  // freed by Poll when it completes
   return Status::Ok();

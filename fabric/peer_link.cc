@@ -53,6 +53,8 @@ Result<std::unique_ptr<PeerLink>> PeerLink::Start(const PeerLinkOptions& options
   auto ep = Endpoint::Open({options.provider, self.host, self.port, options.remote_read});
   if (!ep.ok()) return ep.status();
   s->ep = std::move(*ep);
+  s->ask_remote = s->ep->supports_remote_read() &&
+                  (options.rma_in_software || s->ep->remote_read_in_hardware());
   if (options.after_bind) NOPFS_RETURN_IF_ERROR(options.after_bind());
   for (const PeerAddress& p : options.peers) {
     auto a = s->ep->AddPeer(p.host, p.port);
@@ -89,8 +91,8 @@ void PeerLink::Stop() {
     s_->ep->Wake();
     for (auto& [id, w] : s_->pending) {
       w->done = true;
-      w->cv.Signal();
       w->status = Status::Unavailable("peer link stopped");
+      State::Release(*w);
     }
     s_->pending.clear();
     s_->cv.SignalAll();
@@ -138,28 +140,32 @@ bool PeerLink::PeerClassDone(uint32_t peer, uint32_t cls) const {
   return peer < s_->peer_done.size() && cls < 64 && (s_->peer_done[peer] >> cls & 1) != 0;
 }
 
-Status PeerLink::Await(uint32_t peer, uint64_t sample, Pending& w) {
+Status PeerLink::Await(uint32_t peer, uint64_t sample, const std::shared_ptr<Pending>& w) {
   if (peer >= nodes() || peer == s_->opts.node) {
     return Status::InvalidArgument("peer link: no peer node " + std::to_string(peer));
   }
-  w.peer = peer;
-  w.sample = sample;
-  MutexLock lock(&s_->mu);
-  if (s_->stop) return Status::Unavailable("peer link stopped");
-  if (s_->dead[peer]) {
-    return Status::Unavailable("peer node " + std::to_string(peer) + " is dead");
+  w->peer = peer;
+  w->sample = sample;
+  {
+    MutexLock lock(&s_->mu);
+    if (s_->stop) return Status::Unavailable("peer link stopped");
+    if (s_->dead[peer]) {
+      return Status::Unavailable("peer node " + std::to_string(peer) + " is dead");
+    }
+    // The deadline covers the handshake too; the progress thread expires it.
+    w->deadline = std::chrono::steady_clock::now() + s_->opts.timeout;
+    uint64_t id = s_->next_id++;
+    s_->pending.emplace(id, w);
   }
-  // The deadline covers the handshake too; the progress thread expires it.
-  w.deadline = std::chrono::steady_clock::now() + s_->opts.timeout;
-  uint64_t id = s_->next_id++;
-  s_->pending.emplace(id, &w);
   s_->wake.store(true);
   s_->ep->Wake();
-  while (!w.done)
-    w.cv.Wait(&s_->mu);
-  if (!w.status.ok()) {
-    if (w.status.code() == StatusCode::kNotFound) ++s_->counters.fetch_not_available;
-    return w.status;
+  State::AwaitReady(*w);
+  if (!w->status.ok()) {
+    if (w->status.code() == StatusCode::kNotFound) {
+      MutexLock lock(&s_->mu);
+      ++s_->counters.fetch_not_available;
+    }
+    return w->status;
   }
   return Status::Ok();  // counted as fetched by the caller, once the bytes are handed over
 }
@@ -181,8 +187,9 @@ Status RemoteMismatch(uint32_t peer, uint64_t sample) {
 }  // namespace
 
 Result<std::vector<std::byte>> PeerLink::Read(uint32_t peer, uint64_t sample) {
-  Pending w;
-  NOPFS_RETURN_IF_ERROR(Await(peer, sample, w));
+  auto p = std::make_shared<Pending>();
+  Pending& w = *p;
+  NOPFS_RETURN_IF_ERROR(Await(peer, sample, p));
   if (!w.is_remote) {
     if (!w.data.empty() && XXH3_64bits(w.data.data(), w.data.size()) != w.data_xxh3) {
       return Status::Corruption("sample " + std::to_string(sample) + " from node " +
@@ -201,9 +208,10 @@ Result<std::vector<std::byte>> PeerLink::Read(uint32_t peer, uint64_t sample) {
 }
 
 Result<uint64_t> PeerLink::ReadInto(uint32_t peer, uint64_t sample, std::span<std::byte> dst) {
-  Pending w;
+  auto p = std::make_shared<Pending>();
+  Pending& w = *p;
   w.dst = dst;
-  NOPFS_RETURN_IF_ERROR(Await(peer, sample, w));
+  NOPFS_RETURN_IF_ERROR(Await(peer, sample, p));
   const std::byte* src = w.is_remote ? w.remote.get() : w.data.data();
   const uint64_t len = w.in_dst ? dst.size() : w.is_remote ? w.remote_len : w.data.size();
   if (len != dst.size()) {
@@ -248,6 +256,10 @@ Status PeerLink::ExposeForRemoteRead(std::span<const std::byte> region) {
 
 bool PeerLink::supports_remote_read() const {
   return s_->ep->supports_remote_read();
+}
+
+bool PeerLink::asks_remote_read() const {
+  return s_->ask_remote;
 }
 
 Status PeerLink::WaitForPeers(std::chrono::steady_clock::time_point deadline) {

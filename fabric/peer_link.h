@@ -52,6 +52,12 @@ struct PeerLinkOptions {
   // Use RMA reads where the provider does them (every node of a job must agree; off: tagged
   // replies only).
   bool remote_read = true;
+  // Where the provider does RMA in software (tcp: the read is a request and a response over the
+  // same connection, served by the other node's progress thread), an in-place sample comes
+  // sooner in a reply sent straight from its memory (two messages instead of four), so this node
+  // asks for RMA reads there only if this is set (the tests and the benchmark set it, to exercise
+  // and measure that path). Where the provider does RMA in hardware, remote_read suffices.
+  bool rma_in_software = false;
   // In-place samples smaller than this go in the reply even to a reader that does RMA: one round
   // trip instead of two (the RMA read is a second one), and below 16 KiB the copy into the reply
   // costs less than the wait.
@@ -72,21 +78,31 @@ struct PeerLinkOptions {
 // is not ready, kError when the tier failed. Runs on the serving threads (several at once), or on
 // the progress thread when serve_threads is 0.
 //
-// The bytes come either copied (`data`, verified by the server) or in place (`in_place`: memory
-// that stays valid and unchanged while the link serves, with the xxh3 recorded when it was
-// filled). In place, the link answers with an RMA descriptor when the memory lies in a region
-// given to ExposeForRemoteRead and the reader does RMA, and otherwise copies the bytes into the
-// reply and checks them against `xxh3` first (kError on a mismatch).
+// The bytes come either copied (`data`) or in place (`in_place`: memory that stays valid and
+// unchanged until the link is destroyed, with the xxh3 recorded when it was filled). In place, the
+// link answers with an RMA descriptor when the memory lies in a region given to
+// ExposeForRemoteRead and the reader asked for RMA, and otherwise sends the reply's data straight
+// from the memory (no copy; a send may still be under way when the ServeFn has returned); either
+// way the reader checks `xxh3` before it uses a byte (kCorruption on a mismatch).
 struct ServeResult {
   ReadStatus status = ReadStatus::kNotAvailable;
   std::vector<std::byte> data;
   std::span<const std::byte> in_place;
-  uint64_t xxh3 = 0;  // of in_place
+  uint64_t xxh3 = 0;      // of in_place, or of data when `verified`
+  bool verified = false;  // data hashes to xxh3 (Verified)
 
   static ServeResult Copied(std::vector<std::byte> bytes) {
     ServeResult r;
     r.status = ReadStatus::kOk;
     r.data = std::move(bytes);
+    return r;
+  }
+  // Copied bytes the server has verified to hash to `xxh3` (a tier's read checks the checksum
+  // recorded at fill): the link sends it instead of hashing them again.
+  static ServeResult Verified(std::vector<std::byte> bytes, uint64_t xxh3) {
+    ServeResult r = Copied(std::move(bytes));
+    r.xxh3 = xxh3;
+    r.verified = true;
     return r;
   }
   static ServeResult InPlace(std::span<const std::byte> bytes, uint64_t xxh3) {
@@ -111,13 +127,14 @@ struct PeerLinkCounters {
   uint64_t fetched_reads = 0;  // Read/ReadInto calls that handed bytes over (checks passed)
   uint64_t fetched_bytes = 0;
   uint64_t fetch_not_available = 0;
-  uint64_t timeouts = 0;        // requests or handshakes that timed out (peer then dead)
-  uint64_t auth_refused = 0;    // handshakes refused (wrong secret) or requests before auth
-  uint64_t malformed = 0;       // messages rejected by the codec or unmatched replies
-  uint64_t served_remote = 0;   // of served_reads: answered with an RMA descriptor
-  uint64_t fetched_remote = 0;  // of fetched_reads: fetched with an RMA read
-  uint64_t remote_failed = 0;   // RMA reads that failed or delivered bytes failing their xxh3
-  uint64_t pushes_sent = 0;     // Push messages queued to a peer
+  uint64_t timeouts = 0;         // requests or handshakes that timed out (peer then dead)
+  uint64_t auth_refused = 0;     // handshakes refused (wrong secret) or requests before auth
+  uint64_t malformed = 0;        // messages rejected by the codec or unmatched replies
+  uint64_t served_remote = 0;    // of served_reads: answered with an RMA descriptor
+  uint64_t served_in_place = 0;  // of served_reads: in a reply sent straight from the memory
+  uint64_t fetched_remote = 0;   // of fetched_reads: fetched with an RMA read
+  uint64_t remote_failed = 0;    // RMA reads that failed or delivered bytes failing their xxh3
+  uint64_t pushes_sent = 0;      // Push messages queued to a peer
   uint64_t push_bytes_sent = 0;
   uint64_t pushes_dropped = 0;   // not sent: peer dead, or too many bytes waiting
   uint64_t pushes_received = 0;  // handed to on_push
@@ -150,6 +167,9 @@ class PeerLink {
   Status ExposeForRemoteRead(std::span<const std::byte> region);
   // Whether this link's endpoint does RMA reads.
   bool supports_remote_read() const;
+  // Whether this node asks its peers for RMA reads of in-place samples (supports_remote_read(),
+  // and the provider does them in hardware or rma_in_software is set).
+  bool asks_remote_read() const;
 
   // The start-up phase (docs/fabric.md, "Start-up"): handshakes with every other node and waits
   // until every one has answered or `deadline` has passed. Until then every handshake waiting
@@ -197,7 +217,7 @@ class PeerLink {
   struct Pending;
   explicit PeerLink(std::unique_ptr<State> state);
   // Queues a read of `sample` from `peer` and waits for its reply (w's status and bytes).
-  Status Await(uint32_t peer, uint64_t sample, Pending& w);
+  Status Await(uint32_t peer, uint64_t sample, const std::shared_ptr<Pending>& w);
   // Counts a read whose bytes reach the caller (of the right size; by RMA, checksum passed).
   void CountFetched(uint64_t bytes, bool remote);
   std::unique_ptr<State> s_;

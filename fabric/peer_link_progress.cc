@@ -14,7 +14,7 @@ namespace nopfs::fabric {
 using namespace peer_link_detail;  // the link's constants
 
 void PeerLink::State::Queue(uint32_t node, const PeerMessage& m) REQUIRES(mu) {
-  outbox.push_back({node, Encode(m), {}});
+  outbox.push_back({node, Encode(m), {}, {}});
 }
 
 void PeerLink::State::KillLocked(uint32_t peer, const std::string& why) REQUIRES(mu) {
@@ -24,9 +24,9 @@ void PeerLink::State::KillLocked(uint32_t peer, const std::string& why) REQUIRES
   for (auto it = pending.begin(); it != pending.end();) {
     if (it->second->peer == peer) {
       it->second->done = true;
-      it->second->cv.Signal();
       it->second->status =
           Status::Unavailable("peer node " + std::to_string(peer) + " is dead: " + why);
+      Release(*it->second);
       it = pending.erase(it);
     } else {
       ++it;
@@ -170,7 +170,7 @@ void PeerLink::State::HandleReply(uint32_t node, uint64_t seq, PeerMessage& m,
   if (auto* v = std::get_if<RemoteReply>(&m)) {
     auto it = pending.find(v->request_id);
     if (it == pending.end() || it->second->peer != node || it->second->sample != v->sample ||
-        it->second->remote_posted || !ep->supports_remote_read()) {
+        it->second->remote_posted || !ask_remote) {
       lock.Unlock();
       return Malformed(node, "remote reply to no outstanding request");
     }
@@ -184,11 +184,11 @@ void PeerLink::State::HandleReply(uint32_t node, uint64_t seq, PeerMessage& m,
       lock.Unlock();
       return Malformed(node, "reply to no outstanding request");
     }
-    Pending* w = it->second;
+    std::shared_ptr<Pending> w = std::move(it->second);
     pending.erase(it);
     if (p->status == ReadStatus::kOk && w->dst.data() != nullptr &&
         w->dst.size() == reply_data.size()) {
-      // Out of `pending`, w is this thread's until done is set (its reader waits for that, and
+      // Out of `pending`, w is this thread's until it is released (its reader waits for that, and
       // Stop and KillLocked see only what is in `pending`): the copy needs no lock.
       lock.Unlock();
       if (!reply_data.empty()) std::memcpy(w->dst.data(), reply_data.data(), reply_data.size());
@@ -196,7 +196,6 @@ void PeerLink::State::HandleReply(uint32_t node, uint64_t seq, PeerMessage& m,
       w->in_dst = true;
     }
     w->done = true;
-    w->cv.Signal();  // wakes it once the mutex is released, after the fields below are set
     if (p->status == ReadStatus::kOk) {
       if (!w->in_dst) w->data.assign(reply_data.begin(), reply_data.end());
       w->data_xxh3 = p->xxh3;
@@ -207,6 +206,8 @@ void PeerLink::State::HandleReply(uint32_t node, uint64_t seq, PeerMessage& m,
       w->status = Status::IoError("peer node " + std::to_string(node) + " failed reading sample " +
                                   std::to_string(p->sample));
     }
+    lock.Unlock();
+    Release(*w);  // after the mutex: the reader, woken, does not wait for it
   }
 }
 
@@ -251,8 +252,7 @@ void PeerLink::State::ScheduleLocked() REQUIRES(mu) {
     BeginLocked(w->peer, now);
     if (shake->state(w->peer) == PeerState::kAuthed && !w->sent) {
       w->sent = true;
-      Queue(w->peer,
-            ReadRequest{id, w->sample, ep->supports_remote_read() ? kAcceptsRemoteRead : 0u});
+      Queue(w->peer, ReadRequest{id, w->sample, ask_remote ? kAcceptsRemoteRead : 0u});
     }
   }
   for (auto it = exchange_out.begin(); it != exchange_out.end();) {
@@ -315,7 +315,7 @@ void PeerLink::State::Run() {
     for (uint32_t p = 0; starting && p < heard.size(); ++p) {
       hello_waiting |= p != opts.node && !heard[p] && shake->state(p) == PeerState::kHelloSent;
     }
-    for (auto& [node, bytes, tail] : sends) {
+    for (auto& [node, bytes, tail, borrowed] : sends) {
       if (!shake->Seal(node, bytes)) continue;  // its session is gone
       // In the start-up phase a Hello to a node that is not listening yet stays in the
       // provider's queue while it connects: until the node has been heard from, it is tried
@@ -324,9 +324,12 @@ void PeerLink::State::Run() {
       // handshake's deadline decides.
       const bool hello = *TypeOf(bytes) == PeerType::kHello;
       const auto patience = hello && starting && !heard[node] ? kHelloPost : opts.timeout;
-      Status st = tail.empty() ? ep->Post(addr[node], TagOf(opts.node), std::move(bytes), patience)
-                               : ep->Post(addr[node], TagOf(opts.node), std::move(bytes),
-                                          std::move(tail), patience);
+      const uint64_t tag = TagOf(opts.node);
+      Status st = !borrowed.empty()
+                      ? ep->PostBorrowed(addr[node], tag, std::move(bytes), borrowed, patience)
+                  : tail.empty()
+                      ? ep->Post(addr[node], tag, std::move(bytes), patience)
+                      : ep->Post(addr[node], tag, std::move(bytes), std::move(tail), patience);
       if (!st.ok() && hello) continue;
       if (!st.ok()) {
         MutexLock lock(&mu);

@@ -35,6 +35,7 @@ void PeerLink::State::Answer(const ServeJob& job) {
   ServeResult r = serve(job.sample);
   ReadReply reply{job.request_id, job.sample, r.status, 0, {}};
   std::optional<RemoteReply> remote;
+  std::span<const std::byte> borrowed;  // an in-place sample sent from where it is
   if (r.status == ReadStatus::kOk && !r.in_place.empty()) {
     if (r.in_place.size() > kMaxSampleBytes) {
       reply.status = ReadStatus::kError;
@@ -51,23 +52,22 @@ void PeerLink::State::Answer(const ServeJob& job) {
               r.xxh3};
         }
       }
-      if (!remote) {  // copy it into the reply, checked as a tier read would be
-        reply.data.assign(r.in_place.begin(), r.in_place.end());
+      if (!remote) {
+        // Sent straight from the memory, with the xxh3 recorded at fill: the reader checks it
+        // before it uses a byte, as after an RMA read.
+        borrowed = r.in_place;
         reply.xxh3 = r.xxh3;
-        if (XXH3_64bits(reply.data.data(), reply.data.size()) != r.xxh3) {
-          spdlog::warn("nopfsd: sample {} failed its checksum while being served to node {}",
-                       job.sample, job.node);
-          reply.status = ReadStatus::kError;
-          reply.data.clear();
-          reply.xxh3 = 0;
-        }
       }
     }
   } else if (r.status == ReadStatus::kOk && r.data.size() > kMaxSampleBytes) {
     reply.status = ReadStatus::kError;
   } else if (r.status == ReadStatus::kOk) {
     reply.data = std::move(r.data);
-    if (!reply.data.empty()) reply.xxh3 = XXH3_64bits(reply.data.data(), reply.data.size());
+    if (r.verified) {
+      reply.xxh3 = r.xxh3;
+    } else if (!reply.data.empty()) {
+      reply.xxh3 = XXH3_64bits(reply.data.data(), reply.data.size());
+    }
   }
   // The reply's data is sent as a second part of the message, not copied behind its head.
   std::vector<std::byte> tail;
@@ -77,7 +77,7 @@ void PeerLink::State::Answer(const ServeJob& job) {
   } else {
     tail = std::move(reply.data);
     reply.data.clear();
-    bytes = EncodeReplyHead(reply, tail.size());
+    bytes = EncodeReplyHead(reply, borrowed.empty() ? tail.size() : borrowed.size());
   }
   {
     MutexLock lock(&mu);
@@ -85,13 +85,17 @@ void PeerLink::State::Answer(const ServeJob& job) {
       ++counters.served_reads;
       ++counters.served_remote;
       counters.served_bytes += remote->length;
+    } else if (!borrowed.empty()) {
+      ++counters.served_reads;
+      ++counters.served_in_place;
+      counters.served_bytes += borrowed.size();
     } else if (reply.status == ReadStatus::kOk) {
       ++counters.served_reads;
       counters.served_bytes += tail.size();
     } else {
       ++counters.served_not_available;
     }
-    outbox.push_back({job.node, std::move(bytes), std::move(tail)});
+    outbox.push_back({job.node, std::move(bytes), std::move(tail), borrowed});
   }
   wake.store(true);
   ep->Wake();
@@ -135,7 +139,7 @@ void PeerLink::State::DriveRemote() {
         it->second->status =
             Status::IoError("RMA read of sample " + std::to_string(v.sample) + " from node " +
                             std::to_string(node) + " not posted: " + st.ToString());
-        it->second->cv.Signal();
+        Release(*it->second);
         pending.erase(it);
       }
     }
@@ -145,26 +149,31 @@ void PeerLink::State::DriveRemote() {
   if (!ep->has_reads()) return;
   std::vector<ReadCompletion> done = ep->TakeReads();
   if (done.empty()) return;
-  MutexLock lock(&mu);
-  for (ReadCompletion& c : done) {
-    auto it = pending.find(c.cookie);
-    if (it == pending.end()) continue;  // timed out or its peer died meanwhile
-    Pending* w = it->second;
-    pending.erase(it);
-    w->done = true;
-    w->cv.Signal();  // wakes it once the mutex is released, after the fields below are set
-    if (c.error != 0) {
-      ++counters.remote_failed;
-      w->status = Status::IoError("RMA read of sample " + std::to_string(w->sample) +
-                                  " from node " + std::to_string(w->peer) + " failed");
-      // The provider drops the connection on a failed RMA read: treat the peer as gone.
-      KillLocked(w->peer, "an RMA read failed: " + c.error_text);
-    } else {
-      w->is_remote = true;
-      w->remote = std::move(c.data);
-      w->remote_len = c.length;
+  std::vector<std::shared_ptr<Pending>> finished;
+  {
+    MutexLock lock(&mu);
+    for (ReadCompletion& c : done) {
+      auto it = pending.find(c.cookie);
+      if (it == pending.end()) continue;  // timed out or its peer died meanwhile
+      std::shared_ptr<Pending> w = std::move(it->second);
+      pending.erase(it);
+      w->done = true;
+      if (c.error != 0) {
+        ++counters.remote_failed;
+        w->status = Status::IoError("RMA read of sample " + std::to_string(w->sample) +
+                                    " from node " + std::to_string(w->peer) + " failed");
+        // The provider drops the connection on a failed RMA read: treat the peer as gone.
+        KillLocked(w->peer, "an RMA read failed: " + c.error_text);
+      } else {
+        w->is_remote = true;
+        w->remote = std::move(c.data);
+        w->remote_len = c.length;
+      }
+      finished.push_back(std::move(w));
     }
   }
+  for (const std::shared_ptr<Pending>& w : finished)
+    Release(*w);  // after the mutex: the reader, woken, does not wait for it
 }
 
 }  // namespace nopfs::fabric

@@ -5,6 +5,10 @@
 // dispatch of what arrives, scheduling, expiry). Private to fabric/.
 #pragma once
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -41,13 +45,17 @@ inline uint64_t TagOf(uint32_t node) {
 
 }  // namespace peer_link_detail
 
-// One Read waiting for its reply (on the reader's stack; in State::pending until answered).
+// One Read waiting for its reply (shared by the reader and, while in State::pending, the link:
+// whoever lets go of it last frees it, so that the reader can be woken without the link's mutex).
 struct PeerLink::Pending {
   uint32_t peer = 0;
   uint64_t sample = 0;
   bool sent = false;
-  bool done = false;
-  CondVar cv;                  // signalled (under the link's mutex) when done is set
+  bool done = false;  // under the link's mutex: answered, failed or given up; set before `ready`
+  // Set (release) once the fields below are final, and notified: the reader waits on it alone (a
+  // futex), so that it is woken once, not woken and then made to wait for the mutex of the thread
+  // that woke it.
+  std::atomic<uint32_t> ready{0};
   bool remote_posted = false;  // a kRemoteReply came: an RMA read is under way
   Status status;
   std::vector<std::byte> data;
@@ -71,6 +79,8 @@ struct PeerLink::State {
   PeerLinkOptions opts;
   ServeFn serve;
   std::unique_ptr<Endpoint> ep;
+  // Whether this node asks for RMA reads (PeerLink::asks_remote_read); set before the threads.
+  bool ask_remote = false;
   std::vector<PeerAddr> addr;  // fi_addr of every node
   // The handshake and the sessions, read and written by the progress thread only (the other
   // threads see a peer's death through `dead`).
@@ -81,7 +91,7 @@ struct PeerLink::State {
 
   using Pending = PeerLink::Pending;
   mutable Mutex mu;
-  CondVar cv;  // exchanges, registrations and dead peers (each Read has its own)
+  CondVar cv;  // exchanges, registrations and dead peers (a Read waits on its Pending::ready)
   // Per node, whether it is dead (as shake's client state kDead, for the threads other than the
   // progress thread; both are set together by KillLocked).
   std::vector<bool> dead GUARDED_BY(mu);
@@ -91,13 +101,15 @@ struct PeerLink::State {
   std::vector<bool> failed_auth GUARDED_BY(mu);
   // WaitForPeers' deadline: handshakes started before it last until it.
   std::chrono::steady_clock::time_point startup_until GUARDED_BY(mu){};
-  std::map<uint64_t, Pending*> pending GUARDED_BY(mu);
+  std::map<uint64_t, std::shared_ptr<Pending>> pending GUARDED_BY(mu);
   // A message to send: its encoded bytes and, for a reply whose data was not copied into it, the
-  // data (sent after them in the same message: Endpoint::Post with a tail).
+  // data (sent after them in the same message: Endpoint::Post with a tail), or, for an in-place
+  // sample, where it is (Endpoint::PostBorrowed: the memory outlives the link).
   struct Outgoing {
     uint32_t node = 0;
     std::vector<std::byte> bytes;
     std::vector<std::byte> tail;
+    std::span<const std::byte> borrowed;
   };
   std::deque<Outgoing> outbox GUARDED_BY(mu);
   uint64_t next_id GUARDED_BY(mu) = 1;
@@ -143,6 +155,24 @@ struct PeerLink::State {
   void DriveRemote();
 
   void Queue(uint32_t node, const PeerMessage& m) REQUIRES(mu);
+
+  // Ends `w`'s wait: its fields are final (`done` set). Any thread; the caller holds a reference.
+  static void Release(Pending& w) {
+    w.ready.store(1, std::memory_order_release);
+    // A futex wake, not std::atomic::notify_one: the waiter (AwaitReady) sleeps in the futex at
+    // once instead of spinning and yielding first, which cost a busy link's readers a quarter of
+    // their CPU time.
+    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&w.ready), FUTEX_WAKE_PRIVATE, 1, nullptr,
+              nullptr, 0);
+  }
+  // Waits until Release(w).
+  static void AwaitReady(Pending& w) {
+    static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
+    while (w.ready.load(std::memory_order_acquire) == 0) {
+      ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&w.ready), FUTEX_WAIT_PRIVATE, 0, nullptr,
+                nullptr, 0);
+    }
+  }
 
   // Kills `peer`, failing every read waiting on it.
   void KillLocked(uint32_t peer, const std::string& why) REQUIRES(mu);

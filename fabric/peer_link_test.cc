@@ -317,32 +317,23 @@ struct Region {
   }
 };
 
-// Samples served in place from exposed memory go by RMA reads: the reader gets exactly the bytes
-// (Read and ReadInto), the counters say RMA on both sides, and the memory is not changed.
-TEST(PeerLinkTest, InPlaceSamplesGoByRmaReadsIntact) {
-  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
-                                 {"127.0.0.1", FreeLoopbackPort()}};
-  const Region tier(60);
-  const std::vector<std::byte> before = tier.bytes;
-  auto n0 = PeerLink::Start(Options(0, peers, 11), tier.Serve());
-  ASSERT_TRUE(n0.ok()) << n0.status().ToString();
-  auto n1 = PeerLink::Start(Options(1, peers, 11), Holder(1));
-  ASSERT_TRUE(n1.ok()) << n1.status().ToString();
-  ASSERT_TRUE((*n0)->supports_remote_read());
-  ASSERT_TRUE((*n0)->ExposeForRemoteRead(tier.bytes).ok());
+// Reads the 60 samples of `tier` served by n0 through n1 from three threads (Read and ReadInto)
+// and checks the bytes and the counters of the path taken (RMA reads for 16 KiB and more, or
+// replies sent from the memory).
+void ReadsIntact(const Region& tier, PeerLink& n0, PeerLink& n1, bool rma) {
   std::vector<std::thread> readers;
   for (int t = 0; t < 3; ++t) {
     readers.emplace_back([&, t] {
       std::vector<std::byte> dst;
       for (uint64_t k = static_cast<uint64_t>(t); k < 60; k += 3) {
         if (k % 2 == 0) {
-          auto got = (*n1)->Read(0, k);
+          auto got = n1.Read(0, k);
           ASSERT_TRUE(got.ok()) << got.status().ToString();
           EXPECT_TRUE(
               std::equal(got->begin(), got->end(), tier.Sample(k).begin(), tier.Sample(k).end()));
         } else {
           dst.assign(tier.size[k], std::byte{0});
-          auto h = (*n1)->ReadInto(0, k, dst);
+          auto h = n1.ReadInto(0, k, dst);
           ASSERT_TRUE(h.ok()) << h.status().ToString();
           EXPECT_EQ(*h, tier.xxh3[k]);
           EXPECT_TRUE(std::equal(dst.begin(), dst.end(), tier.Sample(k).begin()));
@@ -354,32 +345,60 @@ TEST(PeerLinkTest, InPlaceSamplesGoByRmaReadsIntact) {
     t.join();
   // A destination of the wrong size is refused, whatever came over the wire.
   std::vector<std::byte> small(3);
-  EXPECT_EQ((*n1)->ReadInto(0, 7, small).status().code(), StatusCode::kCorruption);
-  const PeerLinkCounters c0 = (*n0)->counters(), c1 = (*n1)->counters();
+  EXPECT_EQ(n1.ReadInto(0, 7, small).status().code(), StatusCode::kCorruption);
+  const PeerLinkCounters c0 = n0.counters(), c1 = n1.counters();
   // Samples under remote_read_min (16 KiB) came in replies: one round trip, not two.
   uint64_t big = 0;
   for (uint64_t k = 0; k < 60; ++k)
     big += tier.size[k] >= (16 << 10) ? 1 : 0;
   ASSERT_GE(big, 10u);
   // Sample 7 went twice (the second time for the wrong-size destination, which fetched nothing).
-  EXPECT_EQ(c0.served_remote, big + 1);
-  EXPECT_EQ(c1.fetched_remote, big);
+  EXPECT_EQ(c0.served_remote, rma ? big + 1 : 0);
+  EXPECT_EQ(c1.fetched_remote, rma ? big : 0);
+  EXPECT_EQ(c0.served_in_place, rma ? 60 - big : 61);
   EXPECT_EQ(c1.fetched_reads, 60u);
   EXPECT_EQ(c1.remote_failed, 0u);
   EXPECT_EQ(c0.served_bytes, c1.fetched_bytes + tier.size[7]);
-  EXPECT_EQ(tier.bytes, before);
+}
+
+// Samples served in place from exposed memory go by RMA reads where the reader asks for them
+// (on tcp, whose RMA is software, only with rma_in_software): the reader gets exactly the bytes
+// (Read and ReadInto), the counters say RMA on both sides, and the memory is not changed. Without
+// rma_in_software, on tcp, the same samples come in replies sent straight from that memory.
+TEST(PeerLinkTest, InPlaceSamplesGoByRmaReadsIntact) {
+  for (const bool rma : {true, false}) {
+    SCOPED_TRACE(rma ? "RMA reads" : "replies sent from memory");
+    std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
+                                   {"127.0.0.1", FreeLoopbackPort()}};
+    const Region tier(60);
+    const std::vector<std::byte> before = tier.bytes;
+    PeerLinkOptions o0 = Options(0, peers, 11), o1 = Options(1, peers, 11);
+    o0.rma_in_software = o1.rma_in_software = rma;
+    auto n0 = PeerLink::Start(o0, tier.Serve());
+    ASSERT_TRUE(n0.ok()) << n0.status().ToString();
+    auto n1 = PeerLink::Start(o1, Holder(1));
+    ASSERT_TRUE(n1.ok()) << n1.status().ToString();
+    ASSERT_TRUE((*n0)->supports_remote_read());
+    EXPECT_EQ((*n1)->asks_remote_read(), rma) << "tcp does RMA in software";
+    ASSERT_TRUE((*n0)->ExposeForRemoteRead(tier.bytes).ok());
+    ReadsIntact(tier, **n0, **n1, rma);
+    EXPECT_EQ(tier.bytes, before);
+  }
 }
 
 // In-place samples still reach a reader without RMA, and any reader when the memory was never
-// exposed: copied into the reply, same bytes, no RMA counted.
-TEST(PeerLinkTest, InPlaceSamplesAreCopiedForReadersWithoutRma) {
+// exposed: in replies sent straight from the memory, same bytes, no RMA counted.
+TEST(PeerLinkTest, InPlaceSamplesReachReadersWithoutRma) {
   for (const bool expose : {true, false}) {
     std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
                                    {"127.0.0.1", FreeLoopbackPort()}};
     const Region tier(20);
-    auto n0 = PeerLink::Start(Options(0, peers, 12), tier.Serve());
+    PeerLinkOptions o0 = Options(0, peers, 12);
+    o0.rma_in_software = true;
+    auto n0 = PeerLink::Start(o0, tier.Serve());
     ASSERT_TRUE(n0.ok()) << n0.status().ToString();
     PeerLinkOptions o1 = Options(1, peers, 12);
+    o1.rma_in_software = true;
     o1.remote_read = expose ? false : true;  // exposed: the reader cannot RMA; else it could
     auto n1 = PeerLink::Start(o1, Holder(1));
     ASSERT_TRUE(n1.ok()) << n1.status().ToString();
@@ -387,6 +406,7 @@ TEST(PeerLinkTest, InPlaceSamplesAreCopiedForReadersWithoutRma) {
       ASSERT_TRUE((*n0)->ExposeForRemoteRead(tier.bytes).ok());
     }
     EXPECT_EQ((*n1)->supports_remote_read(), !expose);
+    EXPECT_EQ((*n1)->asks_remote_read(), !expose);
     for (uint64_t k = 0; k < 20; ++k) {
       auto got = (*n1)->Read(0, k);
       ASSERT_TRUE(got.ok()) << got.status().ToString();
@@ -394,40 +414,76 @@ TEST(PeerLinkTest, InPlaceSamplesAreCopiedForReadersWithoutRma) {
           std::equal(got->begin(), got->end(), tier.Sample(k).begin(), tier.Sample(k).end()));
     }
     EXPECT_EQ((*n0)->counters().served_remote, 0u);
+    EXPECT_EQ((*n0)->counters().served_in_place, 20u);
     EXPECT_EQ((*n0)->counters().served_reads, 20u);
     EXPECT_EQ((*n1)->counters().fetched_remote, 0u);
   }
 }
 
 // A sample whose bytes no longer match the recorded xxh3 (a corrupted tier) never reaches the
-// caller: by RMA the reader's check fails (Corruption); copied, the server's does (IoError).
+// caller, by RMA or in a reply sent from the memory: the reader's check fails (Corruption), and
+// the peer stays good for the other samples.
 TEST(PeerLinkTest, ACorruptedInPlaceSampleIsCaughtOnBothPaths) {
   for (const bool rma : {true, false}) {
+    SCOPED_TRACE(rma ? "RMA reads" : "replies sent from memory");
     std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
                                    {"127.0.0.1", FreeLoopbackPort()}};
     const Region tier(10);
-    auto n0 = PeerLink::Start(Options(0, peers, 13), tier.Serve(/*bad_hash=*/7));
+    PeerLinkOptions o0 = Options(0, peers, 13), o1 = Options(1, peers, 13);
+    o0.rma_in_software = o1.rma_in_software = rma;
+    auto n0 = PeerLink::Start(o0, tier.Serve(/*bad_hash=*/7));
     ASSERT_TRUE(n0.ok()) << n0.status().ToString();
-    PeerLinkOptions o1 = Options(1, peers, 13);
-    o1.remote_read = rma;
     auto n1 = PeerLink::Start(o1, Holder(1));
     ASSERT_TRUE(n1.ok()) << n1.status().ToString();
     ASSERT_TRUE((*n0)->ExposeForRemoteRead(tier.bytes).ok());
-    std::vector<std::byte> dst(tier.size[7]);  // 300 KiB: by RMA when the reader can
+    std::vector<std::byte> dst(tier.size[7]);  // 300 KiB: by RMA when the reader asks
     auto bad = (*n1)->ReadInto(0, 7, dst);
-    EXPECT_EQ(bad.status().code(), rma ? StatusCode::kCorruption : StatusCode::kIoError)
-        << bad.status().ToString();
-    EXPECT_EQ((*n1)->Read(0, 7).status().code(),
-              rma ? StatusCode::kCorruption : StatusCode::kIoError);
+    EXPECT_EQ(bad.status().code(), StatusCode::kCorruption) << bad.status().ToString();
+    EXPECT_EQ((*n1)->Read(0, 7).status().code(), StatusCode::kCorruption);
     auto good = (*n1)->Read(0, 4);  // the peer is still good for the others
     ASSERT_TRUE(good.ok()) << good.status().ToString();
     EXPECT_TRUE(
         std::equal(good->begin(), good->end(), tier.Sample(4).begin(), tier.Sample(4).end()));
+    EXPECT_EQ((*n0)->counters().served_remote, rma ? 2u : 0u);
+    EXPECT_EQ((*n0)->counters().served_in_place, rma ? 1u : 3u);
     EXPECT_EQ((*n1)->counters().remote_failed, rma ? 2u : 0u);
     EXPECT_EQ((*n1)->counters().fetched_reads, 1u) << "the corrupted reads fetched nothing";
     EXPECT_EQ((*n1)->counters().fetched_bytes, tier.size[4]);
     EXPECT_FALSE((*n1)->IsDead(0));
   }
+}
+
+// Copied bytes that the server verified (ServeResult::Verified, as an SSD tier's read) go with
+// the xxh3 it gives, unhashed: the reader still checks it, so a wrong one reaches no caller.
+TEST(PeerLinkTest, VerifiedCopiesGoWithTheirRecordedXxh3AndTheReaderChecksIt) {
+  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()}};
+  auto serve = [](uint64_t sample) {
+    std::vector<std::byte> b = SampleBytes(0, sample);
+    const uint64_t h = XXH3_64bits(b.data(), b.size());
+    return ServeResult::Verified(std::move(b), sample == 5 ? h + 1 : h);
+  };
+  auto n0 = PeerLink::Start(Options(0, peers, 14), serve);
+  ASSERT_TRUE(n0.ok()) << n0.status().ToString();
+  auto n1 = PeerLink::Start(Options(1, peers, 14), Holder(1));
+  ASSERT_TRUE(n1.ok()) << n1.status().ToString();
+  for (const uint64_t k : {4, 5, 10}) {
+    const std::vector<std::byte> want = SampleBytes(0, k);
+    std::vector<std::byte> dst(want.size());
+    auto h = (*n1)->ReadInto(0, k, dst);
+    auto got = (*n1)->Read(0, k);
+    if (k == 5) {
+      EXPECT_EQ(h.status().code(), StatusCode::kCorruption) << h.status().ToString();
+      EXPECT_EQ(got.status().code(), StatusCode::kCorruption);
+      continue;
+    }
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(dst, want);
+    EXPECT_EQ(*got, want);
+  }
+  EXPECT_EQ((*n1)->counters().fetched_reads, 4u) << "the wrong sum fetched nothing";
+  EXPECT_FALSE((*n1)->IsDead(0));
 }
 
 // A push reaches the other node's handler intact (after the handshake it triggers), on a serving

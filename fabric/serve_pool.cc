@@ -15,9 +15,12 @@ void ServePool::Start(uint32_t threads, Handler handler) {
 }
 
 void ServePool::Submit(ServeJob job) {
-  MutexLock lock(&mu_);
-  if (stop_) return;
-  queue_.push_back(std::move(job));
+  {
+    MutexLock lock(&mu_);
+    if (stop_) return;
+    queue_.push_back(std::move(job));
+  }
+  // After the mutex: a thread woken while it is held wakes only to wait for it.
   cv_.Signal();
 }
 

@@ -62,9 +62,10 @@ std::string PeersText(const Peers& p) {
               p.fetched_samples, p.fetched_bytes, p.fetch_not_available, p.timeouts, p.refused,
               p.malformed, dead.empty() ? "none" : dead.c_str());
   out += Line("peers done: %" PRIu64 " classes reported filled by the other nodes", p.done_reports);
-  out += Line("peers rma: %s; served %" PRIu64 " and fetched %" PRIu64
-              " samples by RMA reads, %" PRIu64 " failed",
-              p.rma.c_str(), p.served_rma, p.fetched_rma, p.rma_failed);
+  out +=
+      Line("peers rma: %s; served %" PRIu64 " and fetched %" PRIu64
+           " samples by RMA reads, %" PRIu64 " failed; served %" PRIu64 " in replies from memory",
+           p.rma.c_str(), p.served_rma, p.fetched_rma, p.rma_failed, p.served_in_place);
   out += Line("peers pushed: %" PRIu64 " samples, %" PRIu64
               " bytes read from the PFS here before their holder had them (%" PRIu64
               " dropped); %" PRIu64 " received, %" PRIu64 " kept",
@@ -312,6 +313,7 @@ std::string RenderJson(const StatusReport& r) {
                   {"served_rma", p.served_rma},
                   {"fetched_rma", p.fetched_rma},
                   {"rma_failed", p.rma_failed},
+                  {"served_in_place", p.served_in_place},
                   {"pushes_sent", p.pushes_sent},
                   {"push_bytes_sent", p.push_bytes_sent},
                   {"pushes_dropped", p.pushes_dropped},

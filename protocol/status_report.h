@@ -104,6 +104,7 @@ struct Peers {
   uint64_t served_rma = 0;
   uint64_t fetched_rma = 0;
   uint64_t rma_failed = 0;
+  uint64_t served_in_place = 0;  // RAM-tier samples served in replies sent straight from the tier
   uint64_t pushes_sent = 0;
   uint64_t push_bytes_sent = 0;
   uint64_t pushes_dropped = 0;

@@ -139,9 +139,9 @@ void EncodePeers(Writer& w, const report::Peers& p) {
     w.U32(n);
   w.U64(p.done_reports);
   w.Str(p.rma);
-  for (uint64_t v : {p.served_rma, p.fetched_rma, p.rma_failed, p.pushes_sent, p.push_bytes_sent,
-                     p.pushes_dropped, p.pushes_received, p.pushes_kept, p.copied_samples,
-                     p.copied_bytes, p.deferred, p.fill_gave_up}) {
+  for (uint64_t v : {p.served_rma, p.fetched_rma, p.rma_failed, p.served_in_place, p.pushes_sent,
+                     p.push_bytes_sent, p.pushes_dropped, p.pushes_received, p.pushes_kept,
+                     p.copied_samples, p.copied_bytes, p.deferred, p.fill_gave_up}) {
     w.U64(v);
   }
 }
@@ -315,9 +315,9 @@ bool DecodePeers(Reader& r, report::StatusReport* m) {
     p.dead.push_back(node);
   }
   if (!(r.U64(&p.done_reports) && r.Str(&p.rma) &&
-        U64s(r, {&p.served_rma, &p.fetched_rma, &p.rma_failed, &p.pushes_sent, &p.push_bytes_sent,
-                 &p.pushes_dropped, &p.pushes_received, &p.pushes_kept, &p.copied_samples,
-                 &p.copied_bytes, &p.deferred, &p.fill_gave_up}))) {
+        U64s(r, {&p.served_rma, &p.fetched_rma, &p.rma_failed, &p.served_in_place, &p.pushes_sent,
+                 &p.push_bytes_sent, &p.pushes_dropped, &p.pushes_received, &p.pushes_kept,
+                 &p.copied_samples, &p.copied_bytes, &p.deferred, &p.fill_gave_up}))) {
     return false;
   }
   m->peers = std::move(p);

@@ -56,6 +56,7 @@ report::StatusReport FullReport() {
   p.rma = "RAM tiers by RMA reads";
   p.pushes_kept = 13;
   p.fill_gave_up = 14;
+  p.served_in_place = 15;
   r.peers = p;
   return r;
 }

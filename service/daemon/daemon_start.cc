@@ -4,11 +4,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <numeric>
 
 #include <spdlog/spdlog.h>
 
 #include "common/mutex.h"
+#include "common/printable.h"
 #include "common/units.h"
 #include "policy/predict.h"
 #include "service/daemon/daemon.h"
@@ -140,7 +142,21 @@ Status Daemon::StartPeers() {
     NOPFS_RETURN_IF_ERROR(after_bind());
     return secret.status().WithContext("--peer-secret-file");
   }
+  // NOPFS_PEER_RMA=always: RMA reads of RAM tiers even where the provider does them in software
+  // (tcp, where replies sent from the tier are faster): what the tests of that path set.
+  bool rma_in_software = false;
+  if (const char* e = std::getenv("NOPFS_PEER_RMA"); e != nullptr && *e != '\0') {
+    const std::string v = e;
+    if (v != "always" && v != "auto") {
+      NOPFS_RETURN_IF_ERROR(after_bind());
+      return Status::InvalidArgument("NOPFS_PEER_RMA=" + Printable(v) +
+                                     ": write NOPFS_PEER_RMA=auto (RMA reads where the provider "
+                                     "does them in hardware) or always");
+    }
+    rma_in_software = v == "always";
+  }
   PeerServiceOptions po;
+  po.rma_in_software = rma_in_software;
   po.provider = options_.peer_provider;
   po.node = options_.node;
   po.peers = std::move(*peers);

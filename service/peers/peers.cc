@@ -21,6 +21,7 @@ Result<std::unique_ptr<PeerService>> PeerService::Start(const PeerServiceOptions
   lo.secret = options.secret;
   lo.timeout = options.timeout;
   lo.after_bind = options.after_bind;
+  lo.rma_in_software = options.rma_in_software;
   PeerService* self = p.get();
   lo.serve_inline = [self](uint64_t sample) { return self->ServesFromMemory(sample); };
   lo.on_push = [self](uint32_t node, uint64_t sample, uint64_t xxh3,
@@ -78,7 +79,10 @@ fabric::ServeResult PeerService::Serve(uint64_t sample) {
   // The read verifies the copy against the checksum recorded at fill.
   const Status s = t.ssd->Read(id, r.data);
   if (s.ok()) {
+    // Read checked the bytes against the xxh3 recorded at fill: the link need not hash them again.
     r.status = fabric::ReadStatus::kOk;
+    r.xxh3 = t.ssd->RecordedXxh3(id);
+    r.verified = true;
   } else {
     r.data.clear();
     r.status = s.code() == StatusCode::kFailedPrecondition ? fabric::ReadStatus::kNotAvailable
@@ -183,10 +187,22 @@ Status PeerService::Attach(const policy::NodePlan& plan, const policy::NodeAcces
   tiers_ = tiers;
   prefetchers_ = prefetchers;
   serving_.store(true, std::memory_order_release);
-  // RAM tiers are read by the other nodes with RMA where the provider does it.
+  // RAM tiers are read by the other nodes with RMA where the provider does it in hardware (or
+  // rma_in_software says so); elsewhere their samples go in replies sent straight from the tier,
+  // and the tier is not exposed at all.
   std::string rma;
   for (const TierRef& t : tiers) {
     if (t.ram == nullptr) continue;
+    if (!link_->asks_remote_read()) {
+      if (link_->supports_remote_read()) {
+        spdlog::info(
+            "peers: {} served in replies sent straight from it, not by RMA: {} does RMA in "
+            "software, where a reply is two messages and an RMA read four",
+            t.name, options_.provider);
+      }
+      rma += (rma.empty() ? "" : ", ") + t.name + " in replies from memory";
+      continue;
+    }
     const Status s = link_->ExposeForRemoteRead(t.ram->mapping());
     if (s.ok()) {
       spdlog::info("peers: {} ({}) exposed to the job's peers for RMA reads", t.name,
@@ -278,6 +294,7 @@ report::Peers PeerService::Report() const {
   p.refused = c.auth_refused;
   p.malformed = c.malformed;
   p.served_rma = c.served_remote;
+  p.served_in_place = c.served_in_place;
   p.fetched_rma = c.fetched_remote;
   p.rma_failed = c.remote_failed;
   p.pushes_sent = c.pushes_sent;

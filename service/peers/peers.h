@@ -45,6 +45,7 @@ struct PeerServiceOptions {
   std::chrono::milliseconds timeout{5000};  // per request and handshake (a dead peer costs one)
   uint64_t margin = 20;  // docs/algorithm.md §7: readiness margin, in prefetch-list entries
   std::function<Status()> after_bind;  // fabric::PeerLinkOptions::after_bind
+  bool rma_in_software = false;        // fabric::PeerLinkOptions::rma_in_software
 };
 
 class PeerService final : public PeerSource {

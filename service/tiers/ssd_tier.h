@@ -113,6 +113,11 @@ class SsdTier final : public Tier {
   // from another source from then on. A dst aligned to 4096 bytes allows O_DIRECT; any other is
   // read buffered.
   Status Read(policy::SampleId sample, std::span<std::byte> dst);
+  // The xxh3 recorded when `sample`'s slot was filled (what Read verifies); meaningful once
+  // IsReady(sample).
+  uint64_t RecordedXxh3(policy::SampleId sample) const {
+    return slots_.expected(layout_.SlotOf(sample));
+  }
 
   const char* kind() const override { return "ssd"; }
   const TierLayout& layout() const override { return layout_; }

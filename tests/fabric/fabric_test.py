@@ -119,10 +119,10 @@ class FabricTest(unittest.TestCase):
         return path
 
     def start(self, nodes, conf, secrets, timeout_ms=1500, hosts=None, netns=None, job=JOB,
-              datasets=None, wait=True, startup_ms=10000):
+              datasets=None, wait=True, startup_ms=10000, env=None):
         """Starts `nodes` daemons, node n listening on hosts[n] (default 127.0.0.1) inside network
         namespace netns[n] (default this one), reading the dataset at datasets[n] (default the
-        test's); they wait for each other at most `startup_ms`."""
+        test's); they wait for each other at most `startup_ms`; `env` adds to their environment."""
         if hosts is None:
             base = free_port_base(nodes)
             addrs = [f"127.0.0.1:{base + n}" for n in range(nodes)]
@@ -145,7 +145,8 @@ class FabricTest(unittest.TestCase):
                 argv = ["ip", "netns", "exec", netns[n]] + argv
             err = open(os.path.join(self.work, f"nopfsd{n}.err"), "w")
             self.addCleanup(err.close)
-            self.daemons.append((subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err),
+            self.daemons.append((subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err,
+                                                  env=dict(os.environ, **(env or {}))),
                                  run))
         if not wait:
             return
@@ -202,10 +203,20 @@ class FabricTest(unittest.TestCase):
             self.assertEqual(left, [], f"node {n} left {left}")
 
     def test_nodes_read_each_others_tiers(self):
+        # On tcp, whose RMA is software, RAM-tier samples go in replies sent from the tier.
+        self.nodes_read_each_others_tiers(rma=False)
+
+    def test_nodes_read_each_others_tiers_by_rma_reads(self):
+        # NOPFS_PEER_RMA=always: by RMA reads of the other's tier, as on a provider that does
+        # them in hardware.
+        self.nodes_read_each_others_tiers(rma=True)
+
+    def nodes_read_each_others_tiers(self, rma):
         secret = self.private_file("secret", os.urandom(32))
         # Each node's RAM tier holds 60 % of the dataset: together they hold all of it, and a
         # node reads what it lacks from the other.
-        self.start(2, self.config(f"{int(self.total * 0.6)}B"), [secret, secret])
+        self.start(2, self.config(f"{int(self.total * 0.6)}B"), [secret, secret],
+                   env={"NOPFS_PEER_RMA": "always" if rma else "auto"})
         for n in range(2):
             while not self.prefetch_done(self.status(n)):
                 time.sleep(0.05)
@@ -227,14 +238,21 @@ class FabricTest(unittest.TestCase):
             self.assertEqual(s["peers"]["malformed"], 0, s)
             # The other node's one class (ram) was reported filled.
             self.assertEqual(s["peers"]["done_reports"], 1, s)
-            # The RAM tier is registered for RMA, and the samples of 16 KiB and more that a node
-            # fetched came by RMA reads (smaller ones come in the reply); read_rank checked every
-            # byte against the files either way.
-            self.assertTrue(s["peers"]["rma"].startswith("ram by RMA reads"), s)
-            rma = s["peers"]["fetched_rma"]
-            self.assertGreater(rma, 0, s)
-            self.assertLessEqual(rma, s["peers"]["fetched_samples"], s)
-            self.assertEqual(s["peers"]["rma_failed"], 0, s)
+            # Every sample a node served came from its RAM tier in place: with RMA, the samples
+            # of 16 KiB and more by RMA reads (smaller ones in replies from the tier); without,
+            # all in replies sent from the tier. read_rank checked every byte against the files
+            # either way.
+            p = s["peers"]
+            if rma:
+                self.assertTrue(p["rma"].startswith("ram by RMA reads"), s)
+                self.assertGreater(p["fetched_rma"], 0, s)
+                self.assertLessEqual(p["fetched_rma"], p["fetched_samples"], s)
+            else:
+                self.assertEqual(p["rma"], "ram in replies from memory", s)
+                self.assertEqual((p["served_rma"], p["fetched_rma"]), (0, 0), s)
+                self.assertGreater(p["served_in_place"], 0, s)
+            self.assertEqual(p["served_rma"] + p["served_in_place"], p["served_samples"], s)
+            self.assertEqual(p["rma_failed"], 0, s)
         for s in statuses:
             # With both tiers filled, no staged read went to the PFS: the tiers together hold
             # the dataset, and what a node lacks its peer has.
@@ -679,6 +697,25 @@ class FabricTest(unittest.TestCase):
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("--peer-secret-file", p.stderr + st.read(os.path.join(run, "failed"))
                       if os.path.exists(os.path.join(run, "failed")) else p.stderr)
+
+    def test_a_bad_nopfs_peer_rma_is_a_clear_error(self):
+        secret = self.private_file("secret", os.urandom(32))
+        run = os.path.join(self.work, "run")
+        os.mkdir(run, 0o700)
+        if st.AS_ROOT:
+            shutil.chown(run, "nobody", "nogroup")
+        base = free_port_base(2)
+        p = subprocess.run(st.demote_argv([
+            os.path.join(BIN, "nopfsd"), "--run-dir", run, "--dataset", self.data.root, *JOB,
+            "--node", "0", "--config", self.config("4M"),
+            "--peers", f"127.0.0.1:{base},127.0.0.1:{base + 1}", "--peer-secret-file", secret,
+            "--peer-startup-timeout-ms", "100"]),
+            capture_output=True, text=True, timeout=60,
+            env=dict(os.environ, NOPFS_PEER_RMA="sometimes"))
+        failed = os.path.join(run, "failed")
+        said = p.stderr + (st.read(failed) if os.path.exists(failed) else "")
+        self.assertNotEqual(p.returncode, 0, said)
+        self.assertIn("NOPFS_PEER_RMA=sometimes: write NOPFS_PEER_RMA=auto", said)
 
     def mount_pfs(self, backing, name, getattr_us=0):
         """`backing` through nopfs_pfsemu with no attribute cache (each node's lookups reach it,
