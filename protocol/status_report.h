@@ -17,7 +17,7 @@ namespace nopfs::report {
 
 // The report's own version, asked for by STATUS and echoed by STATUS_OK. A change to the fields
 // makes a new one.
-inline constexpr uint16_t kReportVersion = 1;
+inline constexpr uint16_t kReportVersion = 2;
 inline constexpr size_t kStallBuckets = 64;       // bucket 0 = 0 ns, bucket b = [2^(b-1), 2^b) ns
 inline constexpr uint64_t kUnknown = UINT64_MAX;  // an ETA that cannot be told yet
 
