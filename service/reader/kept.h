@@ -52,14 +52,28 @@ struct KeptPlace {
 // remove is logged and skipped).
 Result<uint64_t> CleanKeptArea(const std::string& kept_dir);
 
+// How a job takes the kept copy it finds.
+enum class AdoptMode {
+  // A job that keeps (--keep): the copy becomes its own (a private .tmp.adopt.* entry), Release
+  // frees the disk of the samples its tiers hold, a tier of the same layout takes its data files
+  // over, and what the job keeps at exit replaces it; the copy is removed when the job is done.
+  kTake,
+  // A job that keeps nothing: the copy is read where it is, under its lock (no other job takes
+  // it meanwhile; root counts it as in use), and nothing of it is written but its MANIFEST's
+  // last use when the job is done: it stays kept, as it was, for the next job.
+  kBorrow,
+};
+
 class KeptCopy {
  public:
-  // Renames <kept>/<key> to a private, locked .tmp.adopt.* entry and reads its MANIFEST and
-  // index. NotFound when nothing is kept for the key; any other error (the entry is removed)
-  // means it was unusable. The entry's files are read (and Release punches them) through `io`
-  // (nullptr: LocalIo::Default()), which must outlive the copy.
+  // Takes <kept>/<key> as `mode` says (kTake: renamed to a private, locked .tmp.adopt.* entry;
+  // kBorrow: locked where it is) and reads its MANIFEST and index. NotFound when nothing is kept
+  // for the key (or another job holds it); any other error (the entry is removed) means it was
+  // unusable. The entry's files are read (and Release punches them) through `io` (nullptr:
+  // LocalIo::Default()), which must outlive the copy.
   static Result<std::unique_ptr<KeptCopy>> Adopt(const KeptPlace& place, Catalog& catalog, Env* env,
-                                                 LocalIo* io = nullptr);
+                                                 LocalIo* io = nullptr,
+                                                 AdoptMode mode = AdoptMode::kTake);
   ~KeptCopy();  // Remove()
   KeptCopy(const KeptCopy&) = delete;
   KeptCopy& operator=(const KeptCopy&) = delete;
@@ -97,7 +111,7 @@ class KeptCopy {
 
   // Frees the disk of the adopted samples among `samples` (each one must be ready in a tier of
   // this job: it is never fetched from here again): their bytes are punched out of the data
-  // files. Returns the samples released.
+  // files. Returns the samples released (none for a borrowed copy, which is never written).
   uint64_t Release(std::span<const policy::SampleId> samples);
 
   uint64_t kept_samples() const { return matched_; }  // kept samples the catalog still has
@@ -110,11 +124,13 @@ class KeptCopy {
   uint64_t released_bytes() const { return released_bytes_.load(std::memory_order_relaxed); }
   int64_t created() const { return created_; }
   const std::string& dir() const { return dir_; }
-  // Closes and removes the private entry. Idempotent.
+  bool borrowed() const { return borrowed_; }
+  // Closes and removes the private entry; a borrowed copy stays kept, its MANIFEST's last use
+  // set to now (unless the key now holds another entry, which is left alone). Idempotent.
   void Remove();
   // Gives the copy back under its key (nopfsd failed to start; adoption only reads it), with the
-  // data files the in-place tier took over, or removes it when the key is taken meanwhile.
-  // Idempotent.
+  // data files the in-place tier took over, or removes it when the key is taken meanwhile; a
+  // borrowed copy is only unlocked, as it was. Idempotent.
   void PutBack();
 
  private:
@@ -124,12 +140,19 @@ class KeptCopy {
   static bool Unchanged(const kept::KeptSample& rec, const FileStat& st);
   // Record r (sample id) of an in-place file, its file unchanged: adopted, ready in the tier.
   void MarkInPlace(uint32_t r, policy::SampleId id);
+  // Closes a borrowed copy; with `used`, its MANIFEST's last use is set to now first.
+  void GiveBack(bool used);
+  // Closes the copy and removes its entry (a borrowed one too: it was found unusable).
+  void Discard();
 
   Catalog& catalog_;
   Env* env_;
   LocalIo* const io_;
   std::string kept_dir_, key_, name_, dir_;
   UniqueFd lock_fd_;
+  bool borrowed_ = false;
+  UniqueFd dir_fd_;              // a borrowed copy's directory (its MANIFEST is rewritten there)
+  kept::KeptManifest manifest_;  // a borrowed copy's, as read
   int64_t created_ = 0;
   std::vector<UniqueFd> data_fds_;         // [data file], none: absent
   std::vector<kept::KeptSample> records_;  // from the index
