@@ -220,6 +220,9 @@ struct KeepCommitOptions {
   std::chrono::milliseconds quiet{5000};
   std::chrono::milliseconds interval{1000};  // how often the thread looks at the tier
   unsigned stat_threads = 8;                 // the new samples' files are stat-ed in parallel
+  // The record's size at most (root reads it whole): a sample whose index entry would not fit
+  // is not recorded. Tests make it smaller.
+  uint64_t max_record_bytes = kept::kMaxKeepRecordBytes;
 };
 
 // Keeps a record (kept/area.h, kKeepRecordName in the tier's directory) of the tier's ready
@@ -262,6 +265,8 @@ class KeepCommitter {
   std::vector<FileStat> stat_of_;  // [slot]: its file's stat, when recorded
   std::unordered_map<std::string, std::optional<FileStat>> stats_;  // by path; none: failed
   uint64_t budget_used_ = 0;                                        // padded bytes recorded
+  uint64_t index_used_ = 0;   // index bytes of the samples recorded (kept::KeptIndexEntryBytes)
+  bool record_full_ = false;  // a sample was refused for the record's size (logged once)
   uint64_t recorded_ = 0, written_recorded_ = 0;
   uint64_t last_ready_seen_ = 0;
   std::atomic<uint64_t> commits_{0}, committed_{0}, written_bytes_{0}, commit_ns_{0};

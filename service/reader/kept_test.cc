@@ -822,6 +822,24 @@ TEST_F(KeptTest, TheRecordHoldsOnlyUnchangedFilesWithinTheBudget) {
   EXPECT_EQ(f->dropped, uint64_t(n - 1));
 }
 
+// The record stays within the size root reads: the samples whose index entries do not fit are
+// not recorded, and the epilog finishes the record it gets.
+TEST_F(KeptTest, TheRecordStaysWithinTheSizeRootReads) {
+  const TierLayout& layout = ssd_->layout();
+  uint64_t five = 0;
+  for (uint32_t s = 0; s < 5; ++s)
+    five += kept::KeptIndexEntryBytes(catalog_->relative_path(layout.SampleAt(s)).size());
+  KeepCommitOptions o = CommitOptions();
+  o.max_record_bytes = kept::kKeepRecordOverheadBytes + five;
+  KeepCommitter c(o, *ssd_, *catalog_, Env::Default());
+  ASSERT_TRUE(*c.Commit(true));
+  EXPECT_EQ(RecordedSamples(*ssd_), 5);
+  EXPECT_LE(fs::file_size(ssd_->dir() + "/" + kept::kKeepRecordName), o.max_record_bytes);
+  Result<kept::FinishResult> f = FinishAsTheEpilog("job1");
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_EQ(f->samples, 5u);
+}
+
 // nopfsd killed with SIGKILL at moments spread over its fill, its committer running: each time
 // the epilog either keeps a whole record, whose every sample the next job adopts with its bytes,
 // or keeps nothing.
