@@ -123,7 +123,19 @@ Result<std::vector<KeptSample>> ParseKeptIndex(std::string_view bytes);
 // when nopfsd was killed (kept/finish.h). A MANIFEST and an index, sealed together: its
 // manifest's data_files counts the tier's data files, data.<n> of the tier's directory.
 inline constexpr char kKeepRecordName[] = "keep";
-inline constexpr uint64_t kMaxKeepRecordBytes = kMaxManifestBytes + kMaxIndexBytes + 64;
+// The most a keep record may hold. Root reads it whole to finish a kept entry (kept/finish.h),
+// so it is bounded by what a real one needs, not by the index's own limit: 256 MiB holds the
+// index of about 2.3 million samples with 40-byte relative paths (KeptIndexEntryBytes), more
+// than ImageNet's 1.28 million training images. nopfsd records no sample past it
+// (KeepCommitter); a larger record is refused unread.
+inline constexpr uint64_t kMaxKeepRecordBytes = uint64_t{256} << 20;
+// What the record holds besides its index's entries: its header and seal, the MANIFEST at its
+// largest, and the index's header and seal.
+inline constexpr uint64_t kKeepRecordOverheadBytes = 8 + 4 + 4 + kMaxManifestBytes + 4 + 8 + 28;
+// The bytes one sample takes in an index (EncodeKeptIndex), by the length of its relative path.
+inline constexpr uint64_t KeptIndexEntryBytes(uint64_t path_bytes) {
+  return 4 + path_bytes + 7 * 8 + 4 + 8;
+}
 struct KeepRecord {
   KeptManifest manifest;
   std::vector<KeptSample> samples;

@@ -175,6 +175,16 @@ Result<FinishResult> FinishKept(const FinishRequest& r) {
     return Status::PermissionDenied(tier_shown + " belongs to uid " + std::to_string(tst.st_uid) +
                                     ", not " + std::to_string(r.uid) + "; not touching it");
   }
+  // Root's memory: a record larger than nopfsd ever writes is refused before it is read.
+  struct stat rst {};
+  if (::fstatat(tier_fd.get(), kKeepRecordName, &rst, AT_SYMLINK_NOFOLLOW) == 0 &&
+      S_ISREG(rst.st_mode) && uint64_t(rst.st_size) > kMaxKeepRecordBytes) {
+    return Status::ResourceExhausted(
+        "keep record: " + tier_shown + "/" + kKeepRecordName + " holds " +
+        std::to_string(rst.st_size) + " bytes, more than the " +
+        std::to_string(kMaxKeepRecordBytes >> 20) +
+        " MiB a keep record may hold (nopfsd writes none larger); not reading it, nothing kept");
+  }
   Result<std::string> bytes =
       ReadSmallFileAt(tier_fd.get(), kKeepRecordName, SmallFileRules{kMaxKeepRecordBytes, r.uid});
   if (!bytes.ok()) {

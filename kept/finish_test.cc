@@ -218,6 +218,22 @@ TEST_F(FinishTest, NoTierOrNoRecordIsNothingToDo) {
   EXPECT_FALSE(fs::exists(user_ + "/kept"));
 }
 
+// A record larger than nopfsd ever writes (a user's file: it may say anything) is refused with
+// its size and the limit, before root reads a byte of it, and nothing is kept.
+TEST_F(FinishTest, ARecordLargerThanARealOneIsRefusedUnread) {
+  { std::ofstream f(tier_ + "/" + kKeepRecordName, std::ios::binary | std::ios::trunc); }
+  fs::resize_file(tier_ + "/" + kKeepRecordName, kMaxKeepRecordBytes + 1);  // sparse
+  Result<FinishResult> f = Finish();
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(f.status().message().find(
+                "keep holds " + std::to_string(kMaxKeepRecordBytes + 1) +
+                " bytes, more than the 256 MiB a keep record may hold (nopfsd writes none larger)"),
+            std::string::npos)
+      << f.status().message();
+  ExpectNothingKept();
+}
+
 TEST_F(FinishTest, TheGrantBoundsWhatIsKeptAndTheRestIsPunchedOut) {
   WriteRecord(Record(samples_));
   Result<FinishResult> f = Finish(/*max_bytes=*/2 * 8192);

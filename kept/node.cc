@@ -77,14 +77,18 @@ KeepPlan NodeKept::Admitted(const lua::NodeState& ns, const lua::Admission& adm)
   for (const KeptEntry& k : kept_.entries()) {
     if (adoptable(k)) own += k.data.bytes;
   }
+  KeepPlan plan;
+  const lua::KeepGrant g = grants_.For(job_.uid);
+  const bool keeps = job_.keep && !grants_.Failed(job_.uid) && g.quota != 0 && adm.ssd != 0;
+  // A job that keeps takes its own copies: their disk is freed as its SSD tier fills, so they
+  // count within its grant. One that keeps nothing reads them and leaves them kept: they stay
+  // beside its tier.
   const uint64_t used = ns.ssd_reserved + adm.ssd;
-  const uint64_t room =
-      (ns.ssd_total > used ? ns.ssd_total - used : 0) + std::min<uint64_t>(own, adm.ssd);
+  const uint64_t room = (ns.ssd_total > used ? ns.ssd_total - used : 0) +
+                        (keeps ? std::min<uint64_t>(own, adm.ssd) : 0);
   for (Removal& r : kept_.MakeRoom(room, adoptable))
     removed_.push_back(std::move(r));
 
-  KeepPlan plan;
-  const lua::KeepGrant g = grants_.For(job_.uid);
   if (!job_.keep) {
     plan.note = "keeps nothing (--nopfs-keep=no)";
   } else if (grants_.Failed(job_.uid)) {
@@ -94,10 +98,14 @@ KeepPlan NodeKept::Admitted(const lua::NodeState& ns, const lua::Admission& adm)
   } else if (adm.ssd == 0) {
     plan.note = "keeps nothing (no SSD tier)";
   } else {
-    plan.keep = true;
+    plan.keep = keeps;
     plan.max_bytes = std::min<uint64_t>(g.quota, adm.ssd);
     plan.note = "keeps up to " + FormatBytes(static_cast<double>(plan.max_bytes));
     if (own != 0) plan.note += ", adopts " + FormatBytes(static_cast<double>(own)) + " kept";
+  }
+  if (!keeps && own != 0) {
+    Append(&plan.note,
+           "reads " + FormatBytes(static_cast<double>(own)) + " kept and leaves it kept");
   }
   for (const std::string& e : grants_.errors())
     Append(&plan.note, e);

@@ -130,6 +130,27 @@ TEST_F(NodeKeptTest, AJobThatNeedsTheSpaceEvictsOthersButAdoptsItsOwn) {
   EXPECT_NE(plan.note.find(", space)"), std::string::npos) << plan.note;
 }
 
+// The same node and grant for a job that keeps nothing: it reads its own copy and leaves it kept,
+// so the copy's disk stays beside the grant: both others must go, and the copy stays.
+TEST_F(NodeKeptTest, AJobThatKeepsNothingLeavesItsOwnCopyBesideItsGrant) {
+  const int64_t now = ::time(nullptr);
+  Kept(kA, "/pfs/mine", 10 * kMiB, now - 300);
+  Kept(kB, "/pfs/other", 10 * kMiB, now - 200);
+  Kept(kC, "/pfs/third", 10 * kMiB, now - 100);
+  lua::NodeState ns = Node(50 * kMiB);
+  NodeKept kept(KeepJob{kMe, "/pfs/mine", false, Policy("return { quota = '1G' }")}, *config_,
+                Paths(), {}, &ns);
+  lua::Admission adm;
+  adm.admitted = true;
+  adm.ssd = 39 * kMiB;
+  const KeepPlan plan = kept.Admitted(ns, adm);
+  EXPECT_EQ(Left(), (std::set<std::string>{kA}));
+  EXPECT_FALSE(plan.keep);
+  EXPECT_NE(plan.note.find("keeps nothing (--nopfs-keep=no); reads 10"), std::string::npos)
+      << plan.note;
+  EXPECT_NE(plan.note.find(" kept and leaves it kept"), std::string::npos) << plan.note;
+}
+
 TEST_F(NodeKeptTest, QuotaBoundsTheKeepAndTheOptionOrTheAbsentHookKeepNothing) {
   lua::NodeState ns = Node();
   lua::Admission adm;

@@ -145,7 +145,9 @@ KeptNode KeptNode::Scan(const std::vector<std::string>& ssd_paths, const ScanOpt
         e.area = index;
         k.dir = user->shown + "/kept/" + k.key;
         e.data = std::move(k);
-        if (e.Pending()) e.in_use = KeptEntryInUse(user->dir + "/kept", e.data.key);
+        // A complete entry is in use while a job that keeps nothing reads it (its lock held).
+        e.in_use = e.Pending() ? KeptEntryInUse(user->dir + "/kept", e.data.key)
+                               : KeptLockHeld(user->dir + "/kept", e.data.key);
         if (!o.root) {
           e.times = {e.data.created, e.data.last_used};
         } else if (e.Complete()) {

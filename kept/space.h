@@ -29,7 +29,8 @@
 //
 // An entry is in use while a live process holds it: a .tmp.* dataset or a stray with a `lock`
 // file that someone holds with flock, or without one and changed in the last
-// kKeptLockGraceSeconds. It is counted (HeldBytes) and never removed.
+// kKeptLockGraceSeconds, or a kept dataset whose `lock` someone holds (a job that keeps nothing
+// reads it where it is). It is counted (HeldBytes) and never removed.
 //
 // What is removed, and why (the `why` of each Removal):
 //   incomplete   an entry of kept/ that is not a key with a valid MANIFEST and is not in use

@@ -160,6 +160,37 @@ TEST(KeptSpace, MakeRoomEvictsLeastRecentlyUsedAcrossAreasAndSparesWhatItIsTold)
   EXPECT_TRUE(OnDisk(k2).empty());
 }
 
+// A kept dataset that a job which keeps nothing reads where it is (its lock held) is in use:
+// counted, never evicted nor expired; once the lock is let go it is a kept dataset again.
+TEST(KeptSpace, AKeptDatasetWhoseLockIsHeldIsInUse) {
+  const std::string ssd = Fresh("borrowed");
+  const std::string kept = UserKept(ssd);
+  MakeKept(kept, kA, 2 * kMiB, 1000);
+  MakeKept(kept, kB, 2 * kMiB, 2000);
+  Result<int> lock = LockKeptEntry(kept + "/" + kA);
+  ASSERT_TRUE(lock.ok()) << lock.status().message();
+  {
+    KeptNode n = KeptNode::Scan({ssd});
+    ASSERT_EQ(n.entries().size(), 2u);
+    for (const KeptEntry& e : n.entries())
+      EXPECT_EQ(e.in_use, e.data.key == kA) << e.data.key;
+    EXPECT_GE(n.HeldBytes(), 2 * kMiB);
+    EXPECT_LT(n.HeldBytes(), 3 * kMiB);
+    // The least recently used, but held: the other goes, and then nothing more.
+    std::vector<Removal> r = n.MakeRoom(0);
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_EQ(r[0].entry.data.key, kB);
+    EXPECT_TRUE(n.Sweep([](uint32_t) { return KeepLimits{0, 1}; }, 1'000'000).empty());
+    EXPECT_EQ(OnDisk(kept), std::set<std::string>{kA});
+  }
+  ::close(*lock);
+  KeptNode n = KeptNode::Scan({ssd});
+  ASSERT_EQ(n.entries().size(), 1u);
+  EXPECT_FALSE(n.entries()[0].in_use);
+  EXPECT_EQ(n.MakeRoom(0).size(), 1u);
+  EXPECT_TRUE(OnDisk(kept).empty());
+}
+
 TEST(KeptSpace, AUserDirectorySwappedForALinkAfterTheScanMovesNothingElsewhere) {
   const std::string ssd = Fresh("swap");
   const std::string kept = UserKept(ssd);

@@ -2,6 +2,7 @@
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -387,6 +388,62 @@ TEST(Child, ExecFailureAndRelease) {
   ::kill(pid, SIGKILL);
   int status = 0;
   EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+}
+
+// A detached process is in another session than its launcher (not leading it: it can never get a
+// controlling terminal), has /dev/null as 0, 1 and 2 and no other descriptor, ignores SIGHUP, and
+// outlives the middle process, which the launcher has reaped when Detach returns.
+TEST(Detach, LeavesASessionlessProcessWithNothingOpen) {
+  const std::string dir = FreshDir("launch_detach");
+  const std::string report_path = dir + "/report";
+  const std::string tmp_path = dir + "/report.tmp";
+  int kept[2];
+  ASSERT_EQ(::pipe(kept), 0);  // not close-on-exec: only Detach closes it
+  const pid_t launcher = ::getpid();
+  const Detached d = Detach();
+  if (d == Detached::kDetached) {
+    std::string r;
+    r += "session=" + std::to_string(::getsid(0) != ::getsid(launcher)) + "\n";
+    r += "leader=" + std::to_string(::getsid(0) == ::getpid()) + "\n";
+    r += "parent=" + std::to_string(::getppid() != launcher) + "\n";
+    for (int fd = 0; fd <= 2; ++fd) {
+      char target[64] = {};
+      const std::string link = "/proc/self/fd/" + std::to_string(fd);
+      const ssize_t n = ::readlink(link.c_str(), target, sizeof(target) - 1);
+      r += "fd" + std::to_string(fd) + "=" + (n > 0 ? std::string(target, n) : "closed") + "\n";
+    }
+    r += "pipe=" + std::to_string(::fcntl(kept[0], F_GETFD) < 0 && errno == EBADF) +
+         std::to_string(::fcntl(kept[1], F_GETFD) < 0 && errno == EBADF) + "\n";
+    struct sigaction hup {};
+    ::sigaction(SIGHUP, nullptr, &hup);
+    r += "sighup=" + std::to_string(hup.sa_handler == SIG_IGN) + "\n";
+    const int fd = ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      (void)!::write(fd, r.data(), r.size());
+      ::close(fd);
+      ::rename(tmp_path.c_str(), report_path.c_str());
+    }
+    _exit(0);
+  }
+  ASSERT_EQ(d, Detached::kCaller);
+  ::close(kept[1]);
+  // The middle process is reaped; the detached one is not this process's child.
+  errno = 0;
+  EXPECT_EQ(::waitpid(-1, nullptr, WNOHANG), -1);
+  EXPECT_EQ(errno, ECHILD);
+  // Its copy of the pipe's write end is closed: the read end sees the end of the pipe.
+  pollfd p{kept[0], POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 10000), 1);
+  char c;
+  EXPECT_EQ(::read(kept[0], &c, 1), 0);
+  ::close(kept[0]);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!std::filesystem::exists(report_path) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const std::string report = Slurp(report_path);
+  EXPECT_EQ(report,
+            "session=1\nleader=0\nparent=1\nfd0=/dev/null\nfd1=/dev/null\nfd2=/dev/null\n"
+            "pipe=11\nsighup=1\n");
 }
 
 // The capability sets of this thread: "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb" as in

@@ -289,6 +289,29 @@ Result<int> Child::Wait() {
   return status;
 }
 
+Detached Detach() {
+  const pid_t child = ::fork();
+  if (child < 0) return Detached::kFailed;
+  if (child > 0) {
+    int status = 0;
+    while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+    }
+    return Detached::kCaller;
+  }
+  // The middle process exits at once; its child, reparented to init, goes on.
+  ::setsid();
+  if (::fork() != 0) _exit(0);
+  const int null_fd = ::open("/dev/null", O_RDWR);
+  if (null_fd >= 0) {
+    ::dup2(null_fd, 0);
+    ::dup2(null_fd, 1);
+    ::dup2(null_fd, 2);
+  }
+  ::close_range(3, ~0U, 0);
+  ::signal(SIGHUP, SIG_IGN);
+  return Detached::kDetached;
+}
+
 std::string DescribeWaitStatus(int status) {
   if (WIFEXITED(status)) return "exited " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {

@@ -88,6 +88,16 @@ class Child {
   pid_t pid_ = -1;
 };
 
+// Starts a background process that outlives this one and any session it was in (a double fork):
+// this process forks; the child starts a session (setsid), forks again and exits at once, so
+// that the grandchild is reparented to init; this process reaps the child before it returns.
+// The grandchild has /dev/null as 0, 1 and 2, no other descriptor, and SIGHUP ignored. Returns,
+// like fork, in both: kCaller in this process (kFailed, with nothing started, when the first
+// fork failed), kDetached in the grandchild, which must end with exec or _exit. Meant for a
+// single-threaded process: the grandchild of a threaded one may only make async-signal-safe calls.
+enum class Detached { kFailed, kCaller, kDetached };
+Detached Detach();
+
 // "exited 3", "killed by SIGSEGV".
 std::string DescribeWaitStatus(int status);
 

@@ -47,6 +47,8 @@ inline constexpr const char* kSummaryName = "summary";
 // The most a summary may take (the epilog reads no more).
 inline constexpr uint64_t kMaxSummaryBytes = 1 << 20;
 inline constexpr const char* kPeersName = "peers";
+// Made by the first task that shows the `peers` line on a node, so that later steps' tasks do not.
+inline constexpr const char* kPeersShownName = "peers.shown";
 // The prolog's line on placement (whether the job came to its user's kept copy), printed once in
 // the batch script's output.
 inline constexpr const char* kPlacementName = "placement";

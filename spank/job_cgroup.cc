@@ -1,10 +1,8 @@
 #include "spank/job_cgroup.h"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <syslog.h>
 #include <unistd.h>
 
@@ -19,6 +17,7 @@ extern "C" {
 }
 
 #include "common/units.h"
+#include "launch/process.h"
 
 namespace nopfs::spank {
 namespace {
@@ -284,25 +283,15 @@ Status AdoptInto(const std::vector<std::string>& dirs, pid_t pid) {
 bool AdoptLater(const JobCgroupOptions& o, uint64_t job_id, uid_t uid, pid_t pid,
                 uint64_t start_time, std::chrono::milliseconds wait) {
   if (DetectCgroupVersion(o.root) != CgroupVersion::kV1) return false;
-  const pid_t child = ::fork();
-  if (child < 0) return false;
-  if (child > 0) {
-    int status = 0;
-    while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
-    }
-    return true;
+  // The detached process, reparented to init, waits for the cgroup.
+  switch (launch::Detach()) {
+    case launch::Detached::kFailed:
+      return false;
+    case launch::Detached::kCaller:
+      return true;
+    case launch::Detached::kDetached:
+      break;
   }
-  // The middle process exits at once; its child, reparented to init, waits for the cgroup.
-  ::setsid();
-  if (::fork() != 0) _exit(0);
-  const int null_fd = ::open("/dev/null", O_RDWR);
-  if (null_fd >= 0) {
-    ::dup2(null_fd, 0);
-    ::dup2(null_fd, 1);
-    ::dup2(null_fd, 2);
-  }
-  ::close_range(3, ~0U, 0);
-  ::signal(SIGHUP, SIG_IGN);
   ::openlog("nopfs-job", LOG_PID, LOG_DAEMON);
   const auto deadline = std::chrono::steady_clock::now() + wait;
   // The extern step tells that slurmd has set the job's directories up (the cpuset's cpus and

@@ -3,10 +3,8 @@
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +25,7 @@ extern "C" {
 #include "common/unique_fd.h"
 #include "kept/record.h"
 #include "kept/space.h"
+#include "launch/process.h"
 #include "share/store.h"
 #include "spank/ledger.h"
 
@@ -477,25 +476,8 @@ void RunDetached(const std::vector<std::string>& argv) {
   for (const std::string& a : argv)
     args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  const pid_t child = ::fork();
-  if (child < 0) return;
-  if (child > 0) {
-    int status = 0;
-    while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
-    }
-    return;
-  }
-  // The middle process exits at once; its child, reparented to init, runs the reconcile.
-  ::setsid();
-  if (::fork() != 0) _exit(0);
-  const int null_fd = ::open("/dev/null", O_RDWR);
-  if (null_fd >= 0) {
-    ::dup2(null_fd, 0);
-    ::dup2(null_fd, 1);
-    ::dup2(null_fd, 2);
-  }
-  ::close_range(3, ~0U, 0);
-  ::signal(SIGHUP, SIG_IGN);
+  // The detached process, reparented to init, runs the reconcile.
+  if (launch::Detach() != launch::Detached::kDetached) return;
   ::execv(args[0], args.data());
   _exit(127);
 }

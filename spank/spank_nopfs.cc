@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
@@ -238,6 +239,18 @@ int JobScript(spank_t sp, int ac, char** av, const char* mode) {
   return 0;
 }
 
+// Whether this task is the first to show a line that `marker` (a file of the job's run directory,
+// the task's user's) stands for: it makes the marker, exclusively. A marker that cannot be made
+// for another reason shows the line: twice is better than never.
+bool FirstToShow(const std::string& marker) {
+  const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    ::close(fd);
+    return true;
+  }
+  return errno != EEXIST;
+}
+
 int TaskInit(spank_t sp) {
   if (g_opts.dataset.empty()) return 0;
   uint32_t job_id = 0;
@@ -364,9 +377,16 @@ int TaskInit(spank_t sp) {
   // Whether placement brought the job to its user's kept copy (the prolog's `placement` file).
   if (local == 0 && !is_step) std::fprintf(stderr, "%s", read(launch::kPlacementName).c_str());
   // Why this node's peer link did not start, or not every other node answered (the prolog's
-  // `peers` file): from the node's first task of each step, since the job runs on, reading from
-  // the PFS what its peers would have served.
-  if (why.empty() && local == 0) std::fprintf(stderr, "%s", read(launch::kPeersName).c_str());
+  // `peers` file), since the job runs on, reading from the PFS what its peers would have served:
+  // once for each node, by the first task to start there (the batch script's on the first node,
+  // else the node's first task of the first step on it), which leaves `peers.shown` in the run
+  // directory for the tasks of later steps.
+  if (why.empty() && local == 0) {
+    const std::string peers = read(launch::kPeersName);
+    if (!peers.empty() && FirstToShow(dir + "/" + launch::kPeersShownName)) {
+      std::fprintf(stderr, "%s", peers.c_str());
+    }
+  }
   return 0;
 }
 

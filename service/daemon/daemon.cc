@@ -125,7 +125,9 @@ void Daemon::Stop() {
   }
   reader_.reset();
   siblings_.reset();
-  kept_.clear();  // the adopted copies: what is worth keeping again is in the new kept entries
+  // The adopted copies: what is worth keeping again is in the new kept entries; a borrowed copy
+  // (a job that keeps nothing) stays kept.
+  kept_.clear();
   for (auto& t : ssd_tiers_) {
     if (Status s = t->Destroy(); !s.ok()) spdlog::error("removing SSD tier: {}", s.message());
   }

@@ -169,8 +169,10 @@ void Daemon::AdoptKept() {
     if (Result<uint64_t> n = CleanKeptArea(k.place.kept_dir); !n.ok()) {
       spdlog::warn("kept area: cleaning {}: {}", k.place.kept_dir, n.status().message());
     }
+    // A job that keeps nothing reads the copy and leaves it kept (its last use updated).
     Result<std::unique_ptr<KeptCopy>> copy =
-        KeptCopy::Adopt(k.place, *catalog_, Env::Default(), options_.local_io);
+        KeptCopy::Adopt(k.place, *catalog_, Env::Default(), options_.local_io,
+                        options_.keep ? AdoptMode::kTake : AdoptMode::kBorrow);
     if (copy.ok()) {
       k.copy = std::move(*copy);
     } else if (copy.status().code() != StatusCode::kNotFound) {

@@ -73,6 +73,20 @@ Result<bool> KeepCommitter::Commit(bool force) {
       mark_[s] = kRefused;
       continue;
     }
+    // The record stays within what root reads (kept::kMaxKeepRecordBytes).
+    const uint64_t entry = kept::KeptIndexEntryBytes(catalog_.relative_path(id).size());
+    if (kept::kKeepRecordOverheadBytes + index_used_ + entry > o_.max_record_bytes) {
+      mark_[s] = kRefused;
+      if (!record_full_) {
+        record_full_ = true;
+        spdlog::warn(
+            "kept area: the keep record is full ({} samples, at most {} bytes); the samples "
+            "that become ready later are not recorded",
+            recorded_, o_.max_record_bytes);
+      }
+      continue;
+    }
+    index_used_ += entry;
     budget_used_ += padded;
     mark_[s] = kRecorded;
     stat_of_[s] = *st;

@@ -80,7 +80,7 @@ Result<uint64_t> CleanKeptArea(const std::string& kept_dir) {
 }
 
 Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalog& catalog,
-                                                  Env* env, LocalIo* io) {
+                                                  Env* env, LocalIo* io, AdoptMode mode) {
   if (io == nullptr) io = LocalIo::Default();
   const std::string src = place.kept_dir + "/" + place.key;
   struct stat st {};
@@ -88,7 +88,10 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
   std::unique_ptr<KeptCopy> k(new KeptCopy(catalog, env, io));
   k->kept_dir_ = place.kept_dir;
   k->key_ = place.key;
-  k->name_ = ".tmp.adopt." + place.tag + "." + std::to_string(::getpid());
+  k->borrowed_ = mode == AdoptMode::kBorrow;
+  // A borrowed copy is read where it is, under its own name.
+  k->name_ =
+      k->borrowed_ ? place.key : ".tmp.adopt." + place.tag + "." + std::to_string(::getpid());
   k->dir_ = place.kept_dir + "/" + k->name_;
   if (!S_ISDIR(st.st_mode)) {
     (void)kept::RemoveKept(place.kept_dir, place.key);
@@ -105,9 +108,14 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
     return lock.status();
   }
   k->lock_fd_.Reset(*lock);
-  if (io->Rename(src, k->dir_) != 0) return Status::FromErrno(errno, src);
+  if (k->borrowed_) {
+    k->dir_fd_.Reset(io->Open(src, O_RDONLY | O_DIRECTORY | O_NOFOLLOW, 0));
+    if (!k->dir_fd_.valid()) return Status::FromErrno(errno, src);
+  } else if (io->Rename(src, k->dir_) != 0) {
+    return Status::FromErrno(errno, src);
+  }
   const auto fail = [&k](Status s) {
-    k->Remove();
+    k->Discard();
     return s;
   };
 
@@ -126,10 +134,11 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
   if (!records.ok()) return fail(records.status().WithContext(src));
   k->records_ = std::move(*records);
   k->created_ = m->created;
+  k->manifest_ = *m;
   for (uint32_t f = 0; f < m->data_files; ++f) {
     const std::string path = k->dir_ + "/data." + std::to_string(f);
-    // Read-write: Release punches the adopted samples out (only Release writes).
-    UniqueFd fd(io->Open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK, 0));
+    // Read-write when taken: Release punches the adopted samples out (only Release writes).
+    UniqueFd fd(io->Open(path, (k->borrowed_ ? O_RDONLY : O_RDWR) | O_NOFOLLOW | O_NONBLOCK, 0));
     struct stat fst {};
     if (fd.valid() && (io->Fstat(fd.get(), &fst) != 0 || !S_ISREG(fst.st_mode))) fd.Reset();
     k->data_fds_.push_back(std::move(fd));  // none when absent: its samples are rejected
@@ -164,13 +173,15 @@ Result<std::unique_ptr<KeptCopy>> KeptCopy::Adopt(const KeptPlace& place, Catalo
       k->rejected_.fetch_add(1, std::memory_order_relaxed);
     }
   }
-  spdlog::info("kept area: adopted {} ({} kept samples, {} of them in this dataset's catalog)", src,
-               k->records_.size(), k->matched_);
+  spdlog::info("kept area: {} {} ({} kept samples, {} of them in this dataset's catalog)",
+               k->borrowed_ ? "reading, and leaving kept (this job keeps nothing)," : "adopted",
+               src, k->records_.size(), k->matched_);
   return k;
 }
 
 void KeptCopy::PutBack() {
   StopChecks();
+  if (borrowed_) return GiveBack(false);
   if (name_.empty()) return;
   // The data files a tier took over come back (the tier, never served, is destroyed next; the
   // next adoption checks every sample's bytes again).
@@ -197,9 +208,51 @@ KeptCopy::~KeptCopy() {
 }
 
 void KeptCopy::Remove() {
+  if (borrowed_) return GiveBack(true);
+  Discard();
+}
+
+void KeptCopy::GiveBack(bool used) {
   StopChecks();
   for (UniqueFd& fd : data_fds_)
     fd.Reset();
+  if (!name_.empty() && used && dir_fd_.valid()) {
+    // The MANIFEST is rewritten in the directory that was read (its descriptor): a key that now
+    // holds another job's entry (kept meanwhile) is not touched, and a removed one takes nothing.
+    kept::KeptManifest m = manifest_;
+    m.last_used = std::max(m.last_used, NowSeconds());
+    const std::string bytes = kept::EncodeKeptManifest(m);
+    const char tmp[] = ".tmp.MANIFEST";
+    bool done = false;
+    const int fd =
+        ::openat(dir_fd_.get(), tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      done = ::write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()) &&
+             ::fsync(fd) == 0;
+      ::close(fd);
+      done = done && ::renameat(dir_fd_.get(), tmp, dir_fd_.get(), "MANIFEST") == 0 &&
+             ::fsync(dir_fd_.get()) == 0;
+      if (!done) (void)::unlinkat(dir_fd_.get(), tmp, 0);
+    }
+    if (done) {
+      spdlog::info("kept area: {} stays kept (last used now)", dir_);
+    } else if (errno == ENOENT) {
+      spdlog::info("kept area: {} was kept again or removed meanwhile; left as it is", dir_);
+    } else {
+      spdlog::warn("kept area: {} stays kept, its last use not updated: {}", dir_,
+                   std::strerror(errno));
+    }
+  }
+  name_.clear();
+  dir_fd_.Reset();
+  lock_fd_.Reset();
+}
+
+void KeptCopy::Discard() {
+  StopChecks();
+  for (UniqueFd& fd : data_fds_)
+    fd.Reset();
+  dir_fd_.Reset();
   if (!name_.empty()) {
     if (Status s = kept::RemoveKept(kept_dir_, name_); !s.ok())
       spdlog::warn("kept area: removing {}: {}", dir_, s.message());
@@ -279,7 +332,7 @@ void KeptCopy::CheckAhead(std::span<const policy::SampleId> order, unsigned thre
 
 std::vector<std::string> KeptCopy::InPlaceFiles(const TierLayout& layout) const {
   std::vector<std::string> out(layout.file_count());
-  if (name_.empty()) return out;
+  if (name_.empty() || borrowed_) return out;  // a borrowed copy is never written
   // [kept data file]: 1 while every kept sample in it sits at its extent in `layout`, 0 once one
   // does not; 2 (no sample seen yet) at first.
   std::vector<uint8_t> fits(data_fds_.size(), 2);
@@ -349,7 +402,7 @@ void KeptCopy::MarkInPlace(uint32_t r, policy::SampleId id) {
 }
 
 uint64_t KeptCopy::Release(std::span<const policy::SampleId> samples) {
-  if (name_.empty()) return 0;
+  if (name_.empty() || borrowed_) return 0;
   uint64_t released = 0, bytes = 0;
   for (policy::SampleId id : samples) {
     if (id >= record_of_.size() || record_of_[id] == kNone) continue;

@@ -52,14 +52,28 @@ struct KeptPlace {
 // remove is logged and skipped).
 Result<uint64_t> CleanKeptArea(const std::string& kept_dir);
 
+// How a job takes the kept copy it finds.
+enum class AdoptMode {
+  // A job that keeps (--keep): the copy becomes its own (a private .tmp.adopt.* entry), Release
+  // frees the disk of the samples its tiers hold, a tier of the same layout takes its data files
+  // over, and what the job keeps at exit replaces it; the copy is removed when the job is done.
+  kTake,
+  // A job that keeps nothing: the copy is read where it is, under its lock (no other job takes
+  // it meanwhile; root counts it as in use), and nothing of it is written but its MANIFEST's
+  // last use when the job is done: it stays kept, as it was, for the next job.
+  kBorrow,
+};
+
 class KeptCopy {
  public:
-  // Renames <kept>/<key> to a private, locked .tmp.adopt.* entry and reads its MANIFEST and
-  // index. NotFound when nothing is kept for the key; any other error (the entry is removed)
-  // means it was unusable. The entry's files are read (and Release punches them) through `io`
-  // (nullptr: LocalIo::Default()), which must outlive the copy.
+  // Takes <kept>/<key> as `mode` says (kTake: renamed to a private, locked .tmp.adopt.* entry;
+  // kBorrow: locked where it is) and reads its MANIFEST and index. NotFound when nothing is kept
+  // for the key (or another job holds it); any other error (the entry is removed) means it was
+  // unusable. The entry's files are read (and Release punches them) through `io` (nullptr:
+  // LocalIo::Default()), which must outlive the copy.
   static Result<std::unique_ptr<KeptCopy>> Adopt(const KeptPlace& place, Catalog& catalog, Env* env,
-                                                 LocalIo* io = nullptr);
+                                                 LocalIo* io = nullptr,
+                                                 AdoptMode mode = AdoptMode::kTake);
   ~KeptCopy();  // Remove()
   KeptCopy(const KeptCopy&) = delete;
   KeptCopy& operator=(const KeptCopy&) = delete;
@@ -97,7 +111,7 @@ class KeptCopy {
 
   // Frees the disk of the adopted samples among `samples` (each one must be ready in a tier of
   // this job: it is never fetched from here again): their bytes are punched out of the data
-  // files. Returns the samples released.
+  // files. Returns the samples released (none for a borrowed copy, which is never written).
   uint64_t Release(std::span<const policy::SampleId> samples);
 
   uint64_t kept_samples() const { return matched_; }  // kept samples the catalog still has
@@ -110,11 +124,13 @@ class KeptCopy {
   uint64_t released_bytes() const { return released_bytes_.load(std::memory_order_relaxed); }
   int64_t created() const { return created_; }
   const std::string& dir() const { return dir_; }
-  // Closes and removes the private entry. Idempotent.
+  bool borrowed() const { return borrowed_; }
+  // Closes and removes the private entry; a borrowed copy stays kept, its MANIFEST's last use
+  // set to now (unless the key now holds another entry, which is left alone). Idempotent.
   void Remove();
   // Gives the copy back under its key (nopfsd failed to start; adoption only reads it), with the
-  // data files the in-place tier took over, or removes it when the key is taken meanwhile.
-  // Idempotent.
+  // data files the in-place tier took over, or removes it when the key is taken meanwhile; a
+  // borrowed copy is only unlocked, as it was. Idempotent.
   void PutBack();
 
  private:
@@ -124,12 +140,19 @@ class KeptCopy {
   static bool Unchanged(const kept::KeptSample& rec, const FileStat& st);
   // Record r (sample id) of an in-place file, its file unchanged: adopted, ready in the tier.
   void MarkInPlace(uint32_t r, policy::SampleId id);
+  // Closes a borrowed copy; with `used`, its MANIFEST's last use is set to now first.
+  void GiveBack(bool used);
+  // Closes the copy and removes its entry (a borrowed one too: it was found unusable).
+  void Discard();
 
   Catalog& catalog_;
   Env* env_;
   LocalIo* const io_;
   std::string kept_dir_, key_, name_, dir_;
   UniqueFd lock_fd_;
+  bool borrowed_ = false;
+  UniqueFd dir_fd_;              // a borrowed copy's directory (its MANIFEST is rewritten there)
+  kept::KeptManifest manifest_;  // a borrowed copy's, as read
   int64_t created_ = 0;
   std::vector<UniqueFd> data_fds_;         // [data file], none: absent
   std::vector<kept::KeptSample> records_;  // from the index
@@ -197,6 +220,9 @@ struct KeepCommitOptions {
   std::chrono::milliseconds quiet{5000};
   std::chrono::milliseconds interval{1000};  // how often the thread looks at the tier
   unsigned stat_threads = 8;                 // the new samples' files are stat-ed in parallel
+  // The record's size at most (root reads it whole): a sample whose index entry would not fit
+  // is not recorded. Tests make it smaller.
+  uint64_t max_record_bytes = kept::kMaxKeepRecordBytes;
 };
 
 // Keeps a record (kept/area.h, kKeepRecordName in the tier's directory) of the tier's ready
@@ -239,6 +265,8 @@ class KeepCommitter {
   std::vector<FileStat> stat_of_;  // [slot]: its file's stat, when recorded
   std::unordered_map<std::string, std::optional<FileStat>> stats_;  // by path; none: failed
   uint64_t budget_used_ = 0;                                        // padded bytes recorded
+  uint64_t index_used_ = 0;   // index bytes of the samples recorded (kept::KeptIndexEntryBytes)
+  bool record_full_ = false;  // a sample was refused for the record's size (logged once)
   uint64_t recorded_ = 0, written_recorded_ = 0;
   uint64_t last_ready_seen_ = 0;
   std::atomic<uint64_t> commits_{0}, committed_{0}, written_bytes_{0}, commit_ns_{0};

@@ -489,6 +489,116 @@ TEST_F(KeptTest, PutBackReturnsTheDataFilesATierTookOver) {
   }
 }
 
+std::string FileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// A job that keeps nothing borrows the kept copy: it reads every sample from it where it is,
+// under the copy's lock (no other job takes it meanwhile, and root counts it as in use), frees
+// nothing and lends no data file to its tier; when it is done the copy is still kept, byte for
+// byte as it was, with its MANIFEST's last use now, and the next job adopts all of it.
+TEST_F(KeptTest, AJobThatKeepsNothingReadsTheCopyAndLeavesItKept) {
+  Result<KeepResult> r = KeepSsdTier(Options(), *ssd_, *catalog_, Env::Default());
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_TRUE(ssd_->Destroy().ok());
+  ssd_.reset();
+  // Kept a while ago.
+  Result<kept::KeptManifest> m = kept::ParseKeptManifest(FileBytes(r->dir + "/MANIFEST"));
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  const int64_t long_ago = ::time(nullptr) - 3600;
+  m->created = m->last_used = long_ago;
+  ASSERT_TRUE(kept::WriteFileDurably(r->dir, "MANIFEST", kept::EncodeKeptManifest(*m)).ok());
+  const std::string index = FileBytes(r->dir + "/index");
+  const std::string data = FileBytes(r->dir + "/data.0");
+  const uint64_t disk = DiskBytes(r->dir);
+  std::vector<policy::SampleId> all;
+  for (policy::SampleId id = 0; id < kFiles; ++id)
+    all.push_back(id);
+  {
+    Result<std::unique_ptr<KeptCopy>> k =
+        KeptCopy::Adopt(place_, *catalog_, Env::Default(), nullptr, AdoptMode::kBorrow);
+    ASSERT_TRUE(k.ok()) << k.status().message();
+    EXPECT_TRUE((*k)->borrowed());
+    EXPECT_EQ((*k)->dir(), r->dir);  // read where it is
+    EXPECT_EQ((*k)->created(), long_ago);
+    EXPECT_TRUE(kept::KeptLockHeld(place_.kept_dir, place_.key));
+    // Held: another job (that keeps or not) finds nothing to adopt.
+    EXPECT_EQ(KeptCopy::Adopt(place_, *catalog_, Env::Default()).status().code(),
+              StatusCode::kNotFound);
+    EXPECT_EQ(KeptCopy::Adopt(place_, *catalog_, Env::Default(), nullptr, AdoptMode::kBorrow)
+                  .status()
+                  .code(),
+              StatusCode::kNotFound);
+    // No data file for a tier of the same layout to take over.
+    const std::vector<uint64_t> sizes(catalog_->sizes().begin(), catalog_->sizes().end());
+    Result<TierLayout> layout = TierLayout::Ssd(PlanOf(all, sizes), sizes);
+    ASSERT_TRUE(layout.ok());
+    for (const std::string& f : (*k)->InPlaceFiles(*layout))
+      EXPECT_EQ(f, "");
+    (*k)->CheckAhead(all, 2);
+    for (policy::SampleId id = 0; id < kFiles; ++id) {
+      Status s;
+      EXPECT_EQ(Fetch(**k, id, &s), Bytes(id)) << id;
+      EXPECT_TRUE(s.ok()) << id << ": " << s.message();
+    }
+    EXPECT_EQ((*k)->adopted_samples(), kFiles);
+    // Held in the job's tiers: nothing is punched out of a borrowed copy.
+    EXPECT_EQ((*k)->Release(all), 0u);
+    EXPECT_EQ(DiskBytes(r->dir), disk);
+  }
+  EXPECT_FALSE(kept::KeptLockHeld(place_.kept_dir, place_.key));
+  Result<std::vector<kept::KeptDataset>> l = kept::ListKept(place_.kept_dir);
+  ASSERT_TRUE(l.ok());
+  ASSERT_EQ(l->size(), 1u);
+  EXPECT_EQ((*l)[0].key, place_.key);
+  EXPECT_TRUE((*l)[0].complete);
+  EXPECT_EQ((*l)[0].samples, kFiles);
+  EXPECT_EQ((*l)[0].created, long_ago);
+  EXPECT_GE((*l)[0].last_used, ::time(nullptr) - 60);
+  EXPECT_EQ(FileBytes(r->dir + "/index"), index);
+  EXPECT_EQ(FileBytes(r->dir + "/data.0"), data);
+  // The next job (one that keeps) adopts every sample.
+  Result<std::unique_ptr<KeptCopy>> next = KeptCopy::Adopt(place_, *catalog_, Env::Default());
+  ASSERT_TRUE(next.ok()) << next.status().message();
+  EXPECT_FALSE((*next)->borrowed());
+  for (policy::SampleId id = 0; id < kFiles; ++id) {
+    Status s;
+    EXPECT_EQ(Fetch(**next, id, &s), Bytes(id)) << id;
+    EXPECT_TRUE(s.ok()) << id << ": " << s.message();
+  }
+}
+
+// A job that keeps replaces the copy another job borrows: the borrower's end leaves the new
+// entry as it was kept (its MANIFEST is not the borrowed one's).
+TEST_F(KeptTest, ACopyKeptAgainWhileBorrowedIsLeftAlone) {
+  Result<KeepResult> r = KeepSsdTier(Options(), *ssd_, *catalog_, Env::Default());
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_TRUE(ssd_->Destroy().ok());
+  Result<std::unique_ptr<KeptCopy>> k =
+      KeptCopy::Adopt(place_, *catalog_, Env::Default(), nullptr, AdoptMode::kBorrow);
+  ASSERT_TRUE(k.ok()) << k.status().message();
+  // Another job's tier of half the samples, kept over it.
+  std::vector<policy::SampleId> half;
+  for (policy::SampleId id = 0; id < kFiles / 2; ++id)
+    half.push_back(id);
+  std::unique_ptr<SsdTier> other = MakeTier("job2", "", half);
+  KeepOptions o = Options();
+  o.created = 12345;
+  Result<KeepResult> again = KeepSsdTier(o, *other, *catalog_, Env::Default());
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  ASSERT_TRUE(other->Destroy().ok());
+  const std::string manifest = FileBytes(r->dir + "/MANIFEST");
+  k->reset();
+  EXPECT_EQ(FileBytes(r->dir + "/MANIFEST"), manifest);
+  Result<std::vector<kept::KeptDataset>> l = kept::ListKept(place_.kept_dir);
+  ASSERT_TRUE(l.ok());
+  ASSERT_EQ(l->size(), 1u);
+  EXPECT_TRUE((*l)[0].complete);
+  EXPECT_EQ((*l)[0].samples, kFiles / 2);
+  EXPECT_EQ((*l)[0].created, 12345);
+}
+
 TEST_F(KeptTest, FlippedKeptByteIsRejected) {
   Result<KeepResult> r = KeepSsdTier(Options(), *ssd_, *catalog_, Env::Default());
   ASSERT_TRUE(r.ok()) << r.status().message();
@@ -710,6 +820,24 @@ TEST_F(KeptTest, TheRecordHoldsOnlyUnchangedFilesWithinTheBudget) {
   ASSERT_TRUE(f.ok()) << f.status().message();
   EXPECT_EQ(f->samples, 1u);
   EXPECT_EQ(f->dropped, uint64_t(n - 1));
+}
+
+// The record stays within the size root reads: the samples whose index entries do not fit are
+// not recorded, and the epilog finishes the record it gets.
+TEST_F(KeptTest, TheRecordStaysWithinTheSizeRootReads) {
+  const TierLayout& layout = ssd_->layout();
+  uint64_t five = 0;
+  for (uint32_t s = 0; s < 5; ++s)
+    five += kept::KeptIndexEntryBytes(catalog_->relative_path(layout.SampleAt(s)).size());
+  KeepCommitOptions o = CommitOptions();
+  o.max_record_bytes = kept::kKeepRecordOverheadBytes + five;
+  KeepCommitter c(o, *ssd_, *catalog_, Env::Default());
+  ASSERT_TRUE(*c.Commit(true));
+  EXPECT_EQ(RecordedSamples(*ssd_), 5);
+  EXPECT_LE(fs::file_size(ssd_->dir() + "/" + kept::kKeepRecordName), o.max_record_bytes);
+  Result<kept::FinishResult> f = FinishAsTheEpilog("job1");
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_EQ(f->samples, 5u);
 }
 
 // nopfsd killed with SIGKILL at moments spread over its fill, its committer running: each time

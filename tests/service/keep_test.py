@@ -11,7 +11,7 @@ Checked here:
 - a flipped byte in the kept copy: that sample rejected, the right bytes delivered;
 - what a crash leaves (a nopfsd killed with SIGKILL, an entry without its MANIFEST): never trusted,
   removed by the next start;
-- without `--keep` nothing is kept;
+- without `--keep` nothing is kept, and a kept copy is read and left kept as it was;
 - two SSD classes on two scratch directories: each keeps its own samples in its own kept area, and
   the next job adopts them all.
 
@@ -38,6 +38,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import service_test as st  # noqa: E402  (the dataset and config helpers)
 
 BIN = None
+
+
+def read_bytes(path):
+    with open(path, "rb") as fh:
+        return fh.read()
 
 
 def disk_bytes(path):
@@ -289,6 +294,28 @@ class KeepTest(unittest.TestCase):
         self.assertEqual(status["adopted_samples"], 0)
         self.assertEqual(self.kept_entries(), {})
         self.assertEqual(os.listdir(self.scratch), [])  # nothing else either
+
+    def test_a_run_without_keep_reads_the_kept_copy_and_leaves_it_kept(self):
+        _, first, _ = self.run_job(self.keep_bin)
+        kept = self.the_kept_dir()
+        files = {n: read_bytes(os.path.join(kept, n)) for n in os.listdir(kept)
+                 if n == "index" or n.startswith("data.")}
+        disk = disk_bytes(kept)
+        time.sleep(1.1)  # the MANIFEST's last use is in seconds
+        before = os.stat(os.path.join(kept, "MANIFEST")).st_mtime
+        p, second, _ = self.run_job()  # no --keep
+        self.assertLessEqual(second["pfs_bytes"], 0.05 * first["pfs_bytes"], second)
+        self.assertEqual(second["adopted_samples"], self.files, second)
+        self.assertIn("leaving kept (this job keeps nothing)", self.log(os.path.join(self.work,
+                                                                                  "run2")))
+        # Still kept, byte for byte, its MANIFEST rewritten (last use), nothing punched out.
+        self.assertEqual(self.the_kept_dir(), kept)
+        self.assertEqual({n: read_bytes(os.path.join(kept, n)) for n in files}, files)
+        self.assertEqual(disk_bytes(kept), disk)
+        self.assertGreater(os.stat(os.path.join(kept, "MANIFEST")).st_mtime, before)
+        # The next run that keeps adopts every sample of it.
+        _, third, _ = self.run_job(self.keep_bin)
+        self.assertEqual(third["adopted_samples"], self.files, third)
 
     def test_keep_max_bytes_bounds_what_is_kept(self):
         limit = self.total // 3

@@ -214,6 +214,36 @@ class ClusterTest(ClusterCase):
         self.assertNothingLeft([job])
 
     @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd (its summary)")
+    def test_each_nodes_peers_line_is_printed_once(self):
+        if not REAL_NOPFSD:
+            self.skipTest("needs the real nopfsd")
+        # Root holds one of the job's two peer ports, so each node has a line on its peers for
+        # the job's output (security_peer_test checks what they say). The first node runs the
+        # batch script and two steps, the other node the two steps: each node's line appears
+        # once.
+        self.set_plugin_args("peer_ports=700-701 timeout=10")
+        held = socket.socket()
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.bind(("127.0.0.1", 701))
+        held.listen(1)
+        step = f"srun --ntasks-per-node=2 bash -c '{TASK.format(build=BUILD, jobs=JOBS)}'\n"
+        try:
+            job = submit("nopfs-alice",
+                         f"-N2 -w n1,n3 --ntasks-per-node=2 --mem=600 --nopfs={DATASET} "
+                         "--nopfs-seed=7 --nopfs-ranks-per-node=2",
+                         "export VERIFY=0\n" + step + step)
+            state = wait_done(job, 150)
+            out = output(job)
+        finally:
+            held.close()
+        self.assertEqual(state, "COMPLETED", out)
+        self.assertEqual(out.count("n3: NOPFS_RANK=3\n"), 2, out)  # both steps ran
+        for node in ("n1", "n3"):
+            lines = [x for x in out.splitlines() if x.startswith(f"nopfs: {node}: ")
+                     and "peers" in x]
+            self.assertEqual(len(lines), 1, out)
+        self.assertNothingLeft([job])
+
     def test_every_job_leaves_its_record(self):
         """After any job: each node's summary line in slurmd's log and in the job's output; a
         job that staged but read nothing through nopfs is told so, with what to change."""

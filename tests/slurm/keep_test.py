@@ -376,6 +376,54 @@ class KeepTest(ClusterCase):
         self.assertEqual([n for n in kept("nopfs-alice") if KEY.match(n)], [])
 
     @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd")
+    def test_a_job_that_keeps_nothing_leaves_the_kept_copy_kept(self):
+        """A --nopfs-keep=no job on a node with its user's kept copy of its dataset reads from
+        the copy and leaves it kept, byte for byte as it was, its last use updated: the job
+        after it starts warm too."""
+        write_policy(quota=50_000_000)
+        user = "nopfs-alice"
+        _, _, first = self.run_job(user, "n1")
+        keys = [n for n, c in kept(user).items() if c and KEY.match(n)]
+        self.assertEqual(len(keys), 1, kept(user))
+        entry = os.path.join(kept_dir(user), keys[0])
+
+        def contents():
+            found = {}
+            for name in sorted(os.listdir(entry)):
+                if name == "index" or name.startswith("data."):
+                    with open(os.path.join(entry, name), "rb") as f:
+                        found[name] = f.read()
+            return found
+
+        def listed():
+            r = as_user(user, f"{NOPFS} cache ls --config {CONFIG} --json")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            return {e["key"]: e for e in json.loads(r.stdout)}
+
+        before, listed_before = contents(), listed()[keys[0]]
+        self.assertIn("data.0", before)
+        time.sleep(1.1)  # last use is in seconds
+        log_before = len(self.slurmd_log("n2"))
+        _, _, second = self.run_job(user, "n2", extra="--nopfs-keep=no")
+        log = self.slurmd_log("n2")[log_before:]
+        self.assertIn("keeps nothing (--nopfs-keep=no); reads ", log)
+        self.assertIn(" kept and leaves it kept", log)
+        # It read the copy, not the PFS...
+        self.assertLessEqual(second["pfs_bytes"], 0.05 * first["pfs_bytes"],
+                             (first["pfs_bytes"], second["pfs_bytes"]))
+        # ... and the copy is still kept, as it was, last used by that job.
+        self.assertEqual([n for n, c in kept(user).items() if c and KEY.match(n)], keys)
+        self.assertEqual(contents(), before)
+        after = listed()[keys[0]]
+        self.assertTrue(after["complete"], after)
+        self.assertEqual((after["created"], after["samples"]),
+                         (listed_before["created"], listed_before["samples"]))
+        self.assertGreater(after["last_used"], listed_before["last_used"], after)
+        _, _, third = self.run_job(user, "n3")
+        self.assertLessEqual(third["pfs_bytes"], 0.05 * first["pfs_bytes"],
+                             (first["pfs_bytes"], third["pfs_bytes"]))
+
+    @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd")
     def test_quota_and_space_evict_the_least_recently_used(self):
         _, _, first = self.run_job("nopfs-alice", "n1")  # nothing kept: no keep hook
         self.assertEqual(kept("nopfs-alice"), {})
