@@ -251,10 +251,17 @@ std::string PlacementNote(const Job& job, const SlurmJob& sj, const lua::NodeCon
   Result<std::string> key = ReadPlacementKey(job.args.placement_key);
   if (!key.ok()) return "placement: " + key.status().message();
   const std::string mark = PlacementMark(*key, job.uid, job.opts.dataset);
+  // A shared dataset's nodes are those with the user's mark or the dataset's shared one.
+  const bool shared = SharedDeclFor(config, job.opts.dataset) != nullptr;
+  const std::string shared_mark = shared ? SharedMark(*key, job.opts.dataset) : "";
   auto holds = [&](const std::string& list) {
-    for (size_t pos = list.find(mark); pos != std::string::npos; pos = list.find(mark, pos + 1)) {
-      const size_t end = pos + mark.size();
-      if (end == list.size() || !std::isxdigit(static_cast<unsigned char>(list[end]))) return true;
+    for (const std::string* m : {&mark, &shared_mark}) {
+      if (m->empty()) continue;
+      for (size_t pos = list.find(*m); pos != std::string::npos; pos = list.find(*m, pos + 1)) {
+        const size_t end = pos + m->size();
+        if (end == list.size() || !std::isxdigit(static_cast<unsigned char>(list[end])))
+          return true;
+      }
     }
     return false;
   };
@@ -271,16 +278,20 @@ std::string PlacementNote(const Job& job, const SlurmJob& sj, const lua::NodeCon
     warm = warm || (e.Complete() && MarkPath(e.data.dataset) == MarkPath(job.opts.dataset));
   }
   const std::string dataset = Printable(job.opts.dataset, 200);
+  // What the nodes hold; of a shared dataset, the node's shared copy (the share service's, whose
+  // fill the prolog does not read) is said by the job's shared line.
+  const std::string copy =
+      (shared ? "your kept copy or the node's shared copy of " : "your kept copy of ") + dataset;
+  const std::string here =
+      shared ? (warm ? "this node holds your kept copy" : "this node holds no kept copy of yours")
+             : (warm ? "this node holds one" : "this node holds none");
   if (!placed && !noted) {
-    return "placement: the job did not ask for the nodes holding your kept copy of " + dataset +
-           ": placement is not set up on slurmctld's side (docs/admin.md, \"Placement\"); " +
-           (warm ? "this node holds one" : "this node holds none");
+    return "placement: the job did not ask for the nodes holding " + copy +
+           ": placement is not set up on slurmctld's side (docs/admin.md, \"Placement\"); " + here;
   }
   const char* how = job.opts.placement == "require" ? "required" : "preferred";
-  return std::string("placement: ") + how + " the nodes holding your kept copy of " + dataset +
-         "; " +
-         (warm ? "this node holds one"
-               : "this node holds none (no node holding one was free, or none holds one yet)");
+  return std::string("placement: ") + how + " the nodes holding " + copy + "; " + here +
+         (warm ? "" : " (no node holding one was free, or none holds one yet)");
 }
 
 int Prolog(const Job& job, const char* self) {

@@ -133,6 +133,9 @@ class PlacementMarksTest(ClusterCase):
         for user in ("nopfs-bob", "nopfs-alice", "nopfs-bob"):
             nodes, out = self.run_job(user, SHARED, "")
             self.assertEqual(nodes, ["n2"], f"{user}:\n{out}")
+            self.assertIn("nopfs: n2: placement: preferred the nodes holding your kept copy or "
+                          f"the node's shared copy of {SHARED}; this node holds no kept copy of "
+                          "yours (", out)
         self.assertEqual(marked(mark), {"n2"})
         # What bob can read about the nodes: the mark, and nothing that names alice, bob, their
         # uids or the dataset.
