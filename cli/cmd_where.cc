@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/lexical_path.h"
 #include "common/printable.h"
 #include "common/unique_fd.h"
 #include "common/units.h"
@@ -38,21 +39,6 @@ struct WhereFlags {
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "nopfs where: %s\n", msg.c_str());
   return 2;
-}
-
-// The dataset path as placement names it (spank/placement.h MarkPath): "/" and its components
-// without empty and "." ones.
-std::string Lexical(const std::string& dataset) {
-  std::string out;
-  size_t pos = 0;
-  while (pos <= dataset.size()) {
-    size_t slash = dataset.find('/', pos);
-    if (slash == std::string::npos) slash = dataset.size();
-    const std::string part = dataset.substr(pos, slash - pos);
-    if (!part.empty() && part != ".") out += "/" + part;
-    pos = slash + 1;
-  }
-  return out.empty() ? "/" : out;
 }
 
 struct Ran {
@@ -137,7 +123,7 @@ std::string LocalCopy(const WhereFlags& f, const std::string& dataset) {
   int64_t last_used = 0;
   bool found = false;
   for (const kept::KeptEntry& e : mine.entries()) {
-    if (!e.Complete() || Lexical(e.data.dataset) != dataset) continue;
+    if (!e.Complete() || LexicalPath(e.data.dataset) != dataset) continue;
     found = true;
     bytes += e.data.bytes;
     last_used = std::max(last_used, e.data.last_used);
@@ -153,7 +139,7 @@ int RunWhere(const WhereFlags& f) {
                 "; write its absolute path, as after --nopfs= (e.g. nopfs where "
                 "/pfs/datasets/imagenet)");
   }
-  const std::string dataset = Lexical(f.dataset);
+  const std::string dataset = LexicalPath(f.dataset);
   const std::string shown = Printable(dataset, 300);
   // The test job: one node, no script run, nothing submitted; its comment asks job_submit.lua.
   Result<Ran> test = RunCommand({"sbatch", "--test-only", "--job-name=nopfs-where", "--nodes=1",

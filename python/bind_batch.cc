@@ -64,14 +64,7 @@ WritableBytes RequestWritable(const py::buffer& out, const char* call) {
                           ": out must be a writable buffer of bytes (a bytearray, a numpy uint8 "
                           "array, or tensor.numpy() of a contiguous torch.uint8 tensor)");
   }
-  py::ssize_t expect = info.itemsize;
-  bool contiguous = true;
-  for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
-    const auto u = static_cast<size_t>(d);
-    if (info.shape[u] > 1 && info.strides[u] != expect) contiguous = false;
-    expect *= info.shape[u];
-  }
-  if (!contiguous) {
+  if (!IsContiguous(info)) {
     throw py::value_error(std::string("nopfs: ") + call +
                           ": out must be contiguous (pass tensor.contiguous() or a fresh "
                           "torch.empty(n, dtype=torch.uint8))");

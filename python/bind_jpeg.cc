@@ -178,14 +178,7 @@ void BindJpeg(py::module_& m) {
       "decode_jpeg_rgb",
       [](const py::buffer& data, uint64_t max_pixels) -> py::object {
         py::buffer_info info = data.request();
-        py::ssize_t expect = info.itemsize;
-        bool contiguous = true;
-        for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
-          const auto u = static_cast<size_t>(d);
-          if (info.shape[u] > 1 && info.strides[u] != expect) contiguous = false;
-          expect *= info.shape[u];
-        }
-        if (!contiguous) {
+        if (!IsContiguous(info)) {
           throw py::value_error(
               "nopfs: decode_jpeg_rgb: data must be a contiguous buffer of bytes (bytes, a "
               "memoryview, a numpy uint8 array)");

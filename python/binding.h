@@ -121,6 +121,17 @@ class StreamHolder {
 // naming it (the stream goes on after it), the rest RaiseStatus's.
 [[noreturn]] void RaiseStreamError(StreamHolder& stream, const Status& st);
 
+// Whether a buffer's bytes lie back to back in C order (dimensions of one element aside).
+inline bool IsContiguous(const py::buffer_info& info) {
+  py::ssize_t expect = info.itemsize;
+  for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+    const auto u = static_cast<size_t>(d);
+    if (info.shape[u] > 1 && info.strides[u] != expect) return false;
+    expect *= info.shape[u];
+  }
+  return true;
+}
+
 // A timeout in seconds from Python; ValueError when negative.
 std::chrono::milliseconds ToMs(double seconds);
 

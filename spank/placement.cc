@@ -20,6 +20,7 @@ extern "C" {
 #include <slurm/slurm_errno.h>
 }
 
+#include "common/lexical_path.h"
 #include "common/printable.h"
 #include "common/small_file.h"
 #include "common/unique_fd.h"
@@ -158,19 +159,7 @@ std::string SlurmError(const std::string& what) {
 }  // namespace
 
 std::string MarkPath(std::string_view dataset) {
-  std::string out;
-  size_t pos = 0;
-  while (pos <= dataset.size()) {
-    size_t slash = dataset.find('/', pos);
-    if (slash == std::string_view::npos) slash = dataset.size();
-    const std::string_view part = dataset.substr(pos, slash - pos);
-    if (!part.empty() && part != ".") {
-      out += '/';
-      out += part;
-    }
-    pos = slash + 1;
-  }
-  return out.empty() ? "/" : out;
+  return LexicalPath(dataset);
 }
 
 Result<std::string> ReadPlacementKey(const std::string& path) {

@@ -55,8 +55,8 @@ inline constexpr int64_t kPlacementLockWaitSeconds = 30;  // for the run before 
 inline constexpr char kPlacementStateName[] = ".placement";
 inline constexpr char kPlacementLockName[] = ".placement.lock";
 
-// The dataset path as a mark names it: "/" and its components without empty and "." ones, joined
-// by "/" ("/pfs//ds/./" is "/pfs/ds"). A path through a link is another path: a job names the
+// The dataset path as a mark names it (LexicalPath): "/" and its components without empty and "."
+// ones ("/pfs//ds/./" is "/pfs/ds"). A path through a link is another path: a job names the
 // dataset as its kept copy's MANIFEST does (the canonical root, docs/user.md).
 std::string MarkPath(std::string_view dataset);
 

@@ -13,7 +13,6 @@ import os
 import pwd
 import re
 import shutil
-import socket
 import subprocess
 import time
 import unittest
@@ -215,17 +214,12 @@ class ClusterTest(ClusterCase):
 
     @unittest.skipUnless(REAL_NOPFSD, "needs the real nopfsd (its summary)")
     def test_each_nodes_peers_line_is_printed_once(self):
-        if not REAL_NOPFSD:
-            self.skipTest("needs the real nopfsd")
         # Root holds one of the job's two peer ports, so each node has a line on its peers for
         # the job's output (security_peer_test checks what they say). The first node runs the
         # batch script and two steps, the other node the two steps: each node's line appears
         # once.
         self.set_plugin_args("peer_ports=700-701 timeout=10")
-        held = socket.socket()
-        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        held.bind(("127.0.0.1", 701))
-        held.listen(1)
+        held = hold_port(701)
         step = f"srun --ntasks-per-node=2 bash -c '{TASK.format(build=BUILD, jobs=JOBS)}'\n"
         try:
             job = submit("nopfs-alice",

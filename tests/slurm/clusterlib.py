@@ -8,10 +8,13 @@ down at the end, with a dataset every test can read.
 Run as root. NOPFS_BINARY_DIR names the build (plugin in lib/, nopfs-job, nopfsd and nopfs in bin/).
 """
 import glob
+import hashlib
+import hmac
 import json
 import os
 import pwd
 import re
+import socket
 import subprocess
 import time
 import unittest
@@ -256,6 +259,66 @@ def share_service_pids():
         if b"share-serve" in argv and any(a.startswith(f"--dir={RUN}/".encode()) for a in argv):
             pids.append(int(d[6:]))
     return pids
+
+
+
+def hold_port(port):
+    """A listening socket on 127.0.0.1:`port` (as root: a node's service holding a peer port)."""
+    held = socket.socket()
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    held.bind(("127.0.0.1", port))
+    held.listen(1)
+    return held
+
+
+# --- placement (docs/admin.md, "Placement"): the marks as spank/placement.h defines them, from the
+# local cluster's key, and what Slurm says of the nodes' features and a job's nodes.
+PLACEMENT_KEY = os.path.join(DIR, "etc/placement.key")
+
+
+def _mark(message):
+    with open(PLACEMENT_KEY, "rb") as f:
+        key = f.read()
+    return "nopfs_" + hmac.new(key, message.encode(), hashlib.sha256).hexdigest()[:16]
+
+
+def _mark_path(dataset):
+    return "/" + "/".join(p for p in dataset.split("/") if p not in ("", "."))
+
+
+def mark_of(user, dataset):
+    """A user's mark of a dataset."""
+    return _mark(f"nopfs placement v1:{pwd.getpwnam(user).pw_uid}:{_mark_path(dataset)}")
+
+
+def shared_mark(dataset):
+    """The mark of a shared dataset's copy, every user's."""
+    return _mark(f"nopfs placement v1:shared:{_mark_path(dataset)}")
+
+
+def features(node):
+    """A node's ActiveFeatures."""
+    r = subprocess.run(["scontrol", "-o", "show", "node", node], env=env(), capture_output=True,
+                       text=True)
+    m = re.search(r"ActiveFeatures=(\S*)", r.stdout)
+    return set() if not m or m.group(1) == "(null)" else set(m.group(1).split(","))
+
+
+def marked(mark):
+    """The nodes that carry `mark`."""
+    return {n for n in NODES if mark in features(n)}
+
+
+def job_nodes(job):
+    """The nodes a job runs or ran on, or None before it has any."""
+    r = subprocess.run(["scontrol", "-o", "show", "job", str(job)], env=env(),
+                       capture_output=True, text=True)
+    m = re.search(r" NodeList=(\S+)", r.stdout)
+    if not m or m.group(1) == "(null)":
+        return None
+    r = subprocess.run(["scontrol", "show", "hostnames", m.group(1)], env=env(),
+                       capture_output=True, text=True)
+    return r.stdout.split()
 
 
 class ClusterCase(unittest.TestCase):

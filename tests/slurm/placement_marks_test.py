@@ -13,8 +13,6 @@
 Run as root, one cluster test at a time:
   flock /tmp/nopfs-cluster.lock ctest -L slurm -R placement_marks
 """
-import hashlib
-import hmac
 import os
 import pwd
 import re
@@ -23,54 +21,14 @@ import time
 import unittest
 
 from clusterlib import (BUILD, DATASET, DIR, HOLD, JOBS, NODES, ClusterCase, as_user, env,
+                        features, job_nodes, mark_of, marked, shared_mark,
                         output, release, submit, wait_done, wait_state)
 
 NOPFS = os.path.join(BUILD, "bin/nopfs")
-KEY = os.path.join(DIR, "etc/placement.key")
 SHARED = os.path.join(DIR, "data/shared")  # declared shared, with a quota of QUOTA
 QUOTA = "4M"  # the dataset is 3.67 MiB: a whole copy is more than half of it
 MARK = re.compile(r"nopfs_[0-9a-f]{16}")
 READ = (f"srun bash -c '{NOPFS} cat --verify 2>&1 | tail -n 1 | sed \"s/^/verify: /\"'\n")
-
-
-def digest_mark(message):
-    with open(KEY, "rb") as f:
-        key = f.read()
-    return "nopfs_" + hmac.new(key, message.encode(), hashlib.sha256).hexdigest()[:16]
-
-
-def mark_of(user, dataset):
-    """A user's mark, as spank/placement.h defines it."""
-    path = "/" + "/".join(p for p in dataset.split("/") if p not in ("", "."))
-    return digest_mark(f"nopfs placement v1:{pwd.getpwnam(user).pw_uid}:{path}")
-
-
-def shared_mark(dataset):
-    """A shared copy's mark (every user's), as spank/placement.h defines it."""
-    path = "/" + "/".join(p for p in dataset.split("/") if p not in ("", "."))
-    return digest_mark(f"nopfs placement v1:shared:{path}")
-
-
-def features(node):
-    r = subprocess.run(["scontrol", "-o", "show", "node", node], env=env(), capture_output=True,
-                       text=True)
-    m = re.search(r"ActiveFeatures=(\S*)", r.stdout)
-    return set() if not m or m.group(1) == "(null)" else set(m.group(1).split(","))
-
-
-def marked(mark):
-    return {n for n in NODES if mark in features(n)}
-
-
-def job_nodes(job):
-    r = subprocess.run(["scontrol", "-o", "show", "job", str(job)], env=env(),
-                       capture_output=True, text=True)
-    m = re.search(r" NodeList=(\S+)", r.stdout)
-    if not m or m.group(1) == "(null)":
-        return None
-    r = subprocess.run(["scontrol", "show", "hostnames", m.group(1)], env=env(),
-                       capture_output=True, text=True)
-    return r.stdout.split()
 
 
 class PlacementMarksTest(ClusterCase):

@@ -8,8 +8,6 @@ contrib/slurm/job_submit.lua adds the mark to the --prefer of the user's next jo
 Run as root, one cluster test at a time: flock /tmp/nopfs-cluster.lock ctest -L slurm -R placement
 """
 import glob
-import hashlib
-import hmac
 import os
 import pwd
 import re
@@ -22,10 +20,10 @@ import unittest
 os.environ["NOPFS_CLUSTER_NODE_SSD"] = "1"
 
 from clusterlib import (BUILD, CONF, DATASET, DIR, HOLD, JOBS, NODES, ClusterCase, as_user, env,
+                        features, job_nodes, mark_of, marked,
                         output, release, submit, wait_done, wait_state)
 
 POLICY = os.path.join(DIR, "etc/policy.lua")
-KEY = os.path.join(DIR, "etc/placement.key")
 NOPFS = os.path.join(BUILD, "bin/nopfs")
 PLACEMENT_LOG = os.path.join(DIR, "log/placement.log")
 MARK = re.compile(r"nopfs_[0-9a-f]{16}")
@@ -50,44 +48,12 @@ def write_policy(lifetime=None):
                 f"function keep(user, node) return {{ quota = 100000000{life} }} end\n")
 
 
-def mark_of(user, dataset):
-    """The mark as spank/placement.h defines it, computed here from the key."""
-    with open(KEY, "rb") as f:
-        key = f.read()
-    uid = pwd.getpwnam(user).pw_uid
-    path = "/" + "/".join(p for p in dataset.split("/") if p not in ("", "."))
-    digest = hmac.new(key, f"nopfs placement v1:{uid}:{path}".encode(), hashlib.sha256)
-    return "nopfs_" + digest.hexdigest()[:16]
-
-
-def features(node):
-    r = subprocess.run(["scontrol", "-o", "show", "node", node], env=env(), capture_output=True,
-                       text=True)
-    m = re.search(r"ActiveFeatures=(\S*)", r.stdout)
-    return set() if not m or m.group(1) == "(null)" else set(m.group(1).split(","))
-
-
-def marked(mark):
-    return {n for n in NODES if mark in features(n)}
-
-
 def pfs_bytes(out, node):
     """What the job's line for `node` says it read from the PFS, in bytes."""
     m = re.search(rf"nopfs: {node}: served .*; read ([\d.]+) (B|KiB|MiB|GiB) from the PFS", out)
     if not m:
         return None
     return float(m.group(1)) * {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[m.group(2)]
-
-
-def job_nodes(job):
-    r = subprocess.run(["scontrol", "-o", "show", "job", str(job)], env=env(),
-                       capture_output=True, text=True)
-    m = re.search(r" NodeList=(\S+)", r.stdout)
-    if not m or m.group(1) == "(null)":
-        return None
-    r = subprocess.run(["scontrol", "show", "hostnames", m.group(1)], env=env(),
-                       capture_output=True, text=True)
-    return r.stdout.split()
 
 
 class PlacementTest(ClusterCase):

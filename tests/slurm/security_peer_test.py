@@ -267,10 +267,7 @@ class SecurityPeerTest(ClusterCase):
         # half of timeout= (5 s): a prolog that outlasts srun's message timeout on the node that
         # does not run the batch script would fail the step's launch.
         self.set_plugin_args("peer_ports=700-701 timeout=10")
-        held = socket.socket()
-        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        held.bind(("127.0.0.1", 701))
-        held.listen(1)
+        held = hold_port(701)
         try:
             logs = {n: len(read_text(f"{DIR}/log/slurmd-{n}.log")) for n in NODES}
             job = submit_two_node_job("nopfs-alice", verify=True)
