@@ -1,5 +1,7 @@
 #include "fabric/endpoint.h"
 
+#include <algorithm>
+
 #include "fabric/endpoint_impl.h"
 
 namespace nopfs::fabric {
@@ -161,6 +163,24 @@ bool Endpoint::has_reads() const {
 
 void Endpoint::Progress() {
   impl_->Poll();
+}
+
+bool Endpoint::Flush(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    impl_->Poll();
+    // A posted send is abandoned by its caller and dropped when it completes; a receive or an RMA
+    // read has a buffer of its own.
+    const bool sending = std::any_of(impl_->ops.begin(), impl_->ops.end(), [](const auto& op) {
+      return !op->done && !op->is_read && !op->buffer;
+    });
+    const auto now = std::chrono::steady_clock::now();
+    if (!sending) return true;
+    if (now >= deadline) return false;
+    impl_->Idle(std::min<std::chrono::microseconds>(
+        std::chrono::duration_cast<std::chrono::microseconds>(deadline - now),
+        std::chrono::milliseconds(1)));
+  }
 }
 
 void Endpoint::Wake() {

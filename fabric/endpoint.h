@@ -187,6 +187,10 @@ class Endpoint {
 
   // Drives the completion queue once (reaps finished and abandoned operations).
   void Progress();
+  // Drives the completion queue until every message posted (Post, PostBorrowed) has completed,
+  // i.e. the provider is done with it (true), or `timeout` has passed (false): before a close
+  // that must not drop the last messages sent.
+  bool Flush(std::chrono::milliseconds timeout);
   // Ends the idle wait of a Recv that has an `interrupt` early (the interrupt is then checked);
   // safe from any thread. Set what the interrupt checks before calling: Wake signals only a Recv
   // that sleeps, and one that is about to checks the interrupt once more first.

@@ -112,6 +112,40 @@ TEST(EndpointTest, PostDoesNotWaitForTheReceiver) {
   EXPECT_EQ((*a)->failed_posts(), 0u);
 }
 
+// Flush waits for posted messages until the provider is done with them: not while the receiver
+// takes nothing (a message above the eager limit completes only once matched), at once after.
+TEST(EndpointTest, FlushReturnsOnceEveryPostedMessageHasGone) {
+  auto a = Endpoint::Open({});
+  ASSERT_TRUE(a.ok());
+  auto b = Endpoint::Open({});
+  ASSERT_TRUE(b.ok());
+  auto to_b = (*a)->AddPeer("127.0.0.1", (*b)->port());
+  ASSERT_TRUE(to_b.ok());
+  auto big = Pattern(uint64_t{2} << 20, 4);
+  // b progresses (the connection needs it) but first waits for another tag only.
+  std::atomic<bool> take{false};
+  Result<Message> m1 = Status::Internal("not received");
+  Result<Message> m2 = Status::Internal("not received");
+  std::thread receiver([&] {
+    while (!take.load())
+      (void)(*b)->Recv(99, 0, 100, milliseconds(10));
+    m1 = (*b)->Recv(1, 0, big.size(), milliseconds(10000));
+    m2 = (*b)->Recv(2, 0, big.size(), milliseconds(10000));
+  });
+  ASSERT_TRUE((*a)->Post(*to_b, 1, big, milliseconds(4000)).ok());
+  ASSERT_TRUE((*a)->Post(*to_b, 2, big, milliseconds(4000)).ok());
+  EXPECT_FALSE((*a)->Flush(milliseconds(200)));
+  EXPECT_EQ((*a)->pending_ops(), 2u);
+  take.store(true);
+  EXPECT_TRUE((*a)->Flush(milliseconds(10000)));
+  EXPECT_EQ((*a)->pending_ops(), 0u);
+  receiver.join();
+  ASSERT_TRUE(m1.ok()) << m1.status().ToString();
+  ASSERT_TRUE(m2.ok()) << m2.status().ToString();
+  EXPECT_EQ(m2->data, big);
+  EXPECT_EQ((*a)->failed_posts(), 0u);
+}
+
 // A message posted in two parts (a head and a tail, as the peer link sends a reply's data) arrives
 // as one, at sizes below and above the provider's eager limit.
 TEST(EndpointTest, APostInTwoPartsArrivesAsOneMessage) {
