@@ -13,7 +13,7 @@ constexpr size_t kEchoBytes = 16;
 
 bool IsReply(PeerType type) {
   return type == PeerType::kAuthResult || type == PeerType::kReadReply ||
-         type == PeerType::kRemoteReply;
+         type == PeerType::kRemoteReply || type == PeerType::kLeaveAck;
 }
 
 HandshakeStep Step(HandshakeStep::Verdict verdict, std::string why) {

@@ -112,9 +112,9 @@ class PeerHandshake {
 
   // --- sessions ---
   // Checks a sealed message from `node` (its type is `type`, as TypeOf says) under the session
-  // it belongs to: a reply (kAuthResult, kReadReply, kRemoteReply) under ours with `node` as
-  // server (a kAuthResult while our Auth waits, the others once kAuthed), anything else under
-  // the one `node` opened with us. Returns its seq; PermissionDenied with the reason for no
+  // it belongs to: a reply (kAuthResult, kReadReply, kRemoteReply, kLeaveAck) under ours with
+  // `node` as server (a kAuthResult while our Auth waits, the others once kAuthed), anything else
+  // under the one `node` opened with us. Returns its seq; PermissionDenied with the reason for no
   // session, a MAC that fails or a seq replayed or too old.
   Result<uint64_t> Admit(uint32_t node, PeerType type, std::span<const std::byte> bytes);
   // Seals an encoded message to `node` under its session (unsealed types pass as they are, and

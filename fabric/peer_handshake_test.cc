@@ -128,6 +128,25 @@ TEST(PeerHandshakeTest, SessionsCarrySealedMessagesBothWays) {
   EXPECT_EQ(p.client.UnmaskRemoteKey(1, *seq, masked), 0xABCDEFu);
 }
 
+// A Leave goes under the session its sender opened (a request), its LeaveAck under the same
+// session the other way (a reply), and neither under any other.
+TEST(PeerHandshakeTest, ALeaveIsARequestAndItsAckAReply) {
+  Pair p;
+  p.Complete();
+  std::vector<std::byte> leave = Encode(Leave{});
+  ASSERT_TRUE(p.client.Seal(1, leave));
+  EXPECT_TRUE(p.server.Admit(0, PeerType::kLeave, leave).ok());
+  std::vector<std::byte> ack = Encode(LeaveAck{});
+  ASSERT_TRUE(p.server.Seal(0, ack));
+  EXPECT_TRUE(p.client.Admit(1, PeerType::kLeaveAck, ack).ok());
+  // An ack goes only under a session the other node opened: the client has none to seal one.
+  std::vector<std::byte> own_ack = Encode(LeaveAck{});
+  EXPECT_FALSE(p.client.Seal(1, own_ack));
+  // Nor can the server, which opened no session with the client, seal a Leave to it.
+  std::vector<std::byte> leave_back = Encode(Leave{});
+  EXPECT_FALSE(p.server.Seal(0, leave_back));
+}
+
 TEST(PeerHandshakeTest, ReplayedSealedMessagesAreRefused) {
   Pair p;
   p.Complete();

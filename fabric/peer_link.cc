@@ -64,6 +64,7 @@ Result<std::unique_ptr<PeerLink>> PeerLink::Start(const PeerLinkOptions& options
   const auto nodes = static_cast<uint32_t>(options.peers.size());
   s->shake = std::make_unique<PeerHandshake>(options.secret, options.node, nodes, options.timeout);
   s->heard.assign(nodes, false);
+  s->acked_leave.assign(nodes, false);
   {
     MutexLock lock(&s->mu);  // no other thread yet: for the analysis
     s->peer_done.assign(nodes, 0);

@@ -136,8 +136,10 @@ struct PeerLinkCounters {
   uint64_t remote_failed = 0;    // RMA reads that failed or delivered bytes failing their xxh3
   uint64_t pushes_sent = 0;      // Push messages queued to a peer
   uint64_t push_bytes_sent = 0;
-  uint64_t pushes_dropped = 0;   // not sent: peer dead, or too many bytes waiting
-  uint64_t pushes_received = 0;  // handed to on_push
+  uint64_t pushes_dropped = 0;     // not sent: peer dead, or too many bytes waiting
+  uint64_t pushes_received = 0;    // handed to on_push
+  uint64_t peers_left = 0;         // nodes that said their link stops (Leave)
+  uint64_t leaves_unanswered = 0;  // nodes that had not answered this link's Leave when it stopped
 };
 
 class PeerLink {
@@ -147,7 +149,10 @@ class PeerLink {
   ~PeerLink();  // Stop(), then closes the endpoint
 
   // Stops the threads and fails outstanding reads; later Reads fail at once with Unavailable
-  // and nothing more is served. Idempotent.
+  // and nothing more is served. Before its progress thread ends, the link tells the nodes it has
+  // sessions with that it stops, and waits (at most the timeout or 2 s) until each has answered
+  // that it will send nothing more; those nodes fail their reads from this one at once instead
+  // of waiting for the timeout. Idempotent.
   void Stop();
   PeerLink(const PeerLink&) = delete;
   PeerLink& operator=(const PeerLink&) = delete;

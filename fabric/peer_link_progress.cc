@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "fabric/peer_link_state.h"
@@ -17,15 +18,19 @@ void PeerLink::State::Queue(uint32_t node, const PeerMessage& m) REQUIRES(mu) {
   outbox.push_back({node, Encode(m), {}, {}});
 }
 
-void PeerLink::State::KillLocked(uint32_t peer, const std::string& why) REQUIRES(mu) {
-  if (!dead[peer]) spdlog::warn("nopfsd: peer node {} marked dead: {}", peer, why);
+void PeerLink::State::KillLocked(uint32_t peer, const std::string& why, bool left) REQUIRES(mu) {
+  if (!dead[peer] && left) {
+    spdlog::info("nopfsd: peer node {} {}: reads from it go elsewhere from now on", peer, why);
+  } else if (!dead[peer]) {
+    spdlog::warn("nopfsd: peer node {} marked dead: {}", peer, why);
+  }
   dead[peer] = true;
   shake->Kill(peer);
   for (auto it = pending.begin(); it != pending.end();) {
     if (it->second->peer == peer) {
       it->second->done = true;
-      it->second->status =
-          Status::Unavailable("peer node " + std::to_string(peer) + " is dead: " + why);
+      it->second->status = Status::Unavailable("peer node " + std::to_string(peer) +
+                                               (left ? " " : " is dead: ") + why);
       Release(*it->second);
       it = pending.erase(it);
     } else {
@@ -226,9 +231,21 @@ void PeerLink::State::Dispatch(uint32_t node, uint64_t seq, PeerMessage& m,
     Apply(node, shake->OnAuthResult(node, *r));
   } else if (std::holds_alternative<ReadReply>(m) || std::holds_alternative<RemoteReply>(m)) {
     HandleReply(node, seq, m, reply_data);
+  } else if (std::holds_alternative<Leave>(m)) {
+    OnLeave(node);
+  } else if (std::holds_alternative<LeaveAck>(m)) {
+    // This node sent no Leave (it would not be here but in Depart()): a node's mistake, harmless.
+    Malformed(node, "leave acknowledged that this node did not send");
   } else {
     HandleRequest(node, m);
   }
+}
+
+void PeerLink::State::OnLeave(uint32_t node) {
+  MutexLock lock(&mu);
+  ++counters.peers_left;
+  KillLocked(node, "stops (its nopfsd said so)", /*left=*/true);
+  Queue(node, LeaveAck{});  // sent after every message queued to it before, and nothing after
 }
 
 void PeerLink::State::ReviveOnHello(uint32_t node) {
@@ -316,13 +333,15 @@ void PeerLink::State::Run() {
       hello_waiting |= p != opts.node && !heard[p] && shake->state(p) == PeerState::kHelloSent;
     }
     for (auto& [node, bytes, tail, borrowed] : sends) {
+      if (acked_leave[node]) continue;          // it stops: it takes nothing after the LeaveAck
       if (!shake->Seal(node, bytes)) continue;  // its session is gone
       // In the start-up phase a Hello to a node that is not listening yet stays in the
       // provider's queue while it connects: until the node has been heard from, it is tried
       // once and dropped (Resend sends it again kHelloRetryUnheard later) rather than hold the
       // progress thread for a timeout. A Hello that cannot be sent never kills the node: the
       // handshake's deadline decides.
-      const bool hello = *TypeOf(bytes) == PeerType::kHello;
+      const PeerType type = *TypeOf(bytes);
+      const bool hello = type == PeerType::kHello;
       const auto patience = hello && starting && !heard[node] ? kHelloPost : opts.timeout;
       const uint64_t tag = TagOf(opts.node);
       Status st = !borrowed.empty()
@@ -331,6 +350,7 @@ void PeerLink::State::Run() {
                       ? ep->Post(addr[node], tag, std::move(bytes), patience)
                       : ep->Post(addr[node], tag, std::move(bytes), std::move(tail), patience);
       if (!st.ok() && hello) continue;
+      if (type == PeerType::kLeaveAck) acked_leave[node] = true;
       if (!st.ok()) {
         MutexLock lock(&mu);
         ++counters.timeouts;
@@ -345,6 +365,92 @@ void PeerLink::State::Run() {
         [this](uint64_t tag, std::span<const std::byte> data) { OnMessage(tag, data); });
     DriveRemote();
     if (got.code() == StatusCode::kCorruption) Malformed(~0u, got.ToString());
+  }
+  Depart();
+}
+
+void PeerLink::State::Depart() {
+  const auto start = std::chrono::steady_clock::now();
+  const auto until = start + std::min<std::chrono::milliseconds>(opts.timeout, kLeaveWait);
+  const auto nodes = static_cast<uint32_t>(opts.peers.size());
+  std::vector<bool> waiting(nodes, false);
+  {
+    MutexLock lock(&mu);
+    for (uint32_t p = 0; p < nodes; ++p) {
+      waiting[p] = p != opts.node && !dead[p] && shake->state(p) == PeerState::kAuthed;
+    }
+  }
+  const auto send = [&](uint32_t node, const PeerMessage& m) {
+    std::vector<std::byte> bytes = Encode(m);
+    return shake->Seal(node, bytes) &&
+           ep->Post(addr[node], TagOf(opts.node), std::move(bytes), kLeavePost).ok();
+  };
+  // The LeaveAcks queued before `stop` (a node that left meanwhile) go first: the nodes wait
+  // for them. The rest of the outbox is dropped.
+  std::deque<Outgoing> queued;
+  {
+    MutexLock lock(&mu);
+    queued.swap(outbox);
+  }
+  for (Outgoing& o : queued) {
+    if (*TypeOf(o.bytes) == PeerType::kLeaveAck && !acked_leave[o.node]) {
+      acked_leave[o.node] = send(o.node, LeaveAck{});
+    }
+  }
+  uint32_t told = 0;
+  for (uint32_t p = 0; p < nodes; ++p) {
+    if (waiting[p] && !send(p, Leave{})) waiting[p] = false;
+    told += waiting[p] ? 1 : 0;
+  }
+  const auto remaining = [&] {
+    return static_cast<uint32_t>(std::count(waiting.begin(), waiting.end(), true));
+  };
+  // Only Leaves and LeaveAcks count now: a reply, a request or a push is dropped unread (the
+  // reads waiting here have failed, and nothing more is served).
+  const auto take = [&](uint64_t tag, std::span<const std::byte> data) {
+    const uint64_t sender = tag >> 32;
+    const std::optional<PeerType> type = TypeOf(data);
+    if (sender >= nodes || sender == opts.node || (tag & 0xffffffffu) != 0 || !type ||
+        (*type != PeerType::kLeave && *type != PeerType::kLeaveAck)) {
+      return;
+    }
+    const auto node = static_cast<uint32_t>(sender);
+    if (!Decode(data).ok() || !shake->Admit(node, *type, data).ok()) return;
+    if (*type == PeerType::kLeaveAck) {
+      waiting[node] = false;
+    } else if (!acked_leave[node]) {  // it stops too: it waits for this node's answer
+      acked_leave[node] = send(node, LeaveAck{});
+    }
+  };
+  for (auto now = start; remaining() > 0 && now < until; now = std::chrono::steady_clock::now()) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - now);
+    (void)ep->RecvView(0, ~uint64_t{0}, kMaxPeerMessageBytes,
+                       std::clamp(left, std::chrono::milliseconds(1), kPollSlice), nullptr, take);
+  }
+  // This node's own last messages (LeaveAcks) go out before the endpoint closes.
+  (void)ep->Flush(std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
+                               until - std::chrono::steady_clock::now()),
+                           kLeavePost));
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - start);
+  if (remaining() == 0) {
+    if (told > 0) {
+      spdlog::debug("nopfsd: peer link stopped: {} nodes told, all answered in {} ms", told,
+                    took.count());
+    }
+  } else {
+    {
+      MutexLock lock(&mu);
+      counters.leaves_unanswered += remaining();
+    }
+    std::string who;
+    for (uint32_t p = 0; p < nodes; ++p) {
+      if (waiting[p]) who += (who.empty() ? "" : ", ") + std::to_string(p);
+    }
+    spdlog::info(
+        "nopfsd: peer link stopped: node(s) {} did not answer its leave within {} ms (a message "
+        "of theirs may have been cut short)",
+        who, took.count());
   }
 }
 

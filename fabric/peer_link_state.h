@@ -38,6 +38,10 @@ inline constexpr uint32_t kMaxEarlyExchanges = 4;
 // sent again kHelloRetryUnheard later (the progress thread's receive slice is that short
 // meanwhile), so that the progress thread neither blocks nor spins while the connection is made.
 inline constexpr auto kHelloPost = std::chrono::milliseconds(0);
+// How long a stopping link waits for its peers' LeaveAcks (at most the link's timeout), and how
+// long each of its Leave and LeaveAck sends may wait for the provider's queue.
+inline constexpr auto kLeaveWait = std::chrono::milliseconds(2000);
+inline constexpr auto kLeavePost = std::chrono::milliseconds(100);
 
 inline uint64_t TagOf(uint32_t node) {
   return uint64_t{node} << 32;
@@ -87,6 +91,9 @@ struct PeerLink::State {
   std::unique_ptr<PeerHandshake> shake;
   // Per node, whether a message claiming to be from it has arrived (progress thread only).
   std::vector<bool> heard;
+  // Per node, whether this node has sent it a LeaveAck, after which it sends it nothing (progress
+  // thread only).
+  std::vector<bool> acked_leave;
   ServePool pool;
 
   using Pending = PeerLink::Pending;
@@ -174,8 +181,9 @@ struct PeerLink::State {
     }
   }
 
-  // Kills `peer`, failing every read waiting on it.
-  void KillLocked(uint32_t peer, const std::string& why) REQUIRES(mu);
+  // Kills `peer`, failing every read waiting on it (logged as a warning unless `left`: the peer
+  // said it stops).
+  void KillLocked(uint32_t peer, const std::string& why, bool left = false) REQUIRES(mu);
 
   void Malformed(uint32_t node, const std::string& why);
 
@@ -206,6 +214,16 @@ struct PeerLink::State {
   // Progress thread: checks a message that arrived tagged `tag` (its sender, its decoding, its
   // session) and dispatches it; `data` is the endpoint's receive buffer, valid during the call.
   void OnMessage(uint64_t tag, std::span<const std::byte> data);
+
+  // Progress thread: `node` says its link stops: it is dead to this node from now on, and the
+  // LeaveAck queued here is the last message this node sends it.
+  void OnLeave(uint32_t node);
+
+  // Progress thread, once `stop` is set: tells every node this node has a session with that it
+  // stops (Leave) and receives until each has answered (LeaveAck: nothing of theirs is in flight
+  // any more, so that closing the endpoint cuts no message short) or min(timeout, kLeaveWait) has
+  // passed. What arrives meanwhile is dropped, but for Leaves, which it answers.
+  void Depart();
 
   // Progress thread: a node that this one gave up on because it did not answer the handshake
   // (it started later) has sent a Hello: it is up now, so this node tries again (at most once per

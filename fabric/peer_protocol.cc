@@ -32,6 +32,8 @@ uint64_t FixedBytes(PeerType type) {
   switch (type) {
     case PeerType::kAuthResult:
     case PeerType::kClassDone:
+    case PeerType::kLeave:
+    case PeerType::kLeaveAck:
       return 4;
     case PeerType::kReadRequest:
       return 24;
@@ -134,6 +136,12 @@ std::vector<std::byte> Encode(const PeerMessage& m) {
     if (d->cls > 0xFFFF) throw std::invalid_argument("class above 65535");
     type = PeerType::kClassDone;
     body.U32(d->cls);
+  } else if (std::holds_alternative<Leave>(m)) {
+    type = PeerType::kLeave;
+    body.U32(0);
+  } else if (std::holds_alternative<LeaveAck>(m)) {
+    type = PeerType::kLeaveAck;
+    body.U32(0);
   } else if (const auto* u = std::get_if<PushSample>(&m)) {
     if (u->data.size() > kMaxSampleBytes) throw std::invalid_argument("pushed sample too large");
     type = PeerType::kPush;
@@ -162,7 +170,8 @@ std::vector<std::byte> Encode(const PeerMessage& m) {
     body.Bytes(p.data);
   }
   if (type == PeerType::kAuthResult || type == PeerType::kReadRequest ||
-      type == PeerType::kRemoteReply || type == PeerType::kClassDone) {
+      type == PeerType::kRemoteReply || type == PeerType::kClassDone || type == PeerType::kLeave ||
+      type == PeerType::kLeaveAck) {
     for (int i = 0; i < 3; ++i)
       body.U64(0);  // the authentication block, filled by Seal
   }
@@ -306,6 +315,15 @@ Result<PeerMessage> Decode(std::span<const std::byte> buf, std::span<const std::
       if (!r.U32(&cls)) return truncated();
       if (cls > 0xFFFF) return Bad("class " + std::to_string(cls) + " above 65535");
       return PeerMessage(ClassDone{cls});
+    }
+    case PeerType::kLeave:
+    case PeerType::kLeaveAck: {
+      NOPFS_RETURN_IF_ERROR(expect(4 + kAuthBlockBytes));
+      uint32_t reserved = 0;
+      if (!r.U32(&reserved)) return truncated();
+      if (reserved != 0) return Bad("reserved leave field not zero");
+      if (static_cast<PeerType>(type) == PeerType::kLeave) return PeerMessage(Leave{});
+      return PeerMessage(LeaveAck{});
     }
     case PeerType::kPush: {
       if (body_len < 16 + kAuthBlockBytes) return Bad("push shorter than 40 bytes");

@@ -2,7 +2,7 @@
 // and the per-job HMAC-SHA256 challenge/response that admits a peer.
 //
 // Wire format (all integers little-endian), one message per fabric message:
-//   header (16 bytes): magic u32 = 0x5046504E ("NPFP"), version u8 = 4, type u8, reserved u16 = 0,
+//   header (16 bytes): magic u32 = 0x5046504E ("NPFP"), version u8 = 5, type u8, reserved u16 = 0,
 //                      body_len u32, reserved u32 = 0
 //   body (body_len bytes), by type. The handshake (the first three) is in the clear:
 //     kHello       node u32, client_nonce[32]                      (36 bytes)
@@ -29,9 +29,13 @@
 //                  the PFS for a staging read before the receiver (which holds it in its plan, or
 //                  fills it for the job) had it; the receiver may keep the bytes instead of reading
 //                  them
+//     kLeave       reserved u32 = 0 (4 + 24 bytes): the sender's link stops; the receiver answers
+//                  kLeaveAck and sends the sender nothing after it
+//     kLeaveAck    reserved u32 = 0 (4 + 24 bytes), a reply under the leaving node's session: the
+//                  last message the sender sends the receiver
 // Versions 1 to 3 had no sealed messages (version 3's tags named the sender, and anybody could
 // claim to be a node); version 1 had no kClassDone; version 2 no request flags, no kRemoteReply
-// and no kPush.
+// and no kPush; version 4 no kLeave and kLeaveAck.
 //
 // Sealing: the handshake gives both ends a session key (SessionKeyOf). The sender numbers the
 // messages of each session and direction from 1 (seq) and sets mac = the first 16 bytes of
@@ -66,7 +70,7 @@
 namespace nopfs::fabric {
 
 inline constexpr uint32_t kPeerMagic = 0x5046504E;
-inline constexpr uint8_t kPeerVersion = 4;
+inline constexpr uint8_t kPeerVersion = 5;
 inline constexpr uint64_t kPeerHeaderBytes = 16;
 inline constexpr uint64_t kMaxSampleBytes = uint64_t{64} << 20;  // largest sample served to a peer
 inline constexpr uint64_t kAuthBlockBytes = 24;                  // seq u64, mac[16]
@@ -92,6 +96,8 @@ enum class PeerType : uint8_t {
   kClassDone = 8,
   kRemoteReply = 9,
   kPush = 10,
+  kLeave = 11,
+  kLeaveAck = 12,
 };
 
 // ReadRequest flags.
@@ -169,8 +175,18 @@ struct ClassDone {
   bool operator==(const ClassDone&) const = default;
 };
 
+// "This node's link stops": sent to every node it has a session with, each of which answers with
+// a LeaveAck after which it sends this node nothing (so that nothing is in flight to it when it
+// closes its endpoint).
+struct Leave {
+  bool operator==(const Leave&) const = default;
+};
+struct LeaveAck {
+  bool operator==(const LeaveAck&) const = default;
+};
+
 using PeerMessage = std::variant<Hello, Challenge, Auth, AuthResult, ReadRequest, ReadReply,
-                                 ExchangeData, ClassDone, RemoteReply, PushSample>;
+                                 ExchangeData, ClassDone, RemoteReply, PushSample, Leave, LeaveAck>;
 
 // Encodes `m`; throws std::invalid_argument for a reply whose data (or remote length) exceeds
 // kMaxSampleBytes or carries data with a non-ok status, a class above 65535 or unknown request

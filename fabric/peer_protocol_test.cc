@@ -41,7 +41,9 @@ std::vector<PeerMessage> Samples() {
           ExchangeData{2, 0x55, data},
           ExchangeData{3, 0, {}},
           ClassDone{0},
-          ClassDone{65535}};
+          ClassDone{65535},
+          Leave{},
+          LeaveAck{}};
 }
 
 // The bytes of a message's variable data (after its authentication block).
@@ -137,7 +139,8 @@ TEST(PeerProtocolTest, RejectsEveryMalformation) {
   EXPECT_EQ(bad(4, 1), StatusCode::kCorruption);   // version 1 (no kClassDone)
   EXPECT_EQ(bad(4, 2), StatusCode::kCorruption);   // version 2 (16-byte requests)
   EXPECT_EQ(bad(4, 3), StatusCode::kCorruption);   // version 3 (unsealed)
-  EXPECT_EQ(bad(4, 5), StatusCode::kCorruption);   // version 5
+  EXPECT_EQ(bad(4, 4), StatusCode::kCorruption);   // version 4 (no kLeave)
+  EXPECT_EQ(bad(4, 6), StatusCode::kCorruption);   // version 6
   EXPECT_EQ(bad(5, 99), StatusCode::kCorruption);  // type
   EXPECT_EQ(bad(5, 0), StatusCode::kCorruption);   // type 0
   EXPECT_EQ(bad(6, 1), StatusCode::kCorruption);   // reserved
@@ -195,6 +198,17 @@ TEST(PeerProtocolTest, RejectsEveryMalformation) {
   done_long[8] = std::byte{29};
   EXPECT_EQ(Decode(done_long).status().code(), StatusCode::kCorruption);
   EXPECT_THROW(Encode(ClassDone{65536}), std::invalid_argument);
+  // Leave and LeaveAck: a reserved field not zero; a body of the wrong size.
+  for (const PeerMessage& m : {PeerMessage(Leave{}), PeerMessage(LeaveAck{})}) {
+    auto leave = Encode(m);
+    ASSERT_EQ(leave.size(), kPeerHeaderBytes + 4 + kAuthBlockBytes);
+    leave[16] = std::byte{1};
+    EXPECT_EQ(Decode(leave).status().code(), StatusCode::kCorruption);
+    auto leave_long = Encode(m);
+    leave_long.push_back(std::byte{0});
+    leave_long[8] = std::byte{29};
+    EXPECT_EQ(Decode(leave_long).status().code(), StatusCode::kCorruption);
+  }
 }
 
 TEST(PeerProtocolTest, FuzzedDecodeNeverCrashesAndOnlyAcceptsCanonicalBuffers) {

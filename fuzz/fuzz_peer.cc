@@ -31,6 +31,8 @@ uint64_t AuthBlockAt(fabric::PeerType t) {
   switch (t) {
     case fabric::PeerType::kAuthResult:
     case fabric::PeerType::kClassDone:
+    case fabric::PeerType::kLeave:
+    case fabric::PeerType::kLeaveAck:
       return fabric::kPeerHeaderBytes + 4;
     case fabric::PeerType::kReadRequest:
       return fabric::kPeerHeaderBytes + 24;

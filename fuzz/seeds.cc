@@ -77,6 +77,8 @@ void Peer() {
       {"class_done", fabric::ClassDone{17}},
       {"remote_reply", fabric::RemoteReply{7, 42, 4096, 0x7f0000001000, 0xabcdef, 0x55}},
       {"push", fabric::PushSample{42, 0x77, data}},
+      {"leave", fabric::Leave{}},
+      {"leave_ack", fabric::LeaveAck{}},
   };
   uint64_t seq = 1;
   for (const auto& [name, m] : messages) {

@@ -4,9 +4,10 @@
 // every target node every kind of peer message (fabric/peer_protocol.h) in the name of every node
 // it is told to impersonate: Hellos, Challenges and Auths with made-up nonces and MACs, AuthResult
 // refusals, PushSamples of bytes of its choice with their own correct xxh3, ReadRequests,
-// ReadReplies and RemoteReplies, ExchangeData of made-up rounds (some a few MB large) and
-// ClassDones. Half of the sealed messages carry an empty authentication block, half one sealed
-// under a key of its own with increasing sequence numbers.
+// ReadReplies and RemoteReplies, ExchangeData of made-up rounds (some a few MB large), ClassDones,
+// and Leaves and LeaveAcks (a node that took a Leave would stop reading from the one named). Half
+// of the sealed messages carry an empty authentication block, half one sealed under a key of its
+// own with increasing sequence numbers.
 //
 //   nopfs_peer_forge --to HOST:PORT [--to ...] --as NODE [--as ...] [--seconds S]
 //                    [--samples N | --dataset DIR] [--pushes-per-round P] [--large-bytes B]
@@ -178,6 +179,10 @@ const char* TypeName(PeerType t) {
       return "RemoteReply";
     case PeerType::kPush:
       return "Push";
+    case PeerType::kLeave:
+      return "Leave";
+    case PeerType::kLeaveAck:
+      return "LeaveAck";
   }
   return "unknown";
 }
@@ -217,6 +222,8 @@ std::vector<std::vector<std::byte>> Round(uint64_t i, uint32_t as, const Flags& 
   m.push_back(Encode(ClassDone{static_cast<uint32_t>(i % 3)}));
   std::vector<std::byte> ex = i % 25 == 0 ? large : evil(sample);
   m.push_back(Encode(ExchangeData{i + 1, xxh3(ex), std::move(ex)}));
+  m.push_back(Encode(Leave{}));
+  m.push_back(Encode(LeaveAck{}));
   return m;
 }
 
