@@ -163,7 +163,8 @@ class SecurityPeerTest(ClusterCase):
         kinds = dict((k, int(n)) for k, n in (t.rsplit(" ", 1) for t in m.group(2).split(", ")))
         self.assertEqual(sorted(kinds), sorted(["Hello", "Challenge", "Auth", "AuthResult", "Push",
                                                 "ReadRequest", "ReadReply", "RemoteReply",
-                                                "Exchange", "ClassDone"]), forged)
+                                                "Exchange", "ClassDone", "Leave", "LeaveAck"]),
+                         forged)
         self.assertGreater(min(kinds.values()), 100, forged)
         self.assertEqual(m.group(5), "0", forged)
         self.assertNotIn("peer_forge: received ", forged)
