@@ -27,8 +27,6 @@ using daemon_internal::Seconds;
 constexpr std::chrono::milliseconds kSiblingTimeout(10000);
 // How long the share service may take to answer (it may fill the file from the PFS first).
 constexpr std::chrono::milliseconds kSharedTimeout(60000);
-// What the kept key covers beside the dataset's path: the catalog's scan (no options today).
-constexpr char kKeptScanOptions[] = "catalog/1";
 // At exit, the dataset files of the kept samples are stat-ed for at most this long (the epilog
 // gives nopfsd `grace` seconds, 10 by default, to stop): files not reached are not kept.
 constexpr auto kKeepStatBudget = std::chrono::seconds(4);
@@ -154,7 +152,7 @@ void Daemon::AdoptKept() {
     k.place.kept_dir = kept::KeptAreaDir(SsdTier::UserDir(model_.classes[j].path, geteuid()));
     k.place.dataset = dataset.string();
     k.place.tag = options_.job_id + "." + std::to_string(options_.node);
-    std::string scan = kKeptScanOptions;
+    std::string scan = kept::kKeptScanOptions;
     // Two SSD classes on one path keep under two keys (and private names) in its kept area.
     for (const KeptClass& other : kept_) {
       if (other.place.kept_dir == k.place.kept_dir) {
