@@ -366,9 +366,10 @@ int RunWhere(const WhereFlags& f) {
       if (running && jobs == nullptr) {
         what.push_back("your kept copy (size and last use: `nopfs cache ls` on " + node + ")");
       } else {
-        what.push_back("your kept copy, or the tiers of your " +
-                       (jobs != nullptr ? JobList(*jobs) + " running there"
-                                        : std::string("job running there")) +
+        what.push_back("your kept copy, or the tiers of " +
+                       (jobs != nullptr ? "your " + JobList(*jobs) + " running there"
+                                        : std::string("a job of yours running there (squeue "
+                                                      "did not say)")) +
                        ", or both (`nopfs where` on " + node + " tells)");
       }
     }
@@ -379,10 +380,16 @@ int RunWhere(const WhereFlags& f) {
     std::printf("  %s (%s): %s\n", node.c_str(), Printable(h.state, 40).c_str(), text.c_str());
   }
   // When a job on one of them could start: a test job that requires the marks (Slurm's test
-  // jobs do not weigh a --prefer), as job_submit.lua adds them to a job's --prefer.
-  Result<Ran> start =
-      RunCommand({"sbatch", "--test-only", "--job-name=nopfs-where", "--nodes=1", "--ntasks=1",
-                  "--constraint=" + mark + (shared.empty() ? "" : "|" + shared), "--wrap=true"});
+  // jobs do not weigh a --prefer), as job_submit.lua adds them to a job's --prefer; only marks
+  // some node carries (Slurm refuses a constraint naming a feature no node has).
+  std::string constraint;
+  for (const bool mine : {true, false}) {
+    const bool carried = std::any_of(holding.begin(), holding.end(),
+                                     [&](const Holding& h) { return mine ? h.mine : h.shared; });
+    if (carried) constraint += (constraint.empty() ? "" : "|") + (mine ? mark : shared);
+  }
+  Result<Ran> start = RunCommand({"sbatch", "--test-only", "--job-name=nopfs-where", "--nodes=1",
+                                  "--ntasks=1", "--constraint=" + constraint, "--wrap=true"});
   if (start.ok() && std::regex_search(start->text, m, kStart)) {
     std::printf("a 1-node job on them could start on %s at %s\n",
                 Printable(m[2].str(), 200).c_str(), Printable(m[1].str(), 40).c_str());

@@ -242,17 +242,18 @@ class CacheTest(unittest.TestCase):
         self.assertIn("nopfs cache rm", p.stderr)
 
     @unittest.skipUnless(AS_ROOT, "needs a second user")
-    def fake_slurm(self, shared):
+    def fake_slurm(self, shared, yours=None):
         """sbatch, sinfo, squeue and scontrol on PATH, answering as slurmctld with placement
-        would: the user's mark M (and, for a shared dataset, the shared copy's mark S); n1 (this
-        node) carries M, n2 M and a job of the user runs there, n3 M and S, n4 S alone, n5
-        another mark; n2 is listed twice (two partitions)."""
+        would: the user's mark (`yours`, default M) and, for a shared dataset, the shared copy's
+        mark S; n1 (this node) carries M, n2 M and a job of the user runs there, n3 M and S, n4 S
+        alone, n5 another mark; n2 is listed twice (two partitions). Returns M, S and the file
+        of sbatch's arguments."""
         bin_dir = os.path.join(self.work, "slurm-bin")
         os.mkdir(bin_dir)
         if AS_ROOT:  # for sbatch.args
             os.chown(bin_dir, USER_UID, 65534)
         mark, smark = "nopfs_00000000000000aa", "nopfs_00000000000000bb"
-        answer = f"mark {mark}" + (f"; shared {smark}" if shared else "")
+        answer = f"mark {yours or mark}" + (f"; shared {smark}" if shared else "")
         scripts = {
             "sbatch": "#!/bin/sh\n"
                       f'echo "$@" >> {bin_dir}/sbatch.args\n'
@@ -325,6 +326,21 @@ class CacheTest(unittest.TestCase):
         p = nopfs(*where[1:])
         self.assertIn(f"copies of {dataset} are on 3 nodes (your mark {mark}):\n", p.stdout)
         self.assertNotIn("shared", p.stdout)
+        with open(args) as f:
+            self.assertIn(f"--constraint={mark} ", f.read())
+        # Another user's view of the shared dataset: the shared copy's nodes alone, and the
+        # start asked of them alone (Slurm refuses a constraint no node's features meet by name).
+        shutil.rmtree(os.path.dirname(args))
+        other = "nopfs_00000000000000dd"
+        self.fake_slurm(shared=True, yours=other)
+        p = nopfs(*where[1:])
+        self.assertEqual(p.stdout,
+                         f"copies of {dataset} are on 2 nodes (your mark {other}, the shared "
+                         f"copy's {smark}):\n  n3 (idle): the shared copy (every user's)\n"
+                         "  n4 (allocated): the shared copy (every user's)\n"
+                         "a 1-node job on them could start on n3 at 2026-11-29T10:42:07\n")
+        with open(args) as f:
+            self.assertIn(f"--constraint={smark} ", f.read())
 
     def test_another_user_sees_and_removes_nothing_of_it(self):
         self.keep_run(self.datasets[0])
