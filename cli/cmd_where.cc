@@ -1,5 +1,6 @@
 #include "cli/cmd_where.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -10,8 +11,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
+#include <filesystem>
+#include <map>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <set>
 #include <string>
@@ -21,6 +26,7 @@
 #include "common/printable.h"
 #include "common/unique_fd.h"
 #include "common/units.h"
+#include "kept/area.h"
 #include "kept/space.h"
 #include "launch/process.h"
 #include "lua/config.h"
@@ -109,16 +115,21 @@ std::string ThisNode(const WhereFlags& f) {
   return h.substr(0, h.find('.'));
 }
 
-// Size and last use of the user's copies of `dataset` on this node, or "" when the config does
-// not load or holds none.
-std::string LocalCopy(const WhereFlags& f, const std::string& dataset) {
-  Result<lua::NodeConfig> config = lua::LoadNodeConfig(f.config);
-  if (!config.ok()) return "";
+// The node config's SSD class paths ("" when it does not load): where the user's kept area and
+// sibling registry are on this node.
+std::vector<std::string> SsdPaths(const WhereFlags& f) {
   std::vector<std::string> paths;
+  Result<lua::NodeConfig> config = lua::LoadNodeConfig(f.config);
+  if (!config.ok()) return paths;
   for (const policy::StorageClass& c : config->model().classes) {
     if (c.kind == policy::ClassKind::kSsd && !c.path.empty()) paths.push_back(c.path);
   }
-  const kept::KeptNode mine = kept::KeptNode::Scan(paths, ::getuid());
+  return paths;
+}
+
+// Size and last use of the user's kept copies of `dataset` on this node, or "" when it holds none.
+std::string LocalCopy(const std::vector<std::string>& ssd_paths, const std::string& dataset) {
+  const kept::KeptNode mine = kept::KeptNode::Scan(ssd_paths, ::getuid());
   uint64_t bytes = 0;
   int64_t last_used = 0;
   bool found = false;
@@ -129,8 +140,98 @@ std::string LocalCopy(const WhereFlags& f, const std::string& dataset) {
     last_used = std::max(last_used, e.data.last_used);
   }
   if (!found) return "";
-  return FormatBytes(static_cast<double>(bytes)) + ", last used " +
+  return "your kept copy, " + FormatBytes(static_cast<double>(bytes)) + ", last used " +
          kept::FormatAge(static_cast<int64_t>(::time(nullptr)) - last_used) + " ago";
+}
+
+// The jobs of this user whose nopfsd runs on this node on `dataset` and serves its tiers to the
+// user's other jobs: their entries in the user's sibling registry (service/reader/sibling.h,
+// <first SSD path>/nopfs-<uid>/live/<key>.<job>.<node index>) whose process lives. The job ids,
+// sorted.
+std::vector<std::string> LocalRunning(const std::vector<std::string>& ssd_paths,
+                                      const std::string& dataset) {
+  std::vector<std::string> jobs;
+  if (ssd_paths.empty()) return jobs;
+  std::error_code ec;
+  const std::filesystem::path canonical = std::filesystem::canonical(dataset, ec);
+  if (ec) return jobs;
+  const std::string prefix = kept::KeptKey(canonical.string(), kept::kKeptScanOptions) + ".";
+  const std::string live =
+      ssd_paths.front() + "/nopfs-" + std::to_string(::getuid()) + "/" + "live";
+  UniqueFd dir(::open(live.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dir.valid()) return jobs;
+  DIR* d = ::fdopendir(::dup(dir.get()));
+  if (d == nullptr) return jobs;
+  std::set<std::string> found;
+  while (const dirent* ent = ::readdir(d)) {
+    const std::string name = ent->d_name;
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string job =
+        name.substr(prefix.size(), name.find('.', prefix.size()) - prefix.size());
+    if (job.empty() ||
+        !std::all_of(job.begin(), job.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    UniqueFd fd(::openat(dir.get(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    if (!fd.valid()) continue;
+    char text[4097] = {};
+    const ssize_t n = ::read(fd.get(), text, sizeof text - 1);
+    if (n <= 0) continue;
+    // Its nopfsd's pid: an entry whose process is gone is stale (the next sibling removes it).
+    const char* pid = std::strstr(text, "\npid ");
+    const long p = pid != nullptr ? std::strtol(pid + 5, nullptr, 10) : 0;
+    if (p <= 0 || ::kill(static_cast<pid_t>(p), 0) != 0) continue;
+    found.insert(job);
+  }
+  ::closedir(d);
+  return {found.begin(), found.end()};
+}
+
+// The names of a Slurm node list: plain names as they are, a list with ranges through
+// `scontrol show hostnames`; empty when it cannot be expanded.
+std::vector<std::string> NodeNames(const std::string& list) {
+  std::vector<std::string> names;
+  std::string text = list;
+  if (list.find('[') != std::string::npos) {
+    Result<Ran> r = RunCommand({"scontrol", "show", "hostnames", list});
+    if (!r.ok() || launch::ExitCodeOf(r->status) != 0) return names;
+    text = r->text;
+  }
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t end = text.find_first_of(",\n", pos);
+    const std::string name = text.substr(pos, end == std::string::npos ? end : end - pos);
+    if (!name.empty()) names.push_back(name);
+    if (end == std::string::npos) break;
+    pos = end + 1;
+  }
+  return names;
+}
+
+// This user's running jobs by node (squeue --me); nullopt when Slurm does not say.
+std::optional<std::map<std::string, std::vector<std::string>>> RunningJobsByNode() {
+  Result<Ran> r =
+      RunCommand({"squeue", "--me", "--states=RUNNING", "--noheader", "--format=%i %N"});
+  if (!r.ok() || launch::ExitCodeOf(r->status) != 0) return std::nullopt;
+  std::map<std::string, std::vector<std::string>> out;
+  size_t pos = 0;
+  while (pos < r->text.size()) {
+    size_t nl = r->text.find('\n', pos);
+    if (nl == std::string::npos) nl = r->text.size();
+    const std::string line = r->text.substr(pos, nl - pos);
+    pos = nl + 1;
+    const size_t sp = line.find(' ');
+    if (sp == std::string::npos) continue;
+    for (const std::string& node : NodeNames(line.substr(sp + 1)))
+      out[node].push_back(line.substr(0, sp));
+  }
+  return out;
+}
+
+std::string JobList(const std::vector<std::string>& jobs) {
+  std::string out = jobs.size() == 1 ? "job " : "jobs ";
+  for (size_t i = 0; i < jobs.size(); ++i)
+    out += (i == 0 ? "" : ", ") + Printable(jobs[i], 40);
+  return out;
 }
 
 int RunWhere(const WhereFlags& f) {
@@ -146,6 +247,8 @@ int RunWhere(const WhereFlags& f) {
                                  "--ntasks=1", "--comment=nopfs where:" + dataset, "--wrap=true"});
   if (!test.ok()) return Fail(test.status().message());
   static const std::regex kMark(R"(nopfs where: mark (nopfs_[0-9a-f]{16}))");
+  static const std::regex kShared(
+      R"(nopfs where: mark nopfs_[0-9a-f]{16}; shared (nopfs_[0-9a-f]{16}))");
   static const std::regex kError(R"(nopfs where: error: ([^\n]*))");
   static const std::regex kStart(
       R"(Job \d+ to start at (\S+) using \d+ processors on nodes (\S+) in partition (\S+))");
@@ -165,13 +268,29 @@ int RunWhere(const WhereFlags& f) {
         "\"Placement\")");
   }
   const std::string mark = m[1].str();
+  // A dataset the site shares: slurmctld names its shared copy's mark too, the same for every
+  // user. A shared copy serves a user only what the user can read on the PFS: for a dataset the
+  // user cannot read, its nodes are of no use to the user's jobs, and not listed.
+  std::string shared;
+  std::string unreadable;
+  if (std::regex_search(test->text, m, kShared)) {
+    shared = m[1].str();
+    if (::access(dataset.c_str(), R_OK | X_OK) != 0) {
+      unreadable = std::strerror(errno);
+      shared.clear();
+    }
+  }
 
   Result<Ran> nodes = RunCommand({"sinfo", "--noheader", "--Node", "--format=%N %T %b"});
   if (!nodes.ok()) return Fail(nodes.status().message());
   if (launch::ExitCodeOf(nodes->status) != 0) {
     return Fail("cannot ask Slurm for the nodes' features: sinfo says: " + LastLine(nodes->text));
   }
-  std::vector<std::pair<std::string, std::string>> holding;  // node, state
+  struct Holding {
+    std::string node, state;
+    bool mine = false, shared = false;
+  };
+  std::vector<Holding> holding;
   std::set<std::string> seen;
   size_t pos = 0;
   while (pos < nodes->text.size()) {
@@ -183,33 +302,97 @@ int RunWhere(const WhereFlags& f) {
     if (a == std::string::npos || b == std::string::npos) continue;
     const std::string node = line.substr(0, a), state = line.substr(a + 1, b - a - 1);
     const std::string features = "," + line.substr(b + 1) + ",";
-    if (features.find("," + mark + ",") == std::string::npos) continue;
-    if (seen.insert(node).second) holding.emplace_back(node, state);  // once per partition
+    Holding h{node, state, features.find("," + mark + ",") != std::string::npos,
+              !shared.empty() && features.find("," + shared + ",") != std::string::npos};
+    if (!h.mine && !h.shared) continue;
+    if (seen.insert(node).second) holding.push_back(std::move(h));  // once per partition
+  }
+  const std::string marks =
+      "your mark " + mark + (shared.empty() ? "" : ", the shared copy's " + shared);
+  if (!unreadable.empty()) {
+    std::printf(
+        "%s is shared on this cluster, but you cannot read it (%s): a shared copy serves you "
+        "only what you can read on the PFS, so its nodes are not listed\n",
+        shown.c_str(), unreadable.c_str());
   }
   if (holding.empty()) {
     std::printf(
-        "no node holds your kept copy of %s (mark %s): a job with --nopfs=%s that the site's "
+        "no node holds your kept copy of %s (mark %s)%s: a job with --nopfs=%s that the site's "
         "keep policy lets keep its copy (--nopfs-keep, docs/user.md) marks the nodes it ran on "
-        "once it ends\n",
-        shown.c_str(), mark.c_str(), shown.c_str());
+        "once it ends%s\n",
+        shown.c_str(), mark.c_str(),
+        shared.empty() ? "" : (", nor its shared copy (mark " + shared + ")").c_str(),
+        shown.c_str(),
+        shared.empty() ? ""
+                       : "; a node's shared copy is marked once it holds half of what the site "
+                         "lets it hold");
     return 1;
   }
-  std::printf("your kept copy of %s (mark %s) is on %zu node%s:\n", shown.c_str(), mark.c_str(),
-              holding.size(), holding.size() == 1 ? "" : "s");
+  std::printf("copies of %s are on %zu node%s (%s):\n", shown.c_str(), holding.size(),
+              holding.size() == 1 ? "" : "s", marks.c_str());
+  // What made each node carry the user's mark: a kept copy, a running job's tiers or both. This
+  // node's kept area and sibling registry tell; of another node, only whether a job of the user
+  // runs there (squeue): without one, the mark is a kept copy's.
   const std::string here = ThisNode(f);
-  for (const auto& [node, state] : holding) {
-    std::string what = node == here ? LocalCopy(f, dataset) : "";
-    if (what.empty()) what = "size and last use: `nopfs cache ls` on " + Printable(node, 100);
-    std::printf("  %s (%s): %s\n", Printable(node, 100).c_str(), Printable(state, 40).c_str(),
-                what.c_str());
+  std::optional<std::map<std::string, std::vector<std::string>>> running;
+  bool asked = false;
+  for (const Holding& h : holding) {
+    const std::string node = Printable(h.node, 100);
+    std::vector<std::string> what;
+    if (h.mine && h.node == here) {
+      const std::vector<std::string> ssd = SsdPaths(f);
+      const std::string copy = LocalCopy(ssd, dataset);
+      if (!copy.empty()) what.push_back(copy);
+      const std::vector<std::string> jobs = LocalRunning(ssd, dataset);
+      if (!jobs.empty()) {
+        what.push_back("the tiers of your running " + JobList(jobs) + " (until " +
+                       (jobs.size() == 1 ? "it ends" : "they end") + ")");
+      }
+      if (what.empty()) {
+        what.push_back(
+            "your mark, but no kept copy or running job of yours on the dataset here now (the "
+            "mark goes within a minute)");
+      }
+    } else if (h.mine) {
+      if (!asked) {
+        running = RunningJobsByNode();
+        asked = true;
+      }
+      const std::vector<std::string>* jobs = nullptr;
+      if (running) {
+        const auto it = running->find(h.node);
+        if (it != running->end()) jobs = &it->second;
+      }
+      if (running && jobs == nullptr) {
+        what.push_back("your kept copy (size and last use: `nopfs cache ls` on " + node + ")");
+      } else {
+        what.push_back("your kept copy, or the tiers of " +
+                       (jobs != nullptr ? "your " + JobList(*jobs) + " running there"
+                                        : std::string("a job of yours running there (squeue "
+                                                      "did not say)")) +
+                       ", or both (`nopfs where` on " + node + " tells)");
+      }
+    }
+    if (h.shared) what.push_back("the shared copy (every user's)");
+    std::string text;
+    for (const std::string& w : what)
+      text += (text.empty() ? "" : "; ") + w;
+    std::printf("  %s (%s): %s\n", node.c_str(), Printable(h.state, 40).c_str(), text.c_str());
   }
-  // When a job on one of them could start: a test job that requires the mark (Slurm's test
-  // jobs do not weigh a --prefer).
+  // When a job on one of them could start: a test job that requires the marks (Slurm's test
+  // jobs do not weigh a --prefer), as job_submit.lua adds them to a job's --prefer; only marks
+  // some node carries (Slurm refuses a constraint naming a feature no node has).
+  std::string constraint;
+  for (const bool mine : {true, false}) {
+    const bool carried = std::any_of(holding.begin(), holding.end(),
+                                     [&](const Holding& h) { return mine ? h.mine : h.shared; });
+    if (carried) constraint += (constraint.empty() ? "" : "|") + (mine ? mark : shared);
+  }
   Result<Ran> start = RunCommand({"sbatch", "--test-only", "--job-name=nopfs-where", "--nodes=1",
-                                  "--ntasks=1", "--constraint=" + mark, "--wrap=true"});
+                                  "--ntasks=1", "--constraint=" + constraint, "--wrap=true"});
   if (start.ok() && std::regex_search(start->text, m, kStart)) {
-    std::printf("a 1-node job on it could start on %s at %s\n", Printable(m[2].str(), 200).c_str(),
-                Printable(m[1].str(), 40).c_str());
+    std::printf("a 1-node job on them could start on %s at %s\n",
+                Printable(m[2].str(), 200).c_str(), Printable(m[1].str(), 40).c_str());
   }
   return 0;
 }
@@ -220,11 +403,13 @@ void RegisterWhere(CLI::App* app, int* exit_code) {
   auto f = std::make_shared<WhereFlags>();
   CLI::App* sub = app->add_subcommand(
       "where",
-      "The nodes that hold your kept copy of DATASET, as placement marks them in Slurm (asks "
-      "slurmctld with sbatch --test-only, which submits nothing)");
+      "The nodes your next job on DATASET prefers, as placement marks them in Slurm: your kept "
+      "copy, your running job's tiers (the node it runs on tells them apart), and a shared "
+      "dataset's copy (asks slurmctld with sbatch --test-only, which submits nothing)");
   sub->add_option("dataset", f->dataset, "The dataset, as after --nopfs=")->required();
   sub->add_option("--config", f->config,
-                  "The node config, for the size and last use of the copy on this node")
+                  "The node config, for what this node holds (your kept copy's size and last "
+                  "use, your running jobs on the dataset)")
       ->capture_default_str();
   sub->add_option("--node", f->node,
                   "This host's node name in Slurm (default: $SLURMD_NODENAME, else the short "

@@ -87,6 +87,9 @@ bool KeptLockHeld(const std::string& dir, const std::string& name);
 // The key of a dataset: 16 lowercase hex digits of the xxh3 of the canonical dataset root and the
 // scan options that change which samples it has (not the seed, epochs, nodes or ranks).
 std::string KeptKey(std::string_view canonical_dataset, std::string_view scan_options);
+// The scan options of a job's key (the catalog's scan; no options today), for the kept area and
+// the sibling registry (service/reader/sibling.h) alike.
+inline constexpr char kKeptScanOptions[] = "catalog/1";
 // Whether `name` has the form of a key.
 bool IsKeptKey(std::string_view name);
 

@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -18,11 +19,13 @@ ShareClient::ShareClient(std::string socket_path, std::string dataset,
 Result<UniqueFd> ShareClient::Take() {
   {
     MutexLock l(&mu_);
-    while (idle_.empty() && open_ >= kMaxConnections)
+    while (!cancelled_ && idle_.empty() && open_ >= kMaxConnections)
       cv_.Wait(&mu_);
+    if (cancelled_) return Status::Unavailable("share: stopped");
     if (!idle_.empty()) {
       UniqueFd fd = std::move(idle_.back());
       idle_.pop_back();
+      busy_.push_back(fd.get());
       return fd;
     }
     ++open_;
@@ -52,17 +55,23 @@ Result<UniqueFd> ShareClient::Take() {
                                    std::to_string(cred.uid) + ", not root");
     }
   }
+  MutexLock l(&mu_);
+  if (s.ok() && cancelled_) s = Status::Unavailable("share: stopped");
   if (!s.ok()) {
-    MutexLock l(&mu_);
     --open_;
     cv_.SignalAll();
     return s;
   }
+  busy_.push_back(fd.get());
   return fd;
 }
 
 void ShareClient::Give(UniqueFd fd, bool usable) {
   MutexLock l(&mu_);
+  // Out of busy_ before it can be closed (below, or by a later Take's caller), so that Cancel
+  // never shuts down a descriptor number reused by something else.
+  if (auto it = std::find(busy_.begin(), busy_.end(), fd.get()); it != busy_.end()) busy_.erase(it);
+  if (cancelled_) usable = false;
   if (usable) {
     idle_.push_back(std::move(fd));
   } else {
@@ -144,6 +153,22 @@ Result<std::vector<ShareClient::Copy>> ShareClient::Ask(Op op, std::span<const s
     i = j;
   }
   return out;
+}
+
+size_t ShareClient::Cancel() {
+  MutexLock l(&mu_);
+  cancelled_ = true;
+  for (int fd : busy_)
+    (void)::shutdown(fd, SHUT_RDWR);  // its recvmsg returns at once: "share: closed"
+  open_ -= idle_.size();
+  idle_.clear();
+  cv_.SignalAll();
+  return busy_.size();
+}
+
+bool ShareClient::cancelled() const {
+  MutexLock l(&mu_);
+  return cancelled_;
 }
 
 Status ShareClient::Ping() {

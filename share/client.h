@@ -5,6 +5,9 @@
 // The descriptor it could open is the proof it sends. It talks only to a service of root's (or of
 // its own uid), as SO_PEERCRED says.
 //
+// A request waits for the service's answer up to `timeout` (the service may fill its files from
+// the PFS first); Cancel ends the requests in flight at once.
+//
 // Thread safety: every method from any number of threads (a small pool of connections).
 #pragma once
 
@@ -42,6 +45,12 @@ class ShareClient {
   Result<std::vector<Copy>> Ask(Op op, std::span<const std::string> rels);
   // Whether the service answers.
   Status Ping();
+  // Ends the requests in flight now and refuses every later one (Unavailable, "share: stopped"):
+  // each connection in use is shut down, so that an Ask waiting for the service's answer returns
+  // at once instead of after `timeout`. For the job's end, which must not wait for a service that
+  // does not answer. Returns how many requests were in flight.
+  size_t Cancel();
+  bool cancelled() const;
 
   const std::string& dataset() const { return dataset_; }
 
@@ -55,10 +64,12 @@ class ShareClient {
   const std::string socket_path_;
   const std::string dataset_;
   const std::chrono::milliseconds timeout_;
-  Mutex mu_;
+  mutable Mutex mu_;
   CondVar cv_;
   std::vector<UniqueFd> idle_ GUARDED_BY(mu_);
   size_t open_ GUARDED_BY(mu_) = 0;
+  std::vector<int> busy_ GUARDED_BY(mu_);  // connections in use (open until Give drops them)
+  bool cancelled_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace nopfs::share

@@ -9,15 +9,18 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <string>
 #include <thread>
 
 #include "share/ahead.h"
 #include "share/client.h"
 #include "share/server.h"
+#include "share/silent_service.h"
 #include "share/store.h"
 #include "share/wire.h"
 
@@ -538,6 +541,67 @@ TEST(ShareAhead, WithoutTheServiceEveryReadFailsAndNothingIsHeld) {
   const Status s = ahead.Read(0, 0, std::as_writable_bytes(std::span(got)));
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.message();
   ahead.Stop();
+  EXPECT_EQ(ahead.held(), 0u);
+}
+
+bool WaitUnanswered(const SilentService& svc, size_t n) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (svc.unanswered() < n) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+// A service that does not answer holds a request for the client's whole timeout (a minute in
+// nopfsd); Cancel ends it at once, and every later one, so that a job's end never waits for it.
+TEST(ShareClient, CancelEndsTheRequestsAServiceDoesNotAnswerAtOnce) {
+  Fixture f;
+  SilentService svc(f.tmp.path() + "/silent.sock");
+  ASSERT_TRUE(svc.ok());
+  ShareClient c(f.tmp.path() + "/silent.sock", f.root, std::chrono::seconds(60));
+  ASSERT_TRUE(c.Ping().ok());
+  const std::vector<std::string> rels = {"a/1.jpg"};
+  auto asked = std::async(std::launch::async, [&] { return c.Ask(Op::kOpen, rels).status(); });
+  ASSERT_TRUE(WaitUnanswered(svc, 1));
+  EXPECT_EQ(asked.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(c.Cancel(), 1u);
+  ASSERT_EQ(asked.wait_for(std::chrono::seconds(5)), std::future_status::ready)
+      << "the request still waits for the service";
+  const Status s = asked.get();
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.message();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_TRUE(c.cancelled());
+  const Result<std::vector<ShareClient::Copy>> later = c.Ask(Op::kOpen, rels);
+  EXPECT_EQ(later.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(later.status().message(), "share: stopped");
+  EXPECT_EQ(svc.unanswered(), 1u) << "a request after Cancel reached the service";
+}
+
+// The same for the reads asked ahead: a read waiting for its batch and the asking threads end
+// with Cancel, and Stop returns.
+TEST(ShareAhead, CancelEndsAReadWaitingForItsBatchAndStopReturns) {
+  Fixture f;
+  SilentService svc(f.tmp.path() + "/silent.sock");
+  ASSERT_TRUE(svc.ok());
+  ShareClient c(f.tmp.path() + "/silent.sock", f.root, std::chrono::seconds(60));
+  const std::vector<std::string> rels = {"a/1.jpg", "a/2.jpg", "b/3.jpg"};
+  AheadReader ahead(c, std::vector<std::string_view>(rels.begin(), rels.end()), {1, 1, 1},
+                    {.threads = 1});
+  ahead.Start();
+  ASSERT_TRUE(WaitUnanswered(svc, 1));
+  auto read = std::async(std::launch::async, [&] {
+    std::string got(1000, '\0');
+    return ahead.Read(0, 0, std::as_writable_bytes(std::span(got)));
+  });
+  EXPECT_EQ(read.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
+  const auto t0 = std::chrono::steady_clock::now();
+  c.Cancel();
+  ASSERT_EQ(read.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  EXPECT_FALSE(read.get().ok());
+  ahead.Stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
   EXPECT_EQ(ahead.held(), 0u);
 }
 

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <sstream>
@@ -19,6 +20,32 @@ namespace {
 bool ParseU64(std::string_view s, uint64_t* v) {
   const auto r = std::from_chars(s.data(), s.data() + s.size(), *v);
   return !s.empty() && r.ec == std::errc() && r.ptr == s.data() + s.size();
+}
+
+// The keys this version writes.
+constexpr std::string_view kKnownKeys[] = {"job",          "uid",
+                                           "node_index",   "ram",
+                                           "ssd",          "boot",
+                                           "pid",          "start",
+                                           "ssd_path",     "metrics_dir",
+                                           "keep",         "keep_max_bytes",
+                                           "keep_dataset", "sibling_dataset"};
+
+bool IsKnownKey(std::string_view key) {
+  return std::find(std::begin(kKnownKeys), std::end(kKnownKeys), key) != std::end(kKnownKeys);
+}
+
+// "key=value" with a key of what FormatEntry writes (lower-case letters, digits, '_') that is
+// none of this version's, and no newline: a line of a newer version's entry.
+bool IsUnknownLine(std::string_view line) {
+  const size_t eq = line.find('=');
+  if (eq == 0 || eq == std::string_view::npos || line.find('\n') != std::string_view::npos) {
+    return false;
+  }
+  const std::string_view key = line.substr(0, eq);
+  return !IsKnownKey(key) && std::all_of(key.begin(), key.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+  });
 }
 
 }  // namespace
@@ -43,6 +70,9 @@ std::string FormatEntry(const LedgerEntry& e) {
   }
   if (!e.sibling_dataset.empty() && e.sibling_dataset.find('\n') == std::string::npos) {
     out += "sibling_dataset=" + e.sibling_dataset + "\n";
+  }
+  for (const std::string& line : e.unknown) {
+    if (IsUnknownLine(line)) out += line + "\n";
   }
   return out;
 }
@@ -83,6 +113,11 @@ Result<LedgerEntry> ParseEntry(const std::string& text) {
       e.ssd_paths.emplace_back(value);
       continue;
     }
+    if (!IsKnownKey(key)) {
+      if (!IsUnknownLine(line)) return Status::Corruption("ledger entry key '" + key + "'");
+      e.unknown.push_back(line);  // a newer version's: kept as it is
+      continue;
+    }
     if (!ParseU64(value, &v)) return Status::Corruption("ledger entry value '" + line + "'");
     if (key == "job") {
       e.job_id = v;
@@ -108,10 +143,8 @@ Result<LedgerEntry> ParseEntry(const std::string& text) {
     } else if (key == "keep") {
       if (v > 1) return Status::Corruption("ledger entry value '" + line + "'");
       e.keep = v == 1;
-    } else if (key == "keep_max_bytes") {
-      e.keep_max_bytes = v;
     } else {
-      return Status::Corruption("ledger entry key '" + key + "'");
+      e.keep_max_bytes = v;
     }
   }
   if (seen != 0xffu) return Status::Corruption("ledger entry misses fields");

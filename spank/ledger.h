@@ -6,6 +6,12 @@
 // entry under one lock hold, so two prologs never both take the last free bytes: the sum of the
 // entries never exceeds what admission allowed. The directory belongs to root, mode 0700.
 //
+// An entry's lines are "key=value". A key this version does not know is kept (LedgerEntry::
+// unknown), not taken for corruption, so that an older launcher after a downgrade neither drops
+// nor loses a newer one's entries: their reservation still counts and their epilog still finds
+// them. Users write no line: every value that comes from a job (its dataset) is recorded only
+// when it holds no newline, on the line of its own key.
+//
 // Crash safety: an entry names the process that holds it (the prolog's launcher until it forks
 // nopfsd, then nopfsd) by pid and start time, and the boot it was written in, and holds what the
 // epilog needs to tear the job down without the node config (ssd_paths). A crash at any
@@ -56,6 +62,11 @@ struct LedgerEntry {
   // (--nopfs-share-running, on by default), for placement's marks (spank/placement.h):
   // "sibling_dataset=PATH" (a path holding a newline is never recorded); empty: none.
   std::string sibling_dataset;
+  // Lines "key=value" whose key this version does not know (a newer launcher wrote them, and a
+  // downgrade left the entry to this one), kept verbatim and written back after the known ones,
+  // so that the entry and what the newer fields record survive a rewrite. A key is lower-case
+  // letters, digits and '_' (what FormatEntry writes); a line of another form is corruption.
+  std::vector<std::string> unknown;
 };
 
 std::string FormatEntry(const LedgerEntry& e);

@@ -161,6 +161,52 @@ TEST_F(LedgerTest, EntryKeepsTheSiblingDataset) {
   EXPECT_FALSE(ParseEntry(FormatEntry(e) + "sibling_dataset=\n").ok());
 }
 
+// An entry a newer launcher wrote, with a key this version does not know, is read by this one
+// (after a downgrade) as the entry it is: its reservation counts, its job's epilog finds it, and
+// a rewrite keeps the unknown line as it was. What is neither a known key nor a key's form is
+// still corruption, and removed.
+TEST_F(LedgerTest, AnUnknownKeySurvivesAReadAndARewrite) {
+  Result<Ledger> l = Ledger::Lock(dir_, 1s);
+  ASSERT_TRUE(l.ok()) << l.status().message();
+  const LedgerEntry base = Entry(21, 700);
+  std::ofstream(dir_ + "/21") << FormatEntry(base)
+                              << "gpu_bytes=123\nfuture_dataset=/pfs/a=b c\nempty_later=\n";
+  Result<std::vector<LedgerEntry>> e = l->Entries();
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  ASSERT_EQ(e->size(), 1u) << "a newer launcher's entry was dropped";
+  EXPECT_EQ(ReservedRam(*l), 700u);
+  LedgerEntry back = (*e)[0];
+  EXPECT_EQ(back.job_id, 21u);
+  EXPECT_EQ(back.unknown, (std::vector<std::string>{"gpu_bytes=123", "future_dataset=/pfs/a=b c",
+                                                    "empty_later="}));
+  // The launcher's own rewrite (nopfsd's pid) keeps them.
+  back.pid = ::getpid();
+  ASSERT_TRUE(l->Put(back).ok());
+  const std::string text = ReadText(dir_ + "/21");
+  EXPECT_NE(text.find("\ngpu_bytes=123\nfuture_dataset=/pfs/a=b c\nempty_later=\n"),
+            std::string::npos)
+      << text;
+  Result<LedgerEntry> again = ParseEntry(text);
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(again->unknown, back.unknown);
+  // Not a key's form: corruption, as before; a known key keeps its checks.
+  for (const char* bad :
+       {"Gpu=1\n", "=1\n", "gpu bytes=1\n", "noequals\n", "ram=oops\n", "sibling_dataset=\n"}) {
+    EXPECT_FALSE(ParseEntry(FormatEntry(base) + bad).ok()) << bad;
+  }
+  std::ofstream(dir_ + "/22") << FormatEntry(Entry(22, 5)) << "Bad Key=1\n";
+  e = l->Entries();
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->size(), 1u);
+  EXPECT_NE(::access((dir_ + "/22").c_str(), F_OK), 0) << "malformed entry kept";
+  // A line this version's code holds can never become two lines (nor one of a known key's).
+  LedgerEntry forged = base;
+  forged.unknown = {"x=1\nuid=0", "uid=0"};
+  Result<LedgerEntry> parsed = ParseEntry(FormatEntry(forged));
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_EQ(parsed->uid, base.uid);
+}
+
 TEST_F(LedgerTest, LockExcludesOtherProcessesAndTimesOut) {
   Result<Ledger> l = Ledger::Lock(dir_, 1s);
   ASSERT_TRUE(l.ok());

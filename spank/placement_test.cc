@@ -190,6 +190,16 @@ TEST(PlacementTest, JobSubmitLuaSetsPreferOrConstraint) {
             "where fast nopfs where: mark " + mark);
   EXPECT_EQ(where("j.comment = 'nopfs where:ds'"),
             "where nil nopfs where: error: the dataset is not an absolute path");
+  // A shared dataset: the shared copy's mark too, which names no user (the same for 1002).
+  ASSERT_EQ(luaL_dostring(L, "nopfs_shared_datasets = { '/pfs/ds' }"), LUA_OK);
+  EXPECT_EQ(where("j.comment = 'nopfs where:/pfs//ds/'"),
+            "where nil nopfs where: mark " + mark + "; shared " + SharedMark(key, "/pfs/ds"));
+  EXPECT_EQ(where("j.comment = 'nopfs where:/pfs/ds'; j.user_id = 1002"),
+            "where nil nopfs where: mark " + PlacementMark(key, 1002, "/pfs/ds") + "; shared " +
+                SharedMark(key, "/pfs/ds"));
+  EXPECT_EQ(where("j.comment = 'nopfs where:/pfs/other'"),
+            "where nil nopfs where: mark " + PlacementMark(key, 1001, "/pfs/other"));
+  ASSERT_EQ(luaL_dostring(L, "nopfs_shared_datasets = nil"), LUA_OK);
   EXPECT_EQ(where("j.comment = 'training run'"), "nil nil ");
   EXPECT_EQ(where(""), "nil nil ");
   lua_pushstring(L, (dir / "absent").c_str());

@@ -260,7 +260,9 @@ end
 -- `nopfs where DATASET` (docs/user.md) asks for the user's mark with a test job (sbatch
 -- --test-only, which slurmctld runs through this script as any submission, and which it takes
 -- only for the user who sends it) whose comment is "nopfs where:DATASET". The answer goes to that
--- user alone (slurm.user_msg): "nopfs where: mark <mark>", or "nopfs where: error: <why>".
+-- user alone (slurm.user_msg): "nopfs where: mark <mark>", followed by "; shared <mark>" (the
+-- dataset's shared mark, every user's: it names no user) when the dataset is one the nodes
+-- share, or "nopfs where: error: <why>".
 local WHERE = "nopfs where:"
 function nopfs_where(job_desc)
   local comment = job_desc.comment
@@ -276,7 +278,9 @@ function nopfs_where(job_desc)
                    nopfs_placement_key_file)
     return "where"
   end
-  slurm.user_msg("nopfs where: mark " .. nopfs_placement_mark(key, job_desc.user_id, dataset))
+  local answer = "nopfs where: mark " .. nopfs_placement_mark(key, job_desc.user_id, dataset)
+  if is_shared(dataset) then answer = answer .. "; shared " .. nopfs_shared_mark(key, dataset) end
+  slurm.user_msg(answer)
   return "where"
 end
 

@@ -55,6 +55,18 @@ void Daemon::Stop() {
   // on them (prefetchers, staging) are stopped below. The few samples still wanted meanwhile come
   // from the PFS.
   if (siblings_) siblings_->Stop();
+  // So do requests to the node's share service: one that does not answer (it may take up to
+  // kSharedTimeout to fill a batch) never holds the job's end past the epilog's grace. What the
+  // abandoned requests were for is not needed any more; reads still made before the prefetchers
+  // stop, below, go to the PFS.
+  if (shared_) {
+    if (const size_t n = shared_->Cancel(); n > 0) {
+      spdlog::info(
+          "shared: stopping: {} requests to the share service that had not been answered were "
+          "abandoned",
+          n);
+    }
+  }
   // No new sibling finds this daemon; the ones reading from it fall back to the PFS when the
   // server closes their connections.
   UnregisterLive(live_entry_);

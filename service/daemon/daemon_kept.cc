@@ -25,10 +25,9 @@ using daemon_internal::Seconds;
 
 // How long a sibling read may take (the sibling may read the PFS for it) before the PFS is read.
 constexpr std::chrono::milliseconds kSiblingTimeout(10000);
-// How long the share service may take to answer (it may fill the file from the PFS first).
+// How long the share service may take to answer (it may fill the file from the PFS first). Stop
+// does not wait for it: it cancels the requests in flight (share::ShareClient::Cancel).
 constexpr std::chrono::milliseconds kSharedTimeout(60000);
-// What the kept key covers beside the dataset's path: the catalog's scan (no options today).
-constexpr char kKeptScanOptions[] = "catalog/1";
 // At exit, the dataset files of the kept samples are stat-ed for at most this long (the epilog
 // gives nopfsd `grace` seconds, 10 by default, to stop): files not reached are not kept.
 constexpr auto kKeepStatBudget = std::chrono::seconds(4);
@@ -122,7 +121,8 @@ SharedFetchFn Daemon::MakeSharedFetch(const policy::NodeAccessCounts& counts) {
                                         : ahead->ReadAlone(std::string(cat->relative_path(id)),
                                                            cat->offset(id), dst);
     if (!s.ok()) {
-      if (s.code() != StatusCode::kNotFound && !shared_warned_.exchange(true)) {
+      if (s.code() != StatusCode::kNotFound && !client->cancelled() &&
+          !shared_warned_.exchange(true)) {
         spdlog::warn(
             "shared: the share service did not answer, reading the PFS instead (later failures "
             "are not logged): {}",
@@ -154,7 +154,7 @@ void Daemon::AdoptKept() {
     k.place.kept_dir = kept::KeptAreaDir(SsdTier::UserDir(model_.classes[j].path, geteuid()));
     k.place.dataset = dataset.string();
     k.place.tag = options_.job_id + "." + std::to_string(options_.node);
-    std::string scan = kKeptScanOptions;
+    std::string scan = kept::kKeptScanOptions;
     // Two SSD classes on one path keep under two keys (and private names) in its kept area.
     for (const KeptClass& other : kept_) {
       if (other.place.kept_dir == k.place.kept_dir) {

@@ -10,9 +10,11 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/client.h"
+#include "share/silent_service.h"
 
 namespace nopfs::service {
 namespace {
@@ -58,6 +60,10 @@ class DaemonTest : public ::testing::Test {
     o.job.batch = 2;
     o.plan_threads = 1;
     o.uid = static_cast<uint32_t>(::getuid());
+    if (!shared_socket_.empty()) {
+      o.shared_socket = shared_socket_;
+      o.shared_dataset = o.dataset;
+    }
     Result<std::unique_ptr<Daemon>> d = Daemon::Start(o);
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     daemon_ = std::move(*d);
@@ -79,8 +85,30 @@ class DaemonTest : public ::testing::Test {
   }
 
   std::string dir_;
+  std::string shared_socket_;  // the node's share service: the dataset is its shared directory
   std::unique_ptr<Daemon> daemon_;
 };
+
+// A share service that does not answer (its PFS hangs while it fills a batch) would hold the
+// reads asked of it for a minute each; the job's end does not wait for them: Stop returns well
+// within the epilog's grace (10 s by default), and the job's teardown is whole.
+TEST_F(DaemonTest, StopDoesNotWaitForAShareServiceThatDoesNotAnswer) {
+  share::SilentService svc(dir_ + "/share.sock");
+  ASSERT_TRUE(svc.ok());
+  shared_socket_ = dir_ + "/share.sock";
+  StartDaemon();
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (svc.unanswered() == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(5ms);
+  ASSERT_GT(svc.unanswered(), 0u) << "nopfsd asked the share service nothing";
+  const auto t0 = std::chrono::steady_clock::now();
+  daemon_->Stop();
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(took, 5s) << "Stop took "
+                      << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                      << " ms";
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/run/catalog"));
+}
 
 TEST_F(DaemonTest, StreamsPastTheLimitAreRefusedWhileTheRanksStreamGoesOn) {
   StartDaemon();

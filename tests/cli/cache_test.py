@@ -12,6 +12,7 @@ Usage: cache_test.py BUILD_BIN_DIR
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -241,6 +242,106 @@ class CacheTest(unittest.TestCase):
         self.assertIn("nopfs cache rm", p.stderr)
 
     @unittest.skipUnless(AS_ROOT, "needs a second user")
+    def fake_slurm(self, shared, yours=None):
+        """sbatch, sinfo, squeue and scontrol on PATH, answering as slurmctld with placement
+        would: the user's mark (`yours`, default M) and, for a shared dataset, the shared copy's
+        mark S; n1 (this node) carries M, n2 M and a job of the user runs there, n3 M and S, n4 S
+        alone, n5 another mark; n2 is listed twice (two partitions). Returns M, S and the file
+        of sbatch's arguments."""
+        bin_dir = os.path.join(self.work, "slurm-bin")
+        os.mkdir(bin_dir)
+        if AS_ROOT:  # for sbatch.args
+            os.chown(bin_dir, USER_UID, 65534)
+        mark, smark = "nopfs_00000000000000aa", "nopfs_00000000000000bb"
+        answer = f"mark {yours or mark}" + (f"; shared {smark}" if shared else "")
+        scripts = {
+            "sbatch": "#!/bin/sh\n"
+                      f'echo "$@" >> {bin_dir}/sbatch.args\n'
+                      'case "$*" in *"--comment=nopfs where:"*) '
+                      f'echo "sbatch: nopfs where: {answer}" >&2; '
+                      'echo "sbatch: Job 3 to start at 2026-11-29T10:00:00 using 1 processors '
+                      'on nodes n5 in partition debug" >&2;; '
+                      '*) echo "sbatch: Job 4 to start at 2026-11-29T10:42:07 using 1 processors '
+                      'on nodes n3 in partition debug" >&2;; esac\n',
+            "sinfo": "#!/bin/sh\n"
+                     f"printf 'n1 idle {mark}\\nn2 mixed nvme,{mark}\\n"
+                     f"n2 mixed nvme,{mark}\\nn3 idle {mark},{smark}\\n"
+                     f"n4 allocated {smark}\\nn5 idle nopfs_00000000000000cc\\n'\n",
+            "squeue": "#!/bin/sh\nprintf '12 n[2,5]\\n13 n6\\n'\n",
+            "scontrol": '#!/bin/sh\n[ "$3" = "n[2,5]" ] && printf "n2\\nn5\\n"\n',
+        }
+        for name, text in scripts.items():
+            with open(os.path.join(bin_dir, name), "w") as f:
+                f.write(text)
+            os.chmod(os.path.join(bin_dir, name), 0o755)
+        os.environ["PATH"] = bin_dir + ":" + self.path
+        return mark, smark, os.path.join(bin_dir, "sbatch.args")
+
+    def test_where_tells_a_kept_copy_a_running_jobs_tiers_and_the_shared_copy_apart(self):
+        self.path = os.environ["PATH"]
+        self.addCleanup(os.environ.__setitem__, "PATH", self.path)
+        dataset = self.datasets[0]
+        self.keep_run(dataset)
+        mark, smark, args = self.fake_slurm(shared=True)
+        where = [os.path.join(BIN, "nopfs"), "where", dataset + "/./", "--config", self.conf,
+                 "--node", "n1"]
+        # nopfs where from inside a running job on the dataset (job 4711 here): n1's own kept
+        # area and sibling registry say what it holds.
+        out_dir = os.path.join(self.work, "out")
+        os.mkdir(out_dir)
+        if AS_ROOT:
+            os.chown(out_dir, USER_UID, 65534)
+        out = os.path.join(out_dir, "where.out")
+        p = nopfs("run", "--dataset", dataset, "--ranks", 1, "--config", self.conf, "--job-id",
+                  4711, "--", "sh", "-c", f"{' '.join(where)} > {out} 2>&1; echo $? >> {out}")
+        with open(out) as f:
+            text = f.read()
+        self.assertEqual(
+            re.sub(r"[\d.]+ [KM]iB, last used \w+ ago", "SIZE", text),
+            f"copies of {dataset} are on 4 nodes (your mark {mark}, the shared copy's {smark}):\n"
+            "  n1 (idle): your kept copy, SIZE; the tiers of your running job 4711 (until it "
+            "ends)\n"
+            "  n2 (mixed): your kept copy, or the tiers of your job 12 running there, or both "
+            "(`nopfs where` on n2 tells)\n"
+            "  n3 (idle): your kept copy (size and last use: `nopfs cache ls` on n3); the shared "
+            "copy (every user's)\n"
+            "  n4 (allocated): the shared copy (every user's)\n"
+            "a 1-node job on them could start on n3 at 2026-11-29T10:42:07\n0\n")
+        with open(args) as f:
+            self.assertIn(f"--constraint={mark}|{smark}", f.read())
+        # Once the job has ended, n1 holds the kept copy alone.
+        p = nopfs(*where[1:])
+        self.assertIn("  n1 (idle): your kept copy, ", p.stdout)
+        self.assertNotIn("4711", p.stdout)
+        # A shared dataset the user cannot read: its copy's nodes are of no use, and not listed.
+        p = nopfs("where", os.path.join(self.work, "no-such-dataset"), "--config", self.conf,
+                  "--node", "n1")
+        self.assertIn("is shared on this cluster, but you cannot read it (No such file or "
+                      "directory)", p.stdout)
+        self.assertNotIn("n4", p.stdout)
+        self.assertNotIn(smark, p.stdout)
+        # A dataset that is not shared: the user's mark alone.
+        shutil.rmtree(os.path.dirname(args))
+        self.fake_slurm(shared=False)
+        p = nopfs(*where[1:])
+        self.assertIn(f"copies of {dataset} are on 3 nodes (your mark {mark}):\n", p.stdout)
+        self.assertNotIn("shared", p.stdout)
+        with open(args) as f:
+            self.assertIn(f"--constraint={mark} ", f.read())
+        # Another user's view of the shared dataset: the shared copy's nodes alone, and the
+        # start asked of them alone (Slurm refuses a constraint no node's features meet by name).
+        shutil.rmtree(os.path.dirname(args))
+        other = "nopfs_00000000000000dd"
+        self.fake_slurm(shared=True, yours=other)
+        p = nopfs(*where[1:])
+        self.assertEqual(p.stdout,
+                         f"copies of {dataset} are on 2 nodes (your mark {other}, the shared "
+                         f"copy's {smark}):\n  n3 (idle): the shared copy (every user's)\n"
+                         "  n4 (allocated): the shared copy (every user's)\n"
+                         "a 1-node job on them could start on n3 at 2026-11-29T10:42:07\n")
+        with open(args) as f:
+            self.assertIn(f"--constraint={smark} ", f.read())
+
     def test_another_user_sees_and_removes_nothing_of_it(self):
         self.keep_run(self.datasets[0])
         key = self.ls()[0]["key"]

@@ -85,6 +85,13 @@ class PlacementMarksTest(ClusterCase):
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertRegex(r.stdout, rf"n2 shared {re.escape(SHARED)} 3\.67 MiB of [\d.]+ MiB "
                          rf"\(120 files\), {mark}")
+        # `nopfs where` shows bob the node of the shared copy, and nothing of alice's.
+        r = as_user("nopfs-bob", f"{NOPFS} where {SHARED}")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertRegex(r.stdout, rf"^copies of {re.escape(SHARED)} are on 1 node \(your mark "
+                         rf"{mark_of('nopfs-bob', SHARED)}, the shared copy's {mark}\):\n"
+                         r"  n2 \([a-z]+\): the shared copy \(every user's\)\n")
+        self.assertNotIn(mark_of("nopfs-alice", SHARED), r.stdout + r.stderr)
         # Slurm puts a job without nopfs on another node; bob's and alice's jobs on the dataset
         # go to n2 and read it from the copy there.
         self.assertNotEqual(self.plain_job_node("nopfs-bob"), ["n2"])
@@ -120,6 +127,18 @@ class PlacementMarksTest(ClusterCase):
         wait_state(hold, {"RUNNING"}, 60)
         wait_state(other, {"RUNNING"}, 60)
         self.wait_marks(lambda: marked(mark) == {"n2"}, f"{mark} on n2 while the job runs")
+        # `nopfs where` tells the running job's tiers from a kept copy: on n2 for sure (its
+        # sibling registry), elsewhere as a job of hers running there.
+        r = as_user("nopfs-alice", f"{NOPFS} where {DATASET} --node n2 "
+                    f"--config {DIR}/etc/nopfs.conf.lua")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertRegex(r.stdout, rf"  n2 \([a-z]+\): the tiers of your running job {hold} "
+                         r"\(until it ends\)\n")
+        self.assertNotIn("kept copy", r.stdout)
+        r = as_user("nopfs-alice", f"{NOPFS} where {DATASET} --node n1")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertRegex(r.stdout, rf"  n2 \([a-z]+\): your kept copy, or the tiers of your job "
+                         rf"{hold} running there, or both \(`nopfs where` on n2 tells\)\n")
         # Slurm puts a job without nopfs on n1; alice's next job on the dataset goes to n2,
         # beside her running job.
         self.assertEqual(self.plain_job_node("nopfs-alice"), ["n1"])

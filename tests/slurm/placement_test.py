@@ -200,13 +200,14 @@ class PlacementTest(ClusterCase):
         # On n2 (its node name given, as one host runs the three nodes here): size and last use.
         r = as_user("nopfs-alice", f"{NOPFS} where {DATASET} --config {config('n2')} --node n2")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        self.assertRegex(r.stdout, rf"^your kept copy of {re.escape(DATASET)} \(mark {mark}\) "
-                         r"is on 1 node:\n  n2 \([a-z]+\): [\d.]+ [KM]iB, last used \w+ ago\n"
-                         r"a 1-node job on it could start on n2 at \S+\n$")
+        self.assertRegex(r.stdout, rf"^copies of {re.escape(DATASET)} are on 1 node \(your mark "
+                         rf"{mark}\):\n  n2 \([a-z]+\): your kept copy, [\d.]+ [KM]iB, last used "
+                         r"\w+ ago\na 1-node job on them could start on n2 at \S+\n$")
         # Elsewhere: the node, and where to ask for the rest; the path as written after --nopfs=.
         r = as_user("nopfs-alice", f"{NOPFS} where {DATASET}/./ --config {config('n1')} --node n1")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        self.assertIn("  n2 (idle): size and last use: `nopfs cache ls` on n2\n", r.stdout)
+        self.assertIn("  n2 (idle): your kept copy (size and last use: `nopfs cache ls` on n2)\n",
+                      r.stdout)
         # bob learns his own mark, which no node carries, and nothing of alice's.
         r = as_user("nopfs-bob", f"{NOPFS} where {DATASET}")
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
