@@ -32,7 +32,10 @@ void PeerLink::State::Serve(ServeJob& job) {
 }
 
 void PeerLink::State::Answer(const ServeJob& job) {
-  ServeResult r = serve(job.sample);
+  Answer(job, serve(job.sample), false);
+}
+
+void PeerLink::State::Answer(const ServeJob& job, ServeResult r, bool nowait) {
   ReadReply reply{job.request_id, job.sample, r.status, 0, {}};
   std::optional<RemoteReply> remote;
   std::span<const std::byte> borrowed;  // an in-place sample sent from where it is
@@ -92,6 +95,7 @@ void PeerLink::State::Answer(const ServeJob& job) {
     } else if (reply.status == ReadStatus::kOk) {
       ++counters.served_reads;
       counters.served_bytes += tail.size();
+      if (nowait) ++counters.served_nowait;
     } else {
       ++counters.served_not_available;
     }
