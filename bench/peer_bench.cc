@@ -53,6 +53,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/checksum.h"
 #include "common/json.h"
 #include "fabric/loopback_port.h"
 #include "fabric/peer_link.h"
@@ -329,8 +330,7 @@ ServeResult ReadFromFile(uint64_t sample, bool nowait) {
   } else {
     got = ::pread(PatternFile(), b.data(), b.size(), off);
   }
-  if (got != static_cast<ssize_t>(size) ||
-      XXH3_64bits(b.data(), b.size()) != RecordedXxh3(sample)) {
+  if (got != static_cast<ssize_t>(size) || nopfs::Xxh3(b) != RecordedXxh3(sample)) {
     return ServeResult::Refused(nopfs::fabric::ReadStatus::kError);
   }
   const uint64_t h = RecordedXxh3(sample);

@@ -2,10 +2,10 @@
 // on), and the RMA side driven by the progress thread (exposed regions registered, peers' remote
 // replies read by RMA).
 #include <spdlog/spdlog.h>
-#include <xxhash.h>
 
 #include <cstring>
 
+#include "common/checksum.h"
 #include "fabric/peer_link_state.h"
 
 namespace nopfs::fabric {
@@ -69,7 +69,7 @@ void PeerLink::State::Answer(const ServeJob& job, ServeResult r, bool nowait) {
     if (r.verified) {
       reply.xxh3 = r.xxh3;
     } else if (!reply.data.empty()) {
-      reply.xxh3 = XXH3_64bits(reply.data.data(), reply.data.size());
+      reply.xxh3 = Xxh3(reply.data);
     }
   }
   // The reply's data is sent as a second part of the message, not copied behind its head.

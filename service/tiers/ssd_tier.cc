@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -20,6 +19,7 @@
 #include <string>
 #include <system_error>
 
+#include "common/checksum.h"
 #include "common/lock_file.h"
 
 namespace nopfs::service {
@@ -519,7 +519,7 @@ Status SsdTier::ReadSlot(policy::SampleId sample, std::span<std::byte> dst, bool
     return Status(io.code(), "ssd tier: sample " + std::to_string(sample) + ": " + io.message() +
                                  "; slot marked failed, read it from the PFS");
   }
-  const uint64_t got = XXH3_64bits(dst.data(), dst.size());
+  const uint64_t got = Xxh3(dst);
   const uint64_t want = slots_.expected(slot);
   if (got == want) return Status::Ok();
   slots_.MarkFailed(slot);
