@@ -2,21 +2,24 @@
 // one process) over the loopback fabric, against iperf3 over the same loopback in the same run.
 //
 //   peer_bench [--seconds S] [--rounds R] [--inflight N] [--no-iperf]
-//              [--only rma|in-place|replies]
+//              [--only rma|in-place|replies|replies-pool] [--pool]
 //
-// (--only measures that path alone, without the socket reads.)
+// (--only measures that path alone, without the socket reads; --pool adds "replies-pool".)
 //
 // Three paths, each with its own pair of links: "in-place", as nopfsd serves RAM-tier samples on
 // tcp (node 0 sends a reply straight from the memory, with the recorded xxh3, which node 1
 // checks); "rma", as it serves them where the nodes ask for RMA reads (node 0 answers with the
 // sample's place in memory it exposed, node 1 fetches it with an RMA read and checks its xxh3);
-// and "replies", as it serves SSD-tier samples (a serving thread copies the bytes out and checks
-// them, as a tier read, and the reply carries them). Throughput: node 1 keeps N reads of distinct
-// 128 KiB samples in flight (N threads) for S seconds, each read into a buffer of the reader's (as
-// into a tier slot) and checked byte for byte. Baseline: `iperf3 -c 127.0.0.1 -t S` (one TCP
-// stream) against an iperf3 server started here, or, without iperf3, a TCP stream of this program's
-// own (a thread writing 128 KiB at a time to a thread reading it). "tcp-reads" does the paths'
-// reads over a plain TCP socket (a 16-byte request, a 128 KiB reply, N outstanding on one
+// and "replies", as it serves SSD-tier samples: the bytes read from a file (the SSD tier's data
+// file, here in the page cache) and checked against their recorded xxh3, as a tier read, and the
+// reply carries them; read on the progress thread with preadv2(RWF_NOWAIT) (serve_nowait), by a
+// serving thread only where that would block. "replies-pool" (with --pool) is the same without
+// serve_nowait: every read handed to a serving thread and back. Throughput: node 1 keeps N reads of
+// distinct 128 KiB samples in flight (N threads) for S seconds, each read into a buffer of the
+// reader's (as into a tier slot) and checked byte for byte. Baseline: `iperf3 -c 127.0.0.1 -t S`
+// (one TCP stream) against an iperf3 server started here, or, without iperf3, a TCP stream of this
+// program's own (a thread writing 128 KiB at a time to a thread reading it). "tcp-reads" does the
+// paths' reads over a plain TCP socket (a 16-byte request, a 128 KiB reply, N outstanding on one
 // connection): what the request and reply themselves cost on this wire, without libfabric or
 // nopfs's protocol. Each round measures the baseline, the socket reads and every path back to back
 // (in a rotating order), so that a ratio compares figures taken under the same load; the summary
@@ -31,6 +34,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -49,6 +53,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/checksum.h"
 #include "common/json.h"
 #include "fabric/loopback_port.h"
 #include "fabric/peer_link.h"
@@ -77,10 +82,6 @@ const std::vector<std::byte>& Pattern() {
 std::span<const std::byte> Expected(uint64_t sample) {
   const uint64_t size = std::min(sample >> 40, kMaxBenchSample);
   return {Pattern().data() + sample % 251, size};
-}
-std::vector<std::byte> Bytes(uint64_t sample) {
-  const std::span<const std::byte> e = Expected(sample);
-  return {e.begin(), e.end()};
 }
 bool Matches(std::span<const std::byte> got, uint64_t sample) {
   const std::span<const std::byte> e = Expected(sample);
@@ -280,11 +281,60 @@ Rate SocketReads(int seconds, int inflight) {
 }
 
 // How node 0 answers a read of a sample: "rma", in place (from memory node 0 exposed) by an RMA
-// read; "in-place", in place by a reply sent straight from that memory; "replies", copied into
-// the reply (an SSD-tier read).
-enum class Mode { kRma, kInPlace, kReplies };
+// read; "in-place", in place by a reply sent straight from that memory; "replies", read from a
+// file into the reply (an SSD-tier read), on the progress thread where the read does not block;
+// "replies-pool", the same always on a serving thread.
+enum class Mode { kRma, kInPlace, kReplies, kRepliesPool };
 const char* NameOf(Mode m) {
-  return m == Mode::kRma ? "rma" : m == Mode::kInPlace ? "in-place" : "replies";
+  return m == Mode::kRma       ? "rma"
+         : m == Mode::kInPlace ? "in-place"
+         : m == Mode::kReplies ? "replies"
+                               : "replies-pool";
+}
+bool IsReplies(Mode m) {
+  return m == Mode::kReplies || m == Mode::kRepliesPool;
+}
+
+// The SSD tier's data file: the pattern in an unlinked file (in the page cache once written);
+// sample s is at offset s % 251, as in Pattern(). -1 if it cannot be made.
+int PatternFile() {
+  static const int fd = [] {
+    const char* dir = std::getenv("TMPDIR");
+    std::string path =
+        std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") + "/nopfs_peer_bench.XXXXXX";
+    const int f = ::mkstemp(path.data());
+    if (f < 0) return -1;
+    ::unlink(path.c_str());
+    const std::vector<std::byte>& p = Pattern();
+    if (::pwrite(f, p.data(), p.size(), 0) != static_cast<ssize_t>(p.size())) {
+      ::close(f);
+      return -1;
+    }
+    return f;
+  }();
+  return fd;
+}
+
+// Reads `sample` from the pattern file into a reply's bytes and checks it against its recorded
+// xxh3, as nopfsd's SSD tier does (service/peers/peers.cc); `nowait`: preadv2(RWF_NOWAIT), and
+// WouldBlock where the bytes are not all in the page cache.
+ServeResult ReadFromFile(uint64_t sample, bool nowait) {
+  const uint64_t size = std::min(sample >> 40, kMaxBenchSample);
+  std::vector<std::byte> b(size);
+  const auto off = static_cast<off_t>(sample % 251);
+  ssize_t got;
+  if (nowait) {
+    iovec iov{b.data(), b.size()};
+    got = ::preadv2(PatternFile(), &iov, 1, off, RWF_NOWAIT);
+    if (got != static_cast<ssize_t>(size)) return ServeResult::WouldBlock();
+  } else {
+    got = ::pread(PatternFile(), b.data(), b.size(), off);
+  }
+  if (got != static_cast<ssize_t>(size) || nopfs::Xxh3(b) != RecordedXxh3(sample)) {
+    return ServeResult::Refused(nopfs::fabric::ReadStatus::kError);
+  }
+  const uint64_t h = RecordedXxh3(sample);
+  return ServeResult::Verified(std::move(b), h);
 }
 
 // One path: a pair of links (node 0 serves, node 1 reads), kept for every round.
@@ -301,25 +351,29 @@ class Path {
       o.peers = peers;
       o.secret.fill(0x42);
       o.timeout = std::chrono::milliseconds(5000);
-      o.remote_read = mode != Mode::kReplies;
+      o.remote_read = !IsReplies(mode);
       // RMA even where the provider does it in software (tcp), to measure it there.
       o.rma_in_software = mode == Mode::kRma;
       // As nopfsd: samples in memory (a RAM tier) are answered on the progress thread, the others
       // (an SSD tier's read) by the serving threads.
-      o.serve_inline = [mode](uint64_t) { return mode != Mode::kReplies; };
+      o.serve_inline = [mode](uint64_t) { return !IsReplies(mode); };
+      if (mode == Mode::kReplies) {
+        o.serve_nowait = [](uint64_t sample) { return ReadFromFile(sample, true); };
+      }
       return o;
     };
-    // Replies: the bytes copied and checked against their recorded xxh3, as an SSD tier's read.
+    // Replies: the bytes read from the file and checked against their recorded xxh3, as an SSD
+    // tier's read.
     nopfs::fabric::ServeFn serve = [mode](uint64_t sample) {
-      if (mode != Mode::kReplies) {
+      if (!IsReplies(mode)) {
         return ServeResult::InPlace(Expected(sample), RecordedXxh3(sample));
       }
-      std::vector<std::byte> b = Bytes(sample);
-      if (XXH3_64bits(b.data(), b.size()) != RecordedXxh3(sample)) {
-        return ServeResult::Refused(nopfs::fabric::ReadStatus::kError);
-      }
-      return ServeResult::Verified(std::move(b), RecordedXxh3(sample));
+      return ReadFromFile(sample, false);
     };
+    if (IsReplies(mode) && PatternFile() < 0) {
+      std::fprintf(stderr, "peer_bench: cannot write the SSD tier's file in $TMPDIR or /tmp\n");
+      return nullptr;
+    }
     auto n0 = PeerLink::Start(opts(0), serve);
     auto n1 = PeerLink::Start(opts(1), serve);
     if (!n0.ok() || !n1.ok()) {
@@ -329,7 +383,7 @@ class Path {
     }
     p->server_ = std::move(*n0);
     p->client_ = std::move(*n1);
-    if (mode != Mode::kReplies) {
+    if (!IsReplies(mode)) {
       const nopfs::Status st = p->server_->ExposeForRemoteRead(Pattern());
       if (!st.ok()) {
         std::fprintf(stderr, "peer_bench: no RMA: %s\n", st.ToString().c_str());
@@ -399,6 +453,8 @@ class Path {
   Mode mode() const { return mode_; }
   uint64_t remote() const { return client_->counters().fetched_remote; }
   uint64_t in_place() const { return server_->counters().served_in_place; }
+  uint64_t nowait() const { return server_->counters().served_nowait; }
+  uint64_t served() const { return server_->counters().served_reads; }
   const std::string& provider() const { return client_->provider(); }
 
  private:
@@ -423,6 +479,7 @@ int main(int argc, char** argv) {
   int rounds = 3;
   int inflight = 8;
   bool iperf = true;
+  bool pool = false;
   std::string only;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -434,14 +491,17 @@ int main(int argc, char** argv) {
       inflight = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--no-iperf") {
       iperf = false;
+    } else if (a == "--pool") {
+      pool = true;
     } else if (a == "--only" && i + 1 < argc &&
                (std::string(argv[i + 1]) == "rma" || std::string(argv[i + 1]) == "in-place" ||
-                std::string(argv[i + 1]) == "replies")) {
+                std::string(argv[i + 1]) == "replies" ||
+                std::string(argv[i + 1]) == "replies-pool")) {
       only = argv[++i];
     } else {
       std::fprintf(stderr,
                    "usage: peer_bench [--seconds S] [--rounds R] [--inflight N] [--no-iperf] "
-                   "[--only rma|in-place|replies]\n");
+                   "[--only rma|in-place|replies|replies-pool] [--pool]\n");
       return 2;
     }
   }
@@ -460,9 +520,10 @@ int main(int argc, char** argv) {
   // The same reads over a plain socket (not with --only, which looks at one path alone).
   if (only.empty()) entries.push_back({"tcp-reads", nullptr, {}, {}, {}});
   uint64_t errors = 0;
-  for (const Mode mode : {Mode::kRma, Mode::kInPlace, Mode::kReplies}) {
+  for (const Mode mode : {Mode::kRma, Mode::kInPlace, Mode::kReplies, Mode::kRepliesPool}) {
     const std::string name = NameOf(mode);
     if (!only.empty() && only != name) continue;
+    if (only.empty() && mode == Mode::kRepliesPool && !pool) continue;
     auto p = Path::Start(mode);
     if (p == nullptr) return 1;
     entries.push_back({name, std::move(p), {}, {}, {}});
@@ -524,15 +585,19 @@ int main(int argc, char** argv) {
     errors += e.path->errors();
     std::printf("peer read 4 KiB latency (%s): median %.1f us, p99 %.1f us\n", e.name.c_str(),
                 median, p99);
-    std::printf("%s: %llu errors, %llu reads by RMA, %llu sent from memory\n", e.name.c_str(),
-                static_cast<unsigned long long>(e.path->errors()),
-                static_cast<unsigned long long>(e.path->remote()),
-                static_cast<unsigned long long>(e.path->in_place()));
+    std::printf(
+        "%s: %llu errors, %llu reads by RMA, %llu sent from memory, %llu of %llu served without "
+        "a serving thread (serve_nowait)\n",
+        e.name.c_str(), static_cast<unsigned long long>(e.path->errors()),
+        static_cast<unsigned long long>(e.path->remote()),
+        static_cast<unsigned long long>(e.path->in_place()),
+        static_cast<unsigned long long>(e.path->nowait()),
+        static_cast<unsigned long long>(e.path->served()));
     // Each path must have gone the way it is named for (the rma path's 4 KiB reads, under
     // remote_read_min, come in replies sent from memory).
     const Mode m = e.path->mode();
-    if ((m == Mode::kRma) != (e.path->remote() > 0) ||
-        (m != Mode::kReplies) != (e.path->in_place() > 0)) {
+    if ((m == Mode::kRma) != (e.path->remote() > 0) || !IsReplies(m) != (e.path->in_place() > 0) ||
+        (m == Mode::kReplies) != (e.path->nowait() > 0)) {
       std::printf("peer_bench: the %s path did not go its way\n", e.name.c_str());
       ++errors;
     }

@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "common/checksum.h"
 #include "fabric/peer_link_state.h"
 
 namespace nopfs::fabric {
@@ -192,14 +193,14 @@ Result<std::vector<std::byte>> PeerLink::Read(uint32_t peer, uint64_t sample) {
   Pending& w = *p;
   NOPFS_RETURN_IF_ERROR(Await(peer, sample, p));
   if (!w.is_remote) {
-    if (!w.data.empty() && XXH3_64bits(w.data.data(), w.data.size()) != w.data_xxh3) {
+    if (!w.data.empty() && Xxh3(w.data) != w.data_xxh3) {
       return Status::Corruption("sample " + std::to_string(sample) + " from node " +
                                 std::to_string(peer) + " failed its checksum");
     }
     CountFetched(w.data.size(), false);
     return std::move(w.data);
   }
-  if (XXH3_64bits(w.remote.get(), w.remote_len) != w.remote_xxh3) {
+  if (Xxh3({w.remote.get(), w.remote_len}) != w.remote_xxh3) {
     MutexLock lock(&s_->mu);
     ++s_->counters.remote_failed;
     return RemoteMismatch(peer, sample);
@@ -221,7 +222,7 @@ Result<uint64_t> PeerLink::ReadInto(uint32_t peer, uint64_t sample, std::span<st
                               std::to_string(dst.size()));
   }
   if (len > 0 && !w.in_dst) std::memcpy(dst.data(), src, len);
-  const uint64_t h = XXH3_64bits(dst.data(), dst.size());
+  const uint64_t h = Xxh3(dst);
   if (w.is_remote && h != w.remote_xxh3) {
     MutexLock lock(&s_->mu);
     ++s_->counters.remote_failed;

@@ -37,6 +37,8 @@ struct PeerAddress {
 // Parses "HOST:PORT,HOST:PORT,...".
 Result<std::vector<PeerAddress>> ParsePeerList(const std::string& list);
 
+struct ServeResult;  // below
+
 struct PeerLinkOptions {
   std::string provider = "tcp;ofi_rxm";
   uint32_t node = 0;                        // this node's index in `peers`
@@ -49,6 +51,12 @@ struct PeerLinkOptions {
   // memory: the hand-off to a serving thread and back would cost more than the read); the others
   // by the serving threads (a read that may block, e.g. from an SSD). Unset: all by the threads.
   std::function<bool(uint64_t sample)> serve_inline;
+  // Tried on the progress thread for the requests serve_inline leaves to the serving threads: a
+  // read that can be done at once (an SSD tier's bytes that are in the page cache: preadv2 with
+  // RWF_NOWAIT) is answered there, which spares the hand-off to a serving thread and back; one
+  // that would block returns ServeResult::WouldBlock() and goes to the serving threads, which call
+  // the ServeFn. Must never block. Unset: not tried.
+  std::function<ServeResult(uint64_t sample)> serve_nowait;
   // Use RMA reads where the provider does them (every node of a job must agree; off: tagged
   // replies only).
   bool remote_read = true;
@@ -117,6 +125,14 @@ struct ServeResult {
     r.status = status;
     return r;
   }
+  // PeerLinkOptions::serve_nowait's answer when the read would block: not an answer to the peer,
+  // the request goes to the serving threads.
+  static ServeResult WouldBlock() {
+    ServeResult r;
+    r.would_block = true;
+    return r;
+  }
+  bool would_block = false;
 };
 using ServeFn = std::function<ServeResult(uint64_t sample)>;
 
@@ -132,6 +148,7 @@ struct PeerLinkCounters {
   uint64_t malformed = 0;        // messages rejected by the codec or unmatched replies
   uint64_t served_remote = 0;    // of served_reads: answered with an RMA descriptor
   uint64_t served_in_place = 0;  // of served_reads: in a reply sent straight from the memory
+  uint64_t served_nowait = 0;    // of served_reads: by serve_nowait, on the progress thread
   uint64_t fetched_remote = 0;   // of fetched_reads: fetched with an RMA read
   uint64_t remote_failed = 0;    // RMA reads that failed or delivered bytes failing their xxh3
   uint64_t pushes_sent = 0;      // Push messages queued to a peer

@@ -165,6 +165,11 @@ void PeerLink::State::HandleRequest(uint32_t node, PeerMessage& m) {
       Answer(job);
       return;
     }
+    if (opts.serve_nowait) {
+      if (ServeResult r = opts.serve_nowait(q->sample); !r.would_block) {
+        return Answer(job, std::move(r), true);
+      }
+    }
     pool.Submit(std::move(job));
   }
 }

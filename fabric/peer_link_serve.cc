@@ -2,10 +2,10 @@
 // on), and the RMA side driven by the progress thread (exposed regions registered, peers' remote
 // replies read by RMA).
 #include <spdlog/spdlog.h>
-#include <xxhash.h>
 
 #include <cstring>
 
+#include "common/checksum.h"
 #include "fabric/peer_link_state.h"
 
 namespace nopfs::fabric {
@@ -32,7 +32,10 @@ void PeerLink::State::Serve(ServeJob& job) {
 }
 
 void PeerLink::State::Answer(const ServeJob& job) {
-  ServeResult r = serve(job.sample);
+  Answer(job, serve(job.sample), false);
+}
+
+void PeerLink::State::Answer(const ServeJob& job, ServeResult r, bool nowait) {
   ReadReply reply{job.request_id, job.sample, r.status, 0, {}};
   std::optional<RemoteReply> remote;
   std::span<const std::byte> borrowed;  // an in-place sample sent from where it is
@@ -66,7 +69,7 @@ void PeerLink::State::Answer(const ServeJob& job) {
     if (r.verified) {
       reply.xxh3 = r.xxh3;
     } else if (!reply.data.empty()) {
-      reply.xxh3 = XXH3_64bits(reply.data.data(), reply.data.size());
+      reply.xxh3 = Xxh3(reply.data);
     }
   }
   // The reply's data is sent as a second part of the message, not copied behind its head.
@@ -92,6 +95,7 @@ void PeerLink::State::Answer(const ServeJob& job) {
     } else if (reply.status == ReadStatus::kOk) {
       ++counters.served_reads;
       counters.served_bytes += tail.size();
+      if (nowait) ++counters.served_nowait;
     } else {
       ++counters.served_not_available;
     }

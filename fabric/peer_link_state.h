@@ -156,6 +156,8 @@ struct PeerLink::State {
   void Serve(ServeJob& job);
   // Serves one request and queues its reply (any thread).
   void Answer(const ServeJob& job);
+  // Queues the reply `r` to `job` (any thread); `nowait`: r came from serve_nowait.
+  void Answer(const ServeJob& job, ServeResult r, bool nowait);
 
   // Progress thread: registers exposed regions, posts the RMA reads of RemoteReplies, and hands
   // completed reads to their waiting Read calls.

@@ -623,6 +623,67 @@ TEST(PeerLinkTest, VerifiedCopiesGoWithTheirRecordedXxh3AndTheReaderChecksIt) {
   EXPECT_FALSE((*n1)->IsDead(0));
 }
 
+// serve_nowait answers what it can on the progress thread (no serving thread involved, counted);
+// what would block goes to the serving threads' ServeFn, and the reader sees no difference.
+TEST(PeerLinkTest, ReadsThatWouldNotBlockAreAnsweredWithoutAServingThread) {
+  std::vector<PeerAddress> peers{{"127.0.0.1", FreeLoopbackPort()},
+                                 {"127.0.0.1", FreeLoopbackPort()}};
+  std::mutex mu;
+  std::vector<std::thread::id> nowait_threads, serve_threads;
+  std::vector<uint64_t> served;  // samples the ServeFn answered
+  PeerLinkOptions o0 = Options(0, peers, 15);
+  o0.timeout = std::chrono::seconds(10);
+  o0.serve_inline = [](uint64_t) { return false; };  // as nopfsd for an SSD tier's samples
+  // Even samples are "in the page cache", odd ones would block; sample 6 is not ready.
+  o0.serve_nowait = [&](uint64_t sample) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      nowait_threads.push_back(std::this_thread::get_id());
+    }
+    if (sample % 2 == 1) return ServeResult::WouldBlock();
+    if (sample == 6) return ServeResult::Refused(ReadStatus::kNotAvailable);
+    std::vector<std::byte> b = SampleBytes(0, sample);
+    const uint64_t h = XXH3_64bits(b.data(), b.size());
+    return ServeResult::Verified(std::move(b), h);
+  };
+  auto serve = [&](uint64_t sample) {
+    std::lock_guard<std::mutex> lock(mu);
+    serve_threads.push_back(std::this_thread::get_id());
+    served.push_back(sample);
+    return ServeResult::Copied(SampleBytes(0, sample));
+  };
+  auto n0 = PeerLink::Start(o0, serve);
+  ASSERT_TRUE(n0.ok()) << n0.status().ToString();
+  PeerLinkOptions o1 = Options(1, peers, 15);
+  o1.timeout = std::chrono::seconds(10);
+  auto n1 = PeerLink::Start(o1, Holder(1));
+  ASSERT_TRUE(n1.ok()) << n1.status().ToString();
+  uint64_t even = 0;
+  for (uint64_t k = 1; k <= 20; ++k) {
+    if (k == 6) continue;
+    const std::vector<std::byte> want = SampleBytes(0, k);
+    std::vector<std::byte> dst(want.size());
+    auto h = (*n1)->ReadInto(0, k, dst);
+    ASSERT_TRUE(h.ok()) << k << ": " << h.status().ToString();
+    EXPECT_EQ(dst, want) << k;
+    even += k % 2 == 0 ? 1 : 0;
+  }
+  EXPECT_EQ((*n1)->Read(0, 6).status().code(), StatusCode::kNotFound);
+  const PeerLinkCounters c = (*n0)->counters();
+  EXPECT_EQ(c.served_nowait, even);
+  EXPECT_EQ(c.served_reads, 19u);
+  EXPECT_EQ(c.served_not_available, 1u);
+  std::lock_guard<std::mutex> lock(mu);
+  // Only the samples that would block reached the ServeFn, on threads other than serve_nowait's
+  // (one thread: the progress thread).
+  EXPECT_EQ(served, std::vector<uint64_t>({1, 3, 5, 7, 9, 11, 13, 15, 17, 19}));
+  ASSERT_EQ(nowait_threads.size(), 20u);
+  EXPECT_TRUE(std::all_of(nowait_threads.begin(), nowait_threads.end(),
+                          [&](std::thread::id t) { return t == nowait_threads[0]; }));
+  EXPECT_TRUE(std::none_of(serve_threads.begin(), serve_threads.end(),
+                           [&](std::thread::id t) { return t == nowait_threads[0]; }));
+}
+
 // A push reaches the other node's handler intact (after the handshake it triggers), on a serving
 // thread; a push to a dead node is dropped and counted, never blocks.
 TEST(PeerLinkTest, PushesReachTheOtherNodeAndDeadNodesCostNothing) {

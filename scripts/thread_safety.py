@@ -5,8 +5,10 @@
 
 Reads BUILD_DIR/compile_commands.json (CMake writes it), and compiles each .cc with
 `clang++ -fsyntax-only -Wthread-safety -Werror=thread-safety` and the entry's own defines, include
-paths and language standard (the entry's warning and code-generation flags are GCC's and are left
-out: only the thread-safety diagnostics are this check's business). Two files at a time, `nice`d.
+paths, language standard and target flags (-m..., which decide what the intrinsics headers declare:
+common/checksum_simd.cc is built with -mavx2 and -mavx512f); the entry's warning and other
+code-generation flags are GCC's and are left out: only the thread-safety diagnostics are this
+check's business. Two files at a time, `nice`d.
 Exits non-zero, printing clang's diagnostics, if any annotation (common/thread_annotations.h) is
 violated: a GUARDED_BY member used without its mutex, a REQUIRES function called without it, a
 lock not released. C files hold no annotations and are skipped.
@@ -35,7 +37,7 @@ def clang_args(entry, clang):
             continue
         if a in ("-isystem", "-I", "-D", "-include"):
             out += [a, next(it, "")]
-        elif a.startswith(("-I", "-D", "-std=", "-isystem")):
+        elif a.startswith(("-I", "-D", "-std=", "-isystem", "-m")):
             out.append(a)
     return out + FLAGS + [entry["file"]]
 

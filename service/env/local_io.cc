@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +29,10 @@ class PosixLocalIo final : public LocalIo {
 
 }  // namespace
 
+ssize_t LocalIo::PreadNoWait(int fd, void* dst, size_t n, off_t offset) {
+  iovec iov{dst, n};
+  return ::preadv2(fd, &iov, 1, offset, RWF_NOWAIT);
+}
 int LocalIo::Open(const std::string& path, int flags, mode_t mode) {
   return ::open(path.c_str(), flags | O_CLOEXEC, mode);
 }
@@ -173,6 +178,18 @@ ssize_t FaultInjectionLocalIo::Fail(int err) {
 }
 
 ssize_t FaultInjectionLocalIo::Pread(int fd, void* dst, size_t n, off_t offset) {
+  return ReadFaulty(fd, dst, n, offset, false);
+}
+
+ssize_t FaultInjectionLocalIo::PreadNoWait(int fd, void* dst, size_t n, off_t offset) {
+  return ReadFaulty(fd, dst, n, offset, true);
+}
+
+ssize_t FaultInjectionLocalIo::ReadFaulty(int fd, void* dst, size_t n, off_t offset, bool nowait) {
+  if (nowait && delay_ns_.load(std::memory_order_relaxed) > 0) {
+    errno = EAGAIN;  // a slow disk: the read would wait
+    return -1;
+  }
   Delay();
   if (const int err = read_error_.load(std::memory_order_acquire); err != 0) return Fail(err);
   size_t ask = n;
@@ -180,7 +197,8 @@ ssize_t FaultInjectionLocalIo::Pread(int fd, void* dst, size_t n, off_t offset) 
     ask = std::max(unit, n / 2 / unit * unit);
     short_reads_.fetch_add(1, std::memory_order_relaxed);
   }
-  const ssize_t r = base_->Pread(fd, dst, ask, offset);
+  const ssize_t r =
+      nowait ? base_->PreadNoWait(fd, dst, ask, offset) : base_->Pread(fd, dst, ask, offset);
   if (r > 0 && flip_.load(std::memory_order_acquire)) {
     static_cast<unsigned char*>(dst)[r / 2] ^= 0x10;
     flipped_.fetch_add(1, std::memory_order_relaxed);

@@ -30,6 +30,10 @@ class LocalIo {
   // than asked, as the system calls may; callers loop.
   virtual ssize_t Pread(int fd, void* dst, size_t n, off_t offset) = 0;
   virtual ssize_t Pwrite(int fd, const void* src, size_t n, off_t offset) = 0;
+  // preadv2(2) with RWF_NOWAIT: as Pread where the bytes are in the page cache, else -1 with
+  // errno EAGAIN (the read would wait for the disk; it may also move fewer bytes than asked, the
+  // cached part) or EOPNOTSUPP (the file system cannot say). The default makes the system call.
+  virtual ssize_t PreadNoWait(int fd, void* dst, size_t n, off_t offset);
   // posix_fallocate(3): 0 or an errno value.
   virtual int Fallocate(int fd, off_t offset, off_t length) = 0;
 
@@ -88,7 +92,7 @@ class FaultInjectionLocalIo final : public LocalIo {
   // Unlink, Lstat, Mkdir, MakeTempDir) and the descriptors this LocalIo opened from such paths; ""
   // (the default): every call. Descriptors opened elsewhere (the SSD tier's) are then spared.
   void OnlyPaths(std::string part);
-  // Pread and ReadSmallFile fail with this.
+  // Pread, PreadNoWait and ReadSmallFile fail with this.
   void FailReads(int err);
   void FailFallocate(int err);
   // Every read moves at most half of what was asked (at least `unit` bytes, in multiples of it:
@@ -96,7 +100,8 @@ class FaultInjectionLocalIo final : public LocalIo {
   void ShortReads(bool on, size_t unit = 4096);
   // Successful reads return one bit flipped (in the middle byte of what was read).
   void FlipReads(bool on);
-  // Every read and write sleeps this long first (a slow disk). Zero turns it off.
+  // Every read and write sleeps this long first (a slow disk), and PreadNoWait fails with EAGAIN
+  // (it would wait). Zero turns it off.
   void SetDelay(std::chrono::nanoseconds delay);
   // Removes every fault; the counters and OnlyPaths are kept.
   void ClearFaults();
@@ -106,6 +111,7 @@ class FaultInjectionLocalIo final : public LocalIo {
   uint64_t flipped_reads() const { return flipped_.load(std::memory_order_relaxed); }
 
   ssize_t Pread(int fd, void* dst, size_t n, off_t offset) override;
+  ssize_t PreadNoWait(int fd, void* dst, size_t n, off_t offset) override;
   ssize_t Pwrite(int fd, const void* src, size_t n, off_t offset) override;
   int Fallocate(int fd, off_t offset, off_t length) override;
   int Open(const std::string& path, int flags, mode_t mode) override;
@@ -123,6 +129,8 @@ class FaultInjectionLocalIo final : public LocalIo {
 
  private:
   void Delay() const;
+  // Pread and PreadNoWait (`nowait`) with the read faults.
+  ssize_t ReadFaulty(int fd, void* dst, size_t n, off_t offset, bool nowait);
   ssize_t Fail(int err);
   bool Hits(const std::string& path) const;
   bool Hits(int fd) const;

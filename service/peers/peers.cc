@@ -24,10 +24,11 @@ Result<std::unique_ptr<PeerService>> PeerService::Start(const PeerServiceOptions
   lo.rma_in_software = options.rma_in_software;
   PeerService* self = p.get();
   lo.serve_inline = [self](uint64_t sample) { return self->ServesFromMemory(sample); };
+  lo.serve_nowait = [self](uint64_t sample) { return self->Serve(sample, true); };
   lo.on_push = [self](uint32_t node, uint64_t sample, uint64_t xxh3,
                       std::span<const std::byte> data) { self->OnPush(node, sample, xxh3, data); };
   Result<std::unique_ptr<fabric::PeerLink>> link =
-      fabric::PeerLink::Start(lo, [self](uint64_t sample) { return self->Serve(sample); });
+      fabric::PeerLink::Start(lo, [self](uint64_t sample) { return self->Serve(sample, false); });
   if (!link.ok()) return link.status().WithContext("peers");
   p->link_ = std::move(*link);
   spdlog::info("peers: node {} of {}, listening on {}:{} ({})", options.node, options.peers.size(),
@@ -59,7 +60,7 @@ bool PeerService::ServesFromMemory(uint64_t sample) const {
          tiers_[static_cast<size_t>(cls)].ram != nullptr;
 }
 
-fabric::ServeResult PeerService::Serve(uint64_t sample) {
+fabric::ServeResult PeerService::Serve(uint64_t sample, bool nowait) {
   fabric::ServeResult r;
   if (!serving_.load(std::memory_order_acquire) || sample >= plan_->location.size()) return r;
   const int8_t cls = plan_->location[sample];
@@ -77,7 +78,8 @@ fabric::ServeResult PeerService::Serve(uint64_t sample) {
   const uint64_t size = t.ssd->layout().SizeOf(t.ssd->layout().SlotOf(id));
   r.data.resize(size);
   // The read verifies the copy against the checksum recorded at fill.
-  const Status s = t.ssd->Read(id, r.data);
+  const Status s = nowait ? t.ssd->ReadIfCached(id, r.data) : t.ssd->Read(id, r.data);
+  if (nowait && s.code() == StatusCode::kUnavailable) return fabric::ServeResult::WouldBlock();
   if (s.ok()) {
     // Read checked the bytes against the xxh3 recorded at fill: the link need not hash them again.
     r.status = fabric::ReadStatus::kOk;

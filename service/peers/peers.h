@@ -101,9 +101,12 @@ class PeerService final : public PeerSource {
 
  private:
   explicit PeerService(PeerServiceOptions options);
-  fabric::ServeResult Serve(uint64_t sample);
+  // A peer's request for `sample`; `nowait`: only if the read needs no disk I/O (an SSD-tier
+  // sample in the page cache), WouldBlock otherwise.
+  fabric::ServeResult Serve(uint64_t sample, bool nowait);
   // Whether a request for `sample` is answered from memory (a RAM tier, or "not available"):
-  // then the link's progress thread answers it; an SSD read goes to the serving threads.
+  // then the link's progress thread answers it; an SSD read is tried there without waiting
+  // (Serve with nowait) and goes to the serving threads where it would wait for the disk.
   bool ServesFromMemory(uint64_t sample) const;
   // The peer to read `sample` from: its holder if this node does not hold it, else its filler if
   // that is another node.

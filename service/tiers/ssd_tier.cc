@@ -2,13 +2,14 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -18,6 +19,7 @@
 #include <string>
 #include <system_error>
 
+#include "common/checksum.h"
 #include "common/lock_file.h"
 
 namespace nopfs::service {
@@ -449,6 +451,14 @@ Result<uint64_t> SsdTier::Fill(uint32_t slot, const FetchFn& fetch, std::span<st
 }
 
 Status SsdTier::Read(policy::SampleId sample, std::span<std::byte> dst) {
+  return ReadSlot(sample, dst, false);
+}
+
+Status SsdTier::ReadIfCached(policy::SampleId sample, std::span<std::byte> dst) {
+  return ReadSlot(sample, dst, true);
+}
+
+Status SsdTier::ReadSlot(policy::SampleId sample, std::span<std::byte> dst, bool nowait) {
   const uint32_t slot = layout_.SlotOf(sample);
   if (slot == kNoSlot) {
     return Status::NotFound("ssd tier: sample " + std::to_string(sample) + " is not in this tier");
@@ -468,7 +478,28 @@ Status SsdTier::Read(policy::SampleId sample, std::span<std::byte> dst) {
   const DataFile& f = files_[e.file];
   const std::string path = DataPath(e.file);
   Status io = Status::Ok();
-  if (f.direct_fd >= 0 && Aligned(dst.data())) {
+  if (nowait) {
+    // All of it from the page cache, or nothing: a partial or refused read is left to Read.
+    NoWait how = nowait_.load(std::memory_order_relaxed);
+    if (how == NoWait::kRefused) {
+      return Status::Unavailable("ssd tier: the file system cannot read without waiting");
+    }
+    const ssize_t r = io_->PreadNoWait(f.fd, dst.data(), e.size, static_cast<off_t>(e.offset));
+    const int err = r < 0 ? errno : 0;
+    if (err == EOPNOTSUPP && how == NoWait::kNoWait) {
+      struct statfs fs {};
+      how = ::fstatfs(f.fd, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC)
+                ? NoWait::kMemory
+                : NoWait::kRefused;
+      nowait_.store(how, std::memory_order_relaxed);
+    }
+    if (err == EOPNOTSUPP && how == NoWait::kMemory) {
+      io = PreadFull(io_, f.fd, dst.data(), e.size, e.offset, path);
+    } else if (r != static_cast<ssize_t>(e.size)) {
+      return Status::Unavailable("ssd tier: sample " + std::to_string(sample) +
+                                 " is not in the page cache");
+    }
+  } else if (f.direct_fd >= 0 && Aligned(dst.data())) {
     // The whole blocks straight into dst, the partial last block through an aligned buffer.
     const uint64_t whole = e.size & ~(kSsdAlignment - 1);
     if (whole > 0) io = PreadFull(io_, f.direct_fd, dst.data(), whole, e.offset, path);
@@ -488,7 +519,7 @@ Status SsdTier::Read(policy::SampleId sample, std::span<std::byte> dst) {
     return Status(io.code(), "ssd tier: sample " + std::to_string(sample) + ": " + io.message() +
                                  "; slot marked failed, read it from the PFS");
   }
-  const uint64_t got = XXH3_64bits(dst.data(), dst.size());
+  const uint64_t got = Xxh3(dst);
   const uint64_t want = slots_.expected(slot);
   if (got == want) return Status::Ok();
   slots_.MarkFailed(slot);

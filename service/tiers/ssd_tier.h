@@ -113,6 +113,12 @@ class SsdTier final : public Tier {
   // from another source from then on. A dst aligned to 4096 bytes allows O_DIRECT; any other is
   // read buffered.
   Status Read(policy::SampleId sample, std::span<std::byte> dst);
+  // Read, if that needs no disk I/O: the bytes in the page cache (preadv2 with RWF_NOWAIT on the
+  // buffered descriptor, whatever dst's alignment; on tmpfs, which refuses RWF_NOWAIT, a plain
+  // read), checked as Read checks them. Unavailable, with nothing marked, where the read would
+  // wait for the disk or the file system cannot tell (then Read does it); never blocks on the
+  // disk. The other errors as Read's.
+  Status ReadIfCached(policy::SampleId sample, std::span<std::byte> dst);
   // The xxh3 recorded when `sample`'s slot was filled (what Read verifies); meaningful once
   // IsReady(sample).
   uint64_t RecordedXxh3(policy::SampleId sample) const {
@@ -136,6 +142,8 @@ class SsdTier final : public Tier {
   // Preallocates the chunks that bytes [offset, offset + size) of data file `file` lie in.
   Status Preallocate(uint32_t file, uint64_t offset, uint64_t size);
   void PreallocateAll();  // the background thread
+  // Read (nowait false) and ReadIfCached (true).
+  Status ReadSlot(policy::SampleId sample, std::span<std::byte> dst, bool nowait);
 
   enum class ChunkState : uint8_t { kNone, kAllocated, kFailed };
 
@@ -147,6 +155,11 @@ class SsdTier final : public Tier {
   bool direct_ = false;
   std::vector<DataFile> files_;
   std::vector<bool> adopted_;  // [file]
+  // How ReadIfCached reads: kNoWait, preadv2 with RWF_NOWAIT; kMemory, the file system refused
+  // that but keeps its files in memory (tmpfs: a read does not wait for a disk), so the read is
+  // done when RWF_NOWAIT is refused; kRefused, neither (it no longer asks).
+  enum class NoWait : uint8_t { kNoWait, kMemory, kRefused };
+  std::atomic<NoWait> nowait_{NoWait::kNoWait};
   bool destroyed_ = false;
   // One chunk is allocated at a time; a chunk's state is read without the mutex (atomic) and
   // written under it. chunks_[file][chunk].

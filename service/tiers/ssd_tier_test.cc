@@ -2,7 +2,9 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -327,6 +329,89 @@ TEST_P(SsdTierTest, DiskFaultsFailTheirSlotAndNeverReturnWrongBytes) {
   // The rest of the tier is untouched.
   EXPECT_TRUE(read_ok(6));
   EXPECT_TRUE(read_ok(7));
+}
+
+// ReadIfCached: the bytes when they are in the page cache, Unavailable (nothing marked) when the
+// read would wait for the disk, the same checks as Read otherwise.
+TEST_P(SsdTierTest, ReadIfCachedReadsThePageCacheAndNeverWaitsForTheDisk) {
+  FaultInjectionLocalIo io(LocalIo::Default());
+  const std::vector<policy::SampleId> order = {9, 3, 5, 6, 7, 1};
+  auto layout = TierLayout::Ssd(PlanOf(order, kSizes), kSizes, 1 << 20);
+  ASSERT_TRUE(layout.ok());
+  SsdTierOptions o = Options();
+  o.io = &io;
+  auto created = SsdTier::Create(o, std::move(*layout));
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  SsdTier& tier = **created;
+  AlignedBuf bounce(tier.bounce_bytes());
+  for (const policy::SampleId k : order) {
+    const uint32_t slot = tier.layout().SlotOf(k);
+    ASSERT_TRUE(tier.slots().TryBeginFill(slot));
+    Result<uint64_t> h = tier.Fill(slot, FetchContent, {bounce.p, bounce.size});
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    tier.slots().MarkReady(slot, *h);
+  }
+  const auto matches = [](policy::SampleId k, std::span<const std::byte> got) {
+    const auto want = Content(k, kSizes[k]);
+    return std::equal(want.begin(), want.end(), got.begin(), got.end());
+  };
+  // tmpfs refuses RWF_NOWAIT, and its files are in memory: ReadIfCached reads them.
+  struct statfs fs {};
+  ASSERT_EQ(statfs(dir_->path().c_str(), &fs), 0);
+  const bool in_memory = fs.f_type == TMPFS_MAGIC;
+  if (!in_memory) {
+    // Dropped from the page cache: not there, and not waited for.
+    for (uint32_t f = 0; f < tier.layout().file_count(); ++f) {
+      const int fd = open(tier.DataPath(f).c_str(), O_RDONLY | O_CLOEXEC);
+      ASSERT_GE(fd, 0);
+      EXPECT_EQ(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+      close(fd);
+    }
+    std::vector<std::byte> b(kSizes[9]);
+    const Status s = tier.ReadIfCached(9, b);
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+    EXPECT_EQ(tier.slots().state(tier.layout().SlotOf(9)), SlotState::kReady);
+  }
+  // A buffered read (unaligned) leaves the bytes in the page cache: then they come at once,
+  // aligned destination or not.
+  for (const policy::SampleId k : order) {
+    std::vector<std::byte> u(kSizes[k] + 1);
+    ASSERT_TRUE(tier.Read(k, std::span<std::byte>(u).subspan(1)).ok()) << k;
+    std::vector<std::byte> b(kSizes[k]);
+    const Status s = tier.ReadIfCached(k, b);
+    ASSERT_TRUE(s.ok()) << k << ": " << s.ToString();
+    EXPECT_TRUE(matches(k, b)) << k;
+    AlignedBuf a(kSizes[k]);
+    ASSERT_TRUE(tier.ReadIfCached(k, a.span()).ok()) << k;
+    EXPECT_TRUE(matches(k, a.span())) << k;
+  }
+  // A disk that would make the read wait: Unavailable, the slot still ready, Read still works.
+  io.SetDelay(std::chrono::milliseconds(1));
+  std::vector<std::byte> b7(kSizes[7]);
+  EXPECT_EQ(tier.ReadIfCached(7, b7).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(tier.slots().state(tier.layout().SlotOf(7)), SlotState::kReady);
+  ASSERT_TRUE(tier.Read(7, b7).ok());
+  EXPECT_TRUE(matches(7, b7));
+  io.ClearFaults();
+  // A short read is not half an answer: Unavailable, and Read completes it (tmpfs: completed).
+  io.ShortReads(true);
+  std::vector<std::byte> b9(kSizes[9]);
+  EXPECT_EQ(tier.ReadIfCached(9, b9).code(),
+            in_memory ? StatusCode::kOk : StatusCode::kUnavailable);
+  ASSERT_TRUE(tier.Read(9, b9).ok());
+  EXPECT_TRUE(matches(9, b9));
+  io.ClearFaults();
+  // Bytes that fail their checksum are Corruption and fail the slot, as in Read.
+  io.FlipReads(true);
+  std::vector<std::byte> b5(kSizes[5]);
+  EXPECT_EQ(tier.ReadIfCached(5, b5).code(), StatusCode::kCorruption);
+  io.ClearFaults();
+  EXPECT_EQ(tier.slots().state(tier.layout().SlotOf(5)), SlotState::kFailed);
+  EXPECT_EQ(tier.ReadIfCached(5, b5).code(), StatusCode::kFailedPrecondition);
+  // Not in the tier, or the wrong size: as Read.
+  std::vector<std::byte> ten(10);
+  EXPECT_EQ(tier.ReadIfCached(8, ten).code(), StatusCode::kNotFound);
+  EXPECT_EQ(tier.ReadIfCached(6, ten).code(), StatusCode::kInvalidArgument);
 }
 
 TEST_P(SsdTierTest, PreallocationThatFailsFailsTheFillsOfItsChunksAndLeavesNothing) {
