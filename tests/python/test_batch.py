@@ -813,6 +813,50 @@ def test_decode_threads_make_the_same_items_in_the_same_order(service, images, r
             same(list(a[:3]), list(b[:3]))
 
 
+def _tasks():
+    """This process's threads as the kernel lists them (thread ids)."""
+    return set(os.listdir("/proc/self/task"))
+
+
+def _slow_thread_and_bytes(data):
+    """_thread_and_bytes, 2 ms slower (the decode threads take part however busy the host)."""
+    threading.Event().wait(0.002)
+    return _thread_and_bytes(data)
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_a_pass_leaves_no_thread_behind(service, images, rank_env, prefetch):
+    """The decode threads and the read-ahead thread of a pass have exited, as the kernel lists
+    the process's threads, when the loop gets StopIteration and when it drops the pass's
+    iterator midway: the workers a later DataLoader forks copy no lock that a thread of an
+    ended pass holds while it tears itself down (under ASan, its allocator's: the worker's next
+    allocation of that size would wait forever)."""
+    root, paths = images
+    rank_env(0)
+    dataset = ImageFolder(root, decode=_slow_thread_and_bytes)
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=4, sampler=sampler, collate_fn=list,
+                        decode_threads=3, prefetch_factor=prefetch)
+    before = _tasks()
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        seen = set()
+        for batch in loader:
+            seen |= {name for (name, _, _), _ in batch}
+            seen |= {t.name for t in threading.enumerate()}
+            threading.Event().wait(0.01)  # the loop works between its batches
+        assert seen & DECODERS
+        assert ("nopfs-batches" in seen) == (prefetch > 0)
+        assert not _tasks() - before, f"epoch {epoch}: threads left: {threading.enumerate()}"
+    sampler.set_epoch(2)
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    assert _tasks() - before
+    del it
+    assert not _tasks() - before, f"left midway: {threading.enumerate()}"
+
+
 def test_decode_threads_are_refused_with_workers_and_when_not_a_count(service, images,
                                                                       rank_env):
     root, _ = images

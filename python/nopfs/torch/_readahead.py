@@ -1,13 +1,36 @@
 """The read-ahead thread: makes a pass's batches ahead of the training loop, as deep as the loop's
 pace says it pays."""
 
+import os
 import queue
 import threading
 import time
-from typing import Any, Generator, Iterator, List, Optional, Tuple
+from typing import Any, Generator, Iterable, Iterator, List, Optional, Tuple
 
 
 _END = object()  # _ahead's end of the items
+
+# How long _join_exited waits for one thread's teardown once Python has let it go.
+_EXIT_WAIT = 5.0
+
+
+def _join_exited(threads: Iterable[threading.Thread]) -> None:
+    """Joins `threads` (all but the calling one) and returns once each has left this process's
+    threads as the operating system lists them (/proc/self/task), not only Python's: join()
+    returns when the thread gives up its Python state, before the C library and a sanitizer's
+    runtime tear the thread down (ASan returns its allocator caches then, under the allocator's
+    locks). A fork meanwhile (a later DataLoader's workers) copies such a lock held by no thread
+    of the child, whose next allocation of that size then waits forever. Waits at most
+    _EXIT_WAIT seconds per thread; where there is no /proc, only joins."""
+    me = threading.current_thread()
+    for t in threads:
+        if t is me:
+            continue
+        t.join()
+        task = f"/proc/self/task/{t.native_id}"
+        deadline = time.monotonic() + _EXIT_WAIT
+        while t.native_id is not None and os.path.exists(task) and time.monotonic() < deadline:
+            time.sleep(0.0001)
 
 
 class _Pace:
@@ -43,7 +66,7 @@ def _ahead(items: Generator[Any, None, None], depth: int, pace: _Pace) -> Iterat
     longer works between batches (or a pass judged on a moment of noise) has the next pass made
     when it asks. An exception of `items` is raised where its item would have come. Leaving the
     loop early (or dropping the iterator) stops the thread, which closes `items` (and so the
-    stream) itself."""
+    stream) itself. The thread has exited when the pass ends (_join_exited)."""
     try:
         while not pace.works:
             t0 = time.monotonic()
@@ -111,5 +134,4 @@ def _ahead(items: Generator[Any, None, None], depth: int, pace: _Pace) -> Iterat
                         pace.add(make, loop)  # decides the next pass
     finally:
         stop.set()
-        if thread is not threading.current_thread():  # the collector may run anywhere
-            thread.join()
+        _join_exited([thread])  # not if the collector runs this in the thread itself

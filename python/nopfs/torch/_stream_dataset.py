@@ -4,6 +4,7 @@ stream through, from the service or, in fallback, from the files in the same ord
 import functools
 import multiprocessing
 import os
+import threading
 import warnings
 import weakref
 from concurrent import futures
@@ -16,7 +17,7 @@ from .. import _client
 from ._batches import _batch_mode, _batch_tensor
 from ._datasets import item_of
 from ._memory import _Blocks, keep_freed_memory
-from ._readahead import _ahead, _Pace
+from ._readahead import _ahead, _join_exited, _Pace
 from ._sampler import DistributedSampler
 from ._streams import _close_quietly, _Kept, _open_stream
 
@@ -32,6 +33,43 @@ def _items_of_bytes(dataset: Any, samples: List[Tuple[Any, int]]) -> List[Any]:
 def _items_of_ids(dataset: Any, samples: List[Tuple[int, Any, int]]) -> List[Any]:
     """dataset[id] of each (id, data, label), a subclass's own __getitem__ (item_of)."""
     return [item_of(dataset, i, data, label) for i, data, label in samples]
+
+
+class _DecodePool:
+    """A pass's decode threads (decode_threads >= 2, in the training process): started by the
+    pass's first batch of two or more samples, ended with the pass. close() returns once every
+    one of them has exited (_join_exited), so that no thread of a pass that ended is still
+    tearing itself down when the process forks next: a later DataLoader's workers, each of which
+    would otherwise copy whatever lock that thread held at the fork."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self._executor: Optional[ThreadPoolExecutor] = None
+        self._started: List[threading.Thread] = []
+
+    def _note_started(self) -> None:
+        self._started.append(threading.current_thread())
+
+    def map_parts(self, make: Callable[[Any, List[Any]], List[Any]], dataset: Any,
+                  samples: List[Any]) -> List[Any]:
+        """make(dataset, samples) in as many parts as there are threads (sizes differing by at
+        most one), all finished before this returns; the items in order."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="nopfs-decode",
+                                                initializer=self._note_started)
+        n, threads = len(samples), self.threads
+        cuts = [k * n // threads for k in range(threads + 1)]
+        parts = [self._executor.submit(make, dataset, samples[a:b])
+                 for a, b in zip(cuts, cuts[1:]) if b > a]
+        futures.wait(parts)
+        return [item for part in parts for item in part.result()]
+
+    def close(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False)  # may run in one of its threads (the collector)
+            _join_exited(self._started)
+        self._started = []
 
 
 class StreamDataset(tud.IterableDataset):
@@ -90,7 +128,6 @@ class StreamDataset(tud.IterableDataset):
     def _per_process_state(self) -> None:
         """This process's own state: made here and anew where the dataset is unpickled."""
         self.kept = _Kept()  # the stream the last pass left for the next one
-        self._pool: Optional[Tuple[int, ThreadPoolExecutor]] = None  # (pid, decode threads)
         weakref.finalize(self, self.kept.close)
         # The main process's batch memory, reused (tensor mode, unless pinned: torch's pinned
         # allocator reuses its own); a worker's batches are made in shared memory, which crosses
@@ -104,7 +141,6 @@ class StreamDataset(tud.IterableDataset):
         state = self.__dict__.copy()
         del state["kept"]  # a worker keeps nothing (and a stream does not cross processes)
         del state["blocks"]
-        del state["_pool"]
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
@@ -161,10 +197,13 @@ class StreamDataset(tud.IterableDataset):
         keep = tud.get_worker_info() is None and workers == 1
         mine = (max(0, int(self.sampler.job.epoch_length()) - step * self.batch_size)
                 if keep else None)
+        # Decode threads (the training process only) live for this pass.
+        pool = (_DecodePool(self.decode_threads)
+                if self.decode_threads > 1 and tud.get_worker_info() is None else None)
         if self.mode == "tensor":
             take = self._tensor_batch
         else:
-            take = functools.partial(self._item_batch, read_once=read_once)
+            take = functools.partial(self._item_batch, read_once=read_once, pool=pool)
 
         def open_own() -> Any:
             return _open_stream(self.socket, self.sampler.rank, epoch=epoch, step=step,
@@ -211,11 +250,13 @@ class StreamDataset(tud.IterableDataset):
         finally:
             if stream is not None:  # broken off, failed or the job's last epoch
                 _close_quietly(stream)
+            if pool is not None:
+                pool.close()
         yield from self._batches_of(self._iter_files(epoch, step, worker, workers,
                                                      skip=delivered))
 
-    def _item_batch(self, stream: Any, want: int,
-                    read_once: bool = False) -> Tuple[Any, int]:
+    def _item_batch(self, stream: Any, want: int, read_once: bool = False,
+                    pool: Optional[_DecodePool] = None) -> Tuple[Any, int]:
         """(collated batch, samples): up to `want` samples made into items, bytes in one
         call per ring batch, else decode/transform per sample over views made in one call (of
         copies made in one call, in a stream opened read_once: views of the RAM tier would fault
@@ -237,18 +278,19 @@ class StreamDataset(tud.IterableDataset):
                 ids = batch.ids.tolist()
                 batch.release()
                 items.extend(self._items(_items_of_ids, self.dataset,
-                                         list(zip(ids, copies, labels))))
+                                         list(zip(ids, copies, labels)), pool))
                 continue
             if read_once:
                 # What a decode given views gets: a read-only view (of a copy).
                 copies = [memoryview(c) for c in batch.tobytes()]
                 batch.release()
                 items.extend(self._items(_items_of_bytes, self.dataset,
-                                         list(zip(copies, labels))))
+                                         list(zip(copies, labels)), pool))
                 continue
             views = batch.views()
             try:
-                items.extend(self._items(_items_of_bytes, self.dataset, list(zip(views, labels))))
+                items.extend(self._items(_items_of_bytes, self.dataset, list(zip(views, labels)),
+                                         pool))
             finally:
                 for view in views:
                     view.release()
@@ -257,24 +299,14 @@ class StreamDataset(tud.IterableDataset):
         return (self._collate(items) if items else None), len(items)
 
     def _items(self, make: Callable[[Any, List[Any]], List[Any]], dataset: Any,
-               samples: List[Any]) -> List[Any]:
-        """make(dataset, samples): the items of a batch's samples, in order; with decode threads
-        (the training process only), made by them in as many parts (of sizes differing by at most
-        one), all finished before this returns (the samples may be views the caller releases
-        next). A lone sample is made in this thread."""
-        threads = self.decode_threads
-        if threads <= 1 or len(samples) < 2 or tud.get_worker_info() is not None:
+               samples: List[Any], pool: Optional[_DecodePool]) -> List[Any]:
+        """make(dataset, samples): the items of a batch's samples, in order; with the pass's
+        decode threads (the training process only), made by them in as many parts, all finished
+        before this returns (the samples may be views the caller releases next). A lone sample
+        is made in this thread."""
+        if pool is None or len(samples) < 2:
             return make(dataset, samples)
-        if self._pool is None or self._pool[0] != os.getpid():
-            self._pool = (os.getpid(), ThreadPoolExecutor(threads,
-                                                          thread_name_prefix="nopfs-decode"))
-            weakref.finalize(self, self._pool[1].shutdown, wait=False)
-        n, pool = len(samples), self._pool[1]
-        cuts = [k * n // threads for k in range(threads + 1)]
-        parts = [pool.submit(make, dataset, samples[a:b])
-                 for a, b in zip(cuts, cuts[1:]) if b > a]
-        futures.wait(parts)
-        return [item for part in parts for item in part.result()]
+        return pool.map_parts(make, dataset, samples)
 
     def _tensor_batch(self, stream: Any, want: int) -> Tuple[Any, int]:
         """(collated batch, samples) of up to `want` samples for uint8_tensor items and the
