@@ -14,7 +14,7 @@ import torch.utils.data as tud
 
 from .. import _client
 from ._batches import _batch_mode, _batch_tensor
-from ._datasets import item_of
+from ._datasets import _pil_decode_batch, _SampleDataset, item_of, pil_decode
 from ._memory import _Blocks, keep_freed_memory
 from ._readahead import _ahead, _Pace
 from ._sampler import DistributedSampler
@@ -240,6 +240,14 @@ class StreamDataset(tud.IterableDataset):
                                          list(zip(ids, copies, labels))))
                 continue
             if read_once:
+                images = _pil_decode_batch(batch) if self._decodes_pil() else None
+                if images is not None:
+                    # pil_decode's images, each decode having copied only the part of its
+                    # sample it reads (the image, which may be far less than the sample).
+                    batch.release()
+                    items.extend(self.dataset._item_of_decoded(x, label)
+                                 for x, label in zip(images, labels))
+                    continue
                 # What a decode given views gets: a read-only view (of a copy).
                 copies = [memoryview(c) for c in batch.tobytes()]
                 batch.release()
@@ -255,6 +263,13 @@ class StreamDataset(tud.IterableDataset):
                 del views
                 batch.release()
         return (self._collate(items) if items else None), len(items)
+
+    def _decodes_pil(self) -> bool:
+        """Whether the items are made by make_item as it is with pil_decode as the decode (so
+        that a batch's images may be decoded in one call, _pil_decode_batch)."""
+        d = self.dataset
+        return (isinstance(d, _SampleDataset) and getattr(d, "decode", None) is pil_decode
+                and type(d).make_item is _SampleDataset.make_item)
 
     def _items(self, make: Callable[[Any, List[Any]], List[Any]], dataset: Any,
                samples: List[Any]) -> List[Any]:
