@@ -731,12 +731,12 @@ def test_decode_jpegs_of_a_batch_is_decode_jpeg_rgb_of_each_file(large_jpegs, re
             batch.decode_jpegs()
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
 def test_loader_of_large_and_padded_jpegs_gives_the_pixels_of_pil_reading_the_files(
-        large_jpegs, monkeypatch, workers):
-    """ImageFolder's default pil_decode through the DataLoader, without workers and in workers
-    that live one pass (which decode each batch in one call, reading of each sample what its
-    decode reads): every item is PIL's image of its file, those nopfs leaves to PIL too (the
+        large_jpegs, monkeypatch, workers, persistent):
+    """ImageFolder's default pil_decode through the DataLoader, without workers, in workers
+    that live one pass (reading of each sample what its decode reads) and in persistent workers,
+    each batch decoded in one call: every item is PIL's image of its file, those nopfs leaves to PIL too (the
     truncated one as PIL decodes it when told to load truncated images)."""
     from PIL import ImageFile
 
@@ -746,14 +746,16 @@ def test_loader_of_large_and_padded_jpegs_gives_the_pixels_of_pil_reading_the_fi
     monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
     dataset = ImageFolder(root, transform=_pixels)
     sampler = DistributedSampler(dataset)
+    extra = {"persistent_workers": True} if persistent else {}
     loader = DataLoader(dataset, batch_size=5, sampler=sampler, num_workers=workers,
-                        collate_fn=list)
-    sampler.set_epoch(0)
-    order = svc.stream(0)[:len(paths)]  # epoch 0
-    got = [item for batch in loader for item in batch]
-    assert len(got) == len(order)
-    for g, i in zip(got, order):
-        same(g, (_pixels(_pil_reads(paths[i])), label_of(paths[i])))
+                        collate_fn=list, **extra)
+    for epoch in (0, 1) if persistent else (0,):
+        sampler.set_epoch(epoch)
+        order = svc.stream(0)[epoch * len(paths):(epoch + 1) * len(paths)]
+        got = [item for batch in loader for item in batch]
+        assert len(got) == len(order)
+        for g, i in zip(got, order):
+            same(g, (_pixels(_pil_reads(paths[i])), label_of(paths[i])))
 
 
 def _view_and_bytes(data):

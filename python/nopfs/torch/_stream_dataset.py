@@ -239,15 +239,18 @@ class StreamDataset(tud.IterableDataset):
                 items.extend(self._items(_items_of_ids, self.dataset,
                                          list(zip(ids, copies, labels))))
                 continue
-            if read_once:
-                images = _pil_decode_batch(batch) if self._decodes_pil() else None
+            if self._decodes_pil() and (self.decode_threads <= 1
+                                        or tud.get_worker_info() is not None):
+                # pil_decode's images in one call (decode threads make them in parts instead,
+                # below): of the ring in place, or read_once of copies of the part of each
+                # sample that its decode reads (the image, which may be far less).
+                images = _pil_decode_batch(batch)
                 if images is not None:
-                    # pil_decode's images, each decode having copied only the part of its
-                    # sample it reads (the image, which may be far less than the sample).
                     batch.release()
                     items.extend(self.dataset._item_of_decoded(x, label)
                                  for x, label in zip(images, labels))
                     continue
+            if read_once:
                 # What a decode given views gets: a read-only view (of a copy).
                 copies = [memoryview(c) for c in batch.tobytes()]
                 batch.release()
