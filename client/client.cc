@@ -240,12 +240,16 @@ Status Stream::ReleaseBatch(std::span<const Sample> samples) {
 }
 
 void Stream::CopyOut(const Sample& s, std::byte* dst) const {
-  if (s.size == 0) return;
+  CopyOut(s, 0, s.size, dst);
+}
+
+void Stream::CopyOut(const Sample& s, uint64_t offset, uint64_t size, std::byte* dst) const {
+  if (size == 0) return;
   const ring::Region* region = read_once_ ? reader_->region() : nullptr;
   if (region != nullptr && s.data >= region->data() && s.data < region->data() + region->bytes()) {
-    region->Read(s.data, s.size, dst);
+    region->Read(s.data + offset, size, dst);
   } else {
-    std::memcpy(dst, s.data, s.size);
+    std::memcpy(dst, s.data + offset, size);
   }
 }
 

@@ -182,6 +182,13 @@ class Stream {
   // as OpenOptions::read_once says (FillBatch() copies this way; a caller copying held samples
   // should too).
   void CopyOut(const Sample& s, std::byte* dst) const;
+  // Copies `size` bytes of `s` from byte `offset` on (offset + size <= s.size) the same way: a
+  // caller that needs only part of a sample (a decode that stops at the end of the image the
+  // sample holds) reads only that part.
+  void CopyOut(const Sample& s, uint64_t offset, uint64_t size, std::byte* dst) const;
+  // OpenOptions::read_once: whether a caller that reads each sample once should copy it
+  // (CopyOut) rather than read it in place.
+  bool read_once() const { return read_once_; }
   Stats stats() const;
   uint64_t id() const { return id_; }
   // Whether the service has gone away (its socket hung up: it exited, was killed or restarted)

@@ -29,6 +29,10 @@ class BatchHolder {
   bool released() const { return released_; }
   const std::vector<client::Sample>& samples() const { return samples_; }
   void CopyOut(size_t i, std::byte* dst) const { stream_->CopyOut(samples_[i], dst); }
+  void CopyOut(size_t i, uint64_t offset, uint64_t size, std::byte* dst) const {
+    stream_->CopyOut(samples_[i], offset, size, dst);
+  }
+  bool read_once() const { return stream_->read_once(); }
 
  private:
   std::shared_ptr<StreamHolder> stream_;
@@ -167,6 +171,25 @@ class PyBatch {
       exporters_.push_back(std::move(e));
     }
     return out;
+  }
+  // DecodeJpegsRgb of the samples: in place, or in a stream opened read_once by copies of the
+  // parts the decodes read (CopyOut), as the stream's other copies are made.
+  py::list DecodeJpegs(uint64_t max_pixels) const {
+    CheckLive("decode_jpegs()");
+    const auto& v = holder_->samples();
+    std::vector<JpegInput> inputs(v.size());
+    const bool copy = holder_->read_once();
+    for (size_t i = 0; i < v.size(); ++i) {
+      inputs[i].size = v[i].size;
+      if (!copy) {
+        inputs[i].data = v[i].data;
+      } else {
+        inputs[i].read = [h = holder_.get(), i](uint64_t offset, uint64_t n, std::byte* dst) {
+          h->CopyOut(i, offset, n, dst);
+        };
+      }
+    }
+    return DecodeJpegsRgb(inputs, max_pixels);
   }
   void Release() {
     if (released()) return;
@@ -346,6 +369,10 @@ void BindBatch(py::module_& m) {
       .def("views", &PyBatch::Views,
            "a list of read-only memoryviews, one per sample (no copy); release() refuses while "
            "one is alive")
+      .def("decode_jpegs", &PyBatch::DecodeJpegs, py::arg("max_pixels") = 0,
+           "decode_jpeg_rgb() of each sample, in one call: a list with ((width, height), RGB "
+           "bytes) or None (not a JPEG decoded here: decode it with PIL) per sample. In a stream "
+           "opened read_once each decode copies only the part of its sample that it reads")
       .def("release", &PyBatch::Release,
            "gives the bytes back to the service; BufferError while views are alive")
       .def("__enter__", [](py::object self) { return self; })

@@ -3,7 +3,9 @@
 // upsampling, out_color_space RGB; a one-channel image decoded to gray and widened to RGB is what
 // Image.convert("RGB") makes of PIL's "L" image), straight from any buffer (a view of the
 // stream's ring: no copy), without the GIL (so that decode threads run at once) and without
-// PIL's header parsing in Python.
+// PIL's header parsing in Python. A batch's JPEGs that a process reads once (a stream opened
+// read_once) are read in pieces as libjpeg asks for them, so that a decode copies the image the
+// sample holds and not the whole sample.
 //
 // The extension links no libjpeg: use_libjpeg_of(path) looks libjpeg's functions up (dlsym)
 // among the dependencies of a shared object already loaded, PIL's _imaging module, so the code
@@ -14,14 +16,18 @@
 // returns None and the caller asks PIL itself.
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csetjmp>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 // After <cstdio> and <cstddef>: jpeglib.h uses FILE and size_t without including them.
 #include <jpeglib.h>
@@ -41,6 +47,7 @@ struct LibJpeg {
   decltype(&jpeg_start_decompress) start_decompress;
   decltype(&jpeg_read_scanlines) read_scanlines;
   decltype(&jpeg_finish_decompress) finish_decompress;
+  decltype(&jpeg_resync_to_restart) resync_to_restart;
 };
 
 // Set once by use_libjpeg_of (under the GIL), read by decodes (without it); never freed.
@@ -63,7 +70,8 @@ const LibJpeg* LookUp(const std::string& path) {
       !find(lib->mem_src, "jpeg_mem_src") || !find(lib->read_header, "jpeg_read_header") ||
       !find(lib->start_decompress, "jpeg_start_decompress") ||
       !find(lib->read_scanlines, "jpeg_read_scanlines") ||
-      !find(lib->finish_decompress, "jpeg_finish_decompress")) {
+      !find(lib->finish_decompress, "jpeg_finish_decompress") ||
+      !find(lib->resync_to_restart, "jpeg_resync_to_restart")) {
     dlclose(handle);
     return nullptr;
   }
@@ -89,6 +97,73 @@ extern "C" void NoteWarning(j_common_ptr c, int level) {
 
 extern "C" void PrintNothing(j_common_ptr) {}
 
+// A JPEG read in pieces (JpegInput::read), as libjpeg asks for them: the first of kFirstPiece
+// bytes, each next one twice the last (up to kLargestPiece), so that a decode reads about what
+// the image holds (at most a piece past its end; 16 KiB for the small image at the start of a
+// 64 KiB sample) in a few calls, however large the image. What libjpeg's memory source does
+// at the end of the bytes is done here too: a warning (the decode gives up) and an end marker.
+struct PieceSource {
+  static constexpr uint64_t kFirstPiece = 16 << 10;
+  static constexpr uint64_t kLargestPiece = 1 << 20;
+
+  jpeg_source_mgr pub;  // first: libjpeg's pointer to it is a pointer to this
+  const JpegInput* input = nullptr;
+  uint64_t next = 0;  // the offset of the next piece
+  uint64_t piece = kFirstPiece;
+  // The piece in hand: grown with the pieces by realloc (nothing may throw under libjpeg).
+  std::unique_ptr<unsigned char, decltype(&std::free)> buffer{nullptr, &std::free};
+  uint64_t room = 0;
+  bool* warned = nullptr;
+};
+
+extern "C" void InitSource(j_decompress_ptr) {}
+extern "C" void TermSource(j_decompress_ptr) {}
+
+// The next piece into the buffer (src->next < the input's size); false if no memory is left for
+// it.
+bool ReadPiece(PieceSource* src) {
+  const uint64_t n = std::min(src->piece, src->input->size - src->next);
+  if (n > src->room) {
+    void* grown = std::realloc(src->buffer.get(), n);
+    if (grown == nullptr) return false;
+    (void)src->buffer.release();
+    src->buffer.reset(static_cast<unsigned char*>(grown));
+    src->room = n;
+  }
+  src->input->read(src->next, n, reinterpret_cast<std::byte*>(src->buffer.get()));
+  src->pub.next_input_byte = src->buffer.get();
+  src->pub.bytes_in_buffer = n;
+  src->next += n;
+  src->piece = std::min(src->piece * 2, PieceSource::kLargestPiece);
+  return true;
+}
+
+extern "C" boolean FillPiece(j_decompress_ptr c) {
+  static const unsigned char kEnd[2] = {0xFF, JPEG_EOI};
+  auto* src = reinterpret_cast<PieceSource*>(c->src);
+  if (src->next >= src->input->size || !ReadPiece(src)) {
+    *src->warned = true;
+    src->pub.next_input_byte = kEnd;
+    src->pub.bytes_in_buffer = sizeof(kEnd);
+  }
+  return TRUE;
+}
+
+extern "C" void SkipPiece(j_decompress_ptr c, long count) {
+  if (count <= 0) return;
+  auto* src = reinterpret_cast<PieceSource*>(c->src);
+  const auto skip = static_cast<uint64_t>(count);
+  if (skip <= src->pub.bytes_in_buffer) {
+    src->pub.next_input_byte += skip;
+    src->pub.bytes_in_buffer -= skip;
+    return;
+  }
+  // Past the piece in hand: the next piece starts where the skip ends.
+  const uint64_t past = skip - src->pub.bytes_in_buffer;
+  src->pub.bytes_in_buffer = 0;
+  src->next = std::min(src->input->size, src->next + past);
+}
+
 // One decode. The functions that call libjpeg set the jump point themselves and hold no object
 // with a destructor, so that longjmp skips nothing.
 class JpegDecode {
@@ -97,6 +172,20 @@ class JpegDecode {
       : lib_(lib),
         data_(reinterpret_cast<const unsigned char*>(data)),
         size_(static_cast<unsigned long>(size)) {
+    Init();
+  }
+  // A JPEG in memory (input.data), or read in pieces (input.read); `input` outlives the decode.
+  JpegDecode(const LibJpeg& lib, const JpegInput& input)
+      : lib_(lib),
+        data_(reinterpret_cast<const unsigned char*>(input.data)),
+        size_(static_cast<unsigned long>(input.size)) {
+    if (input.data == nullptr) {
+      source_.input = &input;
+      source_.warned = &err_.warned;
+    }
+    Init();
+  }
+  void Init() {
     cinfo_.err = lib_.std_error(&err_.pub);
     err_.pub.error_exit = JumpOnError;
     err_.pub.emit_message = NoteWarning;
@@ -112,11 +201,28 @@ class JpegDecode {
   // gray, YCbCr or RGB, at most max_pixels pixels unless max_pixels is 0), with its size. A
   // library of another ABI than jpeglib.h's (version, struct size) fails here.
   bool ReadHeader(uint64_t max_pixels) {
-    if (size_ < 2 || data_[0] != 0xFF || data_[1] != 0xD8) return false;
+    if (size_ < 2) return false;
+    if (source_.input != nullptr) {
+      // The first piece, which libjpeg reads first.
+      if (!ReadPiece(&source_)) return false;
+      const unsigned char* head = source_.buffer.get();
+      if (head[0] != 0xFF || head[1] != 0xD8) return false;
+    } else if (data_[0] != 0xFF || data_[1] != 0xD8) {
+      return false;
+    }
     if (setjmp(err_.jump)) return false;
     lib_.create_decompress(&cinfo_, JPEG_LIB_VERSION, sizeof(cinfo_));
     created_ = true;
-    lib_.mem_src(&cinfo_, data_, size_);
+    if (source_.input != nullptr) {
+      source_.pub.init_source = InitSource;
+      source_.pub.fill_input_buffer = FillPiece;
+      source_.pub.skip_input_data = SkipPiece;
+      source_.pub.resync_to_restart = lib_.resync_to_restart;
+      source_.pub.term_source = TermSource;
+      cinfo_.src = &source_.pub;
+    } else {
+      lib_.mem_src(&cinfo_, data_, size_);
+    }
     if (lib_.read_header(&cinfo_, TRUE) != JPEG_HEADER_OK || err_.warned) return false;
     if (cinfo_.data_precision != 8) return false;
     const bool gray = cinfo_.num_components == 1 && cinfo_.jpeg_color_space == JCS_GRAYSCALE;
@@ -155,10 +261,62 @@ class JpegDecode {
   unsigned long size_;
   jpeg_decompress_struct cinfo_{};
   ErrorJump err_{};
+  PieceSource source_{};  // a JPEG read in pieces (source_.input set)
   bool created_ = false;
 };
 
+const LibJpeg& LibJpegInUse(const char* call) {
+  const LibJpeg* lib = g_libjpeg.load();
+  if (lib == nullptr) {
+    Raise(g_error, std::string("nopfs: ") + call +
+                       ": no libjpeg in use yet: call use_libjpeg_of(PIL.Image.core.__file__) "
+                       "first");
+  }
+  return *lib;
+}
+
 }  // namespace
+
+py::list DecodeJpegsRgb(const std::vector<JpegInput>& inputs, uint64_t max_pixels) {
+  const LibJpeg& lib = LibJpegInUse("Batch.decode_jpegs");
+  const size_t n = inputs.size();
+  std::vector<std::unique_ptr<JpegDecode>> jpegs(n);
+  std::vector<char> ok(n, 0);
+  {
+    py::gil_scoped_release nogil;
+    for (size_t i = 0; i < n; ++i) {
+      jpegs[i] = std::make_unique<JpegDecode>(lib, inputs[i]);
+      ok[i] = jpegs[i]->ReadHeader(max_pixels) ? 1 : 0;
+    }
+  }
+  // The pixels' bytes objects are made with the GIL, filled without it (nothing else sees them).
+  std::vector<py::object> pixels(n);
+  std::vector<unsigned char*> out(n, nullptr);
+  std::vector<std::pair<uint32_t, uint32_t>> sizes(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!ok[i]) continue;
+    sizes[i] = {jpegs[i]->width(), jpegs[i]->height()};
+    const size_t nbytes = size_t{sizes[i].first} * sizes[i].second * 3;
+    pixels[i] = py::bytes(nullptr, nbytes);
+    out[i] = reinterpret_cast<unsigned char*>(PyBytes_AS_STRING(pixels[i].ptr()));
+  }
+  {
+    py::gil_scoped_release nogil;
+    for (size_t i = 0; i < n; ++i) {
+      if (ok[i]) ok[i] = jpegs[i]->Decode(out[i]) ? 1 : 0;
+      jpegs[i].reset();
+    }
+  }
+  py::list result(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (ok[i]) {
+      result[i] = py::make_tuple(py::make_tuple(sizes[i].first, sizes[i].second), pixels[i]);
+    } else {
+      result[i] = py::none();
+    }
+  }
+  return result;
+}
 
 void BindJpeg(py::module_& m) {
   m.def(
@@ -183,14 +341,9 @@ void BindJpeg(py::module_& m) {
               "nopfs: decode_jpeg_rgb: data must be a contiguous buffer of bytes (bytes, a "
               "memoryview, a numpy uint8 array)");
         }
-        const LibJpeg* lib = g_libjpeg.load();
-        if (lib == nullptr) {
-          Raise(g_error,
-                "nopfs: decode_jpeg_rgb: no libjpeg in use yet: call "
-                "use_libjpeg_of(PIL.Image.core.__file__) first");
-        }
+        const LibJpeg& lib = LibJpegInUse("decode_jpeg_rgb");
         const auto size = static_cast<size_t>(info.size * info.itemsize);
-        JpegDecode jpeg(*lib, static_cast<const std::byte*>(info.ptr), size);
+        JpegDecode jpeg(lib, static_cast<const std::byte*>(info.ptr), size);
         if (!jpeg.ReadHeader(max_pixels)) return py::none();
         const size_t nbytes = size_t{jpeg.width()} * jpeg.height() * 3;
         py::bytes pixels(nullptr, nbytes);

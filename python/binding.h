@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -98,6 +99,12 @@ class StreamHolder {
   client::Stats stats() const { return stream_->stats(); }
   // A held sample's bytes to dst (client::Stream::CopyOut; the mapping outlives Close()).
   void CopyOut(const client::Sample& s, std::byte* dst) const { stream_->CopyOut(s, dst); }
+  // Part of a held sample's bytes to dst, the same way.
+  void CopyOut(const client::Sample& s, uint64_t offset, uint64_t size, std::byte* dst) const {
+    stream_->CopyOut(s, offset, size, dst);
+  }
+  // Whether the stream was opened read_once (its samples are read by copies, CopyOut).
+  bool read_once() const { return stream_->read_once(); }
   uint64_t id() const { return stream_->id(); }
   bool service_gone() const { return stream_->ServiceGone(); }
   bool closed() const {
@@ -157,6 +164,19 @@ py::object NextBatch(const std::shared_ptr<StreamHolder>& stream, size_t n,
                      std::optional<double> timeout);
 py::tuple NextBatchInto(const std::shared_ptr<StreamHolder>& stream, size_t n,
                         const py::buffer& out, std::optional<double> timeout);
+
+// One JPEG for DecodeJpegsRgb: `size` bytes, either in memory at `data`, or (data null) read in
+// pieces, as the decode needs them, by read(offset, n, dst), which may run without the GIL.
+struct JpegInput {
+  const std::byte* data = nullptr;
+  uint64_t size = 0;
+  std::function<void(uint64_t offset, uint64_t n, std::byte* dst)> read;
+};
+
+// decode_jpeg_rgb of each input, without the GIL but to make the pixels' bytes objects: a list
+// with ((width, height), RGB bytes) or None (decode it with PIL) per input. A JPEG read in pieces
+// is read up to about its end, not to the end of the input (python/bind_jpeg.cc).
+py::list DecodeJpegsRgb(const std::vector<JpegInput>& inputs, uint64_t max_pixels);
 
 // The parts of the module, in the order PYBIND11_MODULE binds them.
 void BindErrors(py::module_& m);  // Error, SampleError, UnavailableError, TimeoutError

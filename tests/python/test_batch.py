@@ -656,6 +656,108 @@ def test_loader_of_jpegs_gives_the_pixels_of_pil_reading_the_files(jpegs, monkey
         same(g, (_pixels(_pil_reads(paths[i])), label_of(paths[i])))
 
 
+@pytest.fixture(scope="module")
+def large_jpegs(tmp_path_factory):
+    """Image files whose decode reads more or less than the first piece decode_jpegs reads of a
+    sample in a read_once stream (16 KiB), in 2 classes: a 640x480 JPEG of 450 KB (read in
+    pieces of 16, 32, 64, ... KiB), small JPEGs followed by 64 KiB of other bytes (as the
+    loader benchmark's files), one whose ICC profile of 100 KB (markers libjpeg skips) spans
+    pieces, a progressive one, a CMYK one and a PNG (PIL's), and a truncated JPEG (libjpeg
+    warns); served to one rank in batches of 5; returns (root, [path by sample id], service)."""
+    from PIL import Image, ImageFilter
+
+    rnd = random.Random(17)
+    root = tmp_path_factory.mktemp("large_jpegs") / "data"
+    big = Image.frombytes("RGB", (640, 480), rnd.randbytes(640 * 480 * 3)).filter(
+        ImageFilter.SMOOTH)
+
+    def jpeg(img, **args):
+        out = io.BytesIO()
+        img.save(out, format="JPEG", **args)
+        return out.getvalue()
+
+    small = big.resize((64, 48))
+    files = {
+        "large.jpg": jpeg(big, quality=100),
+        "trailing.jpg": jpeg(small, quality=90) + rnd.randbytes(64 << 10),
+        "trailing_gray.jpg": jpeg(small.convert("L"), quality=75) + rnd.randbytes(64 << 10),
+        "icc.jpg": jpeg(small, quality=90, icc_profile=rnd.randbytes(100_000)),
+        "progressive.jpg": jpeg(big.resize((300, 200)), quality=95, progressive=True),
+        "cmyk.jpg": jpeg(small.convert("CMYK")),
+        "truncated.jpg": jpeg(big, quality=100)[:40_000],
+    }
+    out = io.BytesIO()
+    small.save(out, format="PNG")
+    files["image.png"] = out.getvalue()
+    for k, (name, data) in enumerate(sorted(files.items())):
+        (root / f"c{k % 2}").mkdir(parents=True, exist_ok=True)
+        (root / f"c{k % 2}" / name).write_bytes(data)
+    paths = sorted(str(p) for p in root.glob("c*/*"))
+    svc = Service(str(root), str(tmp_path_factory.mktemp("large_jpegs_run")), len(paths),
+                  job={"seed": 7, "epochs": 2, "ranks": 1, "batch": 5, "scheme": "strided"})
+    yield str(root), paths, svc
+    svc.stop()
+
+
+@pytest.mark.parametrize("read_once", [True, False])
+def test_decode_jpegs_of_a_batch_is_decode_jpeg_rgb_of_each_file(large_jpegs, read_once):
+    """Batch.decode_jpegs() decodes each sample as decode_jpeg_rgb() decodes the file's bytes:
+    the same pixels, or None where nopfs leaves the decode to PIL (CMYK, PNG, a truncated
+    JPEG), whether the stream reads its samples in place or, read_once, in pieces up to
+    about the image's end (a large image read in several, markers skipped across pieces, bytes
+    after the image left unread)."""
+    from PIL import Image
+
+    from nopfs.torch._datasets import _uses_pils_libjpeg
+
+    assert _uses_pils_libjpeg(Image)
+    root, paths, svc = large_jpegs
+    client = nopfs.connect(svc.socket)
+    got = {}
+    with client.open(0, epochs=1, read_once=read_once) as stream:
+        while len(got) < len(paths):
+            with stream.next_batch(len(paths) - len(got)) as batch:
+                got.update(zip(batch.ids.tolist(), batch.decode_jpegs()))
+    for i, path in enumerate(paths):
+        want = nopfs._client.decode_jpeg_rgb(file_bytes(path))
+        assert got[i] == want, path
+        name = os.path.basename(path)
+        assert (want is None) == (name in ("cmyk.jpg", "image.png", "truncated.jpg")), name
+    with client.open(0, epoch=1, epochs=1, read_once=read_once) as stream:
+        batch = stream.next_batch(2)
+        assert batch.decode_jpegs(max_pixels=1) == [None, None]  # more pixels than allowed
+        batch.release()
+        with pytest.raises(ValueError, match="after release"):
+            batch.decode_jpegs()
+
+
+@pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
+def test_loader_of_large_and_padded_jpegs_gives_the_pixels_of_pil_reading_the_files(
+        large_jpegs, monkeypatch, workers, persistent):
+    """ImageFolder's default pil_decode through the DataLoader, without workers, in workers
+    that live one pass (reading of each sample what its decode reads) and in persistent workers,
+    each batch decoded in one call: every item is PIL's image of its file, those nopfs leaves to PIL too (the
+    truncated one as PIL decodes it when told to load truncated images)."""
+    from PIL import ImageFile
+
+    root, paths, svc = large_jpegs
+    for k, v in svc.env(0).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
+    dataset = ImageFolder(root, transform=_pixels)
+    sampler = DistributedSampler(dataset)
+    extra = {"persistent_workers": True} if persistent else {}
+    loader = DataLoader(dataset, batch_size=5, sampler=sampler, num_workers=workers,
+                        collate_fn=list, **extra)
+    for epoch in (0, 1) if persistent else (0,):
+        sampler.set_epoch(epoch)
+        order = svc.stream(0)[epoch * len(paths):(epoch + 1) * len(paths)]
+        got = [item for batch in loader for item in batch]
+        assert len(got) == len(order)
+        for g, i in zip(got, order):
+            same(g, (_pixels(_pil_reads(paths[i])), label_of(paths[i])))
+
+
 def _view_and_bytes(data):
     """A decode that reports what it was given: (a read-only memoryview?, its bytes)."""
     return isinstance(data, memoryview) and data.readonly, bytes(data)

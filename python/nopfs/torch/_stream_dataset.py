@@ -15,7 +15,7 @@ import torch.utils.data as tud
 
 from .. import _client
 from ._batches import _batch_mode, _batch_tensor
-from ._datasets import item_of
+from ._datasets import _pil_decode_batch, _SampleDataset, item_of, pil_decode
 from ._memory import _Blocks, keep_freed_memory
 from ._readahead import _ahead, _join_exited, _Pace
 from ._sampler import DistributedSampler
@@ -280,6 +280,17 @@ class StreamDataset(tud.IterableDataset):
                 items.extend(self._items(_items_of_ids, self.dataset,
                                          list(zip(ids, copies, labels)), pool))
                 continue
+            if self._decodes_pil() and (self.decode_threads <= 1
+                                        or tud.get_worker_info() is not None):
+                # pil_decode's images in one call (decode threads make them in parts instead,
+                # below): of the ring in place, or read_once of copies of the part of each
+                # sample that its decode reads (the image, which may be far less).
+                images = _pil_decode_batch(batch)
+                if images is not None:
+                    batch.release()
+                    items.extend(self.dataset._item_of_decoded(x, label)
+                                 for x, label in zip(images, labels))
+                    continue
             if read_once:
                 # What a decode given views gets: a read-only view (of a copy).
                 copies = [memoryview(c) for c in batch.tobytes()]
@@ -297,6 +308,13 @@ class StreamDataset(tud.IterableDataset):
                 del views
                 batch.release()
         return (self._collate(items) if items else None), len(items)
+
+    def _decodes_pil(self) -> bool:
+        """Whether the items are made by make_item as it is with pil_decode as the decode (so
+        that a batch's images may be decoded in one call, _pil_decode_batch)."""
+        d = self.dataset
+        return (isinstance(d, _SampleDataset) and getattr(d, "decode", None) is pil_decode
+                and type(d).make_item is _SampleDataset.make_item)
 
     def _items(self, make: Callable[[Any, List[Any]], List[Any]], dataset: Any,
                samples: List[Any], pool: Optional[_DecodePool]) -> List[Any]:
